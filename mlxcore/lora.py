@@ -1,0 +1,139 @@
+"""LoRA as tree operations on any params tree whose linear layers are `{"weight": [out, in], ...}`.
+
+The adapter of a linear layer at path `P` lives beside its weight, at `P.lora_a` ([in, r]) and
+`P.lora_b` ([r, out]) - mlx-lm's layout, so adapters round-trip through `mlx_lm`. The layer
+computes `y = x @ W.T (+ bias) + scale * dropout(x) @ lora_a @ lora_b`. B starts at zero, so
+a fresh adapter leaves the model unchanged; `merge` folds `scale * (A @ B).T` into W.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import attrs
+import mlx.core as mx
+
+from mlxcore.tree import Tree, flatten, unflatten
+
+LORA_KEYS = ("lora_a", "lora_b")
+
+
+@attrs.frozen(kw_only=True)
+class LoraConfig:
+    """rank r, alpha, target layer names (see `matches_target`), rsLoRA scaling, dropout."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = ("query", "value")
+    rslora: bool = False
+    dropout: float = 0.0
+
+    @property
+    def scale(self) -> float:
+        """alpha / r, or alpha / sqrt(r) for rsLoRA."""
+        return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+
+def matches_target(layer_path: str, targets: tuple[str, ...]) -> bool:
+    """True when a layer's dotted path ends with one of `targets` ("q_proj" matches
+    "model.layers.0.self_attn.q_proj"), or matches a target written as `re:<regex>`."""
+    for target in targets:
+        if target.startswith("re:"):
+            if re.search(target[3:], layer_path):
+                return True
+        elif layer_path == target or layer_path.endswith("." + target):
+            return True
+    return False
+
+
+def target_dims(params: Tree, targets: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """{layer path: (out, in)} for every float linear layer matching `targets`.
+
+    A layer is a dict holding a 2-D floating `weight`; embeddings named as targets count too.
+    Quantised layers (packed integer weights) are rejected: use their module's own dims.
+    """
+    dims = {}
+    for path, leaf in flatten(params).items():
+        if not path.endswith(".weight") or leaf.ndim != 2:
+            continue
+        layer = path[: -len(".weight")]
+        if matches_target(layer, targets):
+            if not mx.issubdtype(leaf.dtype, mx.floating):
+                raise ValueError(f"LoRA target {layer!r} is quantised; pass its dims explicitly")
+            dims[layer] = (int(leaf.shape[0]), int(leaf.shape[1]))
+    if not dims:
+        raise ValueError(f"no linear layer matches LoRA targets {targets}")
+    return dims
+
+
+def init(key: mx.array, dims: dict[str, tuple[int, int]], rank: int, dtype=mx.float32) -> Tree:
+    """Sparse LoRA tree: A ~ U(-1/sqrt(in), 1/sqrt(in)) [in, r], B = 0 [r, out] per layer.
+
+    Layers are keyed in sorted path order, so the same key gives the same adapters whatever
+    order `dims` was built in.
+    """
+    layers = sorted(dims)
+    keys = mx.random.split(key, len(layers))
+    flat = {}
+    for layer, layer_key in zip(layers, keys, strict=True):
+        out_dim, in_dim = dims[layer]
+        bound = 1.0 / math.sqrt(in_dim)
+        flat[f"{layer}.lora_a"] = mx.random.uniform(-bound, bound, (in_dim, rank), dtype, key=layer_key)
+        flat[f"{layer}.lora_b"] = mx.zeros((rank, out_dim), dtype)
+    return unflatten(flat)
+
+
+def is_lora_path(path: str, _leaf=None) -> bool:
+    """Predicate for `tree.partition`: the LoRA leaves of a combined tree."""
+    return path.rsplit(".", 1)[-1] in LORA_KEYS
+
+
+def delta(x: mx.array, lora_a: mx.array, lora_b: mx.array, scale: float,
+          dropout: float = 0.0, key: mx.array | None = None) -> mx.array:
+    """Low-rank update `scale * dropout(x) @ A @ B`: x [..., in] -> [..., out]."""
+    if dropout > 0.0:
+        if key is None:
+            raise ValueError("LoRA dropout needs an explicit PRNG key")
+        keep = mx.random.bernoulli(1.0 - dropout, x.shape, key=key)
+        x = mx.where(keep, x / (1.0 - dropout), mx.zeros_like(x))
+    return scale * ((x @ lora_a.astype(x.dtype)) @ lora_b.astype(x.dtype))
+
+
+def linear(layer: dict, x: mx.array, scale: float = 1.0, dropout: float = 0.0,
+           key: mx.array | None = None) -> mx.array:
+    """Linear layer `{"weight": [out, in], "bias"?: [out], "lora_a"?, "lora_b"?}`: [..., in] -> [..., out]."""
+    y = x @ layer["weight"].T
+    if "bias" in layer:
+        y = y + layer["bias"]
+    if "lora_a" in layer:
+        y = y + delta(x, layer["lora_a"], layer["lora_b"], scale, dropout, key)
+    return y
+
+
+def _fold(params: Tree, scale: float, sign: float, lora: Tree | None) -> tuple[Tree, int]:
+    flat = flatten(params)
+    adapters = flatten(lora) if lora is not None else flat
+    layers = sorted({p.rsplit(".", 1)[0] for p in adapters if is_lora_path(p)})
+    out = {p: v for p, v in flat.items() if not is_lora_path(p)}
+    for layer in layers:
+        weight = out.get(f"{layer}.weight")
+        if weight is None:
+            raise KeyError(f"LoRA layer {layer!r} has no weight to merge into")
+        a, b = adapters[f"{layer}.lora_a"], adapters[f"{layer}.lora_b"]
+        update = (scale * (a.astype(mx.float32) @ b.astype(mx.float32))).T
+        out[f"{layer}.weight"] = (weight.astype(mx.float32) + sign * update).astype(weight.dtype)
+    return unflatten(out), len(layers)
+
+
+def merge(params: Tree, scale: float) -> tuple[Tree, int]:
+    """Fold every adapter of a combined tree into its weight: W + scale * (A @ B).T.
+
+    Returns (tree without LoRA leaves, number of layers merged) so callers can assert the count.
+    """
+    return _fold(params, scale, 1.0, None)
+
+
+def unmerge(merged: Tree, lora: Tree, scale: float) -> tuple[Tree, int]:
+    """Inverse of `merge`: W - scale * (A @ B).T for every adapter in `lora`."""
+    return _fold(merged, scale, -1.0, lora)

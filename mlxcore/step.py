@@ -1,0 +1,111 @@
+"""The training step: gradient accumulation as a fold, clipping, a non-finite guard, one update.
+
+`make_train_step` returns `step(params, opt_state, batch, step_no) -> (params, opt_state,
+metrics)`, `mx.compile`d by default. Everything it needs that is not an array (the loss, the
+optimizer config, accumulation count, which leaves train) is closed over; the step number is
+an `mx.array`, so one compilation serves every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from mlxcore.lora import is_lora_path
+from mlxcore.optim import Optimizer, all_finite, clip_by_global_norm, select_tree
+from mlxcore.tree import Tree, combine, map_leaves, partition
+
+# loss_fn(params, micro_batch, key) -> (scalar loss, {name: scalar metric})
+LossFn = Callable[[Tree, Tree, mx.array], tuple[mx.array, dict[str, mx.array]]]
+
+
+def step_key(seed: int, step_no: mx.array) -> mx.array:
+    """A PRNG key for step `step_no` of a run seeded with `seed` (shape [2], uint32)."""
+    return mx.random.key(seed) + step_no.astype(mx.uint32)
+
+
+def accumulate(grad_fn: Callable, params: Tree, batch: Tree, keys: mx.array):
+    """Fold `grad_fn(params, micro_batch, key) -> ((loss, aux), grads)` over the leading axis.
+
+    batch: every leaf [k, micro, ...]; keys: [k, 2]. Returns the mean over the k micro-batches
+    of (loss, aux, grads) - for a loss that is a mean over independent samples this equals one
+    step on the concatenated batch.
+    """
+    k = keys.shape[0]
+    total = None
+    for i in range(k):
+        micro = map_leaves(lambda x, i=i: x[i], batch)
+        (loss, aux), grads = grad_fn(params, micro, keys[i])
+        if total is None:
+            total = (loss, aux, grads)
+        else:
+            total = map_leaves(mx.add, total, (loss, aux, grads))
+    return map_leaves(lambda x: x / k, total)
+
+
+def init_state(optimizer: Optimizer, params: Tree, trainable: Callable = is_lora_path) -> Tree:
+    """Step state: the optimizer's state over the trainable leaves plus skip counters."""
+    train, _ = partition(params, trainable)
+    return {
+        "optim": optimizer.init(train),
+        "skips": mx.array(0, mx.int32),
+        "consecutive_skips": mx.array(0, mx.int32),
+    }
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: Optimizer,
+    *,
+    trainable: Callable = is_lora_path,
+    clip_norm: float = 1.0,
+    seed: int = 0,
+    reduce_grads: Callable[[Tree], Tree] | None = None,
+    compile: bool = True,
+):
+    """Build `step(params, opt_state, batch, step_no) -> (params, opt_state, metrics)`.
+
+    params: the full tree; only leaves picked by `trainable(path, leaf)` are differentiated and
+    updated. batch: leaves [accum, micro, ...] (accum may be 1). step_no: scalar integer array.
+    reduce_grads: e.g. `mlx.nn.average_gradients` for data-parallel runs (applied before
+    clipping). A non-finite loss or gradient skips the update: params and optimizer state come
+    back bit-identical and the skip counters rise.
+    """
+
+    def grad_of_trainable(train: Tree, frozen: Tree, micro: Tree, key: mx.array):
+        return loss_fn(combine(train, frozen), micro, key)
+
+    value_and_grad = mx.value_and_grad(grad_of_trainable)
+
+    def step(params: Tree, opt_state: Tree, batch: Tree, step_no: mx.array):
+        train, frozen = partition(params, trainable)
+        accum = tree_flatten(batch)[0][1].shape[0]
+        keys = mx.random.split(step_key(seed, step_no), accum)
+        loss, aux, grads = accumulate(
+            lambda p, micro, key: value_and_grad(p, frozen, micro, key), train, batch, keys
+        )
+        if reduce_grads is not None:
+            grads = reduce_grads(grads)
+        finite = all_finite(loss, grads)
+        grads, grad_norm = clip_by_global_norm(grads, clip_norm)
+        new_train, new_optim = optimizer.update(grads, opt_state["optim"], train)
+        new_train = select_tree(finite, new_train, train)
+        new_optim = select_tree(finite, new_optim, opt_state["optim"])
+        skipped = (~finite).astype(mx.int32)
+        new_state = {
+            "optim": new_optim,
+            "skips": opt_state["skips"] + skipped,
+            "consecutive_skips": (opt_state["consecutive_skips"] + 1) * skipped,
+        }
+        metrics = {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": new_optim["learning_rate"],
+            "skipped": skipped,
+            **aux,
+        }
+        return combine(new_train, frozen), new_state, metrics
+
+    return mx.compile(step) if compile else step

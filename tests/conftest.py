@@ -1,0 +1,14 @@
+"""Test set-up: a fast BLAS before MLX loads, and a derandomised hypothesis profile for CI."""
+
+import os
+
+import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, max_examples=25,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", deadline=None, max_examples=25,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
