@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import attrs
 import cattrs
+from cattrs.v import format_exception
 
 from mlxio.errors import ConfigError
 
@@ -35,7 +36,15 @@ def from_dict(data: dict, cls: type[T], source: str = "config") -> T:
     try:
         return converter.structure(data, cls)
     except cattrs.ClassValidationError as err:
-        raise ConfigError(f"{source}: {'; '.join(cattrs.transform_error(err))}") from None
+        messages = cattrs.transform_error(err, format_exception=_format_exception)
+        raise ConfigError(f"{source}: {'; '.join(messages)}") from None
+
+
+def _format_exception(exc: BaseException, kind: Any) -> str:
+    if isinstance(exc, ValueError):  # attrs validators put their message first in args
+        detail = exc.args[0] if exc.args and isinstance(exc.args[0], str) else exc
+        return f"{format_exception(exc, kind)} ({detail})"
+    return format_exception(exc, kind)
 
 
 def to_json(cfg: Any) -> str:

@@ -1,0 +1,44 @@
+"""The BLAS loader: OpenBLAS in use on Linux CPU when the system has it, results unchanged."""
+
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxio import blas
+
+
+def test_matmul_matches_numpy():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((257, 129), np.float32), rng.standard_normal((129, 65), np.float32)
+    np.testing.assert_allclose(np.array(mx.array(a) @ mx.array(b)), a @ b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(blas.find_openblas() is None or sys.platform != "linux", reason="no system OpenBLAS")
+def test_openblas_loaded_when_available():
+    assert blas.status.startswith("openblas:") or blas.status.startswith("not-needed")
+
+
+def run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_late_import_warns():
+    out = run("import logging; logging.basicConfig(level='INFO'); import mlx.core; import mlxio; "
+              "print(mlxio.blas.status)")
+    assert out.returncode == 0, out.stderr
+    if sys.platform == "linux" and not blas._has_cuda_build():
+        assert out.stdout.strip() == "reference"
+        assert "imported before mlxio" in out.stderr
+
+
+def test_opt_out_and_log_line():
+    out = run("import logging; logging.basicConfig(level='INFO'); import mlxio; print(mlxio.blas.status)",
+              {"MLXIO_BLAS": "off"})
+    assert out.returncode == 0, out.stderr
+    if sys.platform == "linux" and not blas._has_cuda_build():
+        assert out.stdout.strip() == "reference" and "BLAS:" in out.stderr

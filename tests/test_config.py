@@ -1,0 +1,93 @@
+"""Configs: strict structuring, JSON round trip, CLI overrides."""
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlxcore.lora import LoraConfig
+from mlxcore.optim import OptimConfig
+from mlxio import config
+from mlxio.errors import ConfigError
+
+
+@attrs.frozen(kw_only=True)
+class Demo:
+    optim: OptimConfig = OptimConfig()
+    lora: LoraConfig = LoraConfig()
+    model: str | None = None
+    steps: int = 3
+    name: str = "run"
+
+
+PRESETS = {"quick": Demo(), "smoke": Demo(steps=1, name="smoke")}
+words = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+
+
+@given(
+    lr=st.floats(1e-8, 1.0), rank=st.integers(1, 64), targets=st.lists(st.text("qvkoa_", min_size=1, max_size=6), max_size=4),
+    model=st.none() | words, steps=st.integers(0, 10**6), rslora=st.booleans(), name=st.sampled_from(["adam", "adamw"]),
+)
+def test_config_json_round_trip(lr, rank, targets, model, steps, rslora, name):
+    cfg = Demo(optim=OptimConfig(lr=lr, name=name), lora=LoraConfig(rank=rank, targets=tuple(targets), rslora=rslora),
+               model=model, steps=steps)
+    assert config.from_json(config.to_json(cfg), Demo) == cfg
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match=r"lrr.*optim"):
+        config.from_dict({"optim": {"lrr": 1.0}}, Demo)
+    with pytest.raises(ConfigError, match="stepz"):
+        config.from_dict({"stepz": 1}, Demo)
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ConfigError, match="steps"):
+        config.from_dict({"steps": "many"}, Demo)
+
+
+def test_bad_json_names_line():
+    with pytest.raises(ConfigError, match="cfg.json:2"):
+        config.from_json('{\n "steps": ,\n}', Demo, "cfg.json")
+
+
+def parse(argv):
+    return config.parse_args(argv, PRESETS, prog="demo", description="d", default_preset="quick")[0]
+
+
+def test_cli_overrides_and_presets():
+    cfg = parse(["--preset", "smoke", "--optim.lr", "1e-3", "--lora.targets", "q,v", "--model", "none",
+                 "--lora.rslora", "true"])
+    assert cfg == Demo(steps=1, name="smoke", optim=OptimConfig(lr=1e-3),
+                       lora=LoraConfig(targets=("q", "v"), rslora=True))
+
+
+def test_cli_misspelt_flag_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        parse(["--optim.lrr", "1"])
+    assert "--optim.lrr" in capsys.readouterr().err
+
+
+def test_cli_bad_value_names_flag():
+    with pytest.raises(ConfigError, match="--steps"):
+        parse(["--steps", "lots"])
+    with pytest.raises(ConfigError, match=r"'name' must be in.*optim"):
+        parse(["--optim.name", "sgd"])
+
+
+def test_help_lists_every_option_with_default(capsys):
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    out = capsys.readouterr().out
+    for name in config.leaf_fields(Demo):
+        assert f"--{name}" in out
+    assert "(default: 2e-05)" in out and "(default: query,value)" in out
+
+
+def test_config_file(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(config.to_json(Demo(steps=9)))
+    assert parse(["--config", str(path), "--name", "x"]) == Demo(steps=9, name="x")
+    path.write_text('{"steps": 1, "bogus": 2}')
+    with pytest.raises(ConfigError, match=rf"{path}.*bogus"):
+        parse(["--config", str(path)])
