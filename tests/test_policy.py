@@ -1,0 +1,194 @@
+"""mlxcore.policy against NumPy references, and the LoRA-off reference on a real (tiny) llama."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from mlx.utils import tree_flatten
+
+import mlxio  # noqa: F401  (conftest already loaded it first; kept for running this file alone)
+from mlxcore import policy
+from mlxcore.optim import OptimConfig, make_optimizer
+from mlxcore.step import init_state, make_train_step
+
+finite = st.floats(-5, 5, allow_nan=False, width=32)
+
+
+def np_group_adv(r, g, eps, normalise=True):
+    r = r.astype(np.float64).reshape(-1, g)
+    centred = r - r.mean(axis=1, keepdims=True)
+    if normalise:
+        centred = centred / (r.std(axis=1, keepdims=True) + eps)
+    return centred.reshape(-1)
+
+
+@st.composite
+def grouped_rewards(draw):
+    g = draw(st.integers(1, 6))
+    groups = draw(st.integers(1, 5))
+    r = draw(hnp.arrays(np.float32, g * groups, elements=st.sampled_from([0.0, 0.2, 1.0, 1.2]) | finite))
+    return r, g
+
+
+@given(grouped_rewards())
+def test_group_advantages_match_numpy(data):
+    r, g = data
+    got = np.array(policy.group_advantages(mx.array(r), g, eps=1e-4))
+    np.testing.assert_allclose(got, np_group_adv(r, g, 1e-4), rtol=1e-4, atol=1e-3)
+    base = np.array(policy.baseline_advantages(mx.array(r), g))
+    np.testing.assert_allclose(base, np_group_adv(r, g, 0, normalise=False), rtol=1e-5, atol=1e-5)
+
+
+def test_group_ids_equal_consecutive_groups_and_constant_group_is_zero():
+    r = mx.array([1.0, 0.0, 1.0, 1.0, 0.5, 0.5])
+    ids = mx.array([0, 1, 0, 1, 2, 2])  # interleaved labels
+    got = np.array(policy.group_advantages(r, group_ids=ids))
+    ref = np.zeros(6)
+    ref[[0, 2]] = np_group_adv(np.array([1.0, 1.0]), 2, 1e-4)
+    ref[[1, 3]] = np_group_adv(np.array([0.0, 1.0]), 2, 1e-4)
+    np.testing.assert_allclose(got, ref, atol=1e-4)
+    assert got[4] == 0.0 and got[5] == 0.0  # identical rewards carry no signal
+    with pytest.raises(ValueError, match="group_size"):
+        policy.group_advantages(r, 4)
+
+
+@given(hnp.arrays(np.float32, st.tuples(st.integers(1, 3), st.integers(1, 5), st.integers(2, 9)),
+                  elements=finite), st.data())
+def test_token_logprobs_match_numpy(logits, data):
+    n, t, v = logits.shape
+    targets = data.draw(hnp.arrays(np.int32, (n, t), elements=st.integers(0, v - 1)))
+    got = np.array(policy.token_logprobs(mx.array(logits), mx.array(targets)))
+    x = logits.astype(np.float64)
+    logz = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1)
+    ref = np.take_along_axis(x, targets[..., None], -1)[..., 0] - logz
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def np_loss(logp, old, ref, adv, mask, beta, clip):
+    logp, old, ref = (a.astype(np.float64) for a in (logp, old, ref))
+    a = adv.astype(np.float64)[:, None]
+    if clip is None:
+        per = -(logp * a)
+    else:
+        ratio = np.exp(logp - old)
+        per = -np.minimum(ratio * a, np.clip(ratio, 1 - clip, 1 + clip) * a)
+    d = ref - logp
+    k3 = np.exp(d) - d - 1
+    m = mask.astype(np.float64)
+    cnt = np.maximum(m.sum(1), 1)
+    seq_mean = lambda x: ((x * m).sum(1) / cnt).mean()  # noqa: E731
+    return seq_mean(per) + beta * seq_mean(k3), seq_mean(k3), seq_mean(-logp)
+
+
+@given(st.data(), st.sampled_from([None, 0.2]), st.floats(0, 0.5))
+def test_policy_loss_matches_numpy(data, clip, beta):
+    n, t = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 6))
+    logp_el = st.floats(-4, 0, width=32)
+    logp, old, ref = (data.draw(hnp.arrays(np.float32, (n, t), elements=logp_el)) for _ in range(3))
+    adv = data.draw(hnp.arrays(np.float32, n, elements=finite))
+    mask = data.draw(hnp.arrays(np.int32, (n, t), elements=st.integers(0, 1)))
+    loss, m = policy.policy_loss(*(mx.array(a) for a in (logp, old, ref, adv, mask)), beta, clip)
+    want, kl, ent = np_loss(logp, old, ref, adv, mask, beta, clip)
+    np.testing.assert_allclose(float(loss), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(float(m["kl"]), kl, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(m["entropy"]), ent, rtol=1e-4, atol=1e-5)
+    assert float(m["kl"]) >= 0.0
+
+
+def test_clip_fraction_and_first_epoch_gradient_equal_reinforce():
+    logp = mx.array([[-1.0, -2.0, -0.5]])
+    old = mx.array([[-1.0, -1.0, -0.5]])  # middle token's ratio e^-1 is outside [0.8, 1.2]
+    mask = mx.array([[1, 1, 0]])
+    adv = mx.array([2.0])
+    _, m = policy.policy_loss(logp, old, logp, adv, mask, 0.0, 0.2)
+    assert float(m["clip_frac"]) == pytest.approx(0.5)
+
+    def grad(clip):
+        f = lambda lp: policy.policy_loss(lp, mx.stop_gradient(lp), lp, adv, mask, 0.0, clip)[0]  # noqa: E731
+        return np.array(mx.grad(f)(logp))
+    np.testing.assert_allclose(grad(0.2), grad(None), rtol=1e-6)
+
+
+def test_kl_k3_is_nonnegative_and_zero_on_equal():
+    a = mx.array([[-0.1, -3.0, -7.0]])
+    assert np.all(np.array(policy.kl_k3(a, a)) == 0.0)
+    assert np.all(np.array(policy.kl_k3(a, a - 0.5)) > 0.0)
+
+
+# --- the reference is the same weights with LoRA off --------------------------------------
+
+def tiny_llama(seed=0, lora=True):
+    from mlx_lm.models import llama
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    mx.random.seed(seed)
+    args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=2,
+                           intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                           rms_norm_eps=1e-5, vocab_size=50, tie_word_embeddings=True)
+    model = llama.Model(args)
+    if lora:
+        mx.random.seed(seed + 1)
+        linear_to_lora_layers(model, 2, {"rank": 4, "scale": 2.0, "dropout": 0.0,
+                                          "keys": ["self_attn.q_proj", "self_attn.v_proj"]})
+    mx.eval(model.parameters())
+    return model
+
+
+def logprobs(model, params, tokens):
+    model.update(params)
+    return policy.token_logprobs(model(tokens[:, :-1]), tokens[:, 1:])
+
+
+def test_kl_is_exactly_zero_with_lora_b_zero():
+    model = tiny_llama()
+    params = model.parameters()
+    assert all(float(mx.abs(v).max()) == 0 for k, v in tree_flatten(params) if k.endswith("lora_b"))
+    tokens = mx.array(np.random.default_rng(0).integers(0, 50, (3, 7)))
+    lp = logprobs(model, params, tokens)
+    ref = logprobs(model, policy.reference_params(params), tokens)
+    assert float(mx.abs(policy.kl_k3(lp, ref)).max()) == 0.0
+
+
+def test_reference_stays_lora_off_after_training():
+    model = tiny_llama()
+    base = tiny_llama(lora=False)  # same seed: the same base weights, no adapters
+    base_flat = dict(tree_flatten(base.parameters()))
+    for k, v in tree_flatten(model.parameters()):
+        if "lora_" not in k:
+            np.testing.assert_array_equal(np.array(v), np.array(base_flat[k.replace(".linear.", ".")]))
+    tokens = mx.array(np.random.default_rng(1).integers(0, 50, (4, 9)))
+    mask = mx.ones((4, 8))
+    adv = mx.array([1.0, -1.0, 0.5, -0.5])
+
+    def loss_fn(params, batch, key):
+        lp = logprobs(model, params, batch["tokens"])
+        return policy.policy_loss(lp, lp, lp, batch["adv"], batch["mask"], 0.0)
+
+    optimizer = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
+    step = make_train_step(loss_fn, optimizer, clip_norm=1.0)
+    params = model.parameters()
+    state = init_state(optimizer, params)
+    batch = {"tokens": tokens[None], "mask": mask[None], "adv": adv[None]}
+    for i in range(3):
+        params, state, _ = step(params, state, batch, mx.array(i))
+    mx.eval(params, state)
+    assert any(float(mx.abs(v).max()) > 0 for k, v in tree_flatten(params) if k.endswith("lora_b"))
+    want = policy.token_logprobs(base(tokens[:, :-1]), tokens[:, 1:])
+    ref = logprobs(model, policy.reference_params(params), tokens)
+    pol = logprobs(model, params, tokens)
+    np.testing.assert_array_equal(np.array(ref), np.array(want))
+    assert float(mx.abs(pol - want).max()) > 1e-4
+
+
+@settings(max_examples=5)
+@given(st.integers(0, 3))
+def test_reference_params_touch_only_lora_b(seed):
+    model = tiny_llama(seed)
+    ref = dict(tree_flatten(policy.reference_params(model.parameters())))
+    for k, v in tree_flatten(model.parameters()):
+        if k.endswith("lora_b"):
+            assert float(mx.abs(ref[k]).max()) == 0.0
+        else:
+            assert ref[k] is v
