@@ -1,0 +1,491 @@
+"""Safe readers for every weights file the project opens: safetensors, GGUF, npz, torch .bin.
+
+MLX's native readers trust the file: a safetensors header whose offsets run past the end, or a
+GGUF whose string lengths or tensor types are garbage, makes `mx.load` read out of bounds,
+allocate gigabytes or abort the process. So each reader here first walks the header in pure
+Python, bounds-checking every length, count, dimension and offset against the file's size, and
+only then hands the (now known to be consistent) file to `mx.load` / NumPy / `torch.load`.
+Nothing is allocated beyond what the file itself holds. Every failure is a `LoadError` that
+names the file and, where there is one, the key or tensor.
+
+Pickles are never unpickled: torch checkpoints go through `torch.load(weights_only=True)` and
+npz through `np.load(allow_pickle=False)`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from mlxio.errors import LoadError
+
+# ---------------------------------------------------------------------------- safetensors
+
+# safetensors dtype -> itemsize, for the dtypes MLX's reader maps (F64 and F8 it cannot load).
+SAFETENSORS_DTYPES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
+    "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "C64": 8,
+}
+MAX_HEADER_BYTES = 100_000_000  # the Rust safetensors crate's (and MLX's) cap
+MAX_DIM = 2**31 - 1  # MLX shapes are int32
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_safetensors_header(path: str | Path) -> tuple[dict[str, dict], dict[str, str], int]:
+    """Validated header: ({key: {"dtype", "shape", "data_offsets"}}, metadata, data_start).
+
+    Checks the 8-byte length against the file size and a 100 MB cap, strict UTF-8 JSON object,
+    no duplicate keys, known dtypes, shapes of non-negative ints whose product * itemsize is the
+    tensor's byte range, and byte ranges that tile the data region exactly (no gap, no overlap,
+    nothing past the end).
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise LoadError(f"{path}: not a safetensors file ({size} bytes, need >= 8)")
+            (header_len,) = struct.unpack("<Q", head)
+            if header_len < 2 or header_len > min(size - 8, MAX_HEADER_BYTES):
+                raise LoadError(f"{path}: header length {header_len} is impossible for a "
+                                f"{size}-byte file (cap {MAX_HEADER_BYTES})")
+            raw = f.read(header_len)
+    except OSError as err:
+        raise LoadError(f"{path}: cannot read ({err})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates,
+                            parse_constant=_reject_constant)
+    except _DuplicateKey as err:
+        raise LoadError(f"{path}: duplicate key {err.args[0]!r} in the header") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise LoadError(f"{path}: header is not valid UTF-8 JSON ({err})") from None
+    if not isinstance(header, dict):
+        raise LoadError(f"{path}: header is a JSON {type(header).__name__}, not an object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise LoadError(f"{path}: __metadata__ must map strings to strings")
+    data_len = size - 8 - header_len
+    ranges = []
+    for key, info in header.items():
+        where = f"{path}: tensor {key!r}"
+        if not key:
+            raise LoadError(f"{where}: empty tensor name")
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise LoadError(f"{where}: entry must have exactly dtype, shape, data_offsets")
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in SAFETENSORS_DTYPES:
+            raise LoadError(f"{where}: unknown or unsupported dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d <= MAX_DIM
+                                                  for d in shape):
+            raise LoadError(f"{where}: shape {shape!r} is not a list of ints in [0, 2^31)")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(_is_int(o) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data_len):
+            raise LoadError(f"{where}: data_offsets {offsets!r} outside the {data_len}-byte "
+                            "data region")
+        nbytes = math.prod(shape) * SAFETENSORS_DTYPES[dtype]
+        if offsets[1] - offsets[0] != nbytes:
+            raise LoadError(f"{where}: shape {shape} x {dtype} needs {nbytes} bytes but "
+                            f"data_offsets {offsets} span {offsets[1] - offsets[0]}")
+        ranges.append((offsets[0], offsets[1], key))
+    end = 0
+    for begin, stop, key in sorted(ranges):
+        if begin != end:
+            what = "overlaps the previous tensor" if begin < end else f"leaves a gap at {end}"
+            raise LoadError(f"{path}: tensor {key!r} at bytes {begin}..{stop} {what}")
+        end = stop
+    if end != data_len:
+        raise LoadError(f"{path}: tensors cover {end} bytes but the data region has {data_len}")
+    return header, metadata, 8 + header_len
+
+
+def read_safetensors(path: str | Path, return_metadata: bool = False):
+    """{key: mx.array} (and the `__metadata__` dict when return_metadata) from a safetensors
+    file, validated by `parse_safetensors_header` before `mx.load` sees it; arrays are
+    evaluated here so a read error surfaces now, as a LoadError."""
+    path = Path(path)
+    header, _, _ = parse_safetensors_header(path)
+    try:
+        arrays, metadata = mx.load(str(path), format="safetensors", return_metadata=True)
+        mx.eval(list(arrays.values()))
+    except Exception as err:  # MLX raises RuntimeError/ValueError with its own text
+        raise LoadError(f"{path}: MLX could not read it ({err})") from None
+    if set(arrays) != set(header):
+        raise LoadError(f"{path}: MLX read keys {sorted(set(arrays) ^ set(header))} "
+                        "differently from the header")
+    for key, info in header.items():
+        if list(arrays[key].shape) != info["shape"]:
+            raise LoadError(f"{path}: tensor {key!r}: MLX read shape {arrays[key].shape}, "
+                            f"header says {info['shape']}")
+    return (arrays, metadata) if return_metadata else arrays
+
+
+# ---------------------------------------------------------------------------------- GGUF
+
+GGUF_ALIGNMENT = 32
+# ggml tensor type -> (name, weights per block, bytes per block): only the types MLX's reader
+# handles (F32/F16/I8/I16/I32 copied; Q4_0/Q4_1/Q8_0 kept quantised; BF16/Q4_K/Q6_K read as
+# float16 by mlx 0.32, kept quantised by some other versions).
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210),
+    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 30: ("BF16", 1, 2),
+}
+# May be split by MLX into name.weight (packed) / name.scales / name.biases.
+MLX_QUANTISED = {2, 3, 8, 12}
+# GGUF metadata value type -> fixed byte size (8 = string, 9 = array handled apart).
+# FLOAT64 (12) is refused: MLX's reader advances its cursor by 4 bytes for it, not 8, and
+# would misread every later key.
+GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8}
+GGUF_STRING, GGUF_ARRAY, GGUF_UINT32 = 8, 9, 4
+MAX_COUNT = 2**31 - 1  # MLX casts string and array lengths to int
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over a buffer; every overrun is a LoadError."""
+
+    def __init__(self, buf, path: Path):
+        self.buf, self.path, self.pos = buf, path, 0
+
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def take(self, n: int, what: str) -> int:
+        if n < 0 or n > self.left():
+            raise LoadError(f"{self.path}: {what} at offset {self.pos} needs {n} bytes, "
+                            f"only {self.left()} left in the file")
+        start = self.pos
+        self.pos += n
+        return start
+
+    def u32(self, what: str) -> int:
+        return struct.unpack_from("<I", self.buf, self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return struct.unpack_from("<Q", self.buf, self.take(8, what))[0]
+
+    def string(self, what: str, decode: bool = True) -> str | None:
+        n = self.u64(f"{what} length")
+        if n > MAX_COUNT:
+            raise LoadError(f"{self.path}: {what} length {n} is absurd")
+        start = self.take(n, what)
+        if not decode:
+            return None
+        try:
+            return bytes(self.buf[start:start + n]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise LoadError(f"{self.path}: {what} at offset {start} is not UTF-8") from None
+
+
+def _skip_gguf_value(cur: _Cursor, vtype: int, key: str) -> Any:
+    """Consume one metadata value; returns scalars (needed for general.alignment)."""
+    if vtype in GGUF_SCALARS:
+        start = cur.take(GGUF_SCALARS[vtype], f"value of {key!r}")
+        if vtype == 7 and cur.buf[start] > 1:
+            raise LoadError(f"{cur.path}: bool value of {key!r} is {cur.buf[start]}, not 0/1")
+        return struct.unpack_from("<I", cur.buf, start)[0] if vtype == GGUF_UINT32 else None
+    if vtype == GGUF_STRING:
+        return cur.string(f"string value of {key!r}", decode=False)
+    if vtype == GGUF_ARRAY:
+        etype = cur.u32(f"array type of {key!r}")
+        count = cur.u64(f"array length of {key!r}")
+        if etype == GGUF_STRING:
+            if count > min(cur.left() // 8, MAX_COUNT):
+                raise LoadError(f"{cur.path}: array {key!r} claims {count} strings, more than "
+                                "the file can hold")
+            for i in range(count):
+                cur.string(f"element {i} of {key!r}", decode=False)
+            return None
+        if etype not in GGUF_SCALARS:
+            raise LoadError(f"{cur.path}: array {key!r} has unsupported element type {etype} "
+                            "(nested arrays and float64 are refused)")
+        if count > MAX_COUNT or count * GGUF_SCALARS[etype] > cur.left():
+            raise LoadError(f"{cur.path}: array {key!r} claims {count} elements, more than "
+                            "the file can hold")
+        cur.take(count * GGUF_SCALARS[etype], f"array {key!r}")
+        return None
+    raise LoadError(f"{cur.path}: metadata {key!r} has unknown or unsupported value type "
+                    f"{vtype}")
+
+
+def parse_gguf_header(path: str | Path) -> list[dict]:
+    """Validated GGUF tensor infos [{name, shape (MLX order), type, offset, nbytes}].
+
+    Checks magic, version 2/3, tensor and KV counts against the file size, every string and
+    array length against the bytes left, unique keys and tensor names, 1-4 dims of size
+    [1, 2^31), known ggml types with rows a whole number of blocks, offsets aligned, in range
+    and not overlapping.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse_gguf(_Cursor(buf, path))
+    except ValueError as err:  # mmap of an empty file
+        raise LoadError(f"{path}: not a GGUF file ({err})") from None
+    except OSError as err:
+        raise LoadError(f"{path}: cannot read ({err})") from None
+
+
+def _parse_gguf(cur: _Cursor) -> list[dict]:
+    path, size = cur.path, len(cur.buf)
+    if size < 24 or bytes(cur.buf[:4]) != b"GGUF":
+        raise LoadError(f"{path}: not a GGUF file (bad magic or shorter than 24 bytes)")
+    cur.take(4, "magic")
+    version = cur.u32("version")
+    if version not in (2, 3):
+        raise LoadError(f"{path}: GGUF version {version} unsupported (need 2 or 3)")
+    n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
+    # Smallest possible entries: a KV is 8 (key len) + 4 (type) + 1 (u8 value) bytes; a tensor
+    # info is 8 (name len) + 4 (n_dims) + 8 (one dim) + 4 (type) + 8 (offset).
+    if n_kv > cur.left() // 13 or n_tensors > cur.left() // 32:
+        raise LoadError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata "
+                        f"entries, more than a {size}-byte file can hold")
+    keys: set[str] = set()
+    for i in range(n_kv):
+        key = cur.string(f"metadata key {i}")
+        if key in keys:
+            raise LoadError(f"{path}: duplicate metadata key {key!r}")
+        keys.add(key)
+        vtype = cur.u32(f"type of {key!r}")
+        value = _skip_gguf_value(cur, vtype, key)
+        if key == "general.alignment" and (vtype != GGUF_UINT32 or value != GGUF_ALIGNMENT):
+            # MLX's reader lays tensors out at 32-byte alignment whatever the file says.
+            raise LoadError(f"{path}: general.alignment must be uint32 {GGUF_ALIGNMENT}")
+    infos, names = [], set()
+    for i in range(n_tensors):
+        name = cur.string(f"tensor {i} name")
+        if not name or name in names:
+            raise LoadError(f"{path}: tensor {i} name {name!r} is empty or repeated")
+        names.add(name)
+        n_dims = cur.u32(f"tensor {name!r} n_dims")
+        if not 1 <= n_dims <= 4:
+            raise LoadError(f"{path}: tensor {name!r} has {n_dims} dims (need 1-4)")
+        dims = [cur.u64(f"tensor {name!r} dim {d}") for d in range(n_dims)]
+        ttype, offset = cur.u32(f"tensor {name!r} type"), cur.u64(f"tensor {name!r} offset")
+        if not all(1 <= d <= MAX_DIM for d in dims):
+            raise LoadError(f"{path}: tensor {name!r} dims {dims} outside [1, 2^31)")
+        if ttype not in GGML_TYPES:
+            raise LoadError(f"{path}: tensor {name!r} has unsupported ggml type {ttype}")
+        tname, block, block_bytes = GGML_TYPES[ttype]
+        if dims[0] % block:
+            raise LoadError(f"{path}: tensor {name!r} row of {dims[0]} is not a whole number "
+                            f"of {tname} blocks of {block}")
+        if ttype in MLX_QUANTISED and not name.endswith(".weight"):
+            raise LoadError(f"{path}: quantised tensor {name!r} must be named *.weight")
+        if offset % GGUF_ALIGNMENT:
+            raise LoadError(f"{path}: tensor {name!r} offset {offset} is not "
+                            f"{GGUF_ALIGNMENT}-aligned")
+        infos.append({"name": name, "shape": dims[::-1], "type": tname, "offset": offset,
+                      "nbytes": math.prod(dims) // block * block_bytes,
+                      "quantised": ttype in MLX_QUANTISED})
+    data_start = -(-cur.pos // GGUF_ALIGNMENT) * GGUF_ALIGNMENT
+    end = 0
+    for info in sorted(infos, key=lambda t: t["offset"]):
+        begin = data_start + info["offset"]
+        if begin < end or begin + info["nbytes"] > size:
+            raise LoadError(f"{path}: tensor {info['name']!r} bytes {begin}.."
+                            f"{begin + info['nbytes']} overlap another tensor or run past the "
+                            f"{size}-byte file")
+        end = begin + info["nbytes"]
+    derived = [n for t in infos if t["quantised"]
+               for n in (t["name"][:-7] + ".scales", t["name"][:-7] + ".biases")]
+    if len(set(derived) | names) != len(derived) + len(names):
+        raise LoadError(f"{path}: quantised tensors' .scales/.biases names collide")
+    return infos
+
+
+def _check_gguf_arrays(path: Path, infos: list[dict], arrays: dict[str, mx.array]) -> None:
+    """MLX's result must hold every tensor (quantised ones may add .scales / .biases), with the
+    header's shape wherever MLX does not repack."""
+    names = {t["name"] for t in infos}
+    allowed = names | {t["name"][:-7] + s for t in infos if t["quantised"]
+                       for s in (".scales", ".biases")}
+    if not names <= set(arrays) <= allowed:
+        raise LoadError(f"{path}: MLX read tensors {sorted(set(arrays) ^ names)[:5]} "
+                        "differently from the header")
+    for t in infos:
+        packed = t["quantised"] and t["name"][:-7] + ".scales" in arrays
+        if not packed and list(arrays[t["name"]].shape) != t["shape"]:
+            raise LoadError(f"{path}: tensor {t['name']!r}: MLX read shape "
+                            f"{arrays[t['name']].shape}, header says {t['shape']}")
+
+
+def read_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
+    """({name: mx.array}, metadata) from a GGUF file validated by `parse_gguf_header`.
+
+    Quantised tensors come back as MLX group-wise triples (`x.weight` packed uint32,
+    `x.scales`, `x.biases`); metadata values are MLX's (arrays, strings, lists of strings).
+    """
+    path = Path(path)
+    infos = parse_gguf_header(path)
+    try:
+        arrays, metadata = mx.load(str(path), format="gguf", return_metadata=True)
+    except Exception as err:
+        raise LoadError(f"{path}: MLX could not read it ({err})") from None
+    _check_gguf_arrays(path, infos, arrays)
+    return arrays, metadata
+
+
+# ----------------------------------------------------------------------------------- npz
+
+DEFLATE_MAX_RATIO = 1100  # deflate cannot expand more than ~1032x; anything above is a lie
+
+
+def read_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """{name: np.ndarray} from an .npz, with `allow_pickle=False`; object arrays are refused.
+
+    Each member's .npy header is read first and its shape * itemsize checked against the
+    member's declared size (which itself must be plausible for its compression), so a forged
+    header cannot make NumPy allocate more than the archive can hold.
+    """
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+            names = [i.filename for i in infos]
+            if len(set(names)) != len(names):
+                raise LoadError(f"{path}: duplicate members in the archive")
+            for info in infos:
+                _check_npy_member(path, zf, info)
+        with np.load(path, allow_pickle=False) as npz:
+            return {key: npz[key] for key in npz.files}
+    except LoadError:
+        raise
+    except Exception as err:  # zipfile.BadZipFile, ValueError (pickle refused), OSError, ...
+        raise LoadError(f"{path}: not a readable pickle-free npz ({type(err).__name__}: "
+                        f"{err})") from None
+
+
+def _check_npy_member(path: Path, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+    where = f"{path}: member {info.filename!r}"
+    if not info.filename.endswith(".npy"):
+        raise LoadError(f"{where}: not an .npy member")
+    if info.compress_type == zipfile.ZIP_STORED:
+        plausible = info.file_size <= info.compress_size
+    elif info.compress_type == zipfile.ZIP_DEFLATED:
+        plausible = info.file_size <= DEFLATE_MAX_RATIO * info.compress_size + 1024
+    else:
+        raise LoadError(f"{where}: compression method {info.compress_type} refused")
+    archive_size = path.stat().st_size
+    if not plausible or info.compress_size > archive_size \
+            or info.file_size > archive_size * DEFLATE_MAX_RATIO:
+        raise LoadError(f"{where}: declared size {info.file_size} is impossible for "
+                        f"{info.compress_size} compressed bytes")
+    with zf.open(info) as fp:
+        try:
+            version = np.lib.format.read_magic(fp)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+            else:
+                raise LoadError(f"{where}: .npy format version {version} unsupported")
+        except LoadError:
+            raise
+        except Exception as err:
+            raise LoadError(f"{where}: bad .npy header ({err})") from None
+        header_len = fp.tell()
+    if dtype.hasobject:
+        raise LoadError(f"{where}: object arrays (pickles) are refused")
+    if any(d < 0 for d in shape) or header_len + math.prod(shape) * dtype.itemsize \
+            != info.file_size:
+        raise LoadError(f"{where}: shape {shape} x {dtype} does not match its "
+                        f"{info.file_size - header_len} data bytes")
+
+
+# --------------------------------------------------------------------------- torch / pickle
+
+CONVERT_HINT = (
+    "convert it once where PyTorch is installed: python -c \"import torch, safetensors.torch "
+    "as st; sd = torch.load('{path}', map_location='cpu', weights_only=True); "
+    "st.save_file({{k: v.contiguous() for k, v in sd.items()}}, '{out}')\""
+)
+
+
+def read_torch_bin(path: str | Path) -> dict[str, mx.array]:
+    """{dotted key: mx.array} from a PyTorch checkpoint via `torch.load(weights_only=True)`
+    (tensors and plain containers only; any other pickled object is refused). Without torch,
+    a LoadError gives the one-line command that converts the file to safetensors."""
+    path = Path(path)
+    try:
+        import torch
+    except ImportError:
+        hint = CONVERT_HINT.format(path=path, out=path.with_suffix(".safetensors"))
+        raise LoadError(f"{path}: reading PyTorch checkpoints needs torch; {hint}") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError for any non-weights global, or a bad file
+        raise LoadError(f"{path}: refused: torch.load(weights_only=True) failed, so it is not "
+                        f"a plain weights file (arbitrary pickles are never loaded): {err}"
+                        ) from None
+    out: dict[str, mx.array] = {}
+    _torch_leaves(path, state, "", out, torch)
+    return out
+
+
+def _torch_leaves(path: Path, node: Any, prefix: str, out: dict, torch: Any) -> None:
+    if isinstance(node, torch.Tensor):
+        if not prefix:
+            raise LoadError(f"{path}: holds a bare tensor, not a state dict")
+        tensor = node.detach().cpu().contiguous()
+        if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16: widen, exact both ways
+            out[prefix] = mx.array(tensor.float().numpy()).astype(mx.bfloat16)
+        else:
+            out[prefix] = mx.array(tensor.numpy())
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            _torch_leaves(path, value, f"{prefix}.{key}" if prefix else str(key), out, torch)
+    else:
+        raise LoadError(f"{path}: key {prefix!r} holds a {type(node).__name__}, not a tensor")
+
+
+PICKLE_SUFFIXES = {".pkl", ".pickle", ".joblib", ".dill"}
+
+
+def read_weights(path: str | Path) -> dict[str, Any]:
+    """Dispatch on the suffix: .safetensors, .gguf (arrays only), .npz, .bin/.pt/.pth;
+    plain pickles and anything else are refused."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        return read_safetensors(path)
+    if suffix == ".gguf":
+        return read_gguf(path)[0]
+    if suffix == ".npz":
+        return read_npz(path)
+    if suffix in {".bin", ".pt", ".pth"}:
+        return read_torch_bin(path)
+    if suffix in PICKLE_SUFFIXES:
+        raise LoadError(f"{path}: pickle files are refused (unpickling runs arbitrary code); "
+                        "save the weights as safetensors or npz instead")
+    raise LoadError(f"{path}: unknown weights format {suffix!r} (want .safetensors, .gguf, "
+                    ".npz, .bin/.pt/.pth)")
