@@ -1,0 +1,450 @@
+"""(query, code) pairs for code search: mined from Python sources, or read from JSONL.
+
+Mining walks source trees with `ast` (default: the running interpreter's standard library):
+every function or method with a docstring gives a pair (first sentence of the docstring,
+source without the docstring); undocumented non-trivial functions are kept as distractor
+code for evaluation. `split_by_file` holds out whole files, and `eval_set` builds the held-out
+retrieval task (queries against candidate functions, each query with one positive).
+`read_jsonl` reads user pairs strictly: a malformed line raises `DataError` naming
+`file:line` and the field, or (lenient) is skipped and counted by reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import sysconfig
+import textwrap
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from mlxio.errors import DataError
+
+
+@attrs.frozen(kw_only=True)
+class Pair:
+    """One training/eval example: a natural-language query and the code it describes.
+
+    `source` is the file the code came from (a .py path, or the JSONL path), `line` its
+    1-based line there, `name` the function's qualified name ("" when unknown).
+    """
+
+    query: str
+    code: str
+    source: str
+    line: int
+    name: str = ""
+    negatives: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Snippet:
+    """Undocumented code (a distractor candidate for retrieval evaluation)."""
+
+    code: str
+    source: str
+    line: int
+    name: str
+
+
+@attrs.frozen(kw_only=True)
+class MineReport:
+    """Counts of what mining saw: files parsed, files skipped (undecodable / syntax error)."""
+
+    files: int
+    undecodable: int
+    syntax_errors: int
+    trivial: int
+    duplicates: int
+
+
+@attrs.frozen(kw_only=True)
+class Corpus:
+    """Mining result.
+
+    pairs: documented functions of library files. distractors: undocumented (or too briefly
+    documented) functions of library files with >= min_body_lines body lines. extras: the
+    remaining non-trivial code (shorter bodies; every function of test / app folders, see
+    NO_PAIR_DIRS), used only to top up evaluation candidates.
+    """
+
+    pairs: tuple[Pair, ...]
+    distractors: tuple[Snippet, ...]
+    extras: tuple[Snippet, ...]
+    report: MineReport
+
+
+# Never walked: installed third-party code (differs per machine), caches, bundled wheels.
+SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "ensurepip",
+                       "pydoc_data"})
+# Walked for distractor code only: docstrings of tests describe tests, and IDLE / turtledemo /
+# lib2to3 are applications and fixers rather than the library's API.
+NO_PAIR_DIRS = frozenset({"test", "tests", "idle_test", "idlelib", "lib2to3", "turtledemo"})
+
+
+def stdlib_root() -> Path:
+    """The running interpreter's standard-library source folder."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def python_files(roots: Sequence[Path]) -> list[tuple[Path, bool]]:
+    """(path, pairs allowed) for every `*.py` under `roots`, in sorted (deterministic)
+    order; pairs are not allowed under NO_PAIR_DIRS or in `test_*.py` files."""
+    out: list[tuple[Path, bool]] = []
+    for root in roots:
+        root = Path(root)
+        if root.is_file():
+            out.append((root, True))
+            continue
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
+            parts = set(Path(folder).relative_to(root).parts)
+            lib = not parts & NO_PAIR_DIRS
+            out.extend((Path(folder) / f, lib and not f.startswith("test_"))
+                       for f in sorted(files) if f.endswith(".py"))
+    return out
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+
+
+def first_sentence(docstring: str) -> str:
+    """First sentence of a docstring's first paragraph, whitespace collapsed."""
+    paragraph = docstring.strip().split("\n\n", 1)[0]
+    text = " ".join(paragraph.split())
+    # "e.g. x" / "i.e. y" are not sentence ends; a period followed by space otherwise is.
+    for match in _SENTENCE_END.finditer(text):
+        head = text[:match.start()]
+        if not re.search(r"\b(e\.g|i\.e|etc|vs|cf)\.$", head, re.IGNORECASE):
+            return head
+    return text
+
+
+def _is_trivial_stmt(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, ast.Pass):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+        return True  # `...` or a stray string
+    if isinstance(stmt, ast.Raise) and stmt.exc is not None:
+        exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+        return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+    return False
+
+
+def is_trivial(body: list[ast.stmt], min_body_lines: int) -> bool:
+    """True for bodies with nothing to retrieve: pass / ... / raise NotImplementedError only,
+    a single `return <constant>`, or fewer than `min_body_lines` source lines."""
+    if not body or all(_is_trivial_stmt(s) for s in body):
+        return True
+    if len(body) == 1 and isinstance(body[0], ast.Return) and (
+            body[0].value is None or isinstance(body[0].value, ast.Constant)):
+        return True
+    return body[-1].end_lineno - body[0].lineno + 1 < min_body_lines
+
+
+def _cut(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> list[str]:
+    """`lines` with the span [start, end) removed; (line index, UTF-8 byte column) positions,
+    as `ast` gives them. A span alone on its lines removes those lines."""
+    (l0, c0), (l1, c1) = start, end
+    head = lines[l0].encode()[:c0].decode()
+    tail = lines[l1].encode()[c1:].decode()
+    if not head.strip() and not tail.strip():
+        return lines[:l0] + lines[l1 + 1:]
+    return lines[:l0] + [head + tail.lstrip("; \t")] + lines[l1 + 1:]
+
+
+def function_code(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> str:
+    """Source of a function (decorators and signature kept) minus its docstring, dedented."""
+    first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    body = node.body
+    seg = lines[first - 1:node.end_lineno]
+    seg[-1] = seg[-1].encode()[:node.end_col_offset].decode()
+    if ast.get_docstring(node, clean=False) is not None:
+        doc = body[0]
+        seg = _cut(seg, (doc.lineno - first, doc.col_offset),
+                   (doc.end_lineno - first, doc.end_col_offset))
+    return textwrap.dedent("\n".join(seg)).strip("\n")
+
+
+def _functions(tree: ast.AST):
+    """(qualified name, node) for every function and method, nested ones included, in
+    source order."""
+    stack: list[tuple[str, ast.AST]] = [("", tree)]
+    while stack:
+        prefix, node = stack.pop()
+        children = list(ast.iter_child_nodes(node))
+        for child in reversed(children):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                stack.append((f"{prefix}{child.name}.", child))
+            else:
+                stack.append((prefix, child))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix[:-1], node
+
+
+def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
+                max_files: int | None = None, extras: bool = True) -> Corpus:
+    """Mine (docstring first sentence -> code) pairs, distractors and extras (see Corpus).
+
+    Pairs need a first sentence of >= 3 words and a body that is not trivial and spans
+    >= `min_body_lines` lines (`is_trivial`); code is de-duplicated across everything (first
+    occurrence in sorted file order wins). `max_files` caps the library files read;
+    `extras=False` skips the test / app folders (faster). Files that fail to decode or parse
+    are skipped and counted in the report.
+    """
+    files = python_files(list(roots) if roots is not None else [stdlib_root()])
+    lib_files = [f for f, lib in files if lib][:max_files]
+    other = [f for f, lib in files if not lib] if extras else []
+    found: dict[str, list] = {"pairs": [], "distractors": [], "extras": []}
+    seen: set[str] = set()
+    counts = Counter()
+    for path, lib in [(f, True) for f in lib_files] + [(f, False) for f in other]:
+        try:
+            text = importlib.util.decode_source(path.read_bytes())
+        except (UnicodeDecodeError, SyntaxError, LookupError, OSError):
+            counts["undecodable"] += 1  # SyntaxError here: an unknown coding cookie
+            continue
+        try:
+            tree = ast.parse(text, filename=str(path))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            counts["syntax_errors"] += 1
+            continue
+        lines = text.split("\n")
+        for name, node in _functions(tree):
+            doc = ast.get_docstring(node)
+            body = node.body[1:] if doc is not None else node.body
+            if is_trivial(body, 1):
+                counts["trivial"] += 1
+                continue
+            code = function_code(node, lines)
+            if code in seen:
+                counts["duplicates"] += 1
+                continue
+            seen.add(code)
+            query = first_sentence(doc) if doc else ""
+            long_enough = not is_trivial(body, min_body_lines)
+            if lib and long_enough and len(query.split()) >= 3:
+                found["pairs"].append(Pair(query=query, code=code, source=str(path),
+                                           line=node.lineno, name=name))
+            else:
+                kind = "distractors" if lib and long_enough else "extras"
+                found[kind].append(Snippet(code=code, source=str(path), line=node.lineno,
+                                           name=name))
+    report = MineReport(files=len(lib_files) + len(other), **{
+        k: counts[k] for k in ("undecodable", "syntax_errors", "trivial", "duplicates")})
+    return Corpus(**{k: tuple(v) for k, v in found.items()}, report=report)
+
+
+def mine_pairs(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
+               max_files: int | None = None) -> list[Pair]:
+    """The documented pairs of `mine_corpus` (see there)."""
+    return list(mine_corpus(roots, min_body_lines, max_files).pairs)
+
+
+# ----------------------------------------------------------------------------- JSONL
+
+
+@attrs.frozen(kw_only=True)
+class JsonlReport:
+    """What `read_jsonl` saw: `lines` = `accepted` + sum(`skipped`.values()); `truncated`
+    counts accepted rows with a text cut to max_chars; `errors` the first few messages."""
+
+    lines: int
+    accepted: int
+    skipped: dict[str, int]
+    truncated: int
+    errors: tuple[str, ...]
+
+
+class _BadLine(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _text_field(row: dict, field: str) -> str:
+    if field not in row:
+        raise _BadLine("missing_field", f"field {field!r}: missing")
+    return _check_text(row[field], f"field {field!r}")
+
+
+def _check_text(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise _BadLine("wrong_type", f"{where}: expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise _BadLine("empty_field", f"{where}: empty string")
+    if "\x00" in value:
+        raise _BadLine("nul", f"{where}: contains a NUL character")
+    return value
+
+
+def _parse_line(raw: bytes, first: bool) -> tuple[str, str, tuple[str, ...]]:
+    """One JSONL line -> (query, code, negatives); raises _BadLine(reason, message)."""
+    if b"\x00" in raw:
+        raise _BadLine("nul", "NUL byte in line")
+    if first and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 BOM opening the file is harmless (Windows editors write it)
+    if b"\xef\xbb\xbf" in raw:
+        raise _BadLine("bom", "byte-order mark inside the file (concatenated files?)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _BadLine("utf8", f"invalid UTF-8 at byte {err.start}") from None
+    try:
+        row = json.loads(text)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, int too long, deep nesting
+        raise _BadLine("json", f"invalid JSON ({str(err)[:80]})") from None
+    if not isinstance(row, dict):
+        raise _BadLine("not_object", f"expected a JSON object, got {type(row).__name__}")
+    query, code = _text_field(row, "query"), _text_field(row, "code")
+    negatives = row.get("negatives", [])
+    if not isinstance(negatives, list):
+        raise _BadLine("wrong_type", f"field 'negatives': expected a list, got "
+                                     f"{type(negatives).__name__}")
+    negs = tuple(_check_text(n, f"field 'negatives'[{i}]") for i, n in enumerate(negatives))
+    return query, code, negs
+
+
+def read_jsonl(path: Path | str, lenient: bool = False,
+               max_chars: int = 20_000) -> tuple[list[Pair], JsonlReport]:
+    """Pairs from a JSONL file of {"query": str, "code": str, "negatives"?: [str, ...]}.
+
+    Blank lines are skipped (counted as "blank"). A malformed line raises DataError naming
+    `file:line` and the field, or with `lenient=True` is skipped and counted by reason
+    (utf8, bom, nul, json, not_object, missing_field, empty_field, wrong_type). Texts longer
+    than `max_chars` are truncated (counted). Other keys are ignored.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror})") from None
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()  # the final newline ends the last line; it opens no new one
+    pairs: list[Pair] = []
+    skipped: Counter[str] = Counter()
+    errors: list[str] = []
+    truncated = 0
+    for lineno, raw in enumerate(raw_lines, start=1):
+        raw = raw.removesuffix(b"\r")
+        if not raw.strip(b" \t") or (lineno == 1 and raw == b"\xef\xbb\xbf"):
+            skipped["blank"] += 1
+            continue
+        try:
+            query, code, negs = _parse_line(raw, lineno == 1)
+        except _BadLine as bad:
+            message = f"{path}:{lineno}: {bad}"
+            if not lenient:
+                raise DataError(message) from None
+            skipped[bad.reason] += 1
+            if len(errors) < 10:
+                errors.append(message)
+            continue
+        texts = (query, code, *negs)
+        if any(len(t) > max_chars for t in texts):
+            truncated += 1
+            query, code = query[:max_chars], code[:max_chars]
+            negs = tuple(n[:max_chars] for n in negs)
+        pairs.append(Pair(query=query, code=code, source=str(path), line=lineno,
+                          negatives=negs))
+    report = JsonlReport(lines=len(raw_lines), accepted=len(pairs), skipped=dict(skipped),
+                         truncated=truncated, errors=tuple(errors))
+    return pairs, report
+
+
+def write_jsonl(path: Path | str, pairs: Iterable[Pair]) -> None:
+    """Write pairs as JSONL that `read_jsonl` reads back (source/line/name kept as extras)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for p in pairs:
+            row = {"query": p.query, "code": p.code, "source": p.source, "line": p.line,
+                   "name": p.name}
+            if p.negatives:
+                row["negatives"] = list(p.negatives)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+# ------------------------------------------------------------------------ split / eval
+
+
+def held_out(source: str, eval_fraction: float, seed: int) -> bool:
+    """Whether file `source` is in the eval half: a seeded hash of its path, uniform in
+    [0, 1), below `eval_fraction`."""
+    digest = hashlib.blake2b(f"{seed}\x00{source}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64 < eval_fraction
+
+
+# 35% of files: the stdlib's default mining then gives ~1,270 held-out queries (>= 1,000)
+# and leaves ~2,900 training pairs; 30% gives 992 (see eval_set).
+EVAL_FRACTION = 0.35
+
+
+def split_by_file(pairs: Sequence[Pair], eval_fraction: float = EVAL_FRACTION,
+                  seed: int = 0) -> tuple[list[Pair], list[Pair]]:
+    """(train, eval) with every file wholly on one side; order within each side is kept."""
+    if not 0.0 <= eval_fraction <= 1.0:
+        raise DataError(f"eval_fraction: expected a value in [0, 1], got {eval_fraction}")
+    train, evals = [], []
+    for p in pairs:
+        (evals if held_out(p.source, eval_fraction, seed) else train).append(p)
+    return train, evals
+
+
+@attrs.frozen(kw_only=True)
+class EvalSet:
+    """A retrieval task: query i's relevant candidate is `candidates[positives[i]]`.
+
+    `candidate_meta[j]` is (source path, line, function name); `candidate_ids[j]` is
+    "path:line:name". positives: int64 [n_queries].
+    """
+
+    queries: tuple[str, ...]
+    candidates: tuple[str, ...]
+    candidate_ids: tuple[str, ...]
+    candidate_meta: tuple[tuple[str, int, str], ...]
+    positives: np.ndarray
+
+
+def eval_set(corpus: Corpus, eval_fraction: float = EVAL_FRACTION, seed: int = 0,
+             min_queries: int = 1000, min_candidates: int = 5000,
+             max_queries: int | None = None) -> EvalSet:
+    """The held-out retrieval task of `corpus` under `split_by_file(eval_fraction, seed)`.
+
+    Queries: held-out pairs whose query text is unique among them (a shared docstring would
+    make two positives), at most `max_queries` (a seeded sample kept in source order).
+    Candidates, in this order: every held-out pair's code, the held-out library files'
+    distractors, then (only while fewer than `min_candidates`) a seeded sample of held-out
+    extras. Only held-out files contribute, so no candidate is a training pair's code.
+    Raises DataError when fewer than `min_queries` queries or `min_candidates` candidates
+    can be had (raise eval_fraction or add roots).
+    """
+    _, evals = split_by_file(corpus.pairs, eval_fraction, seed)
+    rng = np.random.default_rng(seed)
+    text_counts = Counter(p.query for p in evals)
+    chosen = np.array([i for i, p in enumerate(evals) if text_counts[p.query] == 1], np.int64)
+    if max_queries is not None and len(evals) > max_queries:
+        chosen = np.sort(rng.choice(chosen, max_queries, replace=False))
+    items = [(p.code, p.source, p.line, p.name) for p in evals]
+    items += [(s.code, s.source, s.line, s.name) for s in corpus.distractors
+              if held_out(s.source, eval_fraction, seed)]
+    extras = [s for s in corpus.extras if held_out(s.source, eval_fraction, seed)]
+    need = min(max(min_candidates - len(items), 0), len(extras))
+    picked = np.sort(rng.choice(len(extras), need, replace=False))
+    items += [(extras[i].code, extras[i].source, extras[i].line, extras[i].name) for i in picked]
+    if len(chosen) < min_queries or len(items) < min_candidates:
+        raise DataError(f"eval set: {len(chosen)} queries / {len(items)} candidates from "
+                        f"held-out files, need >= {min_queries} / {min_candidates} "
+                        f"(raise eval_fraction or add source roots)")
+    return EvalSet(queries=tuple(evals[i].query for i in chosen),
+                   candidates=tuple(c for c, *_ in items),
+                   candidate_ids=tuple(f"{s}:{ln}:{n}" for _, s, ln, n in items),
+                   candidate_meta=tuple((s, ln, n) for _, s, ln, n in items),
+                   positives=chosen.astype(np.int64))

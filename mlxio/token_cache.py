@@ -1,0 +1,331 @@
+"""Pre-tokenised, memory-mapped training data; length-bucketed batches; a prefetch thread.
+
+The cache tokenises every text once and stores, per field (e.g. "query", "doc"), one flat
+int32 token array and int64 offsets ([n + 1]) as `.npy` files opened with `mmap_mode="r"`,
+plus `meta.json`. Its folder name is a hash of (tokenizer identity, max lengths, data), so a
+second run with the same inputs opens it without tokenising, and any change builds a new one.
+Writing goes to a temporary folder renamed into place, so a killed run never leaves a
+half-written cache behind.
+
+Batches: `batch_plan` groups examples of similar document length into optimizer steps of
+`accum` micro-batches, deterministically from (seed, epoch); `make_batch` pads each field to a
+multiple of `bucket` tokens (few distinct shapes -> few `mx.compile` recompiles); a run resumes
+from a `DataPosition` with exactly the batches it had not consumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from mlxio.errors import DataError
+
+Tokenize = Callable[[list[str], int], list[list[int]]]
+FORMAT = 1  # bump when the on-disk layout changes, so old caches are not misread
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """sha256 of a `tokenizers.Tokenizer`'s JSON serialisation (vocab, merges, normaliser,
+    post-processor: everything that decides the ids)."""
+    return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+
+
+def hf_tokenize(tokenizer) -> Tokenize:
+    """A `tokenize(texts, max_length)` from a `tokenizers.Tokenizer`: special tokens added,
+    truncated to `max_length` by the tokenizer itself (so [SEP] / </s> stays last)."""
+    tok = type(tokenizer).from_str(tokenizer.to_str())  # own copy: truncation is mutable state
+    tok.no_padding()
+
+    def tokenize(texts: list[str], max_length: int) -> list[list[int]]:
+        tok.enable_truncation(max_length)
+        return [e.ids for e in tok.encode_batch(texts)]
+
+    return tokenize
+
+
+def data_hash(fields: Mapping[str, Sequence[str]]) -> str:
+    """sha256 over every field's texts (length-prefixed, so no two datasets collide)."""
+    h = hashlib.sha256()
+    for name in sorted(fields):
+        h.update(f"{name}\x00{len(fields[name])}\x00".encode())
+        for text in fields[name]:
+            raw = text.encode("utf-8", "surrogatepass")
+            h.update(len(raw).to_bytes(8, "little"))
+            h.update(raw)
+    return h.hexdigest()
+
+
+def cache_key(tokenizer_id: str, max_lengths: Mapping[str, int], data: str) -> str:
+    """The cache folder name: a hash of everything that decides its contents."""
+    blob = json.dumps({"format": FORMAT, "tokenizer": tokenizer_id, "data": data,
+                       "max_lengths": dict(sorted(max_lengths.items()))}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+@attrs.frozen(kw_only=True)
+class TokenCache:
+    """An opened cache. tokens[field]: int32 [total tokens] (memory-mapped);
+    offsets[field]: int64 [n + 1]; example i of a field is tokens[offsets[i]:offsets[i+1]]."""
+
+    path: Path
+    n: int
+    max_lengths: dict[str, int]
+    tokens: dict[str, np.ndarray]
+    offsets: dict[str, np.ndarray]
+
+    def lengths(self, field: str) -> np.ndarray:
+        """Token counts of a field: int64 [n]."""
+        return np.diff(self.offsets[field])
+
+    def ids(self, field: str, i: int) -> np.ndarray:
+        """Token ids of example i: int32 [length]."""
+        off = self.offsets[field]
+        return self.tokens[field][off[i]:off[i + 1]]
+
+
+def _tokenize_field(texts: Sequence[str], tokenize: Tokenize, max_length: int,
+                    chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    lengths, parts = [], []
+    for start in range(0, len(texts), chunk):
+        batch = list(texts[start:start + chunk])
+        out = tokenize(batch, max_length)
+        if len(out) != len(batch):
+            raise DataError(f"tokenize returned {len(out)} sequences for {len(batch)} texts")
+        for ids in out:
+            ids = ids[:max_length]  # guard: a tokenize that ignores max_length is capped here
+            lengths.append(len(ids))
+            parts.append(np.asarray(ids, dtype=np.int32))
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    return tokens, offsets
+
+
+def open_cache(path: Path) -> TokenCache:
+    """Open a built cache folder (memory-mapped); DataError naming the file if it is broken."""
+    path = Path(path)
+    meta_file = path / "meta.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+        tokens = {f: np.load(path / f"{f}.tokens.npy", mmap_mode="r") for f in meta["fields"]}
+        offsets = {f: np.load(path / f"{f}.offsets.npy", mmap_mode="r") for f in meta["fields"]}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{path}: unreadable token cache ({err}); delete the folder to "
+                        f"rebuild it") from None
+    for f in meta["fields"]:
+        if len(offsets[f]) != meta["n"] + 1 or offsets[f][-1] != len(tokens[f]):
+            raise DataError(f"{path / f'{f}.offsets.npy'}: offsets do not match "
+                            f"{meta['n']} examples / the token file; delete the folder")
+    return TokenCache(path=path, n=meta["n"], max_lengths=meta["max_lengths"],
+                      tokens=tokens, offsets=offsets)
+
+
+def build_or_open(root: Path | str, fields: Mapping[str, Sequence[str]], tokenize: Tokenize,
+                  *, tokenizer_id: str, max_lengths: Mapping[str, int]) -> TokenCache:
+    """The cache of `fields` ({name: texts}, all of one length) under `root/<key>`: opened
+    if it exists, else tokenised (`tokenize(texts, max_lengths[name])`) and written
+    atomically. `tokenizer_id` identifies the tokenizer (see `tokenizer_identity`)."""
+    sizes = {len(v) for v in fields.values()}
+    if len(sizes) != 1:
+        raise DataError(f"token cache: fields have different lengths {sorted(sizes)}")
+    missing = set(fields) - set(max_lengths)
+    if missing:
+        raise DataError(f"token cache: no max length for field(s) {sorted(missing)}")
+    lengths = {f: int(max_lengths[f]) for f in fields}
+    root = Path(root)
+    final = root / cache_key(tokenizer_id, lengths, data_hash(fields))
+    if final.exists():
+        return open_cache(final)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    try:
+        for name, texts in fields.items():
+            tokens, offsets = _tokenize_field(texts, tokenize, lengths[name])
+            np.save(tmp / f"{name}.tokens.npy", tokens)
+            np.save(tmp / f"{name}.offsets.npy", offsets)
+        meta = {"format": FORMAT, "n": sizes.pop(), "fields": sorted(fields),
+                "max_lengths": lengths, "tokenizer": tokenizer_id}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.exists():  # else a concurrent builder won the race: use its cache
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return open_cache(final)
+
+
+# --------------------------------------------------------------------------- batching
+
+
+@attrs.frozen(kw_only=True)
+class DataPosition:
+    """Where a run stands in its data: the next step is batch `batch_index` of `epoch`."""
+
+    epoch: int = 0
+    batch_index: int = 0
+
+
+def batch_plan(lengths: np.ndarray, micro_batch: int, accum: int, seed: int, epoch: int,
+               chunk_steps: int = 64) -> list[np.ndarray]:
+    """One epoch's optimizer steps: a list of int64 [accum, micro_batch] index arrays.
+
+    Examples are shuffled, cut into chunks of `chunk_steps` steps, sorted by length inside
+    each chunk (so a step holds similar lengths and pads little, while the chunk keeps the
+    order random), and the steps are shuffled. The tail that fills no whole step is left out
+    of this epoch. Deterministic in (seed, epoch); each example appears at most once.
+    """
+    step = micro_batch * accum
+    if micro_batch < 1 or accum < 1:
+        raise DataError(f"batch plan: micro_batch and accum must be >= 1, got "
+                        f"{micro_batch}, {accum}")
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    order = order[:len(order) // step * step]
+    chunk = step * chunk_steps
+    steps = []
+    for start in range(0, len(order), chunk):
+        part = order[start:start + chunk]
+        part = part[np.argsort(lengths[part], kind="stable")]
+        steps.extend(part[i:i + step].reshape(accum, micro_batch)
+                     for i in range(0, len(part), step))
+    return [steps[i] for i in rng.permutation(len(steps))]
+
+
+def padded_length(longest: int, bucket: int) -> int:
+    """`longest` rounded up to a multiple of `bucket` (at least one bucket)."""
+    return max(1, -(-longest // bucket)) * bucket
+
+
+def make_batch(cache: TokenCache, indices: np.ndarray, bucket: int = 32, pad_id: int = 0,
+               fields: Sequence[str] = ("query", "doc")) -> dict[str, np.ndarray]:
+    """Padded arrays for one optimizer step of `indices` ([accum, micro]).
+
+    Returns {f"{field}_ids": int32 [accum, micro, T_field], f"{field}_mask": int32 (1 = real
+    token) of the same shape}; T_field is the step's longest example rounded up to `bucket`,
+    the same for every micro-batch of the step.
+    """
+    indices = np.asarray(indices)
+    out = {}
+    for field in fields:
+        off = cache.offsets[field]
+        starts, ends = off[indices], off[indices + 1]
+        width = padded_length(int((ends - starts).max()), bucket)
+        ids = np.full(indices.shape + (width,), pad_id, np.int32)
+        mask = np.zeros(indices.shape + (width,), np.int32)
+        tokens = cache.tokens[field]
+        for pos in np.ndindex(indices.shape):
+            row = tokens[starts[pos]:ends[pos]]
+            ids[pos + (slice(0, len(row)),)] = row
+            mask[pos + (slice(0, len(row)),)] = 1
+        out[f"{field}_ids"], out[f"{field}_mask"] = ids, mask
+    return out
+
+
+def iterate_batches(cache: TokenCache, micro_batch: int, accum: int, seed: int,
+                    start: DataPosition = DataPosition(), bucket: int = 32,
+                    length_field: str = "doc", pad_id: int = 0,
+                    fields: Sequence[str] = ("query", "doc"),
+                    ) -> Iterator[tuple[DataPosition, dict[str, np.ndarray]]]:
+    """Endless (resume position, batch) pairs from `start`, epoch after epoch.
+
+    The position given with a batch is where to resume once that batch is consumed: save
+    it with the checkpoint, pass it back as `start`, and the run continues exactly there.
+    """
+    lengths = cache.lengths(length_field)
+    epoch, index = start.epoch, start.batch_index
+    while True:
+        plan = batch_plan(lengths, micro_batch, accum, seed, epoch)
+        if not plan:
+            raise DataError(f"{cache.path}: {cache.n} examples fill no step of "
+                            f"{micro_batch} x {accum}")
+        for i in range(index, len(plan)):
+            after = (DataPosition(epoch=epoch, batch_index=i + 1) if i + 1 < len(plan)
+                     else DataPosition(epoch=epoch + 1, batch_index=0))
+            yield after, make_batch(cache, plan[i], bucket, pad_id, fields)
+        epoch, index = epoch + 1, 0
+
+
+# --------------------------------------------------------------------------- prefetch
+
+
+class Prefetcher:
+    """Iterates `iterable` in a background thread, `depth` items ahead (bounded queue), so
+    batch assembly overlaps the consumer's compute. Order is kept; an exception raised by
+    the producer is re-raised to the consumer at the point it happened; `close()` (or
+    leaving a `with` block) stops the thread and joins it."""
+
+    _END = object()
+
+    def __init__(self, iterable: Iterable, depth: int = 2):
+        if depth < 1:
+            raise ValueError(f"Prefetcher depth must be >= 1, got {depth}")
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._fill, args=(iter(iterable),),
+                                        name="prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fill(self, it: Iterator) -> None:
+        try:
+            for item in it:
+                if not self._put((True, item)):
+                    return
+        except BaseException as err:  # noqa: BLE001  (handed to the consumer, not lost)
+            self._put((False, err))
+            return
+        self._put((True, self._END))
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        ok, item = self._queue.get()
+        if not ok:
+            self._done = True
+            self.close()
+            raise item
+        if item is self._END:
+            self._done = True
+            self.close()
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        """Stop the producer and join its thread (items not yet consumed are dropped)."""
+        self._stop.set()
+        self._thread.join()
+        self._done = True
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
