@@ -4,7 +4,6 @@ checkpoints, crash safety under killed writers, RNG reproducibility, pruning."""
 import contextlib
 import json
 import logging
-import os
 import random
 import shutil
 import signal
@@ -61,7 +60,7 @@ def assert_same_tree(a, b):
             assert_same_tree(a[k], b[k])
     elif isinstance(a, list):
         assert len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_same_tree(x, y)
     else:
         assert a.dtype == b.dtype and a.shape == b.shape
