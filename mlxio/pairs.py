@@ -19,6 +19,7 @@ import os
 import re
 import sysconfig
 import textwrap
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -213,7 +214,9 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
             counts["undecodable"] += 1  # SyntaxError here: an unknown coding cookie
             continue
         try:
-            tree = ast.parse(text, filename=str(path))
+            with warnings.catch_warnings():  # invalid escapes etc. in old code: not our news
+                warnings.simplefilter("ignore")
+                tree = ast.parse(text, filename=str(path))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             counts["syntax_errors"] += 1
             continue
@@ -430,7 +433,7 @@ def eval_set(corpus: Corpus, eval_fraction: float = EVAL_FRACTION, seed: int = 0
     rng = np.random.default_rng(seed)
     text_counts = Counter(p.query for p in evals)
     chosen = np.array([i for i, p in enumerate(evals) if text_counts[p.query] == 1], np.int64)
-    if max_queries is not None and len(evals) > max_queries:
+    if max_queries is not None and len(chosen) > max_queries:
         chosen = np.sort(rng.choice(chosen, max_queries, replace=False))
     items = [(p.code, p.source, p.line, p.name) for p in evals]
     items += [(s.code, s.source, s.line, s.name) for s in corpus.distractors
