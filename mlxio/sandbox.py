@@ -1,0 +1,465 @@
+"""Run untrusted code (model completions) against a problem's tests, outside this process.
+
+Threat model. The candidate code is adversarial: an RL policy is optimised to find anything
+that yields reward, so it will, given time, print "passed", call `os._exit(0)`, return an
+object whose `__eq__` is always True, patch `check`/`assert`/builtins, reload modules, use
+ctypes, fork bomb, leave grandchildren behind, allocate or print without bound, read files it
+should not (the dataset's answers, the repo, /etc/shadow), write outside its directory, open
+network connections, or kill its parent. The tests and prompt (the dataset) are trusted.
+
+Design, and what each layer stops:
+1. Split trust across two processes (`mlxio/sandbox_child.py`). The *worker* executes only
+   the candidate's code and answers calls over a pipe; the *judge* executes only the
+   problem's prelude and test code, calls `check(stub)` where `stub` forwards each call to the
+   worker, and decodes every reply itself into fresh builtin values (exact types only: int,
+   float, str, bool, None, list, tuple, dict, set, frozenset, bytes, complex). So the
+   verdict is computed by trusted code from plain data. This stops: exit codes
+   (`os._exit(0)`, `sys.exit(0)`, SystemExit in `__del__`: the worker's exit code never
+   counts, a dead worker fails the call), always-equal / subclassed return values (refused
+   at the boundary), patching `check`, `assert`, builtins, the harness, `importlib.reload`
+   and ctypes tricks (they only change the worker), printing "passed" (stdout is not read
+   for the verdict), and `StopIteration` smuggling (never re-raised as itself in the judge).
+2. The judge writes `{nonce, status}` on its own result pipe; the nonce is a fresh random
+   token this process sends on the judge's stdin. The worker never holds the nonce or that
+   pipe (separate sandboxes: it cannot read the judge's memory or fds), so it cannot forge
+   a verdict; a missing or wrong nonce is "infra" (the harness broke), never "passed".
+3. Isolation per process (Linux): bubblewrap with every namespace unshared (no network,
+   private pid/ipc/uts/user namespaces), all capabilities dropped, read-only binds of /usr
+   and the interpreter's stdlib only (its site-packages is hidden, so no dataset files),
+   a per-run temp dir as the only writable place (worker), `--die-with-parent`,
+   `--new-session`. This stops network access, reading the repo, HOME or /etc, writing
+   outside the sandbox, signalling or ptracing anything outside, and orphans: when the
+   sandbox's pid 1 dies the kernel kills every process in its pid namespace.
+   Fallbacks, with a logged warning: `unshare -n` (network only) or a plain subprocess,
+   neither of which isolates files; on macOS `sandbox-exec` with a deny-network /
+   deny-file-write profile.
+4. Limits: `setrlimit` in each child before any job code runs (RLIMIT_AS, NPROC, FSIZE,
+   CPU as a backstop, CORE=0); as root (where RLIMIT_NPROC is not enforced) a pids cgroup
+   caps the worker's process count when one can be created; a wall-clock deadline after
+   which both process groups (and every pid in the cgroup) are SIGKILLed; stdout/stderr
+   read with a cap (exceeding it kills the worker: status "error").
+Statuses: "passed"; "failed" (a test failed or the candidate raised/died mid-test);
+"timeout"; "error" (the candidate did not load, or exceeded the output limit); "infra" (the
+sandbox or the problem's own test code broke: a missing reward, never a wrong answer).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import logging
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from functools import cache
+from pathlib import Path
+
+import attrs
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("passed", "failed", "timeout", "error", "infra")
+TEST_MARKER = "# --- mlxio: problem tests below (trusted) ---"
+_CHILD_SOURCE = (Path(__file__).with_name("sandbox_child.py")).read_text()
+_TAIL = 4096  # bytes of stdout/stderr kept in a Verdict
+_PIDS_CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
+
+
+@attrs.frozen(kw_only=True)
+class SandboxLimits:
+    """Per-run limits: wall clock, address space, processes, file size, captured output."""
+
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    max_processes: int = 32
+    max_file_mb: int = 16
+    max_output_bytes: int = 1_000_000
+
+
+@attrs.frozen(kw_only=True)
+class Verdict:
+    """Outcome of one sandboxed run; `status` is one of STATUSES, decided outside the sandbox."""
+
+    status: str
+    returncode: int | None = None  # the worker's (candidate's) exit code; never decides status
+    duration_s: float = 0.0
+    stdout: str = ""  # tails of the candidate's output, for debugging
+    stderr: str = ""
+    detail: str = ""
+    run_id: str = ""  # also in MLXIO_SANDBOX=<run_id> in every sandboxed process's environment
+    backend: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+# ---------------------------------------------------------------- programs
+
+def build_program(code: str, test: str, entry_point: str) -> str:
+    """completion code + the problem's test code + `check(entry_point)`, as one program."""
+    return f"{code}\n\n{TEST_MARKER}\n{test}\n\ncheck({entry_point})\n"
+
+
+def split_program(program: str) -> tuple[str, str, str]:
+    """Program -> (candidate code, trusted test code, entry point).
+
+    With TEST_MARKER (from `build_program`) the split is at its last occurrence, which the
+    candidate cannot move (it comes before the tests). Without it: the last statement must be
+    `check(NAME)`; the tests are the last top-level `def check` onwards, plus the literal
+    assignments and imports just above it (e.g. HumanEval's METADATA), which are safe to run
+    in the judge. Raises ValueError when no `check(NAME)` call ends the program.
+    """
+    head, marker, tail = program.rpartition(TEST_MARKER)
+    body = ast.parse(tail).body if marker else ast.parse(program).body
+    last = body[-1] if body else None
+    if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+            and isinstance(last.value.func, ast.Name) and last.value.func.id == "check"
+            and len(last.value.args) == 1 and isinstance(last.value.args[0], ast.Name)):
+        raise ValueError("program must end with check(<entry point name>)")
+    entry_point = last.value.args[0].id
+    lines = (tail if marker else program).splitlines(keepends=True)
+    if marker:
+        return head, "".join(lines[: last.lineno - 1]), entry_point
+    defs = [i for i, s in enumerate(body) if isinstance(s, ast.FunctionDef) and s.name == "check"]
+    if not defs:
+        raise ValueError("program has no top-level `def check`")
+    start = defs[-1]
+    while start > 0 and _safe_in_judge(body[start - 1]):
+        start -= 1
+    first = body[start].lineno - 1 if start < len(body) else 0
+    first = min([first] + [d.lineno - 1 for d in getattr(body[start], "decorator_list", [])])
+    return "".join(lines[:first]), "".join(lines[first: last.lineno - 1]), entry_point
+
+
+def _safe_in_judge(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, ast.Import | ast.ImportFrom):
+        return True
+    if isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
+        try:
+            ast.literal_eval(stmt.value)
+        except ValueError:
+            return False
+        return True
+    return False
+
+
+def run_tests(program: str, limits: SandboxLimits = SandboxLimits()) -> Verdict:
+    """Run `program` (= code + tests + `check(entry_point)`, see `split_program`) sandboxed."""
+    try:
+        code, test, entry_point = split_program(program)
+    except (SyntaxError, ValueError) as err:
+        return Verdict(status="error", detail=f"cannot split program into code and tests: {err}")
+    return run_check(code, test, entry_point, limits)
+
+
+# ---------------------------------------------------------------- backends
+
+def _python_paths() -> tuple[str, str]:
+    """(interpreter binary, stdlib install prefix) of the base interpreter (not a venv)."""
+    exe = os.path.realpath(sys.executable)
+    return exe, os.path.realpath(sys.base_prefix)
+
+
+def _bwrap_argv(writable: str | None) -> list[str]:
+    exe, prefix = _python_paths()
+    stdlib = Path(prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
+    for name in ("bin", "lib", "lib64", "lib32", "sbin"):  # merged-/usr symlinks or real dirs
+        p = Path("/", name)
+        if p.is_symlink():
+            argv += ["--symlink", os.readlink(p), str(p)]
+        elif p.is_dir():
+            argv += ["--ro-bind", str(p), str(p)]
+    if not prefix.startswith("/usr/"):
+        argv += ["--ro-bind", prefix, prefix]
+    if (stdlib / "site-packages").is_dir():  # hide installed packages (dataset files live there)
+        argv += ["--tmpfs", str(stdlib / "site-packages")]
+    if writable:
+        argv += ["--bind", writable, "/tmp"]
+    else:
+        argv += ["--tmpfs", "/tmp"]
+    return argv + ["--chdir", "/tmp", exe]
+
+
+def _macos_argv(writable: str) -> list[str]:
+    profile = ("(version 1)(allow default)(deny network*)"
+               f'(deny file-write* (require-not (subpath "{os.path.realpath(writable)}")))')
+    return ["sandbox-exec", "-p", profile, os.path.realpath(sys.executable)]
+
+
+@cache
+def sandbox_backend() -> str:
+    """"bwrap" | "sandbox-exec" | "unshare" | "none": the strongest isolation that works here
+    (probed once by running the interpreter under it)."""
+    if sys.platform == "darwin" and shutil.which("sandbox-exec"):
+        return "sandbox-exec"
+    candidates = []
+    if shutil.which("bwrap"):
+        candidates.append(("bwrap", _bwrap_argv(None)))
+    if shutil.which("unshare"):
+        candidates.append(("unshare", ["unshare", "-n", os.path.realpath(sys.executable)]))
+    for name, argv in candidates:
+        try:
+            proc = subprocess.run(argv + ["-I", "-S", "-c", "pass"], capture_output=True,
+                                  timeout=30, env=_env("probe"))
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if proc.returncode == 0:
+            return name
+        log.info("sandbox backend %s unusable: %s", name, proc.stderr.decode(errors="replace"))
+    log.warning("no sandbox backend works here (bwrap, unshare -n): candidate code runs in a "
+                "plain subprocess with resource limits only, WITHOUT file or network isolation")
+    return "none"
+
+
+def _env(run_id: str) -> dict[str, str]:
+    return {"MLXIO_SANDBOX": run_id, "PATH": "/usr/bin:/bin", "HOME": "/tmp",
+            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def _prefix(backend: str, writable: str | None) -> list[str]:
+    if backend == "bwrap":
+        return _bwrap_argv(writable)
+    if backend == "sandbox-exec":
+        return _macos_argv(writable or tempfile.gettempdir())
+    if backend == "unshare":
+        return ["unshare", "-n", os.path.realpath(sys.executable)]
+    return [os.path.realpath(sys.executable)]
+
+
+def _make_pids_cgroup(run_id: str, max_pids: int) -> str | None:
+    """A pids cgroup capping the worker's process count (RLIMIT_NPROC does not bind root)."""
+    if os.geteuid() != 0:
+        return None
+    for root in _PIDS_CGROUP_ROOTS:
+        path = os.path.join(root, f"mlxio-{run_id}")
+        try:
+            if not os.path.exists(os.path.join(root, "cgroup.procs")):
+                continue
+            os.mkdir(path)
+            Path(path, "pids.max").write_text(str(max_pids))
+            return path
+        except OSError:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+    return None
+
+
+def _sweep_cgroup(path: str | None) -> None:
+    """SIGKILL every process left in the cgroup, then remove it."""
+    if path is None:
+        return
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        try:
+            pids = [int(p) for p in Path(path, "cgroup.procs").read_text().split()]
+        except OSError:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.02)
+    log.warning("could not remove sandbox cgroup %s", path)
+
+
+# ---------------------------------------------------------------- running
+
+class _Capture:
+    """Reads one pipe: keeps the last `_TAIL` bytes and counts the total."""
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        self.tail = (self.tail + data)[-_TAIL:]
+
+    def text(self) -> str:
+        return self.tail.decode(errors="replace")
+
+
+def _spawn(backend: str, role: str, args: dict, fds: tuple[int, ...], workdir: str | None,
+           run_id: str, cgroup: str | None) -> subprocess.Popen:
+    argv = _prefix(backend, workdir) + ["-I", "-S", "-B", "-c", _CHILD_SOURCE, role,
+                                        json.dumps(args)]
+    if cgroup:  # the shell joins the cgroup, then becomes the sandbox: no window to escape it
+        argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup] + argv
+    env = _env(run_id)
+    if backend != "bwrap":
+        env["HOME"] = workdir or tempfile.gettempdir()
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, pass_fds=fds, start_new_session=True,
+                            env=env, cwd=workdir or tempfile.gettempdir())
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = SandboxLimits(),
+              *, prelude: str = "") -> Verdict:
+    """Run the problem's `check(entry_point)` against the candidate `code`, sandboxed.
+
+    `code` (untrusted) runs in the worker; `prelude` (e.g. the problem's prompt, for helpers
+    such as HumanEval's `poly`) and `test` (trusted) run in the judge. See the module docstring.
+    """
+    backend = sandbox_backend()
+    run_id, nonce = secrets.token_hex(8), secrets.token_hex(16)
+    start = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix=f"mlxio-sandbox-{run_id}-")
+    cgroup = _make_pids_cgroup(run_id, limits.max_processes + 3)  # + bwrap, its init, shell
+    req_r, req_w = os.pipe()  # judge -> worker calls
+    rep_r, rep_w = os.pipe()  # worker -> judge replies
+    res_r, res_w = os.pipe()  # judge -> us: the verdict
+    lim = attrs.asdict(limits)
+    procs: list[subprocess.Popen] = []
+    try:  # run_id in argv too: lets tests find strays by /proc/*/cmdline or environ
+        procs.append(_spawn(backend, "worker", {"req": req_r, "rep": rep_w, "limits": lim,
+                                                 "run_id": run_id},
+                            (req_r, rep_w), workdir, run_id, cgroup))
+        procs.append(_spawn(backend, "judge", {"req": req_w, "rep": rep_r, "res": res_w,
+                                                "limits": lim, "run_id": run_id},
+                            (req_w, rep_r, res_w), None, run_id, None))
+    except OSError as err:
+        for p in procs:
+            _kill_group(p)
+            p.wait()
+        for fd in (req_r, req_w, rep_r, rep_w, res_r, res_w):
+            os.close(fd)
+        _sweep_cgroup(cgroup)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return Verdict(status="infra", detail=f"cannot start sandbox ({backend}): {err}",
+                       run_id=run_id, backend=backend, duration_s=time.monotonic() - start)
+    for fd in (req_r, req_w, rep_r, rep_w, res_w):
+        os.close(fd)
+    worker, judge = procs
+    job = {"nonce": nonce, "prelude": prelude, "test": test, "entry_point": entry_point}
+    out = _Outputs(worker, judge, res_r, code.encode(), json.dumps(job).encode())
+    try:
+        timed_out = out.pump(start + limits.timeout_s, limits.max_output_bytes, worker)
+    finally:
+        for p in reversed(procs):  # the judge first: it must not judge the killed worker
+            _kill_group(p)
+        _sweep_cgroup(cgroup)
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.warning("sandbox process %d did not exit after SIGKILL", p.pid)
+        out.pump(time.monotonic() + 0.5, limits.max_output_bytes, None)  # drain after kill
+        out.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return _decide(out, nonce, timed_out, worker, run_id=run_id, backend=backend,
+                   duration_s=time.monotonic() - start)
+
+
+class _Outputs:
+    """Multiplexes the children's pipes: feeds stdin, captures output, collects the verdict."""
+
+    def __init__(self, worker, judge, res_r: int, worker_in: bytes, judge_in: bytes) -> None:
+        self.sel = selectors.DefaultSelector()
+        self.captures = {k: _Capture() for k in ("worker_out", "worker_err", "judge_out",
+                                                 "judge_err")}
+        self.result = b""
+        self.overflow = False
+        self.pending = {worker.stdin.fileno(): [worker.stdin, worker_in],
+                        judge.stdin.fileno(): [judge.stdin, judge_in]}
+        for name, f in (("worker_out", worker.stdout), ("worker_err", worker.stderr),
+                        ("judge_out", judge.stdout), ("judge_err", judge.stderr)):
+            os.set_blocking(f.fileno(), False)
+            self.sel.register(f.fileno(), selectors.EVENT_READ, (name, f))
+        os.set_blocking(res_r, False)
+        self.res_r = res_r
+        self.sel.register(res_r, selectors.EVENT_READ, ("result", None))
+        for fd, (f, _) in self.pending.items():
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_WRITE, ("stdin", f))
+
+    def pump(self, deadline: float, cap: int, worker) -> bool:
+        """Moves data until the verdict pipe closes (-> False) or the deadline (-> True)."""
+        while self.sel.get_map():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return True
+            for key, _ in self.sel.select(timeout=min(remaining, 0.25)):
+                name, f = key.data
+                if name == "stdin":
+                    self._write(key.fd, f)
+                    continue
+                try:
+                    data = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    self.sel.unregister(key.fd)
+                    if name == "result":
+                        return False
+                    continue
+                if name == "result":
+                    self.result = (self.result + data)[-65536:]
+                    continue
+                self.captures[name].feed(data)
+                if (worker is not None and name.startswith("worker")
+                        and self.captures[name].total > cap and not self.overflow):
+                    self.overflow = True
+                    _kill_group(worker)
+        return False
+
+    def _write(self, fd: int, f) -> None:
+        entry = self.pending[fd]
+        try:
+            n = os.write(fd, entry[1][:65536])
+        except BlockingIOError:
+            return
+        except OSError:  # the child closed stdin or died: nothing more to send
+            n = len(entry[1])
+        entry[1] = entry[1][n:]
+        if not entry[1]:
+            self.sel.unregister(fd)
+            f.close()
+
+    def close(self) -> None:
+        for key in list(self.sel.get_map().values()):
+            self.sel.unregister(key.fd)
+        self.sel.close()
+        os.close(self.res_r)
+
+
+def _decide(out: _Outputs, nonce: str, timed_out: bool, worker, **meta) -> Verdict:
+    cap = out.captures
+    common = dict(returncode=worker.returncode, stdout=cap["worker_out"].text(),
+                  stderr=cap["worker_err"].text(), **meta)
+    try:
+        result = json.loads(out.result.decode())
+        ok = isinstance(result, dict) and result.get("nonce") == nonce
+    except ValueError:
+        result, ok = None, False
+    if out.overflow:
+        return Verdict(status="error", detail="candidate exceeded the output limit", **common)
+    if timed_out:  # a verdict drained after the kill may describe the kill itself
+        return Verdict(status="timeout", detail="wall-clock limit reached", **common)
+    if ok and result.get("status") in STATUSES:
+        return Verdict(status=result["status"], detail=str(result.get("detail", "")), **common)
+    why = "no verdict from the judge" if result is None else "judge verdict without valid nonce"
+    return Verdict(status="infra", detail=f"{why}; judge stderr: {cap['judge_err'].text()}",
+                   **common)
