@@ -90,7 +90,7 @@ def parse_safetensors_header(path: str | Path) -> tuple[dict[str, dict], dict[st
         raise LoadError(f"{path}: header is not valid UTF-8 JSON ({err})") from None
     if not isinstance(header, dict):
         raise LoadError(f"{path}: header is a JSON {type(header).__name__}, not an object")
-    metadata = header.pop("__metadata__", {})
+    metadata = header.pop("__metadata__", None) or {}  # MLX writes null when there is none
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise LoadError(f"{path}: __metadata__ must map strings to strings")
     data_len = size - 8 - header_len
@@ -193,15 +193,13 @@ class _Cursor:
     def u64(self, what: str) -> int:
         return struct.unpack_from("<Q", self.buf, self.take(8, what))[0]
 
-    def string(self, what: str, decode: bool = True) -> str | None:
+    def string(self, what: str) -> str:
         n = self.u64(f"{what} length")
         if n > MAX_COUNT:
             raise LoadError(f"{self.path}: {what} length {n} is absurd")
         start = self.take(n, what)
-        if not decode:
-            return None
         try:
-            return bytes(self.buf[start:start + n]).decode("utf-8")
+            return self.buf[start:start + n].decode("utf-8")  # an mmap slice is bytes
         except UnicodeDecodeError:
             raise LoadError(f"{self.path}: {what} at offset {start} is not UTF-8") from None
 
@@ -213,8 +211,8 @@ def _skip_gguf_value(cur: _Cursor, vtype: int, key: str) -> Any:
         if vtype == 7 and cur.buf[start] > 1:
             raise LoadError(f"{cur.path}: bool value of {key!r} is {cur.buf[start]}, not 0/1")
         return struct.unpack_from("<I", cur.buf, start)[0] if vtype == GGUF_UINT32 else None
-    if vtype == GGUF_STRING:
-        return cur.string(f"string value of {key!r}", decode=False)
+    if vtype == GGUF_STRING:  # decoded: MLX hands strings to Python, which needs UTF-8
+        return cur.string(f"string value of {key!r}")
     if vtype == GGUF_ARRAY:
         etype = cur.u32(f"array type of {key!r}")
         count = cur.u64(f"array length of {key!r}")
@@ -223,7 +221,7 @@ def _skip_gguf_value(cur: _Cursor, vtype: int, key: str) -> Any:
                 raise LoadError(f"{cur.path}: array {key!r} claims {count} strings, more than "
                                 "the file can hold")
             for i in range(count):
-                cur.string(f"element {i} of {key!r}", decode=False)
+                cur.string(f"element {i} of {key!r}")
             return None
         if etype not in GGUF_SCALARS:
             raise LoadError(f"{cur.path}: array {key!r} has unsupported element type {etype} "
@@ -249,6 +247,8 @@ def parse_gguf_header(path: str | Path) -> list[dict]:
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             return _parse_gguf(_Cursor(buf, path))
+    except LoadError:
+        raise
     except ValueError as err:  # mmap of an empty file
         raise LoadError(f"{path}: not a GGUF file ({err})") from None
     except OSError as err:
