@@ -77,6 +77,17 @@ def _file_digest(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def _json_default(obj: Any) -> Any:
+    """Meta values that are JSON-able in all but type: NumPy / 1-element MLX scalars, paths."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, mx.array) and obj.size == 1:
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON-able")
+
+
 def _canonical(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
@@ -168,7 +179,9 @@ def save(run_dir: str | Path, step: int, trees: dict[str, Tree], meta: dict,
 
     trees: {name: params-like tree of mx.array} -> `<name>.safetensors` each (any dtype MLX
     saves: float32, bfloat16, uint64 optimizer step, int32 ...). meta: JSON-able dict (config,
-    data position, RNG snapshot, base model identity ...); `meta["step"]` is set to `step`.
+    data position, RNG snapshot, base model identity ...; NumPy / MLX scalars and paths are
+    converted); `meta["step"]` is set to `step`. One writer per run dir (rank 0 under
+    data parallelism): a concurrent save in the same process would clean the other's temp dir.
     Keeps the `keep_last` newest step dirs (always including this one). Returns the dir.
     """
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -182,7 +195,7 @@ def save(run_dir: str | Path, step: int, trees: dict[str, Tree], meta: dict,
         raise CheckpointError(f"save: meta['step']={meta['step']!r} but step={step}")
     try:
         meta_bytes = json.dumps({**meta, "step": step}, indent=1, sort_keys=True,
-                                allow_nan=True).encode("utf-8")
+                                default=_json_default).encode("utf-8")
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"save: meta is not JSON-able ({err})") from None
     flats = {name: _tree_arrays(name, tree) for name, tree in trees.items()}

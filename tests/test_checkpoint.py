@@ -217,6 +217,14 @@ def test_pruning_keeps_keep_last(tmp_path):
     assert ck.load_latest(tmp_path)[2]["again"] is True
 
 
+def test_meta_scalars_and_paths_become_json(tmp_path):
+    meta = {"loss": np.float32(0.5), "seen": mx.array(7), "data": tmp_path / "d.jsonl"}
+    ck.save(tmp_path, 3, {}, meta)
+    _, trees, back = ck.load_latest(tmp_path)
+    assert trees == {}
+    assert back == {"loss": 0.5, "seen": 7, "data": str(tmp_path / "d.jsonl"), "step": 3}
+
+
 def test_bad_inputs_refused(tmp_path):
     with pytest.raises(CheckpointError, match="not JSON-able"):
         ck.save(tmp_path, 1, {}, {"x": object()})
