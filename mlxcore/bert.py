@@ -1,0 +1,142 @@
+"""BERT encoder (MiniLM, ColBERTv2's BERT, ...) as a pure function of a params tree.
+
+The tree is keyed like transformers' `BertModel` state dict without the pooler
+(`embeddings.word_embeddings.weight`, `encoder.layer.0.attention.self.query.weight`, ...), so
+loading and export are the identity; LoRA adapters beside `query` / `value` weights apply
+through `mlxcore.lora.linear`. Post-LN blocks, absolute position embeddings, exact (erf) GELU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import mlx.core as mx
+
+from mlxcore import lora
+from mlxcore.t5 import attention, gelu_new, layer_keys, merge_heads, padding_bias, split_heads
+
+ACTIVATIONS = ("gelu", "gelu_new", "relu")
+
+
+@attrs.frozen(kw_only=True)
+class BertConfig:
+    """Shape of a BERT encoder (names as in transformers' `BertConfig`)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_act: str = attrs.field(default="gelu", validator=attrs.validators.in_(ACTIVATIONS))
+    layer_norm_eps: float = 1e-12
+
+    @property
+    def d_model(self) -> int:
+        return self.hidden_size
+
+    @classmethod
+    def from_hf(cls, config: dict) -> BertConfig:
+        """From a transformers `config.json` dict; ValueError naming the key on bad input."""
+        required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size")
+        missing = [k for k in required if k not in config]
+        if missing:
+            raise ValueError(f"BERT config lacks key(s) {missing}")
+        act = config.get("hidden_act", "gelu")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"BERT config key 'hidden_act'={act!r}: supported {ACTIVATIONS}")
+        pos = config.get("position_embedding_type", "absolute")
+        if pos != "absolute":
+            raise ValueError(f"BERT config key 'position_embedding_type'={pos!r}: only 'absolute'")
+        if config["hidden_size"] % config["num_attention_heads"]:
+            raise ValueError("BERT config: 'hidden_size' is not a multiple of 'num_attention_heads'")
+        return cls(
+            **{k: int(config[k]) for k in required},
+            max_position_embeddings=int(config.get("max_position_embeddings", 512)),
+            type_vocab_size=int(config.get("type_vocab_size", 2)),
+            hidden_act=act,
+            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+        )
+
+
+def param_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
+    """{dotted HF key: shape} of every weight of the encoder (what a checkpoint must hold)."""
+    d, ff = cfg.hidden_size, cfg.intermediate_size
+    shapes = {
+        "embeddings.word_embeddings.weight": (cfg.vocab_size, d),
+        "embeddings.position_embeddings.weight": (cfg.max_position_embeddings, d),
+        "embeddings.token_type_embeddings.weight": (cfg.type_vocab_size, d),
+        "embeddings.LayerNorm.weight": (d,),
+        "embeddings.LayerNorm.bias": (d,),
+    }
+    for i in range(cfg.num_hidden_layers):
+        p = f"encoder.layer.{i}"
+        for name in ("query", "key", "value"):
+            shapes[f"{p}.attention.self.{name}.weight"] = (d, d)
+            shapes[f"{p}.attention.self.{name}.bias"] = (d,)
+        linears = {"attention.output.dense": (d, d), "intermediate.dense": (ff, d),
+                   "output.dense": (d, ff)}
+        for name, shape in linears.items():
+            shapes[f"{p}.{name}.weight"] = shape
+            shapes[f"{p}.{name}.bias"] = (shape[0],)
+        for name in ("attention.output.LayerNorm", "output.LayerNorm"):
+            shapes[f"{p}.{name}.weight"] = (d,)
+            shapes[f"{p}.{name}.bias"] = (d,)
+    return shapes
+
+
+def _layer_norm(p: dict, x: mx.array, eps: float) -> mx.array:
+    return mx.fast.layer_norm(x, p["weight"], p["bias"], eps)
+
+
+def _activation(x: mx.array, name: str) -> mx.array:
+    if name == "gelu":
+        return 0.5 * x * (1.0 + mx.erf(x / math.sqrt(2.0)))
+    if name == "gelu_new":
+        return gelu_new(x)
+    return mx.maximum(x, 0.0)
+
+
+def _layer(layer: dict, h: mx.array, bias: mx.array, cfg: BertConfig, scale: float,
+           dropout: float, key: mx.array | None) -> mx.array:
+    keys = layer_keys(key, 6)
+    sa = layer["attention"]["self"]
+    heads = cfg.num_attention_heads
+    q, k, v = (split_heads(lora.linear(sa[n], h, scale, dropout, kk), heads)
+               for n, kk in zip(("query", "key", "value"), keys[:3], strict=True))
+    ctx = merge_heads(attention(q, k, v, bias, 1.0 / math.sqrt(q.shape[-1])))
+    out = layer["attention"]["output"]
+    h = _layer_norm(out["LayerNorm"], h + lora.linear(out["dense"], ctx, scale, dropout, keys[3]),
+                    cfg.layer_norm_eps)
+    inner = _activation(lora.linear(layer["intermediate"]["dense"], h, scale, dropout, keys[4]),
+                        cfg.hidden_act)
+    out = layer["output"]
+    return _layer_norm(out["LayerNorm"], h + lora.linear(out["dense"], inner, scale, dropout, keys[5]),
+                       cfg.layer_norm_eps)
+
+
+def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
+           lora_scale: float = 1.0, lora_dropout: float = 0.0,
+           key: mx.array | None = None, token_type_ids: mx.array | None = None) -> mx.array:
+    """Last hidden states [B, T, hidden] of ids [B, T] (int32) under mask [B, T] (1 = real).
+
+    Positions are 0..T-1 and token types 0 unless given, as `BertModel` defaults; dropout of the
+    LoRA adapters needs `key`. Padded positions get finite values that callers must mask.
+    """
+    if input_ids.shape[1] > cfg.max_position_embeddings:
+        raise ValueError(f"sequence length {input_ids.shape[1]} > max_position_embeddings "
+                         f"{cfg.max_position_embeddings}")
+    emb = params["embeddings"]
+    h = emb["word_embeddings"]["weight"][input_ids]
+    h = h + emb["position_embeddings"]["weight"][: input_ids.shape[1]]
+    types = emb["token_type_embeddings"]["weight"]
+    h = h + (types[0] if token_type_ids is None else types[token_type_ids])
+    h = _layer_norm(emb["LayerNorm"], h, cfg.layer_norm_eps)
+    bias = padding_bias(mask, h.dtype)
+    for layer, layer_key in zip(params["encoder"]["layer"], layer_keys(key, cfg.num_hidden_layers),
+                                strict=True):
+        h = _layer(layer, h, bias, cfg, lora_scale, lora_dropout, layer_key)
+    return h

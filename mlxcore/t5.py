@@ -1,0 +1,186 @@
+"""T5 encoder (v1.0 / GTR / XTR with ReLU FFN; v1.1 / Flan with gated GELU) as a pure function.
+
+The params tree is keyed exactly like transformers' `T5EncoderModel` state dict
+(`shared.weight`, `encoder.block.0.layer.0.SelfAttention.q.weight`, ...,
+`encoder.final_layer_norm.weight`), so loading and export are the identity and LoRA adapters
+placed beside a weight (`...SelfAttention.q.lora_a`) apply through `mlxcore.lora.linear`.
+
+T5 specifics: RMS layer norm without bias, no 1/sqrt(d) attention scaling, and a bucketed
+relative-position bias computed once by block 0's `relative_attention_bias` and added to every
+block's attention scores.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import mlx.core as mx
+
+from mlxcore import lora
+
+# Additive mask for padded keys: finite (not -inf) so an all-padding row gives a uniform softmax
+# instead of NaN, and large enough that exp() of it is exactly 0 in float32 and bfloat16.
+NEG_INF = -1e9
+
+FFN_KINDS = ("relu", "gated-gelu")
+
+
+@attrs.frozen(kw_only=True)
+class T5Config:
+    """Shape of a T5 encoder (names as in transformers' `T5Config`)."""
+
+    vocab_size: int
+    d_model: int
+    d_kv: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    feed_forward_proj: str = attrs.field(default="relu", validator=attrs.validators.in_(FFN_KINDS))
+    layer_norm_epsilon: float = 1e-6
+
+    @classmethod
+    def from_hf(cls, config: dict) -> T5Config:
+        """From a transformers `config.json` dict; ValueError naming the key on bad input."""
+        required = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
+        missing = [k for k in required if k not in config]
+        if missing:
+            raise ValueError(f"T5 config lacks key(s) {missing}")
+        ffn = config.get("feed_forward_proj", "relu")
+        if ffn not in FFN_KINDS:
+            raise ValueError(f"T5 config key 'feed_forward_proj'={ffn!r}: supported {FFN_KINDS}")
+        return cls(
+            **{k: int(config[k]) for k in required},
+            relative_attention_num_buckets=int(config.get("relative_attention_num_buckets", 32)),
+            relative_attention_max_distance=int(config.get("relative_attention_max_distance", 128)),
+            feed_forward_proj=ffn,
+            layer_norm_epsilon=float(config.get("layer_norm_epsilon", 1e-6)),
+        )
+
+
+def param_shapes(cfg: T5Config) -> dict[str, tuple[int, ...]]:
+    """{dotted HF key: shape} of every weight of the encoder (what a checkpoint must hold)."""
+    inner = cfg.num_heads * cfg.d_kv
+    shapes = {"shared.weight": (cfg.vocab_size, cfg.d_model)}
+    for i in range(cfg.num_layers):
+        att = f"encoder.block.{i}.layer.0"
+        for name in ("q", "k", "v"):
+            shapes[f"{att}.SelfAttention.{name}.weight"] = (inner, cfg.d_model)
+        shapes[f"{att}.SelfAttention.o.weight"] = (cfg.d_model, inner)
+        if i == 0:
+            shapes[f"{att}.SelfAttention.relative_attention_bias.weight"] = (
+                cfg.relative_attention_num_buckets, cfg.num_heads)
+        shapes[f"{att}.layer_norm.weight"] = (cfg.d_model,)
+        ff = f"encoder.block.{i}.layer.1"
+        wi = ("wi_0", "wi_1") if cfg.feed_forward_proj == "gated-gelu" else ("wi",)
+        for name in wi:
+            shapes[f"{ff}.DenseReluDense.{name}.weight"] = (cfg.d_ff, cfg.d_model)
+        shapes[f"{ff}.DenseReluDense.wo.weight"] = (cfg.d_model, cfg.d_ff)
+        shapes[f"{ff}.layer_norm.weight"] = (cfg.d_model,)
+    shapes["encoder.final_layer_norm.weight"] = (cfg.d_model,)
+    return shapes
+
+
+def relative_position_bucket(relative_position: mx.array, num_buckets: int,
+                             max_distance: int) -> mx.array:
+    """Bidirectional T5 bucket of `memory - query` positions (int32, any shape) -> int32 same shape.
+
+    Half the buckets per direction are exact offsets, the rest log-spaced up to `max_distance`;
+    float32 arithmetic in the same order as transformers so boundaries land identically.
+    """
+    num_buckets //= 2
+    buckets = (relative_position > 0).astype(mx.int32) * num_buckets
+    distance = mx.abs(relative_position)
+    max_exact = num_buckets // 2
+    # max(distance, 1) keeps log() finite where the exact branch is taken anyway.
+    scaled = (mx.log(mx.maximum(distance, 1).astype(mx.float32) / max_exact)
+              / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    large = mx.minimum(max_exact + scaled.astype(mx.int32), num_buckets - 1)
+    return buckets + mx.where(distance < max_exact, distance, large)
+
+
+def position_bias(table: mx.array, length: int, cfg: T5Config) -> mx.array:
+    """Relative-attention bias [1, H, T, T] from block 0's table [num_buckets, H]."""
+    positions = mx.arange(length, dtype=mx.int32)
+    relative = positions[None, :] - positions[:, None]  # memory - query, [T, T]
+    buckets = relative_position_bucket(relative, cfg.relative_attention_num_buckets,
+                                       cfg.relative_attention_max_distance)
+    return table[buckets].transpose(2, 0, 1)[None]
+
+
+def padding_bias(mask: mx.array, dtype=mx.float32) -> mx.array:
+    """Additive key mask [B, 1, 1, T]: 0 for real tokens, NEG_INF for padding (mask [B, T])."""
+    return mx.where(mask.astype(mx.bool_), 0.0, NEG_INF).astype(dtype)[:, None, None, :]
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, bias: mx.array, scale: float) -> mx.array:
+    """Softmax attention with an additive bias: q, k, v [B, H, T, d], bias [B|1, H|1, T, T].
+
+    Through `mx.fast.scaled_dot_product_attention` (T5 passes scale=1.0). On the CPU build this
+    kernel falls back to the same matmul + precise softmax graph as writing it out - outputs
+    are bit-identical and speed equal within noise (MiniLM, compiled, 16 x 128 tokens, 2 busy
+    cores, best of 12 interleaved runs: 461 tok/s fused vs 472 tok/s plain; 32 x 64: 888 vs
+    886) - while Metal and CUDA get a fused kernel, so the fast path is the one kept.
+    """
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=bias)
+
+
+def split_heads(x: mx.array, num_heads: int) -> mx.array:
+    """[B, T, H*d] -> [B, H, T, d]."""
+    b, t, _ = x.shape
+    return x.reshape(b, t, num_heads, -1).transpose(0, 2, 1, 3)
+
+
+def merge_heads(x: mx.array) -> mx.array:
+    """[B, H, T, d] -> [B, T, H*d]."""
+    b, h, t, d = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * d)
+
+
+def layer_keys(key: mx.array | None, n: int) -> list[mx.array | None]:
+    """n PRNG keys (for LoRA dropout) split from `key`, or n Nones when there is no key."""
+    return [None] * n if key is None else list(mx.random.split(key, n))
+
+
+def gelu_new(x: mx.array) -> mx.array:
+    """transformers' `gelu_new` (tanh approximation), used by T5 v1.1 / Flan."""
+    return 0.5 * x * (1.0 + mx.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float,
+           dropout: float, key: mx.array | None) -> mx.array:
+    att, ff = block["layer"]
+    keys = layer_keys(key, 7)
+    sa = att["SelfAttention"]
+    x = mx.fast.rms_norm(h, att["layer_norm"]["weight"], cfg.layer_norm_epsilon)
+    q, k, v = (split_heads(lora.linear(sa[n], x, scale, dropout, kk), cfg.num_heads)
+               for n, kk in zip("qkv", keys[:3], strict=True))
+    h = h + lora.linear(sa["o"], merge_heads(attention(q, k, v, bias, 1.0)), scale, dropout,
+                        keys[3])
+    dense = ff["DenseReluDense"]
+    x = mx.fast.rms_norm(h, ff["layer_norm"]["weight"], cfg.layer_norm_epsilon)
+    if cfg.feed_forward_proj == "gated-gelu":
+        inner = (gelu_new(lora.linear(dense["wi_0"], x, scale, dropout, keys[4]))
+                 * lora.linear(dense["wi_1"], x, scale, dropout, keys[6]))
+    else:
+        inner = mx.maximum(lora.linear(dense["wi"], x, scale, dropout, keys[4]), 0.0)
+    return h + lora.linear(dense["wo"], inner, scale, dropout, keys[5])
+
+
+def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,
+           lora_scale: float = 1.0, lora_dropout: float = 0.0,
+           key: mx.array | None = None) -> mx.array:
+    """Last hidden states [B, T, d_model] of ids [B, T] (int32) under mask [B, T] (1 = real).
+
+    lora_scale / lora_dropout apply to every adapter in the tree (none: plain T5); dropout needs
+    `key`. Padded positions get finite values that callers must mask.
+    """
+    enc = params["encoder"]
+    h = params["shared"]["weight"][input_ids]
+    table = enc["block"][0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
+    bias = position_bias(table, input_ids.shape[1], cfg).astype(h.dtype) + padding_bias(mask, h.dtype)
+    for block, block_key in zip(enc["block"], layer_keys(key, cfg.num_layers), strict=True):
+        h = _block(block, h, bias, cfg, lora_scale, lora_dropout, block_key)
+    return mx.fast.rms_norm(h, enc["final_layer_norm"]["weight"], cfg.layer_norm_epsilon)
