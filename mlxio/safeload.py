@@ -34,6 +34,11 @@ SAFETENSORS_DTYPES = {
     "BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
     "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "C64": 8,
 }
+MX_DTYPES = {
+    "BOOL": mx.bool_, "U8": mx.uint8, "I8": mx.int8, "U16": mx.uint16, "I16": mx.int16,
+    "F16": mx.float16, "BF16": mx.bfloat16, "U32": mx.uint32, "I32": mx.int32,
+    "F32": mx.float32, "U64": mx.uint64, "I64": mx.int64, "C64": mx.complex64,
+}
 MAX_HEADER_BYTES = 100_000_000  # the Rust safetensors crate's (and MLX's) cap
 MAX_DIM = 2**31 - 1  # MLX shapes are int32
 
@@ -143,9 +148,10 @@ def read_safetensors(path: str | Path, return_metadata: bool = False):
         raise LoadError(f"{path}: MLX read keys {sorted(set(arrays) ^ set(header))} "
                         "differently from the header")
     for key, info in header.items():
-        if list(arrays[key].shape) != info["shape"]:
-            raise LoadError(f"{path}: tensor {key!r}: MLX read shape {arrays[key].shape}, "
-                            f"header says {info['shape']}")
+        got = (list(arrays[key].shape), arrays[key].dtype)
+        if got != (info["shape"], MX_DTYPES[info["dtype"]]):
+            raise LoadError(f"{path}: tensor {key!r}: MLX read {got}, header says "
+                            f"{info['shape']} {info['dtype']}")
     return (arrays, metadata) if return_metadata else arrays
 
 
