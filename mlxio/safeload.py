@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import os
 import struct
 import zipfile
 from pathlib import Path
@@ -356,7 +357,10 @@ def read_gguf(path: str | Path) -> tuple[dict[str, mx.array], dict[str, Any]]:
     try:
         arrays, metadata = mx.load(str(path), format="gguf", return_metadata=True)
     except Exception as err:
-        raise LoadError(f"{path}: MLX could not read it ({err})") from None
+        # MLX's gguflib opens the file read-write (O_RDWR), so a read-only file fails.
+        hint = "" if os.access(path, os.W_OK) else "; the file is read-only, and MLX's GGUF " \
+            "reader opens it read-write: copy it somewhere writable"
+        raise LoadError(f"{path}: MLX could not read it ({err}){hint}") from None
     _check_gguf_arrays(path, infos, arrays)
     return arrays, metadata
 

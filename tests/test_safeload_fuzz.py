@@ -563,6 +563,7 @@ class Boom:
 MARKER = Path("/tmp/mlxio-safeload-pickle-ran")
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 @pytest.mark.parametrize("suffix", [".pkl", ".bin", ".pt"])
 def test_pickle_refused_and_never_executed(tmp_path, suffix):
     MARKER.unlink(missing_ok=True)
