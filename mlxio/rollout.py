@@ -1,0 +1,208 @@
+"""Batched group sampling for RLAIF, on mlx-lm's own generation machinery.
+
+`generate_group` decodes G completions for each of P prompts as one batch of N = P * G
+sequences with `mlx_lm.generate.BatchGenerator` (its batched KV cache, per-sequence EOS stop)
+and a sampler from `mlx_lm.sample_utils.make_sampler`. Each prompt is prefilled once and its
+KV cache handed to all G of its sequences. Per-token log-probabilities are those of the policy
+at temperature 1 (log-softmax of the raw logits), the quantity a policy-gradient loss and its
+KL term need; `completion_logprobs` recomputes them by teacher forcing.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import attrs
+import mlx.core as mx
+import numpy as np
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+
+PAD_MULTIPLE = 32  # packed lengths round up to this, so a compiled step sees few shapes
+PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass (bounds activation memory)
+LOGITS_BUDGET = 1 << 26  # floats of [rows, T, vocab] logits per teacher-forced chunk (256 MiB)
+
+
+@attrs.frozen(kw_only=True)
+class Rollouts:
+    """N = P * G sampled completions, prompt-major (sequence i answers prompt i // G).
+
+    prompt_tokens: P token lists (prompt p's, chat template applied).
+    completion_tokens: N token lists; a finished one ends with its EOS token.
+    logprobs: N float32 arrays, log p(token) of each completion token at temperature 1.
+    texts: N decoded completions (EOS left out).
+    prompt_index: [N] int, the prompt each completion answers.
+    finished: [N] bool, True where the sequence stopped at EOS (else it hit max_new_tokens).
+    gen_tokens_per_s: completion tokens / wall seconds of the whole call (prefill included).
+    """
+
+    prompt_tokens: list[list[int]]
+    completion_tokens: list[list[int]]
+    logprobs: list[np.ndarray]
+    texts: list[str]
+    prompt_index: np.ndarray
+    finished: np.ndarray
+    gen_tokens_per_s: float
+    group_size: int
+
+    @property
+    def sequence_prompt_tokens(self) -> list[list[int]]:
+        """The N per-sequence prompts (prompt_tokens[prompt_index[i]])."""
+        return [self.prompt_tokens[p] for p in self.prompt_index]
+
+
+def encode_prompt(tokenizer, prompt: str, use_chat_template: bool = True) -> list[int]:
+    """Token ids of `prompt`, as a user turn of the chat template when there is one."""
+    if use_chat_template and tokenizer.has_chat_template:
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                  add_generation_prompt=True))
+    return list(tokenizer.encode(prompt))
+
+
+def _prefill(model, tokens: list[int]) -> list:
+    """KV cache of `model` after `tokens` (batch 1)."""
+    cache = make_prompt_cache(model)
+    ids = mx.array(tokens)[None]
+    for start in range(0, ids.shape[1], PREFILL_CHUNK):
+        model(ids[:, start:start + PREFILL_CHUNK], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def generate_group(policy, prompts: list[str], group_size: int = 8, temperature: float = 1.0,
+                   top_p: float = 1.0, max_new_tokens: int = 256, seed: int = 0,
+                   use_chat_template: bool = True) -> Rollouts:
+    """Sample `group_size` completions per prompt, all N = len(prompts) * group_size decoded
+    together; deterministic for a given `seed` (mlx-lm's samplers draw from MLX's global PRNG,
+    which is seeded here). temperature 0 is greedy."""
+    if not prompts:
+        raise ValueError("generate_group needs at least one prompt")
+    if group_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"group_size={group_size} and max_new_tokens={max_new_tokens} must be >= 1")
+    model, tokenizer = policy.model, policy.tokenizer
+    prompt_tokens = [encode_prompt(tokenizer, p, use_chat_template) for p in prompts]
+    for i, tokens in enumerate(prompt_tokens):
+        if not tokens:
+            raise ValueError(f"prompt {i} encodes to no tokens")
+    n = len(prompts) * group_size
+    was_training = model.training
+    model.eval()  # no LoRA dropout while sampling
+    start = time.perf_counter()
+    try:
+        mx.random.seed(seed)
+        gen = BatchGenerator(model, max_tokens=max_new_tokens,
+                             stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
+                             sampler=make_sampler(temp=temperature, top_p=top_p),
+                             completion_batch_size=n, prefill_batch_size=n)
+        # One prefill per prompt; its G sequences continue from copies of that cache.
+        sequences, caches = [], []
+        for tokens in prompt_tokens:
+            cache = _prefill(model, tokens[:-1]) if len(tokens) > 1 else make_prompt_cache(model)
+            for _ in range(group_size):
+                sequences.append(tokens[-1:] if len(tokens) > 1 else tokens)
+                caches.append(copy.deepcopy(cache))
+        shared = all(len(t) > 1 for t in prompt_tokens)
+        uids = gen.insert(sequences if shared else [prompt_tokens[i // group_size] for i in range(n)],
+                          caches=caches if shared else None)
+        row = {uid: i for i, uid in enumerate(uids)}
+        completions = [[] for _ in range(n)]
+        logprobs = [[] for _ in range(n)]
+        finished = np.zeros(n, bool)
+        while responses := gen.next_generated():
+            picked = mx.stack([r.logprobs[r.token] for r in responses]).tolist()
+            for r, lp in zip(responses, picked, strict=True):
+                i = row[r.uid]
+                completions[i].append(r.token)
+                logprobs[i].append(lp)
+                finished[i] |= r.finish_reason == "stop"
+        gen.close()
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - start
+    eos = set(tokenizer.eos_token_ids)
+    texts = [tokenizer.decode(c[:-1] if done and c and c[-1] in eos else c)
+             for c, done in zip(completions, finished, strict=True)]
+    return Rollouts(
+        prompt_tokens=prompt_tokens, completion_tokens=completions,
+        logprobs=[np.asarray(lp, np.float32) for lp in logprobs], texts=texts,
+        prompt_index=np.repeat(np.arange(len(prompts)), group_size), finished=finished,
+        gen_tokens_per_s=sum(map(len, completions)) / max(seconds, 1e-9), group_size=group_size)
+
+
+def _per_sequence(prompt_tokens: list[list[int]], n: int) -> list[list[int]]:
+    if len(prompt_tokens) == n:
+        return prompt_tokens
+    if not prompt_tokens or n % len(prompt_tokens):
+        raise ValueError(f"{len(prompt_tokens)} prompts do not group {n} completions")
+    group = n // len(prompt_tokens)
+    return [prompt_tokens[i // group] for i in range(n)]
+
+
+def pad_to(length: int, multiple: int = PAD_MULTIPLE) -> int:
+    """`length` rounded up to a multiple of `multiple` (at least one multiple)."""
+    return max(multiple, math.ceil(length / multiple) * multiple)
+
+
+def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int]],
+                pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded prompt + completion rows.
+
+    prompt_tokens: N lists (or P lists, one per group of N / P prompt-major completions).
+    Returns tokens [N, T] int32, completion_mask [N, T] float32 (1 where the token is a
+    completion token, i.e. a target), lengths [N] and prompt_lengths [N] int32;
+    T = the longest row rounded up to a multiple of 32.
+    """
+    n = len(completion_tokens)
+    prompts = _per_sequence(prompt_tokens, n)
+    lengths = np.array([len(p) + len(c) for p, c in zip(prompts, completion_tokens, strict=True)],
+                       np.int32)
+    width = pad_to(int(lengths.max()) if n else 1)
+    tokens = np.full((n, width), pad_id, np.int32)
+    mask = np.zeros((n, width), np.float32)
+    for i, (p, c) in enumerate(zip(prompts, completion_tokens, strict=True)):
+        tokens[i, : len(p) + len(c)] = p + c
+        mask[i, len(p): len(p) + len(c)] = 1.0
+    return {"tokens": tokens, "completion_mask": mask, "lengths": lengths,
+            "prompt_lengths": np.array([len(p) for p in prompts], np.int32)}
+
+
+def pack(rollouts: Rollouts, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Training arrays of `pack_tokens`, plus the sampling-time `logprobs` [N, T] float32 at the
+    completion positions (0 elsewhere) and `prompt_index` [N]."""
+    packed = pack_tokens(rollouts.prompt_tokens, rollouts.completion_tokens, pad_id)
+    logprobs = np.zeros_like(packed["completion_mask"])
+    for i, lp in enumerate(rollouts.logprobs):
+        start = packed["prompt_lengths"][i]
+        logprobs[i, start: start + len(lp)] = lp
+    packed["logprobs"] = logprobs
+    packed["prompt_index"] = np.asarray(rollouts.prompt_index, np.int32)
+    return packed
+
+
+def token_logprobs(logits: mx.array, tokens: mx.array) -> mx.array:
+    """log p(tokens[:, t] | tokens[:, :t]) from logits [B, T, V] of tokens [B, T]: [B, T - 1]."""
+    logits = logits[:, :-1].astype(mx.float32)
+    picked = mx.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
+    return picked - mx.logsumexp(logits, axis=-1)
+
+
+def completion_logprobs(model, prompt_tokens: list[list[int]],
+                        completion_tokens: list[list[int]]) -> list[np.ndarray]:
+    """Per-token log-probabilities of each completion under `model`, by one teacher-forced
+    forward pass per chunk of rows (chunks bound the [rows, T, vocab] logits)."""
+    packed = pack_tokens(prompt_tokens, completion_tokens)
+    tokens, width = packed["tokens"], packed["tokens"].shape[1]
+    vocab = model.args.vocab_size
+    rows = max(1, LOGITS_BUDGET // (width * vocab))
+    out = []
+    for start in range(0, len(tokens), rows):
+        batch = mx.array(tokens[start: start + rows])
+        lp = np.array(token_logprobs(model(batch), batch))
+        for j in range(batch.shape[0]):
+            i = start + j
+            first = packed["prompt_lengths"][i] - 1  # logit at t - 1 predicts token t
+            out.append(lp[j, first: first + len(completion_tokens[i])].astype(np.float32))
+    return out
