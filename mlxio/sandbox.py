@@ -54,13 +54,19 @@ import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from functools import cache
 from pathlib import Path
 
 import attrs
+
+from mlxio.sandbox_backend import (
+    launcher_argv,
+    make_pids_cgroup,
+    sandbox_backend,
+    sandbox_env,
+    sweep_cgroup,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +74,6 @@ STATUSES = ("passed", "failed", "timeout", "error", "infra")
 TEST_MARKER = "# --- mlxio: problem tests below (trusted) ---"
 _CHILD_SOURCE = (Path(__file__).with_name("sandbox_child.py")).read_text()
 _TAIL = 4096  # bytes of stdout/stderr kept in a Verdict
-_PIDS_CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
 
 
 @attrs.frozen(kw_only=True)
@@ -87,7 +92,9 @@ class Verdict:
     """Outcome of one sandboxed run; `status` is one of STATUSES, decided outside the sandbox."""
 
     status: str
-    returncode: int | None = None  # the worker's (candidate's) exit code; never decides status
+    # the worker's (candidate's) exit status (-9: killed once the verdict was in); never
+    # decides the status
+    returncode: int | None = None
     duration_s: float = 0.0
     stdout: str = ""  # tails of the candidate's output, for debugging
     stderr: str = ""
@@ -133,8 +140,8 @@ def split_program(program: str) -> tuple[str, str, str]:
     start = defs[-1]
     while start > 0 and _safe_in_judge(body[start - 1]):
         start -= 1
-    first = body[start].lineno - 1 if start < len(body) else 0
-    first = min([first] + [d.lineno - 1 for d in getattr(body[start], "decorator_list", [])])
+    stmt = body[start]
+    first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])]) - 1
     return "".join(lines[:first]), "".join(lines[first: last.lineno - 1]), entry_point
 
 
@@ -159,125 +166,6 @@ def run_tests(program: str, limits: SandboxLimits = SandboxLimits()) -> Verdict:
     return run_check(code, test, entry_point, limits)
 
 
-# ---------------------------------------------------------------- backends
-
-def _python_paths() -> tuple[str, str]:
-    """(interpreter binary, stdlib install prefix) of the base interpreter (not a venv)."""
-    exe = os.path.realpath(sys.executable)
-    return exe, os.path.realpath(sys.base_prefix)
-
-
-def _bwrap_argv(writable: str | None) -> list[str]:
-    exe, prefix = _python_paths()
-    stdlib = Path(prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}")
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
-    for name in ("bin", "lib", "lib64", "lib32", "sbin"):  # merged-/usr symlinks or real dirs
-        p = Path("/", name)
-        if p.is_symlink():
-            argv += ["--symlink", os.readlink(p), str(p)]
-        elif p.is_dir():
-            argv += ["--ro-bind", str(p), str(p)]
-    if not prefix.startswith("/usr/"):
-        argv += ["--ro-bind", prefix, prefix]
-    if (stdlib / "site-packages").is_dir():  # hide installed packages (dataset files live there)
-        argv += ["--tmpfs", str(stdlib / "site-packages")]
-    if writable:
-        argv += ["--bind", writable, "/tmp"]
-    else:
-        argv += ["--tmpfs", "/tmp"]
-    return argv + ["--chdir", "/tmp", exe]
-
-
-def _macos_argv(writable: str) -> list[str]:
-    profile = ("(version 1)(allow default)(deny network*)"
-               f'(deny file-write* (require-not (subpath "{os.path.realpath(writable)}")))')
-    return ["sandbox-exec", "-p", profile, os.path.realpath(sys.executable)]
-
-
-@cache
-def sandbox_backend() -> str:
-    """"bwrap" | "sandbox-exec" | "unshare" | "none": the strongest isolation that works here
-    (probed once by running the interpreter under it)."""
-    if sys.platform == "darwin" and shutil.which("sandbox-exec"):
-        return "sandbox-exec"
-    candidates = []
-    if shutil.which("bwrap"):
-        candidates.append(("bwrap", _bwrap_argv(None)))
-    if shutil.which("unshare"):
-        candidates.append(("unshare", ["unshare", "-n", os.path.realpath(sys.executable)]))
-    for name, argv in candidates:
-        try:
-            proc = subprocess.run(argv + ["-I", "-S", "-c", "pass"], capture_output=True,
-                                  timeout=30, env=_env("probe"))
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if proc.returncode == 0:
-            return name
-        log.info("sandbox backend %s unusable: %s", name, proc.stderr.decode(errors="replace"))
-    log.warning("no sandbox backend works here (bwrap, unshare -n): candidate code runs in a "
-                "plain subprocess with resource limits only, WITHOUT file or network isolation")
-    return "none"
-
-
-def _env(run_id: str) -> dict[str, str]:
-    return {"MLXIO_SANDBOX": run_id, "PATH": "/usr/bin:/bin", "HOME": "/tmp",
-            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-def _prefix(backend: str, writable: str | None) -> list[str]:
-    if backend == "bwrap":
-        return _bwrap_argv(writable)
-    if backend == "sandbox-exec":
-        return _macos_argv(writable or tempfile.gettempdir())
-    if backend == "unshare":
-        return ["unshare", "-n", os.path.realpath(sys.executable)]
-    return [os.path.realpath(sys.executable)]
-
-
-def _make_pids_cgroup(run_id: str, max_pids: int) -> str | None:
-    """A pids cgroup capping the worker's process count (RLIMIT_NPROC does not bind root)."""
-    if os.geteuid() != 0:
-        return None
-    for root in _PIDS_CGROUP_ROOTS:
-        path = os.path.join(root, f"mlxio-{run_id}")
-        try:
-            if not os.path.exists(os.path.join(root, "cgroup.procs")):
-                continue
-            os.mkdir(path)
-            Path(path, "pids.max").write_text(str(max_pids))
-            return path
-        except OSError:
-            try:
-                os.rmdir(path)
-            except OSError:
-                pass
-    return None
-
-
-def _sweep_cgroup(path: str | None) -> None:
-    """SIGKILL every process left in the cgroup, then remove it."""
-    if path is None:
-        return
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        try:
-            pids = [int(p) for p in Path(path, "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            os.rmdir(path)
-            return
-        except OSError:
-            time.sleep(0.02)
-    log.warning("could not remove sandbox cgroup %s", path)
-
-
 # ---------------------------------------------------------------- running
 
 class _Capture:
@@ -297,11 +185,11 @@ class _Capture:
 
 def _spawn(backend: str, role: str, args: dict, fds: tuple[int, ...], workdir: str | None,
            run_id: str, cgroup: str | None) -> subprocess.Popen:
-    argv = _prefix(backend, workdir) + ["-I", "-S", "-B", "-c", _CHILD_SOURCE, role,
+    argv = launcher_argv(backend, workdir) + ["-I", "-S", "-B", "-c", _CHILD_SOURCE, role,
                                         json.dumps(args)]
     if cgroup:  # the shell joins the cgroup, then becomes the sandbox: no window to escape it
         argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup] + argv
-    env = _env(run_id)
+    env = sandbox_env(run_id)
     if backend != "bwrap":
         env["HOME"] = workdir or tempfile.gettempdir()
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -327,7 +215,7 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
     run_id, nonce = secrets.token_hex(8), secrets.token_hex(16)
     start = time.monotonic()
     workdir = tempfile.mkdtemp(prefix=f"mlxio-sandbox-{run_id}-")
-    cgroup = _make_pids_cgroup(run_id, limits.max_processes + 3)  # + bwrap, its init, shell
+    cgroup = make_pids_cgroup(run_id, limits.max_processes + 3)  # + bwrap, its init, shell
     req_r, req_w = os.pipe()  # judge -> worker calls
     rep_r, rep_w = os.pipe()  # worker -> judge replies
     res_r, res_w = os.pipe()  # judge -> us: the verdict
@@ -346,7 +234,7 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
             p.wait()
         for fd in (req_r, req_w, rep_r, rep_w, res_r, res_w):
             os.close(fd)
-        _sweep_cgroup(cgroup)
+        sweep_cgroup(cgroup)
         shutil.rmtree(workdir, ignore_errors=True)
         return Verdict(status="infra", detail=f"cannot start sandbox ({backend}): {err}",
                        run_id=run_id, backend=backend, duration_s=time.monotonic() - start)
@@ -360,7 +248,7 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
     finally:
         for p in reversed(procs):  # the judge first: it must not judge the killed worker
             _kill_group(p)
-        _sweep_cgroup(cgroup)
+        sweep_cgroup(cgroup)
         for p in procs:
             try:
                 p.wait(timeout=5)

@@ -15,7 +15,6 @@ import logging
 import math
 import random
 import re
-import socket
 import threading
 import time
 import urllib.error
@@ -205,7 +204,7 @@ class HttpJudge:
                                       _retry_after_seconds(err.headers.get("Retry-After"))
                                       ) from None
             raise
-        except (urllib.error.URLError, http.client.HTTPException, OSError, socket.timeout) as err:
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as err:  # + timeouts
             raise _RetryableError(f"{type(err).__name__}: {err}") from None
         try:
             return str(json.loads(raw)["choices"][0]["message"]["content"])

@@ -151,7 +151,7 @@ def test_prelude_helpers_are_trusted():
 
 
 def test_missing_bwrap_is_infra(monkeypatch):
-    monkeypatch.setattr(sandbox, "_prefix", lambda backend, writable: ["/nonexistent/bwrap"])
+    monkeypatch.setattr(sandbox, "launcher_argv", lambda backend, writable: ["/nonexistent/bwrap"])
     verdict = run_tests(build_program(GOOD, TEST, "add"), LIMITS)
     assert verdict.status == "infra" and "cannot start" in verdict.detail
 
