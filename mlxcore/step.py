@@ -63,7 +63,7 @@ def make_train_step(
     clip_norm: float = 1.0,
     seed: int = 0,
     reduce_grads: Callable[[Tree], Tree] | None = None,
-    compile: bool = True,
+    jit: bool = True,
 ):
     """Build `step(params, opt_state, batch, step_no) -> (params, opt_state, metrics)`.
 
@@ -108,4 +108,4 @@ def make_train_step(
         }
         return combine(new_train, frozen), new_state, metrics
 
-    return mx.compile(step) if compile else step
+    return mx.compile(step) if jit else step

@@ -163,18 +163,18 @@ def test_schedule_warms_up_then_decays():
     assert lrs[3] == pytest.approx(0.55, rel=1e-4) and lrs[4] == pytest.approx(0.1, rel=1e-4)
 
 
-def make(accum_seed=0, compile=True, clip=1.0):
+def make(accum_seed=0, jit=True, clip=1.0):
     cfg = optim.OptimConfig(lr=1e-2, warmup_steps=0, total_steps=100, clip_norm=clip)
     opt = optim.make_optimizer(cfg)
     params = with_adapters(mlp(accum_seed, 5, 7, 2), accum_seed)
-    fn = step.make_train_step(mse_loss(2.0), opt, clip_norm=cfg.clip_norm, compile=compile)
+    fn = step.make_train_step(mse_loss(2.0), opt, clip_norm=cfg.clip_norm, jit=jit)
     return fn, params, step.init_state(opt, params)
 
 
 @given(seed=st.integers(0, 2**16))
 def test_compiled_step_equals_eager_step(seed):
-    compiled, params, state = make(seed, compile=True)
-    eager, _, _ = make(seed, compile=False)
+    compiled, params, state = make(seed, jit=True)
+    eager, _, _ = make(seed, jit=False)
     p1, s1, p2, s2 = params, state, params, state
     for i in range(3):
         batch = batch_of(seed + i, 2, 4)

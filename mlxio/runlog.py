@@ -1,0 +1,82 @@
+"""Run artefacts: metrics as JSONL (resume-aware), JSON files written atomically, curve plots."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temp file beside `path`, fsync, then rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2, sort_keys=True, default=float)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """Append-only JSONL of {"step": n, ...} records.
+
+    On resume from step s, records with step > s (written after that checkpoint by the run
+    that was killed) are dropped first, so the file reads as one uninterrupted run.
+    """
+
+    def __init__(self, path: Path, resume_step: int | None = None):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            path.write_text("")
+        elif path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and _step_of(line) <= resume_step]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, path)
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record, default=float) + "\n")
+
+    def read(self) -> list[dict]:
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", -1))
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return 1 << 62  # a torn last line from a killed writer: drop it
+
+
+def plot_curves(records: list[dict], path: Path, keys: tuple[str, ...], title: str) -> Path | None:
+    """A PNG with one panel per metric key that the records hold, against "step"."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [k for k in keys if any(k in r for r in records)]
+    if not present:
+        return None
+    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present)), sharex=True, squeeze=False)
+    for ax, key in zip(axes[:, 0], present, strict=True):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        ax.plot(*zip(*points, strict=True), marker="o" if len(points) < 30 else None)
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("optimizer step")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

