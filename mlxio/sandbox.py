@@ -11,12 +11,13 @@ Design, and what each layer stops:
 1. Split trust across two processes (`mlxio/sandbox_child.py`). The *worker* executes only
    the candidate's code and answers calls over a pipe; the *judge* executes only the
    problem's prelude and test code, calls `check(stub)` where `stub` forwards each call to the
-   worker, and decodes every reply itself into fresh builtin values (exact types only: int,
-   float, str, bool, None, list, tuple, dict, set, frozenset, bytes, complex). So the
-   verdict is computed by trusted code from plain data. This stops: exit codes
+   worker, and decodes every reply itself into fresh builtin values (int, float, str, bool,
+   None, list, tuple, dict, set, frozenset, bytes, complex, range; a builtin subclass such
+   as a namedtuple or Counter arrives as its base type's data, anything else is refused).
+   So the verdict is computed by trusted code from plain data. This stops: exit codes
    (`os._exit(0)`, `sys.exit(0)`, SystemExit in `__del__`: the worker's exit code never
-   counts, a dead worker fails the call), always-equal / subclassed return values (refused
-   at the boundary), patching `check`, `assert`, builtins, the harness, `importlib.reload`
+   counts, a dead worker fails the call), always-equal / subclassed return values (refused,
+   or reduced to their base type's data, at the boundary), patching `check`, `assert`, builtins, the harness, `importlib.reload`
    and ctypes tricks (they only change the worker), printing "passed" (stdout is not read
    for the verdict), and `StopIteration` smuggling (never re-raised as itself in the judge).
 2. The judge writes `{nonce, status}` on its own result pipe; the nonce is a fresh random
@@ -38,6 +39,11 @@ Design, and what each layer stops:
    caps the worker's process count when one can be created; a wall-clock deadline after
    which both process groups (and every pid in the cgroup) are SIGKILLed; stdout/stderr
    read with a cap (exceeding it kills the worker: status "error").
+Known limits: the judge sees return values, not side effects (a test that checks in-place
+mutation of an argument cannot pass), returned iterators/generators are refused, and
+exceptions cross as builtin types by name; these only ever turn a pass into a fail. A kernel
+exploit from inside bubblewrap is out of scope. `run_tests` on a program without the
+`build_program` marker relies on a syntactic split (see `split_program`).
 Statuses: "passed"; "failed" (a test failed or the candidate raised/died mid-test);
 "timeout"; "error" (the candidate did not load, or exceeded the output limit); "infra" (the
 sandbox or the problem's own test code broke: a missing reward, never a wrong answer).

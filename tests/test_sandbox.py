@@ -171,3 +171,14 @@ def test_broken_harness_is_infra(monkeypatch, judge_src):
 def test_broken_problem_tests_are_infra():
     verdict = run_check(GOOD, "def check(candidate):\n    assert (\n", "add", LIMITS)
     assert verdict.status == "infra"
+
+
+def test_builtin_subclasses_cross_as_plain_data():
+    test = ("def check(candidate):\n    counts, point, r, sneaky = candidate()\n"
+            "    assert counts == {'a': 2, 'b': 1} and type(counts) is dict\n"
+            "    assert point == (1, 2) and r == range(3)\n    assert sneaky != 5\n")
+    code = ("from collections import Counter, namedtuple\nP = namedtuple('P', 'x y')\n"
+            "class Sneaky(int):\n    def __eq__(self, other):\n        return True\n"
+            "    __ne__ = lambda self, other: False\n    __hash__ = int.__hash__\n"
+            "def f():\n    return Counter('aab'), P(1, 2), range(3), Sneaky(0)\n")
+    assert run_check(code, test, "f", LIMITS).status == "passed"
