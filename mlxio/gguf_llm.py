@@ -20,6 +20,7 @@ import mlx.nn as nn
 import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from mlxio import safeload
 from mlxio.errors import LoadError
 
 GGUF_GROUP_SIZE = 32  # every GGUF block format MLX maps to affine quantisation has 32 weights
@@ -245,16 +246,8 @@ def tokenizer_from_gguf(metadata: dict, path: Path):
 
 
 def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict]:
-    """(weights, metadata) of a GGUF file; a corrupt or truncated file raises LoadError."""
-    try:
-        from mlxio.safeload import read_gguf as safe_read_gguf
-    except ImportError:  # safeload validates headers itself; without it rely on mx.load's checks
-        safe_read_gguf = None
-    if safe_read_gguf is not None:
-        return safe_read_gguf(path)
-    if not path.is_file():
+    """(weights, metadata) of a GGUF file whose header `mlxio.safeload` validated first (a
+    truncated or lying header is a LoadError, never an out-of-bounds read)."""
+    if not Path(path).is_file():
         raise LoadError(f"{path}: no such GGUF file")
-    try:
-        return mx.load(str(path), return_metadata=True)
-    except (RuntimeError, ValueError) as e:
-        raise LoadError(f"{path}: unreadable GGUF file: {e}") from e
+    return safeload.read_gguf(path)

