@@ -1,6 +1,5 @@
 """Causal LM loading: GGUF (tiny written here, and the real SmolLM2), mlx-lm dirs, LoRA, export."""
 
-import shutil
 
 import mlx.core as mx
 import mlx.nn as nn
