@@ -142,5 +142,5 @@ def sweep_cgroup(path: str | None) -> None:
             os.rmdir(path)
             return
         except OSError:
-            time.sleep(0.02)
+            time.sleep(0.005)  # processes still exiting
     log.warning("could not remove sandbox cgroup %s", path)
