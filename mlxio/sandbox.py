@@ -168,7 +168,9 @@ def run_tests(program: str, limits: SandboxLimits = SandboxLimits()) -> Verdict:
     try:
         code, test, entry_point = split_program(program)
     except (SyntaxError, ValueError) as err:
-        return Verdict(status="error", detail=f"cannot split program into code and tests: {err}")
+        # after the marker only the problem's own tests are parsed: their fault, not the model's
+        status = "infra" if TEST_MARKER in program else "error"
+        return Verdict(status=status, detail=f"cannot split program into code and tests: {err}")
     return run_check(code, test, entry_point, limits)
 
 
@@ -192,7 +194,7 @@ class _Capture:
 def _spawn(backend: str, role: str, args: dict, fds: tuple[int, ...], workdir: str | None,
            run_id: str, cgroup: str | None) -> subprocess.Popen:
     argv = launcher_argv(backend, workdir) + ["-I", "-S", "-B", "-c", _CHILD_SOURCE, role,
-                                        json.dumps(args)]
+                                              json.dumps(args)]
     if cgroup:  # the shell joins the cgroup, then becomes the sandbox: no window to escape it
         argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup] + argv
     env = sandbox_env(run_id)
@@ -276,6 +278,7 @@ class _Outputs:
                                                  "judge_err")}
         self.result = b""
         self.overflow = False
+        self.files = [f for p in (worker, judge) for f in (p.stdin, p.stdout, p.stderr)]
         self.pending = {worker.stdin.fileno(): [worker.stdin, worker_in],
                         judge.stdin.fileno(): [judge.stdin, judge_in]}
         for name, f in (("worker_out", worker.stdout), ("worker_err", worker.stderr),
@@ -337,6 +340,11 @@ class _Outputs:
             self.sel.unregister(key.fd)
         self.sel.close()
         os.close(self.res_r)
+        for f in self.files:
+            try:
+                f.close()
+            except OSError:  # a stdin pipe whose reader died with bytes unsent
+                pass
 
 
 def _decide(out: _Outputs, nonce: str, timed_out: bool, worker, **meta) -> Verdict:

@@ -182,3 +182,8 @@ def test_builtin_subclasses_cross_as_plain_data():
             "    __ne__ = lambda self, other: False\n    __hash__ = int.__hash__\n"
             "def f():\n    return Counter('aab'), P(1, 2), range(3), Sneaky(0)\n")
     assert run_check(code, test, "f", LIMITS).status == "passed"
+
+
+def test_unparsable_problem_tests_after_marker_are_infra():
+    assert run_tests(build_program(GOOD, "def check(c)\n", "add"), LIMITS).status == "infra"
+    assert run_tests(build_program("def add(a, b)\n", TEST, "add"), LIMITS).status == "error"
