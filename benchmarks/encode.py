@@ -31,7 +31,7 @@ import numpy as np
 # Pure-Python stdlib modules with many documented functions; importing them has no side effects.
 STDLIB_MODULES = (
     "argparse", "ast", "asyncio.base_events", "asyncio.streams", "asyncio.tasks", "base64",
-    "bisect", "calendar", "cgi", "code", "codecs", "collections", "colorsys", "configparser",
+    "bisect", "calendar", "code", "codecs", "collections", "colorsys", "configparser",
     "contextlib", "copy", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis",
     "doctest", "email.message", "email.utils", "email._header_value_parser", "enum",
     "fileinput", "fnmatch", "fractions", "ftplib", "functools", "getopt", "gettext", "glob",

