@@ -114,13 +114,16 @@ def _defines(code: str, name: str) -> bool:
                for s in tree.body)
 
 
-def _longest_parsing_prefix(prefix: str, lines: list[str]) -> str:
-    """prefix + the most leading `lines` that still parse (drops trailing prose)."""
-    for k in range(len(lines), 0, -1):
+def _longest_parsing_prefix(prefix: str, lines: list[str], max_tries: int = 200) -> str:
+    """The most leading `lines` that still parse after `prefix` (drops trailing prose).
+
+    At most `max_tries` parses (completions are bounded by max_tokens anyway); if none
+    parses, all lines are kept, so the sandbox reports the syntax error."""
+    for k in range(len(lines), max(len(lines) - max_tries, 0), -1):
         body = "".join(lines[:k])
         if _parses(prefix + body):
             return body
-    return ""
+    return "".join(lines)
 
 
 def extract_code(completion: str, problem: Problem) -> str:
