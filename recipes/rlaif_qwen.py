@@ -1,0 +1,435 @@
+"""RLAIF for a code LLM: GRPO with execution / format / AI-feedback rewards, LoRA on the policy.
+
+Run:  python -m recipes.rlaif_qwen                      # quick preset: SmolLM2-135M, HumanEval
+      python -m recipes.rlaif_qwen --preset full --model path/to/Qwen2.5-Coder-1.5B-Instruct
+      python -m recipes.rlaif_qwen --preset smoke        # tiny random llama, seconds
+      python -m recipes.rlaif_qwen --resume ...          # continue from the run's last checkpoint
+      python -m recipes.rlaif_qwen --help                # every option with its default
+
+Each step: P prompts from the training split, G sampled completions per prompt (mlx-lm's
+batched generation, current policy = base + LoRA), rewards (cached), group-normalised
+advantages, then `inner_epochs` updates of the pure policy loss (mlxcore.policy) through the
+compiled, accumulating, clipping, non-finite-guarded step of mlxcore.step. The KL reference is
+the same model with every lora_b zeroed (LoRA off), so no second model is held in memory.
+Outputs in `out`: metrics.jsonl, checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+import numpy as np
+from tqdm import tqdm
+
+import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
+from mlxcore import policy as pg
+from mlxcore.lora import LoraConfig, is_lora_path
+from mlxcore.optim import OptimConfig, make_optimizer
+from mlxcore.step import init_state, make_train_step
+from mlxcore.tree import combine, partition
+from mlxio import checkpoint, llm, rollout
+from mlxio.config import parse_args, to_dict, to_json
+from mlxio.errors import ConfigError
+from mlxio.rewards import (
+    AIFeedbackReward,
+    ExecutionReward,
+    FormatReward,
+    RewardCache,
+    combine_rewards,
+    load_humaneval,
+    load_problems_jsonl,
+)
+from mlxio.runlog import MetricsLog, write_json_atomic
+from mlxio.sandbox import SandboxLimits
+from recipes.rlaif_eval import (
+    EvalConfig,
+    format_table,
+    heldout_split,
+    human_eval_pass_at_1,
+    instruction,
+)
+
+TINY_PREFIX = "tiny:"  # model "tiny:llama" / "tiny:qwen2": a tiny random model (smoke tests)
+
+
+@attrs.frozen(kw_only=True)
+class DataConfig:
+    problems: str | None = None  # JSONL of problems with tests; None = HumanEval (164)
+    heldout_fraction: float = 0.2  # fixed split by hashed task id
+    max_train: int = 0  # use at most this many training problems (0 = all)
+
+
+@attrs.frozen(kw_only=True)
+class RewardConfig:
+    execution: float = 1.0  # passes the tests in the sandbox
+    format: float = 0.2  # answers in a python block defining the function
+    ai_feedback: float | None = None  # None: 0.5 when a teacher is configured, else off
+    cache: bool = True  # persistent cache in out/reward_cache
+
+
+@attrs.frozen(kw_only=True)
+class TeacherConfig:
+    url: str | None = None  # OpenAI-compatible endpoint, e.g. http://localhost:8080/v1
+    model: str = "default"
+    local: str | None = None  # or an mlx-lm model dir / GGUF judged locally
+
+
+@attrs.frozen(kw_only=True)
+class SandboxConfig:
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    workers: int = 2
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    model: str | None = None  # None: embedded SmolLM2-135M-Instruct GGUF; or a dir / hub id
+    # MLX's CPU quantised matmul is ~30x slower than float BLAS here, so on CPU the 4-bit base
+    # is dequantised for training (LoRA); keep it quantised (QLoRA) on a GPU.
+    dequantize: bool = True
+    lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
+    lora_layers: int | None = None  # LoRA on the last N blocks (None = all)
+    optim: OptimConfig = OptimConfig(name="adamw", lr=2e-5, weight_decay=0.0, warmup_steps=0,
+                                     total_steps=10, clip_norm=1.0)
+    steps: int = 10
+    prompts_per_step: int = 2
+    group_size: int = 8
+    accumulation: int = 4  # the P * G completions of a step go through in this many micro-batches
+    temperature: float = 0.8
+    top_p: float = 0.95
+    max_new_tokens: int = 192
+    advantage: str = attrs.field(default="grpo", validator=attrs.validators.in_(("grpo", "baseline")))
+    beta: float = 0.04  # KL(policy || LoRA-off reference) weight
+    clip_eps: float | None = None  # PPO ratio clipping; set it when inner_epochs > 1
+    inner_epochs: int = 1
+    compile: bool = True
+    rewards: RewardConfig = RewardConfig()
+    teacher: TeacherConfig = TeacherConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    data: DataConfig = DataConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint_every: int = 5
+    keep_checkpoints: int = 2
+    max_consecutive_skips: int = 3
+    seed: int = 0
+    out: str = "runs/rlaif_quick"
+
+
+PRESETS = {
+    "quick": Config(),
+    "full": Config(steps=200, prompts_per_step=4, max_new_tokens=384, accumulation=8,
+                   lora=LoraConfig(rank=16, alpha=32.0, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
+                   optim=OptimConfig(name="adamw", lr=1e-5, weight_decay=0.0, warmup_steps=10,
+                                     total_steps=200, clip_norm=1.0),
+                   clip_eps=0.2, inner_epochs=2, checkpoint_every=20, out="runs/rlaif_full",
+                   eval=EvalConfig(max_new_tokens=512)),
+    "smoke": Config(model=TINY_PREFIX + "llama", steps=4, prompts_per_step=2, group_size=4,
+                    accumulation=2, max_new_tokens=12, checkpoint_every=2,
+                    lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")),
+                    optim=OptimConfig(name="adamw", lr=1e-2, weight_decay=0.0, warmup_steps=0,
+                                      total_steps=4, clip_norm=1.0),
+                    data=DataConfig(max_train=8), eval=EvalConfig(problems=2, max_new_tokens=12),
+                    out="runs/rlaif_smoke"),
+}
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive non-finite steps."""
+
+
+def load_model(cfg: Config) -> llm.Policy:
+    """The policy (base model + tokenizer), dequantised when asked, with fresh LoRA adapters."""
+    if cfg.model and cfg.model.startswith(TINY_PREFIX):
+        policy = llm.tiny_policy(cfg.model[len(TINY_PREFIX):], seed=cfg.seed)
+    else:
+        policy = llm.load_policy(cfg.model)
+    if cfg.dequantize and policy.quantized:
+        from mlx_lm.utils import dequantize_model
+
+        config = {k: v for k, v in policy.config.items()
+                  if k not in ("quantization", "quantization_config")}
+        policy = attrs.evolve(policy, model=dequantize_model(policy.model), config=config,
+                              quantized=False)
+    llm.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.seed))
+    return policy
+
+
+def load_data(cfg: DataConfig):
+    """(train, held-out) problems: HumanEval or a JSONL file, split by hashed task id."""
+    problems = load_problems_jsonl(cfg.problems) if cfg.problems else load_humaneval()
+    train, held = heldout_split(problems, cfg.heldout_fraction)
+    return (train[: cfg.max_train] if cfg.max_train else train), held
+
+
+def reward_fns(cfg: Config):
+    """[(reward, weight)] from the config (zero weights left out; a judge only if configured)."""
+    limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb)
+    fns = [(ExecutionReward(limits, cfg.sandbox.workers), cfg.rewards.execution),
+           (FormatReward(), cfg.rewards.format)]
+    if cfg.teacher.url and cfg.teacher.local:
+        raise ConfigError("teacher: set either --teacher.url or --teacher.local, not both")
+    judge = None
+    if cfg.teacher.url:
+        from mlxio.teacher import HttpJudge
+        judge = HttpJudge(cfg.teacher.url, cfg.teacher.model)
+    elif cfg.teacher.local:
+        from mlxio.teacher import LocalJudge
+        judge = LocalJudge(cfg.teacher.local)
+    weight = cfg.rewards.ai_feedback
+    weight = (0.5 if judge else 0.0) if weight is None else weight
+    if weight > 0:
+        if judge is None:
+            raise ConfigError("rewards.ai_feedback > 0 needs --teacher.url or --teacher.local")
+        fns.append((AIFeedbackReward(judge), weight))
+    return [(fn, w) for fn, w in fns if w > 0]
+
+
+def prompt_indices(step: int, per_step: int, n: int, seed: int) -> list[int]:
+    """Training problems for `step`: consecutive slices of a per-epoch seeded permutation,
+    so the data position is a pure function of the step (nothing else to checkpoint)."""
+    out = []
+    for pos in range(step * per_step, (step + 1) * per_step):
+        epoch, i = divmod(pos, n)
+        out.append(int(np.random.default_rng([seed, epoch]).permutation(n)[i]))
+    return out
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Sampling seed of a step (independent of how many steps ran in this process)."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode()).digest()[:4], "big")
+
+
+def sequence_logprobs(model, params, tokens: mx.array) -> mx.array:
+    """log p(tokens[:, t] | tokens[:, :t]) under `params`: tokens [B, T] -> [B, T - 1].
+
+    The model is an mlx-lm nn.Module; `update` points it at `params` (inside a compiled step
+    these are the traced inputs), so the function is pure in (params, tokens).
+    """
+    model.update(params)
+    return pg.token_logprobs(model(tokens[:, :-1]), tokens[:, 1:])
+
+
+def make_loss(model, cfg: Config):
+    """loss_fn(params, micro_batch, key) -> (loss, metrics) for mlxcore.step.
+
+    micro_batch: tokens [M, T], mask [M, T-1] (completion targets of valid completions),
+    advantages [M], old_logp / ref_logp [M, T-1].
+    """
+    def loss_fn(params, mb, key):
+        logp = sequence_logprobs(model, params, mb["tokens"])
+        return pg.policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"],
+                              mb["mask"], cfg.beta, cfg.clip_eps)
+    return loss_fn
+
+
+def frozen_logprobs(model, params, tokens: mx.array, micro: int) -> mx.array:
+    """`sequence_logprobs` without gradient, `micro` rows at a time: [N, T] -> [N, T - 1]."""
+    parts = []
+    for start in range(0, tokens.shape[0], micro):
+        part = sequence_logprobs(model, params, tokens[start: start + micro])
+        mx.eval(part)
+        parts.append(part)
+    return mx.concatenate(parts)
+
+
+def advantages_of(total: np.ndarray, missing: np.ndarray, prompt_index: np.ndarray,
+                  kind: str) -> np.ndarray:
+    """[N] advantages per prompt group; a completion with no reward is its own group (0)."""
+    ids = np.where(missing, prompt_index.max() + 1 + np.arange(len(total)), prompt_index)
+    rewards = mx.array(np.where(missing, 0.0, total).astype(np.float32))
+    fn = pg.group_advantages if kind == "grpo" else pg.baseline_advantages
+    return np.array(fn(rewards, group_ids=mx.array(ids)))
+
+
+def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
+                cfg: Config) -> dict:
+    """Arrays for the step, leaves [accumulation, N / accumulation, ...]."""
+    n = len(adv)
+    if n % cfg.accumulation:
+        raise ConfigError(f"accumulation={cfg.accumulation} must divide the {n} completions "
+                          "per step (prompts_per_step * group_size)")
+    micro = n // cfg.accumulation
+    tokens = mx.array(packed["tokens"])
+    mask = mx.array(packed["completion_mask"][:, 1:] * valid[:, None].astype(np.float32))
+    zeros = mx.zeros(mask.shape, mx.float32)
+    ref = frozen_logprobs(model, pg.reference_params(params), tokens, micro) if cfg.beta else zeros
+    old = frozen_logprobs(model, params, tokens, micro) if cfg.clip_eps is not None else zeros
+    batch = {"tokens": tokens, "mask": mask, "advantages": mx.array(adv), "old_logp": old,
+             "ref_logp": ref}
+    return {k: v.reshape(cfg.accumulation, micro, *v.shape[1:]) for k, v in batch.items()}
+
+
+def evaluate(policy, problems, cfg: Config, fns, cache) -> dict:
+    """Greedy completions on held-out problems: human-eval pass@1 (sandboxed), mean reward."""
+    problems = problems[: cfg.eval.problems] if cfg.eval.problems else problems
+    texts = []
+    for start in range(0, len(problems), cfg.eval.batch):
+        chunk = problems[start: start + cfg.eval.batch]
+        ro = rollout.generate_group(policy, [instruction(p) for p in chunk], group_size=1,
+                                    temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens,
+                                    seed=cfg.seed)
+        texts += ro.texts
+    he = human_eval_pass_at_1(problems, texts, timeout_s=cfg.eval.timeout_s,
+                              workers=cfg.eval.workers)
+    res = combine_rewards(fns, problems, texts, cache)
+    out = {"pass@1": he["pass@1"], "mean_reward": float(np.nanmean(res.total)),
+           "problems": len(problems)}
+    if "execution" in res.per_reward:
+        out["exec_pass_rate"] = float(np.nanmean(res.per_reward["execution"]))
+    return out
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks the field types cannot express (ConfigError names the field)."""
+    if cfg.clip_eps is None and cfg.inner_epochs > 1:
+        raise ConfigError("inner_epochs > 1 reuses a batch: set --clip_eps (e.g. 0.2)")
+    if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr: must be a finite number > 0, got {cfg.optim.lr}")
+    if not math.isfinite(cfg.beta) or cfg.beta < 0:
+        raise ConfigError(f"beta: must be a finite number >= 0, got {cfg.beta}")
+    if (cfg.prompts_per_step * cfg.group_size) % cfg.accumulation:
+        raise ConfigError(f"accumulation={cfg.accumulation} must divide prompts_per_step * "
+                          f"group_size = {cfg.prompts_per_step * cfg.group_size}")
+    for name in ("steps", "prompts_per_step", "group_size", "accumulation", "inner_epochs",
+                 "max_new_tokens", "checkpoint_every", "max_consecutive_skips"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")
+
+
+def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
+        extra_rewards=()) -> dict:
+    """Train (and evaluate) per `cfg`; returns eval.json's contents. `stop_after` ends this
+    process after that many steps (as if interrupted; resume continues). `extra_rewards`:
+    more [(reward fn, weight)] beside the configured ones (the mlxio.rewards protocol)."""
+    validate(cfg)
+    t_start = time.perf_counter()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    policy = load_model(cfg)
+    model = policy.model
+    train, held = load_data(cfg.data)
+    fns = reward_fns(cfg) + list(extra_rewards)
+    cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
+    optimizer = make_optimizer(cfg.optim)
+    step_fn = make_train_step(make_loss(model, cfg), optimizer, clip_norm=cfg.optim.clip_norm,
+                              seed=cfg.seed, jit=cfg.compile)
+    params = model.parameters()
+    state = init_state(optimizer, params)
+    run_id = {"config_hash": checkpoint.config_hash({**to_dict(cfg), "out": None}),
+              "base_model": str(policy.source)}
+
+    start_step = 0
+    found = checkpoint.load_latest(out, expect=run_id) if resume else None
+    if found is not None:
+        _, trees, meta = found
+        params = combine(trees["lora"], partition(params, is_lora_path)[1])
+        state = trees["opt_state"]
+        model.update(params)
+        checkpoint.rng_restore(meta["rng"])
+        start_step = int(meta["step"])
+        print(f"resumed from step {start_step}", file=sys.stderr)
+    (out / "config.json").write_text(to_json(cfg))
+    log = MetricsLog(out / "metrics.jsonl", resume_step=start_step if found else None)
+
+    results = {"config": to_dict(cfg)}
+    before_path = out / "eval_before.json"
+    if cfg.eval.before and found is not None and before_path.exists():
+        results["before"] = json.loads(before_path.read_text())
+    elif cfg.eval.before:
+        results["before"] = evaluate(policy, held, cfg, fns, cache)
+        write_json_atomic(before_path, results["before"])
+
+    end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
+    bar = tqdm(range(start_step, end), initial=start_step, total=cfg.steps, desc="rlaif",
+               disable=None)
+    for step in bar:
+        t0 = time.perf_counter()
+        idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.seed)
+        problems = [train[i] for i in idx]
+        ro = rollout.generate_group(policy, [instruction(p) for p in problems], cfg.group_size,
+                                    cfg.temperature, cfg.top_p, cfg.max_new_tokens,
+                                    step_seed(cfg.seed, step))
+        per_completion = [problems[i] for i in ro.prompt_index]
+        rew = combine_rewards(fns, per_completion, ro.texts, cache)
+        adv = advantages_of(rew.total, rew.missing, ro.prompt_index, cfg.advantage)
+        packed = rollout.pack(ro, pad_id=0)
+        t1 = time.perf_counter()
+        batch = build_batch(model, params, packed, adv, ~rew.missing, cfg)
+        for epoch in range(cfg.inner_epochs):
+            params, state, m = step_fn(params, state, batch,
+                                       mx.array(step * cfg.inner_epochs + epoch))
+        mx.eval(params, state, m)
+        model.update(params)  # the model holds the new (real) weights for the next rollout
+        t2 = time.perf_counter()
+        ntok = int(packed["lengths"].sum()) * cfg.inner_epochs  # real (unpadded) tokens trained
+        lookups = rew.cache_hits + rew.cache_misses
+        exec_scores = rew.per_reward.get("execution")
+        record = {
+            "step": step + 1, "reward_mean": float(np.nanmean(rew.total)),
+            "reward_std": float(np.nanstd(rew.total)),
+            "pass_rate": float(np.nanmean(exec_scores)) if exec_scores is not None else None,
+            "missing_rewards": int(rew.missing.sum()),
+            **{k: float(v) for k, v in m.items()},
+            "completion_tokens": int(sum(map(len, ro.completion_tokens))),
+            "gen_tokens_per_s": ro.gen_tokens_per_s, "train_tokens_per_s": ntok / (t2 - t1),
+            "cache_hit_rate": rew.cache_hits / lookups if lookups else None,
+            "consecutive_skips": int(state["consecutive_skips"]),
+            "step_s": time.perf_counter() - t0,
+        }
+        log.write(record)
+        bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
+                        kl=f"{record['kl']:.4f}", loss=f"{record['loss']:.4f}",
+                        gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
+        if record["consecutive_skips"] >= cfg.max_consecutive_skips:
+            raise TrainingDiverged(
+                f"step {step + 1}: {record['consecutive_skips']} consecutive steps had a "
+                f"non-finite loss or gradient (skipped, {int(state['skips'])} in all); stopping. "
+                "Lower optim.lr or beta, or check the rewards.")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
+            lora, _ = partition(params, is_lora_path)
+            checkpoint.save(out, step + 1, {"lora": lora, "opt_state": state},
+                            {**run_id, "rng": checkpoint.rng_snapshot(),
+                             "data": {"position": (step + 1) * cfg.prompts_per_step}},
+                            keep_last=cfg.keep_checkpoints)
+    bar.close()
+    if end < cfg.steps:
+        return results
+
+    llm.save_adapters(model, cfg.lora, cfg.lora_layers, out / "adapters")
+    llm.fuse(policy, out / "fused")
+    if cfg.eval.after:
+        results["after"] = evaluate(policy, held, cfg, fns, cache)
+    results["wall_s"] = time.perf_counter() - t_start
+    write_json_atomic(out / "eval.json", results)
+    print(format_table(results.get("before"), results.get("after")))
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    def extra(parser):
+        parser.add_argument("--resume", action="store_true",
+                            help="continue from the last good checkpoint in --out")
+        parser.add_argument("--stop-after", type=int, default=None,
+                            help="stop after this many steps in this process (resume later)")
+
+    cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen",
+                           description=__doc__.split("\n\n")[0], default_preset="quick",
+                           extra=extra)
+    try:
+        return run(cfg, resume=args.resume, stop_after=args.stop_after)
+    except TrainingDiverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""End-to-end RLAIF recipe on the smoke preset (tiny random llama): training, export, resume,
+non-finite steps."""
+
+import json
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
+from mlxcore.optim import make_optimizer
+from mlxcore.step import init_state, make_train_step
+from mlxio import checkpoint, llm
+from mlxio.errors import ConfigError
+from recipes import rlaif_qwen as rq
+from recipes.rlaif_eval import EvalConfig
+
+pytestmark = pytest.mark.slow
+
+# Short prompts keep the byte-level tiny model's sequences short.
+PROBLEMS = [(f"T/{i}", f"def {name}(a, b):\n    \"\"\"{doc}\"\"\"\n", name,
+             f"def check(candidate):\n    assert candidate(2, 3) == {want}\n")
+            for i, (name, doc, want) in enumerate([
+                ("add", "a plus b", 5), ("sub", "a minus b", -1), ("mul", "a times b", 6),
+                ("mx", "larger", 3), ("mn", "smaller", 2), ("pw", "a to the b", 8),
+                ("fd", "floor div", 0), ("md", "a mod b", 2), ("eq", "a == b", False),
+                ("lt", "a < b", True), ("gt", "a > b", False), ("cat", "str concat", "23")])]
+
+
+@attrs.frozen
+class LetterReward:
+    """Share of ASCII letters in a completion: varies across random completions, so the tiny
+    model's groups carry a learning signal (HumanEval-style rewards are all 0 for it)."""
+
+    name: str = "letters"
+
+    def config_key(self) -> str:
+        return "letters-v1"
+
+    def score(self, problems, completions):
+        return [sum(c.isascii() and c.isalpha() for c in t) / max(len(t), 1) for t in completions]
+
+
+EXTRA = [(LetterReward(), 1.0)]
+
+
+@attrs.frozen
+class HugeReward:
+    """A finite reward so large (3e38) that a group's sum overflows float32."""
+
+    name: str = "huge"
+
+    def config_key(self) -> str:
+        return "huge-v1"
+
+    def score(self, problems, completions):
+        return [3e38] * len(completions)
+
+
+@pytest.fixture(scope="module")
+def problems_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "problems.jsonl"
+    path.write_text("".join(json.dumps({"task_id": t, "prompt": p, "entry_point": e, "test": s})
+                            + "\n" for t, p, e, s in PROBLEMS))
+    return path
+
+
+def smoke_cfg(out, problems_file, **kw):
+    base = rq.PRESETS["smoke"]
+    return attrs.evolve(base, out=str(out), data=attrs.evolve(base.data, problems=str(problems_file),
+                                                              heldout_fraction=0.4),
+                        eval=EvalConfig(problems=2, max_new_tokens=8, timeout_s=20.0), **kw)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, problems_file):
+    out = tmp_path_factory.mktemp("run_a")
+    cfg = smoke_cfg(out, problems_file)
+    return cfg, rq.run(cfg, extra_rewards=EXTRA)
+
+
+def final_trees(out):
+    path, trees, meta = checkpoint.load_latest(out)
+    return trees, meta
+
+
+def test_loss_finite_lora_changes_and_eval_json(full_run):
+    cfg, results = full_run
+    out = Path(cfg.out)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert all(np.isfinite(r["loss"]) and r["skipped"] == 0 for r in records)
+    assert any(r["grad_norm"] > 0 for r in records)
+    for key in ("reward_mean", "reward_std", "pass_rate", "kl", "entropy", "gen_tokens_per_s",
+                "train_tokens_per_s", "cache_hit_rate"):
+        assert key in records[0]
+    adapters = mx.load(str(out / "adapters" / "adapters.safetensors"))
+    assert adapters and all(k.endswith(("lora_a", "lora_b")) for k in adapters)
+    assert max(float(mx.abs(v).max()) for k, v in adapters.items() if k.endswith("lora_b")) > 0
+    saved = json.loads((out / "eval.json").read_text())
+    for phase in ("before", "after"):
+        assert 0.0 <= saved[phase]["pass@1"] <= 1.0 and saved[phase]["problems"] == 2
+    assert saved["after"] == results["after"]
+
+
+def test_adapters_load_back_through_mlx_lm(full_run, tmp_path):
+    from mlx_lm import load
+
+    cfg, _ = full_run
+    out = Path(cfg.out)
+    base = llm.tiny_policy("llama", seed=cfg.seed)  # the same random base the run trained
+    llm.save_model_dir(base.model, base.tokenizer._tokenizer, base.config, tmp_path / "base")
+    tuned, _ = load(str(tmp_path / "base"), adapter_path=str(out / "adapters"))
+    fused, _ = load(str(out / "fused"))
+    plain, _ = load(str(tmp_path / "base"))
+    tokens = mx.array([[257, 100, 101, 102, 103, 104, 105, 106]])
+    lt, lf, lp = (np.array(m(tokens)) for m in (tuned, fused, plain))
+    np.testing.assert_allclose(lt, lf, rtol=1e-4, atol=1e-4)
+    assert np.abs(lt - lp).max() > 1e-5  # the adapters do change the model
+
+
+def test_resume_continues_exactly(full_run, tmp_path):
+    cfg_a, _ = full_run
+    cfg = attrs.evolve(cfg_a, out=str(tmp_path / "run_b"))
+    rq.run(cfg, stop_after=2, extra_rewards=EXTRA)
+    assert final_trees(cfg.out)[1]["step"] == 2
+    rq.run(cfg, resume=True, extra_rewards=EXTRA)
+    (a, meta_a), (b, meta_b) = final_trees(cfg_a.out), final_trees(cfg.out)
+    assert meta_a["step"] == meta_b["step"] == 4 and meta_a["rng"] == meta_b["rng"]
+    for name in ("lora", "opt_state"):
+        fa, fb = dict(tree_flatten(a[name])), dict(tree_flatten(b[name]))
+        assert fa.keys() == fb.keys()
+        for k in fa:
+            assert fa[k].dtype == fb[k].dtype
+            np.testing.assert_array_equal(np.array(fa[k]), np.array(fb[k]), err_msg=f"{name}.{k}")
+    steps = [json.loads(line)["step"] for line in Path(cfg.out, "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    with pytest.raises(Exception, match="config_hash"):  # another config never resumes it
+        rq.run(attrs.evolve(cfg, seed=1), resume=True, extra_rewards=EXTRA)
+
+
+def test_nan_loss_is_skipped_with_params_unchanged(problems_file, tmp_path):
+    cfg = smoke_cfg(tmp_path, problems_file)
+    policy = rq.load_model(cfg)
+    optimizer = make_optimizer(cfg.optim)
+    step = make_train_step(rq.make_loss(policy.model, cfg), optimizer, clip_norm=1.0)
+    params = policy.model.parameters()
+    state = init_state(optimizer, params)
+    packed = {"tokens": np.arange(64, dtype=np.int32).reshape(4, 16) % 250,
+              "completion_mask": np.tile((np.arange(16) >= 8).astype(np.float32), (4, 1))}
+    adv = np.array([1.0, np.nan, -1.0, 0.5], np.float32)  # NaN reaches the loss
+    batch = rq.build_batch(policy.model, params, packed, adv, np.ones(4, bool), cfg)
+    new_params, new_state, m = step(params, state, batch, mx.array(0))
+    mx.eval(new_params, new_state, m)
+    assert not np.isfinite(float(m["loss"])) and int(m["skipped"]) == 1
+    assert int(new_state["skips"]) == 1 and int(new_state["consecutive_skips"]) == 1
+    for old, new in ((params, new_params), (state["optim"], new_state["optim"])):
+        old, new = dict(tree_flatten(old)), dict(tree_flatten(new))
+        assert old.keys() == new.keys()
+        for k in old:
+            np.testing.assert_array_equal(np.array(old[k]), np.array(new[k]), err_msg=k)
+    batch["advantages"] = mx.nan_to_num(batch["advantages"])  # a finite batch updates again
+    _, after, m = step(new_params, new_state, batch, mx.array(1))
+    assert int(m["skipped"]) == 0 and int(after["consecutive_skips"]) == 0
+
+
+def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, capsys):
+    # Rewards near float32's max overflow the group mean: advantages and loss become NaN.
+    cfg = smoke_cfg(tmp_path, problems_file, max_consecutive_skips=2)
+    cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
+    with pytest.raises(rq.TrainingDiverged, match="step 2: 2 consecutive steps had a non-finite"):
+        rq.run(cfg, extra_rewards=[(HugeReward(), 1.0)])
+    skipped = [json.loads(line)["skipped"] for line in (tmp_path / "metrics.jsonl").open()]
+    assert skipped == [1, 1]
+
+    def diverge(*args, **kwargs):
+        raise rq.TrainingDiverged("step 9: 3 consecutive steps had a non-finite loss")
+    monkeypatch.setattr(rq, "run", diverge)  # main turns it into a message and exit status 2
+    with pytest.raises(SystemExit) as exit_info:
+        rq.main(["--preset", "smoke", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2 and "non-finite" in capsys.readouterr().err
+
+
+def test_bad_config_is_named():
+    with pytest.raises(ConfigError, match="accumulation"):
+        rq.validate(attrs.evolve(rq.PRESETS["smoke"], accumulation=3))
+    with pytest.raises(ConfigError, match="clip_eps"):
+        rq.validate(attrs.evolve(rq.PRESETS["smoke"], inner_epochs=2))
+    with pytest.raises(ConfigError, match="optim.lr"):
+        rq.main(["--preset", "smoke", "--optim.lr", "nan"])
