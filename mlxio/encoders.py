@@ -95,7 +95,7 @@ def _convert_bin(bin_path: Path) -> dict[str, mx.array]:
     weights = safeload.read_torch_bin(bin_path)
     if os.access(bin_path.parent, os.W_OK):
         target = bin_path.with_name("model.safetensors")
-        partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
+        partial = target.with_name(f".partial-{os.getpid()}-{target.name}")  # mx wants the suffix
         # metadata format "pt": transformers refuses safetensors files without it.
         mx.save_safetensors(str(partial), weights, metadata={"format": "pt"})
         os.replace(partial, target)  # atomic: a concurrent loader never sees half a file
