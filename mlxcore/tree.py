@@ -24,10 +24,15 @@ def flatten(tree: Tree) -> dict[str, Any]:
 
 
 def unflatten(flat: dict[str, Any]) -> Tree:
-    """{dotted path: leaf} -> nested tree (digit path parts become list indices)."""
+    """{dotted path: leaf} -> nested tree (digit path parts become list indices).
+
+    Dict keys are inserted in sorted path order, so trees built from the same leaves have the
+    same leaf order whatever order the leaves came in (a checkpoint, a partition): reductions
+    over leaves (the global gradient norm) then add in the same order and give identical bits.
+    """
     if not flat:
         return {}
-    return tree_unflatten(list(flat.items()))
+    return tree_unflatten(sorted(flat.items()))
 
 
 def partition(tree: Tree, predicate: PathPredicate) -> tuple[Tree, Tree]:

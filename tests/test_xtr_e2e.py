@@ -1,0 +1,166 @@
+"""End to end: `python -m recipes.xtr_lora --preset smoke` on the real MiniLM and stdlib pairs.
+
+Trains, checkpoints, evaluates and exports; a run stopped half-way and resumed gives
+bit-identical LoRA weights and optimizer state; the merged export loads in transformers and
+the PEFT adapter in peft with the same token embeddings as MLX; the index/search command runs.
+"""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxcore.encoder import token_embeddings
+from mlxcore.tree import combine, flatten
+from mlxio import checkpoint
+from mlxio.encoders import default_encoder_path, load_encoder, tokenize
+from recipes import code_search, xtr_lora
+
+pytestmark = pytest.mark.slow
+SNIPPETS = ["def add(a, b):\n    return a + b", "Parse a date string into a datetime object.",
+            "class Stack:\n    def push(self, item):\n        self.items.append(item)"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("xtr")
+    args = ["--preset", "smoke", "--cache_dir", str(root / "cache")]
+    full = xtr_lora.main([*args, "--out_dir", str(root / "full")])
+    return root, args, full
+
+
+def final_trees(run_dir):
+    _, trees, meta = checkpoint.load_latest(run_dir)
+    return trees, meta
+
+
+def test_artefacts_and_metrics(run):
+    root, _, results = run
+    out = root / "full"
+    for name in ("config.json", "eval.json", "metrics.jsonl", "curves.png", "merged/model.safetensors",
+                 "merged/tokenizer.json", "peft_adapter/adapter_config.json", "peft_adapter/adapter_model.safetensors"):
+        assert (out / name).is_file(), name
+    evaluated = json.loads((out / "eval.json").read_text())
+    for model in ("untrained", "fine-tuned"):
+        for mode in ("semantic", "hybrid"):
+            assert 0.0 <= evaluated[model][mode]["mrr@10"] <= 1.0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 9))
+    assert all(np.isfinite(r["loss"]) and r["skipped"] == 0 for r in records)
+    trees, meta = final_trees(out)
+    assert meta["step"] == 8
+    assert any(float(mx.abs(v).max()) > 0 for k, v in flatten(trees["trainable"]).items() if k.endswith("lora_b"))
+
+
+def test_training_lowers_the_loss_on_training_batches(run):
+    root, _, _ = run
+    cfg = xtr_lora.PRESETS["smoke"]
+    encoder = load_encoder(default_encoder_path(), lora_scale=cfg.lora.scale)
+    trees, _ = final_trees(root / "full")
+    trained = combine(encoder.params, trees["trainable"])
+    loss_fn = xtr_lora.contrastive_loss_fn(encoder.spec, cfg.loss)
+    from recipes import xtr_data
+    train_pairs, _ = xtr_data.load_task(cfg.data, root / "cache", cfg.train.seed)
+    batch = train_pairs[:16]
+    q_ids, q_mask = tokenize(encoder.tokenizer, [p.query for p in batch], cfg.data.max_query_len)
+    d_ids, d_mask = tokenize(encoder.tokenizer, [p.code for p in batch], cfg.data.max_doc_len)
+    arrays = {"query_ids": mx.array(q_ids), "query_mask": mx.array(q_mask),
+              "doc_ids": mx.array(d_ids), "doc_mask": mx.array(d_mask)}
+    before, _ = loss_fn(encoder.params, arrays, mx.random.key(0))
+    after, _ = loss_fn(trained, arrays, mx.random.key(0))
+    assert float(after) < float(before)
+
+
+def test_stop_and_resume_is_bit_identical(run):
+    root, args, _ = run
+    part = str(root / "resumed")
+    assert xtr_lora.main([*args, "--out_dir", part, "--train.stop_after", "4"]) == {"stopped_at": 4}
+    xtr_lora.main([*args, "--out_dir", part, "--resume", "--export", "false"])
+    full, full_meta = final_trees(root / "full")
+    resumed, resumed_meta = final_trees(root / "resumed")
+    assert resumed_meta["step"] == full_meta["step"] == 8
+    for name in ("trainable", "opt_state"):
+        a, b = flatten(full[name]), flatten(resumed[name])
+        assert a.keys() == b.keys()
+        for key in a:
+            assert mx.array_equal(a[key], b[key]), (name, key)
+    full_log = (root / "full" / "metrics.jsonl").read_text().splitlines()
+    resumed_log = (root / "resumed" / "metrics.jsonl").read_text().splitlines()
+    strip = [{k: v for k, v in json.loads(line).items() if k != "samples_per_s"} for line in full_log]
+    assert strip == [{k: v for k, v in json.loads(line).items() if k != "samples_per_s"} for line in resumed_log]
+
+
+def test_resume_refuses_another_config(run):
+    root, args, _ = run
+    with pytest.raises(Exception, match="config_hash"):
+        xtr_lora.main([*args, "--out_dir", str(root / "full"), "--resume", "--optim.lr", "0.5"])
+
+
+def mlx_token_embeddings(params, spec, tokenizer):
+    ids, mask = tokenize(tokenizer, SNIPPETS, 64)
+    return np.array(token_embeddings(params, mx.array(ids), mx.array(mask), spec)), ids, mask
+
+
+def test_merged_export_matches_in_transformers(run):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    root, _, _ = run
+    cfg = xtr_lora.PRESETS["smoke"]
+    encoder = load_encoder(default_encoder_path(), lora_scale=cfg.lora.scale)
+    trees, _ = final_trees(root / "full")
+    ours, ids, mask = mlx_token_embeddings(combine(encoder.params, trees["trainable"]), encoder.spec, encoder.tokenizer)
+    model = transformers.AutoModel.from_pretrained(root / "full" / "merged").eval()
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                       attention_mask=torch.tensor(mask, dtype=torch.long)).last_hidden_state
+    theirs = torch.nn.functional.normalize(hidden, dim=-1).numpy()
+    np.testing.assert_allclose(theirs[mask], ours[mask], atol=1e-4)
+    merged = load_encoder(root / "full" / "merged")  # and it loads back into MLX
+    again, _, _ = mlx_token_embeddings(merged.params, merged.spec, merged.tokenizer)
+    np.testing.assert_allclose(again[mask], ours[mask], atol=1e-4)
+
+
+def test_peft_adapter_loads_in_peft(run):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    root, _, _ = run
+    cfg = xtr_lora.PRESETS["smoke"]
+    encoder = load_encoder(default_encoder_path(), lora_scale=cfg.lora.scale)
+    trees, _ = final_trees(root / "full")
+    ours, ids, mask = mlx_token_embeddings(combine(encoder.params, trees["trainable"]), encoder.spec, encoder.tokenizer)
+    base = transformers.AutoModel.from_pretrained(default_encoder_path())
+    model = peft.PeftModel.from_pretrained(base, root / "full" / "peft_adapter").eval()
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                       attention_mask=torch.tensor(mask, dtype=torch.long)).last_hidden_state
+    theirs = torch.nn.functional.normalize(hidden, dim=-1).numpy()
+    np.testing.assert_allclose(theirs[mask], ours[mask], atol=1e-4)
+
+
+def test_index_and_search(run, tmp_path, capsys):
+    root, _, _ = run
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "util.py").write_text(
+        "def parse_date(text):\n    '''Parse a date.'''\n    day, month, year = text.split('/')\n"
+        "    return int(year), int(month), int(day)\n\n\n"
+        "def add_numbers(a, b):\n    total = a + b\n    return total\n\n\n"
+        "def read_lines(path):\n    with open(path) as handle:\n        return handle.read().splitlines()\n")
+    index = tmp_path / "index"
+    code_search.main(["index", str(source), "--model", str(root / "full" / "merged"), "--index", str(index)])
+    code_search.main(["search", "--index", str(index), "--mode", "hybrid", "parse a date string", "--top-k", "2"])
+    printed = capsys.readouterr().out
+    assert "util.py:1 parse_date" in printed.splitlines()[1]
+    queries = tmp_path / "q.jsonl"
+    queries.write_text('{"id": "q1", "query": "add two numbers"}\n{"id": "q2", "query": "read all lines from a file path"}\n')
+    rankings = tmp_path / "r.jsonl"
+    for mode in ("semantic", "bm25", "hybrid"):
+        code_search.main(["search", "--index", str(index), "--mode", mode, "--queries", str(queries),
+                          "--output", str(rankings), "--top-k", "3"])
+        rows = [json.loads(line) for line in rankings.read_text().splitlines()]
+        assert [r["query_id"] for r in rows] == ["q1", "q2"]
+        assert all(len(r["doc_ids"]) == 3 for r in rows)
+        assert rows[0]["doc_ids"][0].endswith("add_numbers"), (mode, rows)
+        assert rows[1]["doc_ids"][0].endswith("read_lines"), (mode, rows)
