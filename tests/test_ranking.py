@@ -1,0 +1,147 @@
+"""BM25, code terms, ranking metrics and fusion against hand-computed cases and references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from mlxcore.ranking import (
+    bm25_index,
+    bm25_matrix,
+    bm25_scores,
+    code_terms,
+    interpolate,
+    minmax_rows,
+    positive_ranks,
+    ranking_metrics,
+    reciprocal_rank_fusion,
+    row_ranks,
+)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("def getHTTPResponse(url_path):", ["def", "get", "http", "response", "url", "path"]),
+    ("self.__max_len2 += x", ["self", "max", "len", "2", "x"]),
+    ("Return the XMLParser's state!", ["return", "the", "xml", "parser", "s", "state"]),
+    ("snake_case_name CamelCase", ["snake", "case", "name", "camel", "case"]),
+    ("   ;;; -> ", []),
+])
+def test_code_terms(text, want):
+    assert code_terms(text) == want
+
+
+SCORES = np.array([[0.9, 0.1, 0.5, 0.3],
+                   [0.2, 0.8, 0.9, 0.1],
+                   [0.1, 0.2, 0.3, 0.4]])
+POSITIVES = np.array([0, 1, 0])  # ranks 1, 2, 4
+
+
+def test_metrics_hand_computed():
+    assert positive_ranks(SCORES, POSITIVES).tolist() == [1, 2, 4]
+    got = ranking_metrics(SCORES, POSITIVES, k=10)
+    assert got["p@1"] == pytest.approx(1 / 3)
+    assert got["mrr@10"] == pytest.approx((1 + 1 / 2 + 1 / 4) / 3)
+    assert got["recall@10"] == pytest.approx(1.0)
+    assert got["ndcg@10"] == pytest.approx((1 + 1 / math.log2(3) + 1 / math.log2(5)) / 3)
+    at3 = ranking_metrics(SCORES, POSITIVES, k=3)
+    assert at3["mrr@3"] == pytest.approx(1.5 / 3)
+    assert at3["recall@3"] == pytest.approx(2 / 3)
+    assert at3["ndcg@3"] == pytest.approx((1 + 1 / math.log2(3)) / 3)
+
+
+def test_ties_and_nan_count_against_the_positive():
+    assert positive_ranks(np.ones((1, 5)), np.array([2])).tolist() == [5]
+    assert positive_ranks(np.array([[1.0, 2.0, 2.0]]), np.array([1])).tolist() == [2]
+    assert positive_ranks(np.array([[np.nan, 0.5, -1.0]]), np.array([0])).tolist() == [3]
+
+
+@st.composite
+def score_case(draw):
+    nq = draw(st.integers(1, 6))
+    nd = draw(st.integers(1, 30))
+    # few distinct values, so ties are common
+    scores = draw(hnp.arrays(np.float32, (nq, nd),
+                             elements=st.sampled_from([-1.0, 0.0, 0.25, 0.5, 1.0, 3.0])))
+    positives = np.array(draw(st.lists(st.integers(0, nd - 1), min_size=nq, max_size=nq)))
+    return scores, positives
+
+
+@given(case=score_case(), seed=st.integers(0, 2**16))
+def test_metric_properties(case, seed):
+    scores, positives = case
+    m = ranking_metrics(scores, positives)
+    assert 0.0 <= m["p@1"] <= m["mrr@10"] <= 1.0
+    assert m["p@1"] <= m["ndcg@10"] <= m["recall@10"] <= 1.0
+    assert m["mrr@10"] <= m["ndcg@10"] + 1e-12  # 1/r <= 1/log2(r+1) for r >= 1
+    perm = np.random.default_rng(seed).permutation(scores.shape[1])
+    inverse = np.argsort(perm)
+    shuffled = ranking_metrics(scores[:, perm], inverse[positives])
+    assert shuffled == pytest.approx(m)
+
+
+def reference_bm25(docs, query, k1=1.2, b=0.75):
+    """Dense, textbook Okapi BM25 (Lucene idf), summing over query tokens."""
+    vocab = sorted({t for d in docs for t in d} | set(query))
+    col = {t: i for i, t in enumerate(vocab)}
+    tf = np.zeros((len(docs), len(vocab)))
+    for i, d in enumerate(docs):
+        for t in d:
+            tf[i, col[t]] += 1
+    n = len(docs)
+    df = (tf > 0).sum(axis=0)
+    idf = np.log(1 + (n - df + 0.5) / (df + 0.5))
+    dl = tf.sum(axis=1)
+    avg = dl.mean() if dl.mean() > 0 else 1.0
+    out = np.zeros(n)
+    for t in query:
+        f = tf[:, col[t]]
+        out += idf[col[t]] * f * (k1 + 1) / (f + k1 * (1 - b + b * dl / avg))
+    return out
+
+
+TERMS = st.sampled_from(["get", "set", "path", "file", "read", "x", "open", "len"])
+
+
+@given(docs=st.lists(st.lists(TERMS, max_size=12), min_size=1, max_size=15),
+       queries=st.lists(st.lists(st.sampled_from(["get", "path", "x", "unknown"]), max_size=4),
+                        min_size=1, max_size=4))
+def test_bm25_matches_dense_reference(docs, queries):
+    index = bm25_index(docs)
+    matrix = bm25_matrix(index, queries)
+    for q, row in zip(queries, matrix, strict=True):
+        want = reference_bm25(docs, q)
+        np.testing.assert_allclose(bm25_scores(index, q), want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(row, want, rtol=1e-5, atol=1e-6)
+
+
+def test_bm25_prefers_rare_matching_terms():
+    docs = [code_terms(t) for t in ["def read_file(path): return open(path).read()",
+                                    "def write_file(path, data): open(path, 'w').write(data)",
+                                    "def add(a, b): return a + b", ""]]
+    scores = bm25_scores(bm25_index(docs), code_terms("read the file"))
+    assert scores.argmax() == 0 and scores[2] == scores[3] == 0.0
+
+
+def test_row_ranks_and_rrf_hand_cases():
+    assert row_ranks(np.array([[5.0, 5.0, 1.0, np.nan]])).tolist() == [[1, 1, 3, 4]]
+    s1 = np.array([[3.0, 2.0, 1.0]])  # ranks 1, 2, 3
+    s2 = np.array([[1.0, 3.0, 2.0]])  # ranks 3, 1, 2
+    fused = reciprocal_rank_fusion([s1, s2], k=60)
+    want = [[1 / 61 + 1 / 63, 1 / 62 + 1 / 61, 1 / 63 + 1 / 62]]
+    np.testing.assert_allclose(fused, want)
+    assert fused.argmax() == 1
+    np.testing.assert_allclose(reciprocal_rank_fusion([s1], k=0), [[1, 1 / 2, 1 / 3]])
+
+
+def test_interpolation_hand_cases():
+    dense = np.array([[0.0, 5.0, 10.0], [1.0, 1.0, 1.0]])
+    sparse = np.array([[2.0, 2.0, 2.0], [0.0, 4.0, 2.0]])
+    np.testing.assert_allclose(minmax_rows(dense), [[0, 0.5, 1], [0, 0, 0]])
+    np.testing.assert_allclose(interpolate(dense, sparse, 0.3),
+                               [[0, 0.15, 0.3], [0, 0.7, 0.35]])
+    np.testing.assert_allclose(interpolate(dense, sparse, 1.0), minmax_rows(dense))
