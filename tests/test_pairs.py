@@ -174,6 +174,23 @@ def test_mining_is_deterministic(tree: Path):
     assert mine_corpus([tree], max_files=1).report.files < mine_corpus([tree]).report.files
 
 
+def test_corpus_cache(tree: Path, tmp_path_factory, monkeypatch):
+    cache = tmp_path_factory.mktemp("corpus")
+    fresh = mine_corpus([tree], cache_dir=cache)
+    assert fresh == mine_corpus([tree]) and len(list(cache.iterdir())) == 1
+    parsed = []
+    monkeypatch.setattr(ast, "parse", lambda *a, **k: parsed.append(a) or 1 / 0)
+    assert mine_corpus([tree], cache_dir=cache) == fresh and parsed == []  # read, not mined
+    monkeypatch.undo()
+    next(cache.iterdir()).write_text("{not json")
+    assert mine_corpus([tree], cache_dir=cache) == fresh  # unreadable cache: mined again
+    lib = tree / "pkg" / "lib.py"
+    lib.write_text(LIB.replace("Add two numbers", "Sum up two numbers"), encoding="utf-8")
+    changed = mine_corpus([tree], cache_dir=cache)
+    assert by_name(changed.pairs)["documented"].query.startswith("Sum up two numbers")
+    assert mine_corpus([tree], min_body_lines=1, cache_dir=cache) != changed
+
+
 @pytest.mark.parametrize(("doc", "want"), [
     ("Return the thing. More.", "Return the thing."),
     ("Use e.g. this one now. Next.", "Use e.g. this one now."),
