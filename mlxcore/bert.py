@@ -3,7 +3,9 @@
 The tree is keyed like transformers' `BertModel` state dict without the pooler
 (`embeddings.word_embeddings.weight`, `encoder.layer.0.attention.self.query.weight`, ...), so
 loading and export are the identity; LoRA adapters beside `query` / `value` weights apply
-through `mlxcore.lora.linear`. Post-LN blocks, absolute position embeddings, exact (erf) GELU.
+through `mlxcore.quant.linear` (`lora.linear`, or a quantised base when the layer holds `scales`).
+Post-LN blocks, absolute position embeddings, exact (erf) GELU. `gradient_checkpointing` wraps
+each layer in `mx.checkpoint`: its activations are recomputed in the backward pass, not kept.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import math
 import attrs
 import mlx.core as mx
 
-from mlxcore import lora
+from mlxcore import quant
 from mlxcore.t5 import attention, gelu_new, layer_keys, merge_heads, padding_bias, split_heads
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
@@ -32,6 +34,7 @@ class BertConfig:
     type_vocab_size: int = 2
     hidden_act: str = attrs.field(default="gelu", validator=attrs.validators.in_(ACTIVATIONS))
     layer_norm_eps: float = 1e-12
+    gradient_checkpointing: bool = False  # not in HF's config: a training choice
 
     @property
     def d_model(self) -> int:
@@ -105,16 +108,16 @@ def _layer(layer: dict, h: mx.array, bias: mx.array, cfg: BertConfig, scale: flo
     keys = layer_keys(key, 6)
     sa = layer["attention"]["self"]
     heads = cfg.num_attention_heads
-    q, k, v = (split_heads(lora.linear(sa[n], h, scale, dropout, kk), heads)
+    q, k, v = (split_heads(quant.linear(sa[n], h, scale, dropout, kk), heads)
                for n, kk in zip(("query", "key", "value"), keys[:3], strict=True))
     ctx = merge_heads(attention(q, k, v, bias, 1.0 / math.sqrt(q.shape[-1])))
     out = layer["attention"]["output"]
-    h = _layer_norm(out["LayerNorm"], h + lora.linear(out["dense"], ctx, scale, dropout, keys[3]),
+    h = _layer_norm(out["LayerNorm"], h + quant.linear(out["dense"], ctx, scale, dropout, keys[3]),
                     cfg.layer_norm_eps)
-    inner = _activation(lora.linear(layer["intermediate"]["dense"], h, scale, dropout, keys[4]),
+    inner = _activation(quant.linear(layer["intermediate"]["dense"], h, scale, dropout, keys[4]),
                         cfg.hidden_act)
     out = layer["output"]
-    return _layer_norm(out["LayerNorm"], h + lora.linear(out["dense"], inner, scale, dropout, keys[5]),
+    return _layer_norm(out["LayerNorm"], h + quant.linear(out["dense"], inner, scale, dropout, keys[5]),
                        cfg.layer_norm_eps)
 
 
@@ -129,14 +132,20 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
     if input_ids.shape[1] > cfg.max_position_embeddings:
         raise ValueError(f"sequence length {input_ids.shape[1]} > max_position_embeddings "
                          f"{cfg.max_position_embeddings}")
-    emb = params["embeddings"]
-    h = emb["word_embeddings"]["weight"][input_ids]
-    h = h + emb["position_embeddings"]["weight"][: input_ids.shape[1]]
-    types = emb["token_type_embeddings"]["weight"]
-    h = h + (types[0] if token_type_ids is None else types[token_type_ids])
+    emb, d = params["embeddings"], cfg.hidden_size
+    h = quant.embed(emb["word_embeddings"], input_ids, d)
+    h = h + quant.embed(emb["position_embeddings"], mx.arange(input_ids.shape[1]), d)
+    types = mx.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+    h = h + quant.embed(emb["token_type_embeddings"], types, d)
     h = _layer_norm(emb["LayerNorm"], h, cfg.layer_norm_eps)
     bias = padding_bias(mask, h.dtype)
+
     for layer, layer_key in zip(params["encoder"]["layer"], layer_keys(key, cfg.num_hidden_layers),
                                 strict=True):
-        h = _layer(layer, h, bias, cfg, lora_scale, lora_dropout, layer_key)
+        # The dropout key is closed over, not an input: mx.checkpoint differentiates every
+        # input, and random bits have no vjp.
+        def run(layer, h, bias, layer_key=layer_key):
+            return _layer(layer, h, bias, cfg, lora_scale, lora_dropout, layer_key)
+
+        h = (mx.checkpoint(run) if cfg.gradient_checkpointing else run)(layer, h, bias)
     return h

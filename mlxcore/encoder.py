@@ -2,7 +2,7 @@
 
 Params are the model's HF-keyed tree plus, for XTR / ColBERT checkpoints (or a projection
 trained from scratch), `params["projection"]["weight"]` [dim, d_model] without bias - the
-`linear` / `2_Dense` layer of those checkpoints. It goes through `lora.linear` like every
+`linear` / `2_Dense` layer of those checkpoints. It goes through `quant.linear` like every
 other linear, so it can carry an adapter or be trained in full.
 """
 
@@ -13,7 +13,7 @@ import math
 import attrs
 import mlx.core as mx
 
-from mlxcore import bert, lora, t5
+from mlxcore import bert, quant, t5
 from mlxcore.retrieval import l2_normalize
 from mlxcore.t5 import layer_keys
 
@@ -61,8 +61,8 @@ def token_embeddings(params: dict, input_ids: mx.array, mask: mx.array, spec: En
     encoder_key, projection_key = layer_keys(key, 2)
     h = hidden_states(params, input_ids, mask, spec, encoder_key)
     if "projection" in params:
-        h = lora.linear(params["projection"], h, spec.lora_scale, spec.lora_dropout,
-                           projection_key)
+        h = quant.linear(params["projection"], h, spec.lora_scale, spec.lora_dropout,
+                         projection_key)
     return l2_normalize(h)
 
 

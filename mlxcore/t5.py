@@ -3,7 +3,9 @@
 The params tree is keyed exactly like transformers' `T5EncoderModel` state dict
 (`shared.weight`, `encoder.block.0.layer.0.SelfAttention.q.weight`, ...,
 `encoder.final_layer_norm.weight`), so loading and export are the identity and LoRA adapters
-placed beside a weight (`...SelfAttention.q.lora_a`) apply through `mlxcore.lora.linear`.
+placed beside a weight (`...SelfAttention.q.lora_a`) apply through `mlxcore.quant.linear`
+(`lora.linear`, or a quantised base when the layer holds `scales`). `gradient_checkpointing`
+wraps each block in `mx.checkpoint`: its activations are recomputed in the backward pass.
 
 T5 specifics: RMS layer norm without bias, no 1/sqrt(d) attention scaling, and a bucketed
 relative-position bias computed once by block 0's `relative_attention_bias` and added to every
@@ -17,7 +19,7 @@ import math
 import attrs
 import mlx.core as mx
 
-from mlxcore import lora
+from mlxcore import quant
 
 # Additive mask for padded keys: finite (not -inf) so an all-padding row gives a uniform softmax
 # instead of NaN, and large enough that exp() of it is exactly 0 in float32 and bfloat16.
@@ -40,6 +42,7 @@ class T5Config:
     relative_attention_max_distance: int = 128
     feed_forward_proj: str = attrs.field(default="relu", validator=attrs.validators.in_(FFN_KINDS))
     layer_norm_epsilon: float = 1e-6
+    gradient_checkpointing: bool = False  # not in HF's config: a training choice
 
     @classmethod
     def from_hf(cls, config: dict) -> T5Config:
@@ -155,18 +158,18 @@ def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float
     keys = layer_keys(key, 7)
     sa = att["SelfAttention"]
     x = mx.fast.rms_norm(h, att["layer_norm"]["weight"], cfg.layer_norm_epsilon)
-    q, k, v = (split_heads(lora.linear(sa[n], x, scale, dropout, kk), cfg.num_heads)
+    q, k, v = (split_heads(quant.linear(sa[n], x, scale, dropout, kk), cfg.num_heads)
                for n, kk in zip("qkv", keys[:3], strict=True))
-    h = h + lora.linear(sa["o"], merge_heads(attention(q, k, v, bias, 1.0)), scale, dropout,
+    h = h + quant.linear(sa["o"], merge_heads(attention(q, k, v, bias, 1.0)), scale, dropout,
                         keys[3])
     dense = ff["DenseReluDense"]
     x = mx.fast.rms_norm(h, ff["layer_norm"]["weight"], cfg.layer_norm_epsilon)
     if cfg.feed_forward_proj == "gated-gelu":
-        inner = (gelu_new(lora.linear(dense["wi_0"], x, scale, dropout, keys[4]))
-                 * lora.linear(dense["wi_1"], x, scale, dropout, keys[6]))
+        inner = (gelu_new(quant.linear(dense["wi_0"], x, scale, dropout, keys[4]))
+                 * quant.linear(dense["wi_1"], x, scale, dropout, keys[6]))
     else:
-        inner = mx.maximum(lora.linear(dense["wi"], x, scale, dropout, keys[4]), 0.0)
-    return h + lora.linear(dense["wo"], inner, scale, dropout, keys[5])
+        inner = mx.maximum(quant.linear(dense["wi"], x, scale, dropout, keys[4]), 0.0)
+    return h + quant.linear(dense["wo"], inner, scale, dropout, keys[5])
 
 
 def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,
@@ -178,9 +181,14 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,
     `key`. Padded positions get finite values that callers must mask.
     """
     enc = params["encoder"]
-    h = params["shared"]["weight"][input_ids]
+    h = quant.embed(params["shared"], input_ids, cfg.d_model)
     table = enc["block"][0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
     bias = position_bias(table, input_ids.shape[1], cfg).astype(h.dtype) + padding_bias(mask, h.dtype)
     for block, block_key in zip(enc["block"], layer_keys(key, cfg.num_layers), strict=True):
-        h = _block(block, h, bias, cfg, lora_scale, lora_dropout, block_key)
+        # The dropout key is closed over, not an input: mx.checkpoint differentiates every
+        # input, and random bits have no vjp.
+        def run(block, h, bias, block_key=block_key):
+            return _block(block, h, bias, cfg, lora_scale, lora_dropout, block_key)
+
+        h = (mx.checkpoint(run) if cfg.gradient_checkpointing else run)(block, h, bias)
     return mx.fast.rms_norm(h, enc["final_layer_norm"]["weight"], cfg.layer_norm_epsilon)
