@@ -176,20 +176,22 @@ def function_code(node: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]
     return textwrap.dedent("\n".join(seg)).strip("\n")
 
 
-def _functions(tree: ast.AST):
-    """(qualified name, node) for every function and method, nested ones included, in
-    source order."""
-    stack: list[tuple[str, ast.AST]] = [("", tree)]
-    while stack:
-        prefix, node = stack.pop()
-        children = list(ast.iter_child_nodes(node))
-        for child in reversed(children):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                stack.append((f"{prefix}{child.name}.", child))
-            else:
-                stack.append((prefix, child))
+def _functions(stmts: list[ast.stmt], prefix: str = ""):
+    """(qualified name, node) for every function and method in `stmts`, nested ones
+    included, in source order. Definitions are statements, so only statement lists are
+    walked (a full `ast.walk` over every expression node was most of the mining time)."""
+    for node in stmts:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield prefix[:-1], node
+            yield prefix + node.name, node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield from _functions(node.body, f"{prefix}{node.name}.")
+            continue
+        for field in ("body", "handlers", "orelse", "finalbody", "cases"):  # source order
+            for child in getattr(node, field, ()):
+                if isinstance(child, (ast.ExceptHandler, ast.match_case)):
+                    yield from _functions(child.body, prefix)
+                elif isinstance(child, ast.stmt):
+                    yield from _functions([child], prefix)
 
 
 MINER_VERSION = 1  # bump when mining rules change, so cached corpora are not reused
@@ -251,7 +253,7 @@ def _mine(lib_files: list[Path], other: list[Path], min_body_lines: int) -> Corp
             counts["syntax_errors"] += 1
             continue
         lines = text.split("\n")
-        for name, node in _functions(tree):
+        for name, node in _functions(tree.body):
             doc = ast.get_docstring(node)
             body = node.body[1:] if doc is not None else node.body
             if is_trivial(body, 1):

@@ -96,6 +96,16 @@ def oneline(x):
     return x + 1
 
 
+try:
+    import zlib
+except ImportError:
+    if True:
+        def fallback(data):
+            """Compress data without zlib support."""
+            out = bytes(data)
+            return out
+
+
 def unicode_café(naïve):
     """Compute the value of a café order."""
     prix = naïve * 2  # é before the docstring column must not shift byte offsets
@@ -132,7 +142,7 @@ def test_mining_edge_cases(tree: Path):
     corpus = mine_corpus([tree])
     pairs = by_name(corpus.pairs)
     assert set(pairs) == {"documented", "decorated", "Box.method", "Box.outer",
-                          "Box.outer.inner", "unicode_café"}
+                          "Box.outer.inner", "fallback", "unicode_café"}
     doc = pairs["documented"]
     assert doc.query == "Add two numbers together carefully."
     assert doc.code == "def documented(a, b):\n    total = a + b\n    return total"
@@ -141,6 +151,7 @@ def test_mining_edge_cases(tree: Path):
     assert pairs["Box.method"].query == "Put an item into the box."
     assert pairs["Box.method"].code == (
         "def method(self, item):\n    self.items.append(item)\n    return self")  # dedented
+    assert pairs["fallback"].code == "def fallback(data):\n    out = bytes(data)\n    return out"
     assert "def inner" in pairs["Box.outer"].code
     assert '"""' not in pairs["Box.outer"].code.split("def inner")[0]
     assert pairs["unicode_café"].code.splitlines()[1].startswith("    prix = naïve * 2")
