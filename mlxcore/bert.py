@@ -4,7 +4,7 @@ The tree is keyed like transformers' `BertModel` state dict without the pooler
 (`embeddings.word_embeddings.weight`, `encoder.layer.0.attention.self.query.weight`, ...), so
 loading and export are the identity; LoRA adapters beside `query` / `value` weights apply
 through `mlxcore.quant.linear` (`lora.linear`, or a quantised base when the layer holds `scales`).
-Post-LN blocks, absolute position embeddings, exact (erf) GELU. `gradient_checkpointing` wraps
+Post-LN blocks, absolute position embeddings, exact (erf) GELU (see `gelu_erf`). `gradient_checkpointing` wraps
 each layer in `mx.checkpoint`: its activations are recomputed in the backward pass, not kept.
 """
 
@@ -95,9 +95,33 @@ def _layer_norm(p: dict, x: mx.array, eps: float) -> mx.array:
     return mx.fast.layer_norm(x, p["weight"], p["bias"], eps)
 
 
+# Abramowitz & Stegun 7.1.28: erf(a) = 1 - (1 + a1 a + ... + a6 a^6)^-16 for a >= 0, |error| <= 3e-7.
+ERF_COEFFS = (0.0705230784, 0.0422820123, 0.0092705272, 0.0001520143, 0.0002765672, 0.0000430638)
+
+
+def gelu_erf(x: mx.array) -> mx.array:
+    """Exact GELU x * Phi(x) = 0.5 (x + |x| erf(|x| / sqrt 2)), erf by A&S 7.1.28.
+
+    Why not `mx.erf`: MLX's Linux CPU build evaluates it (and exp, tanh) as scalar code at
+    ~60-80 ns per element, which made GELU ~40% of MiniLM's forward time; this form is only
+    multiplies, adds and one divide, which `mx.compile` fuses into one vectorised loop
+    (4096 x 1536 floats, 2 busy cores: 131-191 ms vs 499-509 ms). Max |error| vs the erf form
+    9.5e-7 in value and 1.4e-6 in gradient over [-12, 12]. |x| / sqrt 2 is capped at 4.5
+    (erf = 1 - 2e-10 there), so p^16 never overflows and gradients stay finite.
+    """
+    a = mx.minimum(mx.abs(x) * (1.0 / math.sqrt(2.0)), 4.5)
+    c = ERF_COEFFS
+    p = 1.0 + a * (c[0] + a * (c[1] + a * (c[2] + a * (c[3] + a * (c[4] + a * c[5])))))
+    p = p * p
+    p = p * p
+    p = p * p
+    p = p * p  # p^16
+    return 0.5 * (x + mx.abs(x) * (1.0 - 1.0 / p))
+
+
 def _activation(x: mx.array, name: str) -> mx.array:
     if name == "gelu":
-        return 0.5 * x * (1.0 + mx.erf(x / math.sqrt(2.0)))
+        return gelu_erf(x)
     if name == "gelu_new":
         return gelu_new(x)
     return mx.maximum(x, 0.0)
