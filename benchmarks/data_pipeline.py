@@ -20,6 +20,7 @@ import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 import argparse
 import itertools
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="token cache root (default: a temporary folder)")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()  # shared machines: say how busy the CPU was
 
     t0 = time.perf_counter()
     pairs = mine_corpus(max_files=args.max_files, extras=False).pairs
@@ -137,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
         "median_batches_per_s": medians,
         "prefetch_speedup": medians["prefetch"] / medians["sequential"],
         "prefetch_vs_ideal_overlap": medians["prefetch"] / ideal,
+        "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg(),
+                            "cpus": os.cpu_count()},
     }
     path = write_result("data_pipeline", result)
     print(json.dumps({"median_batches_per_s": medians,

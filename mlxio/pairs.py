@@ -208,7 +208,7 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
     `extras=False` skips the test / app folders (faster). Files that fail to decode or parse
     are skipped and counted in the report. With `cache_dir`, the result is stored there as
     JSON keyed by the settings and every file's path, size and mtime, and reused (the whole
-    stdlib takes ~20 CPU-seconds to mine; reading the cache ~1 s).
+    stdlib takes ~10-20 CPU-seconds to mine; reading the cache ~1 s).
     """
     files = python_files(list(roots) if roots is not None else [stdlib_root()])
     lib_files = [f for f, lib in files if lib][:max_files]
