@@ -165,6 +165,12 @@ def test_resume_from_position_matches_uninterrupted(tmp_path, tokenizer):
             assert pos_a == pos_b and a.keys() == b.keys()
             assert all(np.array_equal(a[k], b[k]) for k in a)
     assert full[n_steps - 1][0] == DataPosition(epoch=1, batch_index=0)
+    # through a prefetcher: the same batches with their positions (unconsumed prefetched
+    # batches are simply produced again on resume)
+    with Prefetcher(iterate_batches(cache, 4, 2, seed=3), depth=2) as prefetched:
+        ahead = take(prefetched, len(full))
+    for (pos_a, a), (pos_b, b) in zip(full, ahead, strict=True):
+        assert pos_a == pos_b and all(np.array_equal(a[k], b[k]) for k in a)
 
 
 def test_prefetcher_keeps_order_and_finishes():
