@@ -97,6 +97,8 @@ def test_bad_inputs_and_corrupt_cache(tmp_path, tokenizer):
     with pytest.raises(DataError, match="no max length"):
         build(tmp_path, tokenizer, max_lengths={"query": 8})
     cache, _ = build(tmp_path, tokenizer)
+    with pytest.raises(DataError, match="fill no step"):
+        next(iterate_batches(cache, micro_batch=64, accum=2, seed=0))
     (cache.path / "doc.offsets.npy").write_bytes(b"garbage")
     with pytest.raises(DataError, match="unreadable token cache"):
         build(tmp_path, tokenizer)
