@@ -321,8 +321,9 @@ def _check_text(value: object, where: str) -> str:
     return value
 
 
-def _parse_line(raw: bytes, first: bool) -> tuple[str, str, tuple[str, ...]]:
-    """One JSONL line -> (query, code, negatives); raises _BadLine(reason, message)."""
+def _parse_line(raw: bytes, first: bool) -> dict:
+    """One JSONL line -> Pair fields (query, code, negatives, maybe source and name);
+    raises _BadLine(reason, message)."""
     if b"\x00" in raw:
         raise _BadLine("nul", "NUL byte in line")
     if first and raw.startswith(b"\xef\xbb\xbf"):
@@ -345,12 +346,23 @@ def _parse_line(raw: bytes, first: bool) -> tuple[str, str, tuple[str, ...]]:
         raise _BadLine("wrong_type", f"field 'negatives': expected a list, got "
                                      f"{type(negatives).__name__}")
     negs = tuple(_check_text(n, f"field 'negatives'[{i}]") for i, n in enumerate(negatives))
-    return query, code, negs
+    out = {"query": query, "code": code, "negatives": negs}
+    if "source" in row:
+        out["source"] = _text_field(row, "source")
+    if "name" in row and not isinstance(row["name"], str):
+        raise _BadLine("wrong_type", f"field 'name': expected a string, got "
+                                     f"{type(row['name']).__name__}")
+    out["name"] = row.get("name", "")
+    return out
 
 
 def read_jsonl(path: Path | str, lenient: bool = False,
                max_chars: int = 20_000) -> tuple[list[Pair], JsonlReport]:
-    """Pairs from a JSONL file of {"query": str, "code": str, "negatives"?: [str, ...]}.
+    """Pairs from a JSONL file of {"query": str, "code": str, "negatives"?: [str, ...],
+    "source"?: str, "name"?: str}.
+
+    `source` names the file the code came from, which `split_by_file` keeps on one side; a
+    row without it gets "<jsonl path>:<line>" (its own group). `Pair.line` is the JSONL line.
 
     Blank lines are skipped (counted as "blank"). A malformed line raises DataError naming
     `file:line` and the field, or with `lenient=True` is skipped and counted by reason
@@ -375,7 +387,7 @@ def read_jsonl(path: Path | str, lenient: bool = False,
             skipped["blank"] += 1
             continue
         try:
-            query, code, negs = _parse_line(raw, lineno == 1)
+            fields = _parse_line(raw, lineno == 1)
         except _BadLine as bad:
             message = f"{path}:{lineno}: {bad}"
             if not lenient:
@@ -384,13 +396,14 @@ def read_jsonl(path: Path | str, lenient: bool = False,
             if len(errors) < 10:
                 errors.append(message)
             continue
-        texts = (query, code, *negs)
+        texts = (fields["query"], fields["code"], *fields["negatives"])
         if any(len(t) > max_chars for t in texts):
             truncated += 1
-            query, code = query[:max_chars], code[:max_chars]
-            negs = tuple(n[:max_chars] for n in negs)
-        pairs.append(Pair(query=query, code=code, source=str(path), line=lineno,
-                          negatives=negs))
+            for key in ("query", "code"):
+                fields[key] = fields[key][:max_chars]
+            fields["negatives"] = tuple(n[:max_chars] for n in fields["negatives"])
+        fields.setdefault("source", f"{path}:{lineno}")
+        pairs.append(Pair(line=lineno, **fields))
     report = JsonlReport(lines=len(raw_lines), accepted=len(pairs), skipped=dict(skipped),
                          truncated=truncated, errors=tuple(errors))
     return pairs, report

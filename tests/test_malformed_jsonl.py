@@ -31,7 +31,7 @@ def valid_row(draw) -> dict:
     if draw(st.booleans()):
         row["negatives"] = draw(st.lists(TEXT, max_size=3))
     if draw(st.booleans()):
-        row["name"] = draw(st.integers())  # unknown keys are ignored
+        row["meta"] = draw(st.integers())  # unknown keys are ignored
     return row
 
 
@@ -80,7 +80,7 @@ def blank(draw):
 
 
 def wrong_type(draw):
-    field = draw(st.sampled_from(["query", "code", "negatives"]))
+    field = draw(st.sampled_from(["query", "code", "negatives", "source", "name"]))
     value = draw(st.sampled_from([None, 3, 1.5, True, {"a": "b"}, ["x"]]))
     if field == "negatives" and isinstance(value, list):
         value = ["ok", 7]

@@ -270,7 +270,9 @@ def test_jsonl_round_trip(tmp_path: Path):
     back, report = read_jsonl(path)
     assert [(p.query, p.code, p.negatives) for p in back] == [
         (p.query, p.code, p.negatives) for p in pairs]
-    assert [p.line for p in back] == [1, 2] and back[0].source == str(path)
+    assert [(p.line, p.source, p.name) for p in back] == [(1, "a.py", "m"), (2, "b.py", "")]
+    (tmp_path / "plain.jsonl").write_text('{"query": "q", "code": "c"}\n')
+    assert read_jsonl(tmp_path / "plain.jsonl")[0][0].source == f"{tmp_path / 'plain.jsonl'}:1"
     assert report.accepted == report.lines == 2
 
 
