@@ -219,16 +219,15 @@ def make_batch(cache: TokenCache, indices: np.ndarray, bucket: int = 32, pad_id:
     indices = np.asarray(indices)
     out = {}
     for field in fields:
-        off = cache.offsets[field]
-        starts, ends = off[indices], off[indices + 1]
-        width = padded_length(int((ends - starts).max()), bucket)
-        ids = np.full(indices.shape + (width,), pad_id, np.int32)
-        mask = np.zeros(indices.shape + (width,), np.int32)
-        tokens = cache.tokens[field]
-        for pos in np.ndindex(indices.shape):
-            row = tokens[starts[pos]:ends[pos]]
-            ids[pos + (slice(0, len(row)),)] = row
-            mask[pos + (slice(0, len(row)),)] = 1
+        off, tokens = cache.offsets[field], cache.tokens[field]
+        starts, lengths = off[indices], off[indices + 1] - off[indices]
+        width = padded_length(int(lengths.max()), bucket)
+        real = np.arange(width) < lengths[..., None]  # [..., T]
+        # one gather from the memory map for the whole step (padding reads position 0)
+        where = np.where(real, starts[..., None] + np.arange(width), 0)
+        gathered = tokens[where] if len(tokens) else np.zeros(where.shape, np.int32)
+        ids = np.where(real, gathered, pad_id).astype(np.int32)
+        mask = real.astype(np.int32)
         out[f"{field}_ids"], out[f"{field}_mask"] = ids, mask
     return out
 
