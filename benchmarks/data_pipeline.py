@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> dict:
         "median_batches_per_s": medians,
         "prefetch_speedup": medians["prefetch"] / medians["sequential"],
         "prefetch_vs_ideal_overlap": medians["prefetch"] / ideal,
+        # sequential costs produce + consume per step, perfect overlap max(produce, consume)
+        "ideal_prefetch_speedup": (1 / medians["produce_only"] + 1 / medians["consume_only"])
+        * ideal,
         "load_avg_1_5_15": {"before": load_before, "after": os.getloadavg(),
                             "cpus": os.cpu_count()},
     }
