@@ -135,6 +135,10 @@ def build_or_open(root: Path | str, fields: Mapping[str, Sequence[str]], tokeniz
     """The cache of `fields` ({name: texts}, all of one length) under `root/<key>`: opened
     if it exists, else tokenised (`tokenize(texts, max_lengths[name])`) and written
     atomically. `tokenizer_id` identifies the tokenizer (see `tokenizer_identity`)."""
+    bad = [f for f in fields if not f.isidentifier()]
+    if bad or not fields:
+        raise DataError(f"token cache: field names must be identifiers (file names), got "
+                        f"{bad or 'no fields'}")
     sizes = {len(v) for v in fields.values()}
     if len(sizes) != 1:
         raise DataError(f"token cache: fields have different lengths {sorted(sizes)}")

@@ -94,6 +94,8 @@ def test_failed_build_leaves_nothing(tmp_path, tokenizer):
 def test_bad_inputs_and_corrupt_cache(tmp_path, tokenizer):
     with pytest.raises(DataError, match="different lengths"):
         build(tmp_path, tokenizer, fields={"query": QUERIES, "doc": DOCS[:-1]})
+    with pytest.raises(DataError, match="identifiers"):
+        build(tmp_path, tokenizer, fields={"../doc": DOCS}, max_lengths={"../doc": 8})
     with pytest.raises(DataError, match="no max length"):
         build(tmp_path, tokenizer, max_lengths={"query": 8})
     cache, _ = build(tmp_path, tokenizer)
