@@ -56,7 +56,8 @@ from recipes.rlaif_eval import (
     instruction,
 )
 
-TINY_PREFIX = "tiny:"  # model "tiny:llama" / "tiny:qwen2": a tiny random model (smoke tests)
+# model "tiny:llama" / "tiny:qwen2" (+ "-q4": 4-bit base): a tiny random model (smoke tests)
+TINY_PREFIX = "tiny:"
 
 
 @attrs.frozen(kw_only=True)
@@ -92,19 +93,21 @@ class SandboxConfig:
 class Config:
     model: str | None = None  # None: embedded SmolLM2-135M-Instruct GGUF; or a dir / hub id
     # MLX's CPU quantised matmul is ~30x slower than float BLAS here, so on CPU the 4-bit base
-    # is dequantised for training (LoRA); keep it quantised (QLoRA) on a GPU.
+    # is dequantised (to float32: CPU float16 matmuls skip BLAS, ~3x slower) for plain LoRA;
+    # keep it quantised (QLoRA, --dequantize false) on a GPU.
     dequantize: bool = True
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
     lora_layers: int | None = None  # LoRA on the last N blocks (None = all)
-    optim: OptimConfig = OptimConfig(name="adamw", lr=2e-5, weight_decay=0.0, warmup_steps=0,
-                                     total_steps=10, clip_norm=1.0)
-    steps: int = 10
-    prompts_per_step: int = 2
+    optim: OptimConfig = OptimConfig(name="adamw", lr=3e-5, weight_decay=0.0, warmup_steps=0,
+                                     total_steps=8, clip_norm=1.0)
+    # quick: 8 steps x 1 prompt x 8 completions of <= 160 tokens (~2.6k tokens trained a step)
+    steps: int = 8
+    prompts_per_step: int = 1
     group_size: int = 8
-    accumulation: int = 4  # the P * G completions of a step go through in this many micro-batches
+    accumulation: int = 2  # the P * G completions of a step go through in this many micro-batches
     temperature: float = 0.8
     top_p: float = 0.95
-    max_new_tokens: int = 192
+    max_new_tokens: int = 160
     advantage: str = attrs.field(default="grpo", validator=attrs.validators.in_(("grpo", "baseline")))
     beta: float = 0.04  # KL(policy || LoRA-off reference) weight
     clip_eps: float | None = None  # PPO ratio clipping; set it when inner_epochs > 1
@@ -114,8 +117,8 @@ class Config:
     teacher: TeacherConfig = TeacherConfig()
     sandbox: SandboxConfig = SandboxConfig()
     data: DataConfig = DataConfig()
-    eval: EvalConfig = EvalConfig()
-    checkpoint_every: int = 5
+    eval: EvalConfig = EvalConfig(max_new_tokens=256, batch=16)  # all held-out problems
+    checkpoint_every: int = 4
     keep_checkpoints: int = 2
     max_consecutive_skips: int = 3
     seed: int = 0
@@ -125,11 +128,12 @@ class Config:
 PRESETS = {
     "quick": Config(),
     "full": Config(steps=200, prompts_per_step=4, max_new_tokens=384, accumulation=8,
+                   checkpoint_every=20, keep_checkpoints=3,
                    lora=LoraConfig(rank=16, alpha=32.0, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
                    optim=OptimConfig(name="adamw", lr=1e-5, weight_decay=0.0, warmup_steps=10,
                                      total_steps=200, clip_norm=1.0),
-                   clip_eps=0.2, inner_epochs=2, checkpoint_every=20, out="runs/rlaif_full",
-                   eval=EvalConfig(max_new_tokens=512)),
+                   clip_eps=0.2, inner_epochs=2, out="runs/rlaif_full",
+                   eval=EvalConfig(max_new_tokens=512, batch=16)),
     "smoke": Config(model=TINY_PREFIX + "llama", steps=4, prompts_per_step=2, group_size=4,
                     accumulation=2, max_new_tokens=12, checkpoint_every=2,
                     lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")),
@@ -147,7 +151,9 @@ class TrainingDiverged(RuntimeError):
 def load_model(cfg: Config) -> llm.Policy:
     """The policy (base model + tokenizer), dequantised when asked, with fresh LoRA adapters."""
     if cfg.model and cfg.model.startswith(TINY_PREFIX):
-        policy = llm.tiny_policy(cfg.model[len(TINY_PREFIX):], seed=cfg.seed)
+        kind = cfg.model[len(TINY_PREFIX):]
+        quantize = kind.endswith("-q4")
+        policy = llm.tiny_policy(kind.removesuffix("-q4"), seed=cfg.seed, quantize=quantize)
     else:
         policy = llm.load_policy(cfg.model)
     if cfg.dequantize and policy.quantized:
@@ -155,8 +161,10 @@ def load_model(cfg: Config) -> llm.Policy:
 
         config = {k: v for k, v in policy.config.items()
                   if k not in ("quantization", "quantization_config")}
-        policy = attrs.evolve(policy, model=dequantize_model(policy.model), config=config,
-                              quantized=False)
+        model = dequantize_model(policy.model)
+        model.set_dtype(mx.float32)
+        config["torch_dtype"] = "float32"
+        policy = attrs.evolve(policy, model=model, config=config, quantized=False)
     llm.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.seed))
     return policy
 

@@ -184,6 +184,20 @@ def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, ca
     assert exit_info.value.code == 2 and "non-finite" in capsys.readouterr().err
 
 
+def test_qlora_on_a_quantised_base(problems_file, tmp_path):
+    cfg = smoke_cfg(tmp_path, problems_file, model="tiny:llama-q4", dequantize=False, steps=1,
+                    optim=attrs.evolve(rq.PRESETS["smoke"].optim, total_steps=1))
+    cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
+    policy = rq.load_model(cfg)
+    quantized = [k for k, v in tree_flatten(policy.model.parameters()) if v.dtype == mx.uint32]
+    assert any("q_proj.linear.weight" in k for k in quantized)  # LoRA over a 4-bit linear
+    rq.run(cfg, extra_rewards=EXTRA)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert np.isfinite(record["loss"]) and record["grad_norm"] > 0
+    fused_config = json.loads((tmp_path / "fused" / "config.json").read_text())
+    assert fused_config["quantization"]["bits"] == 4  # re-quantised after fusing
+
+
 def test_bad_config_is_named():
     with pytest.raises(ConfigError, match="accumulation"):
         rq.validate(attrs.evolve(rq.PRESETS["smoke"], accumulation=3))
