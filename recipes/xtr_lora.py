@@ -4,6 +4,7 @@
     python -m recipes.xtr_lora --model DIR_OR_HUB_ID  # google/xtr-base-en or any T5/BERT encoder
     python -m recipes.xtr_lora --preset full --help   # every option with its default
     python -m recipes.xtr_lora --resume               # continue the run in --out_dir exactly
+    mlx.launch -n 2 --backend ring -- python -m recipes.xtr_lora   # data-parallel (docs/distributed.md)
 
 Top to bottom: config -> encoder + LoRA -> (query, code) pairs -> token cache -> BM25 and
 untrained baselines -> compiled training steps with checkpoints -> evaluation -> export.
@@ -30,7 +31,7 @@ from mlxcore.encoder import init_projection, token_embeddings
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, count_params, partition
-from mlxio import checkpoint, config, pairs
+from mlxio import checkpoint, config, distributed, pairs
 from mlxio.encoders import default_encoder_path, load_encoder
 from mlxio.errors import MlxioError
 from mlxio.export import export_merged, export_peft
@@ -126,19 +127,27 @@ def trajectory_fields(cfg: Config) -> dict:
     return d
 
 
-def contrastive_loss_fn(spec, loss_cfg: LossConfig):
+def contrastive_loss_fn(spec, loss_cfg: LossConfig, world: distributed.World = distributed.SINGLE):
     """loss(params, micro_batch, key) for `make_train_step`: encode queries and documents,
-    score every query against every document of the micro-batch, InfoNCE + margin."""
+    score every query against every document of the micro-batch, InfoNCE + margin.
+
+    Data-parallel (world.size > 1): each rank holds a share of the global micro-batch; its
+    queries are scored against every rank's documents (gathered, gradients flowing back to
+    their ranks), so the negatives are the whole global micro-batch and the mean of the ranks'
+    losses equals the one-rank loss of the global micro-batch."""
 
     def loss_fn(params, batch, key):
         q_key, d_key = mx.random.split(key)
         q = token_embeddings(params, batch["query_ids"], batch["query_mask"], spec, q_key)
-        d = token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key)
+        d = distributed.gather_rows(token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key), world)
+        d_mask = distributed.all_gather(batch["doc_mask"], world)
+        positives = None if world.size == 1 else world.rank * q.shape[0] + mx.arange(q.shape[0])
         if loss_cfg.xtr_k_train > 0:
-            scores = retrieval.xtr_scores(q, batch["query_mask"], d, batch["doc_mask"], loss_cfg.xtr_k_train)
+            scores = retrieval.xtr_scores(q, batch["query_mask"], d, d_mask, loss_cfg.xtr_k_train)
         else:
-            scores = retrieval.maxsim(q, batch["query_mask"], d, batch["doc_mask"])
-        return retrieval.contrastive_loss(scores, loss_cfg.temperature, loss_cfg.margin, loss_cfg.margin_weight)
+            scores = retrieval.maxsim(q, batch["query_mask"], d, d_mask)
+        return retrieval.contrastive_loss(scores, loss_cfg.temperature, loss_cfg.margin, loss_cfg.margin_weight,
+                                          positives_index=positives)
 
     return loss_fn
 
@@ -172,10 +181,14 @@ def main(argv: list[str] | None = None) -> dict:
                                    default_preset="quick", extra=extra_flags)
     if flags.lenient:
         cfg = attrs.evolve(cfg, data=attrs.evolve(cfg.data, lenient=True))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    world = distributed.init()  # one rank unless started by mlx.launch; only rank 0 writes
+    distributed.local_size(cfg.train.micro_batch, world, "train.micro_batch")
+    logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     out_dir, cache_dir = Path(cfg.out_dir), Path(cfg.cache_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out_dir / "config.json", config.to_dict(cfg))
+    if world.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out_dir / "config.json", config.to_dict(cfg))
     started = time.perf_counter()
 
     # ---- encoder + LoRA (+ projection when asked for one and the checkpoint has none)
@@ -194,6 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
         return lora.is_lora_path(path) or (train_projection and path.startswith("projection."))
 
     untrained_params = params  # arrays are immutable: keeping a reference costs nothing
+    distributed.check_replicated(partition(params, trainable)[0], world, "initial trainable weights")
     n_train = count_params(partition(params, trainable)[0])
     log.info("%s encoder %s: %d params, %d trainable (LoRA r=%d on %s%s)", encoder.spec.kind, model_path,
              count_params(params), n_train, cfg.lora.rank, ",".join(targets),
@@ -211,12 +225,16 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- optimizer, compiled step, resume
     optimizer = make_optimizer(cfg.optim)
-    step_fn = make_train_step(contrastive_loss_fn(encoder.spec, cfg.loss), optimizer, trainable=trainable,
-                              clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed)
+    step_fn = make_train_step(distributed.data_parallel_loss(contrastive_loss_fn(encoder.spec, cfg.loss, world), world),
+                              optimizer, trainable=trainable, clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
+                              reduce_grads=distributed.grad_reducer(world))
     opt_state = init_state(optimizer, params, trainable)
     expect = {"config_hash": checkpoint.config_hash(trajectory_fields(cfg)), "base_model": model_path}
     start_step, position = 0, DataPosition()
-    resumed = checkpoint.load_latest(out_dir, expect) if flags.resume else None
+    resumed = checkpoint.load_latest(out_dir, expect) if flags.resume and world.is_main else None
+    if flags.resume:  # rank 0 read it; the others get it over the wire (no shared disk needed)
+        resumed = distributed.broadcast_checkpoint(
+            resumed, {"trainable": partition(params, trainable)[0], "opt_state": opt_state}, world)
     if resumed is not None:
         ckpt_path, trees, meta = resumed
         params = combine(partition(params, lambda p, _: not trainable(p))[0], trees["trainable"])
@@ -228,19 +246,23 @@ def main(argv: list[str] | None = None) -> dict:
         log.info("no checkpoint in %s: starting fresh", out_dir)
 
     # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)
-    bm25 = retrieval_eval.bm25_matrix(task.queries, task.candidates)
-    results = {"bm25": retrieval_eval.ranking.ranking_metrics(bm25, task.positives)}
-    results["untrained"] = xtr_data.cached_eval(
-        cache_dir, {"model": model_path, "task": task.digest, "q": cfg.data.max_query_len,
-                    "d": cfg.data.max_doc_len, "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
-        lambda: evaluate(untrained_params, encoder, cfg, task, bm25))
+    if world.is_main:
+        bm25 = retrieval_eval.bm25_matrix(task.queries, task.candidates)
+        results = {"bm25": retrieval_eval.ranking.ranking_metrics(bm25, task.positives)}
+        results["untrained"] = xtr_data.cached_eval(
+            cache_dir, {"model": model_path, "task": task.digest, "q": cfg.data.max_query_len,
+                        "d": cfg.data.max_doc_len, "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
+            lambda: evaluate(untrained_params, encoder, cfg, task, bm25))
 
     # ---- train
-    metrics_log = MetricsLog(out_dir / "metrics.jsonl", resume_step=start_step if resumed else None)
+    if world.is_main:
+        metrics_log = MetricsLog(out_dir / "metrics.jsonl", resume_step=start_step if resumed else None)
     last_step = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
     samples_per_step = cfg.train.micro_batch * cfg.train.accum
-    batches = Prefetcher(iterate_batches(cache, cfg.train.micro_batch, cfg.train.accum, cfg.train.seed, position,
-                                         cfg.data.bucket), depth=2)
+    # every rank walks the same global plan and keeps its share of each micro-batch
+    batches = Prefetcher(distributed.shard_batches(iterate_batches(cache, cfg.train.micro_batch, cfg.train.accum,
+                                                                   cfg.train.seed, position, cfg.data.bucket), world),
+                         depth=2)
 
     def save(step_no: int, position: DataPosition) -> None:
         trees = {"trainable": partition(params, trainable)[0], "opt_state": opt_state}
@@ -249,7 +271,8 @@ def main(argv: list[str] | None = None) -> dict:
         checkpoint.save(out_dir, step_no, trees, meta)
 
     train_time, window = 0.0, []
-    with batches, tqdm(total=last_step, initial=start_step, desc="train", unit="step", disable=None) as bar:
+    with batches, tqdm(total=last_step, initial=start_step, desc="train", unit="step",
+                       disable=None if world.is_main else True) as bar:
         for step_no in range(start_step, last_step):
             position, batch = next(batches)
             tic = time.perf_counter()
@@ -264,17 +287,20 @@ def main(argv: list[str] | None = None) -> dict:
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
                             sps=f"{samples_per_step * len(window) / sum(window):.1f}")
-            if (step_no + 1) % cfg.train.log_every == 0 or step_no + 1 == last_step:
+            if world.is_main and ((step_no + 1) % cfg.train.log_every == 0 or step_no + 1 == last_step):
                 metrics_log.write(record)
                 window = []
             if int(opt_state["consecutive_skips"]) >= cfg.train.max_consecutive_skips:
                 raise SystemExit(f"xtr_lora: {cfg.train.max_consecutive_skips} non-finite steps in a row at step "
                                  f"{step_no + 1}; stopping (last good checkpoint kept in {out_dir / 'checkpoints'})")
-            if (step_no + 1) % cfg.train.checkpoint_every == 0 or step_no + 1 == last_step:
+            if world.is_main and ((step_no + 1) % cfg.train.checkpoint_every == 0 or step_no + 1 == last_step):
                 save(step_no + 1, position)
+    distributed.barrier(world)  # the last checkpoint exists before any rank returns
     if last_step < cfg.train.steps:
         log.info("stopped after step %d as asked (--train.stop_after); resume with --resume", last_step)
         return {"stopped_at": last_step}
+    if not world.is_main:
+        return {"rank": world.rank}
 
     # ---- evaluate, report, export
     results["fine-tuned"] = evaluate(params, encoder, cfg, task, bm25)

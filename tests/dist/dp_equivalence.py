@@ -1,0 +1,132 @@
+"""Data-parallel equivalence worker: 5 optimizer steps of a recipe's real loss and step, on a
+tiny model, over fixed global batches of 12 examples.
+
+    mlx.launch -n 2 --backend ring -- python tests/dist/dp_equivalence.py xtr OUT.npz
+    python tests/dist/dp_equivalence.py xtr OUT.npz        # one rank, the whole batch
+
+Each rank keeps its share of every global batch (2 ranks x 6 rows, or 1 rank x 12) and rank 0
+writes the final trainable weights (and per-step losses) to OUT.npz; tests/test_distributed.py
+compares the two. Modes:
+  xtr          retriever step, MaxSim + InfoNCE/margin, document embeddings gathered
+  xtr_topk     the same with XTR in-batch token retrieval scores (top-k over all ranks' tokens)
+  xtr_mlx_vjp  as xtr but gathering with MLX's own all_gather VJP (drops the other ranks'
+               gradient terms): shows the comparison can fail
+  rlaif        RLAIF policy loss (GRPO, PPO clipping, KL to LoRA-off reference); rewards
+               gathered so group advantages are global, groups straddle the two ranks
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import mlxio  # noqa: E402,F401  (first: fast BLAS for MLX's CPU build)
+
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mlxcore import bert, lora  # noqa: E402
+from mlxcore.encoder import EncoderSpec  # noqa: E402
+from mlxcore.optim import OptimConfig, make_optimizer  # noqa: E402
+from mlxcore.step import init_state, make_train_step  # noqa: E402
+from mlxcore.tree import combine, flatten, partition, unflatten  # noqa: E402
+from mlxio import distributed  # noqa: E402
+
+STEPS, GLOBAL_MICRO, ACCUM = 5, 12, 2
+OPTIM = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.01, warmup_steps=1, total_steps=STEPS)
+
+
+def xtr_run(world: distributed.World, mode: str) -> tuple[dict, list[float]]:
+    """Final LoRA weights and per-step losses of the retriever recipe's loss and step."""
+    from recipes.xtr_lora import LossConfig, contrastive_loss_fn
+
+    cfg = bert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=64, max_position_embeddings=32)
+    shapes = sorted(bert.param_shapes(cfg).items())
+    keys = mx.random.split(mx.random.key(1), len(shapes))
+    # BERT-like init (LayerNorm 1 / 0): random LayerNorm affines collapse every token to one vector
+    base = unflatten({k: mx.ones(s) if k.endswith("LayerNorm.weight") else mx.zeros(s) if k.endswith("LayerNorm.bias")
+                      else 0.05 * mx.random.normal(s, key=key) for (k, s), key in zip(shapes, keys, strict=True)})
+    params = combine(base, lora.init(mx.random.key(2), lora.target_dims(base, ("query", "value")), 4))
+    spec = EncoderSpec(kind="bert", model=cfg, lora_scale=2.0)
+    loss_cfg = LossConfig(xtr_k_train=6 if mode == "xtr_topk" else 0)
+    if mode == "xtr_mlx_vjp":
+        distributed.gather_rows = lambda x, w: x if w.size == 1 else mx.distributed.all_gather(x, group=w.group)
+    optimizer = make_optimizer(OPTIM)
+    step = make_train_step(distributed.data_parallel_loss(contrastive_loss_fn(spec, loss_cfg, world), world),
+                           optimizer, reduce_grads=distributed.grad_reducer(world), seed=0)
+    state = init_state(optimizer, params)
+    rng = np.random.default_rng(0)
+    losses = []
+    for i in range(STEPS):
+        # each document repeats its query's tokens among random ones: a signal to learn
+        q_ids = rng.integers(1, cfg.vocab_size, (ACCUM, GLOBAL_MICRO, 8))
+        d_ids = np.concatenate([q_ids, rng.integers(1, cfg.vocab_size, q_ids.shape)], -1)
+        batch = {"query_ids": q_ids, "doc_ids": rng.permuted(d_ids, axis=-1)}
+        for field, length in (("query", 8), ("doc", 16)):
+            lengths = rng.integers(length // 2, length + 1, (ACCUM, GLOBAL_MICRO))
+            batch[f"{field}_mask"] = (np.arange(length) < lengths[..., None]).astype(np.int32)
+        local = distributed.shard_rows(batch, world)
+        params, state, metrics = step(params, state, {k: mx.array(v) for k, v in local.items()}, mx.array(i))
+        mx.eval(params, state, metrics)
+        losses.append(float(metrics["loss"]))
+    return partition(params, lora.is_lora_path)[0], losses
+
+
+def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
+    """Final LoRA weights and per-step losses of the RLAIF recipe's loss, batch and step."""
+    from mlxcore.lora import LoraConfig, is_lora_path
+    from mlxio import llm, rollout
+    from recipes import rlaif_qwen as rq
+
+    cfg = rq.Config(model="tiny:llama", accumulation=ACCUM, beta=0.04, clip_eps=0.2,
+                    lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), optim=OPTIM)
+    policy = llm.tiny_policy("llama", seed=0)
+    model = policy.model
+    llm.apply_lora(model, cfg.lora, None, mx.random.key(cfg.seed))
+    optimizer = make_optimizer(cfg.optim)
+    step = make_train_step(distributed.data_parallel_loss(rq.make_loss(model, cfg), world), optimizer,
+                           clip_norm=cfg.optim.clip_norm, seed=cfg.seed, reduce_grads=distributed.grad_reducer(world))
+    params = model.parameters()
+    state = init_state(optimizer, params)
+    n_local = distributed.local_size(GLOBAL_MICRO, world, "completions")
+    mine = slice(world.rank * n_local, (world.rank + 1) * n_local)
+    rng = np.random.default_rng(0)
+    losses = []
+    for i in range(STEPS):
+        # 3 prompts x 4 completions, prompt-major: prompt 1's group straddles the two ranks
+        prompts = [rng.integers(0, 256, rng.integers(3, 8)).tolist() for _ in range(3)]
+        completions = [rng.integers(0, 256, rng.integers(1, 12)).tolist() for _ in range(GLOBAL_MICRO)]
+        prompt_index = np.repeat(np.arange(3), 4)
+        rewards = rng.random(GLOBAL_MICRO).astype(np.float32)
+        missing = np.zeros(GLOBAL_MICRO, bool)
+        missing[5] = True  # a completion whose reward failed: masked out, its own group
+        # each rank scores only its completions; the group statistics see all of them
+        total = distributed.gather_np(rewards[mine], world)
+        gone = distributed.gather_np(missing[mine], world)
+        adv = rq.advantages_of(total, gone, distributed.gather_np(prompt_index[mine], world), cfg.advantage)[mine]
+        packed = rollout.pack_tokens([prompts[p] for p in prompt_index[mine]], completions[mine])
+        batch = rq.build_batch(model, params, packed, adv, ~missing[mine], cfg)
+        params, state, metrics = step(params, state, batch, mx.array(i))
+        mx.eval(params, state, metrics)
+        model.update(params)
+        losses.append(float(metrics["loss"]))
+    return partition(params, is_lora_path)[0], losses
+
+
+def run(mode: str, world: distributed.World) -> dict[str, np.ndarray]:
+    """{dotted LoRA key: final weight} plus "losses" [STEPS]."""
+    lora_tree, losses = rlaif_run(world) if mode == "rlaif" else xtr_run(world, mode)
+    out = {k: np.array(v) for k, v in flatten(lora_tree).items()}
+    out["losses"] = np.array(losses)
+    return out
+
+
+if __name__ == "__main__":
+    world = distributed.init()
+    result = run(sys.argv[1], world)
+    if world.is_main:
+        np.savez(sys.argv[2], world_size=world.size, **result)
+    distributed.barrier(world)
