@@ -7,8 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +14,6 @@ import attrs
 import numpy as np
 
 from mlxio import pairs
-from mlxio.config import converter
 from mlxio.runlog import write_json_atomic
 
 log = logging.getLogger("xtr_lora")
@@ -41,30 +38,6 @@ def _digest(*parts) -> str:
     return h.hexdigest()
 
 
-def _tree_fingerprint(roots: list[Path]) -> list:
-    """(path, size, mtime) of every .py file under roots: changes when any source changes."""
-    out = []
-    for root in roots:
-        for folder, _dirs, files in os.walk(root):
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    st = os.stat(os.path.join(folder, name))
-                    out.append((os.path.join(folder, name), st.st_size, st.st_mtime_ns))
-    return sorted(out)
-
-
-def mined_corpus(roots: list[Path], cache_dir: Path) -> pairs.Corpus:
-    """`pairs.mine_corpus(roots)`, cached as JSON under cache_dir keyed by the source files."""
-    key = _digest(sys.version, [str(r) for r in roots], _tree_fingerprint(roots))[:24]
-    path = cache_dir / f"corpus-{key}.json"
-    if path.exists():
-        return converter.structure(json.loads(path.read_text()), pairs.Corpus)
-    log.info("mining (query, code) pairs from %s", ", ".join(map(str, roots)))
-    corpus = pairs.mine_corpus(roots)
-    write_json_atomic(path, converter.unstructure(corpus))
-    return corpus
-
-
 def jsonl_corpus(path: Path, lenient: bool, max_chars: int) -> pairs.Corpus:
     """Pairs of a JSONL file; each row is its own unit of the train/eval split (no file info)."""
     rows, report = pairs.read_jsonl(path, lenient=lenient, max_chars=max_chars)
@@ -81,7 +54,8 @@ def load_task(data, cache_dir: Path, seed: int) -> tuple[list[pairs.Pair], Task]
     if source.suffix == ".jsonl":
         corpus = jsonl_corpus(source, data.lenient, data.max_chars)
     else:
-        corpus = mined_corpus([source], cache_dir)
+        log.info("mining (query, code) pairs from %s (cached in %s)", source, cache_dir)
+        corpus = pairs.mine_corpus([source], cache_dir=cache_dir)
     train, _ = pairs.split_by_file(corpus.pairs, data.eval_fraction, seed)
     ev = pairs.eval_set(corpus, data.eval_fraction, seed, min_queries=data.min_eval_queries,
                         min_candidates=data.min_eval_candidates, max_queries=data.eval_queries)

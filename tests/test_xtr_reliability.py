@@ -40,8 +40,8 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
     assert meta["step"] == 4
     real = xtr_lora.contrastive_loss_fn
 
-    def poisoned(spec, loss_cfg):
-        loss_fn = real(spec, loss_cfg)
+    def poisoned(*args):
+        loss_fn = real(*args)
 
         def nan_loss(params, batch, key):
             loss, aux = loss_fn(params, batch, key)
@@ -60,6 +60,14 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
 def launch(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "recipes.xtr_lora", *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def writing(run_dir: Path) -> bool:
+    """A checkpoint writer's temp dir exists (a kill now lands inside a checkpoint write)."""
+    try:
+        return any(e.name.startswith(".tmp-") for e in os.scandir(run_dir / "checkpoints"))
+    except FileNotFoundError:
+        return False
 
 
 def test_sigkill_at_random_points_then_resume_is_exact(tmp_path):
@@ -83,12 +91,17 @@ def test_sigkill_at_random_points_then_resume_is_exact(tmp_path):
             metrics = killed_run / "metrics.jsonl"
             while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
                 time.sleep(0.05)
-            time.sleep(rng.uniform(0.0, 3.0))
+            if kills % 2:  # aim at a checkpoint write: kill as soon as a writer's temp dir shows
+                until = time.monotonic() + 5
+                while proc.poll() is None and time.monotonic() < until and not writing(killed_run):
+                    pass
+            else:
+                time.sleep(rng.uniform(0.0, 3.0))
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 kills += 1
-                mid_write += any(p.name.startswith(".tmp-") for p in (killed_run / "checkpoints").glob(".tmp-*"))
+                mid_write += writing(killed_run)
                 continue
         assert proc.wait(timeout=900) == 0
         break
