@@ -84,6 +84,18 @@ def test_bert_encoder_matches_transformers(cfg, batch, length, seed):
     assert np.abs(out - ref.numpy())[mask].max() <= 1e-4
 
 
+def test_gelu_erf_matches_erf_gelu_with_finite_gradients():
+    x = mx.array(np.concatenate([np.linspace(-12, 12, 24001), [-1e30, -1e4, 1e4, 1e30]])
+                 .astype(np.float32))
+
+    def exact(v):
+        return 0.5 * v * (1.0 + mx.erf(v / np.sqrt(2.0)))
+
+    np.testing.assert_allclose(np.array(bert.gelu_erf(x)), np.array(exact(x)), atol=1e-6, rtol=1e-6)
+    grad, ref = (np.array(mx.vmap(mx.grad(f))(x)) for f in (bert.gelu_erf, exact))
+    assert np.isfinite(grad).all() and np.abs(grad - ref).max() <= 2e-6
+
+
 def test_too_long_input_is_an_error():
     cfg = bert.BertConfig(vocab_size=8, hidden_size=4, num_hidden_layers=1,
                           num_attention_heads=1, intermediate_size=4, max_position_embeddings=4)

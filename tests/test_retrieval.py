@@ -18,7 +18,7 @@ from mlxcore.retrieval import (
     maxsim_paired,
     xtr_scores,
 )
-from mlxcore.tree import unflatten
+from mlxcore.tree import flatten, unflatten
 
 
 def unit(rng, *shape):
@@ -193,3 +193,34 @@ def test_token_embeddings_project_normalise_and_compile():
     np.testing.assert_allclose(np.array(compiled), np.array(eager), atol=1e-6)
     with pytest.raises(TypeError, match="T5Config"):
         EncoderSpec(kind="t5", model=object())
+
+
+def test_lora_on_q_v_merges_and_drops_out():
+    from mlxcore import lora
+    from mlxcore.tree import combine
+
+    cfg = t5.T5Config(vocab_size=20, d_model=8, d_kv=4, d_ff=16, num_layers=2, num_heads=2)
+    base = unflatten({name: mx.random.normal(shape, key=mx.random.key(i)) * 0.3
+                      for i, (name, shape) in enumerate(t5.param_shapes(cfg).items())})
+    dims = lora.target_dims(base, ("q", "v"))
+    assert sorted(dims) == [f"encoder.block.{i}.layer.0.SelfAttention.{n}"
+                            for i in range(2) for n in "qv"]
+    adapters = lora.init(mx.random.key(1), dims, rank=2)
+    adapters = unflatten({k: v + 0.1 if k.endswith("lora_b") else v
+                          for k, v in flatten(adapters).items()})  # B != 0: adapters matter
+    params = combine(base, adapters)
+    ids = mx.array(np.arange(10).reshape(2, 5).astype(np.int32))
+    mask = mx.ones((2, 5), mx.bool_)
+    spec = EncoderSpec(kind="t5", model=cfg, lora_scale=2.0)
+    merged, count = lora.merge(params, 2.0)
+    assert count == 4
+    with_lora = np.array(token_embeddings(params, ids, mask, spec))
+    np.testing.assert_allclose(np.array(token_embeddings(merged, ids, mask, spec)), with_lora,
+                               atol=1e-5)
+    assert np.abs(with_lora - np.array(token_embeddings(base, ids, mask, spec))).max() > 1e-3
+    dropping = EncoderSpec(kind="t5", model=cfg, lora_scale=2.0, lora_dropout=0.5)
+    with pytest.raises(ValueError, match="PRNG key"):
+        token_embeddings(params, ids, mask, dropping)
+    a, b = (np.array(token_embeddings(params, ids, mask, dropping, mx.random.key(k)))
+            for k in (0, 1))
+    assert np.abs(a - b).max() > 1e-4
