@@ -39,11 +39,10 @@ def _digest(*parts) -> str:
 
 
 def jsonl_corpus(path: Path, lenient: bool, max_chars: int) -> pairs.Corpus:
-    """Pairs of a JSONL file; each row is its own unit of the train/eval split (no file info)."""
+    """Pairs of a JSONL file; rows are split by their optional "source" key (else each row alone)."""
     rows, report = pairs.read_jsonl(path, lenient=lenient, max_chars=max_chars)
     log.info("%s: %d lines, %d accepted, skipped %s, %d truncated", path, report.lines, report.accepted,
              dict(report.skipped) or "none", report.truncated)
-    rows = [attrs.evolve(p, source=f"{p.source}:{p.line}") for p in rows]
     empty = pairs.MineReport(files=1, undecodable=0, syntax_errors=0, trivial=0, duplicates=0)
     return pairs.Corpus(pairs=tuple(rows), distractors=(), extras=(), report=empty)
 

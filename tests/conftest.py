@@ -2,8 +2,9 @@
 
 import os
 
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 from hypothesis import HealthCheck, settings
+
+import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=25,
