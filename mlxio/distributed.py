@@ -210,10 +210,13 @@ def broadcast_tree(tree: Tree, world: World) -> Tree:
         return tree
     mine = _signature(tree)
     root = broadcast_json(mine, world)
-    if root != mine:
-        diff = sorted(k for k in set(root) | set(mine) if root.get(k) != mine.get(k))
-        raise MlxioError(f"rank {world.rank}: tree differs from rank 0's at {diff[:5]} "
-                         f"({len(diff)} keys): same config and model on every rank?")
+    diff = sorted(k for k in set(root) | set(mine) if root.get(k) != mine.get(k))
+    # every rank must learn of a mismatch, or rank 0 would wait in all_sum for a dead peer
+    bad = int(mx.distributed.all_sum(mx.array(int(bool(diff))), group=world.group))
+    if bad:
+        here = f"; this rank differs at {diff[:5]}" if diff else ""
+        raise MlxioError(f"rank {world.rank}: {bad} rank(s) hold a tree that differs from rank "
+                         f"0's (keys, shapes or dtypes{here}): same config and model on every rank?")
     flat = flatten(tree)
     out = {k: mx.distributed.all_sum(v if world.is_main else mx.zeros_like(v), group=world.group)
            for k, v in flat.items()}

@@ -1,12 +1,12 @@
 """Data-parallel equivalence worker: 5 optimizer steps of a recipe's real loss and step, on a
 tiny model, over fixed global batches of 12 examples.
 
-    mlx.launch -n 2 --backend ring -- python tests/dist/dp_equivalence.py xtr OUT.npz
-    python tests/dist/dp_equivalence.py xtr OUT.npz        # one rank, the whole batch
+    mlx.launch -n 2 --backend ring -- python tests/dist/dp_equivalence.py OUT_DIR xtr rlaif
+    python tests/dist/dp_equivalence.py OUT_DIR xtr        # one rank, the whole batch
 
 Each rank keeps its share of every global batch (2 ranks x 6 rows, or 1 rank x 12) and rank 0
-writes the final trainable weights (and per-step losses) to OUT.npz; tests/test_distributed.py
-compares the two. Modes:
+writes the final trainable weights (and per-step losses) to OUT_DIR/MODE.npz;
+tests/test_distributed.py compares them with `run(mode, SINGLE)`. Modes:
   xtr          retriever step, MaxSim + InfoNCE/margin, document embeddings gathered
   xtr_topk     the same with XTR in-batch token retrieval scores (top-k over all ranks' tokens)
   xtr_mlx_vjp  as xtr but gathering with MLX's own all_gather VJP (drops the other ranks'
@@ -20,9 +20,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-import mlxio  # noqa: E402,F401  (first: fast BLAS for MLX's CPU build)
+# isort: off
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `python tests/dist/...`
+import mlxio  # noqa: E402,F401  (first: gives MLX's CPU build a fast BLAS)
+# isort: on
 
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
@@ -52,8 +53,16 @@ def xtr_run(world: distributed.World, mode: str) -> tuple[dict, list[float]]:
     params = combine(base, lora.init(mx.random.key(2), lora.target_dims(base, ("query", "value")), 4))
     spec = EncoderSpec(kind="bert", model=cfg, lora_scale=2.0)
     loss_cfg = LossConfig(xtr_k_train=6 if mode == "xtr_topk" else 0)
-    if mode == "xtr_mlx_vjp":
+    gather = distributed.gather_rows
+    if mode == "xtr_mlx_vjp":  # the recipe's loss looks gather_rows up at trace time
         distributed.gather_rows = lambda x, w: x if w.size == 1 else mx.distributed.all_gather(x, group=w.group)
+    try:
+        return _xtr_steps(world, params, spec, loss_cfg, contrastive_loss_fn, cfg.vocab_size)
+    finally:
+        distributed.gather_rows = gather
+
+
+def _xtr_steps(world, params, spec, loss_cfg, contrastive_loss_fn, vocab_size):
     optimizer = make_optimizer(OPTIM)
     step = make_train_step(distributed.data_parallel_loss(contrastive_loss_fn(spec, loss_cfg, world), world),
                            optimizer, reduce_grads=distributed.grad_reducer(world), seed=0)
@@ -62,8 +71,8 @@ def xtr_run(world: distributed.World, mode: str) -> tuple[dict, list[float]]:
     losses = []
     for i in range(STEPS):
         # each document repeats its query's tokens among random ones: a signal to learn
-        q_ids = rng.integers(1, cfg.vocab_size, (ACCUM, GLOBAL_MICRO, 8))
-        d_ids = np.concatenate([q_ids, rng.integers(1, cfg.vocab_size, q_ids.shape)], -1)
+        q_ids = rng.integers(1, vocab_size, (ACCUM, GLOBAL_MICRO, 8))
+        d_ids = np.concatenate([q_ids, rng.integers(1, vocab_size, q_ids.shape)], -1)
         batch = {"query_ids": q_ids, "doc_ids": rng.permuted(d_ids, axis=-1)}
         for field, length in (("query", 8), ("doc", 16)):
             lengths = rng.integers(length // 2, length + 1, (ACCUM, GLOBAL_MICRO))
@@ -88,7 +97,8 @@ def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
     llm.apply_lora(model, cfg.lora, None, mx.random.key(cfg.seed))
     optimizer = make_optimizer(cfg.optim)
     step = make_train_step(distributed.data_parallel_loss(rq.make_loss(model, cfg), world), optimizer,
-                           clip_norm=cfg.optim.clip_norm, seed=cfg.seed, reduce_grads=distributed.grad_reducer(world))
+                           clip_norm=cfg.optim.clip_norm, seed=cfg.seed, reduce_grads=distributed.grad_reducer(world),
+                           jit=cfg.compile)
     params = model.parameters()
     state = init_state(optimizer, params)
     n_local = distributed.local_size(GLOBAL_MICRO, world, "completions")
@@ -126,7 +136,9 @@ def run(mode: str, world: distributed.World) -> dict[str, np.ndarray]:
 
 if __name__ == "__main__":
     world = distributed.init()
-    result = run(sys.argv[1], world)
-    if world.is_main:
-        np.savez(sys.argv[2], world_size=world.size, **result)
+    out_dir = Path(sys.argv[1])
+    for mode in sys.argv[2:]:
+        result = run(mode, world)
+        if world.is_main:
+            np.savez(out_dir / f"{mode}.npz", world_size=world.size, **result)
     distributed.barrier(world)
