@@ -1,0 +1,47 @@
+"""Helpers shared by the MLX-vs-PyTorch benchmarks: GPU name, load average, JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+
+def gpu_name() -> str | None:
+    """The first GPU's name from nvidia-smi, or None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.splitlines()[0] if out else None
+
+
+def gpu_count() -> int:
+    name = gpu_name()
+    if name is None:
+        return 0
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    return len(out.strip().splitlines())
+
+
+def write(name: str, payload: dict, machine: str, out: str | None = None) -> Path:
+    """benchmarks/results/<machine>/<name>.json (or `out`, or $BENCH_RESULTS/<machine>/...)
+    with machine and version info (benchmarks.common) plus the load average and GPU."""
+    from benchmarks.common import write_result
+
+    payload = {"load_avg": os.getloadavg(), "gpu": gpu_name(), **payload}
+    path = write_result(name, payload, machine)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(path.read_text())
+        if Path(out).resolve() != path.resolve():
+            path.unlink()
+        path = Path(out)
+    print(path)
+    return path
+
+
+def dump(obj) -> str:
+    return json.dumps(obj, indent=2)

@@ -1,0 +1,292 @@
+"""Retriever training step (the xtr_lora step) and encoding throughput: MLX vs PyTorch.
+
+Per (model, framework, batch) one child process (so peak memory and allocator caches belong to
+one framework): encoding throughput (documents of 256 tokens, forward only, no LoRA) then the
+training step (queries 32 + documents 256 tokens, MaxSim, InfoNCE + 0.1 x margin, backward to
+LoRA r=16 on q/v, AdamW, clip 1.0). MLX: `recipes.xtr_lora.contrastive_loss_fn` inside
+`mlxcore.step.make_train_step` (mx.compile) and a compiled `token_embeddings`. PyTorch:
+transformers model + PEFT LoRA, eager and torch.compile (loss function compiled; backward and
+fused AdamW outside). float32 on CPU, bf16 on GPU (weights, LoRA and activations).
+Samples/s count pairs (step) or documents (encode); tokens/s count padded tokens (the compute).
+MFU = counted model FLOPs (benchmarks.retriever_models.step_flops) / time / peak.
+
+    python -m benchmarks.retriever --machine cpu --models minilm --batch-sizes 12
+    python -m benchmarks.retriever --machine h100 --batch-sizes 12 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+FRAMEWORKS = ("mlx", "torch", "torch_compile")
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16 datasheet (SXM)
+
+
+def _timed(fn, sync, steps: int, repeats: int, warmup: int) -> list[float]:
+    """Seconds per call of fn, one figure per repeat of `steps` calls, after warm-up."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        sync()
+        out.append((time.perf_counter() - start) / steps)
+    return out
+
+
+def run_mlx(name: str, batch: int, args) -> dict:
+    # isort: off
+    import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
+    # isort: on
+    import mlx.core as mx
+
+    from benchmarks import retriever_models as rm
+    from mlxcore import lora
+    from mlxcore.encoder import token_embeddings
+    from mlxcore.optim import OptimConfig, make_optimizer
+    from mlxcore.step import init_state, make_train_step
+    from mlxcore.tree import combine, map_leaves
+    from recipes.xtr_lora import LossConfig, contrastive_loss_fn
+
+    model, projection, real = rm.torch_model(name)
+    base = rm.mlx_params(model, projection)
+    spec = rm.encoder_spec(model)
+    adapters = lora.init(mx.random.key(0), lora.target_dims(base, rm.TARGETS[name]), rm.LORA_RANK)
+    dtype = mx.bfloat16 if args.gpu else mx.float32
+    cast = lambda t: map_leaves(lambda x: x.astype(dtype) if mx.issubdtype(x.dtype, mx.floating) else x, t)  # noqa: E731
+    base, adapters = cast(base), cast(adapters)
+    data = rm.pair_batches(batch * args.distinct)
+    batches = [{k: mx.array(v[i * batch:(i + 1) * batch][None]) for k, v in data.items()}
+               for i in range(args.distinct)]
+    out = {"real_weights": real}
+
+    if args.encode:
+        encode = mx.compile(lambda p, i, m: token_embeddings(p, i, m, spec))
+        it = iter(range(10**9))
+
+        def enc():
+            b = batches[next(it) % len(batches)]
+            mx.eval(encode(base, b["doc_ids"][0], b["doc_mask"][0]))
+
+        mx.reset_peak_memory()
+        out["encode_s"] = _timed(enc, lambda: None, args.steps, args.repeats, 2)
+        out["encode_peak_bytes"] = mx.get_peak_memory()
+
+    params = combine(base, adapters)
+    opt = make_optimizer(OptimConfig(lr=2e-4, warmup_steps=10, total_steps=1000, weight_decay=0.0))
+    step = make_train_step(contrastive_loss_fn(spec, LossConfig()), opt)
+    state = {"params": params, "opt": init_state(opt, params), "n": 0}
+
+    def one():
+        n = state["n"]
+        state["params"], state["opt"], metrics = step(state["params"], state["opt"],
+                                                       batches[n % len(batches)], mx.array(n))
+        mx.eval(state["params"], state["opt"], metrics)
+        state["n"] = n + 1
+        state["loss"] = metrics["loss"].item()
+
+    mx.reset_peak_memory()
+    out["step_s"] = _timed(one, lambda: None, args.steps, args.repeats, 2)
+    out["step_peak_bytes"] = mx.get_peak_memory()
+    out["last_loss"] = state["loss"]
+    out["device"] = str(mx.default_device())
+    return out
+
+
+def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
+    # isort: off
+    import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
+    # isort: on
+    import mlx.core as mx
+    import torch
+
+    from benchmarks import retriever_models as rm
+    from mlxcore import lora
+    from mlxcore.tree import flatten
+
+    mx.set_default_device(mx.cpu)  # MLX only draws the LoRA init here
+    dev = torch.device("cuda" if args.gpu else "cpu")
+    dtype = torch.bfloat16 if args.gpu else torch.float32
+    model, projection, real = rm.torch_model(name)
+    adapters = lora.init(mx.random.key(0), lora.target_dims(rm.mlx_params(model, projection),
+                                                             rm.TARGETS[name]), rm.LORA_RANK)
+    adapters = {k: __import__("numpy").array(v) for k, v in flatten(adapters).items()}
+    model.to(dev, dtype)
+    if projection is not None:
+        projection.to(dev, dtype).requires_grad_(False)
+    data = rm.pair_batches(batch * args.distinct)
+    batches = [{k: torch.from_numpy(v[i * batch:(i + 1) * batch]).long().to(dev) for k, v in data.items()}
+               for i in range(args.distinct)]
+    sync = torch.cuda.synchronize if args.gpu else (lambda: None)
+    out = {"real_weights": real, "attn_implementation": model.config._attn_implementation}
+    it = iter(range(10**9))
+
+    if args.encode:
+        embed = torch.compile(rm.torch_embed) if compiled else rm.torch_embed
+
+        def enc():
+            b = batches[next(it) % len(batches)]
+            with torch.inference_mode():
+                embed(model, projection, b["doc_ids"], b["doc_mask"])
+
+        if args.gpu:
+            torch.cuda.reset_peak_memory_stats()
+        out["encode_s"] = _timed(enc, sync, args.steps, args.repeats, 3 if compiled else 2)
+        if args.gpu:
+            out["encode_peak_bytes"] = torch.cuda.max_memory_allocated()
+
+    model, how = rm.add_lora(name, model, adapters)
+    model.to(dev, dtype)
+    out["lora"] = how
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=2e-4, weight_decay=0.0, fused=args.gpu)
+    loss_fn = torch.compile(rm.torch_loss) if compiled else rm.torch_loss
+    state = {}
+
+    def one():
+        b = batches[next(it) % len(batches)]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model, projection, b)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        state["loss"] = loss
+
+    if args.gpu:
+        torch.cuda.reset_peak_memory_stats()
+    out["step_s"] = _timed(one, sync, args.steps, args.repeats, 3 if compiled else 2)
+    if args.gpu:
+        out["step_peak_bytes"] = torch.cuda.max_memory_allocated()
+        out["device"] = torch.cuda.get_device_name()
+    out["last_loss"] = float(state["loss"])
+    return out
+
+
+def child(args) -> None:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    fw = args.framework
+    res = run_mlx(args.model, args.batch, args) if fw == "mlx" else run_torch(
+        args.model, args.batch, args, fw == "torch_compile")
+    res["process_max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def summarise(name: str, fw: str, batch: int, raw: dict, gpu_name: str | None) -> dict:
+    from benchmarks import retriever_models as rm
+
+    cfg = rm.shape_config(name)
+    row = {"model": name, "framework": fw, "batch": batch, **raw}
+    peak = next((v for k, v in PEAK_BF16.items() if gpu_name and k in gpu_name), None)
+    for kind, tokens_per, flops in (
+            ("step", rm.QUERY_LEN + rm.DOC_LEN, rm.step_flops(cfg, batch)),
+            ("encode", rm.DOC_LEN, rm.step_flops(cfg, batch, train=False))):
+        if f"{kind}_s" not in raw:
+            continue
+        sec = statistics.median(raw[f"{kind}_s"])
+        row[f"{kind}_median_s"] = sec
+        row[f"{kind}_samples_per_s"] = batch / sec
+        row[f"{kind}_tokens_per_s"] = batch * tokens_per / sec
+        row[f"{kind}_tflops"] = flops / sec / 1e12
+        row[f"{kind}_flops"] = flops
+        if peak:
+            row[f"{kind}_mfu"] = flops / sec / peak
+    return row
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--machine", default="cpu", help="results subfolder (cpu, h100, ...)")
+    ap.add_argument("--models", nargs="+", default=["t5-base", "minilm"])
+    ap.add_argument("--frameworks", nargs="+", default=list(FRAMEWORKS), choices=FRAMEWORKS)
+    ap.add_argument("--batch-sizes", nargs="+", type=int, default=[12, 128])
+    ap.add_argument("--steps", type=int, default=5, help="steps per timed repeat")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--distinct", type=int, default=2, help="distinct batches cycled through")
+    ap.add_argument("--no-encode", dest="encode", action="store_false")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per child run")
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<machine>/retriever.json)")
+    ap.add_argument("--child", nargs=3, metavar=("MODEL", "FRAMEWORK", "BATCH"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    args.gpu = args.machine != "cpu"
+    if args.child:
+        args.model, args.framework, args.batch = args.child[0], args.child[1], int(args.child[2])
+        child(args)
+        return {}
+
+    from benchmarks.gpu_common import gpu_name
+
+    name = gpu_name() if args.gpu else None
+    rows, load_before = [], os.getloadavg()
+    for model in args.models:
+        for batch in args.batch_sizes:
+            for fw in args.frameworks:
+                cmd = [sys.executable, "-m", "benchmarks.retriever", "--machine", args.machine,
+                       "--steps", str(args.steps), "--repeats", str(args.repeats),
+                       "--distinct", str(args.distinct), "--threads", str(args.threads),
+                       *([] if args.encode else ["--no-encode"]), "--child", model, fw, str(batch)]
+                start = time.time()
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+                    if proc.returncode or not lines:
+                        row = {"model": model, "framework": fw, "batch": batch,
+                               "error": (proc.stderr or proc.stdout)[-1500:]}
+                    else:
+                        row = summarise(model, fw, batch, json.loads(lines[-1][7:]), name)
+                except subprocess.TimeoutExpired:
+                    row = {"model": model, "framework": fw, "batch": batch, "error": f"timeout {args.timeout}s"}
+                row["wall_s"] = time.time() - start
+                rows.append(row)
+                save(rows, args, name, load_before)  # after every run: a killed job keeps what it did
+                print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
+                                  if not isinstance(v, list)}), flush=True)
+    return save(rows, args, name, load_before)
+
+
+def save(rows: list[dict], args, name: str | None, load_before) -> dict:
+    from benchmarks.gpu_common import write
+
+    payload = {"settings": {"query_len": 32, "doc_len": 256, "lora": "r=16 alpha=32 on q,v",
+                            "dtype": "bfloat16" if args.gpu else "float32", "steps_per_repeat": args.steps,
+                            "repeats": args.repeats, "distinct_batches": args.distinct,
+                            "threads": args.threads or "default",
+                            "peak_flops": next((v for k, v in PEAK_BF16.items() if name and k in name), None)},
+               "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "gpu": name,
+               "runs": rows}
+    payload["ratios"] = ratios(rows)
+    write("retriever", payload, args.machine, args.out)
+    return payload
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """MLX over each PyTorch variant, per (model, batch), for step and encode throughput."""
+    by = {(r["model"], r["batch"], r["framework"]): r for r in rows if "error" not in r}
+    out = []
+    for (model, batch, fw), r in by.items():
+        if fw != "mlx":
+            continue
+        for peer in ("torch", "torch_compile"):
+            p = by.get((model, batch, peer))
+            for kind in ("step", "encode"):
+                if p and f"{kind}_samples_per_s" in r and f"{kind}_samples_per_s" in p:
+                    out.append({"model": model, "batch": batch, "kind": kind, "peer": peer,
+                                "mlx_over_peer": r[f"{kind}_samples_per_s"] / p[f"{kind}_samples_per_s"]})
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""The retriever step's two implementations, built from ONE set of weights, for the benchmarks.
+
+MLX side: the recipe's own pieces (`recipes.xtr_lora.contrastive_loss_fn`, `mlxcore.lora`,
+`mlxcore.step.make_train_step`). PyTorch side: the transformers model (T5EncoderModel /
+BertModel) with LoRA through PEFT (hand LoRA with the same math when PEFT is missing), the same
+MaxSim + InfoNCE + margin loss written in torch. The torch model is created first (random init
+for the T5-base / XTR-base shape, real all-MiniLM-L6-v2 weights where the package is installed)
+and its state dict is converted into the MLX params tree, so both start from identical weights
+and identical LoRA A matrices (B = 0).
+
+Batches: real (docstring sentence, function source) pairs mined from the interpreter's stdlib,
+tokenized once with the MiniLM tokenizer and padded to exactly query 32 / document 256 tokens,
+cached as .gpu/bench/pairs.npz (carried to the GPU machine, which has no tokenizer files).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(os.environ.get("BENCH_DATA", Path(__file__).resolve().parent.parent / ".gpu" / "bench"))
+QUERY_LEN, DOC_LEN = 32, 256
+
+# T5-base == XTR-base encoder shape (XTR adds a 768 -> 128 bias-free projection).
+T5_BASE = dict(vocab_size=32128, d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12,
+               feed_forward_proj="relu", dropout_rate=0.0)
+MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+              intermediate_size=1536, hidden_act="gelu", max_position_embeddings=512,
+              type_vocab_size=2, layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
+              attention_probs_dropout_prob=0.0, pad_token_id=0)
+MODELS = ("t5-base", "minilm")
+LORA_RANK, LORA_ALPHA = 16, 32.0
+TARGETS = {"t5-base": ("q", "v"), "minilm": ("query", "value")}
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def pair_batches(n: int) -> dict[str, np.ndarray]:
+    """n (query, code) pairs as {query_ids [n, 32], query_mask, doc_ids [n, 256], doc_mask} int32."""
+    path = DATA / "pairs.npz"
+    if not path.is_file():
+        build_pairs(path)
+    data = dict(np.load(path))
+    total = len(data["query_ids"])
+    rows = np.arange(n) % total  # wrap around when more rows are asked for than mined
+    return {k: v[rows] for k, v in data.items()}
+
+
+def build_pairs(path: Path, limit: int = 4096) -> None:
+    """Mine stdlib pairs, tokenize with MiniLM's tokenizer at fixed widths, save an npz."""
+    from mlxio.encoders import default_encoder_path, load_tokenizer
+    from mlxio.pairs import mine_pairs
+
+    pairs = mine_pairs()
+    picks = np.random.default_rng(0).permutation(len(pairs))[:limit]
+    pairs = [pairs[i] for i in sorted(picks)]
+    tok = load_tokenizer(default_encoder_path(), "bert")
+    out = {}
+    for name, texts, width in (("query", [p.query for p in pairs], QUERY_LEN),
+                               ("doc", [p.code for p in pairs], DOC_LEN)):
+        tok.enable_truncation(width)
+        ids = np.zeros((len(texts), width), np.int32)
+        for row, enc in enumerate(tok.encode_batch(texts)):
+            ids[row, : len(enc.ids)] = enc.ids
+        out[f"{name}_ids"], out[f"{name}_mask"] = ids, (ids != 0).astype(np.int32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **out)
+
+
+# ----------------------------------------------------------------------------- torch model
+
+
+def torch_model(name: str, seed: int = 0):
+    """(encoder nn.Module, projection nn.Linear | None, real_weights: bool), float32, eval mode."""
+    import torch
+    from transformers import BertConfig, BertModel, T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    if name == "t5-base":
+        model = T5EncoderModel(T5Config(**T5_BASE))
+        projection = torch.nn.Linear(768, 128, bias=False)
+        return model.eval(), projection, False
+    if name != "minilm":
+        raise ValueError(f"model {name!r}: choose from {MODELS}")
+    real = False
+    try:
+        from mlxio.encoders import default_encoder_path
+
+        path = default_encoder_path()
+        model = BertModel.from_pretrained(str(path), add_pooling_layer=False, attn_implementation="sdpa",
+                                          hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        real = True
+    except Exception:  # the GPU machine has no weights package: same shape, random weights
+        model = BertModel(BertConfig(**MINILM), add_pooling_layer=False)
+    return model.eval(), None, real
+
+
+def mlx_params(model, projection) -> dict:
+    """The MLX params tree (HF-keyed, float32) holding the torch model's current weights."""
+    import mlx.core as mx
+
+    from mlxcore.tree import unflatten
+    from mlxio.encoders import sanitize
+
+    kind = "t5" if model.config.model_type == "t5" else "bert"
+    weights = {k: mx.array(v.detach().float().cpu().numpy()) for k, v in model.state_dict().items()}
+    weights = sanitize(weights, kind)
+    if projection is not None:
+        weights["projection.weight"] = mx.array(projection.weight.detach().float().cpu().numpy())
+    return unflatten(weights)
+
+
+def encoder_spec(model):
+    from mlxcore import bert, t5
+    from mlxcore.encoder import EncoderSpec
+
+    cfg = model.config.to_dict()
+    if model.config.model_type == "t5":
+        return EncoderSpec(kind="t5", model=t5.T5Config.from_hf(cfg), lora_scale=LORA_ALPHA / LORA_RANK)
+    return EncoderSpec(kind="bert", model=bert.BertConfig.from_hf(cfg), lora_scale=LORA_ALPHA / LORA_RANK)
+
+
+def add_lora(name: str, model, adapters_flat: dict[str, np.ndarray]):
+    """Wrap `model` with LoRA on the targets (PEFT if importable, else hand LoRA), copying the
+    MLX adapters ({layer.lora_a [in, r], layer.lora_b [r, out]}). Returns (model, how)."""
+    import torch
+
+    targets = TARGETS[name]
+    try:
+        from peft import LoraConfig, get_peft_model
+
+        wrapped = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                                                   target_modules=list(targets), bias="none"))
+        with torch.no_grad():
+            for layer in {k.rsplit(".", 1)[0] for k in adapters_flat}:
+                module = wrapped.base_model.model.get_submodule(layer)
+                module.lora_A["default"].weight.copy_(torch.from_numpy(adapters_flat[f"{layer}.lora_a"].T))
+                module.lora_B["default"].weight.copy_(torch.from_numpy(adapters_flat[f"{layer}.lora_b"].T))
+        return wrapped, f"peft {__import__('peft').__version__}"
+    except ImportError:
+        pass
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for layer in {k.rsplit(".", 1)[0] for k in adapters_flat}:
+        parent, _, child = layer.rpartition(".")
+        base = model.get_submodule(layer)
+        setattr(model.get_submodule(parent), child,
+                HandLora(base, adapters_flat[f"{layer}.lora_a"], adapters_flat[f"{layer}.lora_b"]))
+    return model, "hand LoRA (PEFT not installed)"
+
+
+def _hand_lora_class():
+    import torch
+
+    class _HandLora(torch.nn.Module):
+        """y = base(x) + scale * x @ A @ B, A [in, r], B [r, out] (PEFT's math)."""
+
+        def __init__(self, base, a, b):
+            super().__init__()
+            self.base = base
+            self.lora_a = torch.nn.Parameter(torch.from_numpy(np.array(a)))
+            self.lora_b = torch.nn.Parameter(torch.from_numpy(np.array(b)))
+
+        def forward(self, x):
+            return self.base(x) + (LORA_ALPHA / LORA_RANK) * ((x @ self.lora_a) @ self.lora_b)
+
+    return _HandLora
+
+
+def HandLora(base, a, b):  # noqa: N802 (a class factory: torch is imported lazily)
+    return _hand_lora_class()(base, a, b)
+
+
+# ----------------------------------------------------------------------------- torch loss
+
+
+def torch_embed(model, projection, ids, mask):
+    """Unit-norm token embeddings [B, T, D] (as mlxcore.encoder.token_embeddings)."""
+    import torch
+
+    h = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    if projection is not None:
+        h = projection(h)
+    return torch.nn.functional.normalize(h, dim=-1)
+
+
+def torch_loss(model, projection, batch, temperature=0.07, margin=0.2, margin_weight=0.1):
+    """InfoNCE over in-batch MaxSim scores + margin_weight * hardest-negative margin loss."""
+    import torch
+
+    q = torch_embed(model, projection, batch["query_ids"], batch["query_mask"])
+    d = torch_embed(model, projection, batch["doc_ids"], batch["doc_mask"])
+    sims = torch.einsum("qtd,bsd->qbts", q, d)
+    sims = sims.masked_fill(~batch["doc_mask"].bool()[None, :, None, :], -1e9)
+    qm = batch["query_mask"].bool()[:, None, :]
+    best = sims.max(-1).values.masked_fill(~qm, 0.0)
+    scores = best.sum(-1) / qm.sum(-1).clamp(min=1).to(best.dtype)
+    n = scores.shape[0]
+    eye = torch.eye(n, dtype=torch.bool, device=scores.device)
+    logits = scores / temperature
+    nce = (torch.logsumexp(logits, -1) - logits.diagonal()).mean()
+    hardest = scores.masked_fill(eye, -1e9).max(-1).values
+    hinge = torch.clamp(margin - scores.diagonal() + hardest, min=0.0).mean()
+    return nce + margin_weight * hinge
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+
+def shape_config(name: str):
+    """The transformers config of a benchmark model shape (no weights built)."""
+    from transformers import BertConfig, T5Config
+
+    return T5Config(**T5_BASE) if name == "t5-base" else BertConfig(**MINILM)
+
+
+def step_flops(cfg, batch: int, query_len: int = QUERY_LEN, doc_len: int = DOC_LEN,
+               train: bool = True) -> float:
+    """Model FLOPs of one step: 2 x (non-embedding linear params) per token forward, the same
+    again for activation gradients (frozen weights: no weight-gradient matmuls), plus attention
+    (QK^T, AV: 4 T d per token per layer forward, twice that backward), plus MaxSim."""
+    if cfg.model_type == "t5":
+        layers, d, inner, ff = cfg.num_layers, cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff
+        dim = 128
+    else:
+        layers, d, inner, ff = cfg.num_hidden_layers, cfg.hidden_size, cfg.hidden_size, cfg.intermediate_size
+        dim = d
+    linear = layers * (4 * d * inner + 2 * d * ff) + (d * dim if cfg.model_type == "t5" else 0)
+    passes = 2 if train else 1  # forward, + activation gradients (same cost as forward)
+    total = 0.0
+    for length in (query_len, doc_len) if train else (doc_len,):
+        tokens = batch * length
+        total += passes * 2 * linear * tokens
+        total += (3 if train else 1) * 4 * length * inner * layers * tokens
+    if train:
+        total += 3 * 2 * batch * batch * query_len * doc_len * dim
+    return total

@@ -1,0 +1,172 @@
+"""RLAIF update step: tokens/s of the recipe's compiled policy-gradient step (MLX) vs the same
+loss in PyTorch (transformers model + PEFT LoRA, eager and torch.compile).
+
+MLX: `recipes.rlaif_qwen.make_loss` (teacher-forced log-probs, PPO-clipped ratio, k3 KL to the
+LoRA-off reference, `mlxcore.policy.policy_loss`) inside `mlxcore.step.make_train_step` with the
+"full" preset's LoRA (r=16 on q/k/v/o) and AdamW, gradient accumulation over micro-batches.
+PyTorch: the same formula, the same micro-batching (backward per micro-batch, then clip and
+fused AdamW). Model: a random-weight causal LM of the Qwen2.5-0.5B or SmolLM2-135M shape, bf16.
+A step trains `--rows` sequences (8 prompts x 8 completions) of prompt + completion tokens.
+
+    python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b
+"""
+
+from __future__ import annotations
+
+# isort: off
+import mlxio  # noqa: F401
+# isort: on
+
+import argparse
+import statistics
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from benchmarks.generation import SHAPES, mlx_model, torch_model
+
+
+def batch_arrays(rows: int, prompt: int, completion: int, vocab: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    t = prompt + completion
+    mask = np.zeros((rows, t - 1), np.float32)
+    mask[:, prompt - 1:] = 1.0  # targets that are completion tokens
+    return {"tokens": rng.integers(100, vocab, (rows, t)).astype(np.int32), "mask": mask,
+            "advantages": rng.standard_normal(rows).astype(np.float32),
+            # near a random-weight model's own log-probs (about -log V), so ratios stay near 1
+            "old_logp": (-np.log(vocab) + 0.1 * rng.standard_normal((rows, t - 1))).astype(np.float32),
+            "ref_logp": (-np.log(vocab) + 0.1 * rng.standard_normal((rows, t - 1))).astype(np.float32)}
+
+
+def run_mlx(shape, tm, data, micro, args) -> dict:
+    from mlxcore.optim import make_optimizer
+    from mlxcore.step import init_state, make_train_step
+    from mlxio import llm
+    from recipes.rlaif_qwen import PRESETS, make_loss
+
+    cfg = PRESETS["full"]
+    model = mlx_model(tm, shape)
+    llm.apply_lora(model, cfg.lora, None, mx.random.key(0))
+    opt = make_optimizer(cfg.optim)
+    step = make_train_step(make_loss(model, cfg), opt, clip_norm=cfg.optim.clip_norm)
+    params = model.parameters()
+    state = init_state(opt, params)
+    accum = len(data["tokens"]) // micro
+    batch = {k: mx.array(v.reshape(accum, micro, *v.shape[1:])) for k, v in data.items()}
+    times = []
+    mx.reset_peak_memory()
+    for n in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        params, state, metrics = step(params, state, batch, mx.array(n))
+        mx.eval(params, state, metrics)
+        times.append(time.perf_counter() - start)
+    return {"step_s": times[args.warmup:], "peak_bytes": mx.get_peak_memory(),
+            "loss": metrics["loss"].item()}
+
+
+def torch_loss(model, mb, beta, clip_eps):
+    import torch
+
+    tokens = mb["tokens"]
+    logits = model(input_ids=tokens[:, :-1]).logits.float()
+    logp = torch.gather(logits, -1, tokens[:, 1:, None])[..., 0] - torch.logsumexp(logits, -1)
+    adv = mb["advantages"][:, None]
+    ratio = torch.exp(logp - mb["old_logp"])
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
+    d = mb["ref_logp"] - logp
+    kl = torch.exp(d) - d - 1.0
+    mask = mb["mask"]
+
+    def seq_mean(x):
+        return ((x * mask).sum(1) / mask.sum(1).clamp(min=1.0)).mean()
+
+    return seq_mean(per_token) + beta * seq_mean(kl)
+
+
+def run_torch(tm, data, micro, args, compiled: bool) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from recipes.rlaif_qwen import PRESETS
+
+    cfg = PRESETS["full"]
+    model = get_peft_model(tm, LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=0.0,
+                                          target_modules=list(cfg.lora.targets)))
+    dev = next(model.parameters()).device
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=cfg.optim.lr, weight_decay=0.0, fused=dev.type == "cuda")
+    loss_fn = torch.compile(torch_loss) if compiled else torch_loss
+    rows = len(data["tokens"])
+    mbs = [{k: torch.from_numpy(v[i:i + micro]).to(dev).long() if k == "tokens"
+            else torch.from_numpy(v[i:i + micro]).to(dev) for k, v in data.items()}
+           for i in range(0, rows, micro)]
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    times = []
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(args.warmup + args.steps):
+        sync()
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in mbs:
+            loss = loss_fn(model, mb, cfg.beta, cfg.clip_eps) / len(mbs)
+            loss.backward()
+            total += loss.detach()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.clip_norm)
+        opt.step()
+        sync()
+        times.append(time.perf_counter() - start)
+    model.unload()  # take the adapters out again: the next variant starts from the base model
+    return {"step_s": times[args.warmup:], "loss": float(total),
+            "peak_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else None}
+
+
+def main(argv=None) -> dict:
+    import torch
+
+    from benchmarks.gpu_common import write
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--machine", default="h100")
+    ap.add_argument("--shape", default="qwen2.5-0.5b", choices=list(SHAPES))
+    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--completion-len", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--frameworks", nargs="+", default=["mlx", "torch", "torch_compile"])
+    args = ap.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tm = torch_model(args.shape, device)
+    data = batch_arrays(args.rows, args.prompt_len, args.completion_len, SHAPES[args.shape]["vocab_size"])
+    tokens = args.rows * (args.prompt_len + args.completion_len)
+    runs = {}
+    for fw in args.frameworks:
+        try:
+            r = (run_mlx(args.shape, tm, data, args.micro, args) if fw == "mlx"
+                 else run_torch(tm, data, args.micro, args, fw == "torch_compile"))
+            r["median_s"] = statistics.median(r["step_s"])
+            r["tokens_per_s"] = tokens / r["median_s"]
+        except Exception as err:  # record and go on with the other variants
+            r = {"error": repr(err)[-1500:]}
+        runs[fw] = r
+        mx.clear_cache()
+        print(fw, {k: v for k, v in r.items() if k != "step_s"}, flush=True)
+    ratios = {f"mlx_over_{p}": runs["mlx"]["tokens_per_s"] / runs[p]["tokens_per_s"]
+              for p in ("torch", "torch_compile")
+              if "tokens_per_s" in runs.get(p, {}) and "tokens_per_s" in runs.get("mlx", {})}
+    payload = {"settings": {"shape": args.shape, "weights": "random (shape only)", "dtype": "bfloat16 base, "
+                            "float32 LoRA", "rows": args.rows, "micro_batch": args.micro,
+                            "prompt_len": args.prompt_len, "completion_len": args.completion_len,
+                            "tokens_per_step": tokens, "lora": "r=16 alpha=32 q,k,v,o (full preset)",
+                            "loss": "PPO-clip 0.2 + 0.04 k3 KL", "mlx_device": str(mx.default_device())},
+               "runs": runs, "ratios": ratios}
+    write(f"rlaif_step_{args.shape}", payload, args.machine)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
