@@ -50,6 +50,7 @@ class ProbeSpec:
     gradient_checkpointing: bool = False
     compute_dtype: str = "float32"
     xtr_k_train: int = 0
+    qat: tuple[str, ...] = ()  # quant rules fake-quantised in the step (QAT)
     steps: int = 2
     memory_limit_bytes: int = 0  # > 0: the probe may not allocate more (see `limit_memory`)
 
@@ -61,6 +62,7 @@ def parse_spec(text: str) -> ProbeSpec:
         if not isinstance(data, dict):
             raise TypeError("not a JSON object")
         data["targets"] = tuple(data.get("targets", ()))
+        data["qat"] = tuple(data.get("qat", ()))
         return ProbeSpec(**data)
     except (json.JSONDecodeError, TypeError, ValueError) as err:
         raise ConfigError(f"batch_probe spec: {err}") from None
@@ -96,8 +98,11 @@ def measure(spec: ProbeSpec) -> dict:
         mx.set_memory_limit(spec.memory_limit_bytes)
     enc_spec, params, trainable = build(spec)
     optimizer = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=1, total_steps=10))
-    step = make_train_step(memory_options.contrastive_loss_fn(enc_spec, xtr_k_train=spec.xtr_k_train),
-                           optimizer, trainable=trainable)
+    loss_fn = memory_options.contrastive_loss_fn(enc_spec, xtr_k_train=spec.xtr_k_train)
+    if spec.qat:
+        loss_fn = memory_options.with_fake_quant(loss_fn, memory_options.parse_rules(spec.qat, "qat"),
+                                                 lora.LoraConfig(rank=spec.lora_rank, alpha=spec.lora_alpha).scale)
+    step = make_train_step(loss_fn, optimizer, trainable=trainable)
     opt_state = init_state(optimizer, params, trainable)
     batch = memory_options.synthetic_batch(enc_spec.model.vocab_size, spec.micro_batch, spec.accum,
                                            spec.query_len, spec.doc_len)

@@ -11,6 +11,8 @@ temperature 0.07 magnifies rounding.
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 import mlx.core as mx
 import numpy as np
@@ -18,6 +20,11 @@ import numpy as np
 from mlxcore import quant, retrieval
 from mlxcore.encoder import EncoderSpec, token_embeddings
 from mlxcore.tree import Tree, combine, flatten, partition, unflatten
+from mlxio import batch_sizer
+from mlxio.errors import ConfigError
+from mlxio.token_cache import padded_length
+
+log = logging.getLogger(__name__)
 
 COMPUTE_DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -84,8 +91,30 @@ def with_fake_quant(loss_fn, rules: tuple[quant.QuantRule, ...], lora_scale: flo
 
 
 def probe_spec(model_path: str, lora_cfg, targets: tuple[str, ...], query_len: int, doc_len: int,
-               gradient_checkpointing: bool, compute_dtype: str, xtr_k_train: int) -> dict:
+               gradient_checkpointing: bool, compute_dtype: str, xtr_k_train: int, qat: tuple[str, ...] = ()) -> dict:
     """The `recipes.batch_probe` spec of a recipe run (full-length batches: the worst case)."""
     return {"model": model_path, "lora_rank": lora_cfg.rank, "lora_alpha": lora_cfg.alpha, "targets": list(targets),
             "query_len": query_len, "doc_len": doc_len, "gradient_checkpointing": gradient_checkpointing,
-            "compute_dtype": compute_dtype, "xtr_k_train": xtr_k_train}
+            "compute_dtype": compute_dtype, "xtr_k_train": xtr_k_train, "qat": list(qat)}
+
+
+def parse_rules(texts: tuple[str, ...], field: str) -> tuple[quant.QuantRule, ...]:
+    """Quant rules from config strings; ConfigError naming the field and the rule."""
+    try:
+        return tuple(quant.parse_rule(text) for text in texts)
+    except ValueError as err:
+        raise ConfigError(f"{field}: {err}") from None
+
+
+def plan_batch(cfg, model_path: str, targets: tuple[str, ...], effective: int, world) -> batch_sizer.Plan:
+    """The retriever recipe's memory-driven split of `effective` samples (see mlxio.batch_sizer)."""
+    if world.size > 1:
+        raise ConfigError("memory.auto_batch: single-process runs only (size each rank's share by hand)")
+    budget = batch_sizer.memory_budget(cfg.memory.budget_mb, cfg.memory.budget_fraction)
+    spec = probe_spec(model_path, cfg.lora, targets, padded_length(cfg.data.max_query_len, cfg.data.bucket),
+                      padded_length(cfg.data.max_doc_len, cfg.data.bucket), cfg.memory.gradient_checkpointing,
+                      cfg.memory.compute_dtype, cfg.loss.xtr_k_train, cfg.quant.qat)
+    plan = batch_sizer.plan_micro_batch(spec, effective, budget, max_micro=cfg.memory.max_micro_batch, min_micro=2)
+    log.info("auto batch: micro-batch %d x accum %d (budget %.0f MB; predicted peak %.0f MB; %d probes)",
+             plan.micro_batch, plan.accum, budget / 2**20, plan.predicted_peak() / 2**20, len(plan.probes))
+    return plan

@@ -4,6 +4,9 @@
     python -m recipes.xtr_lora --model DIR_OR_HUB_ID  # google/xtr-base-en or any T5/BERT encoder
     python -m recipes.xtr_lora --preset full --help   # every option with its default
     python -m recipes.xtr_lora --resume               # continue the run in --out_dir exactly
+    python -m recipes.xtr_lora --profile-memory       # memory.json + memory.png in --out_dir
+    python -m recipes.xtr_lora --memory.auto_batch true --memory.gradient_checkpointing true \
+        --memory.compute_dtype bfloat16 --quant.qat '*=4/64' --quant.ptq '*=4/64'
     mlx.launch -n 2 --backend ring -- python -m recipes.xtr_lora   # data-parallel (docs/distributed.md)
 
 Top to bottom: config -> encoder + LoRA -> (query, code) pairs -> token cache -> BM25 and
@@ -26,12 +29,13 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
-from mlxcore import lora, retrieval
+from mlxcore import lora, quant, retrieval
 from mlxcore.encoder import init_projection, token_embeddings
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, count_params, partition
-from mlxio import checkpoint, config, distributed, pairs
+from mlxio import batch_sizer, checkpoint, config, distributed, memprof, pairs
+from mlxio import quantize as quant_io
 from mlxio.encoders import default_encoder_path, load_encoder
 from mlxio.errors import MlxioError
 from mlxio.export import export_merged, export_peft
@@ -44,7 +48,7 @@ from mlxio.token_cache import (
     iterate_batches,
     tokenizer_identity,
 )
-from recipes import retrieval_eval, xtr_data
+from recipes import memory_options, retrieval_eval, xtr_data
 
 log = logging.getLogger("xtr_lora")
 
@@ -84,7 +88,24 @@ class TrainConfig:
     eval_batch: int = 64
     projection_dim: int = 0  # > 0: add a trainable projection when the encoder has none
     max_consecutive_skips: int = 10  # non-finite steps in a row before the run stops
+    eval_interval: int = 1  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
     seed: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class MemoryConfig:
+    gradient_checkpointing: bool = False  # mx.checkpoint per encoder block: recompute activations in backward
+    compute_dtype: str = "float32"  # "bfloat16": frozen base in bf16; LoRA weights + optimizer state float32
+    auto_batch: bool = False  # micro_batch from probes in child processes; accum keeps micro x accum fixed
+    budget_mb: float = 0.0  # auto_batch's memory budget; 0: budget_fraction of device memory (RAM on CPU)
+    budget_fraction: float = 0.5
+    max_micro_batch: int = 64
+
+
+@attrs.frozen(kw_only=True)
+class QuantConfig:
+    qat: tuple[str, ...] = ()  # rules ("*=4/64", see mlxcore.quant.parse_rule): fake-quantise while training
+    ptq: tuple[str, ...] = ()  # rules: quantise the merged model after training; save it and evaluate it
 
 
 @attrs.frozen(kw_only=True)
@@ -97,6 +118,8 @@ class Config:
     optim: OptimConfig = OptimConfig(lr=2e-4, warmup_steps=10, total_steps=100, weight_decay=0.0)
     loss: LossConfig = LossConfig()
     train: TrainConfig = TrainConfig()
+    memory: MemoryConfig = MemoryConfig()
+    quant: QuantConfig = QuantConfig()
     export: bool = True
 
 
@@ -121,7 +144,9 @@ PRESETS = {
 def trajectory_fields(cfg: Config) -> dict:
     """The settings that decide the trained weights (resume refuses a checkpoint that differs)."""
     d = config.to_dict(cfg)
-    d["train"] = {k: v for k, v in d["train"].items() if k not in ("stop_after", "log_every", "checkpoint_every", "eval_batch")}
+    d["train"] = {k: v for k, v in d["train"].items()
+                  if k not in ("stop_after", "log_every", "checkpoint_every", "eval_batch", "eval_interval")}
+    d["quant"].pop("ptq")
     for key in ("out_dir", "cache_dir", "export"):
         d.pop(key)
     return d
@@ -138,8 +163,10 @@ def contrastive_loss_fn(spec, loss_cfg: LossConfig, world: distributed.World = d
 
     def loss_fn(params, batch, key):
         q_key, d_key = mx.random.split(key)
-        q = token_embeddings(params, batch["query_ids"], batch["query_mask"], spec, q_key)
-        d = distributed.gather_rows(token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key), world)
+        # scores in float32 whatever the compute dtype: temperature 0.07 magnifies rounding
+        q = token_embeddings(params, batch["query_ids"], batch["query_mask"], spec, q_key).astype(mx.float32)
+        d = token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key).astype(mx.float32)
+        d = distributed.gather_rows(d, world)
         d_mask = distributed.all_gather(batch["doc_mask"], world)
         positives = None if world.size == 1 else world.rank * q.shape[0] + mx.arange(q.shape[0])
         if loss_cfg.xtr_k_train > 0:
@@ -163,7 +190,7 @@ def evaluate(params, encoder, cfg: Config, task, bm25: np.ndarray) -> dict:
 
 def print_table(results: dict) -> str:
     rows = [("BM25", results["bm25"])]
-    for name in ("untrained", "fine-tuned"):
+    for name in [n for n in ("untrained", "fine-tuned", "quantized") if n in results]:
         for mode in ("semantic", "hybrid"):
             rows.append((f"{name} {mode}", results[name][mode]))
     keys = list(results["bm25"])
@@ -176,6 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
     def extra_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in out_dir")
         parser.add_argument("--lenient", action="store_true", help="same as --data.lenient true")
+        parser.add_argument("--profile-memory", action="store_true",
+                            help="record MLX/RSS memory per step: memory.json + memory.png in out_dir")
 
     cfg, flags = config.parse_args(argv, PRESETS, prog="python -m recipes.xtr_lora", description=__doc__,
                                    default_preset="quick", extra=extra_flags)
@@ -207,6 +236,9 @@ def main(argv: list[str] | None = None) -> dict:
         return lora.is_lora_path(path) or (train_projection and path.startswith("projection."))
 
     untrained_params = params  # arrays are immutable: keeping a reference costs nothing
+    # memory options: checkpointed blocks; bf16 frozen base (the float32 one is kept for eval/export)
+    spec = memory_options.with_checkpointing(encoder.spec, cfg.memory.gradient_checkpointing)
+    params = memory_options.cast_frozen(params, trainable, cfg.memory.compute_dtype)
     distributed.check_replicated(partition(params, trainable)[0], world, "initial trainable weights")
     n_train = count_params(partition(params, trainable)[0])
     log.info("%s encoder %s: %d params, %d trainable (LoRA r=%d on %s%s)", encoder.spec.kind, model_path,
@@ -225,7 +257,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- optimizer, compiled step, resume
     optimizer = make_optimizer(cfg.optim)
-    step_fn = make_train_step(distributed.data_parallel_loss(contrastive_loss_fn(encoder.spec, cfg.loss, world), world),
+    loss_fn = contrastive_loss_fn(spec, cfg.loss, world)
+    qat_rules = memory_options.parse_rules(cfg.quant.qat, "quant.qat")
+    if qat_rules:  # train the model that post-training quantisation will produce
+        loss_fn = memory_options.with_fake_quant(loss_fn, qat_rules, cfg.lora.scale)
+    step_fn = make_train_step(distributed.data_parallel_loss(loss_fn, world),
                               optimizer, trainable=trainable, clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
                               reduce_grads=distributed.grad_reducer(world))
     opt_state = init_state(optimizer, params, trainable)
@@ -264,37 +300,61 @@ def main(argv: list[str] | None = None) -> dict:
                                                                    cfg.train.seed, position, cfg.data.bucket), world),
                          depth=2)
 
+    # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit the budget
+    effective, micro, plan = cfg.train.micro_batch * cfg.train.accum, cfg.train.micro_batch, None
+    if cfg.memory.auto_batch:
+        plan = memory_options.plan_batch(cfg, model_path, targets, effective, world)
+        micro = plan.micro_batch
+        if world.is_main:
+            write_json_atomic(out_dir / "batch_plan.json", plan.as_dict())
+    profiler = memprof.MemoryProfiler() if flags.profile_memory else None
+
     def save(step_no: int, position: DataPosition) -> None:
         trees = {"trainable": partition(params, trainable)[0], "opt_state": opt_state}
         meta = {**expect, "step": step_no, "data_position": attrs.asdict(position),
                 "rng": checkpoint.rng_snapshot(), "config": config.to_dict(cfg)}
         checkpoint.save(out_dir, step_no, trees, meta)
 
-    train_time, window = 0.0, []
+    train_time, window_steps, window_time, pending, tic = 0.0, 0, 0.0, [], time.perf_counter()
     with batches, tqdm(total=last_step, initial=start_step, desc="train", unit="step",
                        disable=None if world.is_main else True) as bar:
         for step_no in range(start_step, last_step):
             position, batch = next(batches)
-            tic = time.perf_counter()
-            params, opt_state, metrics = step_fn(params, opt_state, {k: mx.array(v) for k, v in batch.items()},
-                                                 mx.array(step_no))
-            mx.eval(params, opt_state, metrics)
+            arrays = {k: mx.array(v) for k, v in batch.items()}
+            if micro != cfg.train.micro_batch:
+                arrays = batch_sizer.split_batch(arrays, micro)
+            params, opt_state, metrics = step_fn(params, opt_state, arrays, mx.array(step_no))
+            pending.append((step_no + 1, metrics))
+            checkpoint_due = (step_no + 1) % cfg.train.checkpoint_every == 0 or step_no + 1 == last_step
+            if (step_no + 1) % cfg.train.eval_interval and not checkpoint_due:
+                continue  # stay lazy: the next step builds on this one's unevaluated outputs
+            mx.eval(params, opt_state, [m for _, m in pending])
             elapsed = time.perf_counter() - tic
             train_time += elapsed
-            window.append(elapsed)
-            record = {"step": step_no + 1, **{k: float(v) for k, v in metrics.items()},
-                      "samples_per_s": samples_per_step / elapsed}
-            bar.update(1)
+            window_steps, window_time = window_steps + len(pending), window_time + elapsed
+            for done, step_metrics in pending:
+                record = {"step": done, **{k: float(v) for k, v in step_metrics.items()},
+                          "samples_per_s": samples_per_step * len(pending) / elapsed}
+                if world.is_main and (done % cfg.train.log_every == 0 or done == last_step):
+                    metrics_log.write(record)
+                    window_steps, window_time = 0, 0.0
+            bar.update(len(pending))
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
-                            sps=f"{samples_per_step * len(window) / sum(window):.1f}")
-            if world.is_main and ((step_no + 1) % cfg.train.log_every == 0 or step_no + 1 == last_step):
-                metrics_log.write(record)
-                window = []
+                            sps=f"{samples_per_step * window_steps / max(window_time, 1e-9):.1f}")
+            peak = mx.get_peak_memory()
+            if profiler is not None:
+                profiler.record(step_no + 1, micro_batch=micro)
+            if plan is not None:  # a longer bucket than probed may need a smaller split
+                micro = batch_sizer.recheck(plan, micro, effective, peak, min_micro=2)
+                mx.reset_peak_memory()
             if int(opt_state["consecutive_skips"]) >= cfg.train.max_consecutive_skips:
                 raise SystemExit(f"xtr_lora: {cfg.train.max_consecutive_skips} non-finite steps in a row at step "
                                  f"{step_no + 1}; stopping (last good checkpoint kept in {out_dir / 'checkpoints'})")
-            if world.is_main and ((step_no + 1) % cfg.train.checkpoint_every == 0 or step_no + 1 == last_step):
+            if world.is_main and checkpoint_due:
                 save(step_no + 1, position)
+            pending, tic = [], time.perf_counter()
+    if profiler is not None and world.is_main:
+        profiler.write(out_dir, title=f"xtr_lora memory: {Path(model_path).name}")
     distributed.barrier(world)  # the last checkpoint exists before any rank returns
     if last_step < cfg.train.steps:
         log.info("stopped after step %d as asked (--train.stop_after); resume with --resume", last_step)
@@ -302,12 +362,22 @@ def main(argv: list[str] | None = None) -> dict:
     if not world.is_main:
         return {"rank": world.rank}
 
-    # ---- evaluate, report, export
+    # ---- evaluate, report, export (float32 base again), post-training quantisation
+    params = memory_options.restore_frozen(params, untrained_params, trainable)
     results["fine-tuned"] = evaluate(params, encoder, cfg, task, bm25)
+    ptq_rules = memory_options.parse_rules(cfg.quant.ptq, "quant.ptq")
+    if ptq_rules:
+        merged, _ = lora.merge(params, cfg.lora.scale)
+        qparams, report = quant.quantize_tree(merged, ptq_rules)
+        quant_io.save_quantized(out_dir / "quantized", qparams, report,
+                                extra={"base_model": model_path, "rules": list(cfg.quant.ptq)})
+        results["quantized"] = {**evaluate(qparams, encoder, cfg, task, bm25),
+                                "compression": quant_io.compression_summary(merged, qparams, report["layers"])}
     steps_run = cfg.train.steps - start_step
     results["run"] = {
         "wall_s": time.perf_counter() - started, "train_s": train_time, "steps": steps_run,
         "samples_per_s": samples_per_step * steps_run / max(train_time, 1e-9),
+        "micro_batch": micro, "accum": effective // micro, "eval_interval": cfg.train.eval_interval,
         "trainable_params": n_train, "model": model_path, "queries": len(task.queries),
         "candidates": len(task.candidates), "hybrid": f"reciprocal-rank fusion (k={retrieval_eval.RRF_K:g})",
     }
