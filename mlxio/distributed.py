@@ -217,10 +217,13 @@ def broadcast_tree(tree: Tree, world: World) -> Tree:
         here = f"; this rank differs at {diff[:5]}" if diff else ""
         raise MlxioError(f"rank {world.rank}: {bad} rank(s) hold a tree that differs from rank "
                          f"0's (keys, shapes or dtypes{here}): same config and model on every rank?")
-    flat = flatten(tree)
-    out = {k: mx.distributed.all_sum(v if world.is_main else mx.zeros_like(v), group=world.group)
-           for k, v in flat.items()}
-    mx.eval(out)
+    # one leaf at a time in sorted key order: collectives must pair up in the same order on
+    # every rank, and a loaded tree's key order need not match a freshly built one's
+    flat, out = flatten(tree), {}
+    for k in sorted(flat):
+        v = flat[k]
+        out[k] = mx.distributed.all_sum(v if world.is_main else mx.zeros_like(v), group=world.group)
+        mx.eval(out[k])
     return unflatten(out)
 
 
@@ -231,7 +234,9 @@ def check_replicated(tree: Tree, world: World, what: str) -> None:
     if world.size == 1:
         return
     digest = hashlib.sha256(json.dumps(_signature(tree), sort_keys=True).encode())
-    for v in flatten(tree).values():
+    flat = flatten(tree)
+    for k in sorted(flat):
+        v = flat[k]
         digest.update(np.float64(np.asarray(v.astype(mx.float32), np.float64).sum()).tobytes())
     mine = np.frombuffer(digest.digest(), np.uint8).astype(np.int32)
     every = gather_np(mine[None], world)  # [size, 32], the same shape on every rank

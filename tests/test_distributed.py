@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 from mlxio import distributed
 from mlxio.errors import ConfigError
 
-DIST = Path(__file__).parent / "dist"
+ROOT = Path(__file__).resolve().parents[1]
+DIST = ROOT / "tests" / "dist"
 TOLERANCE = 1e-4  # float32 reduction order differs between 1 x 12 and 2 x 6; measured ~3e-6
 
 
@@ -51,21 +52,22 @@ def free_port_pair() -> int:
     raise RuntimeError("no two consecutive free ports")
 
 
-def launch(script: Path, *args: str, ranks: int = 2, timeout: float = 240) -> str:
-    """Run `mlx.launch -n ranks --backend ring -- python script args`; its output; fails the
-    test (after killing every process it started) on a non-zero exit or a timeout."""
+def launch(*python_args: str, ranks: int = 2, timeout: float = 240) -> str:
+    """Run `mlx.launch -n ranks --backend ring -- python *python_args` from the repo root; its
+    output. Fails the test (after killing every process it started) on a non-zero exit or a
+    timeout."""
     launcher = Path(sys.executable).with_name("mlx.launch")
     cmd = [str(launcher), "-n", str(ranks), "--backend", "ring", "--starting-port",
-           str(free_port_pair()), "--", sys.executable, str(script), *args]
+           str(free_port_pair()), "--", sys.executable, *python_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            cwd=ROOT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        pytest.fail(f"{script.name} timed out after {timeout} s:\n{out[-4000:]}")
-    assert proc.returncode == 0, f"{script.name} exited {proc.returncode}:\n{out[-4000:]}"
+        pytest.fail(f"{python_args} timed out after {timeout} s:\n{out[-4000:]}")
+    assert proc.returncode == 0, f"{python_args} exited {proc.returncode}:\n{out[-4000:]}"
     return out
 
 
@@ -81,7 +83,7 @@ def worker():
 def two_ranks(tmp_path_factory):
     """Every mode's result on 2 ranks, from one launch (process start-up is the slow part)."""
     out = tmp_path_factory.mktemp("dp")
-    launch(DIST / "dp_equivalence.py", str(out), "xtr", "xtr_topk", "rlaif", "xtr_mlx_vjp")
+    launch(str(DIST / "dp_equivalence.py"), str(out), "xtr", "xtr_topk", "rlaif", "xtr_mlx_vjp")
     return {m: dict(np.load(out / f"{m}.npz")) for m in ("xtr", "xtr_topk", "rlaif", "xtr_mlx_vjp")}
 
 
@@ -113,7 +115,7 @@ def test_mlx_all_gather_vjp_alone_would_not_match(worker, two_ranks):
 
 
 def test_collectives_on_two_ranks(tmp_path):
-    launch(DIST / "collectives.py", str(tmp_path / "seen.json"))
+    launch(str(DIST / "collectives.py"), str(tmp_path / "seen.json"))
     seen = json.loads((tmp_path / "seen.json").read_text())
     assert seen["size"] == 2 and seen["reduced_grad"] == 1.5
     assert "differs from rank 0" in seen["broadcast_tree_mismatch"]
@@ -160,3 +162,31 @@ def test_sharded_positions_stay_global():
     got = list(distributed.shard_batches(batches, distributed.World(rank=1, size=2)))
     assert [p for p, _ in got] == [0, 1, 2]
     np.testing.assert_array_equal(got[2][1]["x"], [[24, 25, 26, 27]])
+
+
+# --------------------------------------------------------------------- the retriever recipe
+
+
+@pytest.mark.slow  # three runs of the smoke preset on the real MiniLM (~1-2 min on 2 cores)
+def test_xtr_recipe_resumes_on_another_rank_count(tmp_path):
+    """Steps 1-2 on one process, 3-4 on two launched ranks == steps 1-4 on one process; rank 0
+    alone writes (one metrics line per step, one checkpoint per save)."""
+    from mlxcore.tree import flatten
+    from mlxio import checkpoint
+    from recipes import xtr_lora
+
+    args = ["--preset", "smoke", "--cache_dir", str(tmp_path / "cache"), "--export", "false"]
+    assert xtr_lora.main([*args, "--out_dir", str(tmp_path / "one"), "--train.stop_after", "4"]) == {"stopped_at": 4}
+    split = tmp_path / "split"
+    assert xtr_lora.main([*args, "--out_dir", str(split), "--train.stop_after", "2"]) == {"stopped_at": 2}
+    launch("-m", "recipes.xtr_lora", *args, "--out_dir", str(split), "--train.stop_after", "4", "--resume",
+           timeout=420)
+    steps = [json.loads(line)["step"] for line in (split / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    assert sorted(p.name for p in (split / "checkpoints").glob("step-*")) == ["step-00000002", "step-00000004"]
+    (one, _), (two, meta) = [checkpoint.load_latest(d)[1:] for d in (tmp_path / "one", split)]
+    assert meta["step"] == 4 and meta["data_position"] == checkpoint.load_latest(tmp_path / "one")[2]["data_position"]
+    a, b = flatten(one["trainable"]), flatten(two["trainable"])
+    diff = max(float(np.abs(np.array(a[k]) - np.array(b[k])).max()) for k in a)
+    print(f"xtr smoke: max |LoRA(1 rank, 2 ranks) - LoRA(1 rank)| after 4 steps = {diff:.2e}")
+    assert diff < TOLERANCE

@@ -42,6 +42,11 @@ def main(out: Path) -> None:
     tree = {"a": {"w": mx.full((3, 2), float(r + 1))}, "n": mx.array(r + 10, mx.int32)}
     got = distributed.broadcast_tree(tree, world)
     assert np.array_equal(np.array(got["a"]["w"]), np.ones((3, 2))) and int(got["n"]) == 10
+    # a loaded tree's key order may differ from a freshly built one's
+    ordered = ({"z": mx.full((2,), 5.0), "a": mx.full((3,), 7.0)} if r == 0
+               else {"a": mx.zeros((3,)), "z": mx.zeros((2,))})
+    got = distributed.broadcast_tree(ordered, world)
+    assert np.array(got["a"]).tolist() == [7.0] * 3 and np.array(got["z"]).tolist() == [5.0] * 2
     seen["broadcast_tree_mismatch"] = expect_error(
         distributed.broadcast_tree, {"a": mx.zeros((3,) if r == 0 else (4,))}, world)
     found = distributed.broadcast_checkpoint(("ckpt", {"t": tree}, {"step": 3}) if r == 0 else None,
