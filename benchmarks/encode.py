@@ -147,28 +147,32 @@ def main(argv: list[str] | None = None) -> dict:
     run_mlx(encode, encoder.params, list(shapes.values()))  # warm-up: compile each shape once
     run_torch(model, list(shapes.values()))
     figures = {"mlx": [], "torch": []}
-    for _ in range(args.repeats):  # interleaved, so load changes hit both alike
+    for repeat in range(args.repeats):  # interleaved, so load changes hit both alike
         figures["mlx"].append(tokens / run_mlx(encode, encoder.params, data))
         figures["torch"].append(tokens / run_torch(model, data))
-    medians = {k: statistics.median(v) for k, v in figures.items()}
-    result = {
-        "benchmark": "encode",
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
-        "versions": {"mlx": mx.__version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__, "blas": blas_status},
-        "settings": {"model": "all-MiniLM-L6-v2", "snippets": args.n, "real_tokens": tokens,
-                     "padded_tokens": int(sum(i.size for i, _ in data)), "batches": len(data),
-                     "max_length": args.max_length, "batch_size": args.batch_size,
-                     "bucket": args.bucket, "threads": args.threads,
-                     "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
-                     "output": "L2-normalised token embeddings, float32"},
-        "tokens_per_s": figures,
-        "median_tokens_per_s": medians,
-        "mlx_over_torch": medians["mlx"] / medians["torch"],
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+        medians = {k: statistics.median(v) for k, v in figures.items()}
+        result = {
+            "benchmark": "encode",
+            "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                        "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
+            "versions": {"mlx": mx.__version__, "torch": torch.__version__,
+                         "transformers": transformers.__version__, "blas": blas_status},
+            "settings": {"model": "all-MiniLM-L6-v2", "snippets": args.n, "real_tokens": tokens,
+                         "padded_tokens": int(sum(i.size for i, _ in data)), "batches": len(data),
+                         "max_length": args.max_length, "batch_size": args.batch_size,
+                         "bucket": args.bucket, "threads": args.threads,
+                         "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
+                         "output": "L2-normalised token embeddings, float32"},
+            "repeats_done": repeat + 1,
+            "tokens_per_s": figures,
+            "median_tokens_per_s": medians,
+            "mlx_over_torch": medians["mlx"] / medians["torch"],
+        }
+        # Written after every repeat: a run cut short still leaves its figures.
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({"repeat": repeat + 1, **{k: v[-1] for k, v in figures.items()}}),
+              flush=True)
     print(json.dumps({"median_tokens_per_s": medians, "mlx_over_torch": result["mlx_over_torch"]}))
     return result
 
