@@ -127,11 +127,17 @@ def all_gather(x: mx.array, world: World) -> mx.array:
 
 
 def gather_np(x: np.ndarray, world: World) -> np.ndarray:
-    """Host-side gather along axis 0 of NumPy arrays of the same shape on every rank."""
+    """Host-side gather along axis 0 of NumPy arrays of the same shape on every rank.
+
+    Floats travel as float32 and integers / bools as int32 (what every backend carries; NCCL
+    has no float64 here), then come back in `x`'s dtype.
+    """
     if world.size == 1:
         return x
-    gathered = mx.distributed.all_gather(mx.array(x), group=world.group)
-    return np.array(gathered).astype(x.dtype, copy=False)
+    x = np.asarray(x)
+    wire = np.float32 if np.issubdtype(x.dtype, np.floating) else np.int32
+    gathered = mx.distributed.all_gather(mx.array(x.astype(wire)), group=world.group)
+    return np.array(gathered).astype(x.dtype)
 
 
 def grad_reducer(world: World) -> Callable[[Tree], Tree] | None:
