@@ -5,6 +5,7 @@ Run:  python -m recipes.rlaif_qwen                      # quick preset: SmolLM2-
       python -m recipes.rlaif_qwen --preset smoke        # tiny random llama, seconds
       python -m recipes.rlaif_qwen --resume ...          # continue from the run's last checkpoint
       python -m recipes.rlaif_qwen --help                # every option with its default
+      mlx.launch -n 2 --backend ring -- python -m recipes.rlaif_qwen   # data-parallel (docs/distributed.md)
 
 Each step: P prompts from the training split, G sampled completions per prompt (mlx-lm's
 batched generation, current policy = base + LoRA), rewards (cached), group-normalised
@@ -34,7 +35,7 @@ from mlxcore.lora import LoraConfig, is_lora_path
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, partition
-from mlxio import checkpoint, llm, rollout
+from mlxio import checkpoint, distributed, llm, rollout
 from mlxio.config import parse_args, to_dict, to_json
 from mlxio.errors import ConfigError
 from mlxio.rewards import (
@@ -256,6 +257,34 @@ def advantages_of(total: np.ndarray, missing: np.ndarray, prompt_index: np.ndarr
     return np.array(fn(rewards, group_ids=mx.array(ids)))
 
 
+def rank_share(cfg: Config, world: distributed.World) -> tuple[slice, int]:
+    """This rank's share of a step's P x G completions: (slice of the step's prompts, samples
+    per prompt). Whole prompts when the ranks divide P, else every prompt with G / ranks
+    samples (a group then spans ranks; its statistics are computed over all of them)."""
+    p, g, n = cfg.prompts_per_step, cfg.group_size, world.size
+    if p % n == 0:
+        share = slice(world.rank * p // n, (world.rank + 1) * p // n), g
+    elif g % n == 0:
+        share = slice(0, p), g // n
+    else:
+        raise ConfigError(f"{n} ranks must divide prompts_per_step={p} or group_size={g}")
+    local = (share[0].stop - share[0].start) * share[1]
+    if local % cfg.accumulation:
+        raise ConfigError(f"accumulation={cfg.accumulation} must divide each rank's {local} "
+                          f"completions (prompts_per_step * group_size / {n} ranks)")
+    return share
+
+
+def shared_advantages(total: np.ndarray, missing: np.ndarray, prompt_ids: np.ndarray,
+                      kind: str, world: distributed.World) -> np.ndarray:
+    """This rank's [n] advantages, with group statistics over every rank's completions:
+    rewards [n], missing [n] and step-wide prompt ids [n] are gathered (rank order), the
+    advantages computed as on one process, and this rank's slice returned."""
+    every = [distributed.gather_np(a, world) for a in (total, missing, prompt_ids)]
+    n = len(total)
+    return advantages_of(*every, kind)[world.rank * n:(world.rank + 1) * n]
+
+
 def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
                 cfg: Config) -> dict:
     """Arrays for the step, leaves [accumulation, N / accumulation, ...]."""
@@ -317,9 +346,11 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     process after that many steps (as if interrupted; resume continues). `extra_rewards`:
     more [(reward fn, weight)] beside the configured ones (the mlxio.rewards protocol)."""
     validate(cfg)
+    world = distributed.init()  # one rank unless started by mlx.launch; only rank 0 writes
+    prompt_share, local_group = rank_share(cfg, world)
     t_start = time.perf_counter()
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)  # every rank: the reward cache lives in it
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     policy = load_model(cfg)
@@ -328,15 +359,20 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     fns = reward_fns(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
-    step_fn = make_train_step(make_loss(model, cfg), optimizer, clip_norm=cfg.optim.clip_norm,
-                              seed=cfg.seed, jit=cfg.compile)
+    step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg), world), optimizer,
+                              clip_norm=cfg.optim.clip_norm, seed=cfg.seed, jit=cfg.compile,
+                              reduce_grads=distributed.grad_reducer(world))
     params = model.parameters()
+    distributed.check_replicated(partition(params, is_lora_path)[0], world, "initial LoRA weights")
     state = init_state(optimizer, params)
     run_id = {"config_hash": checkpoint.config_hash({**to_dict(cfg), "out": None}),
               "base_model": str(policy.source)}
 
     start_step = 0
-    found = checkpoint.load_latest(out, expect=run_id) if resume else None
+    found = checkpoint.load_latest(out, expect=run_id) if resume and world.is_main else None
+    if resume:  # rank 0 read it; the others get it over the wire (no shared disk needed)
+        found = distributed.broadcast_checkpoint(
+            found, {"lora": partition(params, is_lora_path)[0], "opt_state": state}, world)
     if found is not None:
         _, trees, meta = found
         params = combine(trees["lora"], partition(params, is_lora_path)[1])
@@ -344,31 +380,34 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         model.update(params)
         checkpoint.rng_restore(meta["rng"])
         start_step = int(meta["step"])
-        print(f"resumed from step {start_step}", file=sys.stderr)
-    (out / "config.json").write_text(to_json(cfg))
-    log = MetricsLog(out / "metrics.jsonl", resume_step=start_step if found else None)
+        if world.is_main:
+            print(f"resumed from step {start_step}", file=sys.stderr)
+    if world.is_main:
+        (out / "config.json").write_text(to_json(cfg))
+        log = MetricsLog(out / "metrics.jsonl", resume_step=start_step if found else None)
 
     results = {"config": to_dict(cfg)}
     before_path = out / "eval_before.json"
     if cfg.eval.before and found is not None and before_path.exists():
         results["before"] = json.loads(before_path.read_text())
-    elif cfg.eval.before:
+    elif cfg.eval.before and world.is_main:
         results["before"] = evaluate(policy, held, cfg, fns, cache)
         write_json_atomic(before_path, results["before"])
 
     end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
     bar = tqdm(range(start_step, end), initial=start_step, total=cfg.steps, desc="rlaif",
-               disable=None)
+               disable=None if world.is_main else True)
     for step in bar:
         t0 = time.perf_counter()
         idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.seed)
-        problems = [train[i] for i in idx]
-        ro = rollout.generate_group(policy, [instruction(p) for p in problems], cfg.group_size,
+        problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
+        ro = rollout.generate_group(policy, [instruction(p) for p in problems], local_group,
                                     cfg.temperature, cfg.top_p, cfg.max_new_tokens,
-                                    step_seed(cfg.seed, step))
+                                    distributed.rank_seed(step_seed(cfg.seed, step), world))
         per_completion = [problems[i] for i in ro.prompt_index]
         rew = combine_rewards(fns, per_completion, ro.texts, cache)
-        adv = advantages_of(rew.total, rew.missing, ro.prompt_index, cfg.advantage)
+        adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
+                                cfg.advantage, world)
         packed = rollout.pack(ro, pad_id=0)
         t1 = time.perf_counter()
         batch = build_batch(model, params, packed, adv, ~rew.missing, cfg)
@@ -379,21 +418,27 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         model.update(params)  # the model holds the new (real) weights for the next rollout
         t2 = time.perf_counter()
         ntok = int(packed["lengths"].sum()) * cfg.inner_epochs  # real (unpadded) tokens trained
-        lookups = rew.cache_hits + rew.cache_misses
+        # step-wide figures: rewards gathered, counts and throughputs summed over ranks
+        total = distributed.gather_np(rew.total, world)
         exec_scores = rew.per_reward.get("execution")
+        exec_scores = None if exec_scores is None else distributed.gather_np(exec_scores, world)
+        tokens, hits, misses, gen_tps, train_tps, missing = distributed.gather_np(np.array([[
+            sum(map(len, ro.completion_tokens)), rew.cache_hits, rew.cache_misses,
+            ro.gen_tokens_per_s, ntok / (t2 - t1), rew.missing.sum()]], np.float64), world).sum(0)
         record = {
-            "step": step + 1, "reward_mean": float(np.nanmean(rew.total)),
-            "reward_std": float(np.nanstd(rew.total)),
+            "step": step + 1, "reward_mean": float(np.nanmean(total)),
+            "reward_std": float(np.nanstd(total)),
             "pass_rate": float(np.nanmean(exec_scores)) if exec_scores is not None else None,
-            "missing_rewards": int(rew.missing.sum()),
+            "missing_rewards": int(missing),
             **{k: float(v) for k, v in m.items()},
-            "completion_tokens": int(sum(map(len, ro.completion_tokens))),
-            "gen_tokens_per_s": ro.gen_tokens_per_s, "train_tokens_per_s": ntok / (t2 - t1),
-            "cache_hit_rate": rew.cache_hits / lookups if lookups else None,
+            "completion_tokens": int(tokens),
+            "gen_tokens_per_s": float(gen_tps), "train_tokens_per_s": float(train_tps),
+            "cache_hit_rate": float(hits / (hits + misses)) if hits + misses else None,
             "consecutive_skips": int(state["consecutive_skips"]),
             "step_s": time.perf_counter() - t0,
         }
-        log.write(record)
+        if world.is_main:
+            log.write(record)
         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
                         kl=f"{record['kl']:.4f}", loss=f"{record['loss']:.4f}",
                         gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
@@ -402,15 +447,18 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 f"step {step + 1}: {record['consecutive_skips']} consecutive steps had a "
                 f"non-finite loss or gradient (skipped, {int(state['skips'])} in all); stopping. "
                 "Lower optim.lr or beta, or check the rewards.")
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == end:
+        if world.is_main and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == end):
             lora, _ = partition(params, is_lora_path)
             checkpoint.save(out, step + 1, {"lora": lora, "opt_state": state},
                             {**run_id, "rng": checkpoint.rng_snapshot(),
                              "data": {"position": (step + 1) * cfg.prompts_per_step}},
                             keep_last=cfg.keep_checkpoints)
     bar.close()
+    distributed.barrier(world)  # the last checkpoint exists before any rank returns
     if end < cfg.steps:
         return results
+    if not world.is_main:
+        return {"rank": world.rank}
 
     llm.save_adapters(model, cfg.lora, cfg.lora_layers, out / "adapters")
     llm.fuse(policy, out / "fused")
