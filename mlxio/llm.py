@@ -218,6 +218,8 @@ def apply_lora(model: nn.Module, lora_cfg: LoraConfig, num_layers: int | None,
     sorted path order - so the same `key` gives the same adapters; B = 0 leaves the model's
     outputs unchanged.
     """
+    if any(isinstance(m, LoRALinear) for _, m in model.named_modules()):
+        raise ValueError("model already has LoRA layers")
     n_blocks = len(model.layers)
     num_layers = n_blocks if num_layers is None else num_layers
     if not 0 < num_layers <= n_blocks:
