@@ -190,3 +190,37 @@ def test_xtr_recipe_resumes_on_another_rank_count(tmp_path):
     diff = max(float(np.abs(np.array(a[k]) - np.array(b[k])).max()) for k in a)
     print(f"xtr smoke: max |LoRA(1 rank, 2 ranks) - LoRA(1 rank)| after 4 steps = {diff:.2e}")
     assert diff < TOLERANCE
+
+
+# --------------------------------------------------------------------- the RLAIF recipe
+
+
+def test_rlaif_rank_share_splits_prompts_or_groups():
+    from recipes import rlaif_qwen as rq
+
+    cfg = rq.Config(prompts_per_step=4, group_size=6, accumulation=2)
+    shares = [rq.rank_share(cfg, distributed.World(rank=r, size=2)) for r in range(2)]
+    assert shares == [(slice(0, 2), 6), (slice(2, 4), 6)]  # whole prompts per rank
+    cfg = rq.Config(prompts_per_step=3, group_size=4, accumulation=2)
+    assert rq.rank_share(cfg, distributed.World(rank=1, size=2)) == (slice(0, 3), 2)  # groups split
+    with pytest.raises(ConfigError, match="3 ranks must divide prompts_per_step=4 or group_size=8"):
+        rq.rank_share(rq.Config(prompts_per_step=4, group_size=8, accumulation=1), distributed.World(size=3))
+    with pytest.raises(ConfigError, match="accumulation=4 must divide each rank's 6 completions"):
+        rq.rank_share(rq.Config(prompts_per_step=3, group_size=4, accumulation=4), distributed.World(size=2))
+
+
+@pytest.mark.slow  # two launched ranks of the smoke preset (tiny llama, sandboxed rewards)
+def test_rlaif_recipe_on_two_ranks_writes_once_and_resumes_on_one(tmp_path):
+    out = tmp_path / "rlaif"
+    args = ["--preset", "smoke", "--out", str(out), "--eval.before", "false", "--eval.after", "false"]
+    launch("-m", "recipes.rlaif_qwen", *args, "--stop-after", "2", timeout=420)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    # 2 prompts x 4 samples x <= 12 new tokens, generated half on each rank, counted once
+    assert all(0 < r["completion_tokens"] <= 96 and np.isfinite(r["loss"]) for r in records)
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*")) == ["step-00000002"]
+    from recipes import rlaif_qwen as rq
+
+    rq.main([*args, "--resume"])  # one process finishes what two ranks started
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+    assert (out / "adapters").is_dir() and (out / "eval.json").is_file()

@@ -114,9 +114,7 @@ def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
         missing = np.zeros(GLOBAL_MICRO, bool)
         missing[5] = True  # a completion whose reward failed: masked out, its own group
         # each rank scores only its completions; the group statistics see all of them
-        total = distributed.gather_np(rewards[mine], world)
-        gone = distributed.gather_np(missing[mine], world)
-        adv = rq.advantages_of(total, gone, distributed.gather_np(prompt_index[mine], world), cfg.advantage)[mine]
+        adv = rq.shared_advantages(rewards[mine], missing[mine], prompt_index[mine], cfg.advantage, world)
         packed = rollout.pack_tokens([prompts[p] for p in prompt_index[mine]], completions[mine])
         batch = rq.build_batch(model, params, packed, adv, ~missing[mine], cfg)
         params, state, metrics = step(params, state, batch, mx.array(i))
