@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source", default=str(pairs.stdlib_root() / "asyncio"))
     parser.add_argument("--rules", default="*=4/64", help="PTQ/QAT rules of part 2 (comma-separated)")
     parser.add_argument("--root", default="runs/bench_quant")
-    parser.add_argument("--skip-ptq-sets", action="store_true")
+    parser.add_argument("--ptq-sets", nargs="*", default=sorted(PTQ_SETS), choices=sorted(PTQ_SETS))
     args = parser.parse_args(argv)
     root, load_before, started = Path(args.root), os.getloadavg(), time.perf_counter()
     common = run_args(root, args.steps, args.source)
@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     _, task = xtr_data.load_task(cfg.data, root / "cache", cfg.train.seed)
     bm25 = retrieval_eval.bm25_matrix(task.queries, task.candidates)
     untrained = {"float": {"mrr@10": xtr_lora.evaluate(encoder.params, encoder, cfg, task, bm25)["semantic"]["mrr@10"]}}
-    for name, rules in ({} if args.skip_ptq_sets else PTQ_SETS).items():
+    for name in args.ptq_sets:
+        rules = PTQ_SETS[name]
         qparams, report = quant.quantize_tree(encoder.params, tuple(quant.parse_rule(r) for r in rules))
         mrr = xtr_lora.evaluate(qparams, encoder, cfg, task, bm25)["semantic"]["mrr@10"]
         untrained[name] = {"rules": rules, "mrr@10": mrr, "mrr_change": mrr - untrained["float"]["mrr@10"],
