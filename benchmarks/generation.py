@@ -113,7 +113,15 @@ def bandwidth_bound(model, batch: int, context: int, bandwidth: float) -> float:
     return batch * bandwidth / (weights + kv)
 
 
-def main(argv=None) -> dict:
+def payload(args, device: str, results: list[dict]) -> dict:
+    return {"settings": {"dtype": "bfloat16", "weights": "random (shape only)", "sampling": "temperature 1",
+                         "bandwidth_bytes_per_s": args.bandwidth, "torch_device": device,
+                         "mlx_device": str(mx.default_device()), "repeats": args.repeats,
+                         "torch_generate": "transformers generate, default dynamic KV cache"},
+            "runs": results}
+
+
+def main(argv=None):
     import torch
 
     from benchmarks.gpu_common import write
@@ -152,16 +160,11 @@ def main(argv=None) -> dict:
             row["mlx_share_of_bound"] = row["mlx_median"] / row["bandwidth_bound_tokens_per_s"]
             results.append(row)
             print({k: v for k, v in row.items() if not isinstance(v, list)}, flush=True)
+            write("generation", payload(args, device, results), args.machine)  # keep partial results
         del tm, mm
         mx.clear_cache()
         torch.cuda.empty_cache() if device == "cuda" else None
-    payload = {"settings": {"dtype": "bfloat16", "weights": "random (shape only)", "sampling": "temperature 1",
-                            "bandwidth_bytes_per_s": args.bandwidth, "torch_device": device,
-                            "mlx_device": str(mx.default_device()), "repeats": args.repeats,
-                            "torch_generate": "transformers generate, default dynamic KV cache"},
-               "runs": results}
-    write("generation", payload, args.machine)
-    return payload
+    return write("generation", payload(args, device, results), args.machine)
 
 
 if __name__ == "__main__":

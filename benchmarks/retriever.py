@@ -26,14 +26,17 @@ import sys
 import time
 
 FRAMEWORKS = ("mlx", "torch", "torch_compile")
+WARMUP_S: list[float] = []
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16 datasheet (SXM)
 
 
 def _timed(fn, sync, steps: int, repeats: int, warmup: int) -> list[float]:
     """Seconds per call of fn, one figure per repeat of `steps` calls, after warm-up."""
+    start = time.perf_counter()
     for _ in range(warmup):
         fn()
     sync()
+    WARMUP_S.append(time.perf_counter() - start)  # compilation (mx.compile / JIT kernels, torch.compile)
     out = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -180,6 +183,7 @@ def child(args) -> None:
     fw = args.framework
     res = run_mlx(args.model, args.batch, args) if fw == "mlx" else run_torch(
         args.model, args.batch, args, fw == "torch_compile")
+    res["warmup_s"] = WARMUP_S  # [encode, step] wall seconds of the warm-up calls
     res["process_max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print("RESULT " + json.dumps(res), flush=True)
 
