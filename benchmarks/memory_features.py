@@ -71,7 +71,7 @@ def measure(cfg: dict) -> dict:
                 if profiler is not None:
                     profiler.record(i + 1)
 
-    run(2, 0)  # compile + warm the allocator's cache
+    run(cfg.get("warmup", 2), 0)  # compile + warm the allocator's cache
     base_bytes = mx.get_active_memory()
     mx.reset_peak_memory()
     if cfg.get("profile"):  # it resets MLX's peak per record and keeps the overall one
@@ -79,7 +79,7 @@ def measure(cfg: dict) -> dict:
     rates = []
     for r in range(cfg["repeats"]):
         tic = time.perf_counter()
-        run(cfg["steps"], 2 + r * cfg["steps"])
+        run(cfg["steps"], cfg.get("warmup", 2) + r * cfg["steps"])
         rates.append(cfg["steps"] * cfg["micro"] * cfg["accum"] / (time.perf_counter() - tic))
     mb = 1024 * 1024
     peak = max(mx.get_peak_memory(), int(profiler.overall_peak_mb * mb) if profiler else 0)
@@ -97,10 +97,10 @@ def child(cfg: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def pairs_for(model: str, batch: int, doc_len: int, steps: int, repeats: int) -> dict[str, list[dict]]:
+def pairs_for(model: str, batch: int, doc_len: int, steps: int, repeats: int, warmup: int) -> dict[str, list[dict]]:
     """{feature: [without, with]} configurations that differ only in the feature."""
     base = {"model": model, "micro": batch, "accum": 1, "query_len": 32, "doc_len": doc_len, "dtype": "float32",
-            "checkpointing": False, "steps": steps, "repeats": repeats}
+            "checkpointing": False, "steps": steps, "repeats": repeats, "warmup": warmup}
     quick = {**base, "micro": 12, "accum": 4, "steps": max(steps, 4) // 4 * 4}  # the recipe's quick split
     return {
         "gradient_checkpointing": [base, {**base, "checkpointing": True}],
@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--doc-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--features", nargs="+", default=None)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<machine>/...)")
     args = parser.parse_args(argv)
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     load_before, results = os.getloadavg(), {}
     for model in args.model:
-        for feature, configs in pairs_for(model, args.batch, args.doc_len, args.steps, args.repeats).items():
+        for feature, configs in pairs_for(model, args.batch, args.doc_len, args.steps, args.repeats,
+                                                    args.warmup).items():
             if args.features and feature not in args.features:
                 continue
             rows = [child(c) for c in configs]
@@ -145,9 +147,10 @@ def main(argv: list[str] | None = None) -> None:
                   json.dumps(results[model][feature].get("speed_change")), flush=True)
     from benchmarks.gpu_common import write
 
-    write(f"memory_features_b{args.batch}_d{args.doc_len}", {
+    suffix = "_".join(args.features) if args.features else "all"
+    write(f"memory_features_b{args.batch}_d{args.doc_len}_{suffix}", {
         "settings": {"batch": args.batch, "query_len": 32, "doc_len": args.doc_len, "steps": args.steps,
-                     "repeats": args.repeats, "lora": "r=16 on query,value", "weights": "random, real shapes"},
+                     "repeats": args.repeats, "warmup": args.warmup, "lora": "r=16 on query,value", "weights": "random, real shapes"},
         "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "results": results,
     }, args.machine, args.out)
 
