@@ -167,6 +167,7 @@ def test_nan_loss_is_skipped_with_params_unchanged(problems_file, tmp_path):
     assert int(m["skipped"]) == 0 and int(after["consecutive_skips"]) == 0
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the metrics' nanmean
 def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, capsys):
     # Rewards near float32's max overflow the group mean: advantages and loss become NaN.
     cfg = smoke_cfg(tmp_path, problems_file, max_consecutive_skips=2)
