@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.ptq_sets:
         rules = PTQ_SETS[name]
         qparams, report = quant.quantize_tree(encoder.params, tuple(quant.parse_rule(r) for r in rules))
-        mrr = xtr_lora.evaluate(qparams, encoder, cfg, task, bm25)["semantic"]["mrr@10"]
+        # scored through the dequantised weights: the same numbers as mx.quantized_matmul (tests/
+        # test_quant.py), and BLAS-fast, where MLX's quantised CPU kernels are not
+        deq = quant.dequantize_tree(qparams, report["layers"])
+        mrr = xtr_lora.evaluate(deq, encoder, cfg, task, bm25)["semantic"]["mrr@10"]
         untrained[name] = {"rules": rules, "mrr@10": mrr, "mrr_change": mrr - untrained["float"]["mrr@10"],
                            **quant_io.compression_summary(encoder.params, qparams, report["layers"])}
         print("untrained", name, f"mrr {mrr:.4f}", f"linear x{untrained[name]['linear_ratio']:.2f}", flush=True)
