@@ -82,7 +82,12 @@ def launch(world: int, args) -> dict:
         cmd = [sys.executable, "-m", "benchmarks.scaling", "--rank-run", "--model", args.model,
                "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=args.timeout) for p in procs]
+    try:
+        outs = [p.communicate(timeout=args.timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        return {"world": world, "error": f"timeout {args.timeout}s (first-call kernel JIT included)"}
     lines = [x for x in outs[0][0].splitlines() if x.startswith("RESULT ")]
     if any(p.returncode for p in procs) or not lines:
         return {"world": world, "error": "\n".join(o[1][-1500:] for o in outs)}
