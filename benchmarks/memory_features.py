@@ -97,11 +97,12 @@ def child(cfg: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def pairs_for(model: str, batch: int, doc_len: int, steps: int, repeats: int, warmup: int) -> dict[str, list[dict]]:
+def pairs_for(model: str, batch: int, doc_len: int, steps: int, repeats: int, warmup: int,
+              split: tuple[int, int] = (12, 4)) -> dict[str, list[dict]]:
     """{feature: [without, with]} configurations that differ only in the feature."""
     base = {"model": model, "micro": batch, "accum": 1, "query_len": 32, "doc_len": doc_len, "dtype": "float32",
             "checkpointing": False, "steps": steps, "repeats": repeats, "warmup": warmup}
-    quick = {**base, "micro": 12, "accum": 4, "steps": max(steps, 4) // 4 * 4}  # the recipe's quick split
+    quick = {**base, "micro": split[0], "accum": split[1], "steps": max(steps, 4) // 4 * 4}  # a recipe preset's split
     return {
         "gradient_checkpointing": [base, {**base, "checkpointing": True}],
         "bf16": [base, {**base, "dtype": "bfloat16"}],
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--split", default="12x4", help="MICROxACCUM of the eval_interval runs (quick: 12x4, smoke: 4x2)")
     parser.add_argument("--features", nargs="+", default=None)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<machine>/...)")
     args = parser.parse_args(argv)
@@ -136,9 +138,10 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(measure(json.loads(args.child))))
         return
     load_before, results = os.getloadavg(), {}
+    split = tuple(int(x) for x in args.split.split("x"))
     for model in args.model:
         for feature, configs in pairs_for(model, args.batch, args.doc_len, args.steps, args.repeats,
-                                                    args.warmup).items():
+                                                    args.warmup, split).items():
             if args.features and feature not in args.features:
                 continue
             rows = [child(c) for c in configs]
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     suffix = "_".join(args.features) if args.features else "all"
     write(f"memory_features_b{args.batch}_d{args.doc_len}_{suffix}", {
         "settings": {"batch": args.batch, "query_len": 32, "doc_len": args.doc_len, "steps": args.steps,
-                     "repeats": args.repeats, "warmup": args.warmup, "lora": "r=16 on query,value", "weights": "random, real shapes"},
+                     "repeats": args.repeats, "warmup": args.warmup, "eval_interval_split": args.split, "lora": "r=16 on query,value", "weights": "random, real shapes"},
         "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "results": results,
     }, args.machine, args.out)
 

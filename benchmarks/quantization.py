@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source", default=str(pairs.stdlib_root() / "asyncio"))
     parser.add_argument("--rules", default="*=4/64", help="PTQ/QAT rules of part 2 (comma-separated)")
     parser.add_argument("--root", default="runs/bench_quant")
+    parser.add_argument("--name", default="quantization", help="result file name under benchmarks/results/cpu/")
     parser.add_argument("--ptq-sets", nargs="*", default=sorted(PTQ_SETS), choices=sorted(PTQ_SETS))
     args = parser.parse_args(argv)
     root, load_before, started = Path(args.root), os.getloadavg(), time.perf_counter()
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks.gpu_common import write
 
-    write("quantization", {
+    write(args.name, {
         "settings": {"model": "all-MiniLM-L6-v2", "task": {"source": args.source, "queries": len(task.queries),
                                                            "candidates": len(task.candidates)},
                      "train": {"steps": args.steps, "micro_batch": 8, "lr": 5e-4, "max_doc_len": 64,
