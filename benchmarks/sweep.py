@@ -58,8 +58,6 @@ def run(model, projection, name: str, batch: int, steps: int, dtype, doc_len: in
 
 
 def main(argv=None) -> dict:
-    from benchmarks.gpu_common import write
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machine", default="cpu")
     ap.add_argument("--model", default="t5-base", choices=rm.MODELS)
@@ -75,6 +73,13 @@ def main(argv=None) -> dict:
         rows.append(run(model, projection, args.model, batch, args.num_steps, dtype, args.doc_len,
                         args.profile_memory))
         print({k: v for k, v in rows[-1].items() if k != "losses"}, flush=True)
+        payload = save(args, real, dtype, rows)  # after each batch size: a killed run keeps what it did
+    return payload
+
+
+def save(args, real, dtype, rows) -> dict:
+    from benchmarks.gpu_common import write
+
     payload = {"settings": {"model": args.model, "real_weights": real, "dtype": str(dtype),
                             "query_len": rm.QUERY_LEN, "doc_len": args.doc_len,
                             "num_steps": args.num_steps, "device": str(mx.default_device())},

@@ -1,0 +1,202 @@
+"""Build the README's performance table from the committed result JSONs (so it never drifts).
+
+Reads every JSON under benchmarks/results/<machine>/ and writes benchmarks/results/TABLE.md
+(markdown, MLX / PyTorch ratios) and benchmarks/results/chart.png (the ratios as bars).
+
+    python -m benchmarks.make_table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def load(machine: str, name: str) -> dict | None:
+    path = RESULTS / machine / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def fmt(x, digits=0) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def retriever_section(machine: str, data: dict, bars: list) -> list[str]:
+    runs = {(r["model"], r["batch"], r["framework"]): r for r in data["runs"]}
+    keys = sorted({(m, b) for m, b, _ in runs}, key=lambda k: (k[0], k[1]))
+    out = [f"### Retriever training step and encoding, {machine} ({data['settings']['dtype']}"
+           f"{', ' + data['gpu'] if data.get('gpu') else ''})", "",
+           "| model | batch | step pairs/s MLX | PyTorch eager | torch.compile | MLX / eager | MLX / compile "
+           "| MLX MFU | peak GB MLX / eager | encode docs/s MLX | encode eager (SDPA) | encode compile "
+           "| encode MLX / eager |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, batch in keys:
+        m, t, c = (runs.get((model, batch, f)) for f in ("mlx", "torch", "torch_compile"))
+
+        def get(r, k):
+            return None if r is None or "error" in r else r.get(k)
+
+        def ratio(a, b, k):
+            x, y = get(a, k), get(b, k)
+            return None if x is None or y is None else x / y
+
+        step_e, step_c = ratio(m, t, "step_samples_per_s"), ratio(m, c, "step_samples_per_s")
+        enc_e = ratio(m, t, "encode_samples_per_s")
+        mfu = get(m, "step_mfu")
+        peaks = [get(r, "step_peak_bytes") or get(r, "process_max_rss_bytes") for r in (m, t)]
+        out.append(
+            f"| {model} | {batch} | {fmt(get(m, 'step_samples_per_s'), 1)} | {fmt(get(t, 'step_samples_per_s'), 1)} "
+            f"| {fmt(get(c, 'step_samples_per_s'), 1)} | {fmt(step_e, 2)}x | {fmt(step_c, 2)}x "
+            f"| {fmt(mfu * 100 if mfu else None, 1)}% | {' / '.join(fmt(p / 1e9 if p else None, 1) for p in peaks)} "
+            f"| {fmt(get(m, 'encode_samples_per_s'), 1)} | {fmt(get(t, 'encode_samples_per_s'), 1)} "
+            f"| {fmt(get(c, 'encode_samples_per_s'), 1)} | {fmt(enc_e, 2)}x |")
+        for label, val in ((f"{machine} {model} b{batch} step vs eager", step_e),
+                           (f"{machine} {model} b{batch} step vs compile", step_c),
+                           (f"{machine} {model} b{batch} encode vs eager", enc_e)):
+            if val:
+                bars.append((label, val))
+    errors = [f"{k[0]} b{k[1]} {k[2]}: {r['error'][:80]!r}" for k, r in runs.items() if "error" in r]
+    if errors:
+        out += ["", "Not measured: " + "; ".join(errors)]
+    for key, note in (data.get("notes") or {}).items():
+        out += ["", f"- {key}: {note}"]
+    load = data.get("load_avg_before")
+    if load and machine == "cpu":
+        out += ["", f"CPU load average during the run: {load[0]:.1f} (before) / {data['load_avg_after'][0]:.1f} "
+                "(after) on 2 cores shared with other jobs: CPU figures are noisy."]
+    return out + [""]
+
+
+def generation_section(machine: str, data: dict, bars: list) -> list[str]:
+    out = [f"### Rollout generation, {machine} (bf16, random weights of the shape)", "",
+           "| model shape | batch | MLX tok/s | transformers generate tok/s | MLX / torch | bandwidth bound tok/s "
+           "| MLX share of bound |", "|---|---|---|---|---|---|---|"]
+    for r in data["runs"]:
+        out.append(f"| {r['shape']} | {r['batch']} | {fmt(r['mlx_median'])} | {fmt(r['torch_median'])} "
+                   f"| {fmt(r['mlx_over_torch'], 2)}x | {fmt(r['bandwidth_bound_tokens_per_s'])} "
+                   f"| {fmt(r['mlx_share_of_bound'] * 100, 1)}% |")
+        bars.append((f"{machine} gen {r['shape']} b{r['batch']}", r["mlx_over_torch"]))
+    return out + [""]
+
+
+def other_sections() -> list[str]:
+    out = []
+    s = load("h200x2", "scaling")
+    if s and "speedup" in s:
+        rows = {r["world"]: r for r in s["runs"] if "samples_per_s" in r}
+        out += ["### Data-parallel scaling (h200x2, mx.distributed NCCL, t5-base bf16)", "",
+                "| GPUs | per-GPU batch | global batch | step ms | pairs/s | speedup | target |", "|---|---|---|---|---|---|---|"]
+        for w, r in sorted(rows.items()):
+            out.append(f"| {w} | {r['per_gpu_batch']} | {r['global_batch']} | {fmt(r['median_step_s'] * 1e3, 1)} "
+                       f"| {fmt(r['samples_per_s'])} | {fmt(s['speedup'][str(w)], 2)}x | {'1.8x' if w == 2 else ''} |")
+        out.append("")
+    p = load("h200x2", "parity_minilm") or load("cpu", "parity_minilm")
+    if p:
+        st = p["settings"]
+        out += [f"### Convergence parity ({st['steps']} steps, {st['model']}, batch {st['batch']}, float32)", "",
+                f"Loss at step {st['steps']}: MLX {p['final_loss']['mlx']:.5f}, PyTorch {p['final_loss']['torch']:.5f}; "
+                f"relative difference {p['final_rel_diff']:.2e} (target <= 1%: "
+                f"{'met' if p['meets_target'] else 'missed'}); max over all steps {p['max_rel_diff']:.2e}. "
+                "Curves: parity_minilm.png.", ""]
+    sw = load("h200x2", "sweep_t5-base")
+    if sw:
+        out += [f"### Sweep (MLX retriever step, {sw['settings']['model']}, {sw['settings']['num_steps']} steps, "
+                f"{sw['settings']['dtype']}, H200)", "",
+                "| batch | pairs/s | tokens/s | peak GB | first step s | loss step 1 | loss after N (mean last 10) |",
+                "|---|---|---|---|---|---|---|"]
+        for r in sw["runs"]:
+            out.append(f"| {r['batch']} | {fmt(r['samples_per_s'])} | {fmt(r['tokens_per_s'])} "
+                       f"| {fmt(r.get('peak_memory_bytes', 0) / 1e9, 1)} | {fmt(r['first_step_s'], 1)} "
+                       f"| {r['loss_first']:.3f} | {r['loss_mean_last10']:.3f} |")
+        out.append("")
+    cpu_rows = []
+    e = load("cpu", "encode")
+    if e:
+        cpu_rows.append(f"| encoding, MiniLM real code (benchmarks/encode.py) | {fmt(e['median_tokens_per_s']['mlx'])} tok/s "
+                        f"| {fmt(e['median_tokens_per_s']['torch'])} tok/s | {e['mlx_over_torch']:.2f}x |")
+    d = load("cpu", "data_pipeline")
+    if d:
+        cpu_rows.append(f"| data pipeline, prefetch vs none (benchmarks/data_pipeline.py) | - | - "
+                        f"| {d['prefetch_speedup']:.2f}x batches/s |")
+    if cpu_rows:
+        out += ["### Other CPU benchmarks (other helpers' scripts)", "", "| benchmark | MLX | PyTorch | ratio |",
+                "|---|---|---|---|", *cpu_rows, ""]
+    return out
+
+
+def _ratio(data, model, batch, kind, peer):
+    for r in (data or {}).get("ratios", []):
+        if (r["model"], r["batch"], r["kind"], r["peer"]) == (model, batch, kind, peer):
+            return r["mlx_over_peer"]
+    return None
+
+
+def _mfu(data, model, batch):
+    for r in (data or {}).get("runs", []):
+        if (r["model"], r["batch"], r["framework"]) == (model, batch, "mlx"):
+            return r.get("step_mfu")
+    return None
+
+
+def targets() -> list[str]:
+    """The issue's targets, each read off the JSONs: reached, or missed and by how much."""
+    h, c = load("h100", "retriever"), load("cpu", "retriever")
+    g, s = load("h100", "generation"), load("h200x2", "scaling")
+    gen64 = min((r["mlx_over_torch"] for r in (g or {}).get("runs", []) if r["batch"] == 64), default=None)
+    checks = [
+        ("H100 retriever step t5-base b128 vs PyTorch eager", _ratio(h, "t5-base", 128, "step", "torch"), 1.5),
+        ("H100 retriever step t5-base b128 vs torch.compile", _ratio(h, "t5-base", 128, "step", "torch_compile"), 1.0),
+        ("H100 retriever step t5-base b128 MFU", _mfu(h, "t5-base", 128), 0.35),
+        ("H100 retriever step minilm b128 vs torch.compile", _ratio(h, "minilm", 128, "step", "torch_compile"), 1.0),
+        ("H100 encoding t5-base b128 vs PyTorch SDPA", _ratio(h, "t5-base", 128, "encode", "torch"), 1.0),
+        ("H100 encoding minilm b128 vs PyTorch SDPA", _ratio(h, "minilm", 128, "encode", "torch"), 1.0),
+        ("H100 generation batch 64 vs transformers generate (worst shape)", gen64, 2.0),
+        ("CPU retriever step minilm b12 vs PyTorch eager", _ratio(c, "minilm", 12, "step", "torch"), 1.0),
+        ("CPU retriever step minilm b12 vs torch.compile", _ratio(c, "minilm", 12, "step", "torch_compile"), 1.0),
+        ("2 x H200 data-parallel speedup", (s or {}).get("speedup", {}).get("2"), 1.8),
+    ]
+    out = ["### Targets", "", "| target | measured | goal | status |", "|---|---|---|---|"]
+    for name, val, goal in checks:
+        status = "not measured" if val is None else ("reached" if val >= goal else f"missed by {(1 - val / goal) * 100:.0f}%")
+        out.append(f"| {name} | {fmt(val, 2) if val is not None else '-'} | {goal} | {status} |")
+    return out + [""]
+
+
+def main(argv=None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    bars: list[tuple[str, float]] = []
+    lines = ["<!-- generated by python -m benchmarks.make_table from benchmarks/results/*/*.json -->",
+             "## Performance (MLX vs PyTorch)", ""]
+    for machine in ("h100", "cpu"):
+        r = load(machine, "retriever")
+        if r:
+            lines += retriever_section(machine, r, bars)
+    g = load("h100", "generation")
+    if g:
+        lines += generation_section("h100", g, bars)
+    lines += other_sections()
+    lines += targets()
+    (RESULTS / "TABLE.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(bars) + 1.2))
+    names, vals = zip(*bars, strict=True) if bars else ((), ())
+    ax.barh(range(len(vals)), vals, color=["tab:green" if v >= 1 else "tab:red" for v in vals])
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("MLX / PyTorch throughput (>1: MLX faster)")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "chart.png", dpi=110)
+    print(RESULTS / "TABLE.md")
+
+
+if __name__ == "__main__":
+    main()
