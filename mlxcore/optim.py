@@ -14,7 +14,6 @@ from typing import NamedTuple
 import attrs
 import mlx.core as mx
 import mlx.optimizers as optim
-
 from mlx.utils import tree_flatten
 
 from mlxcore.tree import Tree, map_leaves
