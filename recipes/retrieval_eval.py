@@ -75,10 +75,20 @@ def hybrid(semantic: np.ndarray, bm25: np.ndarray) -> np.ndarray:
     return ranking.reciprocal_rank_fusion([semantic, bm25], RRF_K)
 
 
+INTERP_ALPHAS = (0.5, 0.7, 0.9)  # weights of the semantic side, reported for comparison only
+
+
 def evaluate_modes(semantic: np.ndarray, bm25: np.ndarray, positives: np.ndarray) -> dict:
-    """{"semantic": metrics, "hybrid": metrics} (P@1, MRR@10, Recall@10, nDCG@10)."""
+    """{"semantic": metrics, "hybrid": metrics (RRF), "fusion": {variant: metrics}}.
+
+    Metrics: P@1, MRR@10, Recall@10, nDCG@10. "fusion" adds min-max score interpolation at a
+    few fixed semantic weights beside RRF, so the fusion choice is made on evidence.
+    """
+    fusion = {f"interp@{a:g}": ranking.ranking_metrics(ranking.interpolate(semantic, bm25, a), positives)
+              for a in INTERP_ALPHAS}
     return {"semantic": ranking.ranking_metrics(semantic, positives),
-            "hybrid": ranking.ranking_metrics(hybrid(semantic, bm25), positives)}
+            "hybrid": ranking.ranking_metrics(hybrid(semantic, bm25), positives),
+            "fusion": fusion}
 
 
 def save_embedded(directory: Path, embedded: Embedded) -> None:
