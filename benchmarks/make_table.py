@@ -166,6 +166,21 @@ def targets() -> list[str]:
     return out + [""]
 
 
+README = RESULTS.parent.parent / "README.md"
+BEGIN, END = "<!-- PERF_TABLE:BEGIN (python -m benchmarks.make_table) -->", "<!-- PERF_TABLE:END -->"
+
+
+def splice_readme(lines: list[str]) -> None:
+    """Replace the README's text between the PERF_TABLE markers with the generated tables."""
+    text = README.read_text()
+    if BEGIN not in text or END not in text:
+        return
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    body = "\n".join(line.replace("### ", "#### ", 1) if line.startswith("### ") else line for line in lines)
+    README.write_text(f"{head}{BEGIN}\n{body}\n{END}{tail}")
+
+
 def main(argv=None) -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     bars: list[tuple[str, float]] = []
@@ -181,6 +196,7 @@ def main(argv=None) -> None:
     lines += other_sections()
     lines += targets()
     (RESULTS / "TABLE.md").write_text("\n".join(lines) + "\n")
+    splice_readme(lines[2:])
     import matplotlib
 
     matplotlib.use("Agg")

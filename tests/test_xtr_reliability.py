@@ -3,16 +3,13 @@ SIGKILL at random points (some inside checkpoint writes) then --resume gives exa
 uninterrupted run's weights, optimizer moments, step and loss trace."""
 
 import json
-import os
-import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from killer import SLOW_FSYNC, kill_until_done
 
 from mlxcore.tree import flatten
 from mlxio import checkpoint
@@ -57,13 +54,8 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
     assert [r["skipped"] for r in records if r["step"] > 4] == [1.0, 1.0, 1.0]
 
 
-# The child runs the recipe with each fsync of a checkpoint write slowed by 50 ms, so that a
-# checkpoint write lasts long enough for the test to land kills inside it.
-CHILD = """
-import sys, time
-import mlxio.checkpoint as ckpt
-fsync = ckpt._fsync_path
-ckpt._fsync_path = lambda path: (time.sleep(0.05), fsync(path))[1]
+CHILD = SLOW_FSYNC + """
+import sys
 from recipes import xtr_lora
 xtr_lora.main(sys.argv[1:])
 """
@@ -72,14 +64,6 @@ xtr_lora.main(sys.argv[1:])
 def launch(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", CHILD, *args], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-
-
-def writing(run_dir: Path) -> bool:
-    """A checkpoint writer's temp dir exists (a kill now lands inside a checkpoint write)."""
-    try:
-        return any(e.name.startswith(".tmp-") for e in os.scandir(run_dir / "checkpoints"))
-    except FileNotFoundError:
-        return False
 
 
 def test_sigkill_at_random_points_then_resume_is_exact(tmp_path):
@@ -92,37 +76,14 @@ def test_sigkill_at_random_points_then_resume_is_exact(tmp_path):
     ref_losses = [json.loads(line)["loss"] for line in (reference / "metrics.jsonl").read_text().splitlines()]
 
     killed_run = tmp_path / "killed"
-    rng = random.Random(0)
-    kills = mid_write = 0
-    started = time.monotonic()
-    while True:
-        proc = launch([*common, "--out_dir", str(killed_run), "--resume"])
-        if kills < 10:
-            # wait until training is under way (a metrics line exists), then kill at a random instant
-            deadline = time.monotonic() + 600
-            metrics = killed_run / "metrics.jsonl"
-            while proc.poll() is None and time.monotonic() < deadline and not (metrics.exists() and metrics.stat().st_size):
-                time.sleep(0.05)
-            if kills % 2:  # aim at a checkpoint write: kill as soon as a writer's temp dir shows
-                until = time.monotonic() + 120
-                while proc.poll() is None and time.monotonic() < until and not writing(killed_run):
-                    pass
-            else:
-                time.sleep(rng.uniform(0.0, 3.0))
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                kills += 1
-                mid_write += writing(killed_run)
-                continue
-        assert proc.wait(timeout=900) == 0
-        break
+    metrics = killed_run / "metrics.jsonl"
+    report = kill_until_done(lambda: launch([*common, "--out_dir", str(killed_run), "--resume"]), killed_run,
+                             started=lambda: metrics.exists() and metrics.stat().st_size > 0)
     _, trees, meta = checkpoint.load_latest(killed_run)
-    losses = [json.loads(line)["loss"] for line in (killed_run / "metrics.jsonl").read_text().splitlines()]
-    report = {"kills": kills, "kills_mid_checkpoint_write": mid_write, "differences": trees_equal(ref_trees, trees),
-              "seconds": round(time.monotonic() - started)}
+    losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    report["differences"] = trees_equal(ref_trees, trees)
     print("sigkill/resume:", json.dumps(report))
-    assert kills >= 10 and mid_write >= 1
+    assert report["kills"] >= 10 and report["kills_mid_checkpoint_write"] >= 1
     assert meta["step"] == ref_meta["step"] == steps
     assert report["differences"] == []
     assert losses == ref_losses
