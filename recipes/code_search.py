@@ -9,7 +9,8 @@
         Q.jsonl lines: {"id": str, "query": str}; R.jsonl lines: {"query_id", "doc_ids"} (best first).
 
 Modes: semantic (MaxSim over token embeddings), bm25 (code-aware terms), hybrid
-(reciprocal-rank fusion of the two, k=60).
+(reciprocal-rank fusion of the two, k=60; or score interpolation with --alpha A, the semantic
+weight that recipes.xtr_lora chose on its dev queries and wrote to eval.json).
 """
 
 from __future__ import annotations
@@ -74,8 +75,11 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
     return len(docs)
 
 
-def search(index_dir: Path, queries: list[str], mode: str, max_query_len: int = 32) -> tuple[np.ndarray, list[dict]]:
-    """(scores [n_queries, n_docs] for `mode`, the index's documents)."""
+def search(index_dir: Path, queries: list[str], mode: str, max_query_len: int = 32,
+           alpha: float | None = None) -> tuple[np.ndarray, list[dict]]:
+    """(scores [n_queries, n_docs] for `mode`, the index's documents). Hybrid: score
+    interpolation with semantic weight `alpha` (e.g. the `hybrid_fusion` of the training run's
+    eval.json), or reciprocal-rank fusion when alpha is None."""
     meta = json.loads((index_dir / "index.json").read_text())
     docs = [json.loads(line) for line in (index_dir / "docs.jsonl").read_text().splitlines()]
     bm25 = retrieval_eval.bm25_matrix(queries, [d["code"] for d in docs]) if mode != "semantic" else None
@@ -84,7 +88,10 @@ def search(index_dir: Path, queries: list[str], mode: str, max_query_len: int = 
     encoder = load_encoder(meta["model"])
     q = retrieval_eval.embed_texts(encoder.params, encoder.spec, encoder.tokenizer, queries, max_query_len)
     semantic = retrieval_eval.maxsim_matrix(q, retrieval_eval.load_embedded(index_dir))
-    return (semantic if mode == "semantic" else retrieval_eval.hybrid(semantic, bm25)), docs
+    if mode == "semantic":
+        return semantic, docs
+    fused = retrieval_eval.hybrid(semantic, bm25) if alpha is None else retrieval_eval.interpolated(semantic, bm25, alpha)
+    return fused, docs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     find.add_argument("--index", type=Path, required=True)
     find.add_argument("--mode", choices=MODES, default="hybrid")
     find.add_argument("--top-k", type=int, default=10)
+    find.add_argument("--alpha", type=float, help="hybrid: semantic weight of score interpolation (default: RRF)")
     find.add_argument("--queries", type=Path, help="JSONL of {id, query}")
     find.add_argument("--output", type=Path, help="rankings JSONL (with --queries)")
     args = parser.parse_args(argv)
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         for lineno, row in enumerate(rows, 1):
             if not isinstance(row, dict) or not isinstance(row.get("query"), str) or "id" not in row:
                 raise DataError(f"{args.queries}:{lineno}: needs string 'query' and an 'id'")
-        scores, docs = search(args.index, [r["query"] for r in rows], args.mode)
+        scores, docs = search(args.index, [r["query"] for r in rows], args.mode, alpha=args.alpha)
         out = args.output.open("w") if args.output else sys.stdout
         for row, line in zip(rows, scores, strict=True):
             best = np.argsort(-line, kind="stable")[:args.top_k]
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.output:
             out.close()
         return
-    scores, docs = search(args.index, [args.query], args.mode)
+    scores, docs = search(args.index, [args.query], args.mode, alpha=args.alpha)
     for rank, i in enumerate(np.argsort(-scores[0], kind="stable")[:args.top_k], 1):
         doc = docs[i]
         snippet = next((ln.strip() for ln in doc["code"].splitlines() if ln.strip()), "")

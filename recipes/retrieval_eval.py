@@ -1,5 +1,6 @@
 """Embed texts with a multi-vector encoder and rank candidates: semantic (MaxSim), BM25 and
-hybrid (reciprocal-rank fusion of the two). Shared by the xtr_lora recipe and code_search.
+hybrid (BM25 fused with semantic: min-max score interpolation with a weight chosen on dev
+queries, or reciprocal-rank fusion). Shared by the xtr_lora recipe and code_search.
 
 Texts are tokenised once, sorted by length and embedded in batches padded to a bucket, so a
 handful of compiled shapes serve the whole corpus and padding costs little.
@@ -75,20 +76,35 @@ def hybrid(semantic: np.ndarray, bm25: np.ndarray) -> np.ndarray:
     return ranking.reciprocal_rank_fusion([semantic, bm25], RRF_K)
 
 
-INTERP_ALPHAS = (0.5, 0.7, 0.9)  # weights of the semantic side, reported for comparison only
+ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)  # candidate weights of the semantic side
+MIN_DEV_QUERIES = 50  # fewer dev queries than this: no weight is tuned, RRF is used
 
 
-def evaluate_modes(semantic: np.ndarray, bm25: np.ndarray, positives: np.ndarray) -> dict:
-    """{"semantic": metrics, "hybrid": metrics (RRF), "fusion": {variant: metrics}}.
+def interpolated(semantic: np.ndarray, bm25: np.ndarray, alpha: float) -> np.ndarray:
+    """alpha x min-max(semantic) + (1 - alpha) x min-max(BM25), per query: [n_queries, n_docs]."""
+    return ranking.interpolate(semantic, bm25, alpha)
 
-    Metrics: P@1, MRR@10, Recall@10, nDCG@10. "fusion" adds min-max score interpolation at a
-    few fixed semantic weights beside RRF, so the fusion choice is made on evidence.
+
+def choose_alpha(semantic_dev: np.ndarray, bm25_dev: np.ndarray, dev_positives: np.ndarray) -> float | None:
+    """The ALPHAS weight with the best MRR@10 on the dev queries (None: too few to choose)."""
+    if len(dev_positives) < MIN_DEV_QUERIES:
+        return None
+    mrr = [ranking.ranking_metrics(interpolated(semantic_dev, bm25_dev, a), dev_positives)["mrr@10"] for a in ALPHAS]
+    return ALPHAS[int(np.argmax(mrr))]
+
+
+def evaluate_modes(semantic: np.ndarray, bm25: np.ndarray, positives: np.ndarray, alpha: float | None) -> dict:
+    """{"semantic", "hybrid", "hybrid_fusion", "fusion": {variant: metrics}} on the test queries.
+
+    hybrid = score interpolation at `alpha` (chosen on dev queries, never on these), or RRF
+    (k=60) when alpha is None. "fusion" lists every variant for comparison. Metrics: P@1,
+    MRR@10, Recall@10, nDCG@10.
     """
-    fusion = {f"interp@{a:g}": ranking.ranking_metrics(ranking.interpolate(semantic, bm25, a), positives)
-              for a in INTERP_ALPHAS}
-    return {"semantic": ranking.ranking_metrics(semantic, positives),
-            "hybrid": ranking.ranking_metrics(hybrid(semantic, bm25), positives),
-            "fusion": fusion}
+    fusion = {"rrf": ranking.ranking_metrics(hybrid(semantic, bm25), positives)}
+    fusion |= {f"interp@{a:g}": ranking.ranking_metrics(interpolated(semantic, bm25, a), positives) for a in ALPHAS}
+    name = "rrf" if alpha is None else f"interp@{alpha:g}"
+    return {"semantic": ranking.ranking_metrics(semantic, positives), "hybrid": fusion[name],
+            "hybrid_fusion": name, "fusion": fusion}
 
 
 def save_embedded(directory: Path, embedded: Embedded) -> None:

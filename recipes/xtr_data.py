@@ -27,6 +27,8 @@ class Task:
     candidates: tuple[str, ...]
     candidate_ids: tuple[str, ...]
     positives: np.ndarray
+    dev_queries: tuple[str, ...]  # other held-out queries, for choosing the hybrid fusion weight
+    dev_positives: np.ndarray
     digest: str  # sha256 of queries, candidates and positives
 
 
@@ -57,10 +59,15 @@ def load_task(data, cache_dir: Path, seed: int) -> tuple[list[pairs.Pair], Task]
         corpus = pairs.mine_corpus([source], cache_dir=cache_dir)
     train, _ = pairs.split_by_file(corpus.pairs, data.eval_fraction, seed)
     ev = pairs.eval_set(corpus, data.eval_fraction, seed, min_queries=data.min_eval_queries,
-                        min_candidates=data.min_eval_candidates, max_queries=data.eval_queries)
-    task = Task(queries=ev.queries, candidates=ev.candidates, candidate_ids=ev.candidate_ids,
-                positives=ev.positives,
-                digest=_digest(ev.queries, ev.candidates, ev.positives.tolist()))
+                        min_candidates=data.min_eval_candidates)
+    # test queries: a seeded sample of eval_queries; the rest of the held-out queries form a dev
+    # set (same candidates, disjoint queries) on which the hybrid weight is chosen
+    order = np.random.default_rng(seed).permutation(len(ev.queries))
+    test, dev = np.sort(order[:data.eval_queries]), np.sort(order[data.eval_queries:])
+    task = Task(queries=tuple(ev.queries[i] for i in test), candidates=ev.candidates,
+                candidate_ids=ev.candidate_ids, positives=ev.positives[test],
+                dev_queries=tuple(ev.queries[i] for i in dev), dev_positives=ev.positives[dev],
+                digest=_digest(ev.queries, ev.candidates, ev.positives.tolist(), test.tolist()))
     return train, task
 
 

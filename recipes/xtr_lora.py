@@ -180,19 +180,22 @@ def contrastive_loss_fn(spec, loss_cfg: LossConfig, world: distributed.World = d
 
 
 def evaluate(params, encoder, cfg: Config, task, bm25: np.ndarray) -> dict:
-    """Semantic and hybrid metrics of `params` on the held-out task."""
-    queries = retrieval_eval.embed_texts(params, encoder.spec, encoder.tokenizer, task.queries,
+    """Semantic and hybrid metrics of `params` on the held-out test queries; the hybrid weight is
+    chosen on the dev queries. bm25: [test + dev queries, candidates]."""
+    queries = retrieval_eval.embed_texts(params, encoder.spec, encoder.tokenizer, task.queries + task.dev_queries,
                                          cfg.data.max_query_len, cfg.train.eval_batch)
     docs = retrieval_eval.embed_texts(params, encoder.spec, encoder.tokenizer, task.candidates,
                                       cfg.data.max_doc_len, cfg.train.eval_batch)
-    return retrieval_eval.evaluate_modes(retrieval_eval.maxsim_matrix(queries, docs), bm25, task.positives)
+    semantic, n = retrieval_eval.maxsim_matrix(queries, docs), len(task.queries)
+    alpha = retrieval_eval.choose_alpha(semantic[n:], bm25[n:], task.dev_positives)
+    return retrieval_eval.evaluate_modes(semantic[:n], bm25[:n], task.positives, alpha)
 
 
 def print_table(results: dict) -> str:
     rows = [("BM25", results["bm25"])]
     for name in [n for n in ("untrained", "fine-tuned", "quantized") if n in results]:
-        for mode in ("semantic", "hybrid"):
-            rows.append((f"{name} {mode}", results[name][mode]))
+        rows.append((f"{name} semantic", results[name]["semantic"]))
+        rows.append((f"{name} hybrid ({results[name].get('hybrid_fusion', 'rrf')})", results[name]["hybrid"]))
     keys = list(results["bm25"])
     lines = [f"| model / mode | {' | '.join(keys)} |", "|---|" + "---|" * len(keys)]
     lines += [f"| {name} | " + " | ".join(f"{m[k]:.3f}" for k in keys) + " |" for name, m in rows]
@@ -247,8 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- data: pairs, held-out retrieval task, token cache
     train_pairs, task = xtr_data.load_task(cfg.data, cache_dir, cfg.train.seed)
-    log.info("data: %d training pairs; eval %d queries over %d candidates", len(train_pairs),
-             len(task.queries), len(task.candidates))
+    log.info("data: %d training pairs; eval %d queries (+%d dev) over %d candidates", len(train_pairs),
+             len(task.queries), len(task.dev_queries), len(task.candidates))
     tok_id = tokenizer_identity(encoder.tokenizer)
     cache = build_or_open(cache_dir / "tokens", {"query": [p.query for p in train_pairs],
                                                   "doc": [p.code for p in train_pairs]},
@@ -283,10 +286,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)
     if world.is_main:
-        bm25 = retrieval_eval.bm25_matrix(task.queries, task.candidates)
-        results = {"bm25": retrieval_eval.ranking.ranking_metrics(bm25, task.positives)}
+        bm25 = retrieval_eval.bm25_matrix(task.queries + task.dev_queries, task.candidates)
+        results = {"bm25": retrieval_eval.ranking.ranking_metrics(bm25[:len(task.queries)], task.positives)}
         results["untrained"] = xtr_data.cached_eval(
-            cache_dir, {"model": model_path, "task": task.digest, "q": cfg.data.max_query_len,
+            cache_dir, {"v": 2, "model": model_path, "task": task.digest, "q": cfg.data.max_query_len,
                         "d": cfg.data.max_doc_len, "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
             lambda: evaluate(untrained_params, encoder, cfg, task, bm25))
 
@@ -380,7 +383,8 @@ def main(argv: list[str] | None = None) -> dict:
         "samples_per_s": samples_per_step * steps_run / max(train_time, 1e-9),
         "micro_batch": micro, "accum": effective // micro, "eval_interval": cfg.train.eval_interval,
         "trainable_params": n_train, "model": model_path, "queries": len(task.queries),
-        "candidates": len(task.candidates), "hybrid": f"reciprocal-rank fusion (k={retrieval_eval.RRF_K:g})",
+        "candidates": len(task.candidates), "dev_queries": len(task.dev_queries),
+        "hybrid": "min-max score interpolation, semantic weight chosen on the dev queries (RRF k=60 when too few)",
     }
     write_json_atomic(out_dir / "eval.json", results)
     table = print_table(results)

@@ -156,9 +156,9 @@ def test_index_and_search(run, tmp_path, capsys):
     queries = tmp_path / "q.jsonl"
     queries.write_text('{"id": "q1", "query": "add two numbers"}\n{"id": "q2", "query": "read all lines from a file path"}\n')
     rankings = tmp_path / "r.jsonl"
-    for mode in ("semantic", "bm25", "hybrid"):
+    for mode, extra in (("semantic", []), ("bm25", []), ("hybrid", []), ("hybrid", ["--alpha", "0.8"])):
         code_search.main(["search", "--index", str(index), "--mode", mode, "--queries", str(queries),
-                          "--output", str(rankings), "--top-k", "3"])
+                          "--output", str(rankings), "--top-k", "3", *extra])
         rows = [json.loads(line) for line in rankings.read_text().splitlines()]
         assert [r["query_id"] for r in rows] == ["q1", "q2"]
         assert all(len(r["doc_ids"]) == 3 for r in rows)
