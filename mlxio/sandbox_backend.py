@@ -40,14 +40,15 @@ def _bwrap_argv(writable: str | None) -> list[str]:
             argv += ["--symlink", os.readlink(p), str(p)]
         elif p.is_dir():
             argv += ["--ro-bind", str(p), str(p)]
+    # /tmp first: an interpreter installed under /tmp is then bound on top of it, not hidden
+    argv += ["--bind", writable, "/tmp"] if writable else ["--tmpfs", "/tmp"]
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
+    exe_dir = os.path.dirname(exe)
+    if not exe_dir.startswith(("/usr/", prefix + "/")):  # e.g. a copied (not symlinked) venv binary
+        argv += ["--ro-bind", exe_dir, exe_dir]
     if (stdlib / "site-packages").is_dir():  # hide installed packages (dataset files live there)
         argv += ["--tmpfs", str(stdlib / "site-packages")]
-    if writable:
-        argv += ["--bind", writable, "/tmp"]
-    else:
-        argv += ["--tmpfs", "/tmp"]
     return argv + ["--chdir", "/tmp", exe]
 
 

@@ -135,7 +135,8 @@ def test_200_calls_under_faults_complete_or_are_missing():
     assert scores.count(None) >= 1  # slow answers beyond the deadline do happen
     assert max(t for _, t in results) < timeout + 1.0  # deadline kept (loose: a loaded CI box)
     assert judge.stats.calls == 200 and judge.stats.missing == scores.count(None)
-    assert server.hits == judge.stats.requests > 200  # retries happened
+    # retries happened; a request the client gave up on before the server accepted it is not a hit
+    assert 200 < server.hits <= judge.stats.requests
     print(f"judge calls: {done} completed, {scores.count(None)} missing, "
           f"{server.hits} requests, {judge.stats.retries} retries")
 
