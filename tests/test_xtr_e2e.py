@@ -102,19 +102,27 @@ def mlx_token_embeddings(params, spec, tokenizer):
     return np.array(token_embeddings(params, mx.array(ids), mx.array(mask), spec)), ids, mask
 
 
+def trained_embeddings(root):
+    """MLX token embeddings [3, T, 384] of SNIPPETS under the smoke run's final LoRA, with ids/mask."""
+    encoder = load_encoder(default_encoder_path(), lora_scale=xtr_lora.PRESETS["smoke"].lora.scale)
+    trees, _ = final_trees(root / "full")
+    return mlx_token_embeddings(combine(encoder.params, trees["trainable"]), encoder.spec, encoder.tokenizer)
+
+
+def torch_embeddings(torch, model, ids, mask):
+    """Unit-norm last hidden states of a PyTorch model on the same ids/mask."""
+    with torch.no_grad():
+        hidden = model.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
+                              attention_mask=torch.tensor(mask, dtype=torch.long)).last_hidden_state
+    return torch.nn.functional.normalize(hidden, dim=-1).numpy()
+
+
 def test_merged_export_matches_in_transformers(run):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     root, _, _ = run
-    cfg = xtr_lora.PRESETS["smoke"]
-    encoder = load_encoder(default_encoder_path(), lora_scale=cfg.lora.scale)
-    trees, _ = final_trees(root / "full")
-    ours, ids, mask = mlx_token_embeddings(combine(encoder.params, trees["trainable"]), encoder.spec, encoder.tokenizer)
-    model = transformers.AutoModel.from_pretrained(root / "full" / "merged").eval()
-    with torch.no_grad():
-        hidden = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                       attention_mask=torch.tensor(mask, dtype=torch.long)).last_hidden_state
-    theirs = torch.nn.functional.normalize(hidden, dim=-1).numpy()
+    ours, ids, mask = trained_embeddings(root)
+    theirs = torch_embeddings(torch, transformers.AutoModel.from_pretrained(root / "full" / "merged"), ids, mask)
     np.testing.assert_allclose(theirs[mask], ours[mask], atol=1e-4)
     merged = load_encoder(root / "full" / "merged")  # and it loads back into MLX
     again, _, _ = mlx_token_embeddings(merged.params, merged.spec, merged.tokenizer)
@@ -126,16 +134,10 @@ def test_peft_adapter_loads_in_peft(run):
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     root, _, _ = run
-    cfg = xtr_lora.PRESETS["smoke"]
-    encoder = load_encoder(default_encoder_path(), lora_scale=cfg.lora.scale)
-    trees, _ = final_trees(root / "full")
-    ours, ids, mask = mlx_token_embeddings(combine(encoder.params, trees["trainable"]), encoder.spec, encoder.tokenizer)
+    ours, ids, mask = trained_embeddings(root)
     base = transformers.AutoModel.from_pretrained(default_encoder_path())
-    model = peft.PeftModel.from_pretrained(base, root / "full" / "peft_adapter").eval()
-    with torch.no_grad():
-        hidden = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                       attention_mask=torch.tensor(mask, dtype=torch.long)).last_hidden_state
-    theirs = torch.nn.functional.normalize(hidden, dim=-1).numpy()
+    model = peft.PeftModel.from_pretrained(base, root / "full" / "peft_adapter")
+    theirs = torch_embeddings(torch, model, ids, mask)
     np.testing.assert_allclose(theirs[mask], ours[mask], atol=1e-4)
 
 
