@@ -4,6 +4,7 @@ Run:  python -m recipes.rlaif_qwen                      # quick preset: SmolLM2-
       python -m recipes.rlaif_qwen --preset full --model path/to/Qwen2.5-Coder-1.5B-Instruct
       python -m recipes.rlaif_qwen --preset smoke        # tiny random llama, seconds
       python -m recipes.rlaif_qwen --resume ...          # continue from the run's last checkpoint
+      python -m recipes.rlaif_qwen --profile-memory      # memory.json + memory.png in --out
       python -m recipes.rlaif_qwen --help                # every option with its default
       mlx.launch -n 2 --backend ring -- python -m recipes.rlaif_qwen   # data-parallel (docs/distributed.md)
 
@@ -17,6 +18,7 @@ Outputs in `out`: metrics.jsonl, checkpoints/, adapters/ (mlx-lm format), fused/
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -35,7 +37,7 @@ from mlxcore.lora import LoraConfig, is_lora_path
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, partition
-from mlxio import checkpoint, distributed, llm, rollout
+from mlxio import checkpoint, distributed, llm, memprof, rollout
 from mlxio.config import parse_args, to_dict, to_json
 from mlxio.errors import ConfigError
 from mlxio.rewards import (
@@ -324,10 +326,12 @@ def validate(cfg: Config) -> None:
 
 
 def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
-        extra_rewards=()) -> dict:
+        extra_rewards=(), profile_memory: bool = False) -> dict:
     """Train (and evaluate) per `cfg`; returns eval.json's contents. `stop_after` ends this
     process after that many steps (as if interrupted; resume continues). `extra_rewards`:
-    more [(reward fn, weight)] beside the configured ones (the mlxio.rewards protocol)."""
+    more [(reward fn, weight)] beside the configured ones (the mlxio.rewards protocol).
+    `profile_memory`: MLX / RSS memory per step of this process (regions "rollout" and
+    "update"), written to memory.json + memory.png in `out` when the loop ends."""
     validate(cfg)
     world = distributed.init()  # one rank unless started by mlx.launch; only rank 0 writes
     prompt_share, local_group = rank_share(cfg, world)
@@ -378,27 +382,32 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         write_json_atomic(before_path, results["before"])
 
     end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
+    profiler = memprof.MemoryProfiler() if profile_memory else None
+    region = profiler.region if profiler else lambda name: contextlib.nullcontext()
     bar = tqdm(range(start_step, end), initial=start_step, total=cfg.steps, desc="rlaif",
                mininterval=10.0, disable=None if world.is_main else True)
     for step in bar:
         t0 = time.perf_counter()
         idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.seed)
         problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
-        ro = rollout.generate_group(policy, [instruction(p) for p in problems], local_group,
-                                    cfg.temperature, cfg.top_p, cfg.max_new_tokens,
-                                    distributed.rank_seed(step_seed(cfg.seed, step), world),
-                                    stop_at_code_end=cfg.stop_at_code_end)
+        with region("rollout"):
+            ro = rollout.generate_group(
+                policy, [instruction(p) for p in problems], local_group, cfg.temperature,
+                cfg.top_p, cfg.max_new_tokens,
+                distributed.rank_seed(step_seed(cfg.seed, step), world),
+                stop_at_code_end=cfg.stop_at_code_end)
         per_completion = [problems[i] for i in ro.prompt_index]
         rew = combine_rewards(fns, per_completion, ro.texts, cache)
         adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
                                 cfg.advantage, world)
         packed = rollout.pack(ro, pad_id=0)
         t1 = time.perf_counter()
-        batch = build_batch(model, params, packed, adv, ~rew.missing, cfg)
-        for epoch in range(cfg.inner_epochs):
-            params, state, m = step_fn(params, state, batch,
-                                       mx.array(step * cfg.inner_epochs + epoch))
-        mx.eval(params, state, m)
+        with region("update"):
+            batch = build_batch(model, params, packed, adv, ~rew.missing, cfg)
+            for epoch in range(cfg.inner_epochs):
+                params, state, m = step_fn(params, state, batch,
+                                           mx.array(step * cfg.inner_epochs + epoch))
+            mx.eval(params, state, m)
         model.update(params)  # the model holds the new (real) weights for the next rollout
         t2 = time.perf_counter()
         ntok = int(packed["lengths"].sum()) * cfg.inner_epochs  # real (unpadded) tokens trained
@@ -423,6 +432,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         }
         if world.is_main:
             log.write(record)
+        if profiler is not None:
+            profiler.record(step + 1, completion_tokens=record["completion_tokens"])
         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
                         kl=f"{record['kl']:.4f}", loss=f"{record['loss']:.4f}",
                         gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
@@ -438,6 +449,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                              "data": {"position": (step + 1) * cfg.prompts_per_step}},
                             keep_last=cfg.keep_checkpoints)
     bar.close()
+    if profiler is not None and world.is_main:
+        profiler.write(out, title=f"rlaif_qwen memory: {Path(str(policy.source or cfg.model)).name}")
     distributed.barrier(world)  # the last checkpoint exists before any rank returns
     if end < cfg.steps:
         return results
@@ -460,12 +473,15 @@ def main(argv: list[str] | None = None) -> dict | None:
                             help="continue from the last good checkpoint in --out")
         parser.add_argument("--stop-after", type=int, default=None,
                             help="stop after this many steps in this process (resume later)")
+        parser.add_argument("--profile-memory", action="store_true",
+                            help="record MLX/RSS memory per step: memory.json + memory.png in --out")
 
     cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen",
                            description=__doc__.split("\n\n")[0], default_preset="quick",
                            extra=extra)
     try:
-        return run(cfg, resume=args.resume, stop_after=args.stop_after)
+        return run(cfg, resume=args.resume, stop_after=args.stop_after,
+                   profile_memory=args.profile_memory)
     except TrainingDiverged as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

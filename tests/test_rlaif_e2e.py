@@ -206,3 +206,16 @@ def test_bad_config_is_named():
         rq.validate(attrs.evolve(rq.PRESETS["smoke"], inner_epochs=2))
     with pytest.raises(ConfigError, match="optim.lr"):
         rq.main(["--preset", "smoke", "--optim.lr", "nan"])
+
+
+def test_profile_memory_writes_one_record_per_step(problems_file, tmp_path):
+    rq.main(["--preset", "smoke", "--out", str(tmp_path), "--profile-memory",
+             "--data.problems", str(problems_file), "--data.heldout_fraction", "0.4",
+             "--eval.before", "false", "--eval.after", "false"])
+    report = json.loads((tmp_path / "memory.json").read_text())
+    steps = rq.PRESETS["smoke"].steps
+    assert [r["step"] for r in report["records"]] == list(range(1, steps + 1))
+    assert all(r["peak_mb"] > 0 and r["completion_tokens"] > 0 for r in report["records"])
+    assert {k: v["calls"] for k, v in report["regions"].items()} == {"rollout": steps,
+                                                                     "update": steps}
+    assert (tmp_path / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
