@@ -1,0 +1,122 @@
+"""Configuration of the RLAIF recipe (`recipes.rlaif_qwen`): the option tree, its presets and
+the cross-field checks. Every field is a command-line option (`--group_size 8`,
+`--optim.lr 1e-5`); `python -m recipes.rlaif_qwen --help` lists them with their defaults.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from mlxcore.lora import LoraConfig
+from mlxcore.optim import OptimConfig
+from mlxio.errors import ConfigError
+from recipes.rlaif_eval import EvalConfig
+
+# model "tiny:llama" / "tiny:qwen2" (+ "-q4": 4-bit base): a tiny random model (smoke tests)
+TINY_PREFIX = "tiny:"
+
+
+@attrs.frozen(kw_only=True)
+class DataConfig:
+    problems: str | None = None  # JSONL of problems with tests; None = HumanEval (164)
+    heldout_fraction: float = 0.2  # fixed split by hashed task id
+    max_train: int = 0  # use at most this many training problems (0 = all)
+
+
+@attrs.frozen(kw_only=True)
+class RewardConfig:
+    execution: float = 1.0  # passes the tests in the sandbox
+    format: float = 0.2  # answers in a python block defining the function
+    ai_feedback: float | None = None  # None: 0.5 when a teacher is configured, else off
+    cache: bool = True  # persistent cache in out/reward_cache
+
+
+@attrs.frozen(kw_only=True)
+class TeacherConfig:
+    url: str | None = None  # OpenAI-compatible endpoint, e.g. http://localhost:8080/v1
+    model: str = "default"
+    local: str | None = None  # or an mlx-lm model dir / GGUF judged locally
+
+
+@attrs.frozen(kw_only=True)
+class SandboxConfig:
+    timeout_s: float = 5.0
+    memory_mb: int = 512
+    workers: int = 2
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    model: str | None = None  # None: embedded SmolLM2-135M-Instruct GGUF; or a dir / hub id
+    # MLX's CPU quantised matmul is ~30x slower than float BLAS here, so on CPU the 4-bit base
+    # is dequantised (to float32: CPU float16 matmuls skip BLAS, ~3x slower) for plain LoRA;
+    # keep it quantised (QLoRA, --dequantize false) on a GPU.
+    dequantize: bool = True
+    lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
+    lora_layers: int | None = None  # LoRA on the last N blocks (None = all)
+    optim: OptimConfig = OptimConfig(name="adamw", lr=3e-5, weight_decay=0.0, warmup_steps=0,
+                                     total_steps=8, clip_norm=1.0)
+    # quick: 8 steps x 1 prompt x 8 completions of <= 160 tokens (~2.6k tokens trained a step)
+    steps: int = 8
+    prompts_per_step: int = 1
+    group_size: int = 8
+    accumulation: int = 2  # the P * G completions of a step go through in this many micro-batches
+    temperature: float = 0.8
+    top_p: float = 0.95
+    max_new_tokens: int = 160
+    # a completion ends once its first ``` code block closes (training and evaluation): the
+    # talk after it costs decode time and is nothing the rewards read
+    stop_at_code_end: bool = True
+    advantage: str = attrs.field(default="grpo", validator=attrs.validators.in_(("grpo", "baseline")))
+    beta: float = 0.04  # KL(policy || LoRA-off reference) weight
+    clip_eps: float | None = None  # PPO ratio clipping; set it when inner_epochs > 1
+    inner_epochs: int = 1
+    compile: bool = True
+    rewards: RewardConfig = RewardConfig()
+    teacher: TeacherConfig = TeacherConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    data: DataConfig = DataConfig()
+    eval: EvalConfig = EvalConfig(max_new_tokens=256, batch=16)  # all held-out problems
+    checkpoint_every: int = 4
+    keep_checkpoints: int = 2
+    max_consecutive_skips: int = 3
+    seed: int = 0
+    out: str = "runs/rlaif_quick"
+
+
+PRESETS = {
+    "quick": Config(),
+    "full": Config(steps=200, prompts_per_step=4, max_new_tokens=384, accumulation=8,
+                   checkpoint_every=20, keep_checkpoints=3,
+                   lora=LoraConfig(rank=16, alpha=32.0, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
+                   optim=OptimConfig(name="adamw", lr=1e-5, weight_decay=0.0, warmup_steps=10,
+                                     total_steps=200, clip_norm=1.0),
+                   clip_eps=0.2, inner_epochs=2, out="runs/rlaif_full",
+                   eval=EvalConfig(max_new_tokens=512, batch=16)),
+    "smoke": Config(model=TINY_PREFIX + "llama", steps=4, prompts_per_step=2, group_size=4,
+                    accumulation=2, max_new_tokens=12, checkpoint_every=2,
+                    lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")),
+                    optim=OptimConfig(name="adamw", lr=1e-2, weight_decay=0.0, warmup_steps=0,
+                                      total_steps=4, clip_norm=1.0),
+                    data=DataConfig(max_train=8), eval=EvalConfig(problems=2, max_new_tokens=12),
+                    out="runs/rlaif_smoke"),
+}
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks the field types cannot express (ConfigError names the field)."""
+    if cfg.clip_eps is None and cfg.inner_epochs > 1:
+        raise ConfigError("inner_epochs > 1 reuses a batch: set --clip_eps (e.g. 0.2)")
+    if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:
+        raise ConfigError(f"optim.lr: must be a finite number > 0, got {cfg.optim.lr}")
+    if not math.isfinite(cfg.beta) or cfg.beta < 0:
+        raise ConfigError(f"beta: must be a finite number >= 0, got {cfg.beta}")
+    if (cfg.prompts_per_step * cfg.group_size) % cfg.accumulation:
+        raise ConfigError(f"accumulation={cfg.accumulation} must divide prompts_per_step * "
+                          f"group_size = {cfg.prompts_per_step * cfg.group_size}")
+    for name in ("steps", "prompts_per_step", "group_size", "accumulation", "inner_epochs",
+                 "max_new_tokens", "checkpoint_every", "max_consecutive_skips"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")
