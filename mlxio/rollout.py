@@ -6,9 +6,9 @@ and a sampler from `mlx_lm.sample_utils.make_sampler`. Each prompt is prefilled 
 KV cache handed to all G of its sequences. With `stop_at_code_end` a sequence also stops once
 its first fenced code block has closed (`CodeBlockStop`): a small instruct model answers with
 one ```python block and then keeps talking, and that talk costs decode time and trains nothing
-the rewards look at. Per-token log-probabilities are those of the policy
-at temperature 1 (log-softmax of the raw logits), the quantity a policy-gradient loss and its
-KL term need; `completion_logprobs` recomputes them by teacher forcing.
+the rewards look at. Per-token log-probabilities are those of the policy at temperature 1
+(log-softmax of the raw logits), the quantity a policy-gradient loss and its KL term need;
+`completion_logprobs` recomputes them by teacher forcing.
 """
 
 from __future__ import annotations
