@@ -519,8 +519,8 @@ def test_random_corruptions_never_crash(tmp_path_factory, seed):
 
 def test_batch_child_memory_is_its_own(tmp_path):
     """The batch child's memory figures are its own, not its parent's: with 320 MB touched in
-    this process first (ru_maxrss, inherited through vfork + exec, then read >= 320 MB),
-    loading the three valid base files still shows a small child."""
+    this process first (which the child's ru_maxrss would report, inherited through vfork +
+    exec), loading the three valid base files still shows a small child."""
     header, data = st_valid()
     kvs, tensors = gguf_valid()
     np.savez(tmp_path / "ok.npz", a=np.arange(6, dtype=np.float32))
