@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from mlxio import llm, rollout
 from mlxio.rewards import Problem, code_block_end, extract_code, fenced_blocks
 from mlxio.rollout import code_block_stop_index, completion_logprobs, generate_group
+from recipes.rlaif_eval import human_eval_completion
 
 ANSWER = "```python\ndef add(a, b):\n    return a + b\n```"
 CHATTY = ANSWER + "\n\nThis adds them. Usage:\n```python\nprint(add(1, 2))\n```\nHope it helps!"
@@ -35,6 +36,7 @@ def test_cut_completion_scores_the_same():
                       test="def check(f):\n    assert f(1, 2) == 3\n", entry_point="add")
     cut = CHATTY[: code_block_end(CHATTY)]
     assert extract_code(cut, problem) == extract_code(CHATTY, problem)
+    assert human_eval_completion(problem, cut) == human_eval_completion(problem, CHATTY)
 
 
 pieces = st.lists(st.text(alphabet="`\nxp ", min_size=0, max_size=4), max_size=30)
