@@ -154,6 +154,34 @@ def quantization_llm_section() -> list[str]:
     return out
 
 
+def training_sections() -> list[str]:
+    """RLAIF update step (h100) and QAT vs PTQ on the retriever task (h100)."""
+    out = []
+    for machine in ("h100", "cpu"):
+        r = load(machine, "rlaif_step_qwen2.5-0.5b")
+        if not r:
+            continue
+        st = r["settings"]
+        out += [f"### RLAIF update step ({machine}, {st['shape']} shape, {st['dtype']}, {st['rows']} rows x "
+                f"{st['prompt_len']}+{st['completion_len']} tokens, {st['loss']}; benchmarks/rlaif_step.py)", "",
+                "| framework | step s | tokens/s | peak GB | MLX / this |", "|---|---|---|---|---|"]
+        mlx_tps = r["runs"]["mlx"]["tokens_per_s"]
+        for fw, run in r["runs"].items():
+            out.append(f"| {fw} | {run['median_s']:.3f} | {fmt(run['tokens_per_s'])} "
+                       f"| {fmt((run.get('peak_bytes') or 0) / 1e9, 1)} | {mlx_tps / run['tokens_per_s']:.2f}x |")
+        out += ["", r.get("notes", {}).get("memory", ""), ""]
+    q = load("h100", "quantization_qat")
+    if q:
+        out += ["### QAT vs PTQ (retriever, all-MiniLM-L6-v2, quick task, MRR@10; benchmarks/results/h100/quantization_qat.json)", "",
+                "| weights | linear compression | float fine-tune | PTQ | QAT then PTQ | share of PTQ's loss recovered |",
+                "|---|---|---|---|---|---|"]
+        for name, v in q["summary"].items():
+            out.append(f"| {name} | {v['linear_compression']:.1f}x | {v['float']:.3f} | {v['ptq']:.3f} "
+                       f"| {v['qat_then_ptq']:.3f} | {v['recovered_share'] * 100:.0f}% |")
+        out += ["", q["note"], ""]
+    return out
+
+
 def _ratio(data, model, batch, kind, peer):
     for r in (data or {}).get("ratios", []):
         if (r["model"], r["batch"], r["kind"], r["peer"]) == (model, batch, kind, peer):
@@ -184,6 +212,8 @@ def targets() -> list[str]:
         ("CPU retriever step minilm b12 vs PyTorch eager", _ratio(c, "minilm", 12, "step", "torch"), 1.0),
         ("CPU retriever step minilm b12 vs torch.compile", _ratio(c, "minilm", 12, "step", "torch_compile"), 1.0),
         ("2 x H200 data-parallel speedup", (s or {}).get("speedup", {}).get("2"), 1.8),
+        ("QAT recovers PTQ's loss, 2-bit retriever (share)",
+         (load("h100", "quantization_qat") or {}).get("summary", {}).get("2bit_g64", {}).get("recovered_share"), 0.5),
     ]
     out = ["### Targets", "", "| target | measured | goal | status |", "|---|---|---|---|"]
     for name, val, goal in checks:
@@ -221,6 +251,7 @@ def main(argv=None) -> None:
         lines += generation_section("h100", g, bars)
     lines += other_sections()
     lines += quantization_llm_section()
+    lines += training_sections()
     lines += targets()
     (RESULTS / "TABLE.md").write_text("\n".join(lines) + "\n")
     splice_readme(lines[2:])
