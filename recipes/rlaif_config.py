@@ -56,10 +56,11 @@ class Config:
     dequantize: bool = True
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
     lora_layers: int | None = None  # LoRA on the last N blocks (None = all)
-    optim: OptimConfig = OptimConfig(name="adamw", lr=3e-5, weight_decay=0.0, warmup_steps=0,
-                                     total_steps=8, clip_norm=1.0)
-    # quick: 8 steps x 1 prompt x 8 completions of <= 160 tokens (~2.6k tokens trained a step)
-    steps: int = 8
+    optim: OptimConfig = OptimConfig(name="adamw", lr=1e-4, weight_decay=0.0, warmup_steps=0,
+                                     total_steps=12, clip_norm=1.0)
+    # quick: 12 steps x 1 prompt x 8 completions of <= 160 tokens (~2.6k tokens trained a step);
+    # lr 1e-4 moves the policy ~13x further than 3e-5 did (KL 1.2e-4 after 3 steps vs 8e-6 after 4)
+    steps: int = 12
     prompts_per_step: int = 1
     group_size: int = 8
     accumulation: int = 2  # the P * G completions of a step go through in this many micro-batches
