@@ -170,6 +170,12 @@ def training_sections() -> list[str]:
             out.append(f"| {fw} | {run['median_s']:.3f} | {fmt(run['tokens_per_s'])} "
                        f"| {fmt((run.get('peak_bytes') or 0) / 1e9, 1)} | {mlx_tps / run['tokens_per_s']:.2f}x |")
         out += ["", r.get("notes", {}).get("memory", ""), ""]
+        e = load(machine, "rlaif_step_qwen2.5-0.5b_eval_micro")
+        if e and "peak_bytes" in e["runs"].get("mlx_eval_micro", {}):
+            a, b = e["runs"]["mlx"], e["runs"]["mlx_eval_micro"]
+            out += [f"With `eval_micro_batches` (one compiled graph per micro-batch, evaluated in turn; same lease): "
+                    f"MLX peak {a['peak_bytes'] / 1e9:.1f} -> {b['peak_bytes'] / 1e9:.1f} GB, step {a['median_s']:.3f} -> "
+                    f"{b['median_s']:.3f} s, same loss ({a['loss']:.7f} vs {b['loss']:.7f}).", ""]
     q = load("h100", "quantization_qat")
     if q:
         out += ["### QAT vs PTQ (retriever, all-MiniLM-L6-v2, quick task, MRR@10; benchmarks/results/h100/quantization_qat.json)", "",

@@ -39,7 +39,7 @@ def batch_arrays(rows: int, prompt: int, completion: int, vocab: int, seed: int 
             "ref_logp": (-np.log(vocab) + 0.1 * rng.standard_normal((rows, t - 1))).astype(np.float32)}
 
 
-def run_mlx(shape, tm, data, micro, args) -> dict:
+def run_mlx(shape, tm, data, micro, args, eval_micro_batches: bool = False) -> dict:
     from mlxcore.optim import make_optimizer
     from mlxcore.step import init_state, make_train_step
     from mlxio import llm
@@ -49,7 +49,8 @@ def run_mlx(shape, tm, data, micro, args) -> dict:
     model = mlx_model(tm, shape)
     llm.apply_lora(model, cfg.lora, None, mx.random.key(0))
     opt = make_optimizer(cfg.optim)
-    step = make_train_step(make_loss(model, cfg), opt, clip_norm=cfg.optim.clip_norm)
+    step = make_train_step(make_loss(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
+                           eval_micro_batches=eval_micro_batches)
     params = model.parameters()
     state = init_state(opt, params)
     accum = len(data["tokens"]) // micro
@@ -137,7 +138,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--completion-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--frameworks", nargs="+", default=["mlx", "torch", "torch_compile"])
+    # mlx_eval_micro: the same step with one graph per micro-batch (make_train_step's
+    # eval_micro_batches): peak memory of one micro-batch instead of all of them
+    ap.add_argument("--frameworks", nargs="+", default=["mlx", "mlx_eval_micro", "torch", "torch_compile"])
+    ap.add_argument("--suffix", default="", help="appended to the result file's name")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tm = torch_model(args.shape, device)
@@ -146,7 +150,7 @@ def main(argv=None) -> dict:
     runs = {}
     for fw in args.frameworks:
         try:
-            r = (run_mlx(args.shape, tm, data, args.micro, args) if fw == "mlx"
+            r = (run_mlx(args.shape, tm, data, args.micro, args, fw == "mlx_eval_micro") if fw.startswith("mlx")
                  else run_torch(tm, data, args.micro, args, fw == "torch_compile"))
             r["median_s"] = statistics.median(r["step_s"])
             r["tokens_per_s"] = tokens / r["median_s"]
@@ -164,7 +168,7 @@ def main(argv=None) -> dict:
                             "tokens_per_step": tokens, "lora": "r=16 alpha=32 q,k,v,o (full preset)",
                             "loss": "PPO-clip 0.2 + 0.04 k3 KL", "mlx_device": str(mx.default_device())},
                "runs": runs, "ratios": ratios}
-    write(f"rlaif_step_{args.shape}", payload, args.machine)
+    write(f"rlaif_step_{args.shape}{args.suffix}", payload, args.machine)
     return payload
 
 

@@ -64,6 +64,7 @@ def make_train_step(
     seed: int = 0,
     reduce_grads: Callable[[Tree], Tree] | None = None,
     jit: bool = True,
+    eval_micro_batches: bool = False,
 ):
     """Build `step(params, opt_state, batch, step_no) -> (params, opt_state, metrics)`.
 
@@ -72,6 +73,11 @@ def make_train_step(
     reduce_grads: e.g. `mlx.nn.average_gradients` for data-parallel runs (applied before
     clipping). A non-finite loss or gradient skips the update: params and optimizer state come
     back bit-identical and the skip counters rise.
+
+    eval_micro_batches: one compiled graph per micro-batch, evaluated before the next starts,
+    instead of one graph for the whole step: peak memory holds one micro-batch's activations
+    (not `accum` of them) at the cost of a host sync per micro-batch. Same sums in the same
+    order, so the same update up to kernel rounding.
     """
 
     def grad_of_trainable(train: Tree, frozen: Tree, micro: Tree, key: mx.array):
@@ -79,13 +85,8 @@ def make_train_step(
 
     value_and_grad = mx.value_and_grad(grad_of_trainable)
 
-    def step(params: Tree, opt_state: Tree, batch: Tree, step_no: mx.array):
-        train, frozen = partition(params, trainable)
-        accum = tree_flatten(batch)[0][1].shape[0]
-        keys = mx.random.split(step_key(seed, step_no), accum)
-        loss, aux, grads = accumulate(
-            lambda p, micro, key: value_and_grad(p, frozen, micro, key), train, batch, keys
-        )
+    def apply(train: Tree, frozen: Tree, opt_state: Tree, loss, aux, grads):
+        """Reduce, guard, clip and update from the step's mean loss and gradients."""
         if reduce_grads is not None:
             grads = reduce_grads(grads)
         finite = all_finite(loss, grads)
@@ -108,4 +109,39 @@ def make_train_step(
         }
         return combine(new_train, frozen), new_state, metrics
 
-    return mx.compile(step) if jit else step
+    def step_keys(batch: Tree, step_no: mx.array) -> mx.array:
+        accum = tree_flatten(batch)[0][1].shape[0]
+        return mx.random.split(step_key(seed, step_no), accum)
+
+    def step(params: Tree, opt_state: Tree, batch: Tree, step_no: mx.array):
+        train, frozen = partition(params, trainable)
+        loss, aux, grads = accumulate(
+            lambda p, micro, key: value_and_grad(p, frozen, micro, key), train, batch,
+            step_keys(batch, step_no)
+        )
+        return apply(train, frozen, opt_state, loss, aux, grads)
+
+    if not eval_micro_batches:
+        return mx.compile(step) if jit else step
+
+    def micro_grads(train: Tree, frozen: Tree, micro: Tree, key: mx.array):
+        (loss, aux), grads = value_and_grad(train, frozen, micro, key)
+        return loss, aux, grads
+
+    def apply_mean(train, frozen, opt_state, total, k):
+        loss, aux, grads = map_leaves(lambda x: x / k.astype(x.dtype), total)
+        return apply(train, frozen, opt_state, loss, aux, grads)
+
+    micro_fn, apply_fn = (mx.compile(micro_grads), mx.compile(apply_mean)) if jit else (micro_grads, apply_mean)
+
+    def stepwise(params: Tree, opt_state: Tree, batch: Tree, step_no: mx.array):
+        train, frozen = partition(params, trainable)
+        keys = step_keys(batch, step_no)
+        total = None
+        for i in range(keys.shape[0]):
+            out = micro_fn(train, frozen, map_leaves(lambda x, i=i: x[i], batch), keys[i])
+            total = out if total is None else map_leaves(mx.add, total, out)
+            mx.eval(total)
+        return apply_fn(train, frozen, opt_state, total, mx.array(keys.shape[0], mx.float32))
+
+    return stepwise

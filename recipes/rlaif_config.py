@@ -64,6 +64,9 @@ class Config:
     prompts_per_step: int = 1
     group_size: int = 8
     accumulation: int = 2  # the P * G completions of a step go through in this many micro-batches
+    # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
+    # logits instead of `accumulation` of them (a host sync each; see mlxcore.step)
+    eval_micro_batches: bool = False
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 160

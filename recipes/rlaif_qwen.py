@@ -236,7 +236,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     optimizer = make_optimizer(cfg.optim)
     step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg), world), optimizer,
                               clip_norm=cfg.optim.clip_norm, seed=cfg.seed, jit=cfg.compile,
-                              reduce_grads=distributed.grad_reducer(world))
+                              reduce_grads=distributed.grad_reducer(world),
+                              eval_micro_batches=cfg.eval_micro_batches)
     params = model.parameters()
     distributed.check_replicated(partition(params, is_lora_path)[0], world, "initial LoRA weights")
     state = init_state(optimizer, params)

@@ -101,6 +101,7 @@ class MemoryConfig:
     budget_mb: float = 0.0  # auto_batch's memory budget; 0: budget_fraction of device memory (RAM on CPU)
     budget_fraction: float = 0.5
     max_micro_batch: int = 64
+    eval_micro_batches: bool = False  # one graph per micro-batch: peak memory of one, not accum of them
 
 
 @attrs.frozen(kw_only=True)
@@ -270,7 +271,8 @@ def main(argv: list[str] | None = None) -> dict:
         loss_fn = memory_options.with_fake_quant(loss_fn, qat_rules, cfg.lora.scale)
     step_fn = make_train_step(distributed.data_parallel_loss(loss_fn, world),
                               optimizer, trainable=trainable, clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
-                              reduce_grads=distributed.grad_reducer(world))
+                              reduce_grads=distributed.grad_reducer(world),
+                              eval_micro_batches=cfg.memory.eval_micro_batches)
     opt_state = init_state(optimizer, params, trainable)
     expect = {"config_hash": checkpoint.config_hash(trajectory_fields(cfg)), "base_model": model_path}
     start_step, position = 0, DataPosition()

@@ -163,11 +163,12 @@ def test_schedule_warms_up_then_decays():
     assert lrs[3] == pytest.approx(0.55, rel=1e-4) and lrs[4] == pytest.approx(0.1, rel=1e-4)
 
 
-def make(accum_seed=0, jit=True, clip=1.0):
+def make(accum_seed=0, jit=True, clip=1.0, eval_micro_batches=False):
     cfg = optim.OptimConfig(lr=1e-2, warmup_steps=0, total_steps=100, clip_norm=clip)
     opt = optim.make_optimizer(cfg)
     params = with_adapters(mlp(accum_seed, 5, 7, 2), accum_seed)
-    fn = step.make_train_step(mse_loss(2.0), opt, clip_norm=cfg.clip_norm, jit=jit)
+    fn = step.make_train_step(mse_loss(2.0), opt, clip_norm=cfg.clip_norm, jit=jit,
+                              eval_micro_batches=eval_micro_batches)
     return fn, params, step.init_state(opt, params)
 
 
@@ -195,6 +196,24 @@ def test_accumulation_equals_concatenated_batch(seed, accum, micro):
     np.testing.assert_allclose(m_acc["loss"], m_one["loss"], rtol=1e-5, atol=1e-6)
     for path, value in tree.flatten(p_one).items():
         np.testing.assert_allclose(tree.flatten(p_acc)[path], value, rtol=1e-4, atol=1e-6)
+
+
+@given(seed=st.integers(0, 2**16), accum=st.integers(1, 4), jit=st.booleans())
+def test_micro_batch_evaluation_equals_one_graph(seed, accum, jit):
+    """eval_micro_batches (one graph per micro-batch) trains the same as the fused step."""
+    fused, params, state = make(seed)
+    split, _, _ = make(seed, jit=jit, eval_micro_batches=True)
+    p1, s1, p2, s2 = params, state, params, state
+    for i in range(2):
+        batch = batch_of(seed + i, accum, 3)
+        p1, s1, m1 = fused(p1, s1, batch, mx.array(i))
+        p2, s2, m2 = split(p2, s2, batch, mx.array(i))
+        for name in ("loss", "grad_norm", "skipped"):
+            np.testing.assert_allclose(m1[name], m2[name], rtol=RTOL, atol=ATOL)
+    for path, value in tree.flatten(p1).items():
+        np.testing.assert_allclose(tree.flatten(p2)[path], value, rtol=RTOL, atol=ATOL)
+    for path, value in tree.flatten(s1).items():
+        np.testing.assert_allclose(tree.flatten(s2)[path], value, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf")])
