@@ -1,6 +1,7 @@
 """Speed and memory features of the retriever's training step, each with and without, on the
-same run settings: gradient checkpointing, bf16 mixed precision, the lazy evaluation interval
-and the memory profiler's own overhead.
+same run settings: gradient checkpointing, bf16 mixed precision, the lazy evaluation interval,
+the memory profiler's own overhead, and evaluating each accumulated micro-batch on its own
+(`eval_micro_batches`: peak memory of one micro-batch instead of all of them).
 
 Each configuration runs in its own child process (so peak memory and allocator caches belong
 to one configuration), on the recipe's step: `recipes.memory_options.contrastive_loss_fn` in
@@ -54,7 +55,8 @@ def measure(cfg: dict) -> dict:
     params = combine(base, lora.init(mx.random.key(1), lora.target_dims(base, ("query", "value")), 16))
     params = memory_options.cast_frozen(params, lora.is_lora_path, cfg["dtype"])
     optimizer = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=2, total_steps=1000))
-    step = make_train_step(memory_options.contrastive_loss_fn(spec), optimizer)
+    step = make_train_step(memory_options.contrastive_loss_fn(spec), optimizer,
+                           eval_micro_batches=cfg.get("eval_micro_batches", False))
     opt_state = init_state(optimizer, params)
     batches = [memory_options.synthetic_batch(model.vocab_size, cfg["micro"], cfg["accum"], cfg["query_len"],
                                               cfg["doc_len"], seed=i) for i in range(2)]
@@ -107,6 +109,7 @@ def pairs_for(model: str, batch: int, doc_len: int, steps: int, repeats: int, wa
         "gradient_checkpointing": [base, {**base, "checkpointing": True}],
         "bf16": [base, {**base, "dtype": "bfloat16"}],
         "eval_interval": [{**quick, "eval_interval": 1}, {**quick, "eval_interval": 4}],
+        "eval_micro_batches": [quick, {**quick, "eval_micro_batches": True}],
         "profile_memory": [base, {**base, "profile": True}],
     }
 

@@ -20,7 +20,7 @@ import mlx.nn as nn
 import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from mlxio import safeload
+from mlxio import safeload_gguf
 from mlxio.errors import LoadError
 
 GGUF_GROUP_SIZE = 32  # every GGUF block format MLX maps to affine quantisation has 32 weights
@@ -250,4 +250,4 @@ def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict]:
     truncated or lying header is a LoadError, never an out-of-bounds read)."""
     if not Path(path).is_file():
         raise LoadError(f"{path}: no such GGUF file")
-    return safeload.read_gguf(path)
+    return safeload_gguf.read_gguf(path)

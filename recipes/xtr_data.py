@@ -13,7 +13,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from mlxio import pairs
+from mlxio import pairs, pairs_jsonl
 from mlxio.runlog import write_json_atomic
 
 log = logging.getLogger("xtr_lora")
@@ -42,7 +42,7 @@ def _digest(*parts) -> str:
 
 def jsonl_corpus(path: Path, lenient: bool, max_chars: int) -> pairs.Corpus:
     """Pairs of a JSONL file; rows are split by their optional "source" key (else each row alone)."""
-    rows, report = pairs.read_jsonl(path, lenient=lenient, max_chars=max_chars)
+    rows, report = pairs_jsonl.read_jsonl(path, lenient=lenient, max_chars=max_chars)
     log.info("%s: %d lines, %d accepted, skipped %s, %d truncated", path, report.lines, report.accepted,
              dict(report.skipped) or "none", report.truncated)
     empty = pairs.MineReport(files=1, undecodable=0, syntax_errors=0, trivial=0, duplicates=0)

@@ -17,7 +17,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from mlxio.errors import DataError
-from mlxio.pairs import read_jsonl
+from mlxio.pairs_jsonl import read_jsonl
 
 MAX_CHARS = 64
 # Texts a valid row may hold: no NUL, no raw BOM, no lone surrogates; non-blank.

@@ -19,10 +19,9 @@ from mlxio.pairs import (
     first_sentence,
     mine_corpus,
     mine_pairs,
-    read_jsonl,
     split_by_file,
-    write_jsonl,
 )
+from mlxio.pairs_jsonl import read_jsonl, write_jsonl
 
 LIB = '''\
 import functools

@@ -28,13 +28,12 @@ from hypothesis import strategies as st
 
 from mlxio.errors import LoadError
 from mlxio.safeload import (
-    parse_gguf_header,
-    read_gguf,
     read_npz,
     read_safetensors,
     read_torch_bin,
     read_weights,
 )
+from mlxio.safeload_gguf import parse_gguf_header, read_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ_N = int(os.environ.get("SAFELOAD_FUZZ_N", "40"))

@@ -1,0 +1,147 @@
+"""User (query, code) pairs from JSONL, read strictly: a malformed line raises `DataError` naming
+`file:line` and the field, or (lenient) is skipped and counted by reason."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import attrs
+
+from mlxio.errors import DataError
+from mlxio.pairs import Pair
+
+
+@attrs.frozen(kw_only=True)
+class JsonlReport:
+    """What `read_jsonl` saw: `lines` = `accepted` + sum(`skipped`.values()); `truncated`
+    counts accepted rows with a text cut to max_chars; `errors` the first few messages."""
+
+    lines: int
+    accepted: int
+    skipped: dict[str, int]
+    truncated: int
+    errors: tuple[str, ...]
+
+
+class _BadLine(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _text_field(row: dict, field: str) -> str:
+    if field not in row:
+        raise _BadLine("missing_field", f"field {field!r}: missing")
+    return _check_text(row[field], f"field {field!r}")
+
+
+def _check_text(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise _BadLine("wrong_type", f"{where}: expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise _BadLine("empty_field", f"{where}: empty string")
+    if "\x00" in value:
+        raise _BadLine("nul", f"{where}: contains a NUL character")
+    return value
+
+
+def _parse_line(raw: bytes, first: bool) -> dict:
+    """One JSONL line -> Pair fields (query, code, negatives, maybe source and name);
+    raises _BadLine(reason, message)."""
+    if b"\x00" in raw:
+        raise _BadLine("nul", "NUL byte in line")
+    if first and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 BOM opening the file is harmless (Windows editors write it)
+    if b"\xef\xbb\xbf" in raw:
+        raise _BadLine("bom", "byte-order mark inside the file (concatenated files?)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise _BadLine("utf8", f"invalid UTF-8 at byte {err.start}") from None
+    try:
+        row = json.loads(text)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, int too long, deep nesting
+        raise _BadLine("json", f"invalid JSON ({str(err)[:80]})") from None
+    if not isinstance(row, dict):
+        raise _BadLine("not_object", f"expected a JSON object, got {type(row).__name__}")
+    query, code = _text_field(row, "query"), _text_field(row, "code")
+    negatives = row.get("negatives", [])
+    if not isinstance(negatives, list):
+        raise _BadLine("wrong_type", f"field 'negatives': expected a list, got "
+                                     f"{type(negatives).__name__}")
+    negs = tuple(_check_text(n, f"field 'negatives'[{i}]") for i, n in enumerate(negatives))
+    out = {"query": query, "code": code, "negatives": negs}
+    if "source" in row:
+        out["source"] = _text_field(row, "source")
+    if "name" in row and not isinstance(row["name"], str):
+        raise _BadLine("wrong_type", f"field 'name': expected a string, got "
+                                     f"{type(row['name']).__name__}")
+    out["name"] = row.get("name", "")
+    return out
+
+
+def read_jsonl(path: Path | str, lenient: bool = False,
+               max_chars: int = 20_000) -> tuple[list[Pair], JsonlReport]:
+    """Pairs from a JSONL file of {"query": str, "code": str, "negatives"?: [str, ...],
+    "source"?: str, "name"?: str}.
+
+    `source` names the file the code came from, which `split_by_file` keeps on one side; a
+    row without it gets "<jsonl path>:<line>" (its own group). `Pair.line` is the JSONL line.
+
+    Blank lines are skipped (counted as "blank"). A malformed line raises DataError naming
+    `file:line` and the field, or with `lenient=True` is skipped and counted by reason
+    (utf8, bom, nul, json, not_object, missing_field, empty_field, wrong_type). Texts longer
+    than `max_chars` are truncated (counted). Other keys are ignored.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror})") from None
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()  # the final newline ends the last line; it opens no new one
+    pairs: list[Pair] = []
+    skipped: Counter[str] = Counter()
+    errors: list[str] = []
+    truncated = 0
+    for lineno, raw in enumerate(raw_lines, start=1):
+        raw = raw.removesuffix(b"\r")
+        if not raw.strip(b" \t") or (lineno == 1 and raw == b"\xef\xbb\xbf"):
+            skipped["blank"] += 1
+            continue
+        try:
+            fields = _parse_line(raw, lineno == 1)
+        except _BadLine as bad:
+            message = f"{path}:{lineno}: {bad}"
+            if not lenient:
+                raise DataError(message) from None
+            skipped[bad.reason] += 1
+            if len(errors) < 10:
+                errors.append(message)
+            continue
+        texts = (fields["query"], fields["code"], *fields["negatives"])
+        if any(len(t) > max_chars for t in texts):
+            truncated += 1
+            for key in ("query", "code"):
+                fields[key] = fields[key][:max_chars]
+            fields["negatives"] = tuple(n[:max_chars] for n in fields["negatives"])
+        fields.setdefault("source", f"{path}:{lineno}")
+        pairs.append(Pair(line=lineno, **fields))
+    report = JsonlReport(lines=len(raw_lines), accepted=len(pairs), skipped=dict(skipped),
+                         truncated=truncated, errors=tuple(errors))
+    return pairs, report
+
+
+def write_jsonl(path: Path | str, pairs: Iterable[Pair]) -> None:
+    """Write pairs as JSONL that `read_jsonl` reads back (source/line/name kept as extras)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for p in pairs:
+            row = {"query": p.query, "code": p.code, "source": p.source, "line": p.line,
+                   "name": p.name}
+            if p.negatives:
+                row["negatives"] = list(p.negatives)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
