@@ -65,8 +65,10 @@ class Config:
     group_size: int = 8
     accumulation: int = 2  # the P * G completions of a step go through in this many micro-batches
     # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
-    # logits instead of `accumulation` of them (a host sync each; see mlxcore.step)
-    eval_micro_batches: bool = False
+    # logits instead of `accumulation` of them (see mlxcore.step). Quick preset, 3 steps on 2
+    # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape): peak
+    # 58.1 -> 29.3 GB at 2.5% lower speed
+    eval_micro_batches: bool = True
     temperature: float = 0.8
     top_p: float = 0.95
     max_new_tokens: int = 160
