@@ -26,12 +26,14 @@ def step_key(seed: int, step_no: mx.array) -> mx.array:
     return mx.random.key(seed) + step_no.astype(mx.uint32)
 
 
-def accumulate(grad_fn: Callable, params: Tree, batch: Tree, keys: mx.array):
+def accumulate(grad_fn: Callable, params: Tree, batch: Tree, keys: mx.array,
+               eval_each: bool = False):
     """Fold `grad_fn(params, micro_batch, key) -> ((loss, aux), grads)` over the leading axis.
 
     batch: every leaf [k, micro, ...]; keys: [k, 2]. Returns the mean over the k micro-batches
     of (loss, aux, grads) - for a loss that is a mean over independent samples this equals one
-    step on the concatenated batch.
+    step on the concatenated batch. eval_each: evaluate the running sum after each micro-batch
+    (outside `mx.compile` only), so one micro-batch's graph is alive at a time.
     """
     k = keys.shape[0]
     total = None
@@ -42,6 +44,8 @@ def accumulate(grad_fn: Callable, params: Tree, batch: Tree, keys: mx.array):
             total = (loss, aux, grads)
         else:
             total = map_leaves(mx.add, total, (loss, aux, grads))
+        if eval_each:
+            mx.eval(total)
     return map_leaves(lambda x: x / k, total)
 
 
@@ -124,24 +128,14 @@ def make_train_step(
     if not eval_micro_batches:
         return mx.compile(step) if jit else step
 
-    def micro_grads(train: Tree, frozen: Tree, micro: Tree, key: mx.array):
-        (loss, aux), grads = value_and_grad(train, frozen, micro, key)
-        return loss, aux, grads
-
-    def apply_mean(train, frozen, opt_state, total, k):
-        loss, aux, grads = map_leaves(lambda x: x / k.astype(x.dtype), total)
-        return apply(train, frozen, opt_state, loss, aux, grads)
-
-    micro_fn, apply_fn = (mx.compile(micro_grads), mx.compile(apply_mean)) if jit else (micro_grads, apply_mean)
+    grads_fn, apply_fn = (mx.compile(value_and_grad), mx.compile(apply)) if jit else (value_and_grad, apply)
 
     def stepwise(params: Tree, opt_state: Tree, batch: Tree, step_no: mx.array):
         train, frozen = partition(params, trainable)
-        keys = step_keys(batch, step_no)
-        total = None
-        for i in range(keys.shape[0]):
-            out = micro_fn(train, frozen, map_leaves(lambda x, i=i: x[i], batch), keys[i])
-            total = out if total is None else map_leaves(mx.add, total, out)
-            mx.eval(total)
-        return apply_fn(train, frozen, opt_state, total, mx.array(keys.shape[0], mx.float32))
+        loss, aux, grads = accumulate(
+            lambda p, micro, key: grads_fn(p, frozen, micro, key), train, batch,
+            step_keys(batch, step_no), eval_each=True
+        )
+        return apply_fn(train, frozen, opt_state, loss, aux, grads)
 
     return stepwise
