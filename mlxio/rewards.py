@@ -92,9 +92,6 @@ def load_humaneval(path: str | os.PathLike | None = None) -> list[Problem]:
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 
 
-_CLOSED_FENCE = re.compile(r"```[^\n]*\n.*?```", re.S)  # _FENCE's first block, when closed
-
-
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
     """[(language tag, body)] of the ``` fenced blocks in `text` (an unclosed last one too)."""
     return [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
@@ -104,8 +101,8 @@ def code_block_end(text: str) -> int | None:
     """Offset just past the closing ``` of the first fenced block of `text` (as `fenced_blocks`
     reads it: an opening ``` line, then the body up to the next ```), or None while it is open
     or absent."""
-    match = _CLOSED_FENCE.search(text)
-    return None if match is None else match.end()
+    match = _FENCE.search(text)  # an open block runs to the end of the text, never ending in ```
+    return match.end() if match is not None and match.group(0).endswith("```") else None
 
 
 def _parses(code: str) -> bool:
