@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "rng": checkpoint.rng_snapshot(), "config": config.to_dict(cfg)}
         checkpoint.save(out_dir, step_no, trees, meta)
 
-    train_time, window_steps, window_time, pending, tic = 0.0, 0, 0.0, [], time.perf_counter()
+    train_time, pending, tic = 0.0, [], time.perf_counter()
     with batches, tqdm(total=last_step, initial=start_step, desc="train", unit="step",
                        disable=None if world.is_main else True) as bar:
         for step_no in range(start_step, last_step):
@@ -340,17 +340,15 @@ def main(argv: list[str] | None = None) -> dict:
             mx.eval(params, opt_state, [m for _, m in pending])
             elapsed = time.perf_counter() - tic
             train_time += elapsed
-            window_steps, window_time = window_steps + len(pending), window_time + elapsed
             for done, step_metrics in pending:
                 record = {"step": done, **{k: float(v) for k, v in step_metrics.items()},
                           "samples_per_s": samples_per_step * len(pending) / elapsed}
                 if world.is_main and (done % cfg.train.log_every == 0 or done == last_step):
                     metrics_log.write(record)
-                    window_steps, window_time = 0, 0.0
             bar.update(len(pending))
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
-                            sps=f"{samples_per_step * window_steps / max(window_time, 1e-9):.1f}")
-            peak = mx.get_peak_memory()
+                            sps=f"{record['samples_per_s']:.1f}")
+            peak = mx.get_peak_memory()  # before the profiler resets it
             if profiler is not None:
                 profiler.record(step_no + 1, micro_batch=micro)
             if plan is not None:  # a longer bucket than probed may need a smaller split
