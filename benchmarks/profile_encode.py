@@ -23,27 +23,15 @@ import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 
 import argparse
 import contextlib
-import statistics
-import time
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
 
 from benchmarks import retriever_models as rm
+from benchmarks.common import median, time_repeats
 from mlxcore import bert, t5
 from mlxcore.encoder import token_embeddings
-
-
-def _timed(fn, repeats: int) -> float:
-    for _ in range(3):
-        mx.eval(fn())
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        mx.eval(fn())
-        out.append(time.perf_counter() - start)
-    return statistics.median(out)
 
 
 def _plain_attention(q, k, v, bias, scale):
@@ -106,7 +94,8 @@ def main(argv=None) -> dict:
         for label, replacements in VARIANTS.items():
             with _patched((bert, t5), replacements):
                 encode = mx.compile(lambda p, i, m, spec=spec: token_embeddings(p, i, m, spec))
-                seconds = _timed(lambda encode=encode, params=params: encode(params, ids, mask), args.repeats)
+                seconds = median(time_repeats(lambda encode=encode, params=params: mx.eval(encode(params, ids, mask)),
+                                              args.repeats, warmup=3))
             row[f"{label} s"] = seconds
             row[f"{label} tok/s"] = row["tokens"] / seconds
             print(name, label, f"{seconds * 1e3:.2f} ms", flush=True)
