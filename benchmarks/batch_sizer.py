@@ -16,7 +16,7 @@ import os
 import time
 
 from benchmarks.memory_features import child
-from mlxio import batch_sizer
+from mlxio.run import batch_sizer
 
 MB = 1024 * 1024
 

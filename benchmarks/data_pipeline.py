@@ -1,7 +1,7 @@
 """Data pipeline throughput: batches/s from the token cache, with and without prefetch.
 
 Real data: (docstring, code) pairs mined from this interpreter's standard library, tokenised
-with MiniLM's tokenizer into the memory-mapped token cache (`mlxio.token_cache`). Each step,
+with MiniLM's tokenizer into the memory-mapped token cache (`mlxio.data.token_cache`). Each step,
 the consumer copies the batch into MLX arrays and runs a fixed amount of real compute (a
 square float32 matmul chain, evaluated), standing in for a training step. Runs, per repeat:
 producer alone (batch assembly), consumer alone (on the same batches, made beforehand), the pipeline
@@ -31,8 +31,8 @@ import mlx.core as mx
 from tokenizers import Tokenizer
 
 from benchmarks.common import write_result
-from mlxio.pairs import mine_corpus
-from mlxio.token_cache import (
+from mlxio.data.pairs import mine_corpus
+from mlxio.data.token_cache import (
     DataPosition,
     Prefetcher,
     build_or_open,

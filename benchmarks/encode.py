@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from mlxcore.encoder import token_embeddings
     from mlxio.blas import status as blas_status
-    from mlxio.encoders import default_encoder_path, load_encoder, tokenize
+    from mlxio.weights.encoders import default_encoder_path, load_encoder, tokenize
 
     torch.set_num_threads(args.threads)
     path = default_encoder_path()

@@ -1,6 +1,6 @@
 """Group generation throughput: SmolLM2-135M-Instruct (the embedded GGUF) on HumanEval prompts.
 
-`mlxio.rollout.generate_group` (mlx-lm's BatchGenerator) at batch 1 (1 prompt x 1) and batch 64
+`mlxio.rl.rollout.generate_group` (mlx-lm's BatchGenerator) at batch 1 (1 prompt x 1) and batch 64
 (8 prompts x 8 completions), 128 new tokens, temperature 1, chat template; the policy as loaded
 (Q4_1 / 8-bit embedding, MLX quantised kernels) and dequantised to float32 (BLAS matmuls). The
 peer is PyTorch + transformers `generate` (sampling, left-padded batch) on the same float32
@@ -25,10 +25,10 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import write_result
-from mlxio import llm
-from mlxio.rewards import load_humaneval
-from mlxio.rollout import encode_prompt, generate_group
-from recipes.rlaif_eval import instruction
+from mlxio.rl.evaluation import instruction
+from mlxio.rl.rewards import load_humaneval
+from mlxio.rl.rollout import encode_prompt, generate_group
+from mlxio.weights import llm
 
 
 def mlx_run(policy, prompts, group, new_tokens, seed=0) -> dict:

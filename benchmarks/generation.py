@@ -1,4 +1,4 @@
-"""Rollout generation on the GPU: MLX (`mlxio.rollout.generate_group`, mlx-lm's BatchGenerator)
+"""Rollout generation on the GPU: MLX (`mlxio.rl.rollout.generate_group`, mlx-lm's BatchGenerator)
 vs PyTorch transformers `generate`, same weights, bf16, sampling at temperature 1.
 
 Models: the SmolLM2-135M shape (Llama) and the Qwen2.5-0.5B shape (Qwen2), random weights (the
@@ -75,7 +75,7 @@ def mlx_model(torch_model, shape: str):
 
 
 def run_mlx(model, prompts: list[list[int]], group: int, new_tokens: int) -> dict:
-    from mlxio.rollout import generate_group
+    from mlxio.rl.rollout import generate_group
 
     policy = types.SimpleNamespace(model=model, tokenizer=IdTokenizer())
     texts = [" ".join(map(str, p)) for p in prompts]

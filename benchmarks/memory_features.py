@@ -44,7 +44,7 @@ def measure(cfg: dict) -> dict:
     from mlxcore.optim import OptimConfig, make_optimizer
     from mlxcore.step import init_state, make_train_step
     from mlxcore.tree import combine, unflatten
-    from mlxio import memprof
+    from mlxio.run import memprof
     from recipes import memory_options
 
     model = bert.BertConfig(**MODELS[cfg["model"]])

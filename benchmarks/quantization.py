@@ -23,10 +23,11 @@ import time
 from pathlib import Path
 
 from mlxcore import quant
-from mlxio import config, pairs
-from mlxio import quantize as quant_io
-from mlxio.encoders import default_encoder_path, load_encoder
-from recipes import retrieval_eval, xtr_data, xtr_lora
+from mlxio.data import pairs, xtr_data
+from mlxio.run import config
+from mlxio.weights import quantize as quant_io
+from mlxio.weights.encoders import default_encoder_path, load_encoder
+from recipes import retrieval_eval, xtr_lora
 
 PTQ_SETS = {
     "8bit_g64": ("*=8/64",),

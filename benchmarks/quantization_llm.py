@@ -31,7 +31,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from mlxcore import quant
-from mlxio.llm import load_policy
+from mlxio.weights.llm import load_policy
 
 VARIANTS = {"8bit_g64": (8, 64, "affine"), "6bit_g64": (6, 64, "affine"), "4bit_g32": (4, 32, "affine"),
             "4bit_g64": (4, 64, "affine"), "4bit_g64_symmetric": (4, 64, "symmetric"),

@@ -51,8 +51,8 @@ def pair_batches(n: int) -> dict[str, np.ndarray]:
 
 def build_pairs(path: Path, limit: int = 4096) -> None:
     """Mine stdlib pairs, tokenize with MiniLM's tokenizer at fixed widths, save an npz."""
-    from mlxio.encoders import default_encoder_path, load_tokenizer
-    from mlxio.pairs import mine_pairs
+    from mlxio.data.pairs import mine_pairs
+    from mlxio.weights.encoders import default_encoder_path, load_tokenizer
 
     pairs = mine_pairs()
     picks = np.random.default_rng(0).permutation(len(pairs))[:limit]
@@ -87,7 +87,7 @@ def torch_model(name: str, seed: int = 0):
         raise ValueError(f"model {name!r}: choose from {MODELS}")
     real = False
     try:
-        from mlxio.encoders import default_encoder_path
+        from mlxio.weights.encoders import default_encoder_path
 
         path = default_encoder_path()
         model = BertModel.from_pretrained(str(path), add_pooling_layer=False, attn_implementation="sdpa",
@@ -103,7 +103,7 @@ def mlx_params(model, projection) -> dict:
     import mlx.core as mx
 
     from mlxcore.tree import unflatten
-    from mlxio.encoders import sanitize
+    from mlxio.weights.encoders import sanitize
 
     kind = "t5" if model.config.model_type == "t5" else "bert"
     weights = {k: mx.array(v.detach().float().cpu().numpy()) for k, v in model.state_dict().items()}

@@ -42,7 +42,7 @@ def batch_arrays(rows: int, prompt: int, completion: int, vocab: int, seed: int 
 def run_mlx(shape, tm, data, micro, args, eval_micro_batches: bool = False) -> dict:
     from mlxcore.optim import make_optimizer
     from mlxcore.step import init_state, make_train_step
-    from mlxio import llm
+    from mlxio.weights import llm
     from recipes.rlaif_qwen import PRESETS, make_loss
 
     cfg = PRESETS["full"]

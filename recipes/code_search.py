@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxio import pairs
-from mlxio.encoders import load_encoder
+from mlxio.data import pairs
 from mlxio.errors import DataError, MlxioError
-from mlxio.runlog import write_json_atomic
+from mlxio.run.runlog import write_json_atomic
+from mlxio.weights.encoders import load_encoder
 from recipes import retrieval_eval
 
 log = logging.getLogger("code_search")

@@ -20,9 +20,9 @@ import numpy as np
 from mlxcore import quant, retrieval
 from mlxcore.encoder import EncoderSpec, token_embeddings
 from mlxcore.tree import Tree, combine, flatten, partition, unflatten
-from mlxio import batch_sizer
+from mlxio.data.token_cache import padded_length
 from mlxio.errors import ConfigError
-from mlxio.token_cache import padded_length
+from mlxio.run import batch_sizer
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def with_fake_quant(loss_fn, rules: tuple[quant.QuantRule, ...], lora_scale: flo
 
 def probe_spec(model_path: str, lora_cfg, targets: tuple[str, ...], query_len: int, doc_len: int,
                gradient_checkpointing: bool, compute_dtype: str, xtr_k_train: int, qat: tuple[str, ...] = ()) -> dict:
-    """The `recipes.batch_probe` spec of a recipe run (full-length batches: the worst case)."""
+    """The `mlxio.run.batch_probe` spec of a recipe run (full-length batches: the worst case)."""
     return {"model": model_path, "lora_rank": lora_cfg.rank, "lora_alpha": lora_cfg.alpha, "targets": list(targets),
             "query_len": query_len, "doc_len": doc_len, "gradient_checkpointing": gradient_checkpointing,
             "compute_dtype": compute_dtype, "xtr_k_train": xtr_k_train, "qat": list(qat)}
@@ -107,7 +107,7 @@ def parse_rules(texts: tuple[str, ...], field: str) -> tuple[quant.QuantRule, ..
 
 
 def plan_batch(cfg, model_path: str, targets: tuple[str, ...], effective: int, world) -> batch_sizer.Plan:
-    """The retriever recipe's memory-driven split of `effective` samples (see mlxio.batch_sizer)."""
+    """The retriever recipe's memory-driven split of `effective` samples (see mlxio.run.batch_sizer)."""
     if world.size > 1:
         raise ConfigError("memory.auto_batch: single-process runs only (size each rank's share by hand)")
     budget = batch_sizer.memory_budget(cfg.memory.budget_mb, cfg.memory.budget_fraction)

@@ -17,7 +17,7 @@ import numpy as np
 
 from mlxcore import ranking, retrieval
 from mlxcore.encoder import EncoderSpec, token_embeddings
-from mlxio.token_cache import hf_tokenize, padded_length
+from mlxio.data.token_cache import hf_tokenize, padded_length
 
 RRF_K = 60.0  # reciprocal-rank fusion constant (Cormack et al. 2009)
 

@@ -12,7 +12,7 @@ import attrs
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxio.errors import ConfigError
-from recipes.rlaif_eval import EvalConfig
+from mlxio.rl.evaluation import EvalConfig
 
 # model "tiny:llama" / "tiny:qwen2" (+ "-q4": 4-bit base): a tiny random model (smoke tests)
 TINY_PREFIX = "tiny:"

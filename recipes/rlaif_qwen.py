@@ -14,7 +14,7 @@ advantages, then `inner_epochs` updates of the pure policy loss (mlxcore.policy)
 compiled, accumulating, clipping, non-finite-guarded step of mlxcore.step. The KL reference is
 the same model with every lora_b zeroed (LoRA off), so no second model is held in memory.
 Outputs in `out`: metrics.jsonl, checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
-Options and presets: recipes/rlaif_config.py; prompts and evaluation: recipes/rlaif_eval.py.
+Options and presets: recipes/rlaif_config.py; prompts and evaluation: mlxio/rl/evaluation.py.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from mlxcore.lora import is_lora_path
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, partition
-from mlxio import checkpoint, distributed, llm, memprof, rollout
-from mlxio.config import parse_args, to_dict, to_json
 from mlxio.errors import ConfigError
-from mlxio.rewards import (
+from mlxio.rl import rollout
+from mlxio.rl.evaluation import evaluate, format_table, heldout_split, instruction
+from mlxio.rl.rewards import (
     AIFeedbackReward,
     ExecutionReward,
     FormatReward,
@@ -49,10 +49,12 @@ from mlxio.rewards import (
     load_humaneval,
     load_problems_jsonl,
 )
-from mlxio.runlog import MetricsLog, write_json_atomic
+from mlxio.run import checkpoint, distributed, memprof
+from mlxio.run.config import parse_args, to_dict, to_json
+from mlxio.run.runlog import MetricsLog, write_json_atomic
 from mlxio.sandbox import SandboxLimits
+from mlxio.weights import llm
 from recipes.rlaif_config import PRESETS, TINY_PREFIX, Config, DataConfig, validate
-from recipes.rlaif_eval import evaluate, format_table, heldout_split, instruction
 
 
 class TrainingDiverged(RuntimeError):
@@ -96,10 +98,10 @@ def reward_fns(cfg: Config):
         raise ConfigError("teacher: set either --teacher.url or --teacher.local, not both")
     judge = None
     if cfg.teacher.url:
-        from mlxio.teacher import HttpJudge
+        from mlxio.rl.teacher import HttpJudge
         judge = HttpJudge(cfg.teacher.url, cfg.teacher.model)
     elif cfg.teacher.local:
-        from mlxio.teacher import LocalJudge
+        from mlxio.rl.teacher import LocalJudge
         judge = LocalJudge(cfg.teacher.local)
     weight = cfg.rewards.ai_feedback
     weight = (0.5 if judge else 0.0) if weight is None else weight
@@ -217,7 +219,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         extra_rewards=(), profile_memory: bool = False) -> dict:
     """Train (and evaluate) per `cfg`; returns eval.json's contents. `stop_after` ends this
     process after that many steps (as if interrupted; resume continues). `extra_rewards`:
-    more [(reward fn, weight)] beside the configured ones (the mlxio.rewards protocol).
+    more [(reward fn, weight)] beside the configured ones (the mlxio.rl.rewards protocol).
     `profile_memory`: MLX / RSS memory per step of this process (regions "rollout" and
     "update"), written to memory.json + memory.png in `out` when the loop ends."""
     validate(cfg)

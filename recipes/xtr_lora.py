@@ -35,13 +35,8 @@ from mlxcore.encoder import init_projection, token_embeddings
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, count_params, partition
-from mlxio import batch_sizer, checkpoint, config, distributed, memprof, pairs
-from mlxio import quantize as quant_io
-from mlxio.encoders import default_encoder_path, load_encoder
-from mlxio.errors import MlxioError
-from mlxio.export import export_merged, export_peft
-from mlxio.runlog import MetricsLog, plot_curves, write_json_atomic
-from mlxio.token_cache import (
+from mlxio.data import pairs, xtr_data
+from mlxio.data.token_cache import (
     DataPosition,
     Prefetcher,
     build_or_open,
@@ -49,7 +44,13 @@ from mlxio.token_cache import (
     iterate_batches,
     tokenizer_identity,
 )
-from recipes import memory_options, retrieval_eval, xtr_data
+from mlxio.errors import MlxioError
+from mlxio.run import batch_sizer, checkpoint, config, distributed, memprof
+from mlxio.run.runlog import MetricsLog, plot_curves, write_json_atomic
+from mlxio.weights import quantize as quant_io
+from mlxio.weights.encoders import default_encoder_path, load_encoder
+from mlxio.weights.export import export_merged, export_peft
+from recipes import memory_options, retrieval_eval
 
 log = logging.getLogger("xtr_lora")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 # long enough for the harness to land kills inside it.
 SLOW_FSYNC = """
 import time
-import mlxio.checkpoint as ckpt
+import mlxio.run.checkpoint as ckpt
 _fsync = ckpt._fsync_path
 ckpt._fsync_path = lambda path: (time.sleep(0.05), _fsync(path))[1]
 """

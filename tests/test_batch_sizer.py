@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
-from mlxio import batch_sizer
-from mlxio.batch_sizer import Probe
 from mlxio.errors import ConfigError
-from recipes import batch_probe, memory_options
+from mlxio.run import batch_probe, batch_sizer
+from mlxio.run.batch_sizer import Probe
+from recipes import memory_options
 
 MB = 1024 * 1024
 

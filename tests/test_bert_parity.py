@@ -17,7 +17,13 @@ from benchmarks.encode import batches, stdlib_snippets
 from mlxcore import bert
 from mlxcore.encoder import hidden_states
 from mlxcore.tree import unflatten
-from mlxio.encoders import check_weights, default_encoder_path, load_encoder, sanitize, tokenize
+from mlxio.weights.encoders import (
+    check_weights,
+    default_encoder_path,
+    load_encoder,
+    sanitize,
+    tokenize,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

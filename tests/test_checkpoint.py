@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from mlxio import checkpoint as ck
 from mlxio.errors import CheckpointError
+from mlxio.run import checkpoint as ck
 
 REPO = Path(__file__).resolve().parents[1]
 DTYPES = {  # mx dtype -> numpy dtype the values are drawn in (bf16 drawn as float32, cast)
@@ -115,11 +115,11 @@ def two_checkpoints(tmp_path_factory):
 
 @contextlib.contextmanager
 def captured_warnings():
-    """Records logged by mlxio.checkpoint (caplog is function-scoped, so unfit for @given)."""
+    """Records logged by mlxio.run.checkpoint (caplog is function-scoped, so unfit for @given)."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = records.append
-    logger = logging.getLogger("mlxio.checkpoint")
+    logger = logging.getLogger("mlxio.run.checkpoint")
     logger.addHandler(handler)
     try:
         yield records
@@ -281,7 +281,7 @@ WRITER = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     import mlxio
     import mlx.core as mx
-    from mlxio import checkpoint as ck
+    from mlxio.run import checkpoint as ck
     run, start, crash = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 
     def state(step):

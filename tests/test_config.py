@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
-from mlxio import config
 from mlxio.errors import ConfigError
+from mlxio.run import config
 
 
 @attrs.frozen(kw_only=True)

@@ -1,4 +1,4 @@
-"""Data-parallel training on mx.distributed (mlxio.distributed).
+"""Data-parallel training on mx.distributed (mlxio.run.distributed).
 
 The launched tests start real ranks with `mlx.launch -n 2 --backend ring` on this CPU (free
 ports picked per launch; the whole process group is killed on timeout), and compare with the
@@ -27,8 +27,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxio import distributed
 from mlxio.errors import ConfigError
+from mlxio.run import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 DIST = ROOT / "tests" / "dist"
@@ -172,7 +172,7 @@ def test_xtr_recipe_resumes_on_another_rank_count(tmp_path):
     """Steps 1-2 on one process, 3-4 on two launched ranks == steps 1-4 on one process; rank 0
     alone writes (one metrics line per step, one checkpoint per save)."""
     from mlxcore.tree import flatten
-    from mlxio import checkpoint
+    from mlxio.run import checkpoint
     from recipes import xtr_lora
 
     args = ["--preset", "smoke", "--cache_dir", str(tmp_path / "cache"), "--export", "false"]

@@ -15,8 +15,8 @@ from tokenizers.pre_tokenizers import Whitespace
 
 from mlxcore.encoder import hidden_states, token_embeddings
 from mlxcore.tree import flatten
-from mlxio.encoders import default_encoder_path, load_encoder, tokenize
 from mlxio.errors import LoadError
+from mlxio.weights.encoders import default_encoder_path, load_encoder, tokenize
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

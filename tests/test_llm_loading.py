@@ -9,8 +9,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import load as mlx_lm_load
 
 from mlxcore.lora import LoraConfig
-from mlxio import gguf_llm, llm
 from mlxio.errors import LoadError
+from mlxio.weights import gguf_llm, llm
 
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
 TEXT = "def add(a, b):\n    return a + 12\t# héllo"

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from mlxio.data.pairs_jsonl import read_jsonl
 from mlxio.errors import DataError
-from mlxio.pairs_jsonl import read_jsonl
 
 MAX_CHARS = 64
 # Texts a valid row may hold: no NUL, no raw BOM, no lone surrogates; non-blank.

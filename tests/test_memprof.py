@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxio import memprof
+from mlxio.run import memprof
 
 
 def test_snapshot_sees_an_allocation():
@@ -43,7 +43,7 @@ def test_leak_trend_flags_steady_growth_not_a_jump():
 def test_profiler_warns_on_a_leaking_loop_and_writes_report(tmp_path, caplog):
     prof = memprof.MemoryProfiler(window=8, threshold_mb_per_step=0.5, warmup=1)
     kept = []
-    with caplog.at_level(logging.WARNING, logger="mlxio.memprof"):
+    with caplog.at_level(logging.WARNING, logger="mlxio.run.memprof"):
         for step in range(12):
             with prof.region("alloc"):
                 x = mx.ones((256 * 1024,), mx.float32)  # 1 MB kept every step: a leak
@@ -64,7 +64,7 @@ def test_profiler_warns_on_a_leaking_loop_and_writes_report(tmp_path, caplog):
 
 def test_profiler_quiet_on_a_steady_loop(caplog):
     prof = memprof.MemoryProfiler(window=8, warmup=1)
-    with caplog.at_level(logging.WARNING, logger="mlxio.memprof"):
+    with caplog.at_level(logging.WARNING, logger="mlxio.run.memprof"):
         for step in range(12):
             x = mx.ones((256 * 1024,), mx.float32)
             mx.eval(x * 2)

@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlxio.errors import DataError
-from mlxio.pairs import (
+from mlxio.data.pairs import (
     Corpus,
     MineReport,
     Pair,
@@ -21,7 +20,8 @@ from mlxio.pairs import (
     mine_pairs,
     split_by_file,
 )
-from mlxio.pairs_jsonl import read_jsonl, write_jsonl
+from mlxio.data.pairs_jsonl import read_jsonl, write_jsonl
+from mlxio.errors import DataError
 
 LIB = '''\
 import functools

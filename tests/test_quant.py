@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from mlxcore import bert, lora, quant
 from mlxcore.tree import combine, flatten, partition, unflatten
-from mlxio import quantize as qio
 from mlxio.errors import LoadError
+from mlxio.weights import quantize as qio
 
 
 def rand(shape, seed=0):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mlxio import sandbox
 from mlxio.errors import ConfigError, DataError
-from mlxio.rewards import (
+from mlxio.rl.rewards import (
     AIFeedbackReward,
     ExecutionReward,
     FormatReward,

@@ -13,10 +13,11 @@ from mlx.utils import tree_flatten
 import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
-from mlxio import checkpoint, llm
 from mlxio.errors import ConfigError
+from mlxio.rl.evaluation import EvalConfig
+from mlxio.run import checkpoint
+from mlxio.weights import llm
 from recipes import rlaif_qwen as rq
-from recipes.rlaif_eval import EvalConfig
 
 pytestmark = pytest.mark.slow
 

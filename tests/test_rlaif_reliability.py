@@ -12,7 +12,7 @@ import pytest
 from killer import SLOW_FSYNC, kill_until_done
 
 from mlxcore.tree import flatten
-from mlxio import checkpoint
+from mlxio.run import checkpoint
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 
 from mlxcore.lora import LoraConfig
-from mlxio import llm
-from mlxio.rollout import completion_logprobs, generate_group, pack, pack_tokens
+from mlxio.rl.rollout import completion_logprobs, generate_group, pack, pack_tokens
+from mlxio.weights import llm
 
 PROMPTS = ["Write add(a, b).", "hi", "Reverse a string in Python, please."]
 

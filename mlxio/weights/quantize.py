@@ -17,9 +17,9 @@ import mlx.core as mx
 
 from mlxcore.quant import QUANT_KEYS
 from mlxcore.tree import Tree, flatten, unflatten
-from mlxio import safeload
 from mlxio.errors import LoadError
-from mlxio.runlog import write_json_atomic
+from mlxio.run.runlog import write_json_atomic
+from mlxio.weights import safeload
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "quant_config.json"

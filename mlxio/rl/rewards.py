@@ -241,7 +241,7 @@ class AIFeedbackReward:
     """A judge's rubric score (0-10) mapped to [0, 1]; None when the judge call failed.
 
     `judge` has `judge(prompt, completion) -> float | None` and `config_key() -> str`
-    (`mlxio.teacher.HttpJudge`, `LocalJudge`)."""
+    (`mlxio.rl.teacher.HttpJudge`, `LocalJudge`)."""
 
     judge: object
     workers: int = 4

@@ -13,8 +13,8 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from mlxio import pairs, pairs_jsonl
-from mlxio.runlog import write_json_atomic
+from mlxio.data import pairs, pairs_jsonl
+from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger("xtr_lora")
 

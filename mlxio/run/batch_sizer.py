@@ -1,7 +1,7 @@
 """Memory-driven micro-batch size, found without ever crashing the trainer.
 
 MLX aborts the process when an allocation fails, so the trainer never tries a size to see if
-it fits. Instead each candidate runs in a child process (`python -m recipes.batch_probe`),
+it fits. Instead each candidate runs in a child process (`python -m mlxio.run.batch_probe`),
 where an abort kills only the probe: a few short probes at small sizes measure peak memory,
 a least-squares line `peak ~= fixed + per_sample * micro_batch` extrapolates, the largest
 micro-batch that divides the effective batch and fits `safety * budget` is chosen (then
@@ -63,7 +63,7 @@ class Probe:
 
 
 def run_probe(spec: dict, micro_batch: int, timeout_s: float = 600.0,
-              module: str = "recipes.batch_probe") -> Probe:
+              module: str = "mlxio.run.batch_probe") -> Probe:
     """Run the probe module in a child process; its abort, kill or timeout is a failed Probe."""
     payload = json.dumps({**spec, "micro_batch": micro_batch})  # spec carries "accum" when it matters
     try:

@@ -24,7 +24,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from mlxio.rewards import code_block_end
+from mlxio.rl.rewards import code_block_end
 
 PAD_MULTIPLE = 32  # packed lengths round up to this, so a compiled step sees few shapes
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass (bounds activation memory)

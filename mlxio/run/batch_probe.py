@@ -1,8 +1,8 @@
 """Probe: peak MLX memory of the retriever's training step at one micro-batch size.
 
-    python -m recipes.batch_probe '{"micro_batch": 8, "query_len": 32, "doc_len": 128}'
+    python -m mlxio.run.batch_probe '{"micro_batch": 8, "query_len": 32, "doc_len": 128}'
 
-Runs in a child process of the trainer (`mlxio.batch_sizer`): MLX aborts the whole process
+Runs in a child process of the trainer (`mlxio.run.batch_sizer`): MLX aborts the whole process
 when an allocation fails, so the limit is looked for here, where an abort costs only this
 probe. Builds the encoder + LoRA as the recipe does, runs `steps` compiled training steps on a
 full-length synthetic batch of `accum` micro-batches (every position real: the worst case at
@@ -28,8 +28,8 @@ from mlxcore import lora
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine
-from mlxio.encoders import default_encoder_path, load_encoder
 from mlxio.errors import ConfigError, MlxioError
+from mlxio.weights.encoders import default_encoder_path, load_encoder
 from recipes import memory_options
 
 DEFAULT_TARGETS = {"bert": ("query", "value"), "t5": ("q", "v")}

@@ -18,8 +18,8 @@ import mlx.core as mx
 
 from mlxcore import lora
 from mlxcore.tree import flatten
-from mlxio.encoders import LoadedEncoder, read_weights
 from mlxio.errors import MlxioError
+from mlxio.weights.encoders import LoadedEncoder, read_weights
 
 COPIED = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
           "spiece.model", "sentence_bert_config.json", "config_sentence_transformers.json")

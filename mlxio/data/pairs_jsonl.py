@@ -10,8 +10,8 @@ from pathlib import Path
 
 import attrs
 
+from mlxio.data.pairs import Pair
 from mlxio.errors import DataError
-from mlxio.pairs import Pair
 
 
 @attrs.frozen(kw_only=True)

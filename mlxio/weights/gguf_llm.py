@@ -20,8 +20,8 @@ import mlx.nn as nn
 import numpy as np
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
-from mlxio import safeload_gguf
 from mlxio.errors import LoadError
+from mlxio.weights import safeload_gguf
 
 GGUF_GROUP_SIZE = 32  # every GGUF block format MLX maps to affine quantisation has 32 weights
 
@@ -246,7 +246,7 @@ def tokenizer_from_gguf(metadata: dict, path: Path):
 
 
 def read_gguf(path: Path) -> tuple[dict[str, mx.array], dict]:
-    """(weights, metadata) of a GGUF file whose header `mlxio.safeload` validated first (a
+    """(weights, metadata) of a GGUF file whose header `mlxio.weights.safeload` validated first (a
     truncated or lying header is a LoadError, never an out-of-bounds read)."""
     if not Path(path).is_file():
         raise LoadError(f"{path}: no such GGUF file")

