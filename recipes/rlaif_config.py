@@ -13,9 +13,7 @@ from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxio.errors import ConfigError
 from mlxio.rl.evaluation import EvalConfig
-
-# model "tiny:llama" / "tiny:qwen2" (+ "-q4": 4-bit base): a tiny random model (smoke tests)
-TINY_PREFIX = "tiny:"
+from mlxio.rl.grpo import TINY_PREFIX  # "tiny:llama" etc.: a tiny random model (smoke tests)
 
 
 @attrs.frozen(kw_only=True)

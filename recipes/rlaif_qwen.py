@@ -14,19 +14,18 @@ advantages, then `inner_epochs` updates of the pure policy loss (mlxcore.policy)
 compiled, accumulating, clipping, non-finite-guarded step of mlxcore.step. The KL reference is
 the same model with every lora_b zeroed (LoRA off), so no second model is held in memory.
 Outputs in `out`: metrics.jsonl, checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
-Options and presets: recipes/rlaif_config.py; prompts and evaluation: mlxio/rl/evaluation.py.
+Options and presets: recipes/rlaif_config.py; prompts and evaluation: mlxio/rl/evaluation.py;
+loss, batch and policy loading: mlxio/rl/grpo.py (shared with the worker, recipes.rlaif_worker).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import sys
 import time
 from pathlib import Path
 
-import attrs
 import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
@@ -40,6 +39,14 @@ from mlxcore.tree import combine, partition
 from mlxio.errors import ConfigError
 from mlxio.rl import rollout
 from mlxio.rl.evaluation import evaluate, format_table, heldout_split, instruction
+from mlxio.rl.grpo import (  # noqa: F401  (also the recipe's names, as before)
+    build_batch,
+    frozen_logprobs,
+    load_model,
+    make_loss,
+    sequence_logprobs,
+    step_seed,
+)
 from mlxio.rl.rewards import (
     AIFeedbackReward,
     ExecutionReward,
@@ -54,32 +61,11 @@ from mlxio.run.config import parse_args, to_dict, to_json
 from mlxio.run.runlog import MetricsLog, write_json_atomic
 from mlxio.sandbox import SandboxLimits
 from mlxio.weights import llm
-from recipes.rlaif_config import PRESETS, TINY_PREFIX, Config, DataConfig, validate
+from recipes.rlaif_config import PRESETS, Config, DataConfig, validate
 
 
 class TrainingDiverged(RuntimeError):
     """Too many consecutive non-finite steps."""
-
-
-def load_model(cfg: Config) -> llm.Policy:
-    """The policy (base model + tokenizer), dequantised when asked, with fresh LoRA adapters."""
-    if cfg.model and cfg.model.startswith(TINY_PREFIX):
-        kind = cfg.model[len(TINY_PREFIX):]
-        quantize = kind.endswith("-q4")
-        policy = llm.tiny_policy(kind.removesuffix("-q4"), seed=cfg.seed, quantize=quantize)
-    else:
-        policy = llm.load_policy(cfg.model)
-    if cfg.dequantize and policy.quantized:
-        from mlx_lm.utils import dequantize_model
-
-        config = {k: v for k, v in policy.config.items()
-                  if k not in ("quantization", "quantization_config")}
-        model = dequantize_model(policy.model)
-        model.set_dtype(mx.float32)
-        config["torch_dtype"] = "float32"
-        policy = attrs.evolve(policy, model=model, config=config, quantized=False)
-    llm.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.seed))
-    return policy
 
 
 def load_data(cfg: DataConfig):
@@ -122,44 +108,6 @@ def prompt_indices(step: int, per_step: int, n: int, seed: int) -> list[int]:
     return out
 
 
-def step_seed(seed: int, step: int) -> int:
-    """Sampling seed of a step (independent of how many steps ran in this process)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode()).digest()[:4], "big")
-
-
-def sequence_logprobs(model, params, tokens: mx.array) -> mx.array:
-    """log p(tokens[:, t] | tokens[:, :t]) under `params`: tokens [B, T] -> [B, T - 1].
-
-    The model is an mlx-lm nn.Module; `update` points it at `params` (inside a compiled step
-    these are the traced inputs), so the function is pure in (params, tokens).
-    """
-    model.update(params)
-    return pg.token_logprobs(model(tokens[:, :-1]), tokens[:, 1:])
-
-
-def make_loss(model, cfg: Config):
-    """loss_fn(params, micro_batch, key) -> (loss, metrics) for mlxcore.step.
-
-    micro_batch: tokens [M, T], mask [M, T-1] (completion targets of valid completions),
-    advantages [M], old_logp / ref_logp [M, T-1].
-    """
-    def loss_fn(params, mb, key):
-        logp = sequence_logprobs(model, params, mb["tokens"])
-        return pg.policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"],
-                              mb["mask"], cfg.beta, cfg.clip_eps)
-    return loss_fn
-
-
-def frozen_logprobs(model, params, tokens: mx.array, micro: int) -> mx.array:
-    """`sequence_logprobs` without gradient, `micro` rows at a time: [N, T] -> [N, T - 1]."""
-    parts = []
-    for start in range(0, tokens.shape[0], micro):
-        part = sequence_logprobs(model, params, tokens[start: start + micro])
-        mx.eval(part)
-        parts.append(part)
-    return mx.concatenate(parts)
-
-
 def advantages_of(total: np.ndarray, missing: np.ndarray, prompt_index: np.ndarray,
                   kind: str) -> np.ndarray:
     """[N] advantages per prompt group; a completion with no reward is its own group (0)."""
@@ -195,24 +143,6 @@ def shared_advantages(total: np.ndarray, missing: np.ndarray, prompt_ids: np.nda
     every = [distributed.gather_np(a, world) for a in (total, missing, prompt_ids)]
     n = len(total)
     return advantages_of(*every, kind)[world.rank * n:(world.rank + 1) * n]
-
-
-def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
-                cfg: Config) -> dict:
-    """Arrays for the step, leaves [accumulation, N / accumulation, ...]."""
-    n = len(adv)
-    if n % cfg.accumulation:
-        raise ConfigError(f"accumulation={cfg.accumulation} must divide the {n} completions "
-                          "per step (prompts_per_step * group_size)")
-    micro = n // cfg.accumulation
-    tokens = mx.array(packed["tokens"])
-    mask = mx.array(packed["completion_mask"][:, 1:] * valid[:, None].astype(np.float32))
-    zeros = mx.zeros(mask.shape, mx.float32)
-    ref = frozen_logprobs(model, pg.reference_params(params), tokens, micro) if cfg.beta else zeros
-    old = frozen_logprobs(model, params, tokens, micro) if cfg.clip_eps is not None else zeros
-    batch = {"tokens": tokens, "mask": mask, "advantages": mx.array(adv), "old_logp": old,
-             "ref_logp": ref}
-    return {k: v.reshape(cfg.accumulation, micro, *v.shape[1:]) for k, v in batch.items()}
 
 
 def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
