@@ -90,6 +90,34 @@ class CodeBlockStop:
         return self.closed[i]
 
 
+class StopStrings:
+    """Per-sequence stop once the text contains any of `stop` (OpenAI's `stop`), fed one text
+    piece (a token's own decoding) at a time; `add` is True on the piece that completes one.
+    Only the tail a new piece can complete is searched. A stop string holding a multi-byte
+    character can be missed where a byte-level BPE token splits that character."""
+
+    def __init__(self, n: int, stop: tuple[str, ...]) -> None:
+        self.stop = tuple(s for s in stop if s)
+        self.longest = max(map(len, self.stop), default=0)
+        self.texts = [""] * n
+        self.closed = [False] * n
+
+    def add(self, i: int, piece: str) -> bool:
+        """Append `piece` to sequence i; True when a stop string has just been completed."""
+        if self.closed[i]:
+            return False
+        self.texts[i] += piece
+        tail = self.texts[i][-(len(piece) + self.longest - 1):] if piece else ""
+        self.closed[i] = any(s in tail for s in self.stop)
+        return self.closed[i]
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """`text` up to (not including) the first occurrence of any stop string."""
+    ends = [i for s in stop if s and (i := text.find(s)) >= 0]
+    return text[:min(ends)] if ends else text
+
+
 def code_block_stop_index(pieces: list[str]) -> int | None:
     """Index of the piece that closes the first fenced block of "".join(pieces), or None: where
     generation with `stop_at_code_end` stops (that token kept, the rest never sampled)."""
@@ -109,11 +137,14 @@ def _prefill(model, tokens: list[int]) -> list:
 
 def generate_group(policy, prompts: list[str], group_size: int = 8, temperature: float = 1.0,
                    top_p: float = 1.0, max_new_tokens: int = 256, seed: int = 0,
-                   use_chat_template: bool = True, stop_at_code_end: bool = False) -> Rollouts:
+                   use_chat_template: bool = True, stop_at_code_end: bool = False,
+                   stop: tuple[str, ...] = ()) -> Rollouts:
     """Sample `group_size` completions per prompt, all N = len(prompts) * group_size decoded
     together; deterministic for a given `seed` (mlx-lm's samplers draw from MLX's global PRNG,
     which is seeded here). temperature 0 is greedy. `stop_at_code_end`: a sequence also ends
-    on the token that closes its first fenced code block (removed from the batch there)."""
+    on the token that closes its first fenced code block (removed from the batch there).
+    `stop`: strings that end a sequence likewise, on the token completing one (kept in its
+    tokens; its text is cut before the stop string, as OpenAI's `stop`)."""
     if not prompts:
         raise ValueError("generate_group needs at least one prompt")
     if group_size < 1 or max_new_tokens < 1:
@@ -147,7 +178,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         completions = [[] for _ in range(n)]
         logprobs = [[] for _ in range(n)]
         finished = np.zeros(n, bool)
-        fences = CodeBlockStop(n) if stop_at_code_end else None
+        stoppers = ([CodeBlockStop(n)] if stop_at_code_end else []) + (
+            [StopStrings(n, tuple(stop))] if any(stop) else [])
         while responses := gen.next_generated():
             picked = mx.stack([r.logprobs[r.token] for r in responses]).tolist()
             closed = []
@@ -156,8 +188,10 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
                 completions[i].append(r.token)
                 logprobs[i].append(lp)
                 finished[i] |= r.finish_reason == "stop"
-                if (fences is not None and r.finish_reason != "stop"
-                        and fences.add(i, tokenizer.decode([r.token]))):
+                if not stoppers or r.finish_reason == "stop":
+                    continue
+                piece = tokenizer.decode([r.token])
+                if any([s.add(i, piece) for s in stoppers]):  # (a list: every stopper sees it)
                     finished[i] = True
                     if r.finish_reason is None:  # (at max_new_tokens it is out already)
                         closed.append(r.uid)
@@ -173,6 +207,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
              for c, done in zip(completions, finished, strict=True)]
     if stop_at_code_end:  # the closing token may carry more text ("```\n"): cut at the fence
         texts = [t[:end] if (end := code_block_end(t)) is not None else t for t in texts]
+    if any(stop):
+        texts = [cut_at_stop(t, tuple(stop)) for t in texts]
     return Rollouts(
         prompt_tokens=prompt_tokens, completion_tokens=completions,
         logprobs=[np.asarray(lp, np.float32) for lp in logprobs], texts=texts,

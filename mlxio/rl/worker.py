@@ -1,0 +1,480 @@
+"""Generation and training worker for an external RLAIF trainer, over JSON-RPC 2.0 on stdio.
+
+The seed's design: a trainer in another language (Rust) drives MLX through a Python process;
+rewards are computed in the trainer. One process serves both roles:
+
+    generator: generate(prompts, n, ...) -> completions with token ids and log-probs
+    trainer:   train_step(token ids, completion masks, advantages[, reference log-probs])
+               -> loss, pg_loss, kl, grad_norm, step;  save / load / eval_logprobs
+
+The numerics are the recipe's (`recipes.rlaif_qwen`): the same policy loading, loss, batch and
+compiled step (mlxio.rl.grpo, mlxcore.step), the same atomic checkpoints (mlxio.run.checkpoint,
+trees "lora" and "opt_state", the recipe's run identity in meta), so a train_step here equals
+the recipe's step on the same batch and a checkpoint either writes the other resumes.
+Protocol and schemas: docs/worker-protocol.md (`PROTOCOL_VERSION`); framing: mlxio.rpc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from mlxcore import policy as pg
+from mlxcore.lora import is_lora_path
+from mlxcore.optim import make_optimizer
+from mlxcore.step import init_state, make_train_step
+from mlxcore.tree import combine, partition
+from mlxio import rpc
+from mlxio.errors import CheckpointError, ConfigError
+from mlxio.rl import grpo, rollout
+from mlxio.run import checkpoint
+from mlxio.run.config import from_dict, to_dict
+
+log = logging.getLogger("mlxio.worker")
+
+PROTOCOL_VERSION = "1.0"
+PAD_ID = 0  # the recipe's packing pad (masked out of every loss term)
+
+# ------------------------------------------------------------------------------ schemas
+
+_INT = {"type": "integer"}
+_NUM = {"type": "number"}
+_TOKEN_ROWS = {"type": "array", "minItems": 1, "description": "N sequences of token ids",
+               "items": {"type": "array", "minItems": 2, "items": {"type": "integer", "minimum": 0}}}
+_LOGP_ROWS = {"type": "array", "description": "N rows; row i has len(tokens[i]) - 1 entries: "
+              "entry t is log p(tokens[i][t + 1] | tokens[i][:t + 1])",
+              "items": {"type": "array", "items": _NUM}}
+_DIR = {"type": "string", "description": "run directory (default: the config's `out`)"}
+_OBJ = {"type": "object"}
+
+SCHEMAS: dict[str, dict[str, dict]] = {
+    "initialize": {
+        "params": {
+            "type": "object", "additionalProperties": False,
+            "properties": {
+                "preset": {"type": "string", "description": "base config: a preset of "
+                           "recipes.rlaif_config (quick, full, smoke); default quick"},
+                "config": {"type": "object", "description": "overrides of the recipe's Config, "
+                           "nested as in a run's config.json (e.g. {\"optim\": {\"lr\": 1e-5}}); "
+                           "unknown keys are errors"},
+                "protocol_version": {"type": "string", "description": "the client's; its major "
+                                     "version must equal the worker's"},
+            },
+        },
+        "result": {
+            "type": "object", "required": ["protocol_version", "versions", "capabilities",
+                                           "config", "model", "step"],
+            "properties": {
+                "protocol_version": {"type": "string"},
+                "versions": {"type": "object", "properties": {
+                    "worker": {"type": "string"}, "mlx": {"type": "string"},
+                    "mlx_lm": {"type": "string"}, "python": {"type": "string"}}},
+                "capabilities": {"type": "object", "properties": {
+                    "roles": {"type": "array", "items": {"type": "string"}},
+                    "methods": {"type": "array", "items": {"type": "string"}},
+                    "max_line_bytes": _INT, "vocab_size": _INT,
+                    "eos_token_ids": {"type": "array", "items": _INT}, "pad_id": _INT,
+                    "accumulation": {"type": "integer", "description": "train_step's N must "
+                                     "be a multiple of it"},
+                    "inner_epochs": _INT}},
+                "config": {"type": "object", "description": "the full resolved Config"},
+                "model": {"type": "string"},
+                "step": _INT,
+            },
+        },
+    },
+    "generate": {
+        "params": {
+            "type": "object", "additionalProperties": False, "required": ["prompts"],
+            "properties": {
+                "prompts": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                "n": {"type": "integer", "minimum": 1, "description": "completions per prompt "
+                      "(default: config group_size)"},
+                "max_tokens": {"type": "integer", "minimum": 1,
+                               "description": "default: config max_new_tokens"},
+                "temperature": {"type": "number", "minimum": 0, "description": "0 = greedy"},
+                "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+                "stop": {"type": "array", "items": {"type": "string"}, "description": "stop "
+                         "strings (text cut before them; the completing token kept)"},
+                "stop_at_code_end": {"type": "boolean", "description": "end at the close of "
+                                     "the first ``` block (default: config)"},
+                "chat_template": {"type": "boolean", "description": "prompt as a user turn "
+                                  "of the chat template (default true)"},
+                "seed": {"type": "integer", "minimum": 0, "maximum": 2 ** 32 - 1,
+                         "description": "default: the recipe's seed of the current step"},
+            },
+        },
+        "result": {
+            "type": "object", "required": ["texts", "prompt_tokens", "completion_tokens",
+                                           "logprobs", "prompt_index", "finished"],
+            "properties": {
+                "texts": {"type": "array", "items": {"type": "string"},
+                          "description": "N = len(prompts) * n, prompt-major"},
+                "prompt_tokens": {"type": "array", "items": {"type": "array", "items": _INT},
+                                  "description": "one row per prompt (template applied)"},
+                "completion_tokens": {"type": "array", "items": {"type": "array", "items": _INT}},
+                "logprobs": {"type": "array", "items": {"type": "array", "items": _NUM},
+                             "description": "per completion token, at temperature 1"},
+                "prompt_index": {"type": "array", "items": _INT},
+                "finished": {"type": "array", "items": {"type": "boolean"}},
+                "tokens_per_s": _NUM,
+            },
+        },
+    },
+    "train_step": {
+        "params": {
+            "type": "object", "additionalProperties": False,
+            "required": ["tokens", "completion_mask", "advantages"],
+            "properties": {
+                "tokens": _TOKEN_ROWS,
+                "completion_mask": {"type": "array", "description": "N rows as long as tokens: "
+                                    "1 where the token is a trained completion token, else 0",
+                                    "items": {"type": "array", "items": {
+                                        "type": "number", "minimum": 0, "maximum": 1}}},
+                "advantages": {"type": "array", "items": _NUM, "description": "N"},
+                "ref_logprobs": {**_LOGP_ROWS, "description": "optional KL reference; default: "
+                                 "the LoRA-off policy (as the recipe). " + _LOGP_ROWS["description"]},
+                "old_logprobs": {**_LOGP_ROWS, "description": "optional, for clip_eps; default: "
+                                 "the current policy. " + _LOGP_ROWS["description"]},
+            },
+        },
+        "result": {
+            "type": "object", "required": ["step", "loss", "pg_loss", "kl", "grad_norm"],
+            "properties": {
+                "step": {"type": "integer", "description": "train_steps done (after this one)"},
+                "loss": _NUM, "pg_loss": _NUM, "kl": _NUM, "grad_norm": _NUM, "entropy": _NUM,
+                "clip_frac": _NUM, "lr": _NUM,
+                "skipped": {"type": "integer", "description": "1: non-finite loss or gradient, "
+                            "update skipped (weights unchanged)"},
+                "consecutive_skips": _INT, "tokens": _INT, "seconds": _NUM,
+            },
+        },
+    },
+    "eval_logprobs": {
+        "params": {
+            "type": "object", "additionalProperties": False, "required": ["tokens"],
+            "properties": {"tokens": _TOKEN_ROWS,
+                           "reference": {"type": "boolean", "description": "under the LoRA-off "
+                                         "reference instead of the policy (default false)"}},
+        },
+        "result": {"type": "object", "required": ["logprobs"], "properties": {"logprobs": _LOGP_ROWS}},
+    },
+    "save": {
+        "params": {
+            "type": "object", "additionalProperties": False,
+            "properties": {"dir": _DIR,
+                           "meta": {"type": "object", "description": "the client's own state, "
+                                    "saved atomically with the weights; load returns it"},
+                           "adapters": {"type": "boolean", "description": "also write mlx-lm "
+                                        "adapters to <dir>/adapters (default false)"}},
+        },
+        "result": {"type": "object", "required": ["step", "path"],
+                   "properties": {"step": _INT, "path": {"type": "string"}}},
+    },
+    "load": {
+        "params": {
+            "type": "object", "additionalProperties": False,
+            "properties": {"dir": _DIR,
+                           "step": {"type": "integer", "minimum": 0, "description": "that step's "
+                                    "checkpoint (default: the newest that verifies)"}},
+        },
+        "result": {"type": "object", "required": ["step", "path", "meta"],
+                   "properties": {"step": _INT, "path": {"type": "string"},
+                                  "meta": {"type": ["object", "null"],
+                                           "description": "what save's meta held"}}},
+    },
+    "shutdown": {
+        "params": {"type": "object", "additionalProperties": False, "properties": {}},
+        "result": {"type": "object", "required": ["step"], "properties": {"step": _INT}},
+    },
+}
+
+
+# ------------------------------------------------------------------------------- worker
+
+class _Session:
+    """What `initialize` builds: config, policy, compiled step, weights, optimizer state."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        mx.random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        self.policy = grpo.load_model(cfg)
+        self.model = self.policy.model
+        optimizer = make_optimizer(cfg.optim)
+        self.step_fn = make_train_step(grpo.make_loss(self.model, cfg), optimizer,
+                                       clip_norm=cfg.optim.clip_norm, seed=cfg.seed,
+                                       jit=cfg.compile, eval_micro_batches=cfg.eval_micro_batches)
+        self.params = self.model.parameters()
+        self.state = init_state(optimizer, self.params)
+        self.step = 0
+        self.run_id = {"config_hash": checkpoint.config_hash({**to_dict(cfg), "out": None}),
+                       "base_model": str(self.policy.source)}
+        self.vocab = int(self.policy.config["vocab_size"])
+
+
+def _rows(params: dict, name: str, n: int, lengths: list[int] | None) -> list:
+    rows = params[name]
+    if len(rows) != n:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.{name}: {len(rows)} rows for {n} sequences",
+                           {"field": f"params.{name}"})
+    if lengths is not None:
+        for i, (row, want) in enumerate(zip(rows, lengths, strict=True)):
+            if len(row) != want:
+                raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.{name}[{i}]: {len(row)} entries, "
+                                   f"expected {want}", {"field": f"params.{name}[{i}]"})
+    return rows
+
+
+def _padded(rows: list[list], width: int, dtype, fill=0) -> np.ndarray:
+    out = np.full((len(rows), width), fill, dtype)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = row
+    return out
+
+
+class Worker:
+    """The methods; `presets` and `validate` are the recipe's (recipes.rlaif_config)."""
+
+    def __init__(self, presets: dict, validate, max_line_bytes: int = rpc.DEFAULT_MAX_LINE_BYTES) -> None:
+        self.presets, self.validate = presets, validate
+        self.max_line_bytes = max_line_bytes
+        self.session: _Session | None = None
+
+    def methods(self) -> dict[str, rpc.Method]:
+        fns = {"initialize": self.initialize, "generate": self.generate,
+               "train_step": self.train_step, "eval_logprobs": self.eval_logprobs,
+               "save": self.save, "load": self.load, "shutdown": self.shutdown}
+        return {name: rpc.Method(fn, SCHEMAS[name]["params"], SCHEMAS[name]["result"],
+                                 (fn.__doc__ or "").strip()) for name, fn in fns.items()}
+
+    def server(self) -> rpc.Server:
+        return rpc.Server(self.methods(), self.max_line_bytes,
+                          {ConfigError: rpc.CONFIG_ERROR, CheckpointError: rpc.CHECKPOINT_ERROR})
+
+    def _session(self) -> _Session:
+        if self.session is None:
+            raise rpc.RpcError(rpc.NOT_INITIALIZED, "call initialize first")
+        return self.session
+
+    # methods -----------------------------------------------------------------------------
+    def initialize(self, params: dict) -> dict:
+        """Load the model with fresh LoRA and build the optimizer and compiled step."""
+        client = params.get("protocol_version")
+        if client is not None and client.split(".")[0] != PROTOCOL_VERSION.split(".")[0]:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"protocol_version {client} is not compatible "
+                               f"with the worker's {PROTOCOL_VERSION}", {"field": "params.protocol_version"})
+        preset = params.get("preset", "quick")
+        if preset not in self.presets:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.preset: unknown {preset!r} (known: "
+                               f"{', '.join(sorted(self.presets))})", {"field": "params.preset"})
+        base = self.presets[preset]
+        data = _merge(to_dict(base), params.get("config", {}))
+        try:
+            cfg = from_dict(data, type(base), "params.config")
+            self.validate(cfg)
+        except ConfigError as err:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.config"}) from None
+        self.session = None  # a re-initialize drops the old model first
+        s = self.session = _Session(cfg)
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "versions": {"worker": _version("mlx-retrieval-rl"), "mlx": mx.__version__,
+                         "mlx_lm": _version("mlx-lm"), "python": platform.python_version()},
+            "capabilities": {
+                "roles": ["generator", "trainer"], "methods": sorted(SCHEMAS),
+                "max_line_bytes": self.max_line_bytes, "vocab_size": s.vocab,
+                "eos_token_ids": sorted(int(t) for t in s.policy.tokenizer.eos_token_ids),
+                "pad_id": PAD_ID, "accumulation": cfg.accumulation, "inner_epochs": cfg.inner_epochs},
+            "config": to_dict(cfg),
+            "model": str(s.policy.source or cfg.model),
+            "step": s.step,
+        }
+
+    def generate(self, params: dict) -> dict:
+        """Sample n completions per prompt with the current policy (mlxio.rl.rollout)."""
+        s = self._session()
+        cfg = s.cfg
+        ro = rollout.generate_group(
+            s.policy, params["prompts"], params.get("n", cfg.group_size),
+            params.get("temperature", cfg.temperature), params.get("top_p", cfg.top_p),
+            params.get("max_tokens", cfg.max_new_tokens),
+            params.get("seed", grpo.step_seed(cfg.seed, s.step)),
+            use_chat_template=params.get("chat_template", True),
+            stop_at_code_end=params.get("stop_at_code_end", cfg.stop_at_code_end),
+            stop=tuple(params.get("stop", ())))
+        return {"texts": ro.texts, "prompt_tokens": ro.prompt_tokens,
+                "completion_tokens": [[int(t) for t in c] for c in ro.completion_tokens],
+                "logprobs": [lp.tolist() for lp in ro.logprobs],
+                "prompt_index": ro.prompt_index.tolist(), "finished": ro.finished.tolist(),
+                "tokens_per_s": float(ro.gen_tokens_per_s)}
+
+    def _tokens(self, s: _Session, params: dict) -> tuple[list, list[int]]:
+        rows = params["tokens"]
+        for i, row in enumerate(rows):
+            if max(row) >= s.vocab:
+                raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens[{i}]: token id {max(row)} "
+                                   f">= vocab_size {s.vocab}", {"field": f"params.tokens[{i}]"})
+        return rows, [len(r) for r in rows]
+
+    def train_step(self, params: dict) -> dict:
+        """One recipe step (inner_epochs updates) on the given batch; the model keeps the result."""
+        s = self._session()
+        cfg = s.cfg
+        t0 = time.perf_counter()
+        rows, lengths = self._tokens(s, params)
+        n = len(rows)
+        mask_rows = _rows(params, "completion_mask", n, lengths)
+        adv = params["advantages"]
+        if len(adv) != n:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.advantages: {len(adv)} values for {n} "
+                               "sequences", {"field": "params.advantages"})
+        if n % cfg.accumulation:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {n} sequences is not a multiple "
+                               f"of the config's accumulation={cfg.accumulation}",
+                               {"field": "params.tokens"})
+        width = rollout.pad_to(max(lengths))
+        packed = {"tokens": _padded(rows, width, np.int32, PAD_ID),
+                  "completion_mask": _padded(mask_rows, width, np.float32)}
+        given = {}
+        for name in ("ref_logprobs", "old_logprobs"):
+            if name in params:
+                logp = _rows(params, name, n, [k - 1 for k in lengths])
+                given[name] = mx.array(_padded(logp, width - 1, np.float32))
+        batch = grpo.build_batch(s.model, s.params, packed, np.asarray(adv, np.float32),
+                                 np.ones(n, bool), cfg, ref_logp=given.get("ref_logprobs"),
+                                 old_logp=given.get("old_logprobs"))
+        for epoch in range(cfg.inner_epochs):
+            s.params, s.state, m = s.step_fn(s.params, s.state, batch,
+                                             mx.array(s.step * cfg.inner_epochs + epoch))
+            mx.eval(s.params, s.state, m)
+        s.model.update(s.params)
+        s.step += 1
+        out = {k: float(v) for k, v in m.items()}
+        out.update(step=s.step, skipped=int(m["skipped"]),
+                   consecutive_skips=int(s.state["consecutive_skips"]),
+                   tokens=int(sum(lengths)), seconds=time.perf_counter() - t0)
+        return _finite(out)
+
+    def eval_logprobs(self, params: dict) -> dict:
+        """Per-token log-probs of given sequences under the policy (or the LoRA-off reference)."""
+        s = self._session()
+        rows, lengths = self._tokens(s, params)
+        width = rollout.pad_to(max(lengths))
+        tokens = mx.array(_padded(rows, width, np.int32, PAD_ID))
+        weights = pg.reference_params(s.params) if params.get("reference") else s.params
+        micro = max(1, rollout.LOGITS_BUDGET // (width * s.vocab))
+        try:
+            logp = np.array(grpo.frozen_logprobs(s.model, weights, tokens, micro))
+        finally:
+            s.model.update(s.params)
+        return {"logprobs": [logp[i, :k - 1].tolist() for i, k in enumerate(lengths)]}
+
+    def _dir(self, s: _Session, params: dict) -> Path:
+        return Path(params.get("dir") or s.cfg.out)
+
+    def save(self, params: dict) -> dict:
+        """Atomic checkpoint of LoRA + optimizer state (+ RNG, run identity), as the recipe's."""
+        s = self._session()
+        out = self._dir(s, params)
+        lora, _ = partition(s.params, is_lora_path)
+        meta = {**s.run_id, "rng": checkpoint.rng_snapshot(),
+                "data": {"position": s.step * s.cfg.prompts_per_step}, "client": params.get("meta")}
+        path = checkpoint.save(out, s.step, {"lora": lora, "opt_state": s.state}, meta,
+                               keep_last=s.cfg.keep_checkpoints)
+        if params.get("adapters"):
+            from mlxio.weights import llm
+            llm.save_adapters(s.model, s.cfg.lora, s.cfg.lora_layers, out / "adapters")
+        return {"step": s.step, "path": str(path)}
+
+    def load(self, params: dict) -> dict:
+        """Resume from a checkpoint of this config and base model (the newest that verifies)."""
+        s = self._session()
+        out = self._dir(s, params)
+        if "step" in params:
+            path = out / checkpoint.CHECKPOINTS / f"step-{params['step']:08d}"
+            if not path.is_dir():
+                raise CheckpointError(f"{path}: no such checkpoint")
+            trees, meta = checkpoint.load(path)
+            for field, want in s.run_id.items():
+                if meta.get(field) != want:
+                    raise CheckpointError(f"{path}: meta[{field!r}] is {meta.get(field)!r} but "
+                                          f"this worker's config expects {want!r}")
+        else:
+            found = checkpoint.load_latest(out, expect=s.run_id)
+            if found is None:
+                raise CheckpointError(f"{out}: no checkpoint to load")
+            path, trees, meta = found
+        s.params = combine(trees["lora"], partition(s.params, is_lora_path)[1])
+        s.state = trees["opt_state"]
+        s.model.update(s.params)
+        checkpoint.rng_restore(meta["rng"])
+        s.step = int(meta["step"])
+        return {"step": s.step, "path": str(path), "meta": meta.get("client")}
+
+    def shutdown(self, params: dict) -> dict:
+        """Answer, then exit (0) once the answer is written."""
+        raise rpc.Stop({"step": self.session.step if self.session else 0})
+
+
+def _merge(base: dict, overrides: dict) -> dict:
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _finite(result: dict) -> dict:
+    """JSON has no NaN / Infinity: a non-finite metric is sent as null."""
+    return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in result.items()}
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# -------------------------------------------------------------------------------- stdio
+
+def protocol_stdout():
+    """Take fd 1 for the protocol and point fd 1 (and sys.stdout) at stderr, so a stray print
+    or a C library's write can never corrupt the protocol stream; returns the protocol file."""
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return proto
+
+
+def serve_stdio(argv: list[str] | None, presets: dict, validate, prog: str) -> int:
+    """Serve the worker on stdin/stdout until EOF or shutdown; returns the exit status."""
+    parser = argparse.ArgumentParser(prog=prog, description="RLAIF generation + training worker, "
+                                     "JSON-RPC 2.0 over stdin/stdout, one JSON object per line "
+                                     "(docs/worker-protocol.md)")
+    parser.add_argument("--max-line-bytes", type=int, default=rpc.DEFAULT_MAX_LINE_BYTES,
+                        help="longest accepted request line; longer ones get an error response")
+    parser.add_argument("--log-level", default="INFO", help="stderr log level")
+    args = parser.parse_args(argv)
+    proto = protocol_stdout()
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")
+    worker = Worker(presets, validate, args.max_line_bytes)
+    log.info("ready (protocol %s, max line %d bytes)", PROTOCOL_VERSION, args.max_line_bytes)
+    how = worker.server().serve(sys.stdin.buffer, proto)
+    log.info("exiting on %s", how)
+    proto.close()
+    return 0
