@@ -4,7 +4,7 @@ the memory profiler's own overhead, and evaluating each accumulated micro-batch 
 (`eval_micro_batches`: peak memory of one micro-batch instead of all of them).
 
 Each configuration runs in its own child process (so peak memory and allocator caches belong
-to one configuration), on the recipe's step: `recipes.memory_options.contrastive_loss_fn` in
+to one configuration), on the recipe's step: `mlxcore.retriever.contrastive_loss_fn` in
 `mlxcore.step.make_train_step` (mx.compile), LoRA r=16 on query/value, AdamW, full-length
 synthetic batches (every token real). Weights are random with the real shapes (MiniLM-L6 or
 BERT-base), which changes neither memory nor speed, so the GPU machine needs no model files.
@@ -39,27 +39,27 @@ def measure(cfg: dict) -> dict:
     # isort: on
     import mlx.core as mx
 
-    from mlxcore import bert, lora
+    from mlxcore import bert, lora, precision, retriever
     from mlxcore.encoder import EncoderSpec
     from mlxcore.optim import OptimConfig, make_optimizer
     from mlxcore.step import init_state, make_train_step
     from mlxcore.tree import combine, unflatten
     from mlxio.run import memprof
-    from recipes import memory_options
+    from mlxio.run.batch_probe import synthetic_batch
 
     model = bert.BertConfig(**MODELS[cfg["model"]])
-    spec = memory_options.with_checkpointing(EncoderSpec(kind="bert", model=model, lora_scale=2.0),
-                                             cfg["checkpointing"])
+    spec = retriever.with_checkpointing(EncoderSpec(kind="bert", model=model, lora_scale=2.0),
+                                        cfg["checkpointing"])
     keys = iter(mx.random.split(mx.random.key(0), 400))
     base = unflatten({k: 0.02 * mx.random.normal(s, key=next(keys)) for k, s in bert.param_shapes(model).items()})
     params = combine(base, lora.init(mx.random.key(1), lora.target_dims(base, ("query", "value")), 16))
-    params = memory_options.cast_frozen(params, lora.is_lora_path, cfg["dtype"])
+    params = precision.cast_frozen(params, lora.is_lora_path, cfg["dtype"])
     optimizer = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=2, total_steps=1000))
-    step = make_train_step(memory_options.contrastive_loss_fn(spec), optimizer,
+    step = make_train_step(retriever.contrastive_loss_fn(spec), optimizer,
                            eval_micro_batches=cfg.get("eval_micro_batches", False))
     opt_state = init_state(optimizer, params)
-    batches = [memory_options.synthetic_batch(model.vocab_size, cfg["micro"], cfg["accum"], cfg["query_len"],
-                                              cfg["doc_len"], seed=i) for i in range(2)]
+    batches = [synthetic_batch(model.vocab_size, cfg["micro"], cfg["accum"], cfg["query_len"], cfg["doc_len"], seed=i)
+               for i in range(2)]
     mx.eval(params, opt_state, batches)
     profiler = None
     interval = cfg.get("eval_interval", 1)

@@ -29,9 +29,9 @@ from benchmarks import retriever_models as rm
 def mlx_curve(model, projection, name, batches, optim_cfg) -> list[float]:
     from mlxcore import lora
     from mlxcore.optim import make_optimizer
+    from mlxcore.retriever import LossConfig, contrastive_loss_fn
     from mlxcore.step import init_state, make_train_step
     from mlxcore.tree import combine
-    from recipes.xtr_lora import LossConfig, contrastive_loss_fn
 
     params = rm.mlx_params(model, projection)
     adapters = lora.init(mx.random.key(0), lora.target_dims(params, rm.TARGETS[name]), rm.LORA_RANK)

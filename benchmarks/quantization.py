@@ -22,12 +22,12 @@ import os
 import time
 from pathlib import Path
 
-from mlxcore import quant
+from mlxcore import quant, ranking
 from mlxio.data import pairs, xtr_data
 from mlxio.run import config
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.encoders import default_encoder_path, load_encoder
-from recipes import retrieval_eval, xtr_lora
+from recipes import xtr_lora
 
 PTQ_SETS = {
     "8bit_g64": ("*=8/64",),
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg, _ = config.parse_args(common, xtr_lora.PRESETS, prog="bench", description="", default_preset="smoke")
     encoder = load_encoder(default_encoder_path())
     _, task = xtr_data.load_task(cfg.data, root / "cache", cfg.train.seed)
-    bm25 = retrieval_eval.bm25_matrix(task.queries, task.candidates)
+    bm25 = ranking.bm25_text_matrix(task.queries, task.candidates)
     untrained = {"float": {"mrr@10": xtr_lora.evaluate(encoder.params, encoder, cfg, task, bm25)["semantic"]["mrr@10"]}}
     for name in args.ptq_sets:
         rules = PTQ_SETS[name]

@@ -3,7 +3,7 @@
 Per (model, framework, batch) one child process (so peak memory and allocator caches belong to
 one framework): encoding throughput (documents of 256 tokens, forward only, no LoRA) then the
 training step (queries 32 + documents 256 tokens, MaxSim, InfoNCE + 0.1 x margin, backward to
-LoRA r=16 on q/v, AdamW, clip 1.0). MLX: `recipes.xtr_lora.contrastive_loss_fn` inside
+LoRA r=16 on q/v, AdamW, clip 1.0). MLX: `mlxcore.retriever.contrastive_loss_fn` inside
 `mlxcore.step.make_train_step` (mx.compile) and a compiled `token_embeddings`. PyTorch:
 transformers model + PEFT LoRA, eager and torch.compile (loss function compiled; backward and
 fused AdamW outside). float32 on CPU, bf16 on GPU (weights, LoRA and activations).
@@ -57,9 +57,9 @@ def run_mlx(name: str, batch: int, args) -> dict:
     from mlxcore import lora
     from mlxcore.encoder import token_embeddings
     from mlxcore.optim import OptimConfig, make_optimizer
+    from mlxcore.retriever import LossConfig, contrastive_loss_fn
     from mlxcore.step import init_state, make_train_step
     from mlxcore.tree import combine, map_leaves
-    from recipes.xtr_lora import LossConfig, contrastive_loss_fn
 
     model, projection, real = rm.torch_model(name)
     base = rm.mlx_params(model, projection)

@@ -1,6 +1,6 @@
 """The retriever step's two implementations, built from ONE set of weights, for the benchmarks.
 
-MLX side: the recipe's own pieces (`recipes.xtr_lora.contrastive_loss_fn`, `mlxcore.lora`,
+MLX side: the recipe's own pieces (`mlxcore.retriever.contrastive_loss_fn`, `mlxcore.lora`,
 `mlxcore.step.make_train_step`). PyTorch side: the transformers model (T5EncoderModel /
 BertModel) with LoRA through PEFT (hand LoRA with the same math when PEFT is missing), the same
 MaxSim + InfoNCE + margin loss written in torch. The torch model is created first (random init

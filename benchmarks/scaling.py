@@ -31,9 +31,9 @@ def rank_main(args) -> None:
     from benchmarks import retriever_models as rm
     from mlxcore import lora
     from mlxcore.optim import OptimConfig, make_optimizer
+    from mlxcore.retriever import LossConfig, contrastive_loss_fn
     from mlxcore.step import init_state, make_train_step
     from mlxcore.tree import combine, map_leaves
-    from recipes.xtr_lora import LossConfig, contrastive_loss_fn
 
     world = int(os.environ.get("MLX_WORLD_SIZE", "1"))
     group = mx.distributed.init(backend="nccl", strict=True) if world > 1 else None

@@ -151,3 +151,42 @@ def minmax_rows(scores: np.ndarray) -> np.ndarray:
 def interpolate(dense: np.ndarray, sparse: np.ndarray, alpha: float) -> np.ndarray:
     """alpha * minmax(dense) + (1 - alpha) * minmax(sparse), per query row: float64."""
     return alpha * minmax_rows(dense) + (1.0 - alpha) * minmax_rows(sparse)
+
+
+RRF_K = 60.0  # reciprocal-rank fusion constant (Cormack et al. 2009)
+ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)  # candidate weights of the semantic side
+MIN_DEV_QUERIES = 50  # fewer dev queries than this: no weight is tuned, RRF is used
+
+
+def bm25_text_matrix(queries: Sequence[str], docs: Sequence[str]) -> np.ndarray:
+    """BM25 scores float [n_queries, n_docs] of raw texts over `code_terms`."""
+    return bm25_matrix(bm25_index([code_terms(d) for d in docs]), [code_terms(q) for q in queries])
+
+
+def hybrid(semantic: np.ndarray, bm25: np.ndarray, alpha: float | None = None) -> np.ndarray:
+    """Fused [n_queries, n_docs]: `interpolate` at `alpha`, or RRF (k=60) when alpha is None."""
+    if alpha is None:
+        return reciprocal_rank_fusion([semantic, bm25], RRF_K)
+    return interpolate(semantic, bm25, alpha)
+
+
+def choose_alpha(semantic_dev: np.ndarray, bm25_dev: np.ndarray, dev_positives: np.ndarray) -> float | None:
+    """The ALPHAS weight with the best MRR@10 on the dev queries (None: too few to choose)."""
+    if len(dev_positives) < MIN_DEV_QUERIES:
+        return None
+    mrr = [ranking_metrics(interpolate(semantic_dev, bm25_dev, a), dev_positives)["mrr@10"] for a in ALPHAS]
+    return ALPHAS[int(np.argmax(mrr))]
+
+
+def evaluate_modes(semantic: np.ndarray, bm25: np.ndarray, positives: np.ndarray, alpha: float | None) -> dict:
+    """{"semantic", "hybrid", "hybrid_fusion", "fusion": {variant: metrics}} on the test queries.
+
+    hybrid = score interpolation at `alpha` (chosen on dev queries, never on these), or RRF
+    (k=60) when alpha is None. "fusion" lists every variant for comparison. Metrics: P@1,
+    MRR@10, Recall@10, nDCG@10.
+    """
+    fusion = {"rrf": ranking_metrics(hybrid(semantic, bm25), positives)}
+    fusion |= {f"interp@{a:g}": ranking_metrics(interpolate(semantic, bm25, a), positives) for a in ALPHAS}
+    name = "rrf" if alpha is None else f"interp@{alpha:g}"
+    return {"semantic": ranking_metrics(semantic, positives), "hybrid": fusion[name],
+            "hybrid_fusion": name, "fusion": fusion}

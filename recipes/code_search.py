@@ -23,11 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxcore import ranking
 from mlxio.data import pairs
 from mlxio.errors import DataError, MlxioError
 from mlxio.run.runlog import write_json_atomic
+from mlxio.search import embeddings
 from mlxio.weights.encoders import load_encoder
-from recipes import retrieval_eval
 
 log = logging.getLogger("code_search")
 MODES = ("semantic", "bm25", "hybrid")
@@ -64,9 +65,9 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
     if not docs:
         raise DataError(f"{source}: no documents to index")
     encoder = load_encoder(model)
-    embedded = retrieval_eval.embed_texts(encoder.params, encoder.spec, encoder.tokenizer,
-                                          [d["code"] for d in docs], max_doc_len, batch_size)
-    retrieval_eval.save_embedded(index_dir, embedded)
+    embedded = embeddings.embed_texts(encoder.params, encoder.spec, encoder.tokenizer,
+                                      [d["code"] for d in docs], max_doc_len, batch_size)
+    embeddings.save_embedded(index_dir, embedded)
     with (index_dir / "docs.jsonl").open("w") as handle:
         for doc in docs:
             handle.write(json.dumps(doc) + "\n")
@@ -82,16 +83,15 @@ def search(index_dir: Path, queries: list[str], mode: str, max_query_len: int = 
     eval.json), or reciprocal-rank fusion when alpha is None."""
     meta = json.loads((index_dir / "index.json").read_text())
     docs = [json.loads(line) for line in (index_dir / "docs.jsonl").read_text().splitlines()]
-    bm25 = retrieval_eval.bm25_matrix(queries, [d["code"] for d in docs]) if mode != "semantic" else None
+    bm25 = ranking.bm25_text_matrix(queries, [d["code"] for d in docs]) if mode != "semantic" else None
     if mode == "bm25":
         return bm25, docs
     encoder = load_encoder(meta["model"])
-    q = retrieval_eval.embed_texts(encoder.params, encoder.spec, encoder.tokenizer, queries, max_query_len)
-    semantic = retrieval_eval.maxsim_matrix(q, retrieval_eval.load_embedded(index_dir))
+    q = embeddings.embed_texts(encoder.params, encoder.spec, encoder.tokenizer, queries, max_query_len)
+    semantic = embeddings.maxsim_matrix(q, embeddings.load_embedded(index_dir))
     if mode == "semantic":
         return semantic, docs
-    fused = retrieval_eval.hybrid(semantic, bm25) if alpha is None else retrieval_eval.interpolated(semantic, bm25, alpha)
-    return fused, docs
+    return ranking.hybrid(semantic, bm25, alpha), docs
 
 
 def main(argv: list[str] | None = None) -> None:

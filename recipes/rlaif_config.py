@@ -104,7 +104,8 @@ PRESETS = {
                     lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")),
                     optim=OptimConfig(name="adamw", lr=1e-2, weight_decay=0.0, warmup_steps=0,
                                       total_steps=4, clip_norm=1.0),
-                    data=DataConfig(max_train=8), eval=EvalConfig(problems=2, max_new_tokens=12),
+                    data=DataConfig(max_train=8),
+                    eval=EvalConfig(problems=2, samples=2, max_new_tokens=12),
                     out="runs/rlaif_smoke"),
 }
 

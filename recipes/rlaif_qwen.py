@@ -38,7 +38,7 @@ from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, partition
 from mlxio.errors import ConfigError
 from mlxio.rl import rollout
-from mlxio.rl.evaluation import evaluate, format_table, heldout_split, instruction
+from mlxio.rl.evaluation import compare, evaluate, format_table, heldout_split, instruction
 from mlxio.rl.grpo import (  # noqa: F401  (also the recipe's names, as before)
     build_batch,
     frozen_logprobs,
@@ -68,11 +68,12 @@ class TrainingDiverged(RuntimeError):
     """Too many consecutive non-finite steps."""
 
 
-def load_data(cfg: DataConfig):
-    """(train, held-out) problems: HumanEval or a JSONL file, split by hashed task id."""
+def load_data(cfg: DataConfig) -> tuple[list, dict[str, list]]:
+    """(training problems, {evaluation set name: held-out problems}): HumanEval or a JSONL
+    file, split by hashed task id."""
     problems = load_problems_jsonl(cfg.problems) if cfg.problems else load_humaneval()
     train, held = heldout_split(problems, cfg.heldout_fraction)
-    return (train[: cfg.max_train] if cfg.max_train else train), held
+    return (train[: cfg.max_train] if cfg.max_train else train), {"heldout": held}
 
 
 def reward_fns(cfg: Config):
@@ -162,7 +163,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     np.random.seed(cfg.seed)
     policy = load_model(cfg)
     model = policy.model
-    train, held = load_data(cfg.data)
+    train, eval_sets = load_data(cfg.data)
     fns = reward_fns(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
@@ -194,13 +195,21 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         (out / "config.json").write_text(to_json(cfg))
         log = MetricsLog(out / "metrics.jsonl", resume_step=start_step if found else None)
 
-    results = {"config": to_dict(cfg)}
+    def evaluate_all() -> dict[str, dict]:
+        return {name: evaluate(policy, problems, cfg.eval, fns, cache, temperature=cfg.temperature,
+                               top_p=cfg.top_p, stop_at_code_end=cfg.stop_at_code_end)
+                for name, problems in eval_sets.items()}
+
+    results = {"config": to_dict(cfg), "eval": {name: {} for name in eval_sets}}
     before_path = out / "eval_before.json"
+    before = None
     if cfg.eval.before and found is not None and before_path.exists():
-        results["before"] = json.loads(before_path.read_text())
+        before = json.loads(before_path.read_text())
     elif cfg.eval.before and world.is_main:
-        results["before"] = evaluate(policy, held, cfg.eval, fns, cache, cfg.stop_at_code_end)
-        write_json_atomic(before_path, results["before"])
+        before = evaluate_all()
+        write_json_atomic(before_path, before)
+    for name in eval_sets if before else ():
+        results["eval"][name]["before"] = before[name]
 
     end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
     profiler = memprof.MemoryProfiler() if profile_memory else None
@@ -281,10 +290,14 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     llm.save_adapters(model, cfg.lora, cfg.lora_layers, out / "adapters")
     llm.fuse(policy, out / "fused")
     if cfg.eval.after:
-        results["after"] = evaluate(policy, held, cfg.eval, fns, cache, cfg.stop_at_code_end)
+        for name, after in evaluate_all().items():
+            entry = results["eval"][name]
+            entry["after"] = after
+            if "before" in entry:
+                entry["diff"] = compare(entry["before"], after, cfg.eval)
     results["wall_s"] = time.perf_counter() - t_start
     write_json_atomic(out / "eval.json", results)
-    print(format_table(results.get("before"), results.get("after")))
+    print(format_table(results["eval"]))
     return results
 
 

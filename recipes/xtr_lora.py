@@ -30,9 +30,10 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
-from mlxcore import lora, quant, retrieval
-from mlxcore.encoder import init_projection, token_embeddings
+from mlxcore import lora, precision, quant, ranking, retriever
+from mlxcore.encoder import init_projection
 from mlxcore.optim import OptimConfig, make_optimizer
+from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, count_params, partition
 from mlxio.data import pairs, xtr_data
@@ -42,20 +43,18 @@ from mlxio.data.token_cache import (
     build_or_open,
     hf_tokenize,
     iterate_batches,
+    padded_length,
     tokenizer_identity,
 )
 from mlxio.errors import MlxioError
 from mlxio.run import batch_sizer, checkpoint, config, distributed, memprof
 from mlxio.run.runlog import MetricsLog, plot_curves, write_json_atomic
+from mlxio.search import embeddings
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.encoders import default_encoder_path, load_encoder
 from mlxio.weights.export import export_merged, export_peft
-from recipes import memory_options, retrieval_eval
 
 log = logging.getLogger("xtr_lora")
-
-DEFAULT_TARGETS = {"bert": ("query", "value"), "t5": ("q", "v")}
-
 
 @attrs.frozen(kw_only=True)
 class DataConfig:
@@ -69,14 +68,6 @@ class DataConfig:
     eval_queries: int = 1000  # at most; at least min_eval_queries must exist
     min_eval_queries: int = 1000
     min_eval_candidates: int = 5000
-
-
-@attrs.frozen(kw_only=True)
-class LossConfig:
-    temperature: float = 0.07
-    margin: float = 0.2
-    margin_weight: float = 0.1
-    xtr_k_train: int = 0  # > 0: XTR in-batch token retrieval scoring with this top-k
 
 
 @attrs.frozen(kw_only=True)
@@ -158,43 +149,26 @@ def trajectory_fields(cfg: Config) -> dict:
     return d
 
 
-def contrastive_loss_fn(spec, loss_cfg: LossConfig, world: distributed.World = distributed.SINGLE):
-    """loss(params, micro_batch, key) for `make_train_step`: encode queries and documents,
-    score every query against every document of the micro-batch, InfoNCE + margin.
-
-    Data-parallel (world.size > 1): each rank holds a share of the global micro-batch; its
-    queries are scored against every rank's documents (gathered, gradients flowing back to
-    their ranks), so the negatives are the whole global micro-batch and the mean of the ranks'
-    losses equals the one-rank loss of the global micro-batch."""
-
-    def loss_fn(params, batch, key):
-        q_key, d_key = mx.random.split(key)
-        # scores in float32 whatever the compute dtype: temperature 0.07 magnifies rounding
-        q = token_embeddings(params, batch["query_ids"], batch["query_mask"], spec, q_key).astype(mx.float32)
-        d = token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key).astype(mx.float32)
-        d = distributed.gather_rows(d, world)
-        d_mask = distributed.all_gather(batch["doc_mask"], world)
-        positives = None if world.size == 1 else world.rank * q.shape[0] + mx.arange(q.shape[0])
-        if loss_cfg.xtr_k_train > 0:
-            scores = retrieval.xtr_scores(q, batch["query_mask"], d, d_mask, loss_cfg.xtr_k_train)
-        else:
-            scores = retrieval.maxsim(q, batch["query_mask"], d, d_mask)
-        return retrieval.contrastive_loss(scores, loss_cfg.temperature, loss_cfg.margin, loss_cfg.margin_weight,
-                                          positives_index=positives)
-
-    return loss_fn
-
-
 def evaluate(params, encoder, cfg: Config, task, bm25: np.ndarray) -> dict:
     """Semantic and hybrid metrics of `params` on the held-out test queries; the hybrid weight is
     chosen on the dev queries. bm25: [test + dev queries, candidates]."""
-    queries = retrieval_eval.embed_texts(params, encoder.spec, encoder.tokenizer, task.queries + task.dev_queries,
+    queries = embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, task.queries + task.dev_queries,
                                          cfg.data.max_query_len, cfg.train.eval_batch)
-    docs = retrieval_eval.embed_texts(params, encoder.spec, encoder.tokenizer, task.candidates,
+    docs = embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, task.candidates,
                                       cfg.data.max_doc_len, cfg.train.eval_batch)
-    semantic, n = retrieval_eval.maxsim_matrix(queries, docs), len(task.queries)
-    alpha = retrieval_eval.choose_alpha(semantic[n:], bm25[n:], task.dev_positives)
-    return retrieval_eval.evaluate_modes(semantic[:n], bm25[:n], task.positives, alpha)
+    semantic, n = embeddings.maxsim_matrix(queries, docs), len(task.queries)
+    alpha = ranking.choose_alpha(semantic[n:], bm25[n:], task.dev_positives)
+    return ranking.evaluate_modes(semantic[:n], bm25[:n], task.positives, alpha)
+
+
+def probe_spec(cfg: Config, model_path: str, targets: tuple[str, ...]) -> dict:
+    """The `mlxio.run.batch_probe` spec of this run: its model, adapter, loss and options at
+    full-length batches (the worst case for memory)."""
+    return {"model": model_path, "lora_rank": cfg.lora.rank, "lora_alpha": cfg.lora.alpha, "targets": list(targets),
+            "query_len": padded_length(cfg.data.max_query_len, cfg.data.bucket),
+            "doc_len": padded_length(cfg.data.max_doc_len, cfg.data.bucket),
+            "gradient_checkpointing": cfg.memory.gradient_checkpointing, "compute_dtype": cfg.memory.compute_dtype,
+            **attrs.asdict(cfg.loss), "qat": list(cfg.quant.qat)}
 
 
 def print_table(results: dict) -> str:
@@ -232,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- encoder + LoRA (+ projection when asked for one and the checkpoint has none)
     model_path = cfg.model or str(default_encoder_path())
     encoder = load_encoder(model_path, lora_scale=cfg.lora.scale, lora_dropout=cfg.lora.dropout)
-    targets = cfg.lora.targets or DEFAULT_TARGETS[encoder.spec.kind]
+    targets = cfg.lora.targets or retriever.DEFAULT_TARGETS[encoder.spec.kind]
     init_key, projection_key = mx.random.split(mx.random.key(cfg.train.seed))
     adapters = lora.init(init_key, lora.target_dims(encoder.params, targets), cfg.lora.rank)
     params = combine(encoder.params, adapters)
@@ -246,8 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     untrained_params = params  # arrays are immutable: keeping a reference costs nothing
     # memory options: checkpointed blocks; bf16 frozen base (the float32 one is kept for eval/export)
-    spec = memory_options.with_checkpointing(encoder.spec, cfg.memory.gradient_checkpointing)
-    params = memory_options.cast_frozen(params, trainable, cfg.memory.compute_dtype)
+    spec = retriever.with_checkpointing(encoder.spec, cfg.memory.gradient_checkpointing)
+    params = precision.cast_frozen(params, trainable, cfg.memory.compute_dtype)
     distributed.check_replicated(partition(params, trainable)[0], world, "initial trainable weights")
     n_train = count_params(partition(params, trainable)[0])
     log.info("%s encoder %s: %d params, %d trainable (LoRA r=%d on %s%s)", encoder.spec.kind, model_path,
@@ -266,10 +240,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- optimizer, compiled step, resume
     optimizer = make_optimizer(cfg.optim)
-    loss_fn = contrastive_loss_fn(spec, cfg.loss, world)
-    qat_rules = memory_options.parse_rules(cfg.quant.qat, "quant.qat")
+    loss_fn = retriever.contrastive_loss_fn(spec, cfg.loss, distributed.document_gather(world))
+    qat_rules = quant_io.parse_rules(cfg.quant.qat, "quant.qat")
     if qat_rules:  # train the model that post-training quantisation will produce
-        loss_fn = memory_options.with_fake_quant(loss_fn, qat_rules, cfg.lora.scale)
+        loss_fn = retriever.with_fake_quant(loss_fn, qat_rules, cfg.lora.scale)
     step_fn = make_train_step(distributed.data_parallel_loss(loss_fn, world),
                               optimizer, trainable=trainable, clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
                               reduce_grads=distributed.grad_reducer(world),
@@ -293,8 +267,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)
     if world.is_main:
-        bm25 = retrieval_eval.bm25_matrix(task.queries + task.dev_queries, task.candidates)
-        results = {"bm25": retrieval_eval.ranking.ranking_metrics(bm25[:len(task.queries)], task.positives)}
+        bm25 = ranking.bm25_text_matrix(task.queries + task.dev_queries, task.candidates)
+        results = {"bm25": ranking.ranking_metrics(bm25[:len(task.queries)], task.positives)}
         results["untrained"] = xtr_data.cached_eval(
             cache_dir, {"v": 2, "model": model_path, "task": task.digest, "q": cfg.data.max_query_len,
                         "d": cfg.data.max_doc_len, "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
@@ -313,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit the budget
     effective, micro, plan = cfg.train.micro_batch * cfg.train.accum, cfg.train.micro_batch, None
     if cfg.memory.auto_batch:
-        plan = memory_options.plan_batch(cfg, model_path, targets, effective, world)
+        plan = batch_sizer.plan_for_run(probe_spec(cfg, model_path, targets), effective, cfg.memory, world.size)
         micro = plan.micro_batch
         if world.is_main:
             write_json_atomic(out_dir / "batch_plan.json", plan.as_dict())
@@ -371,9 +345,9 @@ def main(argv: list[str] | None = None) -> dict:
         return {"rank": world.rank}
 
     # ---- evaluate, report, export (float32 base again), post-training quantisation
-    params = memory_options.restore_frozen(params, untrained_params, trainable)
+    params = precision.restore_frozen(params, untrained_params, trainable)
     results["fine-tuned"] = evaluate(params, encoder, cfg, task, bm25)
-    ptq_rules = memory_options.parse_rules(cfg.quant.ptq, "quant.ptq")
+    ptq_rules = quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
     if ptq_rules:
         merged, _ = lora.merge(params, cfg.lora.scale)
         qparams, report = quant.quantize_tree(merged, ptq_rules)

@@ -6,12 +6,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcore import bert, lora, quant, t5
+from mlxcore import bert, lora, precision, quant, retriever, t5
 from mlxcore.encoder import EncoderSpec
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, flatten, partition, unflatten
-from recipes import memory_options
+from mlxio.run.batch_probe import synthetic_batch
+from mlxio.weights.quantize import parse_rules
 
 BERT = bert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                        intermediate_size=64, max_position_embeddings=32)
@@ -54,14 +55,14 @@ def test_checkpointing_gives_the_same_gradients(kind, dropout):
 
 def tiny_setup(dtype="float32", qat=()):
     params = with_adapters(random_tree(bert.param_shapes(BERT)), ("query", "value"))
-    params = memory_options.cast_frozen(params, lora.is_lora_path, dtype)
+    params = precision.cast_frozen(params, lora.is_lora_path, dtype)
     spec = EncoderSpec(kind="bert", model=BERT, lora_scale=2.0)
-    loss_fn = memory_options.contrastive_loss_fn(spec)
+    loss_fn = retriever.contrastive_loss_fn(spec)
     if qat:
-        loss_fn = memory_options.with_fake_quant(loss_fn, memory_options.parse_rules(qat, "qat"), 2.0)
+        loss_fn = retriever.with_fake_quant(loss_fn, parse_rules(qat, "qat"), 2.0)
     optimizer = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=1, total_steps=10))
     step = make_train_step(loss_fn, optimizer)
-    batch = memory_options.synthetic_batch(BERT.vocab_size, 4, 2, 6, 10)
+    batch = synthetic_batch(BERT.vocab_size, 4, 2, 6, 10)
     return params, step, init_state(optimizer, params), batch
 
 
@@ -78,12 +79,12 @@ def test_bf16_keeps_lora_and_optimizer_state_in_float32():
     assert all(v.dtype == mx.float32 for v in flatten(opt_state["optim"]).values()
                if mx.issubdtype(v.dtype, mx.floating))
     float_params, *_ = tiny_setup("float32")
-    restored = flatten(memory_options.restore_frozen(params, float_params, lora.is_lora_path))
+    restored = flatten(precision.restore_frozen(params, float_params, lora.is_lora_path))
     assert restored["encoder.layer.0.attention.self.query.weight"].dtype == mx.float32
     assert mx.array_equal(restored["encoder.layer.0.attention.self.query.lora_a"],
                           flatten(params)["encoder.layer.0.attention.self.query.lora_a"])
     with pytest.raises(ValueError, match="compute dtype"):
-        memory_options.cast_frozen(params, lora.is_lora_path, "float8")
+        precision.cast_frozen(params, lora.is_lora_path, "float8")
 
 
 def test_bf16_loss_tracks_float32_loss():
@@ -121,8 +122,8 @@ def test_qat_step_trains_through_fake_quantisation():
     # the loss it trains on is the loss of the fake-quantised model
     _, step_plain, _, _ = tiny_setup()
     fq = quant.fake_quantize_tree(params, (quant.parse_rule("*=4/32"),), 2.0)
-    loss_fn = memory_options.contrastive_loss_fn(EncoderSpec(kind="bert", model=BERT, lora_scale=2.0))
+    loss_fn = retriever.contrastive_loss_fn(EncoderSpec(kind="bert", model=BERT, lora_scale=2.0))
     micro = {k: v[0] for k, v in batch.items()}
-    wrapped = memory_options.with_fake_quant(loss_fn, (quant.parse_rule("*=4/32"),), 2.0)
+    wrapped = retriever.with_fake_quant(loss_fn, (quant.parse_rule("*=4/32"),), 2.0)
     assert float(wrapped(params, micro, mx.random.key(0))[0]) == pytest.approx(
         float(loss_fn(fq, micro, mx.random.key(0))[0]), rel=1e-6)

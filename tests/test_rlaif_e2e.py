@@ -73,7 +73,7 @@ def smoke_cfg(out, problems_file, **kw):
     base = rq.PRESETS["smoke"]
     return attrs.evolve(base, out=str(out), data=attrs.evolve(base.data, problems=str(problems_file),
                                                               heldout_fraction=0.4),
-                        eval=EvalConfig(problems=2, max_new_tokens=8, timeout_s=20.0), **kw)
+                        eval=EvalConfig(problems=2, samples=2, max_new_tokens=8, timeout_s=20.0), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +102,16 @@ def test_loss_finite_lora_changes_and_eval_json(full_run):
     assert adapters and all(k.endswith(("lora_a", "lora_b")) for k in adapters)
     assert max(float(mx.abs(v).max()) for k, v in adapters.items() if k.endswith("lora_b")) > 0
     saved = json.loads((out / "eval.json").read_text())
+    (heldout,) = saved["eval"].values()
     for phase in ("before", "after"):
-        assert 0.0 <= saved[phase]["pass@1"] <= 1.0 and saved[phase]["problems"] == 2
-    assert saved["after"] == results["after"]
+        res = heldout[phase]
+        assert res["problems"] == 2 and res["n"] == 2
+        for mode in ("sampled", "greedy"):
+            lo, hi = res[mode]["ci95"]
+            assert 0.0 <= lo <= res[mode]["pass@1"] <= hi <= 1.0
+    lo, hi = heldout["diff"]["sampled"]["ci95"]
+    assert -1.0 <= lo <= heldout["diff"]["sampled"]["mean"] <= hi <= 1.0
+    assert saved["eval"] == results["eval"]
 
 
 def test_adapters_load_back_through_mlx_lm(full_run, tmp_path):

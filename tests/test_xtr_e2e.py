@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxcore import retriever
 from mlxcore.encoder import token_embeddings
 from mlxcore.tree import combine, flatten
 from mlxio.run import checkpoint
@@ -59,7 +60,7 @@ def test_training_lowers_the_loss_on_training_batches(run):
     encoder = load_encoder(default_encoder_path(), lora_scale=cfg.lora.scale)
     trees, _ = final_trees(root / "full")
     trained = combine(encoder.params, trees["trainable"])
-    loss_fn = xtr_lora.contrastive_loss_fn(encoder.spec, cfg.loss)
+    loss_fn = retriever.contrastive_loss_fn(encoder.spec, cfg.loss)
     from mlxio.data import xtr_data
     train_pairs, _ = xtr_data.load_task(cfg.data, root / "cache", cfg.train.seed)
     batch = train_pairs[:16]

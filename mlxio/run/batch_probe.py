@@ -23,16 +23,16 @@ import time
 
 import attrs
 import mlx.core as mx
+import numpy as np
 
-from mlxcore import lora
+from mlxcore import lora, retriever
 from mlxcore.optim import OptimConfig, make_optimizer
+from mlxcore.precision import cast_frozen
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine
 from mlxio.errors import ConfigError, MlxioError
 from mlxio.weights.encoders import default_encoder_path, load_encoder
-from recipes import memory_options
-
-DEFAULT_TARGETS = {"bert": ("query", "value"), "t5": ("q", "v")}
+from mlxio.weights.quantize import parse_rules
 
 
 @attrs.frozen(kw_only=True)
@@ -49,6 +49,9 @@ class ProbeSpec:
     doc_len: int = 128
     gradient_checkpointing: bool = False
     compute_dtype: str = "float32"
+    temperature: float = 0.07  # the recipe's loss config (cfg.loss; defaults as retriever.LossConfig)
+    margin: float = 0.2
+    margin_weight: float = 0.1
     xtr_k_train: int = 0
     qat: tuple[str, ...] = ()  # quant rules fake-quantised in the step (QAT)
     steps: int = 2
@@ -72,10 +75,33 @@ def build(spec: ProbeSpec):
     """(encoder spec, params, trainable predicate) as the recipe builds them, options applied."""
     encoder = load_encoder(spec.model or default_encoder_path(),
                            lora_scale=lora.LoraConfig(rank=spec.lora_rank, alpha=spec.lora_alpha).scale)
-    targets = spec.targets or DEFAULT_TARGETS[encoder.spec.kind]
+    targets = spec.targets or retriever.DEFAULT_TARGETS[encoder.spec.kind]
     adapters = lora.init(mx.random.key(0), lora.target_dims(encoder.params, targets), spec.lora_rank)
-    params = memory_options.cast_frozen(combine(encoder.params, adapters), lora.is_lora_path, spec.compute_dtype)
-    return memory_options.with_checkpointing(encoder.spec, spec.gradient_checkpointing), params, lora.is_lora_path
+    params = cast_frozen(combine(encoder.params, adapters), lora.is_lora_path, spec.compute_dtype)
+    return retriever.with_checkpointing(encoder.spec, spec.gradient_checkpointing), params, lora.is_lora_path
+
+
+def loss_of(spec: ProbeSpec, enc_spec):
+    """The recipe's training loss at the spec's settings (QAT-wrapped when it has rules)."""
+    cfg = retriever.LossConfig(temperature=spec.temperature, margin=spec.margin, margin_weight=spec.margin_weight,
+                               xtr_k_train=spec.xtr_k_train)
+    loss_fn = retriever.contrastive_loss_fn(enc_spec, cfg)
+    if spec.qat:
+        scale = lora.LoraConfig(rank=spec.lora_rank, alpha=spec.lora_alpha).scale
+        loss_fn = retriever.with_fake_quant(loss_fn, parse_rules(spec.qat, "qat"), scale)
+    return loss_fn
+
+
+def synthetic_batch(vocab_size: int, micro_batch: int, accum: int, query_len: int, doc_len: int,
+                    seed: int = 0) -> dict[str, mx.array]:
+    """A full-length batch {query_ids, query_mask, doc_ids, doc_mask}, leaves [accum, micro, T]:
+    every position real, the worst case for memory at these lengths."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, length in (("query", query_len), ("doc", doc_len)):
+        out[f"{name}_ids"] = mx.array(rng.integers(1, vocab_size, (accum, micro_batch, length)).astype(np.int32))
+        out[f"{name}_mask"] = mx.ones((accum, micro_batch, length), mx.int32)  # as token_cache gives
+    return out
 
 
 def enforce_limit(limit_bytes: int) -> None:
@@ -98,13 +124,9 @@ def measure(spec: ProbeSpec) -> dict:
         mx.set_memory_limit(spec.memory_limit_bytes)
     enc_spec, params, trainable = build(spec)
     optimizer = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=1, total_steps=10))
-    loss_fn = memory_options.contrastive_loss_fn(enc_spec, xtr_k_train=spec.xtr_k_train)
-    if spec.qat:
-        loss_fn = memory_options.with_fake_quant(loss_fn, memory_options.parse_rules(spec.qat, "qat"),
-                                                 lora.LoraConfig(rank=spec.lora_rank, alpha=spec.lora_alpha).scale)
-    step = make_train_step(loss_fn, optimizer, trainable=trainable)
+    step = make_train_step(loss_of(spec, enc_spec), optimizer, trainable=trainable)
     opt_state = init_state(optimizer, params, trainable)
-    batch = memory_options.synthetic_batch(enc_spec.model.vocab_size, spec.micro_batch, spec.accum,
+    batch = synthetic_batch(enc_spec.model.vocab_size, spec.micro_batch, spec.accum,
                                            spec.query_len, spec.doc_len)
     mx.eval(params, opt_state, batch)
     base = mx.get_active_memory()

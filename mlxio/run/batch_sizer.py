@@ -188,3 +188,17 @@ def split_batch(batch: dict, micro_batch: int) -> dict:
             raise ValueError(f"batch of {total} does not split into micro-batches of {micro_batch}")
         out[name] = leaf.reshape(total // micro_batch, micro_batch, *leaf.shape[2:])
     return out
+
+
+def plan_for_run(spec: dict, effective: int, memory_cfg, world_size: int = 1) -> Plan:
+    """A training run's memory-driven split of `effective` samples per step: the budget from
+    `memory_cfg` (budget_mb / budget_fraction / max_micro_batch, as in the retriever recipe's
+    MemoryConfig), probes of the `mlxio.run.batch_probe` spec, micro-batches of at least 2 (an
+    in-batch-negatives loss needs a negative)."""
+    if world_size > 1:
+        raise ConfigError("memory.auto_batch: single-process runs only (size each rank's share by hand)")
+    budget = memory_budget(memory_cfg.budget_mb, memory_cfg.budget_fraction)
+    plan = plan_micro_batch(spec, effective, budget, max_micro=memory_cfg.max_micro_batch, min_micro=2)
+    log.info("auto batch: micro-batch %d x accum %d (budget %.0f MB; predicted peak %.0f MB; %d probes)",
+             plan.micro_batch, plan.accum, budget / 2**20, plan.predicted_peak() / 2**20, len(plan.probes))
+    return plan

@@ -126,6 +126,19 @@ def all_gather(x: mx.array, world: World) -> mx.array:
     return mx.distributed.all_gather(mx.stop_gradient(x), group=world.group)
 
 
+def document_gather(world: World):
+    """`gather_docs` for `mlxcore.retriever.contrastive_loss_fn`: every rank's document
+    embeddings [n, T, D] (differentiable) and masks [n, T], and the global indices of this
+    rank's queries' positives [n_queries]; None for one rank."""
+    if world.size == 1:
+        return None
+
+    def gather(d: mx.array, d_mask: mx.array, n_queries: int):
+        return gather_rows(d, world), all_gather(d_mask, world), world.rank * n_queries + mx.arange(n_queries)
+
+    return gather
+
+
 def gather_np(x: np.ndarray, world: World) -> np.ndarray:
     """Host-side gather along axis 0 of NumPy arrays of the same shape on every rank.
 

@@ -29,10 +29,21 @@ def _python_paths() -> tuple[str, str]:
     return exe, os.path.realpath(sys.base_prefix)
 
 
+def bwrap_path() -> str | None:
+    """Absolute path of bubblewrap: $MLXIO_BWRAP, else `bwrap` on this process's PATH. The
+    sandbox's own PATH is cleaned (/usr/bin:/bin), so the launcher is always named absolutely:
+    a bwrap unpacked elsewhere (e.g. from its .deb on a machine without a package manager)
+    is used too."""
+    explicit = os.environ.get("MLXIO_BWRAP")
+    if explicit:
+        return explicit if os.access(explicit, os.X_OK) else None
+    return shutil.which("bwrap")
+
+
 def _bwrap_argv(writable: str | None) -> list[str]:
     exe, prefix = _python_paths()
     stdlib = Path(prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}")
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+    argv = [bwrap_path() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
             "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
     for name in ("bin", "lib", "lib64", "lib32", "sbin"):  # merged-/usr symlinks or real dirs
         p = Path("/", name)
@@ -65,7 +76,7 @@ def sandbox_backend() -> str:
     if sys.platform == "darwin" and shutil.which("sandbox-exec"):
         return "sandbox-exec"
     candidates = []
-    if shutil.which("bwrap"):
+    if bwrap_path():
         candidates.append(("bwrap", _bwrap_argv(None)))
     if shutil.which("unshare"):
         candidates.append(("unshare", ["unshare", "-n", os.path.realpath(sys.executable)]))

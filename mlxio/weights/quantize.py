@@ -15,15 +15,25 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlxcore import quant
 from mlxcore.quant import QUANT_KEYS
 from mlxcore.tree import Tree, flatten, unflatten
-from mlxio.errors import LoadError
+from mlxio.errors import ConfigError, LoadError
 from mlxio.run.runlog import write_json_atomic
 from mlxio.weights import safeload
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "quant_config.json"
 FORMAT = "mlxcore.quant/v1"
+
+
+def parse_rules(texts: tuple[str, ...], field: str) -> tuple[quant.QuantRule, ...]:
+    """Quant rules from config strings ("*=4/64", see `mlxcore.quant.parse_rule`); ConfigError
+    naming the field and the rule."""
+    try:
+        return tuple(quant.parse_rule(text) for text in texts)
+    except ValueError as err:
+        raise ConfigError(f"{field}: {err}") from None
 
 
 def save_quantized(directory: str | os.PathLike, params: Tree, report: dict, extra: dict | None = None) -> Path:

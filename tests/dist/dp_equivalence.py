@@ -41,7 +41,7 @@ OPTIM = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.01, warmup_steps=1, to
 
 def xtr_run(world: distributed.World, mode: str) -> tuple[dict, list[float]]:
     """Final LoRA weights and per-step losses of the retriever recipe's loss and step."""
-    from recipes.xtr_lora import LossConfig, contrastive_loss_fn
+    from mlxcore.retriever import LossConfig, contrastive_loss_fn
 
     cfg = bert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                           intermediate_size=64, max_position_embeddings=32)
@@ -64,7 +64,7 @@ def xtr_run(world: distributed.World, mode: str) -> tuple[dict, list[float]]:
 
 def _xtr_steps(world, params, spec, loss_cfg, contrastive_loss_fn, vocab_size):
     optimizer = make_optimizer(OPTIM)
-    step = make_train_step(distributed.data_parallel_loss(contrastive_loss_fn(spec, loss_cfg, world), world),
+    step = make_train_step(distributed.data_parallel_loss(contrastive_loss_fn(spec, loss_cfg, distributed.document_gather(world)), world),
                            optimizer, reduce_grads=distributed.grad_reducer(world), seed=0)
     state = init_state(optimizer, params)
     rng = np.random.default_rng(0)

@@ -1,9 +1,9 @@
-"""Embed texts with a multi-vector encoder and rank candidates: semantic (MaxSim), BM25 and
-hybrid (BM25 fused with semantic: min-max score interpolation with a weight chosen on dev
-queries, or reciprocal-rank fusion). Shared by the xtr_lora recipe and code_search.
+"""Embed texts with a multi-vector encoder, score them by MaxSim, and store the embeddings.
 
 Texts are tokenised once, sorted by length and embedded in batches padded to a bucket, so a
-handful of compiled shapes serve the whole corpus and padding costs little.
+handful of compiled shapes serve the whole corpus and padding costs little. Ranking and fusion
+of the scores are pure (`mlxcore.ranking`); this module owns the tokenizer and the files.
+Used by the xtr_lora recipe (evaluation) and code_search (index and query).
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import ranking, retrieval
+from mlxcore import retrieval
 from mlxcore.encoder import EncoderSpec, token_embeddings
 from mlxio.data.token_cache import hf_tokenize, padded_length
-
-RRF_K = 60.0  # reciprocal-rank fusion constant (Cormack et al. 2009)
 
 
 @attrs.frozen
@@ -63,48 +61,6 @@ def maxsim_matrix(queries: Embedded, docs: Embedded) -> np.ndarray:
             block = score(q_emb, q_mask, d_emb, d_mask)
             scores[np.ix_(q_rows, d_rows)] = np.array(block)
     return scores
-
-
-def bm25_matrix(queries: Sequence[str], docs: Sequence[str]) -> np.ndarray:
-    """BM25 scores float [n_queries, n_docs] over code-aware terms (identifiers split)."""
-    index = ranking.bm25_index([ranking.code_terms(d) for d in docs])
-    return ranking.bm25_matrix(index, [ranking.code_terms(q) for q in queries])
-
-
-def hybrid(semantic: np.ndarray, bm25: np.ndarray) -> np.ndarray:
-    """Reciprocal-rank fusion (k=60) of semantic and BM25 rankings, [n_queries, n_docs]."""
-    return ranking.reciprocal_rank_fusion([semantic, bm25], RRF_K)
-
-
-ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95)  # candidate weights of the semantic side
-MIN_DEV_QUERIES = 50  # fewer dev queries than this: no weight is tuned, RRF is used
-
-
-def interpolated(semantic: np.ndarray, bm25: np.ndarray, alpha: float) -> np.ndarray:
-    """alpha x min-max(semantic) + (1 - alpha) x min-max(BM25), per query: [n_queries, n_docs]."""
-    return ranking.interpolate(semantic, bm25, alpha)
-
-
-def choose_alpha(semantic_dev: np.ndarray, bm25_dev: np.ndarray, dev_positives: np.ndarray) -> float | None:
-    """The ALPHAS weight with the best MRR@10 on the dev queries (None: too few to choose)."""
-    if len(dev_positives) < MIN_DEV_QUERIES:
-        return None
-    mrr = [ranking.ranking_metrics(interpolated(semantic_dev, bm25_dev, a), dev_positives)["mrr@10"] for a in ALPHAS]
-    return ALPHAS[int(np.argmax(mrr))]
-
-
-def evaluate_modes(semantic: np.ndarray, bm25: np.ndarray, positives: np.ndarray, alpha: float | None) -> dict:
-    """{"semantic", "hybrid", "hybrid_fusion", "fusion": {variant: metrics}} on the test queries.
-
-    hybrid = score interpolation at `alpha` (chosen on dev queries, never on these), or RRF
-    (k=60) when alpha is None. "fusion" lists every variant for comparison. Metrics: P@1,
-    MRR@10, Recall@10, nDCG@10.
-    """
-    fusion = {"rrf": ranking.ranking_metrics(hybrid(semantic, bm25), positives)}
-    fusion |= {f"interp@{a:g}": ranking.ranking_metrics(interpolated(semantic, bm25, a), positives) for a in ALPHAS}
-    name = "rrf" if alpha is None else f"interp@{alpha:g}"
-    return {"semantic": ranking.ranking_metrics(semantic, positives), "hybrid": fusion[name],
-            "hybrid_fusion": name, "fusion": fusion}
 
 
 def save_embedded(directory: Path, embedded: Embedded) -> None:

@@ -1,0 +1,76 @@
+"""The retriever's training objective: encode queries and documents, score every query against
+every document of the micro-batch (MaxSim, or XTR's in-batch token retrieval), InfoNCE + margin.
+
+One loss for the recipe (`recipes.xtr_lora`), its batch-size probe (`mlxio.run.batch_probe`)
+and the benchmarks, so that all of them measure the function that trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import mlx.core as mx
+
+from mlxcore import quant, retrieval
+from mlxcore.encoder import EncoderSpec, token_embeddings
+
+# LoRA targets per encoder kind when the config names none: the attention query and value
+DEFAULT_TARGETS = {"bert": ("query", "value"), "t5": ("q", "v")}
+
+# gather(d [n, T, D], d_mask [n, T], n_queries) -> (every rank's d, every rank's mask, positives [n_queries])
+DocGather = Callable[[mx.array, mx.array, int], tuple[mx.array, mx.array, mx.array]]
+
+
+@attrs.frozen(kw_only=True)
+class LossConfig:
+    temperature: float = 0.07
+    margin: float = 0.2
+    margin_weight: float = 0.1
+    xtr_k_train: int = 0  # > 0: XTR in-batch token retrieval scoring with this top-k
+
+
+def with_checkpointing(spec: EncoderSpec, on: bool) -> EncoderSpec:
+    """The spec whose encoder wraps each block in `mx.checkpoint` (or not)."""
+    return attrs.evolve(spec, model=attrs.evolve(spec.model, gradient_checkpointing=on))
+
+
+def contrastive_loss_fn(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gather_docs: DocGather | None = None):
+    """loss(params, micro_batch, key) -> (loss, {"info_nce", "margin"}) for `mlxcore.step`.
+
+    micro_batch: query_ids / query_mask [n, Tq], doc_ids / doc_mask [n, Td]; query i's positive
+    is document i. Embeddings are cast to float32 before scoring whatever the compute dtype
+    (the temperature magnifies rounding; a no-op in float32).
+
+    gather_docs (data-parallel, `mlxio.run.distributed.document_gather`): each rank holds a
+    share of the global micro-batch; its queries are scored against every rank's documents
+    (gathered, gradients flowing back to their ranks), so the negatives are the whole global
+    micro-batch and the mean of the ranks' losses equals the one-rank loss of the global
+    micro-batch.
+    """
+
+    def loss_fn(params, batch, key):
+        q_key, d_key = mx.random.split(key)
+        q = token_embeddings(params, batch["query_ids"], batch["query_mask"], spec, q_key).astype(mx.float32)
+        d = token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key).astype(mx.float32)
+        d_mask, positives = batch["doc_mask"], None
+        if gather_docs is not None:
+            d, d_mask, positives = gather_docs(d, d_mask, q.shape[0])
+        if cfg.xtr_k_train > 0:
+            scores = retrieval.xtr_scores(q, batch["query_mask"], d, d_mask, cfg.xtr_k_train)
+        else:
+            scores = retrieval.maxsim(q, batch["query_mask"], d, d_mask)
+        return retrieval.contrastive_loss(scores, cfg.temperature, cfg.margin, cfg.margin_weight,
+                                          positives_index=positives)
+
+    return loss_fn
+
+
+def with_fake_quant(loss_fn, rules: tuple[quant.QuantRule, ...], lora_scale: float):
+    """QAT: `loss_fn` evaluated on the fake-quantised tree (adapters folded into their weights,
+    straight-through gradients), i.e. on the model that post-training quantisation will give."""
+
+    def wrapped(params, batch, key):
+        return loss_fn(quant.fake_quantize_tree(params, rules, lora_scale), batch, key)
+
+    return wrapped
