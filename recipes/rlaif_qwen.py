@@ -288,7 +288,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         return {"rank": world.rank}
 
     llm.save_adapters(model, cfg.lora, cfg.lora_layers, out / "adapters")
-    llm.fuse(policy, out / "fused")
+    llm.fuse(policy, out / "fused", dequantize=True)  # float weights: transformers loads them too
     if cfg.eval.after:
         for name, after in evaluate_all().items():
             entry = results["eval"][name]

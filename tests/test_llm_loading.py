@@ -80,12 +80,15 @@ def smollm2():
 
 
 def test_tiny_llama_gguf_round_trip_matches_hf_layout(tmp_path):
-    """A llama written with llama.cpp's Q/K permutation loads with interleaved RoPE to the same
-    logits as the HF-layout model, with the same tokenizer."""
+    """A llama written with llama.cpp's Q/K permutation loads back in the HF layout (the very
+    same Q/K weights, no rope_traditional) with the same logits and tokenizer."""
     ref = llm.tiny_policy("llama", seed=3)
     write_tiny_gguf(ref, tmp_path / "tiny.gguf")
     got = llm.load_policy(tmp_path)  # a directory holding one .gguf
-    assert got.config["rope_traditional"] and not got.config["tie_word_embeddings"]
+    assert "rope_traditional" not in got.config and not got.config["tie_word_embeddings"]
+    for name in ("q_proj", "k_proj"):
+        np.testing.assert_array_equal(np.array(getattr(got.model.layers[1].self_attn, name).weight),
+                                      np.array(getattr(ref.model.layers[1].self_attn, name).weight))
     assert got.tokenizer.encode(TEXT) == ref.tokenizer.encode(TEXT)
     assert got.tokenizer.eos_token_ids == {258}
     tokens = ref.tokenizer.encode(TEXT)
@@ -95,7 +98,8 @@ def test_tiny_llama_gguf_round_trip_matches_hf_layout(tmp_path):
 def test_smollm2_gguf_loads_quantised_with_its_tokenizer(smollm2):
     cfg = smollm2.config
     assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["hidden_size"]) == ("llama", 30, 576)
-    assert cfg["rope_traditional"] and cfg["tie_word_embeddings"] and smollm2.quantized
+    assert "rope_traditional" not in cfg and cfg["tie_word_embeddings"] and smollm2.quantized
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
     assert cfg["quantization"]["bits"] == 4
     assert cfg["quantization"]["model.embed_tokens"]["bits"] == 8
     model = smollm2.model
@@ -124,7 +128,7 @@ def test_import_gguf_runs_in_mlx_lm_with_equal_logits(smollm2, tmp_path):
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (out / name).is_file()
     model, tokenizer, config = mlx_lm_load(str(out), return_config=True)
-    assert config["rope_traditional"] and config["quantization"]["model.embed_tokens"]["bits"] == 8
+    assert "rope_traditional" not in config and config["quantization"]["model.embed_tokens"]["bits"] == 8
     ids = smollm2.tokenizer.encode(TEXT)
     assert tokenizer.encode(TEXT) == ids
     assert tokenizer.apply_chat_template([{"role": "user", "content": "x"}],

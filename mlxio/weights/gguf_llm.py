@@ -61,6 +61,7 @@ _PRE_TOKENIZERS = {
     "llama3": ("split", _LLAMA3_SPLIT),
 }
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 def _scalar(metadata: dict, key: str, path: Path, default=None):
@@ -139,18 +140,44 @@ def config_from_gguf(metadata: dict, weights: dict[str, mx.array], path: Path) -
         "max_position_embeddings": int(_scalar(metadata, f"{arch}.context_length", path)),
         "vocab_size": n_vocab,
         "tie_word_embeddings": "lm_head.weight" not in weights,
-        # llama.cpp's converter permutes llama's Q/K rows for interleaved ("traditional") RoPE;
-        # qwen2 is stored unpermuted and run with NeoX RoPE.
-        "rope_traditional": arch == "llama",
+        "architectures": [_ARCHITECTURES[arch]],
+        # No rope_traditional: `unpermute_qk` puts llama's Q/K rows back in the Hugging Face
+        # (rotate-half RoPE) order, which mlx-lm and transformers both run by default.
     }
     if arch == "llama":
         config["attention_bias"] = "model.layers.0.self_attn.q_proj.bias" in weights
     if (quant := quantization_from_weights(weights)) is not None:
         config["quantization"] = quant
-    eos = metadata.get("tokenizer.ggml.eos_token_id")
-    if eos is not None:
-        config["eos_token_id"] = int(eos.item())
+    for key in ("bos", "eos"):
+        value = metadata.get(f"tokenizer.ggml.{key}_token_id")
+        if value is not None:
+            config[f"{key}_token_id"] = int(value.item())
     return config
+
+
+def unpermute_qk(weights: dict[str, mx.array], config: dict) -> dict[str, mx.array]:
+    """llama's Q/K projections back in Hugging Face row order.
+
+    llama.cpp's converter (`LlamaModel.permute`) reorders each head's output rows from
+    rotate-half pairs (i, i + d/2) to interleaved pairs (2i, 2i + 1) for its interleaved RoPE;
+    this is the inverse, as transformers' own GGUF loader does it
+    (`modeling_gguf_pytorch_utils.LlamaTensorProcessor._reverse_permute_weights`). Rows are
+    whole quantisation groups' owners, so packed `weight`, `scales`, `biases` and a `bias` are
+    permuted alike. qwen2 (stored unpermuted) is returned as is.
+    """
+    if config["model_type"] != "llama":
+        return weights
+    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    out = dict(weights)
+    for name, value in weights.items():
+        module = name.rsplit(".", 1)[0]
+        n_head = heads.get(module.rsplit(".", 1)[-1])
+        if n_head is None or ".self_attn." not in module:
+            continue
+        half = value.shape[0] // n_head // 2
+        out[name] = (value.reshape(n_head, half, 2, *value.shape[1:]).swapaxes(1, 2)
+                     .reshape(value.shape))
+    return out
 
 
 def build_model(config: dict, weights: dict[str, mx.array], source: Path | str) -> nn.Module:

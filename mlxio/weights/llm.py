@@ -77,6 +77,7 @@ def load_gguf_policy(path: Path) -> Policy:
     raw, metadata = gguf_llm.read_gguf(path)
     weights = gguf_llm.sanitize_gguf(raw, path)
     config = gguf_llm.config_from_gguf(metadata, weights, path)
+    weights = gguf_llm.unpermute_qk(weights, config)
     model = gguf_llm.build_model(config, weights, path)
     tokenizer = wrap_tokenizer(gguf_llm.tokenizer_from_gguf(metadata, path), config)
     return Policy(model=model, tokenizer=tokenizer, config=config, source=path,
@@ -157,23 +158,29 @@ def _check_safetensors(model_dir: Path) -> None:
         safeload.parse_safetensors_header(file)
 
 
-def import_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
-    """Write a GGUF model as an mlx-lm model directory, still quantised.
+def import_gguf(gguf_path: str | Path, out_dir: str | Path, *, dequantize: bool = False,
+                dtype: str | None = None) -> Path:
+    """Write a GGUF model (llama / qwen2) as a model directory that mlx-lm and transformers read.
 
-    Files: `config.json` (with `quantization` and `rope_traditional`), `model.safetensors`,
-    `tokenizer.json`, `tokenizer_config.json` (with the chat template). `mlx_lm.load(out_dir)`
-    and `python -m mlx_lm generate --model out_dir` run it.
+    Files: `config.json`, `model.safetensors`, `tokenizer.json`, `tokenizer_config.json` (with
+    the chat template). Q/K are in Hugging Face's row order (`gguf_llm.unpermute_qk`), so no
+    `rope_traditional` is needed. Kept quantised (MLX affine, group 32), `mlx_lm.load(out_dir)`
+    and `mlx_lm generate --model out_dir` run it; with `dequantize` (and optionally `dtype`,
+    e.g. "float32") the weights are plain floats, which `transformers.AutoModelForCausalLM`
+    loads as well. CLI: `python -m mlxio.weights.import_gguf IN.gguf OUT_DIR [--dequantize]`.
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
-    raw, metadata = gguf_llm.read_gguf(gguf_path)
-    weights = gguf_llm.sanitize_gguf(raw, gguf_path)
-    config = gguf_llm.config_from_gguf(metadata, weights, gguf_path)
-    hf_tokenizer = gguf_llm.tokenizer_from_gguf(metadata, gguf_path)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # Let the model's own sanitize drop what it would drop at load (tied lm_head).
-    model = gguf_llm.build_model(config, weights, gguf_path)
-    save_model_dir(model, hf_tokenizer, config, out_dir)
+    if gguf_path.suffix != ".gguf" or not gguf_path.is_file():
+        raise LoadError(f"{gguf_path}: not a .gguf file")
+    policy = load_policy(gguf_path, dequantize=dequantize, dtype=dtype)
+    save_model_dir(policy.model, policy.tokenizer._tokenizer, policy.config, out_dir)
     return out_dir
+
+
+def _dtype_name(model: nn.Module) -> str | None:
+    floats = {str(a.dtype).removeprefix("mlx.core.") for _, a in tree_flatten(model.parameters())
+              if mx.issubdtype(a.dtype, mx.floating)}
+    return floats.pop() if len(floats) == 1 else None
 
 
 def save_model_dir(model: nn.Module, hf_tokenizer, config: dict, out_dir: Path) -> None:
@@ -182,6 +189,9 @@ def save_model_dir(model: nn.Module, hf_tokenizer, config: dict, out_dir: Path) 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
+    config = dict(config)
+    if "quantization" not in config and (dtype := _dtype_name(model)) is not None:
+        config["torch_dtype"] = dtype  # transformers loads float weights in this dtype
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
     save_config(dict(config), config_path=out_dir / "config.json")
     hf_tokenizer.save_pretrained(str(out_dir))
