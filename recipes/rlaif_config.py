@@ -16,17 +16,35 @@ from mlxio.rl.evaluation import EvalConfig
 from mlxio.rl.grpo import TINY_PREFIX  # "tiny:llama" etc.: a tiny random model (smoke tests)
 
 
+SOURCES = ("procedural", "humaneval")
+
+
 @attrs.frozen(kw_only=True)
 class DataConfig:
-    problems: str | None = None  # JSONL of problems with tests; None = HumanEval (164)
-    heldout_fraction: float = 0.2  # fixed split by hashed task id
+    # "procedural": generated problems with hidden tests (mlxio.rl.tasks; the embedded 135M
+    # model passes some, so rewards vary); "humaneval": OpenAI HumanEval (164, the transfer test)
+    source: str = "procedural"
+    problems: str | None = None  # JSONL of problems with tests (overrides `source`)
+    heldout_fraction: float = 0.2  # humaneval / JSONL: fixed split by hashed task id
     max_train: int = 0  # use at most this many training problems (0 = all)
+    # procedural source: training families, whole families held out (evaluated, never
+    # trained on), difficulty levels (1-3), instances per template and level, instance seed
+    families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
+    heldout_families: tuple[str, ...] = ("parsing",)
+    difficulty: tuple[int, ...] = (1, 2)
+    train_per_template: int = 32
+    heldout_per_template: int = 1
+    task_seed: int = 0
+    # extra evaluation sets beside the held-out split: "humaneval" (its held-out split, by
+    # heldout_fraction) measures transfer from the procedural tasks
+    transfer: tuple[str, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
 class RewardConfig:
     execution: float = 1.0  # passes the tests in the sandbox
     format: float = 0.2  # answers in a python block defining the function
+    printable: float = 0.0  # share of printable-ASCII characters (a shaping reward; smoke)
     ai_feedback: float | None = None  # None: 0.5 when a teacher is configured, else off
     cache: bool = True  # persistent cache in out/reward_cache
 
@@ -104,14 +122,46 @@ PRESETS = {
                     lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")),
                     optim=OptimConfig(name="adamw", lr=1e-2, weight_decay=0.0, warmup_steps=0,
                                       total_steps=4, clip_norm=1.0),
-                    data=DataConfig(max_train=8),
-                    eval=EvalConfig(problems=2, samples=2, max_new_tokens=12),
-                    out="runs/rlaif_smoke"),
+                    # procedural d1 arithmetic (short prompts); a random byte-level model never
+                    # writes a function, so the printable-ASCII share is what varies and trains
+                    data=DataConfig(families=("arithmetic",), heldout_families=(), difficulty=(1,),
+                                    train_per_template=3, heldout_per_template=1, max_train=8),
+                    rewards=RewardConfig(printable=1.0),
+                    eval=EvalConfig(problems=2, samples=2, max_new_tokens=12), out="runs/rlaif_smoke"),
 }
+
+
+def validate_data(cfg: DataConfig) -> None:
+    """Checks of the data options (ConfigError names the field)."""
+    from mlxio.rl import tasks
+
+    if cfg.source not in SOURCES:
+        raise ConfigError(f"data.source: must be one of {', '.join(SOURCES)}, got {cfg.source!r}")
+    if not 0.0 < cfg.heldout_fraction < 1.0:
+        raise ConfigError(f"data.heldout_fraction: must be in (0, 1), got {cfg.heldout_fraction}")
+    for name in cfg.transfer:
+        if name != "humaneval":
+            raise ConfigError(f"data.transfer: unknown evaluation set {name!r}; choose from humaneval")
+    if cfg.max_train < 0:
+        raise ConfigError(f"data.max_train: must be >= 0 (0 = all), got {cfg.max_train}")
+    if cfg.problems is not None or cfg.source != "procedural":
+        return
+    try:
+        tasks.check_selection(cfg.families, cfg.heldout_families, cfg.difficulty)
+    except ValueError as err:
+        raise ConfigError(f"data.{err}") from None
+    if cfg.train_per_template < 1:
+        raise ConfigError(f"data.train_per_template: must be >= 1, got {cfg.train_per_template}")
+    if cfg.heldout_per_template < 1:
+        raise ConfigError(f"data.heldout_per_template: must be >= 1 (the evaluation needs "
+                          f"held-out problems), got {cfg.heldout_per_template}")
+    if cfg.task_seed < 0:
+        raise ConfigError(f"data.task_seed: must be >= 0, got {cfg.task_seed}")
 
 
 def validate(cfg: Config) -> None:
     """Cross-field checks the field types cannot express (ConfigError names the field)."""
+    validate_data(cfg.data)
     if cfg.clip_eps is None and cfg.inner_epochs > 1:
         raise ConfigError("inner_epochs > 1 reuses a batch: set --clip_eps (e.g. 0.2)")
     if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:

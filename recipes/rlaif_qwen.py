@@ -1,6 +1,7 @@
 """RLAIF for a code LLM: GRPO with execution / format / AI-feedback rewards, LoRA on the policy.
 
-Run:  python -m recipes.rlaif_qwen                      # quick preset: SmolLM2-135M, HumanEval
+Run:  python -m recipes.rlaif_qwen                      # quick preset: SmolLM2-135M, procedural tasks
+      python -m recipes.rlaif_qwen --data.source humaneval   # HumanEval's 164 problems instead
       python -m recipes.rlaif_qwen --preset full --model path/to/Qwen2.5-Coder-1.5B-Instruct
       python -m recipes.rlaif_qwen --preset smoke        # tiny random llama, seconds
       python -m recipes.rlaif_qwen --resume ...          # continue from the run's last checkpoint
@@ -37,7 +38,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, partition
 from mlxio.errors import ConfigError
-from mlxio.rl import rollout
+from mlxio.rl import rollout, tasks
 from mlxio.rl.evaluation import compare, evaluate, format_table, heldout_split, instruction
 from mlxio.rl.grpo import (  # noqa: F401  (also the recipe's names, as before)
     build_batch,
@@ -51,6 +52,7 @@ from mlxio.rl.rewards import (
     AIFeedbackReward,
     ExecutionReward,
     FormatReward,
+    PrintableReward,
     RewardCache,
     combine_rewards,
     load_humaneval,
@@ -69,18 +71,31 @@ class TrainingDiverged(RuntimeError):
 
 
 def load_data(cfg: DataConfig) -> tuple[list, dict[str, list]]:
-    """(training problems, {evaluation set name: held-out problems}): HumanEval or a JSONL
-    file, split by hashed task id."""
-    problems = load_problems_jsonl(cfg.problems) if cfg.problems else load_humaneval()
-    train, held = heldout_split(problems, cfg.heldout_fraction)
-    return (train[: cfg.max_train] if cfg.max_train else train), {"heldout": held}
+    """(training problems, {evaluation set name: held-out problems}). Procedural
+    (mlxio.rl.tasks): sets "heldout" (other instances of the training templates) and
+    "heldout_families" (families never trained on); HumanEval or a JSONL file (`problems`,
+    overriding `source`): "heldout", split by hashed task id. `transfer` ("humaneval") adds
+    HumanEval's held-out split as the set "humaneval"."""
+    if cfg.problems is None and cfg.source == "procedural":
+        ts = tasks.build(cfg.families, cfg.heldout_families, cfg.difficulty,
+                         cfg.train_per_template, cfg.heldout_per_template, cfg.task_seed)
+        train, sets = ts.train, {"heldout": ts.heldout_instances}
+        if ts.heldout_families:
+            sets["heldout_families"] = ts.heldout_families
+    else:
+        problems = load_problems_jsonl(cfg.problems) if cfg.problems else load_humaneval()
+        train, held = heldout_split(problems, cfg.heldout_fraction)
+        sets = {"heldout": held}
+    if "humaneval" in cfg.transfer:
+        sets["humaneval"] = heldout_split(load_humaneval(), cfg.heldout_fraction)[1]
+    return (train[: cfg.max_train] if cfg.max_train else train), sets
 
 
 def reward_fns(cfg: Config):
     """[(reward, weight)] from the config (zero weights left out; a judge only if configured)."""
     limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb)
     fns = [(ExecutionReward(limits, cfg.sandbox.workers), cfg.rewards.execution),
-           (FormatReward(), cfg.rewards.format)]
+           (FormatReward(), cfg.rewards.format), (PrintableReward(), cfg.rewards.printable)]
     if cfg.teacher.url and cfg.teacher.local:
         raise ConfigError("teacher: set either --teacher.url or --teacher.local, not both")
     judge = None

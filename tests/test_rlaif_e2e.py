@@ -227,3 +227,22 @@ def test_profile_memory_writes_one_record_per_step(problems_file, tmp_path):
     assert {k: v["calls"] for k, v in report["regions"].items()} == {"rollout": steps,
                                                                      "update": steps}
     assert (tmp_path / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_smoke_preset_as_a_user_runs_it_trains(tmp_path):
+    """`--preset smoke` with nothing else (procedural tasks, its own rewards): some reward is
+    non-zero, so the update moves the LoRA weights and the exported adapters differ from the
+    base (every lora_b starts at 0)."""
+    out = tmp_path / "smoke"
+    results = rq.main(["--preset", "smoke", "--out", str(out)])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert any(r["reward_mean"] > 0 and r["reward_std"] > 0 for r in records)
+    assert any(r["grad_norm"] > 0 for r in records)
+    adapters = mx.load(str(out / "adapters" / "adapters.safetensors"))
+    lora_b = [v for k, v in adapters.items() if k.endswith("lora_b")]
+    assert lora_b and max(float(mx.abs(v).max()) for v in lora_b) > 0
+    assert list(results["eval"]) == ["heldout"]  # the smoke preset holds out no family
+    assert results["eval"]["heldout"]["after"]["problems"] == 2
+    config = json.loads((out / "config.json").read_text())
+    assert config["data"]["source"] == "procedural" and config["data"]["problems"] is None

@@ -237,6 +237,26 @@ class FormatReward:
 
 
 @attrs.frozen
+class PrintableReward:
+    """Share of a completion's characters that are printable ASCII or whitespace (the
+    alphabet of source code); 0.0 for an empty completion. A shaping reward for a model that
+    emits arbitrary bytes (the smoke preset's tiny random byte-level llama, whose completions
+    never define a function): it varies across a group's samples, so the update has a signal
+    and the exported adapters differ from the base. A trained code model scores ~1.0."""
+
+    name: str = "printable"
+
+    def config_key(self) -> str:
+        return "printable-v1"
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]
+              ) -> list[float | None]:
+        _check_lengths(problems, completions)
+        return [sum(ch.isascii() and (ch.isprintable() or ch in "\t\n\r") for ch in c)
+                / len(c) if c else 0.0 for c in completions]
+
+
+@attrs.frozen
 class AIFeedbackReward:
     """A judge's rubric score (0-10) mapped to [0, 1]; None when the judge call failed.
 

