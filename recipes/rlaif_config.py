@@ -15,7 +15,6 @@ from mlxio.errors import ConfigError
 from mlxio.rl.evaluation import EvalConfig
 from mlxio.rl.grpo import TINY_PREFIX  # "tiny:llama" etc.: a tiny random model (smoke tests)
 
-
 SOURCES = ("procedural", "humaneval")
 
 
