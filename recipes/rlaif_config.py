@@ -51,8 +51,15 @@ class RewardConfig:
 @attrs.frozen(kw_only=True)
 class TeacherConfig:
     url: str | None = None  # OpenAI-compatible endpoint, e.g. http://localhost:8080/v1
-    model: str = "default"
+    model: str = "default"  # mlx_lm.server: "default_model" (the --model it serves)
     local: str | None = None  # or an mlx-lm model dir / GGUF judged locally
+    # one deadline per judge call: connect, headers, body, retries and back-off (HTTP), or the
+    # wait for the model plus generation (local); a call past it is a missing reward
+    timeout_s: float = 30.0
+    retries: int = 4  # HTTP: retries of 429 / 5xx / connection errors within the deadline
+    # "text": the teacher writes a review ending `Score: N/10`; "verdict": 10 * P(yes) from the
+    # log-probs of a one-token Yes/No answer (a small teacher, e.g. SmolLM2 on mlx_lm.server)
+    scoring: str = "text"
 
 
 @attrs.frozen(kw_only=True)
@@ -170,6 +177,17 @@ def validate(cfg: Config) -> None:
     if (cfg.prompts_per_step * cfg.group_size) % cfg.accumulation:
         raise ConfigError(f"accumulation={cfg.accumulation} must divide prompts_per_step * "
                           f"group_size = {cfg.prompts_per_step * cfg.group_size}")
+    if not math.isfinite(cfg.teacher.timeout_s) or cfg.teacher.timeout_s <= 0:
+        raise ConfigError(f"teacher.timeout_s: must be a finite number > 0, got "
+                          f"{cfg.teacher.timeout_s}")
+    if not 0 <= cfg.teacher.retries <= 100:
+        raise ConfigError(f"teacher.retries: must be in [0, 100], got {cfg.teacher.retries}")
+    if cfg.teacher.scoring not in ("text", "verdict"):
+        raise ConfigError(f"teacher.scoring: must be 'text' or 'verdict', got "
+                          f"{cfg.teacher.scoring!r}")
+    if cfg.teacher.url is not None and not cfg.teacher.url.startswith(("http://", "https://")):
+        raise ConfigError(f"teacher.url: must start with http:// or https://, got "
+                          f"{cfg.teacher.url!r}")
     for name in ("steps", "prompts_per_step", "group_size", "accumulation", "inner_epochs",
                  "max_new_tokens", "checkpoint_every", "max_consecutive_skips"):
         if getattr(cfg, name) < 1:

@@ -101,10 +101,12 @@ def reward_fns(cfg: Config):
     judge = None
     if cfg.teacher.url:
         from mlxio.rl.teacher import HttpJudge
-        judge = HttpJudge(cfg.teacher.url, cfg.teacher.model)
+        judge = HttpJudge(cfg.teacher.url, cfg.teacher.model, timeout_s=cfg.teacher.timeout_s,
+                          max_retries=cfg.teacher.retries, scoring=cfg.teacher.scoring)
     elif cfg.teacher.local:
         from mlxio.rl.teacher import LocalJudge
-        judge = LocalJudge(cfg.teacher.local)
+        judge = LocalJudge(cfg.teacher.local, timeout_s=cfg.teacher.timeout_s,
+                           scoring=cfg.teacher.scoring)
     weight = cfg.rewards.ai_feedback
     weight = (0.5 if judge else 0.0) if weight is None else weight
     if weight > 0:

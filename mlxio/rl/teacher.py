@@ -3,6 +3,20 @@
 A judge has `judge(prompt, completion) -> float | None` (a 0-10 score, None = missing: the
 call failed or the answer held no score; never 0) and `config_key() -> str` (what changes its
 scores; part of reward-cache keys).
+
+Two ways to read a score from the teacher (`scoring`):
+- "text": the teacher writes its review and a last line `Score: N/10`; `parse_score` reads it.
+  For capable teachers.
+- "verdict": the teacher is asked, after the same rubric, whether the solution is correct
+  ("Yes" / "No") and the score is 10 * P(yes) / (P(yes) + P(no)) from the log-probabilities
+  of its first answer token (OpenAI `logprobs` / `top_logprobs`; a local judge reads its
+  logits). One token per call, and a graded score even from a small model that never writes a
+  `Score:` line (SmolLM2-135M does not).
+
+Every call has one deadline (`timeout_s`) over everything it does: connecting, sending,
+waiting for the headers, reading the body, retries and their back-off (HTTP), or waiting for
+the model and generating (local). A teacher that answers too slowly, drips its body, or never
+ends it gives a missing reward when the deadline passes - the call never hangs.
 """
 
 from __future__ import annotations
@@ -15,12 +29,13 @@ import logging
 import math
 import random
 import re
+import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 
 import attrs
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +48,58 @@ RUBRIC_SYSTEM = (
     "0-10, weighted towards correctness). A solution that does not run or solves a different "
     "task scores at most 2.")
 RUBRIC_USER = "## Task\n{prompt}\n\n## Candidate solution\n{completion}\n\nGrade it."
+VERDICT_USER = ("## Task\n{prompt}\n\n## Candidate solution\n{completion}\n\n"
+                "Is the candidate solution correct? Answer with one word: Yes or No.")
+SCORINGS = ("text", "verdict")
+
+MAX_RESPONSE_BYTES = 1 << 22  # 4 MiB: a chat answer of a few hundred tokens is a few KiB
+MAX_JSON_DEPTH = 64  # an OpenAI chat response nests 6 deep
+PREFILL_CHUNK = 32  # a local judge reads its prompt in chunks of this many tokens, checking the
+# deadline between them (on a busy 2-core CPU a 250-token rubric prompt takes ~20 s to read)
 
 
-def rubric_messages(prompt: str, completion: str) -> list[dict[str, str]]:
-    """Chat messages asking a judge to grade `completion` for `prompt` with the rubric."""
+def rubric_messages(prompt: str, completion: str, scoring: str = "text"
+                    ) -> list[dict[str, str]]:
+    """Chat messages asking a judge to grade `completion` for `prompt` with the rubric
+    (`scoring` "verdict": ending in the yes/no question instead of "Grade it.")."""
+    user = VERDICT_USER if scoring == "verdict" else RUBRIC_USER
     return [{"role": "system", "content": RUBRIC_SYSTEM},
-            {"role": "user", "content": RUBRIC_USER.format(prompt=prompt, completion=completion)}]
+            {"role": "user", "content": user.format(prompt=prompt, completion=completion)}]
 
 
-def _rubric_hash() -> str:
-    return hashlib.sha256((RUBRIC_SYSTEM + RUBRIC_USER).encode()).hexdigest()[:16]
+def _rubric_hash(scoring: str = "text") -> str:
+    user = VERDICT_USER if scoring == "verdict" else RUBRIC_USER
+    return hashlib.sha256((RUBRIC_SYSTEM + user).encode()).hexdigest()[:16]
 
+
+# ---------------------------------------------------------------- bounded JSON
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+
+
+def json_depth(raw: bytes | str) -> int:
+    """Deepest nesting of [ / { in a JSON text (brackets inside strings not counted), in
+    linear time and constant stack: an upper bound for malformed text."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
+    data = _JSON_STRING.sub(b'""', data)
+    arr = np.frombuffer(data, np.uint8)
+    step = (np.isin(arr, (ord("["), ord("{"))).astype(np.int64)
+            - np.isin(arr, (ord("]"), ord("}"))).astype(np.int64))
+    return int(np.cumsum(step).max(initial=0))
+
+
+def loads_bounded(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH):
+    """`json.loads` that refuses (ValueError) text nested deeper than `max_depth` before it
+    parses anything, so parsing never recurses without bound."""
+    if json_depth(raw) > max_depth:
+        raise ValueError(f"JSON nested deeper than {max_depth}")
+    try:
+        return json.loads(raw)
+    except RecursionError:  # belt and braces: the depth scan is an upper bound already
+        raise ValueError("JSON nested too deep") from None
+
+
+# ---------------------------------------------------------------- score parsing
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _PATTERNS = (
@@ -66,7 +122,7 @@ def parse_score(text: str | None) -> float | None:
     value = None
     for blob in [text.strip(), *re.findall(r"\{[^{}]*\}", text)]:
         try:
-            obj = json.loads(blob)
+            obj = loads_bounded(blob)
         except ValueError:
             continue
         if (isinstance(obj, dict) and isinstance(obj.get("score"), int | float | str)
@@ -88,6 +144,39 @@ def parse_score(text: str | None) -> float | None:
     return None if not math.isfinite(score) else min(max(score, 0.0), 10.0)
 
 
+def verdict_score(p_yes: float, p_no: float) -> float | None:
+    """10 * P(yes) / (P(yes) + P(no)); None when neither answer has any probability."""
+    total = p_yes + p_no
+    if not (math.isfinite(total) and total > 0):
+        return None
+    return 10.0 * p_yes / total
+
+
+def _verdict_from_response(resp: dict) -> float | None:
+    """The verdict score of an OpenAI chat response with `logprobs` (the first answer token's
+    top log-probs; "Yes"/"yes"/" yes" all count as yes); else from the answer text's first
+    word; None when neither says yes or no."""
+    choice = resp["choices"][0]
+    content = (choice.get("logprobs") or {}).get("content") or []
+    if content and isinstance(content[0], dict):
+        tops = content[0].get("top_logprobs") or [content[0]]
+        p = {"yes": 0.0, "no": 0.0}
+        for entry in tops:
+            word = str(entry.get("token", "")).strip().lower()
+            logprob = entry.get("logprob")
+            if word in p and isinstance(logprob, int | float) and not isinstance(logprob, bool):
+                p[word] += math.exp(min(float(logprob), 0.0))
+        score = verdict_score(p["yes"], p["no"])
+        if score is not None:
+            return score
+    text = choice.get("message", {}).get("content")
+    first = re.match(r"\W*(\w+)", text) if isinstance(text, str) else None
+    word = first.group(1).lower() if first else ""
+    return 10.0 if word == "yes" else 0.0 if word == "no" else None
+
+
+# ---------------------------------------------------------------- HTTP judge
+
 @attrs.frozen(kw_only=True)
 class JudgeStats:
     """Counters of one judge, for logs and tests."""
@@ -96,12 +185,21 @@ class JudgeStats:
     requests: int = 0  # HTTP requests sent (retries included)
     retries: int = 0
     missing: int = 0  # judge() calls that returned None
+    deadlines: int = 0  # calls that ran out of time
 
 
 class _RetryableError(Exception):
     def __init__(self, why: str, retry_after: float | None = None) -> None:
         super().__init__(why)
         self.retry_after = retry_after
+
+
+class _FatalError(Exception):
+    """Not worth retrying: our request was refused (4xx) or the answer is too large."""
+
+
+class _DeadlineError(Exception):
+    pass
 
 
 def _retry_after_seconds(value: str | None) -> float | None:
@@ -114,29 +212,56 @@ def _retry_after_seconds(value: str | None) -> float | None:
         pass
     try:
         return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 
-class HttpJudge:
-    """Judge through an OpenAI-compatible `/v1/chat/completions` endpoint (stdlib urllib).
+def _abort(conn: http.client.HTTPConnection) -> None:
+    """Deadline watchdog: shut the socket down, so a blocked connect/send/recv returns now."""
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
-    Each `judge()` call finishes within `timeout_s` (a deadline over all its attempts: every
-    socket wait and backoff sleep is capped by the time left). 429, 5xx, connection errors,
-    timeouts and unreadable bodies are retried up to `max_retries` times with exponential
-    backoff (`backoff_s * 2**attempt`, jittered) or the server's Retry-After when larger;
-    other 4xx are not retried. A failed call returns None (missing), never 0.
+
+class HttpJudge:
+    """Judge through an OpenAI-compatible `/v1/chat/completions` endpoint (stdlib http.client).
+
+    Each `judge()` call finishes within `timeout_s`, one deadline over all it does: connect,
+    send, headers, body, retries and back-off sleeps (a watchdog shuts the socket down when the
+    deadline passes, so a server that drips its body one byte at a time or never ends a chunked
+    body cannot stretch it; only the DNS look-up of a host name is outside it). Answers larger
+    than `max_response_bytes` are refused, and the JSON is depth-checked before it is parsed.
+    429, 5xx, connection errors and unreadable bodies are retried up to `max_retries` times
+    with exponential backoff (`backoff_s * 2**attempt`, jittered) or the server's Retry-After
+    when larger; other 4xx are not retried. A failed call returns None (missing), never 0, and
+    logs one line saying why; `last_error` holds it.
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
                  timeout_s: float = 30.0, max_retries: int = 4, backoff_s: float = 0.5,
-                 temperature: float = 0.0, max_tokens: int = 256) -> None:
+                 temperature: float = 0.0, max_tokens: int = 256, scoring: str = "text",
+                 max_response_bytes: int = MAX_RESPONSE_BYTES) -> None:
         base = base_url.rstrip("/")
         self.url = base + ("/chat/completions" if base.endswith("/v1") else
                            "/v1/chat/completions")
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"teacher url {base_url!r}: expected http://host[:port][/v1]")
+        if scoring not in SCORINGS:
+            raise ValueError(f"scoring {scoring!r}: expected one of {SCORINGS}")
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        self._parts = parts
         self.base_url, self.model, self.api_key = base_url, model, api_key
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
-        self.temperature, self.max_tokens = temperature, max_tokens
+        self.temperature, self.max_tokens, self.scoring = temperature, max_tokens, scoring
+        self.max_response_bytes = max_response_bytes
+        self.last_error: str | None = None
         self._lock = threading.Lock()
         self._stats = JudgeStats()
 
@@ -150,101 +275,254 @@ class HttpJudge:
                                                        for k, v in inc.items()})
 
     def config_key(self) -> str:
-        return (f"http|{self.url}|{self.model}|t={self.temperature}|n={self.max_tokens}|"
-                f"rubric={_rubric_hash()}")
+        tokens = 1 if self.scoring == "verdict" else self.max_tokens
+        return (f"http|{self.url}|{self.model}|t={self.temperature}|n={tokens}|"
+                f"scoring={self.scoring}|rubric={_rubric_hash(self.scoring)}")
 
     def judge(self, prompt: str, completion: str) -> float | None:
         """0-10 score of `completion` for `prompt`, or None when the call failed."""
         self._count(calls=1)
-        text = self.complete(rubric_messages(prompt, completion))
-        score = parse_score(text)
+        messages = rubric_messages(prompt, completion, self.scoring)
+        if self.scoring == "verdict":
+            resp = self.request(messages, max_tokens=1, logprobs=True, top_logprobs=10)
+            try:
+                score = None if resp is None else _verdict_from_response(resp)
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+                score = None
+        else:
+            score = parse_score(self.complete(messages))
         if score is None:
             self._count(missing=1)
         return score
 
     def complete(self, messages: list[dict[str, str]]) -> str | None:
         """The assistant's reply text, or None after retries / on a non-retryable error."""
-        body = json.dumps({"model": self.model, "messages": messages,
-                           "temperature": self.temperature,
-                           "max_tokens": self.max_tokens}).encode()
-        headers = {"Content-Type": "application/json"}
+        resp = self.request(messages)
+        if resp is None:
+            return None
+        try:
+            return str(resp["choices"][0]["message"]["content"])
+        except (KeyError, IndexError, TypeError):
+            return None
+
+    def request(self, messages: list[dict[str, str]], **extra) -> dict | None:
+        """The parsed JSON answer of one chat request (with retries, within the deadline),
+        or None (the reason logged and kept in `last_error`)."""
+        payload = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                   "max_tokens": self.max_tokens, **extra}
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         deadline = time.monotonic() + self.timeout_s
-        for attempt in range(self.max_retries + 1):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+        attempt = 0
+        while True:
             try:
                 self._count(requests=1)
-                return self._post(body, headers, left)
+                return self._post(body, headers, deadline)
             except _RetryableError as err:
                 wait = self.backoff_s * 2**attempt * random.uniform(0.5, 1.0)
                 if err.retry_after is not None:
                     wait = max(wait, err.retry_after)
-                if attempt == self.max_retries or time.monotonic() + wait >= deadline:
-                    log.warning("judge call failed (%s); marked missing", err)
-                    return None
+                if attempt == self.max_retries:
+                    return self._fail(f"{err}, after {attempt + 1} attempts")
+                if time.monotonic() + wait >= deadline:
+                    return self._fail(f"{err}; no time left for a retry within "
+                                      f"{self.timeout_s:g} s", deadline=True)
                 self._count(retries=1)
                 time.sleep(wait)
-            except urllib.error.HTTPError as err:  # other 4xx: our request is wrong
-                log.warning("judge call refused: HTTP %d %s", err.code, err.reason)
-                return None
-        log.warning("judge call ran out of time (%.1f s); marked missing", self.timeout_s)
+                attempt += 1
+            except _FatalError as err:
+                return self._fail(str(err))
+            except _DeadlineError as err:
+                return self._fail(str(err), deadline=True)
+
+    def _fail(self, why: str, deadline: bool = False) -> None:
+        self.last_error = f"teacher {self.url}: {why}"
+        if deadline:
+            self._count(deadlines=1)
+        log.warning("%s; reward marked missing", self.last_error)
         return None
 
-    def _post(self, body: bytes, headers: dict[str, str], timeout: float) -> str:
-        request = urllib.request.Request(self.url, data=body, headers=headers, method="POST")
+    def _post(self, body: bytes, headers: dict[str, str], deadline: float) -> dict:
+        """One request, finished or abandoned by `deadline` (time.monotonic())."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _DeadlineError(f"no answer within the {self.timeout_s:g} s deadline")
+        parts = self._parts
+        cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = cls(parts.hostname, parts.port, timeout=left)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        watchdog = threading.Timer(left, _abort, (conn,))
+        watchdog.daemon = True
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as err:
-            if err.code == 429 or err.code >= 500:
-                raise _RetryableError(f"HTTP {err.code}",
-                                      _retry_after_seconds(err.headers.get("Retry-After"))
-                                      ) from None
-            raise
-        except (urllib.error.URLError, http.client.HTTPException, OSError) as err:  # + timeouts
+            conn.connect()
+            watchdog.start()
+            conn.request("POST", path, body=body, headers=headers)
+            resp = conn.getresponse()
+            if resp.status == 429 or resp.status >= 500:
+                raise _RetryableError(f"HTTP {resp.status} {resp.reason}",
+                                      _retry_after_seconds(resp.getheader("Retry-After")))
+            if resp.status != 200:
+                raise _FatalError(f"HTTP {resp.status} {resp.reason} (not retried: fix the "
+                                  "request, e.g. --teacher.model or the url)")
+            raw = self._read_body(resp, deadline)
+        except (OSError, http.client.HTTPException) as err:  # timeouts, resets, aborts
+            if time.monotonic() >= deadline:
+                raise _DeadlineError(f"no complete answer within the {self.timeout_s:g} s "
+                                     f"deadline ({type(err).__name__})") from None
             raise _RetryableError(f"{type(err).__name__}: {err}") from None
+        finally:
+            watchdog.cancel()
+            conn.close()
         try:
-            return str(json.loads(raw)["choices"][0]["message"]["content"])
-        except (ValueError, KeyError, IndexError, TypeError) as err:
-            raise _RetryableError(f"unreadable response body ({type(err).__name__})") from None
+            resp_json = loads_bounded(raw)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise _RetryableError(f"unreadable response body ({err})") from None
+        if not isinstance(resp_json, dict) or not isinstance(resp_json.get("choices"), list) \
+                or not resp_json["choices"] or not isinstance(resp_json["choices"][0], dict):
+            raise _RetryableError("response without choices")
+        return resp_json
 
+    def _read_body(self, resp: http.client.HTTPResponse, deadline: float) -> bytes:
+        length = resp.getheader("Content-Length")
+        if length is not None and length.strip().isdigit() and int(length) > self.max_response_bytes:
+            raise _FatalError(f"answer of {int(length)} bytes is over the "
+                              f"{self.max_response_bytes}-byte limit")
+        chunks, size = [], 0
+        while True:
+            if time.monotonic() >= deadline:
+                raise _DeadlineError(f"answer not complete within the {self.timeout_s:g} s "
+                                     f"deadline ({size} bytes read)")
+            chunk = resp.read1(65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > self.max_response_bytes:
+                raise _FatalError(f"answer over the {self.max_response_bytes}-byte limit")
+            chunks.append(chunk)
+        if time.monotonic() >= deadline:  # the watchdog ended the read: the body is cut short
+            raise _DeadlineError(f"answer not complete within the {self.timeout_s:g} s "
+                                 f"deadline ({size} bytes read)")
+        if length is not None and length.strip().isdigit() and size < int(length):
+            raise _RetryableError(f"answer cut short ({size} of {int(length)} bytes)")
+        return b"".join(chunks)
+
+
+# ---------------------------------------------------------------- local judge
 
 class LocalJudge:
     """Judge with a local causal LM (mlx-lm model definitions and generation).
 
     `model_path`: anything `mlxio.weights.llm.load_policy` reads (an mlx-lm / HF directory, a GGUF
-    file, a hub id, or None for the embedded SmolLM2-135M-Instruct); loaded on first use.
-    Generation is greedy and serialised by a lock (one model, many reward threads).
+    file, a hub id, or None for the embedded SmolLM2-135M-Instruct); loaded on first use (the
+    load is outside the deadline). Generation is greedy and serialised by a lock (one model,
+    many reward threads); each call finishes within `timeout_s`, waiting for the lock included:
+    generation stops at the deadline (a partial answer usually holds no score: missing).
     """
 
-    def __init__(self, model_path: str | None = None, max_tokens: int = 128) -> None:
+    def __init__(self, model_path: str | None = None, max_tokens: int = 128,
+                 timeout_s: float = 60.0, scoring: str = "text") -> None:
+        if scoring not in SCORINGS:
+            raise ValueError(f"scoring {scoring!r}: expected one of {SCORINGS}")
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s}")
         self.model_path, self.max_tokens = model_path, max_tokens
+        self.timeout_s, self.scoring = timeout_s, scoring
+        self.last_error: str | None = None
         self._policy = None
         self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
 
     def config_key(self) -> str:
-        return f"local|{self.model_path}|n={self.max_tokens}|rubric={_rubric_hash()}"
+        tokens = 1 if self.scoring == "verdict" else self.max_tokens
+        return (f"local|{self.model_path}|n={tokens}|scoring={self.scoring}|"
+                f"rubric={_rubric_hash(self.scoring)}")
 
-    def complete(self, messages: list[dict[str, str]]) -> str:
-        from mlx_lm.generate import generate
-
-        with self._lock:
+    def _load(self):
+        with self._load_lock:
             if self._policy is None:
                 from mlxio.weights.llm import load_policy
 
                 self._policy = load_policy(self.model_path)
-            tok = self._policy.tokenizer
-            prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            return generate(self._policy.model, tok, prompt, max_tokens=self.max_tokens)
+        return self._policy
+
+    def _prompt(self, messages: list[dict[str, str]]) -> str:
+        return self._load().tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                          tokenize=False)
+
+    def complete(self, messages: list[dict[str, str]], deadline: float | None = None) -> str:
+        """Greedy answer to `messages`, cut at `deadline` (time.monotonic(); default: now +
+        timeout_s). Raises TimeoutError when the model stays busy until the deadline."""
+        from mlx_lm.generate import stream_generate
+
+        policy = self._load()
+        prompt = self._prompt(messages)
+        deadline = time.monotonic() + self.timeout_s if deadline is None else deadline
+        if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            raise TimeoutError(f"model busy for the whole {self.timeout_s:g} s deadline")
+        def check(done: int, total: int) -> None:  # between prompt chunks
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"prompt not read within the {self.timeout_s:g} s deadline "
+                                   f"({done} of {total} tokens)")
+
+        try:
+            parts = []
+            for out in stream_generate(policy.model, policy.tokenizer, prompt,
+                                       max_tokens=self.max_tokens,
+                                       prefill_step_size=PREFILL_CHUNK,
+                                       prompt_progress_callback=check):
+                parts.append(out.text)
+                if time.monotonic() >= deadline:
+                    self.last_error = (f"local judge: generation cut at the {self.timeout_s:g} s"
+                                       f" deadline after {out.generation_tokens} tokens")
+                    log.warning("%s", self.last_error)
+                    break
+            return "".join(parts)
+        finally:
+            self._lock.release()
+
+    def _verdict(self, messages: list[dict[str, str]], deadline: float) -> float | None:
+        import mlx.core as mx
+
+        policy = self._load()
+        tok = policy.tokenizer
+        ids = tok.encode(self._prompt(messages), add_special_tokens=False)
+        words = {"yes": set(), "no": set()}
+        for word in words:
+            for form in (word, word.capitalize(), " " + word, " " + word.capitalize()):
+                enc = tok.encode(form, add_special_tokens=False)
+                if len(enc) == 1:
+                    words[word].add(enc[0])
+        if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            raise TimeoutError(f"model busy for the whole {self.timeout_s:g} s deadline")
+        try:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            cache = make_prompt_cache(policy.model)
+            for start in range(0, len(ids), PREFILL_CHUNK):  # the deadline checked per chunk
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"prompt not read within the {self.timeout_s:g} s "
+                                       f"deadline ({start} of {len(ids)} tokens)")
+                logits = policy.model(mx.array([ids[start:start + PREFILL_CHUNK]]), cache=cache)
+                mx.eval(logits)
+            probs = mx.softmax(logits[0, -1].astype(mx.float32))
+            p = {w: float(probs[mx.array(sorted(s))].sum()) if s else 0.0 for w, s in words.items()}
+        finally:
+            self._lock.release()
+        return verdict_score(p["yes"], p["no"])
 
     def judge(self, prompt: str, completion: str) -> float | None:
-        """0-10 score of `completion` for `prompt`, or None when the model gave no score."""
+        """0-10 score of `completion` for `prompt`, or None when the model gave no score in
+        time (the reason logged and kept in `last_error`)."""
+        messages = rubric_messages(prompt, completion, self.scoring)
+        self._load()
+        deadline = time.monotonic() + self.timeout_s
         try:
-            text = self.complete(rubric_messages(prompt, completion))
-        except (RuntimeError, ValueError) as err:
-            log.warning("local judge failed (%s); marked missing", err)
+            if self.scoring == "verdict":
+                return self._verdict(messages, deadline)
+            return parse_score(self.complete(messages, deadline))
+        except (RuntimeError, ValueError, TimeoutError) as err:
+            self.last_error = f"local judge: {err}"
+            log.warning("%s; reward marked missing", self.last_error)
             return None
-        return parse_score(text)
