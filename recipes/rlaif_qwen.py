@@ -106,7 +106,7 @@ def reward_fns(cfg: Config):
     elif cfg.teacher.local:
         from mlxio.rl.teacher import LocalJudge
         judge = LocalJudge(cfg.teacher.local, timeout_s=cfg.teacher.timeout_s,
-                           scoring=cfg.teacher.scoring)
+                           scoring=cfg.teacher.scoring, dequantize=cfg.dequantize)
     weight = cfg.rewards.ai_feedback
     weight = (0.5 if judge else 0.0) if weight is None else weight
     if weight > 0:

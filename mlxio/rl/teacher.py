@@ -54,7 +54,7 @@ SCORINGS = ("text", "verdict")
 
 MAX_RESPONSE_BYTES = 1 << 22  # 4 MiB: a chat answer of a few hundred tokens is a few KiB
 MAX_JSON_DEPTH = 64  # an OpenAI chat response nests 6 deep
-PREFILL_CHUNK = 32  # a local judge reads its prompt in chunks of this many tokens, checking the
+PREFILL_CHUNK = 16  # a local judge reads its prompt in chunks of this many tokens, checking the
 # deadline between them (on a busy 2-core CPU a 250-token rubric prompt takes ~20 s to read)
 
 
@@ -416,19 +416,21 @@ class LocalJudge:
 
     `model_path`: anything `mlxio.weights.llm.load_policy` reads (an mlx-lm / HF directory, a GGUF
     file, a hub id, or None for the embedded SmolLM2-135M-Instruct); loaded on first use (the
-    load is outside the deadline). Generation is greedy and serialised by a lock (one model,
+    load is outside the deadline), dequantised to float32 unless `dequantize` is False (MLX's
+    CPU quantised kernels read a 32-token prompt chunk of the 135M model in ~10 s on a busy
+    2-core box, float32 through OpenBLAS in ~0.4 s). Generation is greedy and serialised by a lock (one model,
     many reward threads); each call finishes within `timeout_s`, waiting for the lock included:
     generation stops at the deadline (a partial answer usually holds no score: missing).
     """
 
     def __init__(self, model_path: str | None = None, max_tokens: int = 128,
-                 timeout_s: float = 60.0, scoring: str = "text") -> None:
+                 timeout_s: float = 60.0, scoring: str = "text", dequantize: bool = True) -> None:
         if scoring not in SCORINGS:
             raise ValueError(f"scoring {scoring!r}: expected one of {SCORINGS}")
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s}")
         self.model_path, self.max_tokens = model_path, max_tokens
-        self.timeout_s, self.scoring = timeout_s, scoring
+        self.timeout_s, self.scoring, self.dequantize = timeout_s, scoring, dequantize
         self.last_error: str | None = None
         self._policy = None
         self._lock = threading.Lock()
@@ -444,7 +446,8 @@ class LocalJudge:
             if self._policy is None:
                 from mlxio.weights.llm import load_policy
 
-                self._policy = load_policy(self.model_path)
+                self._policy = (load_policy(self.model_path, dequantize=True, dtype="float32")
+                                if self.dequantize else load_policy(self.model_path))
         return self._policy
 
     def _prompt(self, messages: list[dict[str, str]]) -> str:
@@ -526,3 +529,86 @@ class LocalJudge:
             self.last_error = f"local judge: {err}"
             log.warning("%s; reward marked missing", self.last_error)
             return None
+
+
+# ---------------------------------------------------------------- a local teacher server
+
+class MlxLmServer:
+    """`python -m mlx_lm server` on 127.0.0.1 serving `model_dir`, as a context manager (for
+    tests, benchmarks and the documented recipe run). OpenBLAS is preloaded into it (the same
+    fast-BLAS fix as `mlxio.blas`, through LD_PRELOAD). `url` is its `/v1` base; `model` the
+    name to ask for ("default_model": the --model it serves). Output goes to `log_path`.
+    """
+
+    model = "default_model"
+
+    def __init__(self, model_dir, port: int | None = None, log_path=None,
+                 start_timeout_s: float = 120.0) -> None:
+        self.model_dir, self.start_timeout_s = str(model_dir), start_timeout_s
+        if port is None:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+        self.port, self.log_path = port, log_path
+        self.url = f"http://127.0.0.1:{port}/v1"
+        self.proc = None
+
+    def command(self) -> list[str]:
+        import sys
+
+        return [sys.executable, "-m", "mlx_lm", "server", "--model", self.model_dir,
+                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "WARNING"]
+
+    def __enter__(self) -> MlxLmServer:
+        import os
+        import subprocess
+
+        from mlxio.blas import find_openblas
+
+        env = dict(os.environ)
+        blas = find_openblas()
+        if blas and os.environ.get("MLXIO_BLAS", "auto") != "off":
+            env["LD_PRELOAD"] = ":".join(filter(None, [blas, env.get("LD_PRELOAD")]))
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        try:
+            self.proc = subprocess.Popen(self.command(), env=env, stdout=out,
+                                         stderr=subprocess.STDOUT)
+        finally:
+            if self.log_path:
+                out.close()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def wait_ready(self) -> None:
+        """Poll `GET /v1/models` until it answers 200 (RuntimeError if the server exits or
+        `start_timeout_s` passes)."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlx_lm server exited with {self.proc.returncode} "
+                                   f"(log: {self.log_path})")
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2.0)
+            try:
+                conn.request("GET", "/v1/models")
+                if conn.getresponse().status == 200:
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            finally:
+                conn.close()
+            time.sleep(0.25)
+        raise RuntimeError(f"mlx_lm server not answering after {self.start_timeout_s:g} s "
+                           f"(log: {self.log_path})")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:  # noqa: BLE001
+                self.proc.kill()
+                self.proc.wait()
