@@ -4,13 +4,20 @@
         SRC: a folder of Python files (every non-trivial function is indexed) or a corpus JSONL
         of {"id": str, "code": str} lines. MODEL_DIR: e.g. runs/xtr_lora/merged (exported by
         recipes.xtr_lora) or any encoder directory / hub id that recipes.xtr_lora accepts.
+        Run again on the same INDEX_DIR to update it: only files whose content changed are
+        re-embedded, deleted ones are dropped; an interrupted run leaves the old index live.
     python -m recipes.code_search search --index INDEX_DIR "parse a date string" [--mode hybrid]
     python -m recipes.code_search search --index INDEX_DIR --queries Q.jsonl --output R.jsonl
         Q.jsonl lines: {"id": str, "query": str}; R.jsonl lines: {"query_id", "doc_ids"} (best first).
+    python -m recipes.code_search verify --index INDEX_DIR     (full SHA-256 check of every file)
 
-Modes: semantic (MaxSim over token embeddings), bm25 (code-aware terms), hybrid
-(reciprocal-rank fusion of the two, k=60; or score interpolation with --alpha A, the semantic
-weight that recipes.xtr_lora chose on its dev queries and wrote to eval.json).
+The index is compressed (ColBERTv2-style centroid + 1-bit residual per token dimension),
+memory-mapped, and searched PLAID-style: centroid inverted lists give candidates, MaxSim over
+their decompressed vectors ranks them (see mlxio/search). Modes: semantic, bm25 (code-aware
+terms, sparse inverted index), hybrid: min-max score interpolation with the semantic weight
+stored in the index (the `hybrid_fusion` chosen on dev queries in the training run's eval.json
+beside MODEL_DIR, or --alpha at index time; without one, hybrid ranks by the semantic score),
+`--alpha A` to override it, `--fusion rrf` for reciprocal-rank fusion (k=60).
 """
 
 from __future__ import annotations
@@ -18,129 +25,242 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
-from mlxcore import ranking
-from mlxio.data import pairs
 from mlxio.errors import DataError, MlxioError
-from mlxio.run.runlog import write_json_atomic
-from mlxio.search import embeddings
+from mlxio.search import build as search_build
+from mlxio.search.embed import Embedder
+from mlxio.search.index import FUSIONS, Index, SearchArgumentError, check_args
 from mlxio.weights.encoders import load_encoder
 
 log = logging.getLogger("code_search")
+PROG = "python -m recipes.code_search"
 MODES = ("semantic", "bm25", "hybrid")
 
 
-def read_corpus(source: Path) -> list[dict]:
-    """[{"id", "code", "path", "line", "name"}] from a folder of .py files or a corpus JSONL."""
-    if source.is_dir():
-        corpus = pairs.mine_corpus([source])
-        items = [*corpus.pairs, *corpus.distractors, *corpus.extras]
-        return [{"id": f"{s.source}:{s.line}:{s.name}", "code": s.code, "path": s.source, "line": s.line,
-                 "name": s.name} for s in sorted(items, key=lambda s: (s.source, s.line))]
-    docs = []
-    for lineno, raw in enumerate(source.read_bytes().splitlines(), 1):
+def _progress_bar(desc: str):
+    """A progress callback (done, total, seconds) drawing a tqdm bar with functions/s."""
+    from tqdm import tqdm
+
+    state = {"bar": None, "t0": time.perf_counter(), "n0": 0}
+
+    def update(done: int, total: int, seconds: float) -> None:
+        if state["bar"] is None:
+            state["t0"], state["n0"] = time.perf_counter(), done
+            state["bar"] = tqdm(total=total, desc=desc, unit="fn", file=sys.stderr, dynamic_ncols=True,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+                                           "[{elapsed}<{remaining}{postfix}]")
+        bar = state["bar"]
+        bar.update(done - bar.n)
+        rate = (done - state["n0"]) / max(time.perf_counter() - state["t0"], 1e-9)
+        bar.set_postfix_str(f"{rate:.1f} fn/s")
+        if done >= total:
+            bar.close()
+
+    return update
+
+
+def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 256, batch_size: int = 32,
+                max_query_len: int = 32, nbits: int = 1, rebuild: bool = False, alpha: float | None = None,
+                fusion_from: Path | None = None, progress: bool = True) -> search_build.Report:
+    """Index (or update the index of) `source`; returns what was done."""
+    if not source.exists():
+        raise DataError(f"{source}: no such file or folder; give a folder of .py files or a corpus JSONL")
+    encoder = load_encoder(model)
+    model_id = str(Path(model).resolve()) if Path(model).is_dir() else str(model)
+    embedder = Embedder(encoder, max_doc_len, batch_size)
+    import mlx.core as mx  # after mlxio (fast BLAS first)
+
+    log.info("embedding on %s (MLX default device)", mx.default_device())
+
+    def embed(texts, report):
+        return embedder.embed(texts, progress=report)
+
+    if alpha is not None:
+        fusion = {"alpha": alpha, "source": "--alpha at index time"}
+    elif fusion_from is not None:
+        fusion = search_build.fusion_from_eval(fusion_from)
+    else:
+        fusion = search_build.default_fusion(model)
+    meta = {"model": model_id, "max_doc_len": max_doc_len, "max_query_len": max_query_len,
+            "dim": embedder.dim}
+    return search_build.update(source, index_dir, embed, meta, nbits=nbits, rebuild=rebuild, fusion=fusion,
+                               progress=_progress_bar("embedding") if progress else None)
+
+
+class Searcher:
+    """An index plus the encoder it was built with (loaded once for many queries)."""
+
+    def __init__(self, index_dir: Path, need_encoder: bool = True):
+        self.index = Index(index_dir)
+        self.embedder = None
+        if need_encoder:
+            m = self.index.manifest
+            self.embedder = Embedder(load_encoder(m["model"]), int(m.get("max_query_len", 32)))
+
+    def search(self, queries: list[str], mode: str, top_k: int = 10, alpha: float | None = None,
+               fusion: str = "interp", nprobe: int | None = None, candidates: int | None = None
+               ) -> list[list[tuple[int, float]]]:
+        check_args(top_k, alpha, nprobe, candidates)
+        for i, q in enumerate(queries):
+            if not isinstance(q, str) or not q.strip():
+                raise SearchArgumentError(f"query {i + 1} is empty")
+        embs = self.embedder.embed(queries) if mode != "bm25" else [None] * len(queries)
+        return [self.index.search(q, None if e is None else e.astype(np.float32), mode, top_k, alpha, fusion,
+                                  nprobe, candidates) for q, e in zip(queries, embs, strict=True)]
+
+
+def search(index_dir: Path, queries: list[str], mode: str, top_k: int = 10, alpha: float | None = None,
+           fusion: str = "interp") -> tuple[list[list[tuple[int, float]]], Index]:
+    """Ranked (document, score) lists per query, and the index (for `index.record(i)`)."""
+    searcher = Searcher(index_dir, need_encoder=mode != "bm25")
+    return searcher.search(queries, mode, top_k, alpha, fusion), searcher.index
+
+
+def _read_queries(path: Path) -> list[dict]:
+    try:
+        raw_lines = path.read_bytes().splitlines()
+    except OSError as err:
+        raise DataError(f"{path}: unreadable ({err.strerror})") from None
+    rows, seen = [], {}
+    for lineno, raw in enumerate(raw_lines, 1):
         if not raw.strip():
             continue
         try:
             row = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise DataError(f"{source}:{lineno}: not a JSON line ({err})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{source}:{lineno}: expected an object")
-        for field in ("id", "code"):
-            if not isinstance(row.get(field), str) or not row[field]:
-                raise DataError(f"{source}:{lineno}: field {field!r} must be a non-empty string")
-        docs.append({"id": row["id"], "code": row["code"], "path": str(source), "line": lineno,
-                     "name": row["id"]})
-    return docs
+            raise DataError(f"{path}:{lineno}: not a JSON line ({err})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("query"), str) or "id" not in row:
+            raise DataError(f"{path}:{lineno}: needs a string 'query' and an 'id'")
+        if not row["query"].strip():
+            raise DataError(f"{path}:{lineno}: empty query")
+        key = json.dumps(row["id"])
+        if key in seen:
+            raise DataError(f"{path}:{lineno}: query id {row['id']!r} already used on line {seen[key]}; ids must be unique")
+        seen[key] = lineno
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no queries")
+    return rows
 
 
-def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 256, batch_size: int = 32) -> int:
-    """Embed every document of `source` and write the index; returns the document count."""
-    docs = read_corpus(source)
-    if not docs:
-        raise DataError(f"{source}: no documents to index")
-    encoder = load_encoder(model)
-    embedded = embeddings.embed_texts(encoder.params, encoder.spec, encoder.tokenizer,
-                                      [d["code"] for d in docs], max_doc_len, batch_size)
-    embeddings.save_embedded(index_dir, embedded)
-    with (index_dir / "docs.jsonl").open("w") as handle:
-        for doc in docs:
-            handle.write(json.dumps(doc) + "\n")
-    write_json_atomic(index_dir / "index.json", {"model": str(model), "source": str(source), "documents": len(docs),
-                                                 "max_doc_len": max_doc_len})
-    return len(docs)
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
 
 
-def search(index_dir: Path, queries: list[str], mode: str, max_query_len: int = 32,
-           alpha: float | None = None) -> tuple[np.ndarray, list[dict]]:
-    """(scores [n_queries, n_docs] for `mode`, the index's documents). Hybrid: score
-    interpolation with semantic weight `alpha` (e.g. the `hybrid_fusion` of the training run's
-    eval.json), or reciprocal-rank fusion when alpha is None."""
-    meta = json.loads((index_dir / "index.json").read_text())
-    docs = [json.loads(line) for line in (index_dir / "docs.jsonl").read_text().splitlines()]
-    bm25 = ranking.bm25_text_matrix(queries, [d["code"] for d in docs]) if mode != "semantic" else None
-    if mode == "bm25":
-        return bm25, docs
-    encoder = load_encoder(meta["model"])
-    q = embeddings.embed_texts(encoder.params, encoder.spec, encoder.tokenizer, queries, max_query_len)
-    semantic = embeddings.maxsim_matrix(q, embeddings.load_embedded(index_dir))
-    if mode == "semantic":
-        return semantic, docs
-    return ranking.hybrid(semantic, bm25, alpha), docs
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _unit_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m recipes.code_search", description=__doc__,
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, allow_abbrev=False,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    index = sub.add_parser("index", help="embed a folder or corpus JSONL into an index directory")
+    index = sub.add_parser("index", help="embed a folder or corpus JSONL into an index (or update it)",
+                           allow_abbrev=False)
     index.add_argument("source", type=Path)
     index.add_argument("--model", required=True, help="encoder directory or hub id (e.g. runs/xtr_lora/merged)")
     index.add_argument("--index", type=Path, required=True)
-    index.add_argument("--max-doc-len", type=int, default=256)
-    find = sub.add_parser("search", help="search an index")
+    index.add_argument("--max-doc-len", type=_positive_int, default=256)
+    index.add_argument("--max-query-len", type=_positive_int, default=32)
+    index.add_argument("--batch-size", type=_positive_int, default=32)
+    index.add_argument("--nbits", type=int, choices=(1, 2, 4), default=1, help="residual bits per dimension")
+    index.add_argument("--rebuild", action="store_true", help="re-embed everything and retrain the codec")
+    index.add_argument("--alpha", type=_unit_float, help="store this hybrid semantic weight")
+    index.add_argument("--fusion-from", type=Path, help="eval.json of the training run (default: MODEL/../eval.json)")
+    index.add_argument("--no-progress", action="store_true")
+    find = sub.add_parser("search", help="search an index", allow_abbrev=False)
     find.add_argument("query", nargs="?", help="one query (prints ranked results)")
     find.add_argument("--index", type=Path, required=True)
     find.add_argument("--mode", choices=MODES, default="hybrid")
-    find.add_argument("--top-k", type=int, default=10)
-    find.add_argument("--alpha", type=float, help="hybrid: semantic weight of score interpolation (default: RRF)")
+    find.add_argument("--top-k", type=_positive_int, default=10)
+    find.add_argument("--alpha", type=_unit_float, help="hybrid: semantic weight (default: the index's stored weight)")
+    find.add_argument("--fusion", choices=FUSIONS, default="interp", help="hybrid: score interpolation or RRF")
+    find.add_argument("--nprobe", type=_positive_int, help="centroids probed per query token")
+    find.add_argument("--candidates", type=_positive_int, help="documents re-ranked by MaxSim")
     find.add_argument("--queries", type=Path, help="JSONL of {id, query}")
     find.add_argument("--output", type=Path, help="rankings JSONL (with --queries)")
+    check = sub.add_parser("verify", help="check every index file against the manifest (full SHA-256)",
+                           allow_abbrev=False)
+    check.add_argument("--index", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if args.command == "index":
-        n = build_index(args.source, args.model, args.index, args.max_doc_len)
-        print(f"indexed {n} documents into {args.index}")
+        report = build_index(args.source, args.model, args.index, args.max_doc_len, args.batch_size,
+                             args.max_query_len, args.nbits, args.rebuild, args.alpha, args.fusion_from,
+                             progress=not args.no_progress)
+        print(f"indexed {report.documents} documents into {args.index} ({report.embedded} embedded, "
+              f"{report.units_changed} new/changed and {report.units_removed} removed of "
+              f"{report.units_changed + report.units_kept} units, {report.seconds:.1f} s)")
+        return
+    if args.command == "verify":
+        idx = Index(args.index, full_hashes=True)
+        print(f"{args.index}: ok ({idx.n_docs} documents, {idx.n_tokens} tokens, {len(idx.manifest['files'])} files)")
         return
     if (args.query is None) == (args.queries is None):
         parser.error("give either one QUERY or --queries FILE")
+    if args.output is not None and args.queries is None:
+        parser.error("--output needs --queries")
+    if args.query is not None and not args.query.strip():
+        parser.error("the query is empty")
+    if args.queries is not None and args.output is not None and _same_file(args.queries, args.output):
+        parser.error(f"--output {args.output} is the --queries file; it would be overwritten")
     if args.queries is not None:
-        rows = [json.loads(line) for line in args.queries.read_text().splitlines() if line.strip()]
-        for lineno, row in enumerate(rows, 1):
-            if not isinstance(row, dict) or not isinstance(row.get("query"), str) or "id" not in row:
-                raise DataError(f"{args.queries}:{lineno}: needs string 'query' and an 'id'")
-        scores, docs = search(args.index, [r["query"] for r in rows], args.mode, alpha=args.alpha)
-        out = args.output.open("w") if args.output else sys.stdout
-        for row, line in zip(rows, scores, strict=True):
-            best = np.argsort(-line, kind="stable")[:args.top_k]
-            out.write(json.dumps({"query_id": row["id"], "doc_ids": [docs[i]["id"] for i in best]}) + "\n")
-        if args.output:
-            out.close()
+        rows = _read_queries(args.queries)
+        ranked, idx = search(args.index, [r["query"] for r in rows], args.mode, args.top_k, args.alpha, args.fusion)
+        lines = [json.dumps({"query_id": row["id"], "doc_ids": [idx.record(d)["id"] for d, _ in hits]})
+                 for row, hits in zip(rows, ranked, strict=True)]
+        if args.output is None:
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            return
+        tmp = args.output.with_name(f".{args.output.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text("".join(line + "\n" for line in lines))
+            os.replace(tmp, args.output)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise DataError(f"{args.output}: cannot write ({err.strerror})") from None
         return
-    scores, docs = search(args.index, [args.query], args.mode, alpha=args.alpha)
-    for rank, i in enumerate(np.argsort(-scores[0], kind="stable")[:args.top_k], 1):
-        doc = docs[i]
+    ranked, idx = search(args.index, [args.query], args.mode, args.top_k, args.alpha, args.fusion)
+    for rank, (i, score) in enumerate(ranked[0], 1):
+        doc = idx.record(i)
         snippet = next((ln.strip() for ln in doc["code"].splitlines() if ln.strip()), "")
-        print(f"{rank:2d}. {doc['path']}:{doc['line']} {doc['name']}  ({scores[0, i]:.3f})\n      {snippet[:100]}")
+        print(f"{rank:2d}. {doc['path']}:{doc['line']} {doc['name']}  ({score:.3f})\n      {snippet[:100]}")
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """main() under the error contract: a user error prints one line and exits 1."""
+    try:
+        main(argv)
+    except MlxioError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except MlxioError as err:
-        raise SystemExit(f"code_search: {err}") from None
+    sys.exit(cli(sys.argv[1:]))

@@ -1,0 +1,340 @@
+"""A compressed multi-vector index: writing one generation, loading it memory-mapped, searching.
+
+Search (PLAID-style, in NumPy, on memory maps):
+1. candidates: each query token's `nprobe` best centroids; the documents on those centroids'
+   inverted lists get, per query token, the best probed centroid score they hold (a token
+   that probed none of a document's centroids gets the token's lowest probed score); their
+   mean over query tokens ranks the candidates, and the best `candidates` go on;
+2. re-rank: MaxSim (mean over query tokens of the max over document tokens) against the
+   candidates' decompressed token vectors;
+3. BM25 from a sparse inverted index (CSR postings with precomputed weights); hybrid = the
+   semantic pool plus BM25's top documents, fused over that pool by min-max interpolation
+   with the stored weight, or reciprocal-rank fusion on request.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from mlxcore import ranking
+from mlxio.search import store
+from mlxio.search.codec import Codec, centroid_dtype
+from mlxio.search.store import IndexError_
+
+FUSIONS = ("interp", "rrf")
+DEFAULT_NPROBE = 8
+DEFAULT_CANDIDATES = 256
+BM25_POOL = 64
+DENSE_LIMIT = 1 << 25  # query tokens x documents below which candidates use a dense array
+
+
+class SearchArgumentError(store.MlxioError, ValueError):
+    """A search argument is out of range (top-k, alpha, empty query, ...)."""
+
+
+def check_args(top_k: int, alpha: float | None = None, nprobe: int | None = None,
+               candidates: int | None = None) -> None:
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise SearchArgumentError(f"--top-k must be an integer >= 1, got {top_k!r}")
+    if alpha is not None and not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
+        raise SearchArgumentError(f"--alpha must be in [0, 1], got {alpha!r}")
+    for name, value in (("--nprobe", nprobe), ("--candidates", candidates)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise SearchArgumentError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+class Writer:
+    """Appends compressed documents to a temp generation directory, then builds the inverted
+    lists, BM25 and the manifest (`finish`). Documents must each have >= 1 token."""
+
+    def __init__(self, tmp: Path, codec: Codec):
+        self.tmp, self.codec = tmp, codec
+        self._cids = (tmp / "cids.bin").open("wb")
+        self._resid = (tmp / "residuals.bin").open("wb")
+        self._records = (tmp / "records.bin").open("wb")
+        self.doc_lengths: list[int] = []
+        self.record_lengths: list[int] = []
+        self.vocab: dict[str, int] = {}
+        self._terms: list[np.ndarray] = []   # per document: term ids (unique)
+        self._tfs: list[np.ndarray] = []     # and their counts
+        self.ids: set[str] = set()
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.doc_lengths)
+
+    def add(self, record: dict, cids: np.ndarray, packed: np.ndarray,
+            record_blob: bytes | None = None) -> None:
+        """One document: its record {"id", "code", ...} and compressed tokens."""
+        if len(cids) == 0 or len(cids) != len(packed):
+            raise ValueError(f"document {record.get('id')!r}: {len(cids)} token ids, {len(packed)} codes")
+        if record["id"] in self.ids:
+            raise IndexError_(f"duplicate document id {record['id']!r}: ids must be unique")
+        self.ids.add(record["id"])
+        self._cids.write(np.ascontiguousarray(cids, centroid_dtype(len(self.codec.centroids))).tobytes())
+        self._resid.write(np.ascontiguousarray(packed, np.uint8).tobytes())
+        blob = record_blob if record_blob is not None else zlib.compress(json.dumps(record).encode(), 6)
+        self._records.write(blob)
+        self.record_lengths.append(len(blob))
+        self.doc_lengths.append(len(cids))
+        counts = Counter(ranking.code_terms(record["code"]))
+        self._terms.append(np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in counts),
+                                       np.int32, len(counts)))
+        self._tfs.append(np.fromiter(counts.values(), np.float32, len(counts)))
+
+    def finish(self, manifest: dict, final: Path, k1: float = 1.2, b: float = 0.75) -> dict:
+        for f in (self._cids, self._resid, self._records):
+            f.close()
+        tmp, n = self.tmp, self.n_docs
+        offsets = np.zeros(n + 1, np.int64)
+        offsets[1:] = np.cumsum(self.doc_lengths)
+        store.save_npy(tmp, "doc_offsets.npy", offsets)
+        rec = np.zeros(n + 1, np.int64)
+        rec[1:] = np.cumsum(self.record_lengths)
+        store.save_npy(tmp, "record_offsets.npy", rec)
+        store.save_npy(tmp, "centroids.npy", self.codec.centroids.astype(np.float16))
+        store.save_npy(tmp, "codec_cutoffs.npy", self.codec.cutoffs)
+        store.save_npy(tmp, "codec_weights.npy", self.codec.weights)
+        k = len(self.codec.centroids)
+        cids = store.memmap(tmp, "cids.bin", centroid_dtype(k), (int(offsets[-1]),))
+        indptr, docs = _inverted_lists(cids, offsets, k)
+        store.save_npy(tmp, "ivf_indptr.npy", indptr)
+        docs.tofile(tmp / "ivf_docs.bin")
+        self._write_bm25(k1, b)
+        manifest = {**manifest, "documents": n, "tokens": int(offsets[-1]), "dim": self.codec.dim,
+                    "nbits": self.codec.nbits, "centroids": k, "ivf_postings": int(len(docs)),
+                    "bm25_postings": int(sum(len(t) for t in self._terms)),
+                    "bm25_terms": len(self.vocab), "records_bytes": int(rec[-1])}
+        store.commit(tmp, final, manifest)
+        return manifest
+
+    def _write_bm25(self, k1: float, b: float) -> None:
+        n = self.n_docs
+        terms = np.concatenate(self._terms) if n else np.zeros(0, np.int32)
+        tf = np.concatenate(self._tfs) if n else np.zeros(0, np.float32)
+        doc_len = np.array([t.sum() for t in self._tfs], np.float64)
+        docs = np.repeat(np.arange(n, dtype=np.int32), [len(t) for t in self._terms])
+        order = np.argsort(terms, kind="stable")  # by term, then (stable) by document
+        terms, tf, docs = terms[order], tf[order].astype(np.float64), docs[order]
+        df = np.bincount(terms, minlength=len(self.vocab)).astype(np.float64)
+        indptr = np.zeros(len(self.vocab) + 1, np.int64)
+        indptr[1:] = np.cumsum(df)
+        idf = np.log1p((n - df + 0.5) / (df + 0.5))
+        avg = doc_len.mean() if n and doc_len.mean() > 0 else 1.0
+        weights = idf[terms] * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * doc_len[docs] / avg))
+        (self.tmp / "bm25_vocab.json").write_text(json.dumps(self.vocab))
+        store.save_npy(self.tmp, "bm25_indptr.npy", indptr)
+        docs.astype(np.int32).tofile(self.tmp / "bm25_docs.bin")
+        weights.astype(np.float16).tofile(self.tmp / "bm25_weights.bin")
+
+
+def _inverted_lists(cids: np.ndarray, offsets: np.ndarray, k: int,
+                    chunk_tokens: int = 1 << 23) -> tuple[np.ndarray, np.ndarray]:
+    """(indptr int64 [k + 1], docs int32): for centroid c the ascending, unique documents with
+    a token assigned to c. Built chunk by chunk of whole documents (bounded memory)."""
+    n = len(offsets) - 1
+    bounds = [0]
+    while bounds[-1] < n:  # document chunks of about chunk_tokens tokens
+        nxt = int(np.searchsorted(offsets, offsets[bounds[-1]] + chunk_tokens, side="right")) - 1
+        bounds.append(min(max(nxt, bounds[-1] + 1), n))
+    parts = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=False):
+        c = np.asarray(cids[offsets[lo]:offsets[hi]], np.int64)
+        d = np.repeat(np.arange(lo, hi, dtype=np.int64), np.diff(offsets[lo:hi + 1]))
+        keys = np.unique(c * n + d)  # sorted by centroid, then document
+        parts.append(((keys // n).astype(np.int32), (keys % n).astype(np.int32)))
+    counts = sum((np.bincount(c, minlength=k) for c, _ in parts), np.zeros(k, np.int64))
+    indptr = np.zeros(k + 1, np.int64)
+    indptr[1:] = np.cumsum(counts)
+    out = np.empty(int(indptr[-1]), np.int32)
+    fill = indptr[:-1].copy()
+    for c, d in parts:  # chunks in document order: each list stays ascending
+        starts = np.flatnonzero(np.r_[True, c[1:] != c[:-1]])
+        group = np.repeat(starts, np.diff(np.r_[starts, len(c)]))
+        pos = fill[c] + (np.arange(len(c)) - group)
+        out[pos] = d
+        fill += np.bincount(c, minlength=k)
+    return indptr, out
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+class Index:
+    """A loaded (memory-mapped) generation. `Index(INDEX_DIR)`; raises IndexError_ with one
+    line naming the problem when the index is missing, corrupt or of another version."""
+
+    def __init__(self, index_dir: Path | str, full_hashes: bool = False):
+        self.root = Path(index_dir)
+        gen = store.current(self.root) if self.root.is_dir() else None
+        if gen is None:
+            raise IndexError_(f"{self.root}: no search index here (no CURRENT); build one with "
+                              "`python -m recipes.code_search index SRC --model M --index DIR`")
+        if not gen.is_dir():
+            raise IndexError_(f"{gen}: the live generation named by CURRENT is missing; rebuild with `index --rebuild`")
+        self.gen = gen
+        self.manifest = m = store.read_manifest(gen, full_hashes)
+        try:
+            n, n_tok, dim, k, nbits = (int(m[key]) for key in ("documents", "tokens", "dim", "centroids", "nbits"))
+        except (KeyError, TypeError, ValueError):
+            raise IndexError_(f"{gen / 'manifest.json'}: lacks documents/tokens/dim/centroids/nbits; "
+                              "rebuild with `index --rebuild`") from None
+        self.n_docs, self.n_tokens = n, n_tok
+        self.offsets = store.load_npy(gen, "doc_offsets.npy", (n + 1,))
+        if self.offsets[-1] != n_tok or (n and np.any(np.diff(self.offsets) < 1)):
+            raise IndexError_(f"{gen / 'doc_offsets.npy'}: inconsistent with {n_tok} tokens; rebuild with `index --rebuild`")
+        self.codec = Codec(centroids=store.load_npy(gen, "centroids.npy", (k, dim)).astype(np.float32),
+                           cutoffs=store.load_npy(gen, "codec_cutoffs.npy", (dim, 2 ** nbits - 1)),
+                           weights=store.load_npy(gen, "codec_weights.npy", (dim, 2 ** nbits)),
+                           nbits=nbits)
+        self.cids = store.memmap(gen, "cids.bin", centroid_dtype(k), (n_tok,))
+        self.residuals = store.memmap(gen, "residuals.bin", np.uint8, (n_tok, self.codec.code_bytes))
+        self.ivf_indptr = store.load_npy(gen, "ivf_indptr.npy", (k + 1,))
+        self.ivf_docs = store.memmap(gen, "ivf_docs.bin", np.int32, (int(self.ivf_indptr[-1]),))
+        self.bm25_vocab = json.loads((gen / "bm25_vocab.json").read_text())
+        self.bm25_indptr = store.load_npy(gen, "bm25_indptr.npy", (len(self.bm25_vocab) + 1,))
+        n_post = int(self.bm25_indptr[-1])
+        self.bm25_docs = store.memmap(gen, "bm25_docs.bin", np.int32, (n_post,))
+        self.bm25_weights = store.memmap(gen, "bm25_weights.bin", np.float16, (n_post,))
+        self.record_offsets = store.load_npy(gen, "record_offsets.npy", (n + 1,))
+        self.records = store.memmap(gen, "records.bin", np.uint8, (int(self.record_offsets[-1]),))
+        search = m.get("search", {})
+        self.nprobe = int(search.get("nprobe", DEFAULT_NPROBE))
+        self.candidates = int(search.get("candidates", DEFAULT_CANDIDATES))
+
+    # -- documents
+
+    def record_blob(self, i: int) -> bytes:
+        return bytes(self.records[self.record_offsets[i]:self.record_offsets[i + 1]])
+
+    def record(self, i: int) -> dict:
+        try:
+            return json.loads(zlib.decompress(self.record_blob(i)))
+        except (zlib.error, ValueError) as err:
+            raise IndexError_(f"{self.gen / 'records.bin'}: record {i} unreadable ({err}); rebuild with `index --rebuild`") from None
+
+    def tokens(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token positions of `docs` (concatenated) and each document's start in them."""
+        lo, hi = self.offsets[docs], self.offsets[docs + 1]
+        lengths = hi - lo
+        starts = np.zeros(len(docs), np.int64)
+        starts[1:] = np.cumsum(lengths)[:-1]
+        positions = np.repeat(lo - starts, lengths) + np.arange(int(lengths.sum()))
+        return positions, starts
+
+    def decode(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Decompressed float32 token vectors of `docs` and each document's start row."""
+        positions, starts = self.tokens(np.asarray(docs, np.int64))
+        return self.codec.decode(self.cids[positions], self.residuals[positions]), starts
+
+    # -- scoring
+
+    def maxsim(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """MaxSim float32 [len(docs)] of query tokens q [Tq, D] against decompressed documents."""
+        if len(docs) == 0:
+            return np.zeros(0, np.float32)
+        vectors, starts = self.decode(docs)
+        sims = np.asarray(q, np.float32) @ vectors.T  # [Tq, tokens]
+        return np.maximum.reduceat(sims, starts, axis=1).mean(axis=0)
+
+    def generate(self, q: np.ndarray, nprobe: int, candidates: int) -> np.ndarray:
+        """The `candidates` best documents by centroid-level scores (ascending ids)."""
+        q = np.asarray(q, np.float32)
+        scores = q @ self.codec.centroids.T  # [Tq, K]
+        nprobe = min(nprobe, scores.shape[1])
+        probes = np.argpartition(-scores, nprobe - 1, axis=1)[:, :nprobe]  # [Tq, nprobe]
+        probe_scores = np.take_along_axis(scores, probes, axis=1)
+        lo, hi = self.ivf_indptr[probes.ravel()], self.ivf_indptr[probes.ravel() + 1]
+        lengths = hi - lo
+        if lengths.sum() == 0:
+            return np.zeros(0, np.int64)
+        starts = np.zeros(len(lengths), np.int64)
+        starts[1:] = np.cumsum(lengths)[:-1]
+        docs = np.asarray(self.ivf_docs[np.repeat(lo - starts, lengths) + np.arange(int(lengths.sum()))])
+        token = np.repeat(np.repeat(np.arange(len(q)), nprobe), lengths)
+        value = np.repeat(probe_scores.ravel(), lengths)
+        floor = probe_scores.min(axis=1)  # a token that probed none of a document's centroids
+        if len(q) * self.n_docs <= DENSE_LIMIT:  # dense accumulator: no sort of the postings
+            best = np.repeat(floor[:, None], self.n_docs, axis=1)
+            np.maximum.at(best.reshape(-1), token * self.n_docs + docs, value)
+            seen = np.zeros(self.n_docs, np.bool_)
+            seen[docs] = True
+            uniq = np.flatnonzero(seen)
+            approx = best[:, uniq].mean(axis=0)
+        else:
+            uniq, col = np.unique(docs, return_inverse=True)
+            best = np.repeat(floor[:, None], len(uniq), axis=1)
+            np.maximum.at(best, (token, col), value)
+            approx = best.mean(axis=0)
+        if len(uniq) > candidates:
+            keep = np.argpartition(-approx, candidates - 1)[:candidates]
+            uniq = np.sort(uniq[keep])
+        return uniq.astype(np.int64)
+
+    def bm25(self, query: str) -> np.ndarray:
+        """BM25 scores float32 [n_docs] of a query (sparse postings, one pass per term)."""
+        out = np.zeros(self.n_docs, np.float32)
+        for term, qtf in Counter(ranking.code_terms(query)).items():
+            t = self.bm25_vocab.get(term)
+            if t is not None:
+                lo, hi = self.bm25_indptr[t], self.bm25_indptr[t + 1]
+                out[self.bm25_docs[lo:hi]] += qtf * self.bm25_weights[lo:hi].astype(np.float32)
+        return out
+
+    def search(self, query: str, q: np.ndarray | None, mode: str, top_k: int = 10,
+               alpha: float | None = None, fusion: str = "interp", nprobe: int | None = None,
+               candidates: int | None = None) -> list[tuple[int, float]]:
+        """[(document, score)] best first, at most top_k. q: query token embeddings [Tq, D]
+        (unit norm; not needed for mode "bm25"). Hybrid: `fusion` "interp" with semantic
+        weight `alpha` (default: the weight stored in the index) or "rrf"."""
+        check_args(top_k, alpha, nprobe, candidates)
+        if not query.strip():
+            raise SearchArgumentError("the query is empty")
+        if mode not in ("semantic", "bm25", "hybrid"):
+            raise SearchArgumentError(f"mode must be semantic, bm25 or hybrid, got {mode!r}")
+        if fusion not in FUSIONS:
+            raise SearchArgumentError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
+        if self.n_docs == 0:
+            return []
+        if mode == "bm25":
+            scores = self.bm25(query)
+            return _top(np.arange(self.n_docs), scores, top_k)
+        pool = self.generate(q, nprobe or self.nprobe, max(candidates or self.candidates, top_k))
+        if mode == "semantic":
+            return _top(pool, self.maxsim(q, pool), top_k)
+        lexical = self.bm25(query)
+        k = min(BM25_POOL, self.n_docs)
+        bm25_top = np.argpartition(-lexical, k - 1)[:k] if k < self.n_docs else np.arange(self.n_docs)
+        pool = np.union1d(pool, bm25_top[lexical[bm25_top] > 0])
+        semantic = self.maxsim(q, pool)
+        if fusion == "rrf":
+            fused = ranking.reciprocal_rank_fusion([semantic[None], lexical[pool][None]])[0]
+        else:
+            weight = self.fusion_alpha() if alpha is None else alpha
+            fused = ranking.interpolate(semantic[None], lexical[pool][None], weight)[0]
+        return _top(pool, fused, top_k)
+
+    def fusion_alpha(self) -> float:
+        """The stored semantic weight of hybrid interpolation (1.0: semantic ranking)."""
+        value = self.manifest.get("fusion", {}).get("alpha")
+        return 1.0 if value is None else float(value)
+
+    def units(self) -> dict:
+        try:
+            return json.loads((self.gen / "units.json").read_text())
+        except (OSError, ValueError) as err:
+            raise IndexError_(f"{self.gen / 'units.json'}: unreadable ({err}); rebuild with `index --rebuild`") from None
+
+
+def _top(docs: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """Best k by score (ties: lower document id first)."""
+    order = np.lexsort((docs, -np.asarray(scores, np.float64)))[:k]
+    return [(int(docs[i]), float(scores[i])) for i in order]

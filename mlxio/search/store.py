@@ -1,0 +1,202 @@
+"""On-disk layout of a search index, its manifest and atomic generations.
+
+An index directory holds generations: `INDEX/gen-000007/` is a complete, immutable index and
+`INDEX/CURRENT` names the live one. A build or update writes `INDEX/.tmp-gen-000008-<pid>/`,
+renames it to `gen-000008`, then replaces `CURRENT` (an atomic file rename) and only then
+removes the old generation - so an interrupted build leaves the previous index live and whole.
+
+A generation's files (arrays are raw little-endian binaries, memory-mapped at load, so the
+index is never read whole):
+  manifest.json       format version, documents, tokens, dim, codec, model, fusion weight,
+                      search defaults, and every file's byte size and SHA-256
+  centroids.npy       float16 [K, D]               codec_cutoffs.npy / codec_weights.npy
+  doc_offsets.npy     int64 [n + 1] token offsets  units.json (file -> hash, doc range)
+  cids.bin            uint16 [n_tokens] centroid id per token
+  residuals.bin       uint8 [n_tokens, D * nbits / 8] packed residual buckets
+  ivf_indptr.npy      int64 [K + 1]; ivf_docs.bin int32: documents having a token at centroid c
+  bm25_vocab.json     term -> id; bm25_indptr.npy int64 [V + 1]; bm25_docs.bin int32,
+                      bm25_weights.bin float16 (precomputed per-posting BM25 weights)
+  records.bin         per-document zlib(JSON {"id","path","line","name","code"}); record_offsets.npy
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from mlxio.errors import MlxioError
+
+FORMAT = "mlx-code-search-index"
+FORMAT_VERSION = 1
+FULL_HASH_LIMIT = 64 << 20  # files above this are checked by size + head/tail hash on load; `verify` hashes all
+_GEN = re.compile(r"^gen-(\d{6})$")
+_TMP = re.compile(r"^\.tmp-gen-(\d{6})-(\d+)$")
+
+
+class IndexError_(MlxioError):
+    """A search index is missing, corrupt, from another format version, or mismatched."""
+
+
+def file_digest(path: Path, quick: bool = False) -> str:
+    """SHA-256 of the whole file, or (quick) of its size + first and last MiB."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        if not quick:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+            return h.hexdigest()
+        h.update(str(size).encode())
+        h.update(f.read(1 << 20))
+        f.seek(max(size - (1 << 20), 0))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()
+
+
+def current(index_dir: Path) -> Path | None:
+    """The live generation directory, or None when `index_dir` holds no index."""
+    pointer = index_dir / "CURRENT"
+    if not pointer.is_file():
+        return None
+    name = pointer.read_text().strip()
+    if not _GEN.match(name):
+        raise IndexError_(f"{pointer}: names {name!r}, not a generation; rebuild with `index --rebuild`")
+    return index_dir / name
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(index_dir: Path) -> None:
+    """Remove temp generations of dead writers and generations that are not live."""
+    if not index_dir.is_dir():
+        return
+    live = current(index_dir)
+    for entry in index_dir.iterdir():
+        tmp = _TMP.match(entry.name)
+        if tmp and not _pid_alive(int(tmp.group(2))):
+            shutil.rmtree(entry, ignore_errors=True)
+        elif _GEN.match(entry.name) and live is not None and entry != live:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def new_generation(index_dir: Path) -> tuple[Path, Path]:
+    """(temp dir to write into, final generation dir)."""
+    index_dir.mkdir(parents=True, exist_ok=True)
+    if not index_dir.is_dir():
+        raise IndexError_(f"{index_dir}: not a directory")
+    taken = [int(m.group(1)) for e in index_dir.iterdir() if (m := _GEN.match(e.name) or _TMP.match(e.name))]
+    number = max(taken, default=0) + 1
+    tmp = index_dir / f".tmp-gen-{number:06d}-{os.getpid()}"
+    tmp.mkdir()
+    return tmp, index_dir / f"gen-{number:06d}"
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit(tmp: Path, final: Path, manifest: dict) -> None:
+    """Hash every file of `tmp` into its manifest, fsync, rename to `final`, switch CURRENT."""
+    files = {}
+    for path in sorted(tmp.iterdir()):
+        if path.name == "manifest.json":
+            continue
+        entry = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
+        if entry["bytes"] > FULL_HASH_LIMIT:
+            entry["quick_sha256"] = file_digest(path, quick=True)
+        files[path.name] = entry
+        _fsync(path)
+    manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
+    data = json.dumps(manifest, indent=1).encode()
+    with (tmp / "manifest.json").open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync(tmp)
+    os.rename(tmp, final)
+    index_dir = final.parent
+    pointer_tmp = index_dir / f".CURRENT.{os.getpid()}"
+    pointer_tmp.write_text(final.name + "\n")
+    with pointer_tmp.open("rb") as f:
+        os.fsync(f.fileno())
+    os.replace(pointer_tmp, index_dir / "CURRENT")
+    _fsync(index_dir)
+    clean_stale(index_dir)
+
+
+def read_manifest(gen: Path, full_hashes: bool = False) -> dict:
+    """The generation's manifest, after checking format, version and every file's size and
+    hash; raises IndexError_ naming the first problem."""
+    path = gen / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise IndexError_(f"{path}: missing; rebuild the index with `index --rebuild`") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise IndexError_(f"{path}: unreadable ({err}); rebuild the index with `index --rebuild`") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise IndexError_(f"{path}: not a {FORMAT} manifest; rebuild the index with `index --rebuild`")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise IndexError_(f"{path}: format version {manifest.get('format_version')!r}, this code "
+                          f"reads {FORMAT_VERSION}; rebuild the index with `index --rebuild`")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise IndexError_(f"{path}: no file list; rebuild the index with `index --rebuild`")
+    for name, entry in files.items():
+        f = gen / name
+        if not f.is_file():
+            raise IndexError_(f"{f}: missing (listed in the manifest); rebuild with `index --rebuild`")
+        if f.stat().st_size != entry.get("bytes"):
+            raise IndexError_(f"{f}: {f.stat().st_size} bytes, manifest says {entry.get('bytes')} "
+                              "(truncated or altered); rebuild with `index --rebuild`")
+        quick = not full_hashes and "quick_sha256" in entry
+        want = entry.get("quick_sha256" if quick else "sha256")
+        if file_digest(f, quick=quick) != want:
+            raise IndexError_(f"{f}: SHA-256 differs from the manifest (corrupted); rebuild with "
+                              "`index --rebuild`")
+    return manifest
+
+
+def save_npy(directory: Path, name: str, array: np.ndarray) -> None:
+    np.save(directory / name, array, allow_pickle=False)
+
+
+def load_npy(gen: Path, name: str, shape: tuple | None = None) -> np.ndarray:
+    try:
+        array = np.load(gen / name, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise IndexError_(f"{gen / name}: unreadable ({err}); rebuild with `index --rebuild`") from None
+    if shape is not None and tuple(array.shape) != tuple(shape):
+        raise IndexError_(f"{gen / name}: shape {tuple(array.shape)}, manifest implies {tuple(shape)}; "
+                          "rebuild with `index --rebuild`")
+    return array
+
+
+def memmap(gen: Path, name: str, dtype, shape: tuple) -> np.ndarray:
+    """Read-only memory map of a raw binary array; checks its byte size against `shape`."""
+    path = gen / name
+    want = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if path.stat().st_size != want:
+        raise IndexError_(f"{path}: {path.stat().st_size} bytes, expected {want} for {shape}; "
+                          "rebuild with `index --rebuild`")
+    if want == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)

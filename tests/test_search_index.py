@@ -1,0 +1,393 @@
+"""The compressed, incremental search index (mlxio/search) and the code_search CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from mlxcore import ranking
+from mlxio.errors import DataError
+from mlxio.search import build, codec, store
+from mlxio.search.index import Index, SearchArgumentError, Writer, check_args
+from mlxio.search.store import IndexError_
+
+DIM = 64
+
+
+def _unit(x):
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _term_vector(term: str) -> np.ndarray:
+    seed = int.from_bytes(hashlib.blake2b(term.encode(), digest_size=8).digest(), "little")
+    return _unit(np.random.default_rng(seed).standard_normal(DIM))
+
+
+class FakeEmbed:
+    """Deterministic token vectors (one per code term, + a [CLS]-like token); counts texts."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.texts: list[str] = []
+        self.fail_after = fail_after
+
+    def __call__(self, texts, progress=None):
+        out = []
+        for t in texts:
+            if self.fail_after is not None and len(self.texts) >= self.fail_after:
+                raise KeyboardInterrupt("simulated interrupt")
+            self.texts.append(t)
+            terms = ["[cls]", *ranking.code_terms(t)[:60]]
+            out.append(np.stack([_term_vector(w) for w in terms]).astype(np.float16))
+        if progress:
+            progress(len(texts), len(texts), 1.0)
+        return out
+
+
+META = {"model": "fake", "max_doc_len": 64, "max_query_len": 16, "dim": DIM}
+
+
+def _write_sources(root: Path, n_files: int = 4, per_file: int = 5) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    verbs = ["parse", "read", "write", "merge", "split", "encode", "decode", "sort", "count", "scan"]
+    nouns = ["date", "file", "header", "token", "table", "queue", "tree", "graph", "image", "socket"]
+    for f in range(n_files):
+        body = []
+        for i in range(per_file):
+            v, n = verbs[(f * per_file + i) % 10], nouns[(f * 3 + i) % 10]
+            body.append(f"def {v}_{n}_{f}_{i}(value):\n    result = {v}({n}, value)\n"
+                        f"    return result + {f * 10 + i}\n")
+        (root / f"mod{f}.py").write_text("\n\n".join(body))
+
+
+def _ids(index: Index) -> list[str]:
+    return [index.record(i)["id"] for i in range(index.n_docs)]
+
+
+def test_pack_unpack_roundtrip():
+    rng = np.random.default_rng(0)
+    for nbits in codec.NBITS:
+        buckets = rng.integers(0, 2 ** nbits, (7, 48)).astype(np.uint8)
+        packed = codec.pack(buckets, nbits)
+        assert packed.shape == (7, 48 * nbits // 8)
+        np.testing.assert_array_equal(codec.unpack(packed, nbits, 48), buckets)
+
+
+def test_codec_error_falls_with_bits():
+    rng = np.random.default_rng(1)
+    centers = _unit(rng.standard_normal((20, DIM)))
+    x = _unit(centers[rng.integers(0, 20, 3000)] + 0.3 * rng.standard_normal((3000, DIM)))
+    errors = []
+    for nbits in codec.NBITS:
+        c = codec.train(x, 32, nbits)
+        cids, packed = c.encode(x)
+        errors.append(float(np.mean(np.sum((c.decode(cids, packed) - x) ** 2, axis=1))))
+    centroid_only = float(np.mean(np.sum((c.centroids[cids] - x) ** 2, axis=1)))
+    assert errors[0] < 0.5 * centroid_only and errors[0] > errors[1] > errors[2], (errors, centroid_only)
+
+
+def test_build_roundtrip(tmp_path):
+    src = tmp_path / "src"
+    _write_sources(src)
+    embed = FakeEmbed()
+    report = build.update(src, tmp_path / "idx", embed, META)
+    assert report.documents == 20 and report.embedded == 20
+    index = Index(tmp_path / "idx")
+    assert index.n_docs == 20 and index.manifest["documents"] == 20
+    assert index.manifest["dim"] == DIM and index.manifest["format_version"] == store.FORMAT_VERSION
+    ids = _ids(index)
+    assert len(set(ids)) == 20 and ids == sorted(ids, key=lambda s: (s.split(":")[0], int(s.split(":")[1])))
+    assert index.record(0)["code"].startswith("def parse_date_0_0")
+    # semantic search with the doc's own vectors finds it first; BM25 finds an exact name
+    q = embed(["encode token value"])[0].astype(np.float32)
+    hits = index.search("encode token value", q, "semantic", top_k=3)
+    assert "encode_token" in index.record(hits[0][0])["name"]
+    hits = index.search("decode table", None, "bm25", top_k=1)
+    assert "decode_table" in index.record(hits[0][0])["name"]
+    for fusion in ("interp", "rrf"):
+        hits = index.search("encode token value", q, "hybrid", top_k=5, alpha=0.5, fusion=fusion)
+        assert len(hits) == 5 and "encode_token" in index.record(hits[0][0])["name"]
+    assert index.codec.code_bytes == DIM // 8
+
+
+def test_incremental_edit_and_delete(tmp_path):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src)
+    build.update(src, idx, FakeEmbed(), META)
+    before = Index(idx)
+    kept_codes = {before.record(i)["id"]: bytes(before.residuals[before.offsets[i]:before.offsets[i + 1]])
+                  for i in range(before.n_docs)}
+    gen_before = before.gen
+    del before
+    (src / "mod2.py").write_text("def brand_new(x):\n    y = x * 2\n    return y\n")
+    embed = FakeEmbed()
+    report = build.update(src, idx, embed, META)
+    assert embed.texts == ["def brand_new(x):\n    y = x * 2\n    return y"]  # only the edited file
+    assert (report.embedded, report.units_changed, report.units_removed) == (1, 1, 0)
+    after = Index(idx)
+    assert after.gen != gen_before and not gen_before.exists()
+    ids = _ids(after)
+    assert after.n_docs == 16 and any(i.endswith("brand_new") for i in ids)
+    assert not any("mod2.py" in i and "brand_new" not in i for i in ids)
+    for i, doc_id in enumerate(ids):  # untouched documents keep their exact codes
+        if doc_id in kept_codes:
+            assert bytes(after.residuals[after.offsets[i]:after.offsets[i + 1]]) == kept_codes[doc_id]
+    del after
+    (src / "mod0.py").unlink()
+    embed = FakeEmbed()
+    report = build.update(src, idx, embed, META)
+    assert embed.texts == [] and report.units_removed == 1
+    index = Index(idx)
+    assert index.n_docs == 11 and not any("mod0.py" in i for i in _ids(index))
+    hits = index.search("parse date", None, "bm25", top_k=20)
+    assert all("mod0.py" not in index.record(d)["id"] for d, _ in hits)
+    # nothing changed: no new generation, nothing embedded
+    gen = index.gen
+    report = build.update(src, idx, FakeEmbed(), META)
+    assert report.embedded == 0 and store.current(idx) == gen
+
+
+def test_interrupted_build_keeps_old_index(tmp_path):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src)
+    build.update(src, idx, FakeEmbed(), META)
+    old_ids = _ids(Index(idx))
+    for f in range(4):
+        (src / f"mod{f}.py").write_text(f"def changed_{f}(a):\n    b = a + {f}\n    return b\n")
+    with pytest.raises(KeyboardInterrupt):
+        build.update(src, idx, FakeEmbed(fail_after=2), META)
+    assert _ids(Index(idx)) == old_ids
+    assert not [p for p in idx.iterdir() if p.name.startswith(".tmp-gen")]
+    # a writer killed outright (no cleanup) leaves a temp dir: the old index still loads and the
+    # next build removes it
+    dead = idx / ".tmp-gen-000099-999999999"
+    dead.mkdir()
+    (dead / "cids.bin").write_bytes(b"\0" * 10)
+    assert _ids(Index(idx)) == old_ids
+    build.update(src, idx, FakeEmbed(), META)
+    assert not dead.exists() and any(i.endswith("changed_3") for i in _ids(Index(idx)))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "manifest", "version", "missing", "current"])
+def test_manifest_checks_give_one_clear_line(tmp_path, damage):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src)
+    build.update(src, idx, FakeEmbed(), META)
+    gen = store.current(idx)
+    if damage == "flip":
+        data = bytearray((gen / "residuals.bin").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (gen / "residuals.bin").write_bytes(bytes(data))
+        want = "residuals.bin: SHA-256 differs"
+    elif damage == "truncate":
+        (gen / "cids.bin").write_bytes((gen / "cids.bin").read_bytes()[:-2])
+        want = "cids.bin:"
+    elif damage == "manifest":
+        (gen / "manifest.json").write_text("{not json")
+        want = "manifest.json: unreadable"
+    elif damage == "version":
+        m = json.loads((gen / "manifest.json").read_text())
+        m["format_version"] = 999
+        (gen / "manifest.json").write_text(json.dumps(m))
+        want = "format version 999"
+    elif damage == "missing":
+        (gen / "ivf_docs.bin").unlink()
+        want = "ivf_docs.bin: missing"
+    else:
+        (idx / "CURRENT").write_text("../../etc\n")
+        want = "not a generation"
+    with pytest.raises(IndexError_) as err:
+        Index(idx)
+    message = str(err.value)
+    assert want in message and "\n" not in message and "rebuild" in message
+
+
+def test_missing_index_is_clear(tmp_path):
+    with pytest.raises(IndexError_, match="no search index here"):
+        Index(tmp_path / "nothing")
+
+
+def test_verify_full_hash_catches_middle_corruption(tmp_path, monkeypatch):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src)
+    monkeypatch.setattr(store, "FULL_HASH_LIMIT", 100)  # every array file counts as large
+    build.update(src, idx, FakeEmbed(), META)
+    gen = store.current(idx)
+    path = gen / "residuals.bin"
+    if path.stat().st_size <= 2 << 20:  # small files: head+tail covers all; quick check catches it
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+        with pytest.raises(IndexError_):
+            Index(idx, full_hashes=True)
+
+
+@settings(max_examples=4, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(seed=st.integers(0, 10_000), nbits=st.sampled_from([1, 2]))
+def test_index_recall_matches_exact_maxsim(tmp_path_factory, seed, nbits):
+    """Random clustered corpus: the index's top-10 (candidates + decompressed MaxSim) finds
+    what exact MaxSim over the float vectors ranks first, for nearly every query."""
+    rng = np.random.default_rng(seed)
+    n_docs, topics = 300, 40
+    centers = _unit(rng.standard_normal((topics, DIM)))
+    docs = []
+    for _ in range(n_docs):
+        length = int(rng.integers(8, 40))
+        tok = centers[rng.integers(0, topics, length)] + 0.1 * rng.standard_normal((length, DIM))
+        docs.append(_unit(tok).astype(np.float32))
+    allv = np.concatenate(docs)
+    c = codec.train(allv[rng.choice(len(allv), min(4000, len(allv)), replace=False)],
+                    codec.n_centroids_for(len(allv)), nbits, seed)
+    tmp = tmp_path_factory.mktemp("idx")
+    gen_tmp, final = store.new_generation(tmp)
+    writer = Writer(gen_tmp, c)
+    for i, d in enumerate(docs):
+        cids, packed = c.encode(d)
+        writer.add({"id": f"d{i}", "code": f"doc {i}", "path": "x", "line": i, "name": f"d{i}"}, cids, packed)
+    (gen_tmp / "units.json").write_text(json.dumps({"kind": "records", "units": {}}))
+    writer.finish({"search": {"nprobe": 8, "candidates": 64}}, final)
+    index = Index(tmp)
+    hits, n_queries, errors = 0, 30, []
+    for _ in range(n_queries):
+        target = docs[int(rng.integers(0, n_docs))]
+        pick = rng.choice(len(target), min(6, len(target)), replace=False)
+        q = _unit(target[pick] + 0.2 * rng.standard_normal((len(pick), DIM))).astype(np.float32)
+        exact = np.array([(q @ d.T).max(axis=1).mean() for d in docs])
+        best = int(np.argmax(exact))
+        found = [d for d, _ in index.search("q", q, "semantic", top_k=10)]
+        hits += best in found
+        # the re-rank score is the MaxSim of decompressed vectors: close to exact
+        errors.append(abs(index.maxsim(q, np.array([best]))[0] - exact[best]))
+    assert hits >= n_queries - 1, hits
+    assert np.mean(errors) < (0.06 if nbits == 1 else 0.03), np.mean(errors)
+
+
+def test_argument_validation():
+    check_args(1, 0.0)
+    check_args(5, 1.0)
+    for bad in (dict(top_k=0), dict(top_k=-3), dict(top_k=2.5), dict(top_k=1, alpha=1.5),
+                dict(top_k=1, alpha=-0.1), dict(top_k=1, nprobe=0), dict(top_k=1, candidates=0)):
+        with pytest.raises(SearchArgumentError):
+            check_args(**bad)
+
+
+def test_search_rejects_empty_query_and_bad_mode(tmp_path):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src, 1, 2)
+    build.update(src, idx, FakeEmbed(), META)
+    index = Index(idx)
+    with pytest.raises(SearchArgumentError, match="empty"):
+        index.search("   ", None, "bm25")
+    with pytest.raises(SearchArgumentError, match="mode"):
+        index.search("x", None, "fuzzy")
+
+
+def test_jsonl_source_needs_unique_ids(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "code": "def f(): return 1"}\n{"id": "a", "code": "def g(): return 2"}\n')
+    with pytest.raises(DataError, match="c.jsonl:2: id 'a' already used on line 1"):
+        build.update(corpus, tmp_path / "idx", FakeEmbed(), META)
+    corpus.write_text('{"id": "a", "code": "def f(): return 1"}\n{"id": "b", "code": "def g(): return 2"}\n')
+    build.update(corpus, tmp_path / "idx", FakeEmbed(), META)
+    corpus.write_text('{"id": "a", "code": "def f(): return 1"}\n{"id": "b", "code": "def g(): return 3"}\n')
+    embed = FakeEmbed()
+    report = build.update(corpus, tmp_path / "idx", embed, META)
+    assert embed.texts == ["def g(): return 3"] and report.documents == 2
+
+
+def test_fusion_weight_from_eval_json(tmp_path):
+    path = tmp_path / "eval.json"
+    path.write_text(json.dumps({"fine-tuned": {"hybrid_fusion": "interp@0.8"}}))
+    assert build.fusion_from_eval(path)["alpha"] == 0.8
+    path.write_text(json.dumps({"fine-tuned": {"hybrid_fusion": "rrf"}}))
+    assert build.fusion_from_eval(path)["alpha"] is None
+    model = tmp_path / "merged"
+    model.mkdir()
+    path.write_text(json.dumps({"fine-tuned": {"hybrid_fusion": "interp@0.7"}}))
+    assert build.default_fusion(str(model))["alpha"] == 0.7
+
+
+def test_records_are_compressed(tmp_path):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src, 1, 1)
+    build.update(src, idx, FakeEmbed(), META)
+    index = Index(idx)
+    record = json.loads(zlib.decompress(index.record_blob(0)))
+    assert record["name"] == "parse_date_0_0" and record["path"].endswith("mod0.py")
+
+
+# ------------------------------------------------------------------------ CLI, real encoder
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from mlxio.weights.encoders import default_encoder_path
+
+    try:
+        return str(default_encoder_path())
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"embedded MiniLM not installed: {err}")
+
+
+def test_cli_end_to_end(tmp_path, minilm, capsys):
+    from recipes import code_search
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "dates.py").write_text(
+        "def parse_date(text):\n    '''Parse a date.'''\n    day, month, year = text.split('/')\n"
+        "    return int(year), int(month), int(day)\n")
+    (src / "files.py").write_text(
+        "def read_lines(path):\n    with open(path) as handle:\n        return handle.read().splitlines()\n\n\n"
+        "def add_numbers(a, b):\n    total = a + b\n    return total\n")
+    idx = tmp_path / "idx"
+    common = ["--model", minilm, "--index", str(idx), "--max-doc-len", "64", "--no-progress"]
+    assert code_search.cli(["index", str(src), *common]) == 0
+    assert "indexed 3 documents" in capsys.readouterr().out
+    assert code_search.cli(["search", "--index", str(idx), "parse a date string", "--top-k", "2"]) == 0
+    assert "dates.py:1 parse_date" in capsys.readouterr().out.splitlines()[0]
+    queries = tmp_path / "q.jsonl"
+    queries.write_text('{"id": "q1", "query": "add two numbers"}\n{"id": "q2", "query": "read all lines of a file"}\n')
+    out = tmp_path / "r.jsonl"
+    for mode, extra in (("semantic", []), ("bm25", []), ("hybrid", []), ("hybrid", ["--alpha", "0.5"]),
+                        ("hybrid", ["--fusion", "rrf"])):
+        assert code_search.cli(["search", "--index", str(idx), "--mode", mode, "--queries", str(queries),
+                                "--output", str(out), "--top-k", "3", *extra]) == 0
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["query_id"] for r in rows] == ["q1", "q2"] and all(len(r["doc_ids"]) == 3 for r in rows)
+        assert rows[0]["doc_ids"][0].endswith("add_numbers") and rows[1]["doc_ids"][0].endswith("read_lines")
+    # edit one file: only its function is embedded again
+    (src / "dates.py").write_text("def parse_time(text):\n    hours, minutes = text.split(':')\n"
+                                  "    return int(hours), int(minutes)\n")
+    assert code_search.cli(["index", str(src), *common]) == 0
+    assert "(1 embedded, 1 new/changed and 0 removed of 2 units" in capsys.readouterr().out
+    # argument errors: one line, exit 2; index errors: one line, exit 1
+    for bad in (["--top-k", "0"], ["--alpha", "1.5"], ["--alpha", "x"], ["--output", str(queries)]):
+        args = ["search", "--index", str(idx), "--queries", str(queries), *bad]
+        if bad[0] != "--output":
+            args += ["--output", str(out)]
+        with pytest.raises(SystemExit) as exit_info:
+            code_search.cli(args)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "error:" in err
+    with pytest.raises(SystemExit):
+        code_search.cli(["search", "--index", str(idx), "   "])
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text('{"id": 1, "query": "a b"}\n{"id": 1, "query": "c d"}\n')
+    assert code_search.cli(["search", "--index", str(idx), "--queries", str(dup)]) == 1
+    assert "already used on line 1" in capsys.readouterr().err
+    assert code_search.cli(["search", "--index", str(tmp_path / "none"), "x"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("python -m recipes.code_search: error:") and "\n" not in err
+    assert code_search.cli(["verify", "--index", str(idx)]) == 0
+    os.truncate(store.current(idx) / "records.bin", 5)
+    assert code_search.cli(["verify", "--index", str(idx)]) == 1
+    assert "records.bin" in capsys.readouterr().err
