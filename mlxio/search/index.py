@@ -177,7 +177,7 @@ class Index:
         gen = store.current(self.root) if self.root.is_dir() else None
         if gen is None:
             raise IndexError_(f"{self.root}: no search index here (no CURRENT); build one with "
-                              "`python -m recipes.code_search index SRC --model M --index DIR`")
+                              "code_search's `index SRC --model M --index DIR`")
         if not gen.is_dir():
             raise IndexError_(f"{gen}: the live generation named by CURRENT is missing; rebuild with `index --rebuild`")
         self.gen = gen
