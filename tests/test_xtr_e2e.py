@@ -10,8 +10,9 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
+import tracking_files  # noqa: I001  (tests/ helper)
 
-from mlxcore import retriever
+from mlxcore import retrieval, retriever
 from mlxcore.encoder import token_embeddings
 from mlxcore.tree import combine, flatten
 from mlxio.run import checkpoint
@@ -74,10 +75,13 @@ def test_training_lowers_the_loss_on_training_batches(run):
 
 
 def test_stop_and_resume_is_bit_identical(run):
+    """Stopped at 4 and resumed: the same weights. This run logs every 2 steps to metrics.jsonl,
+    TensorBoard and W&B (offline): each record is the mean of the full run's two steps."""
     root, args, _ = run
     part = str(root / "resumed")
-    assert xtr_lora.main([*args, "--out_dir", part, "--train.stop_after", "4"]) == {"stopped_at": 4}
-    xtr_lora.main([*args, "--out_dir", part, "--resume", "--export", "false"])
+    report = ["--train.log_every", "2", "--report_to", "tensorboard,wandb"]
+    assert xtr_lora.main([*args, *report, "--out_dir", part, "--train.stop_after", "4"]) == {"stopped_at": 4}
+    xtr_lora.main([*args, *report, "--out_dir", part, "--resume", "--export", "false"])
     full, full_meta = final_trees(root / "full")
     resumed, resumed_meta = final_trees(root / "resumed")
     assert resumed_meta["step"] == full_meta["step"] == 8
@@ -86,10 +90,20 @@ def test_stop_and_resume_is_bit_identical(run):
         assert a.keys() == b.keys()
         for key in a:
             assert mx.array_equal(a[key], b[key]), (name, key)
-    full_log = (root / "full" / "metrics.jsonl").read_text().splitlines()
-    resumed_log = (root / "resumed" / "metrics.jsonl").read_text().splitlines()
-    strip = [{k: v for k, v in json.loads(line).items() if k != "samples_per_s"} for line in full_log]
-    assert strip == [{k: v for k, v in json.loads(line).items() if k != "samples_per_s"} for line in resumed_log]
+    full_log = [json.loads(line) for line in (root / "full" / "metrics.jsonl").read_text().splitlines()]
+    windows = [json.loads(line) for line in (root / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in windows] == [2, 4, 6, 8] and all(r["window_steps"] == 2 for r in windows)
+    for record in windows:
+        pair = full_log[record["step"] - 2:record["step"]]
+        for key in ("loss", "info_nce", "margin", "grad_norm"):
+            assert record[key] == pytest.approx((pair[0][key] + pair[1][key]) / 2, rel=1e-6), key
+        assert record["lr"] == pair[1]["lr"]
+    tb = tracking_files.tensorboard_scalars(root / "resumed" / "tensorboard")
+    assert [s for s, _ in tb["loss"]] == [2, 4, 6, 8]
+    np.testing.assert_allclose([v for _, v in tb["loss"]], [r["loss"] for r in windows], rtol=1e-6)
+    history = [h for h in tracking_files.wandb_history(root / "resumed") if "loss" in h]
+    assert [h["_step"] for h in history] == [2, 4, 6, 8]
+    np.testing.assert_allclose([h["loss"] for h in history], [r["loss"] for r in windows], rtol=1e-6)
 
 
 def test_resume_refuses_another_config(run):
@@ -167,3 +181,78 @@ def test_index_and_search(run, tmp_path, capsys):
         assert all(len(r["doc_ids"]) == 3 for r in rows)
         assert rows[0]["doc_ids"][0].endswith("add_numbers"), (mode, rows)
         assert rows[1]["doc_ids"][0].endswith("read_lines"), (mode, rows)
+
+
+QUERIES = ["add two numbers", "parse a date string", "push an item on a stack"]
+
+
+def trained_params(root):
+    encoder = load_encoder(default_encoder_path(), lora_scale=xtr_lora.PRESETS["smoke"].lora.scale)
+    trees, _ = final_trees(root / "full")
+    return combine(encoder.params, trees["trainable"]), encoder
+
+
+def test_exports_name_their_base_and_carry_cards(run):
+    root, _, _ = run
+    out = root / "full"
+    peft_config = json.loads((out / "peft_adapter" / "adapter_config.json").read_text())
+    assert peft_config["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
+    for folder in ("colbert", "merged", "peft_adapter"):
+        card = (out / folder / "README.md").read_text()
+        assert "base_model: sentence-transformers/all-MiniLM-L6-v2" in card, folder
+        assert "python -m recipes.xtr_lora" in card and "mrr@10" in card, folder
+    assert "single-vector view" in (out / "merged" / "README.md").read_text()
+
+
+def test_pylate_loads_the_trained_multivector_model(run):
+    """PyLate's ColBERT loads colbert/ as the trained model (its modules, no random layer) and
+    its MaxSim scores equal MLX's (PyLate sums over query tokens, MLX averages)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("pylate")
+    from pylate import models, scores
+
+    root, _, _ = run
+    model = models.ColBERT(str(root / "full" / "colbert"), device="cpu")
+    assert len(model) == 2 and model[1].linear.weight.shape == (384, 384)
+    np.testing.assert_array_equal(model[1].linear.weight.detach().numpy(), np.eye(384, dtype=np.float32))
+    assert (model.query_prefix, model.document_prefix, model.do_query_expansion) == ("", "", False)
+    params, encoder = trained_params(root)
+    q_ids, q_mask = tokenize(encoder.tokenizer, QUERIES, 32)
+    d_ids, d_mask = tokenize(encoder.tokenizer, SNIPPETS, 64)
+    q = token_embeddings(params, mx.array(q_ids), mx.array(q_mask), encoder.spec)
+    d = token_embeddings(params, mx.array(d_ids), mx.array(d_mask), encoder.spec)
+    ours = np.array(retrieval.maxsim(q, mx.array(q_mask), d, mx.array(d_mask)))
+    ours_sum = ours * np.asarray(q_mask).sum(1, keepdims=True)
+    pq = model.encode(QUERIES, is_query=True)
+    pd = model.encode(SNIPPETS, is_query=False)
+    for i, emb in enumerate(pd):  # the same token embeddings, token for token
+        np.testing.assert_allclose(emb, np.array(d[i])[np.asarray(d_mask[i], bool)], atol=1e-4)
+    theirs = np.array([[float(scores.colbert_scores(qi[None], di[None])[0, 0]) for di in pd] for qi in pq])
+    print(f"PyLate vs MLX MaxSim: max |diff| {np.abs(theirs - ours_sum).max():.2e}")
+    np.testing.assert_allclose(theirs, ours_sum, atol=1e-3)
+    assert (theirs.argmax(1) == ours.argmax(1)).all()
+
+
+def test_sentence_transformers_loads_the_single_vector_view(run):
+    """merged/ in sentence-transformers: its mean pooling of the fine-tuned token states, equal
+    to the same pooling of MLX's hidden states; cosine scores agree."""
+    pytest.importorskip("torch")
+    st = pytest.importorskip("sentence_transformers")
+    from mlxcore.encoder import hidden_states
+
+    root, _, _ = run
+    model = st.SentenceTransformer(str(root / "full" / "merged"), device="cpu")
+    params, encoder = trained_params(root)
+
+    def mlx_sentence(texts):
+        ids, mask = tokenize(encoder.tokenizer, texts, 128)
+        h = np.array(hidden_states(params, mx.array(ids), mx.array(mask), encoder.spec))
+        m = np.asarray(mask, np.float32)[..., None]
+        pooled = (h * m).sum(1) / m.sum(1)
+        return pooled / np.linalg.norm(pooled, axis=-1, keepdims=True)
+
+    q, d = mlx_sentence(QUERIES), mlx_sentence(SNIPPETS)
+    sq, sd = model.encode(QUERIES), model.encode(SNIPPETS)
+    np.testing.assert_allclose(sq, q, atol=1e-4)
+    np.testing.assert_allclose(sd, d, atol=1e-4)
+    np.testing.assert_allclose(model.similarity(sq, sd).numpy(), q @ d.T, atol=1e-4)

@@ -238,7 +238,10 @@ def _mine(lib_files: list[Path], other: list[Path], min_body_lines: int) -> Corp
     found: dict[str, list] = {"pairs": [], "distractors": [], "extras": []}
     seen: set[str] = set()
     counts = Counter()
-    for path, lib in [(f, True) for f in lib_files] + [(f, False) for f in other]:
+    from mlxio.run.reporting import progress
+
+    todo = [(f, True) for f in lib_files] + [(f, False) for f in other]
+    for path, lib in progress(todo, desc="mining", unit="file", every_s=10.0):
         try:
             text = importlib.util.decode_source(path.read_bytes())
         except (UnicodeDecodeError, SyntaxError, LookupError, OSError):

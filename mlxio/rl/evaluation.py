@@ -190,9 +190,11 @@ def _decode(policy, problems: Sequence[Problem], cfg: EvalConfig, n: int, temper
     """n completions per problem, problem-major: [len(problems) * n] texts. Chunk i samples
     with seed cfg.seed + i, so the same model gives the same texts on every call."""
     from mlxio.rl.rollout import generate_group
+    from mlxio.run.reporting import progress
 
     texts = []
-    for i, start in enumerate(range(0, len(problems), cfg.batch)):
+    starts = range(0, len(problems), cfg.batch)
+    for i, start in enumerate(progress(starts, desc=f"eval decode (n={n})", unit="chunk", every_s=20.0)):
         chunk = problems[start: start + cfg.batch]
         ro = generate_group(policy, [instruction(p) for p in chunk], group_size=n,
                             temperature=temperature, top_p=top_p,

@@ -30,14 +30,17 @@ class Embedded:
 
 
 def embed_texts(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str], max_length: int,
-                batch_size: int = 64, bucket: int = 16) -> Embedded:
-    """Unit-norm token embeddings of `texts`, computed in length-sorted, bucket-padded batches."""
+                batch_size: int = 64, bucket: int = 16, desc: str = "embedding") -> Embedded:
+    """Unit-norm token embeddings of `texts`, computed in length-sorted, bucket-padded batches
+    (progress shown as `desc`: a bar on a terminal, periodic log lines otherwise)."""
+    from mlxio.run.reporting import progress
+
     token_ids = hf_tokenize(tokenizer)(list(texts), max_length)
     lengths = np.array([len(t) for t in token_ids])
     order = np.argsort(lengths, kind="stable")
     encode = mx.compile(lambda p, ids, mask: token_embeddings(p, ids, mask, spec))
     blocks = []
-    for start in range(0, len(order), batch_size):
+    for start in progress(range(0, len(order), batch_size), desc=desc, unit="batch", every_s=15.0):
         rows = order[start:start + batch_size]
         width = padded_length(int(lengths[rows].max()), bucket)
         ids = np.zeros((len(rows), width), np.int32)

@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlxcore import lora
 from mlxcore.tree import flatten
 from mlxio.errors import MlxioError
+from mlxio.weights import cards
 from mlxio.weights.encoders import LoadedEncoder, read_weights
 
 COPIED = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
@@ -39,8 +40,9 @@ def _model_dir(encoder: LoadedEncoder) -> Path:
     return encoder.path
 
 
-def export_merged(encoder: LoadedEncoder, params: dict, scale: float, out_dir: Path) -> Path:
-    """Write the merged model to `out_dir`; returns it. Raises if any adapter was not merged."""
+def _write_transformer(encoder: LoadedEncoder, params: dict, scale: float, out_dir: Path):
+    """Merged encoder weights (HF names) + config and tokenizer files into `out_dir`; returns
+    the projection weight [out, in] or None. Raises if any adapter was not merged."""
     layers = _lora_layers(params)
     merged, count = lora.merge(params, scale)
     if count != len(layers):
@@ -57,6 +59,13 @@ def export_merged(encoder: LoadedEncoder, params: dict, scale: float, out_dir: P
             if (folder / name).is_file():
                 shutil.copyfile(folder / name, out_dir / name)
                 break
+    return projection
+
+
+def export_merged(encoder: LoadedEncoder, params: dict, scale: float, out_dir: Path) -> Path:
+    """Write the merged model to `out_dir` as the base's sentence-transformers model (its own
+    pooling modules: a single-vector view of a multi-vector model); returns it."""
+    projection = _write_transformer(encoder, params, scale, out_dir)
     modules_file = encoder.path / "modules.json"
     modules = json.loads(modules_file.read_text()) if modules_file.is_file() else None
     if projection is not None:
@@ -78,13 +87,48 @@ def export_merged(encoder: LoadedEncoder, params: dict, scale: float, out_dir: P
     return out_dir
 
 
-def _write_dense(dense_dir: Path, weight: mx.array) -> None:
+def _write_dense(dense_dir: Path, weight: mx.array, pylate: bool = False) -> None:
     dense_dir.mkdir(parents=True, exist_ok=True)
     out_features, in_features = weight.shape
     config = {"in_features": int(in_features), "out_features": int(out_features), "bias": False,
               "activation_function": "torch.nn.modules.linear.Identity"}
+    if pylate:
+        config["use_residual"] = False
     (dense_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     mx.save_safetensors(str(dense_dir / "model.safetensors"), {"linear.weight": weight}, metadata={"format": "pt"})
+
+
+def export_multivector(encoder: LoadedEncoder, params: dict, scale: float, out_dir: Path, *,
+                       query_length: int, document_length: int) -> Path:
+    """The trained multi-vector model as PyLate's ColBERT folder (`pylate.models.ColBERT(out_dir)`
+    loads it as is: no random layer, no added prefix tokens).
+
+    PyLate's format (`pylate/models/colbert.py`, `Dense.py`): a sentence-transformers folder whose
+    modules are a Transformer and a Dense (`1_Dense`: the trained projection, or the identity
+    when the model has none, so token embeddings are the encoder's own); its
+    `config_sentence_transformers.json` (model_type "ColBERT") carries the encoding settings,
+    here those of training: no [Q]/[D] prefix, no query expansion with [MASK] tokens, no
+    punctuation skiplist, queries cut at `query_length` tokens and documents at
+    `document_length`. PyLate L2-normalises each token and scores by MaxSim summed over query
+    tokens (this project averages over them: the same ranking, scores times the query length).
+    """
+    projection = _write_transformer(encoder, params, scale, out_dir)
+    hidden = int(encoder.spec.d_model)
+    weight = projection if projection is not None else mx.eye(hidden, dtype=mx.float32)
+    _write_dense(out_dir / "1_Dense", weight, pylate=True)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Dense", "type": "pylate.models.Dense.Dense"}]
+    (out_dir / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+    (out_dir / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": int(document_length), "do_lower_case": False}, indent=2) + "\n")
+    settings = {
+        "model_type": "ColBERT", "similarity_fn_name": "MaxSim", "prompts": {}, "default_prompt_name": None,
+        "query_prefix": "", "document_prefix": "", "query_length": int(query_length),
+        "document_length": int(document_length), "do_query_expansion": False,
+        "attend_to_expansion_tokens": False, "skiplist_words": [],
+    }
+    (out_dir / "config_sentence_transformers.json").write_text(json.dumps(settings, indent=2) + "\n")
+    return out_dir
 
 
 def export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, targets: tuple[str, ...],
@@ -110,3 +154,58 @@ def export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, targ
     }
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
+
+
+def write_retriever_cards(out_dir: Path, *, base: str, results: dict, command: str, data: str) -> None:
+    """README.md model cards for the exports in `out_dir`: colbert/ (the model as trained),
+    merged/ (sentence-transformers' single-vector view) and peft_adapter/."""
+    def metrics_of(name: str) -> dict:
+        return {f"{name} {mode}": results[name][mode]
+                for mode in ("semantic", "hybrid") if mode in results.get(name, {})}
+
+    metrics = {**metrics_of("untrained"), **metrics_of("fine-tuned"), "BM25": results.get("bm25", {})}
+    trained = ("LoRA fine-tuned for multi-vector (late-interaction) retrieval: each token is "
+               "L2-normalised and a query scores a document by MaxSim.")
+    if (out_dir / "colbert").is_dir():
+        cards.write_card(
+            out_dir / "colbert", title="Multi-vector code retriever (PyLate / ColBERT)", base=base,
+            summary=f"{trained} This folder is the model as trained, in PyLate's ColBERT format "
+                    "(no query/document prefix tokens, no query expansion, no skiplist: the encoding "
+                    "used in training). Metrics below are MaxSim's (`semantic`).",
+            data=data, metrics=metrics, command=command, library="PyLate",
+            tags=("ColBERT", "PyLate", "sentence-transformers", "code-search", "mlx"),
+            usage="""```python
+from pylate import models, scores
+model = models.ColBERT("colbert")
+q = model.encode(["parse a date string"], is_query=True)
+d = model.encode(["def parse_date(text): ..."], is_query=False)
+scores.colbert_scores(q, d)  # MaxSim summed over query tokens
+```""")
+    if (out_dir / "merged").is_dir():
+        cards.write_card(
+            out_dir / "merged", title="Code retriever: single-vector view (sentence-transformers)",
+            base=base,
+            summary=f"{trained} This folder holds the same merged weights with the base model's "
+                    "sentence-transformers modules, so `SentenceTransformer(path).encode` returns the "
+                    "**single-vector view**: the base's pooling (mean over tokens) of the fine-tuned "
+                    "token embeddings. It was not trained for that pooling and usually ranks below "
+                    "MaxSim; for the multi-vector model use `../colbert` (PyLate) or "
+                    "`python -m recipes.code_search`. Metrics below are MaxSim's.",
+            data=data, metrics=metrics, command=command, library="sentence-transformers",
+            tags=("sentence-transformers", "code-search", "mlx"),
+            usage="""```python
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer("merged")  # single-vector view
+model.encode(["parse a date string"])
+```""")
+    if (out_dir / "peft_adapter").is_dir():
+        cards.write_card(
+            out_dir / "peft_adapter", title="LoRA adapter (PEFT) of a multi-vector code retriever",
+            base=base, summary=f"{trained} The LoRA adapter alone, in PEFT's format.",
+            data=data, metrics=metrics, command=command, library="peft",
+            tags=("peft", "lora", "code-search", "mlx"),
+            usage=f"""```python
+from transformers import AutoModel
+from peft import PeftModel
+model = PeftModel.from_pretrained(AutoModel.from_pretrained("{base}"), "peft_adapter")
+```""")

@@ -255,9 +255,11 @@ def lora_params(model: nn.Module):
 
 
 def save_adapters(model: nn.Module, lora_cfg: LoraConfig, num_layers: int | None,
-                  out_dir: str | Path) -> Path:
+                  out_dir: str | Path, base_model: str | None = None) -> Path:
     """Adapters in mlx-lm's format: `adapters.safetensors` + `adapter_config.json`
-    (fine_tune_type, num_layers, lora_parameters {rank, scale, dropout, keys})."""
+    (model, fine_tune_type, num_layers, lora_parameters {rank, scale, dropout, keys}). `model`
+    names the base as mlx-lm's own trainer does (`mlx_lm.lora` writes its --model there): a hub
+    id or path that `mlx_lm.load(model, adapter_path=out_dir)` can be given."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     adapters = dict(tree_flatten(lora_params(model)))
@@ -267,7 +269,8 @@ def save_adapters(model: nn.Module, lora_cfg: LoraConfig, num_layers: int | None
     # Keys are read off the LoRA layers themselves (the base linears they wrap are now nested).
     keys = sorted({name.split(".", 3)[3] for name, m in model.named_modules()
                    if isinstance(m, LoRALinear) and name.startswith("model.layers.")})
-    config = {"fine_tune_type": "lora", "num_layers": num_layers,
+    config = {**({"model": base_model} if base_model else {}),
+              "fine_tune_type": "lora", "num_layers": num_layers,
               "lora_parameters": {"rank": lora_cfg.rank, "scale": lora_cfg.scale,
                                   "dropout": lora_cfg.dropout, "keys": keys}}
     mx.save_safetensors(str(out_dir / "adapters.safetensors"), adapters)
@@ -360,3 +363,39 @@ def tiny_policy(kind: str = "llama", seed: int = 0, quantize: bool = False) -> P
     mx.eval(model.parameters())
     return Policy(model=model, tokenizer=wrap_tokenizer(tiny_tokenizer(), config), config=config,
                   source=None, quantized=quantize)
+
+
+def write_policy_cards(out: Path, *, base: str, base_note: str, results: dict, command: str,
+                       data: str) -> None:
+    """README.md model cards for an RLAIF run's adapters/ and fused/ (base, data, pass@1 before
+    and after on each evaluation set, the command)."""
+    from mlxio.weights import cards
+
+    metrics = {}
+    for name, entry in results.get("eval", {}).items():
+        for phase in ("before", "after"):
+            for mode in ("sampled", "greedy"):
+                value = entry.get(phase, {}).get(mode, {}).get("pass@1")
+                if value is not None:
+                    metrics[f"{name} pass@1 ({mode}) {phase}"] = value
+    summary = ("A code model tuned by RLAIF (GRPO on execution / format / AI-feedback rewards) with "
+               "LoRA, in MLX.")
+    if (out / "adapters").is_dir():
+        cards.write_card(out / "adapters", title="RLAIF LoRA adapter (mlx-lm format)", base=base,
+                         base_note=base_note, summary=summary + " The adapter alone, in mlx-lm's format.",
+                         data=data, metrics=metrics, command=command, library="mlx",
+                         tags=("mlx", "mlx-lm", "lora", "rlaif", "code"),
+                         usage=f"""```bash
+mlx_lm generate --model {base} --adapter-path adapters --prompt "Write a function that ..."
+```""")
+    if (out / "fused").is_dir():
+        cards.write_card(out / "fused", title="RLAIF-tuned code model (LoRA fused)", base=base,
+                         base_note=base_note, summary=summary + " LoRA fused into the base: a plain "
+                         "model folder (Hugging Face layout) that mlx-lm runs and, with float weights, "
+                         "transformers' AutoModelForCausalLM loads with matching logits.",
+                         data=data, metrics=metrics, command=command, library="transformers",
+                         tags=("mlx", "transformers", "rlaif", "code"),
+                         usage="""```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model, tok = AutoModelForCausalLM.from_pretrained("fused"), AutoTokenizer.from_pretrained("fused")
+```""")

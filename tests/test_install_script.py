@@ -1,0 +1,58 @@
+"""scripts/install.sh's system step: installs OpenBLAS and bubblewrap with apt-get as root or
+with password-less sudo; otherwise stops with the exact command. `id`, `sudo` and `apt-get`
+are replaced on PATH by recorders (this machine's real packages stay untouched)."""
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "install.sh"
+PACKAGES = "libopenblas0-pthread bubblewrap"
+
+
+def fake_bin(tmp_path, uid: int, sudo_ok: bool) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    tools = {
+        "id": f'[ "$1" = -u ] && echo {uid} || /usr/bin/id "$@"',
+        "sudo": f'echo "sudo $*" >> {log}; ' + ('[ "$1" = -n ] && shift; "$@"' if sudo_ok else "exit 1"),
+        "apt-get": f'echo "apt-get $*" >> {log}',
+    }
+    for name, body in tools.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def run_step(tmp_path, uid, sudo_ok):
+    bin_dir = fake_bin(tmp_path, uid, sudo_ok)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "ASSUME_NO_SYSTEM_DEPS": "1",
+           "SYSTEM_DEPS_ONLY": "1"}
+    proc = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    calls = (tmp_path / "calls.log").read_text() if (tmp_path / "calls.log").exists() else ""
+    return proc, calls
+
+
+@pytest.mark.skipif(not Path("/usr/bin/apt-get").exists(), reason="Debian/Ubuntu only")
+def test_root_installs_the_system_packages(tmp_path):
+    proc, calls = run_step(tmp_path, 0, sudo_ok=False)
+    assert proc.returncode == 0, proc.stderr
+    assert f"apt-get install -y -q {PACKAGES}" in calls and "sudo" not in calls
+
+
+@pytest.mark.skipif(not Path("/usr/bin/apt-get").exists(), reason="Debian/Ubuntu only")
+def test_passwordless_sudo_installs_the_system_packages(tmp_path):
+    proc, calls = run_step(tmp_path, 1000, sudo_ok=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"sudo -n apt-get install -y -q {PACKAGES}" in calls
+
+
+@pytest.mark.skipif(not Path("/usr/bin/apt-get").exists(), reason="Debian/Ubuntu only")
+def test_without_rights_it_stops_with_the_exact_command(tmp_path):
+    proc, calls = run_step(tmp_path, 1000, sudo_ok=False)
+    assert proc.returncode == 1
+    assert f"sudo apt-get update && sudo apt-get install -y {PACKAGES}" in proc.stderr
+    assert "apt-get install" not in calls.replace("sudo -n true", "")
