@@ -44,17 +44,22 @@ MODES = ("semantic", "bm25", "hybrid")
 
 
 def _progress_bar(desc: str):
-    """A progress callback (done, total, seconds) drawing a tqdm bar with functions/s."""
-    from tqdm import tqdm
+    """A progress callback (done, total, seconds): a tqdm bar with functions/s on a terminal,
+    periodic log lines otherwise (mlxio.run.reporting.progress)."""
+    from mlxio.run.reporting import interactive, progress
 
     state = {"bar": None, "t0": time.perf_counter(), "n0": 0}
 
     def update(done: int, total: int, seconds: float) -> None:
         if state["bar"] is None:
             state["t0"], state["n0"] = time.perf_counter(), done
-            state["bar"] = tqdm(total=total, desc=desc, unit="fn", file=sys.stderr, dynamic_ncols=True,
-                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
-                                           "[{elapsed}<{remaining}{postfix}]")
+            if interactive():
+                from tqdm import tqdm
+                state["bar"] = tqdm(total=total, desc=desc, unit="fn", file=sys.stderr, dynamic_ncols=True,
+                                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+                                               "[{elapsed}<{remaining}{postfix}]")
+            else:
+                state["bar"] = progress(total=total, desc=desc, unit="fn", every_s=15.0, logger=log)
         bar = state["bar"]
         bar.update(done - bar.n)
         rate = (done - state["n0"]) / max(time.perf_counter() - state["t0"], 1e-9)

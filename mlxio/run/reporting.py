@@ -81,6 +81,9 @@ class LogProgress:
     def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
         self.postfix = {**(ordered_dict or {}), **kwargs}
 
+    def set_postfix_str(self, text: str = "", refresh=True):
+        self.postfix = {"": text} if text else {}
+
     def set_description(self, desc: str, refresh=True):
         self.desc = desc
 
@@ -99,7 +102,7 @@ class LogProgress:
         elif self.n >= (self.total or math.inf):
             text += f", done in {format_duration(elapsed)}"
         if self.postfix:
-            text += " | " + " ".join(f"{k}={v}" for k, v in self.postfix.items())
+            text += " | " + " ".join(f"{k}={v}" if k else str(v) for k, v in self.postfix.items())
         return text
 
     def update(self, n: int = 1):

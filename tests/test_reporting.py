@@ -1,0 +1,58 @@
+"""Run reporting: window means, progress off a terminal (log lines), TensorBoard files read back
+by tensorboard's own reader, the console record line."""
+
+import io
+import logging
+
+import pytest
+
+from mlxio.errors import ConfigError
+from mlxio.run import reporting
+
+
+def test_crc32c_known_answer():
+    assert reporting.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+
+
+def test_window_mean_averages_since_the_last_pop():
+    window = reporting.WindowMean()
+    for loss, rate in ((0.6, None), (0.2, 0.5), (0.1, float("nan"))):
+        window.add({"loss": loss, "pass_rate": rate, "name": "x"})
+    assert window.steps == 3
+    means = window.pop()
+    assert means["loss"] == pytest.approx(0.3) and means["pass_rate"] == 0.5 and "name" not in means
+    window.add({"loss": 1.0})
+    assert window.pop() == {"loss": 1.0}
+
+
+def test_progress_off_a_terminal_is_log_lines(caplog, monkeypatch):
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # not a TTY
+    caplog.set_level(logging.INFO, logger="mlxio.progress")
+    bar = reporting.progress(range(5), desc="mining", unit="file", every_s=0.0)
+    assert isinstance(bar, reporting.LogProgress)
+    assert list(bar) == [0, 1, 2, 3, 4]
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("mining: 1/5 file (20%)") and "ETA" in lines[0]
+    assert lines[-1].startswith("mining: 5/5 file (100%)") and "done in" in lines[-1]
+
+
+def test_reporter_writes_jsonl_tensorboard_and_a_console_line(tmp_path, caplog, monkeypatch):
+    from tracking_files import tensorboard_scalars
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    caplog.set_level(logging.INFO, logger="mlxio.progress")
+    reporter = reporting.Reporter(tmp_path, report_to=("tensorboard",), total_steps=10,
+                                  headline=("loss", "lr"))
+    for step in (5, 10):
+        reporter.write({"step": step, "loss": 1.0 / step, "lr": 1e-4, "reward/format": 0.5, "note": None})
+    reporter.close()
+    assert [r["step"] for r in reporter.read()] == [5, 10]
+    assert caplog.records[0].getMessage().startswith("step 5/10 | loss 0.2 | lr 1.000e-04 | ETA")
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
+    assert scalars["loss"] == [(5, pytest.approx(0.2)), (10, pytest.approx(0.1))]
+    assert scalars["reward/format"] == [(5, 0.5), (10, 0.5)]
+
+
+def test_unknown_report_target_is_named():
+    with pytest.raises(ConfigError, match="mlflow"):
+        reporting.check_report_to(("tensorboard", "mlflow"))
