@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from mlxio.errors import ConfigError
 from mlxio.rl import tasks
+from mlxio.rl.families import FAMILIES
 from mlxio.rl.rewards import ExecutionReward, FormatReward, PrintableReward, extract_code
-from mlxio.rl.task_families import FAMILIES
 from recipes import rlaif_qwen as rq
 from recipes.rlaif_config import DataConfig, validate_data
 

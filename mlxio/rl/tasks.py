@@ -1,6 +1,6 @@
 """A procedural source of programming problems with hidden tests, for RL on small code models.
 
-Each family (strings, lists, arithmetic, dicts, parsing; `mlxio.rl.task_families`) has
+Each family (strings, lists, arithmetic, dicts, parsing; `mlxio.rl.families`) has
 templates; a template at a difficulty level (1-3) draws an instance from a seed: function and
 argument names, constants, test inputs. `make_problem(family, template, level, seed)` is a
 pure function of its arguments and returns a `Problem` in HumanEval's format: the prompt is a
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import attrs
 
+from mlxio.rl.families import FAMILIES, Spec
 from mlxio.rl.rewards import Problem
-from mlxio.rl.task_families import FAMILIES, Spec
 
 LEVELS = (1, 2, 3)
 SPLITS = ("train", "heldout")
@@ -89,7 +89,9 @@ def expected_values(spec: Spec) -> list[tuple[tuple, object]]:
 def render(spec: Spec, task_id: str) -> Problem:
     """`spec` as a HumanEval-format Problem: prompt (signature + docstring with examples),
     test (`check(candidate)` with one assert per case) and canonical solution."""
-    values = expected_values(spec)
+    # informative cases first (their expected value neither empty/zero nor the input itself):
+    # the docstring shows the first `examples` of them
+    values = sorted(expected_values(spec), key=lambda v: not v[1] or repr(v[1]) == repr(v[0][0]))
     words, lines, line = spec.doc.split(), [], ""
     for w in words:  # wrap the description at 88 columns, indented in the docstring
         if line and len(line) + 1 + len(w) > 84:
