@@ -232,6 +232,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     before = None
     if cfg.eval.before and found is not None and before_path.exists():
         before = json.loads(before_path.read_text())
+    elif cfg.eval.before and found is not None and world.is_main:
+        logger.warning("resumed without %s: no 'before' evaluation (the model is already "
+                       "trained)", before_path)
     elif cfg.eval.before and world.is_main:
         before = evaluate_all()
         write_json_atomic(before_path, before)
