@@ -149,10 +149,11 @@ def test_adapters_name_the_embedded_base_by_hub_id():
 def test_resume_continues_exactly(full_run, tmp_path):
     """Also: records every 2 steps are the means of the (bit-identical) steps of run a, and the
     TensorBoard event files hold them (read back by tensorboard's own reader)."""
+    import tracking_files
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg_a, _ = full_run
-    cfg = attrs.evolve(cfg_a, out=str(tmp_path / "run_b"), log_every=2, report_to=("tensorboard",))
+    cfg = attrs.evolve(cfg_a, out=str(tmp_path / "run_b"), log_every=2, report_to=("tensorboard", "wandb"))
     rq.run(cfg, stop_after=2, extra_rewards=EXTRA)
     assert final_trees(cfg.out)[1]["step"] == 2
     rq.run(cfg, resume=True, extra_rewards=EXTRA)
@@ -177,6 +178,9 @@ def test_resume_continues_exactly(full_run, tmp_path):
     loss = sorted((e.step, e.value) for e in events.Scalars("loss"))
     assert [s for s, _ in loss] == [2, 4]
     np.testing.assert_allclose([v for _, v in loss], [r["loss"] for r in windows], rtol=1e-6)
+    history = [h for h in tracking_files.wandb_history(Path(cfg.out)) if "loss" in h]  # W&B, offline
+    assert [h["_step"] for h in history] == [2, 4]
+    np.testing.assert_allclose([h["reward/format"] for h in history], [r["reward/format"] for r in windows])
     with pytest.raises(Exception, match="config_hash"):  # another config never resumes it
         rq.run(attrs.evolve(cfg, seed=1), resume=True, extra_rewards=EXTRA)
 
