@@ -13,6 +13,7 @@ from mlx_lm.utils import load as mlx_lm_load
 from mlxcore.lora import LoraConfig
 from mlxio.weights import import_gguf, llm
 
+pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
