@@ -52,14 +52,12 @@ def base_model_name(path_or_id: str | Path | None, default_package: str | None =
     return str(path_or_id)
 
 
-def command_line(argv: list[str] | None, module: str | None = None) -> str:
-    """The command that ran (`python -m recipes.x ARGS`), for a model card."""
+def command_line(argv: list[str] | None, module: str) -> str:
+    """The command that ran (`python -m MODULE ARGS`; sys.argv's when `argv` is None), for a
+    model card."""
     import shlex
     import sys
 
-    if module is None:
-        main = sys.modules.get("__main__")
-        module = getattr(getattr(main, "__spec__", None), "name", None) or "recipes"
     args = sys.argv[1:] if argv is None else argv
     return shlex.join(["python", "-m", module, *args])
 

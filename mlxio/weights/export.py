@@ -190,7 +190,7 @@ scores.colbert_scores(q, d)  # MaxSim summed over query tokens
                     "**single-vector view**: the base's pooling (mean over tokens) of the fine-tuned "
                     "token embeddings. It was not trained for that pooling and usually ranks below "
                     "MaxSim; for the multi-vector model use `../colbert` (PyLate) or "
-                    "`python -m recipes.code_search`. Metrics below are MaxSim's.",
+                    "the project's code_search command. Metrics below are MaxSim's.",
             data=data, metrics=metrics, command=command, library="sentence-transformers",
             tags=("sentence-transformers", "code-search", "mlx"),
             usage="""```python
