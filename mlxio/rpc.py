@@ -227,19 +227,19 @@ class Server:
             return None
         try:
             request = json.loads(line)
-        except (ValueError, UnicodeDecodeError) as err:
+        except (ValueError, RecursionError) as err:  # (UnicodeDecodeError is a ValueError)
             return encode(_response(None, error=RpcError(PARSE_ERROR, f"parse error: {err}")))
         if isinstance(request, list):
             if not request:
                 return encode(_response(None, error=RpcError(INVALID_REQUEST, "empty batch")))
-            responses = [r for r in map(self.call, request) if r is not None]
+            responses = [_encodable(r) for r in map(self.call, request) if r is not None]
             return encode(responses) if responses else None
         response = self.call(request)
-        return None if response is None else encode(response)
+        return None if response is None else encode(_encodable(response))
 
     # the stream ---------------------------------------------------------------------------
     def serve(self, infile: BinaryIO, outfile: BinaryIO) -> str:
-        """Answer lines until EOF ("eof") or a Stop ("shutdown")."""
+        """Answer lines until EOF ("eof"), a Stop ("shutdown") or a closed outfile ("client gone")."""
         while not self.stopping:
             line = infile.readline(self.max_line_bytes + 1)
             if not line:
@@ -253,9 +253,23 @@ class Server:
             else:
                 out = self.handle_line(line.rstrip(b"\r\n"))
             if out is not None:
-                outfile.write(out)
-                outfile.flush()
+                try:
+                    outfile.write(out)
+                    outfile.flush()
+                except BrokenPipeError:
+                    return "client gone"
         return "shutdown"
+
+
+def _encodable(response: dict) -> dict:
+    """`response`, or an error response in its place when its result is not strict JSON
+    (NaN / Infinity, or a type json cannot write): the client always gets a parseable line."""
+    try:
+        encode(response)
+        return response
+    except (TypeError, ValueError) as err:
+        return _response(response.get("id"), error=RpcError(
+            WORKER_ERROR, f"result is not JSON-able: {err}", {"type": type(err).__name__}))
 
 
 def _valid_id(id_: Any) -> bool:

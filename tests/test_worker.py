@@ -257,6 +257,19 @@ def test_errors_get_responses_and_the_server_goes_on():
     assert batch[1]["result"] == {"step": 0}  # shutdown answered; request 9 never read
 
 
+def test_deep_nesting_and_unencodable_results_are_errors():
+    nan = rpc.Method(lambda p: {"x": float("nan")}, {"type": "object"}, {"type": "object"})
+    odd = rpc.Method(lambda p: {"x": object()}, {"type": "object"}, {"type": "object"})
+    server = rpc.Server({"nan": nan, "odd": odd})
+    got = lines_through(server, b"[" * 100_000 + b"]" * 100_000,
+                        b'{"jsonrpc":"2.0","id":1,"method":"nan"}',
+                        b'{"jsonrpc":"2.0","id":2,"method":"odd"}',
+                        b'{"jsonrpc":"2.0","id":3,"method":"nan","params":[1]}')
+    assert [(r["id"], r["error"]["code"]) for r in got] == [
+        (None, rpc.PARSE_ERROR), (1, rpc.WORKER_ERROR), (2, rpc.WORKER_ERROR), (3, rpc.INVALID_PARAMS)]
+    assert "not JSON-able" in got[1]["error"]["message"]
+
+
 def test_schema_checker_names_the_field():
     schema = SCHEMAS["train_step"]["params"]
     good = {"tokens": [[1, 2, 3]], "completion_mask": [[0, 1, 1]], "advantages": [0.5]}

@@ -155,7 +155,9 @@ SCHEMAS: dict[str, dict[str, dict]] = {
                 "clip_frac": _NUM, "lr": _NUM,
                 "skipped": {"type": "integer", "description": "1: non-finite loss or gradient, "
                             "update skipped (weights unchanged)"},
-                "consecutive_skips": _INT, "tokens": _INT, "seconds": _NUM,
+                "consecutive_skips": _INT, "tokens": _INT,
+                "seconds": {"type": "number", "description": "the worker's time in the batch's "
+                            "log-probs and the update(s), without parsing and packing"},
             },
         },
     },
@@ -330,7 +332,6 @@ class Worker:
         """One recipe step (inner_epochs updates) on the given batch; the model keeps the result."""
         s = self._session()
         cfg = s.cfg
-        t0 = time.perf_counter()
         rows, lengths = self._tokens(s, params)
         n = len(rows)
         mask_rows = _rows(params, "completion_mask", n, lengths)
@@ -350,6 +351,7 @@ class Worker:
             if name in params:
                 logp = _rows(params, name, n, [k - 1 for k in lengths])
                 given[name] = mx.array(_padded(logp, width - 1, np.float32))
+        t0 = time.perf_counter()
         batch = grpo.build_batch(s.model, s.params, packed, np.asarray(adv, np.float32),
                                  np.ones(n, bool), cfg, ref_logp=given.get("ref_logprobs"),
                                  old_logp=given.get("old_logprobs"))
