@@ -9,7 +9,9 @@ in blocks (each side idle while the other runs; a call-by-call alternation measu
 contention between the two processes instead) with the same seeds, so they do identical work
 (checked: same results); medians over `--repeats` after warm-up (compilation). `transport`
 is the round trip minus the worker's own time inside the method: JSON both ways, the pipe,
-dispatch and the schema check.
+dispatch and the schema check (on this shared machine it includes the wait for the other
+side to be scheduled); `codec` is the protocol's CPU work alone (JSON both ways, schema check,
+packing), timed without a pipe.
 
 Shapes ("the model's compute is the denominator": the tiny model is the worst case):
   smoke: the smoke preset (tiny random llama, 2 prompts x 4 completions of <= 12 tokens).
@@ -41,8 +43,9 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import median, write_result
+from mlxio import rpc
 from mlxio.rl import grpo, rollout
-from mlxio.rl.worker import Worker, _padded
+from mlxio.rl.worker import SCHEMAS, Worker, _padded
 from mlxio.run.config import to_dict
 from recipes.rlaif_config import PRESETS, validate
 
@@ -146,13 +149,34 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
     def step_rpc(_):
         result = client.call("train_step", step_params)
         inside.append(result["seconds"])
+        last["train_step"] = (step_params, result)
         return result["loss"]
 
     def gen_rpc(seed):
         result = client.call("generate", {**gen_params, "seed": seed})
-        ntok = sum(map(len, result["completion_tokens"]))
-        inside.append(ntok / result["tokens_per_s"])
-        return ntok
+        inside.append(result["seconds"])
+        last["generate"] = ({**gen_params, "seed": seed}, result)
+        return sum(map(len, result["completion_tokens"]))
+
+    last = {}
+
+    def codec(name: str) -> float:
+        """CPU seconds of the protocol's own work for one call, no pipe: the client's request
+        encoding, the server's parse + schema check (+ packing for train_step), the result's
+        encoding and the client's parse."""
+        params, result = last[name]
+        t0 = time.perf_counter()
+        line = json.dumps({"jsonrpc": "2.0", "id": 1, "method": name, "params": params},
+                          separators=(",", ":"))
+        request = json.loads(line)
+        rpc.check(request["params"], SCHEMAS[name]["params"])
+        if name == "train_step":
+            p = request["params"]
+            width = rollout.pad_to(max(map(len, p["tokens"])))
+            _padded(p["tokens"], width, np.int32), _padded(p["completion_mask"], width, np.float32)
+            np.asarray(p["advantages"], np.float32)
+        json.loads(rpc.encode({"jsonrpc": "2.0", "id": 1, "result": result}))
+        return time.perf_counter() - t0
 
     rows = {}
     for name, inproc, rpc_fn in (("generate", gen_inproc, gen_rpc), ("train_step", step_inproc, step_rpc)):
@@ -175,6 +199,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
                     results[side].append(fn(1000 + b * per_block + j))
                     times[side].append(time.perf_counter() - t0)
         t_in, t_rpc = times["in"], times["rpc"]
+        codec_s = median([codec(name) for _ in range(20)])
         med_in, med_rpc = median(t_in), median(t_rpc)
         # the round trip minus the worker's own time in the method (generate: inside
         # generate_group; train_step: packing + batch + step): JSON both ways, pipe, dispatch
@@ -185,6 +210,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
             # best of N: the least-disturbed call of each side (the machine is shared)
             "in_process_ms_min": 1000 * min(t_in), "rpc_ms_min": 1000 * min(t_rpc),
             "overhead_min_pct": 100 * (min(t_rpc) - min(t_in)) / min(t_in),
+            "codec_ms": 1000 * codec_s, "codec_pct": 100 * codec_s / med_in,
             "transport_ms": 1000 * median(transport),
             "transport_pct": 100 * median(transport) / med_in,
             "in_process_ms_all": [round(1000 * t, 3) for t in t_in],
@@ -196,6 +222,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
               f"difference {1000 * (med_rpc - med_in):6.2f} ms ({100 * (med_rpc - med_in) / med_in:5.1f}%)  "
               f"best-of-N {1000 * min(t_in):8.2f} / {1000 * min(t_rpc):8.2f} ms "
               f"({100 * (min(t_rpc) - min(t_in)) / min(t_in):5.1f}%)  "
+              f"codec {1000 * codec_s:5.2f} ms ({100 * codec_s / med_in:4.1f}%)  "
               f"transport {1000 * median(transport):5.2f} ms ({100 * median(transport) / med_in:4.1f}%)  "
               f"request {client.bytes_out} B, response {client.bytes_in} B, "
               f"same={results['in'] == results['rpc']}", file=sys.stderr)
@@ -225,7 +252,8 @@ def main(argv=None) -> None:
                                     "blocks": args.blocks,
                                     "note": "overhead = median rpc - median in-process time of the "
                                     "same call (pct of the in-process median); transport = median "
-                                    "of (round trip - the worker's own time in the method)",
+                                    "of (round trip - the worker's own time in the method); codec = the protocol's CPU "
+                                    "work alone (JSON both ways, schema check, packing), no pipe",
                                     "results": results})
     print(path)
 

@@ -232,10 +232,20 @@ class Server:
         if isinstance(request, list):
             if not request:
                 return encode(_response(None, error=RpcError(INVALID_REQUEST, "empty batch")))
-            responses = [_encodable(r) for r in map(self.call, request) if r is not None]
-            return encode(responses) if responses else None
+            responses = [r for r in map(self.call, request) if r is not None]
+            if not responses:
+                return None
+            try:
+                return encode(responses)
+            except (TypeError, ValueError):
+                return encode([_encodable(r) for r in responses])
         response = self.call(request)
-        return None if response is None else encode(_encodable(response))
+        if response is None:
+            return None
+        try:
+            return encode(response)
+        except (TypeError, ValueError):
+            return encode(_encodable(response))
 
     # the stream ---------------------------------------------------------------------------
     def serve(self, infile: BinaryIO, outfile: BinaryIO) -> str:

@@ -127,6 +127,8 @@ SCHEMAS: dict[str, dict[str, dict]] = {
                 "prompt_index": {"type": "array", "items": _INT},
                 "finished": {"type": "array", "items": {"type": "boolean"}},
                 "tokens_per_s": _NUM,
+                "seconds": {"type": "number", "description": "the worker's time in generation "
+                            "(tokenising, sampling, decoding)"},
             },
         },
     },
@@ -306,6 +308,7 @@ class Worker:
         """Sample n completions per prompt with the current policy (mlxio.rl.rollout)."""
         s = self._session()
         cfg = s.cfg
+        t0 = time.perf_counter()
         ro = rollout.generate_group(
             s.policy, params["prompts"], params.get("n", cfg.group_size),
             params.get("temperature", cfg.temperature), params.get("top_p", cfg.top_p),
@@ -318,7 +321,7 @@ class Worker:
                 "completion_tokens": [[int(t) for t in c] for c in ro.completion_tokens],
                 "logprobs": [lp.tolist() for lp in ro.logprobs],
                 "prompt_index": ro.prompt_index.tolist(), "finished": ro.finished.tolist(),
-                "tokens_per_s": float(ro.gen_tokens_per_s)}
+                "tokens_per_s": float(ro.gen_tokens_per_s), "seconds": time.perf_counter() - t0}
 
     def _tokens(self, s: _Session, params: dict) -> tuple[list, list[int]]:
         rows = params["tokens"]
