@@ -44,6 +44,7 @@ from mlxio.rl.grpo import (  # noqa: F401  (also the recipe's names, as before)
     frozen_logprobs,
     load_model,
     make_loss,
+    run_identity,
     sequence_logprobs,
     step_seed,
 )
@@ -195,9 +196,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     params = model.parameters()
     distributed.check_replicated(partition(params, is_lora_path)[0], world, "initial LoRA weights")
     state = init_state(optimizer, params)
-    run_id = {"config_hash": checkpoint.config_hash(
-        {**to_dict(cfg), "out": None, "log_every": None, "report_to": None}),
-              "base_model": str(policy.source)}
+    run_id = run_identity(cfg, policy)
 
     start_step = 0
     found = checkpoint.load_latest(out, expect=run_id) if resume and world.is_main else None

@@ -14,6 +14,8 @@ import numpy as np
 
 from mlxcore import policy as pg
 from mlxio.errors import ConfigError
+from mlxio.run import checkpoint
+from mlxio.run.config import to_dict
 from mlxio.weights import llm
 
 # model "tiny:llama" / "tiny:qwen2" (+ "-q4": 4-bit base): a tiny random model (smoke tests)
@@ -39,6 +41,15 @@ def load_model(cfg) -> llm.Policy:
         policy = attrs.evolve(policy, model=model, config=config, quantized=False)
     llm.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.seed))
     return policy
+
+
+def run_identity(cfg, policy: llm.Policy) -> dict:
+    """What a checkpoint must match to be resumed (`checkpoint.load_latest(expect=...)`): the
+    config's hash without the fields that do not change the training (output dir, logging)
+    and the base model. The recipe and the worker share it, so either resumes the other's."""
+    return {"config_hash": checkpoint.config_hash(
+        {**to_dict(cfg), "out": None, "log_every": None, "report_to": None}),
+            "base_model": str(policy.source)}
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -62,7 +62,7 @@ SCHEMAS: dict[str, dict[str, dict]] = {
             "type": "object", "additionalProperties": False,
             "properties": {
                 "preset": {"type": "string", "description": "base config: a preset of "
-                           "recipes.rlaif_config (quick, full, smoke); default quick"},
+                           "the RLAIF recipe's config (quick, full, smoke); default quick"},
                 "config": {"type": "object", "description": "overrides of the recipe's Config, "
                            "nested as in a run's config.json (e.g. {\"optim\": {\"lr\": 1e-5}}); "
                            "unknown keys are errors"},
@@ -221,8 +221,7 @@ class _Session:
         self.params = self.model.parameters()
         self.state = init_state(optimizer, self.params)
         self.step = 0
-        self.run_id = {"config_hash": checkpoint.config_hash({**to_dict(cfg), "out": None}),
-                       "base_model": str(self.policy.source)}
+        self.run_id = grpo.run_identity(cfg, self.policy)
         self.vocab = int(self.policy.config["vocab_size"])
 
 
