@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     source = llm.default_gguf_path() if args.default else args.gguf
     out = llm.import_gguf(source, args.out_dir, dequantize=args.dequantize, dtype=args.dtype)
     print(f"imported {source} -> {out}")
+    if not args.dequantize:
+        print("note: weights kept MLX-quantised (mlx-lm reads them; transformers does not): "
+              "add --dequantize for a folder transformers loads too")
 
 
 if __name__ == "__main__":
