@@ -3,6 +3,8 @@ by tensorboard's own reader, the console record line."""
 
 import io
 import logging
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +58,19 @@ def test_reporter_writes_jsonl_tensorboard_and_a_console_line(tmp_path, caplog, 
 def test_unknown_report_target_is_named():
     with pytest.raises(ConfigError, match="mlflow"):
         reporting.check_report_to(("tensorboard", "mlflow"))
+
+
+def test_progress_on_a_terminal_is_a_tqdm_bar(monkeypatch):
+    from tqdm import tqdm
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr("sys.stderr", Terminal())
+    bar = reporting.progress(total=3, desc="train", unit="step")
+    assert isinstance(bar, tqdm)
+    bar.update(3)
+    bar.close()
+    reporter = reporting.Reporter(Path(tempfile.mkdtemp()), total_steps=3)
+    assert reporter.console is False  # the bar shows progress; no extra log lines
