@@ -257,6 +257,21 @@ def test_errors_get_responses_and_the_server_goes_on():
     assert batch[1]["result"] == {"step": 0}  # shutdown answered; request 9 never read
 
 
+def test_initialize_names_what_is_wrong():
+    server = Worker(PRESETS, validate).server()
+
+    def error(params):
+        line = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})
+        return json.loads(server.handle_line(line.encode()))["error"]
+
+    bad_key = error({"preset": "smoke", "config": {"optim": {"lrate": 1e-3}}})
+    assert bad_key["code"] == rpc.INVALID_PARAMS and "lrate" in bad_key["message"]
+    bad_value = error({"preset": "smoke", "config": {"accumulation": 3}})  # 2 x 4 completions
+    assert bad_value["code"] == rpc.INVALID_PARAMS and "accumulation" in bad_value["message"]
+    assert "nope" in error({"preset": "nope"})["message"]
+    assert error({"protocol_version": "2.0"})["data"] == {"field": "params.protocol_version"}
+
+
 def test_deep_nesting_and_unencodable_results_are_errors():
     nan = rpc.Method(lambda p: {"x": float("nan")}, {"type": "object"}, {"type": "object"})
     odd = rpc.Method(lambda p: {"x": object()}, {"type": "object"}, {"type": "object"})
