@@ -68,7 +68,8 @@ def plot_curves(records: list[dict], path: Path, keys: tuple[str, ...], title: s
     present = [k for k in keys if any(k in r for r in records)]
     if not present:
         return None
-    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present)), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present)), sharex=True, squeeze=False,
+                             layout="constrained")  # leaves the title its own room
     for ax, key in zip(axes[:, 0], present, strict=True):
         points = [(r["step"], r[key]) for r in records if key in r]
         ax.plot(*zip(*points, strict=True), marker="o" if len(points) < 30 else None)
@@ -76,7 +77,6 @@ def plot_curves(records: list[dict], path: Path, keys: tuple[str, ...], title: s
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("optimizer step")
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / len(present)))  # room for the title
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
