@@ -57,6 +57,7 @@ from mlxio.weights.export import (
     export_merged,
     export_multivector,
     export_peft,
+    mean_pooling_view,
     write_retriever_cards,
 )
 
@@ -180,11 +181,22 @@ def probe_spec(cfg: Config, model_path: str, targets: tuple[str, ...]) -> dict:
             **attrs.asdict(cfg.loss), "qat": list(cfg.quant.qat)}
 
 
+def evaluate_single_vector(params, encoder, cfg: Config, task) -> dict:
+    """Test-query metrics of the sentence-transformers view of the model (mean pooling, cosine)."""
+    q = embeddings.embed_pooled(params, encoder.spec, encoder.tokenizer, task.queries, cfg.data.max_query_len,
+                                cfg.train.eval_batch, desc="eval: single-vector queries")
+    d = embeddings.embed_pooled(params, encoder.spec, encoder.tokenizer, task.candidates, cfg.data.max_doc_len,
+                                cfg.train.eval_batch, desc="eval: single-vector documents")
+    return {"semantic": ranking.ranking_metrics(q @ d.T, task.positives)}
+
+
 def print_table(results: dict) -> str:
     rows = [("BM25", results["bm25"])]
     for name in [n for n in ("untrained", "fine-tuned", "quantized") if n in results]:
         rows.append((f"{name} semantic", results[name]["semantic"]))
         rows.append((f"{name} hybrid ({results[name].get('hybrid_fusion', 'rrf')})", results[name]["hybrid"]))
+    if "single-vector view" in results:  # merged/ in sentence-transformers (mean pooling)
+        rows.append(("single-vector view (sentence-transformers)", results["single-vector view"]["semantic"]))
     keys = list(results["bm25"])
     lines = [f"| model / mode | {' | '.join(keys)} |", "|---|" + "---|" * len(keys)]
     lines += [f"| {name} | " + " | ".join(f"{m[k]:.3f}" for k in keys) + " |" for name, m in rows]
@@ -368,6 +380,8 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- evaluate, report, export (float32 base again), post-training quantisation
     params = precision.restore_frozen(params, untrained_params, trainable)
     results["fine-tuned"] = evaluate(params, encoder, cfg, task, bm25)
+    if cfg.export and not train_projection and mean_pooling_view(encoder):  # what merged/ gives sentence-transformers
+        results["single-vector view"] = evaluate_single_vector(params, encoder, cfg, task)
     ptq_rules = quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
     if ptq_rules:
         merged, _ = lora.merge(params, cfg.lora.scale)

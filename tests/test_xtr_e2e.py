@@ -256,3 +256,9 @@ def test_sentence_transformers_loads_the_single_vector_view(run):
     np.testing.assert_allclose(sq, q, atol=1e-4)
     np.testing.assert_allclose(sd, d, atol=1e-4)
     np.testing.assert_allclose(model.similarity(sq, sd).numpy(), q @ d.T, atol=1e-4)
+    from mlxio.search import embeddings  # what the recipe evaluates as merged/'s view
+    np.testing.assert_allclose(embeddings.embed_pooled(params, encoder.spec, encoder.tokenizer, SNIPPETS, 128),
+                               sd, atol=1e-4)
+    view = json.loads((root / "full" / "eval.json").read_text())["single-vector view"]["semantic"]
+    assert 0.0 <= view["mrr@10"] <= 1.0
+    assert "single-vector view semantic: " in (root / "full" / "merged" / "README.md").read_text()

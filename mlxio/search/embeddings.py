@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore import retrieval
-from mlxcore.encoder import EncoderSpec, token_embeddings
+from mlxcore.encoder import EncoderSpec, hidden_states, token_embeddings
 from mlxio.data.token_cache import hf_tokenize, padded_length
 
 
@@ -29,8 +29,28 @@ class Embedded:
     n: int
 
 
+def _mean_pooled(params: dict, ids: mx.array, mask: mx.array, spec: EncoderSpec) -> mx.array:
+    """sentence-transformers' Pooling(mean) + Normalize over the encoder's hidden states."""
+    h = hidden_states(params, ids, mask, spec)
+    m = mask.astype(h.dtype)[..., None]
+    return retrieval.l2_normalize((h * m).sum(1) / mx.maximum(m.sum(1), 1.0))
+
+
+def embed_pooled(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str], max_length: int,
+                 batch_size: int = 64, bucket: int = 16, desc: str = "embedding") -> np.ndarray:
+    """Single-vector embeddings [n, d_model] (unit norm) of `texts`: the mean of the hidden
+    states over real tokens, as a sentence-transformers model with mean pooling computes them."""
+    out = None
+    for rows, emb, _ in embed_texts(params, spec, tokenizer, texts, max_length, batch_size, bucket,
+                                    desc, encode_fn=_mean_pooled).blocks:
+        out = np.zeros((len(texts), emb.shape[-1]), np.float32) if out is None else out
+        out[rows] = np.array(emb)
+    return out
+
+
 def embed_texts(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str], max_length: int,
-                batch_size: int = 64, bucket: int = 16, desc: str = "embedding") -> Embedded:
+                batch_size: int = 64, bucket: int = 16, desc: str = "embedding",
+                encode_fn=None) -> Embedded:
     """Unit-norm token embeddings of `texts`, computed in length-sorted, bucket-padded batches
     (progress shown as `desc`: a bar on a terminal, periodic log lines otherwise)."""
     from mlxio.run.reporting import progress
@@ -38,7 +58,8 @@ def embed_texts(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str]
     token_ids = hf_tokenize(tokenizer)(list(texts), max_length)
     lengths = np.array([len(t) for t in token_ids])
     order = np.argsort(lengths, kind="stable")
-    encode = mx.compile(lambda p, ids, mask: token_embeddings(p, ids, mask, spec))
+    encode_fn = encode_fn or token_embeddings
+    encode = mx.compile(lambda p, ids, mask: encode_fn(p, ids, mask, spec))
     blocks = []
     for start in progress(range(0, len(order), batch_size), desc=desc, unit="batch", every_s=15.0):
         rows = order[start:start + batch_size]

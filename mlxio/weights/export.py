@@ -62,6 +62,26 @@ def _write_transformer(encoder: LoadedEncoder, params: dict, scale: float, out_d
     return projection
 
 
+def mean_pooling_view(encoder: LoadedEncoder) -> bool:
+    """True when the base's sentence-transformers modules are Transformer -> Pooling(mean)
+    [-> Normalize] with no Dense: then merged/'s `SentenceTransformer.encode` is the mean of
+    the fine-tuned hidden states (`mlxio.search.embeddings.embed_pooled` computes the same)."""
+    modules_file = encoder.path / "modules.json"
+    if not modules_file.is_file():
+        return False
+    modules = json.loads(modules_file.read_text())
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if "Dense" in kinds or "Pooling" not in kinds:
+        return False
+    pooling = next(m for m in modules if str(m.get("type", "")).endswith("Pooling"))
+    config = encoder.path / pooling.get("path", "") / "config.json"
+    if not config.is_file():
+        return False
+    modes = json.loads(config.read_text())
+    return bool(modes.get("pooling_mode_mean_tokens")) and not any(
+        v for k, v in modes.items() if k.startswith("pooling_mode_") and k != "pooling_mode_mean_tokens")
+
+
 def export_merged(encoder: LoadedEncoder, params: dict, scale: float, out_dir: Path) -> Path:
     """Write the merged model to `out_dir` as the base's sentence-transformers model (its own
     pooling modules: a single-vector view of a multi-vector model); returns it."""
@@ -163,7 +183,8 @@ def write_retriever_cards(out_dir: Path, *, base: str, results: dict, command: s
         return {f"{name} {mode}": results[name][mode]
                 for mode in ("semantic", "hybrid") if mode in results.get(name, {})}
 
-    metrics = {**metrics_of("untrained"), **metrics_of("fine-tuned"), "BM25": results.get("bm25", {})}
+    metrics = {**metrics_of("untrained"), **metrics_of("fine-tuned"), **metrics_of("single-vector view"),
+               "BM25": results.get("bm25", {})}
     trained = ("LoRA fine-tuned for multi-vector (late-interaction) retrieval: each token is "
                "L2-normalised and a query scores a document by MaxSim.")
     if (out_dir / "colbert").is_dir():
@@ -190,7 +211,9 @@ scores.colbert_scores(q, d)  # MaxSim summed over query tokens
                     "**single-vector view**: the base's pooling (mean over tokens) of the fine-tuned "
                     "token embeddings. It was not trained for that pooling and usually ranks below "
                     "MaxSim; for the multi-vector model use `../colbert` (PyLate) or "
-                    "the project's code_search command. Metrics below are MaxSim's.",
+                    "the project's code_search command. Metrics below: MaxSim's (`semantic`, "
+                    "`hybrid`) and this view's own (`single-vector view semantic`: cosine of the "
+                    "mean-pooled embeddings, same queries and truncation).",
             data=data, metrics=metrics, command=command, library="sentence-transformers",
             tags=("sentence-transformers", "code-search", "mlx"),
             usage="""```python
