@@ -356,8 +356,8 @@ class HttpJudge:
         watchdog = threading.Timer(left, _abort, (conn,))
         watchdog.daemon = True
         try:
-            conn.connect()
-            watchdog.start()
+            watchdog.start()  # before connect: a TLS handshake is covered too
+            conn.connect()  # the TCP connect itself is bounded by `timeout=left`
             conn.request("POST", path, body=body, headers=headers)
             resp = conn.getresponse()
             if resp.status == 429 or resp.status >= 500:
