@@ -7,6 +7,14 @@ LoRA r=16 on q/v, AdamW, clip 1.0). MLX: `mlxcore.retriever.contrastive_loss_fn`
 `mlxcore.step.make_train_step` (mx.compile) and a compiled `token_embeddings`. PyTorch:
 transformers model + PEFT LoRA, eager and torch.compile (loss function compiled; backward and
 fused AdamW outside). float32 on CPU, bf16 on GPU (weights, LoRA and activations).
+Same work on both sides, checked before timing: both start from one set of weights and LoRA
+init, draw the same batches in the same order, and take the same optimizer steps (the recipe's
+MLX AdamW without bias correction, warm-up and cosine; torch.optim.AdamW is given the per-step
+lr/eps that make its update identical). Each child first runs `--check-steps` identical steps
+and reports their loss and gradient norm; a PyTorch row whose first loss / gradient norm or last
+checked loss differs from MLX's beyond TOLERANCE (fp32: 1e-4 / 1e-3 / 1e-3 relative; bf16:
+2e-2 / 5e-2 / 5e-2) is kept but marked "invalid": true and left out of the ratios. Every side
+runs the same number of untimed and timed steps, so `last_loss` is comparable too.
 Samples/s count pairs (step) or documents (encode); tokens/s count padded tokens (the compute).
 MFU = counted model FLOPs (benchmarks.retriever_models.step_flops) / time / peak.
 
@@ -47,6 +55,20 @@ def _timed(fn, sync, steps: int, repeats: int, warmup: int) -> list[float]:
     return out
 
 
+def _data(name: str, batch: int, args) -> dict:
+    """The cycled batches as numpy (both sides draw the same rows in the same order)."""
+    from benchmarks import retriever_models as rm
+
+    if getattr(args, "synthetic", False):
+        return rm.synthetic_pairs(batch * args.distinct, rm.shape_config(name).vocab_size,
+                                  args.query_len, args.doc_len)
+    return rm.pair_batches(batch * args.distinct)
+
+
+def _dtype_name(args) -> str:
+    return getattr(args, "dtype", None) or ("bfloat16" if args.gpu else "float32")
+
+
 def run_mlx(name: str, batch: int, args) -> dict:
     # isort: off
     import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
@@ -56,7 +78,7 @@ def run_mlx(name: str, batch: int, args) -> dict:
     from benchmarks import retriever_models as rm
     from mlxcore import lora
     from mlxcore.encoder import token_embeddings
-    from mlxcore.optim import OptimConfig, make_optimizer
+    from mlxcore.optim import make_optimizer
     from mlxcore.retriever import LossConfig, contrastive_loss_fn
     from mlxcore.step import init_state, make_train_step
     from mlxcore.tree import combine, map_leaves
@@ -65,10 +87,10 @@ def run_mlx(name: str, batch: int, args) -> dict:
     base = rm.mlx_params(model, projection)
     spec = rm.encoder_spec(model)
     adapters = lora.init(mx.random.key(0), lora.target_dims(base, rm.TARGETS[name]), rm.LORA_RANK)
-    dtype = mx.bfloat16 if args.gpu else mx.float32
+    dtype = getattr(mx, _dtype_name(args))
     cast = lambda t: map_leaves(lambda x: x.astype(dtype) if mx.issubdtype(x.dtype, mx.floating) else x, t)  # noqa: E731
     base, adapters = cast(base), cast(adapters)
-    data = rm.pair_batches(batch * args.distinct)
+    data = _data(name, batch, args)
     batches = [{k: mx.array(v[i * batch:(i + 1) * batch][None]) for k, v in data.items()}
                for i in range(args.distinct)]
     out = {"real_weights": real}
@@ -86,8 +108,9 @@ def run_mlx(name: str, batch: int, args) -> dict:
         out["encode_peak_bytes"] = mx.get_peak_memory()
 
     params = combine(base, adapters)
-    opt = make_optimizer(OptimConfig(lr=2e-4, warmup_steps=10, total_steps=1000, weight_decay=0.0))
-    step = make_train_step(contrastive_loss_fn(spec, LossConfig()), opt)
+    cfg = rm.optim_config()
+    opt = make_optimizer(cfg)
+    step = make_train_step(contrastive_loss_fn(spec, LossConfig()), opt, clip_norm=cfg.clip_norm)
     state = {"params": params, "opt": init_state(opt, params), "n": 0}
 
     def one():
@@ -96,14 +119,31 @@ def run_mlx(name: str, batch: int, args) -> dict:
                                                        batches[n % len(batches)], mx.array(n))
         mx.eval(state["params"], state["opt"], metrics)
         state["n"] = n + 1
-        state["loss"] = metrics["loss"].item()
+        state["loss"], state["grad_norm"] = metrics["loss"].item(), metrics["grad_norm"].item()
 
+    out["check"] = _check(one, state, args.check_steps)
     mx.reset_peak_memory()
-    out["step_s"] = _timed(one, lambda: None, args.steps, args.repeats, 2)
+    out["step_s"] = _timed(one, lambda: None, args.steps, args.repeats, STEP_WARMUP)
     out["step_peak_bytes"] = mx.get_peak_memory()
     out["last_loss"] = state["loss"]
+    out["total_steps"] = state["n"]
     out["device"] = str(mx.default_device())
     return out
+
+
+STEP_WARMUP = 3  # untimed steps before timing, the same on every side (torch.compile needs 3)
+
+
+def _check(one, state: dict, steps: int) -> dict:
+    """Run the first `steps` training steps (from the initial weights, batches 0, 1, ... cycled)
+    before any timing; their loss and pre-clip gradient norm per step, and the wall time."""
+    start = time.perf_counter()
+    losses, norms = [], []
+    for _ in range(steps):
+        one()
+        losses.append(state["loss"])
+        norms.append(state["grad_norm"])
+    return {"steps": steps, "loss": losses, "grad_norm": norms, "seconds": time.perf_counter() - start}
 
 
 def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
@@ -119,7 +159,7 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
 
     mx.set_default_device(mx.cpu)  # MLX only draws the LoRA init here
     dev = torch.device("cuda" if args.gpu else "cpu")
-    dtype = torch.bfloat16 if args.gpu else torch.float32
+    dtype = getattr(torch, _dtype_name(args))
     model, projection, real = rm.torch_model(name)
     adapters = lora.init(mx.random.key(0), lora.target_dims(rm.mlx_params(model, projection),
                                                              rm.TARGETS[name]), rm.LORA_RANK)
@@ -127,15 +167,15 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
     model.to(dev, dtype)
     if projection is not None:
         projection.to(dev, dtype).requires_grad_(False)
-    data = rm.pair_batches(batch * args.distinct)
+    data = _data(name, batch, args)
     batches = [{k: torch.from_numpy(v[i * batch:(i + 1) * batch]).long().to(dev) for k, v in data.items()}
                for i in range(args.distinct)]
     sync = torch.cuda.synchronize if args.gpu else (lambda: None)
     out = {"real_weights": real, "attn_implementation": model.config._attn_implementation}
-    it = iter(range(10**9))
 
     if args.encode:
         embed = torch.compile(rm.torch_embed) if compiled else rm.torch_embed
+        it = iter(range(10**9))
 
         def enc():
             b = batches[next(it) % len(batches)]
@@ -152,26 +192,40 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
     model.to(dev, dtype)
     out["lora"] = how
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=2e-4, weight_decay=0.0, fused=args.gpu)
+    cfg = rm.optim_config()
+    total = args.check_steps + STEP_WARMUP + args.steps * args.repeats
+    groups = rm.torch_adamw_groups(cfg, total)  # MLX's AdamW steps, computed before timing
+    opt = torch.optim.AdamW(trainable, lr=groups[0][0], betas=(cfg.beta1, cfg.beta2), eps=groups[0][1],
+                            weight_decay=cfg.weight_decay, fused=args.gpu)
     loss_fn = torch.compile(rm.torch_loss) if compiled else rm.torch_loss
-    state = {}
+    state = {"n": 0}
 
     def one():
-        b = batches[next(it) % len(batches)]
+        n = state["n"]
+        b = batches[n % len(batches)]
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model, projection, b)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.clip_norm)
+        group = opt.param_groups[0]
+        group["lr"], group["eps"] = groups[n]
         opt.step()
-        state["loss"] = loss
+        state["n"] = n + 1
+        state["loss_t"], state["norm_t"] = loss, norm
 
+    def checked():
+        one()
+        state["loss"], state["grad_norm"] = float(state["loss_t"].detach()), float(state["norm_t"])
+
+    out["check"] = _check(checked, state, args.check_steps)
     if args.gpu:
         torch.cuda.reset_peak_memory_stats()
-    out["step_s"] = _timed(one, sync, args.steps, args.repeats, 3 if compiled else 2)
+    out["step_s"] = _timed(one, sync, args.steps, args.repeats, STEP_WARMUP)
     if args.gpu:
         out["step_peak_bytes"] = torch.cuda.max_memory_allocated()
         out["device"] = torch.cuda.get_device_name()
-    out["last_loss"] = float(state["loss"])
+    out["last_loss"] = float(state["loss_t"].detach())
+    out["total_steps"] = state["n"]
     return out
 
 
@@ -220,6 +274,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--distinct", type=int, default=2, help="distinct batches cycled through")
     ap.add_argument("--no-encode", dest="encode", action="store_false")
+    ap.add_argument("--check-steps", type=int, default=5,
+                    help="identical steps run and compared across frameworks before timing")
+    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                    help="compute dtype (default: float32 on the CPU, bfloat16 on a GPU)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per child run")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<machine>/retriever.json)")
@@ -241,6 +299,7 @@ def main(argv=None) -> dict:
                 cmd = [sys.executable, "-m", "benchmarks.retriever", "--machine", args.machine,
                        "--steps", str(args.steps), "--repeats", str(args.repeats),
                        "--distinct", str(args.distinct), "--threads", str(args.threads),
+                       "--check-steps", str(args.check_steps), *(["--dtype", args.dtype] if args.dtype else []),
                        *([] if args.encode else ["--no-encode"]), "--child", model, fw, str(batch)]
                 start = time.time()
                 try:
@@ -265,20 +324,67 @@ def save(rows: list[dict], args, name: str | None, load_before) -> dict:
     from benchmarks.gpu_common import write
 
     payload = {"settings": {"query_len": 32, "doc_len": 256, "lora": "r=16 alpha=32 on q,v",
-                            "dtype": "bfloat16" if args.gpu else "float32", "steps_per_repeat": args.steps,
+                            "dtype": _dtype_name(args), "steps_per_repeat": args.steps,
+                            "check_steps": args.check_steps, "warmup_steps": STEP_WARMUP,
+                            "tolerance": TOLERANCE[_dtype_name(args)],
+                            "optim": "mlxcore.optim AdamW (no bias correction, lr 2e-4, warm-up 10, cosine to "
+                                     "1000, clip 1.0); torch.optim.AdamW given per-step lr/eps that take the "
+                                     "same steps (benchmarks.retriever_models.torch_adamw_groups)",
                             "repeats": args.repeats, "distinct_batches": args.distinct,
                             "threads": args.threads or "default",
                             "peak_flops": next((v for k, v in PEAK_BF16.items() if name and k in name), None)},
                "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "gpu": name,
                "runs": rows}
+    mark_agreement(rows, payload["settings"]["dtype"])
     payload["ratios"] = ratios(rows)
     write("retriever", payload, args.machine, args.out)
     return payload
 
 
+# Relative tolerances of the agreement check, per compute dtype: the first step's loss and
+# pre-clip gradient norm (same weights, same batch), and the loss at the last checked step
+# (after check_steps - 1 identical updates). float32 is measured at ~1e-6 on the CPU (tiny T5 /
+# BERT, tests/test_bench_agreement.py); bf16 keeps 8 mantissa bits (2^-8 = 3.9e-3 per rounding).
+TOLERANCE = {"float32": {"loss": 1e-4, "grad_norm": 1e-3, "loss_after": 1e-3},
+             "bfloat16": {"loss": 2e-2, "grad_norm": 5e-2, "loss_after": 5e-2}}
+
+
+def agreement(ref: dict, peer: dict, dtype: str) -> dict:
+    """Does `peer` do the same work as `ref` (the MLX row)? Compares their pre-timing checks."""
+    tol = TOLERANCE[dtype]
+    a, b = ref.get("check"), peer.get("check")
+    if not a or not b or a["steps"] != b["steps"] or not a["steps"]:
+        return {"ok": False, "reason": "no comparable pre-timing check on both sides", "tolerance": tol}
+    rel = lambda x, y: abs(x - y) / max(abs(x), abs(y), 1e-12)  # noqa: E731
+    diffs = {"loss": rel(a["loss"][0], b["loss"][0]), "grad_norm": rel(a["grad_norm"][0], b["grad_norm"][0]),
+             "loss_after": rel(a["loss"][-1], b["loss"][-1])}
+    bad = [k for k, v in diffs.items() if not v <= tol[k]]  # NaN fails too
+    out = {"ok": not bad, "rel_diff": diffs, "tolerance": tol, "check_steps": a["steps"],
+           "first": {"loss": [a["loss"][0], b["loss"][0]], "grad_norm": [a["grad_norm"][0], b["grad_norm"][0]]},
+           "after": [a["loss"][-1], b["loss"][-1]]}
+    if bad:
+        out["reason"] = "outside tolerance: " + ", ".join(bad)
+    if "last_loss" in ref and "last_loss" in peer and ref.get("total_steps") == peer.get("total_steps"):
+        out["last_loss_rel_diff"] = rel(ref["last_loss"], peer["last_loss"])  # after the timed steps (info)
+    return out
+
+
+def mark_agreement(rows: list[dict], dtype: str) -> None:
+    """Annotate each PyTorch row with its agreement with the MLX row of the same (model, batch);
+    a row that does not agree gets "invalid": true and is left out of the ratios."""
+    mlx = {(r["model"], r["batch"]): r for r in rows if r["framework"] == "mlx" and "error" not in r}
+    for r in rows:
+        if r["framework"] == "mlx" or "error" in r:
+            continue
+        ref = mlx.get((r["model"], r["batch"]))
+        r["agreement"] = agreement(ref, r, dtype) if ref else {"ok": False, "reason": "no MLX run to compare"}
+        r["invalid"] = not r["agreement"]["ok"]
+
+
 def ratios(rows: list[dict]) -> list[dict]:
-    """MLX over each PyTorch variant, per (model, batch), for step and encode throughput."""
-    by = {(r["model"], r["batch"], r["framework"]): r for r in rows if "error" not in r}
+    """MLX over each PyTorch variant, per (model, batch), for step and encode throughput; a peer
+    flagged invalid (its pre-timing check disagrees with MLX) is left out."""
+    by = {(r["model"], r["batch"], r["framework"]): r for r in rows if "error" not in r and not r.get("invalid")}
     out = []
     for (model, batch, fw), r in by.items():
         if fw != "mlx":

@@ -30,9 +30,15 @@ MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attent
               intermediate_size=1536, hidden_act="gelu", max_position_embeddings=512,
               type_vocab_size=2, layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
               attention_probs_dropout_prob=0.0, pad_token_id=0)
+# Tiny shapes (random weights) for the CPU test of the agreement check (tests/test_bench_agreement.py).
+T5_TINY = dict(T5_BASE, vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
+BERT_TINY = dict(MINILM, vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 intermediate_size=128, max_position_embeddings=128)
 MODELS = ("t5-base", "minilm")
+TINY = {"t5-tiny": T5_TINY, "bert-tiny": BERT_TINY}
 LORA_RANK, LORA_ALPHA = 16, 32.0
-TARGETS = {"t5-base": ("q", "v"), "minilm": ("query", "value")}
+TARGETS = {"t5-base": ("q", "v"), "minilm": ("query", "value"), "t5-tiny": ("q", "v"),
+           "bert-tiny": ("query", "value")}
 
 
 # ----------------------------------------------------------------------------- data
@@ -47,6 +53,19 @@ def pair_batches(n: int) -> dict[str, np.ndarray]:
     total = len(data["query_ids"])
     rows = np.arange(n) % total  # wrap around when more rows are asked for than mined
     return {k: v[rows] for k, v in data.items()}
+
+
+def synthetic_pairs(n: int, vocab: int, query_len: int, doc_len: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """n random (query, document) id rows with random real lengths (>= 2), right-padded with 0:
+    the same arrays for both frameworks, for tiny models whose vocabulary MiniLM's ids exceed."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, width in (("query", query_len), ("doc", doc_len)):
+        ids = rng.integers(1, vocab, size=(n, width)).astype(np.int32)
+        lengths = rng.integers(2, width + 1, size=n)
+        mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int32)
+        out[f"{name}_ids"], out[f"{name}_mask"] = ids * mask, mask
+    return out
 
 
 def build_pairs(path: Path, limit: int = 4096) -> None:
@@ -79,6 +98,10 @@ def torch_model(name: str, seed: int = 0):
     from transformers import BertConfig, BertModel, T5Config, T5EncoderModel
 
     torch.manual_seed(seed)
+    if name == "t5-tiny":
+        return T5EncoderModel(T5Config(**T5_TINY)).eval(), torch.nn.Linear(64, 32, bias=False), False
+    if name == "bert-tiny":
+        return BertModel(BertConfig(**BERT_TINY), add_pooling_layer=False).eval(), None, False
     if name == "t5-base":
         model = T5EncoderModel(T5Config(**T5_BASE))
         projection = torch.nn.Linear(768, 128, bias=False)
@@ -214,6 +237,8 @@ def shape_config(name: str):
     """The transformers config of a benchmark model shape (no weights built)."""
     from transformers import BertConfig, T5Config
 
+    if name in TINY:
+        return T5Config(**T5_TINY) if name.startswith("t5") else BertConfig(**BERT_TINY)
     return T5Config(**T5_BASE) if name == "t5-base" else BertConfig(**MINILM)
 
 
@@ -224,7 +249,7 @@ def step_flops(cfg, batch: int, query_len: int = QUERY_LEN, doc_len: int = DOC_L
     (QK^T, AV: 4 T d per token per layer forward, twice that backward), plus MaxSim."""
     if cfg.model_type == "t5":
         layers, d, inner, ff = cfg.num_layers, cfg.d_model, cfg.num_heads * cfg.d_kv, cfg.d_ff
-        dim = 128
+        dim = 128 if d == 768 else 32
     else:
         layers, d, inner, ff = cfg.num_hidden_layers, cfg.hidden_size, cfg.hidden_size, cfg.intermediate_size
         dim = d
@@ -238,3 +263,39 @@ def step_flops(cfg, batch: int, query_len: int = QUERY_LEN, doc_len: int = DOC_L
     if train:
         total += 3 * 2 * batch * batch * query_len * doc_len * dim
     return total
+
+
+# ----------------------------------------------------------------------------- same optimizer
+
+
+def optim_config():
+    """The benchmark's optimizer (the recipe's: mlxcore.optim AdamW, no bias correction, linear
+    warm-up from 0 then cosine, clip 1.0), as an `mlxcore.optim.OptimConfig`."""
+    from mlxcore.optim import OptimConfig
+
+    return OptimConfig(lr=2e-4, warmup_steps=10, total_steps=1000, weight_decay=0.0)
+
+
+def torch_adamw_groups(cfg, steps: int) -> list[tuple[float, float]]:
+    """(lr, eps) per step for torch.optim.AdamW so that it takes MLX's AdamW steps exactly.
+
+    MLX (bias_correction=False): p -= lr_n * m / (sqrt(v) + eps), lr_n = schedule(n) read before
+    the step counter rises (0 at the first step with warm-up from 0). torch always corrects bias:
+    p -= lr_t * (m / c1) / (sqrt(v) / sqrt(c2) + eps_t), c1 = 1 - b1^t, c2 = 1 - b2^t, t = n + 1.
+    Equal when lr_t = lr_n * c1 / sqrt(c2) and eps_t = eps / sqrt(c2). (Before this, the torch side
+    ran a constant lr 2e-4 with bias correction: ~5x MLX's effective step after warm-up, and no
+    warm-up - see the README's GPU section.)"""
+    import math
+
+    out = []
+    for n in range(steps):
+        if n < cfg.warmup_steps:
+            lr = cfg.lr * n / cfg.warmup_steps
+        else:
+            decay = max(cfg.total_steps - cfg.warmup_steps, 1)
+            k = min(n - cfg.warmup_steps, decay)
+            end = cfg.lr * cfg.min_lr_ratio
+            lr = end + (cfg.lr - end) * 0.5 * (1 + math.cos(math.pi * k / decay))
+        c1, c2 = 1 - cfg.beta1 ** (n + 1), 1 - cfg.beta2 ** (n + 1)
+        out.append((lr * c1 / math.sqrt(c2), cfg.eps / math.sqrt(c2)))
+    return out
