@@ -83,12 +83,14 @@ def stdlib_snippets(n: int, seed: int = 0, min_chars: int = 40) -> list[str]:
 
 def batches(ids: np.ndarray, mask: np.ndarray, batch_size: int, bucket: int):
     """Length-sorted batches, each cut to its longest row rounded up to a multiple of bucket."""
+    from mlxio.data.token_cache import padded_length
+
     lengths = mask.sum(1)
     order = np.argsort(-lengths, kind="stable")
     out = []
     for start in range(0, len(order), batch_size):
         rows = order[start:start + batch_size]
-        width = min(ids.shape[1], bucket * -(-int(lengths[rows].max()) // bucket))
+        width = min(ids.shape[1], padded_length(int(lengths[rows].max()), bucket))
         out.append((ids[rows, :width], mask[rows, :width]))
     return out
 

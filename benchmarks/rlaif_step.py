@@ -1,7 +1,7 @@
 """RLAIF update step: tokens/s of the recipe's compiled policy-gradient step (MLX) vs the same
 loss in PyTorch (transformers model + PEFT LoRA, eager and torch.compile).
 
-MLX: `recipes.rlaif_qwen.make_loss` (teacher-forced log-probs, PPO-clipped ratio, k3 KL to the
+MLX: `mlxio.rl.grpo.make_loss` (the recipe's loss, a pure function of the LoRA tree: teacher-forced log-probs, PPO-clipped ratio, k3 KL to the
 LoRA-off reference, `mlxcore.policy.policy_loss`) inside `mlxcore.step.make_train_step` with the
 "full" preset's LoRA (r=16 on q/k/v/o) and AdamW, gradient accumulation over micro-batches.
 PyTorch: the same formula, the same micro-batching (backward per micro-batch, then clip and
@@ -42,16 +42,16 @@ def batch_arrays(rows: int, prompt: int, completion: int, vocab: int, seed: int 
 def run_mlx(shape, tm, data, micro, args, eval_micro_batches: bool = False) -> dict:
     from mlxcore.optim import make_optimizer
     from mlxcore.step import init_state, make_train_step
-    from mlxio.weights import llm
-    from recipes.rlaif_qwen import PRESETS, make_loss
+    from mlxio.rl.grpo import make_loss
+    from mlxio.weights import llm_lora
+    from recipes.rlaif_config import PRESETS
 
     cfg = PRESETS["full"]
     model = mlx_model(tm, shape)
-    llm.apply_lora(model, cfg.lora, None, mx.random.key(0))
+    params = llm_lora.apply_lora(model, cfg.lora, None, mx.random.key(0))
     opt = make_optimizer(cfg.optim)
     step = make_train_step(make_loss(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
                            eval_micro_batches=eval_micro_batches)
-    params = model.parameters()
     state = init_state(opt, params)
     accum = len(data["tokens"]) // micro
     batch = {k: mx.array(v.reshape(accum, micro, *v.shape[1:])) for k, v in data.items()}
@@ -89,7 +89,7 @@ def run_torch(tm, data, micro, args, compiled: bool) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from recipes.rlaif_qwen import PRESETS
+    from recipes.rlaif_config import PRESETS
 
     cfg = PRESETS["full"]
     model = get_peft_model(tm, LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=0.0,

@@ -15,6 +15,8 @@ drift).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import mlx.core as mx
 
 from mlxcore.tree import Tree, flatten, unflatten
@@ -71,6 +73,15 @@ def token_logprobs(logits: mx.array, targets: mx.array) -> mx.array:
     logits = logits.astype(mx.float32)
     picked = mx.take_along_axis(logits, targets[..., None].astype(mx.int32), axis=-1)[..., 0]
     return picked - mx.logsumexp(logits, axis=-1)
+
+
+def sequence_logprobs(logits_fn: Callable[[mx.array], mx.array], tokens: mx.array) -> mx.array:
+    """log p(tokens[:, t] | tokens[:, :t]) for t = 1 .. T-1: tokens [N, T] -> [N, T - 1] float32.
+
+    The one shift convention of the code base: column j scores token j + 1 from the prefix up to
+    token j. logits_fn(ids [N, T - 1]) -> logits [N, T - 1, V] is a causal LM's forward.
+    """
+    return token_logprobs(logits_fn(tokens[:, :-1]), tokens[:, 1:])
 
 
 def kl_k3(logp_policy: mx.array, logp_ref: mx.array) -> mx.array:
@@ -133,6 +144,23 @@ def policy_loss(logp: mx.array, old_logp: mx.array, ref_logp: mx.array, advantag
         "clip_frac": clip_frac,
     }
     return loss, metrics
+
+
+def policy_loss_fn(forward: Callable[[Tree, mx.array], mx.array], beta: float, clip_eps: float | None):
+    """loss(params, micro_batch, key) -> (loss, metrics) for `mlxcore.step`: `policy_loss` of
+    the log-probs under `forward(params, ids) -> logits`, a pure function of the policy's
+    trainable tree `params` (e.g. `mlxio.weights.llm_lora.forward`: the LoRA tree bound to a
+    frozen base).
+
+    micro_batch: tokens [M, T], mask [M, T-1] (completion targets of valid completions),
+    advantages [M], old_logp / ref_logp [M, T-1].
+    """
+
+    def loss_fn(params: Tree, mb: dict, key: mx.array):
+        logp = sequence_logprobs(lambda ids: forward(params, ids), mb["tokens"])
+        return policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["mask"], beta, clip_eps)
+
+    return loss_fn
 
 
 def reference_params(params: Tree) -> Tree:

@@ -174,6 +174,8 @@ def validate(cfg: Config) -> None:
     validate_data(cfg.data)
     if cfg.clip_eps is None and cfg.inner_epochs > 1:
         raise ConfigError("inner_epochs > 1 reuses a batch: set --clip_eps (e.g. 0.2)")
+    if cfg.lora.dropout:
+        raise ConfigError("lora.dropout: not supported by the RLAIF policy (its forward takes no PRNG key); set 0")
     if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:
         raise ConfigError(f"optim.lr: must be a finite number > 0, got {cfg.optim.lr}")
     if not math.isfinite(cfg.beta) or cfg.beta < 0:

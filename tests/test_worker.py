@@ -16,6 +16,7 @@ from mlx.utils import tree_flatten
 
 import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxio import rpc
+from mlxio.rl import grpo
 from mlxio.rl.evaluation import EvalConfig, instruction
 from mlxio.rl.worker import PROTOCOL_VERSION, SCHEMAS, Worker
 from mlxio.run import checkpoint
@@ -120,7 +121,7 @@ def test_train_step_equals_the_recipes_step(recipe_step, tmp_path):
     assert init["protocol_version"] == PROTOCOL_VERSION and init["step"] == 0
     # the recipe's step-0 prompts, sampled with the worker's defaults (the recipe's seed)
     train, _ = rq.load_data(cfg.data)
-    prompts = [instruction(train[i]) for i in rq.prompt_indices(0, cfg.prompts_per_step, len(train), cfg.seed)]
+    prompts = [instruction(train[i]) for i in grpo.prompt_indices(0, cfg.prompts_per_step, len(train), cfg.seed)]
     gen = rpc_call(worker, "generate", prompts=prompts)
     assert len(gen["texts"]) == cfg.prompts_per_step * cfg.group_size
     adv = group_adv(gen)
@@ -135,7 +136,7 @@ def test_train_step_equals_the_recipes_step(recipe_step, tmp_path):
                       {k: v for k, v in tree_flatten(trees["lora"])})
     assert_same_trees(dict(tree_flatten(w_trees["opt_state"])), dict(tree_flatten(trees["opt_state"])))
     # the LoRA moved: not trivially equal to the fresh adapters
-    fresh = lora_of(rq.load_model(cfg).model.parameters())
+    fresh = lora_of(grpo.load_model(cfg).model.parameters())
     assert any(not np.array_equal(fresh[k], np.array(v)) for k, v in tree_flatten(w_trees["lora"])
                if k.endswith("lora_b"))
 

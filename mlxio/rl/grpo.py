@@ -14,16 +14,17 @@ import numpy as np
 
 from mlxcore import policy as pg
 from mlxio.errors import ConfigError
-from mlxio.run import checkpoint
+from mlxio.run import checkpoint, distributed
 from mlxio.run.config import to_dict
-from mlxio.weights import llm
+from mlxio.weights import llm, llm_lora
 
 # model "tiny:llama" / "tiny:qwen2" (+ "-q4": 4-bit base): a tiny random model (smoke tests)
 TINY_PREFIX = "tiny:"
 
 
 def load_model(cfg) -> llm.Policy:
-    """The policy (base model + tokenizer), dequantised when asked, with fresh LoRA adapters."""
+    """The policy (base model + tokenizer), dequantised when asked, with fresh LoRA adapters
+    (the model's own LoRA leaves: `llm_lora.lora_tree(policy.model)` is the initial tree)."""
     if cfg.model and cfg.model.startswith(TINY_PREFIX):
         kind = cfg.model[len(TINY_PREFIX):]
         quantize = kind.endswith("-q4")
@@ -39,7 +40,7 @@ def load_model(cfg) -> llm.Policy:
         model.set_dtype(mx.float32)
         config["torch_dtype"] = "float32"
         policy = attrs.evolve(policy, model=model, config=config, quantized=False)
-    llm.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.seed))
+    llm_lora.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.seed))
     return policy
 
 
@@ -57,34 +58,66 @@ def step_seed(seed: int, step: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode()).digest()[:4], "big")
 
 
-def sequence_logprobs(model, params, tokens: mx.array) -> mx.array:
-    """log p(tokens[:, t] | tokens[:, :t]) under `params`: tokens [B, T] -> [B, T - 1].
+def prompt_indices(step: int, per_step: int, n: int, seed: int) -> list[int]:
+    """Training problems for `step`: consecutive slices of a per-epoch seeded permutation,
+    so the data position is a pure function of the step (nothing else to checkpoint)."""
+    out = []
+    for pos in range(step * per_step, (step + 1) * per_step):
+        epoch, i = divmod(pos, n)
+        out.append(int(np.random.default_rng([seed, epoch]).permutation(n)[i]))
+    return out
 
-    The model is an mlx-lm nn.Module; `update` points it at `params` (inside a compiled step
-    these are the traced inputs), so the function is pure in (params, tokens).
-    """
-    model.update(params)
-    return pg.token_logprobs(model(tokens[:, :-1]), tokens[:, 1:])
+
+def advantages_of(total: np.ndarray, missing: np.ndarray, prompt_index: np.ndarray,
+                  kind: str) -> np.ndarray:
+    """[N] advantages per prompt group; a completion with no reward is its own group (0)."""
+    ids = np.where(missing, prompt_index.max() + 1 + np.arange(len(total)), prompt_index)
+    rewards = mx.array(np.where(missing, 0.0, total).astype(np.float32))
+    fn = pg.group_advantages if kind == "grpo" else pg.baseline_advantages
+    return np.array(fn(rewards, group_ids=mx.array(ids)))
+
+
+def rank_share(cfg, world: distributed.World) -> tuple[slice, int]:
+    """This rank's share of a step's P x G completions: (slice of the step's prompts, samples
+    per prompt). Whole prompts when the ranks divide P, else every prompt with G / ranks
+    samples (a group then spans ranks; its statistics are computed over all of them)."""
+    p, g, n = cfg.prompts_per_step, cfg.group_size, world.size
+    if p % n == 0:
+        share = slice(world.rank * p // n, (world.rank + 1) * p // n), g
+    elif g % n == 0:
+        share = slice(0, p), g // n
+    else:
+        raise ConfigError(f"{n} ranks must divide prompts_per_step={p} or group_size={g}")
+    local = (share[0].stop - share[0].start) * share[1]
+    if local % cfg.accumulation:
+        raise ConfigError(f"accumulation={cfg.accumulation} must divide each rank's {local} "
+                          f"completions (prompts_per_step * group_size / {n} ranks)")
+    return share
+
+
+def shared_advantages(total: np.ndarray, missing: np.ndarray, prompt_ids: np.ndarray,
+                      kind: str, world: distributed.World) -> np.ndarray:
+    """This rank's [n] advantages, with group statistics over every rank's completions:
+    rewards [n], missing [n] and step-wide prompt ids [n] are gathered (rank order), the
+    advantages computed as on one process, and this rank's slice returned."""
+    every = [distributed.gather_np(a, world) for a in (total, missing, prompt_ids)]
+    n = len(total)
+    return advantages_of(*every, kind)[world.rank * n:(world.rank + 1) * n]
 
 
 def make_loss(model, cfg):
-    """loss_fn(params, micro_batch, key) -> (loss, metrics) for mlxcore.step.
-
-    micro_batch: tokens [M, T], mask [M, T-1] (completion targets of valid completions),
-    advantages [M], old_logp / ref_logp [M, T-1].
-    """
-    def loss_fn(params, mb, key):
-        logp = sequence_logprobs(model, params, mb["tokens"])
-        return pg.policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"],
-                              mb["mask"], cfg.beta, cfg.clip_eps)
-    return loss_fn
+    """loss_fn(lora, micro_batch, key) -> (loss, metrics) for mlxcore.step: the policy loss as a
+    pure function of the LoRA tree (`mlxcore.policy.policy_loss_fn` over `llm_lora.forward`)."""
+    return pg.policy_loss_fn(llm_lora.forward(model), cfg.beta, cfg.clip_eps)
 
 
-def frozen_logprobs(model, params, tokens: mx.array, micro: int) -> mx.array:
-    """`sequence_logprobs` without gradient, `micro` rows at a time: [N, T] -> [N, T - 1]."""
+def frozen_logprobs(model, lora_params, tokens: mx.array, micro: int) -> mx.array:
+    """Log-probs under `lora_params` without gradient, `micro` rows at a time: tokens [N, T] ->
+    [N, T - 1] (`mlxcore.policy.sequence_logprobs`)."""
+    logits = llm_lora.forward(model)
     parts = []
     for start in range(0, tokens.shape[0], micro):
-        part = sequence_logprobs(model, params, tokens[start: start + micro])
+        part = pg.sequence_logprobs(lambda ids: logits(lora_params, ids), tokens[start: start + micro])
         mx.eval(part)
         parts.append(part)
     return mx.concatenate(parts)

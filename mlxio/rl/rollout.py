@@ -14,7 +14,6 @@ the rewards look at. Per-token log-probabilities are those of the policy at temp
 from __future__ import annotations
 
 import copy
-import math
 import time
 
 import attrs
@@ -24,6 +23,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from mlxcore.policy import sequence_logprobs
+from mlxio.data.token_cache import padded_length
 from mlxio.rl.rewards import code_block_end
 
 PAD_MULTIPLE = 32  # packed lengths round up to this, so a compiled step sees few shapes
@@ -225,11 +226,6 @@ def _per_sequence(prompt_tokens: list[list[int]], n: int) -> list[list[int]]:
     return [prompt_tokens[i // group] for i in range(n)]
 
 
-def pad_to(length: int, multiple: int = PAD_MULTIPLE) -> int:
-    """`length` rounded up to a multiple of `multiple` (at least one multiple)."""
-    return max(multiple, math.ceil(length / multiple) * multiple)
-
-
 def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int]],
                 pad_id: int = 0) -> dict[str, np.ndarray]:
     """Right-padded prompt + completion rows.
@@ -243,7 +239,7 @@ def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int
     prompts = _per_sequence(prompt_tokens, n)
     lengths = np.array([len(p) + len(c) for p, c in zip(prompts, completion_tokens, strict=True)],
                        np.int32)
-    width = pad_to(int(lengths.max()) if n else 1)
+    width = padded_length(int(lengths.max()) if n else 1, PAD_MULTIPLE)
     tokens = np.full((n, width), pad_id, np.int32)
     mask = np.zeros((n, width), np.float32)
     for i, (p, c) in enumerate(zip(prompts, completion_tokens, strict=True)):
@@ -266,13 +262,6 @@ def pack(rollouts: Rollouts, pad_id: int = 0) -> dict[str, np.ndarray]:
     return packed
 
 
-def token_logprobs(logits: mx.array, tokens: mx.array) -> mx.array:
-    """log p(tokens[:, t] | tokens[:, :t]) from logits [B, T, V] of tokens [B, T]: [B, T - 1]."""
-    logits = logits[:, :-1].astype(mx.float32)
-    picked = mx.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-    return picked - mx.logsumexp(logits, axis=-1)
-
-
 def completion_logprobs(model, prompt_tokens: list[list[int]],
                         completion_tokens: list[list[int]]) -> list[np.ndarray]:
     """Per-token log-probabilities of each completion under `model`, by one teacher-forced
@@ -284,7 +273,7 @@ def completion_logprobs(model, prompt_tokens: list[list[int]],
     out = []
     for start in range(0, len(tokens), rows):
         batch = mx.array(tokens[start: start + rows])
-        lp = np.array(token_logprobs(model(batch), batch))
+        lp = np.array(sequence_logprobs(model, batch))
         for j in range(batch.shape[0]):
             i = start + j
             first = packed["prompt_lengths"][i] - 1  # logit at t - 1 predicts token t

@@ -20,6 +20,7 @@ import argparse
 import logging
 import os
 import platform
+import random
 import sys
 import time
 from importlib import metadata
@@ -29,15 +30,15 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore import policy as pg
-from mlxcore.lora import is_lora_path
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
-from mlxcore.tree import combine, partition
 from mlxio import rpc
+from mlxio.data.token_cache import padded_length
 from mlxio.errors import CheckpointError, ConfigError
 from mlxio.rl import grpo, rollout
 from mlxio.run import checkpoint
 from mlxio.run.config import from_dict, to_dict
+from mlxio.weights import llm_lora
 
 log = logging.getLogger("mlxio.worker")
 
@@ -210,6 +211,7 @@ class _Session:
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
+        random.seed(cfg.seed)
         mx.random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.policy = grpo.load_model(cfg)
@@ -218,7 +220,7 @@ class _Session:
         self.step_fn = make_train_step(grpo.make_loss(self.model, cfg), optimizer,
                                        clip_norm=cfg.optim.clip_norm, seed=cfg.seed,
                                        jit=cfg.compile, eval_micro_batches=cfg.eval_micro_batches)
-        self.params = self.model.parameters()
+        self.params = llm_lora.lora_tree(self.model)  # the trained LoRA tree; the model never changes
         self.state = init_state(optimizer, self.params)
         self.step = 0
         self.run_id = grpo.run_identity(cfg, self.policy)
@@ -309,7 +311,7 @@ class Worker:
         cfg = s.cfg
         t0 = time.perf_counter()
         ro = rollout.generate_group(
-            s.policy, params["prompts"], params.get("n", cfg.group_size),
+            llm_lora.bound_policy(s.policy, s.params), params["prompts"], params.get("n", cfg.group_size),
             params.get("temperature", cfg.temperature), params.get("top_p", cfg.top_p),
             params.get("max_tokens", cfg.max_new_tokens),
             params.get("seed", grpo.step_seed(cfg.seed, s.step)),
@@ -345,7 +347,7 @@ class Worker:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {n} sequences is not a multiple "
                                f"of the config's accumulation={cfg.accumulation}",
                                {"field": "params.tokens"})
-        width = rollout.pad_to(max(lengths))
+        width = padded_length(max(lengths), rollout.PAD_MULTIPLE)
         packed = {"tokens": _padded(rows, width, np.int32, PAD_ID),
                   "completion_mask": _padded(mask_rows, width, np.float32)}
         given = {}
@@ -361,7 +363,6 @@ class Worker:
             s.params, s.state, m = s.step_fn(s.params, s.state, batch,
                                              mx.array(s.step * cfg.inner_epochs + epoch))
             mx.eval(s.params, s.state, m)
-        s.model.update(s.params)
         s.step += 1
         out = {k: float(v) for k, v in m.items()}
         out.update(step=s.step, skipped=int(m["skipped"]),
@@ -373,14 +374,11 @@ class Worker:
         """Per-token log-probs of given sequences under the policy (or the LoRA-off reference)."""
         s = self._session()
         rows, lengths = self._tokens(s, params)
-        width = rollout.pad_to(max(lengths))
+        width = padded_length(max(lengths), rollout.PAD_MULTIPLE)
         tokens = mx.array(_padded(rows, width, np.int32, PAD_ID))
         weights = pg.reference_params(s.params) if params.get("reference") else s.params
         micro = max(1, rollout.LOGITS_BUDGET // (width * s.vocab))
-        try:
-            logp = np.array(grpo.frozen_logprobs(s.model, weights, tokens, micro))
-        finally:
-            s.model.update(s.params)
+        logp = np.array(grpo.frozen_logprobs(s.model, weights, tokens, micro))
         return {"logprobs": [logp[i, :k - 1].tolist() for i, k in enumerate(lengths)]}
 
     def _dir(self, s: _Session, params: dict) -> Path:
@@ -390,14 +388,12 @@ class Worker:
         """Atomic checkpoint of LoRA + optimizer state (+ RNG, run identity), as the recipe's."""
         s = self._session()
         out = self._dir(s, params)
-        lora, _ = partition(s.params, is_lora_path)
         meta = {**s.run_id, "rng": checkpoint.rng_snapshot(),
                 "data": {"position": s.step * s.cfg.prompts_per_step}, "client": params.get("meta")}
-        path = checkpoint.save(out, s.step, {"lora": lora, "opt_state": s.state}, meta,
+        path = checkpoint.save(out, s.step, {"lora": s.params, "opt_state": s.state}, meta,
                                keep_last=s.cfg.keep_checkpoints)
         if params.get("adapters"):
-            from mlxio.weights import llm
-            llm.save_adapters(s.model, s.cfg.lora, s.cfg.lora_layers, out / "adapters")
+            llm_lora.save_adapters(s.model, s.params, s.cfg.lora, s.cfg.lora_layers, out / "adapters")
         return {"step": s.step, "path": str(path)}
 
     def load(self, params: dict) -> dict:
@@ -418,9 +414,7 @@ class Worker:
             if found is None:
                 raise CheckpointError(f"{out}: no checkpoint to load")
             path, trees, meta = found
-        s.params = combine(trees["lora"], partition(s.params, is_lora_path)[1])
-        s.state = trees["opt_state"]
-        s.model.update(s.params)
+        s.params, s.state = trees["lora"], trees["opt_state"]
         checkpoint.rng_restore(meta["rng"])
         s.step = int(meta["step"])
         return {"step": s.step, "path": str(path), "meta": meta.get("client")}

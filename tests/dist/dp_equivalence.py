@@ -86,21 +86,20 @@ def _xtr_steps(world, params, spec, loss_cfg, contrastive_loss_fn, vocab_size):
 
 def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
     """Final LoRA weights and per-step losses of the RLAIF recipe's loss, batch and step."""
-    from mlxcore.lora import LoraConfig, is_lora_path
-    from mlxio.rl import rollout
-    from mlxio.weights import llm
+    from mlxcore.lora import LoraConfig
+    from mlxio.rl import grpo, rollout
+    from mlxio.weights import llm, llm_lora
     from recipes import rlaif_qwen as rq
 
     cfg = rq.Config(model="tiny:llama", accumulation=ACCUM, beta=0.04, clip_eps=0.2,
                     lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), optim=OPTIM)
     policy = llm.tiny_policy("llama", seed=0)
     model = policy.model
-    llm.apply_lora(model, cfg.lora, None, mx.random.key(cfg.seed))
+    params = llm_lora.apply_lora(model, cfg.lora, None, mx.random.key(cfg.seed))
     optimizer = make_optimizer(cfg.optim)
-    step = make_train_step(distributed.data_parallel_loss(rq.make_loss(model, cfg), world), optimizer,
+    step = make_train_step(distributed.data_parallel_loss(grpo.make_loss(model, cfg), world), optimizer,
                            clip_norm=cfg.optim.clip_norm, seed=cfg.seed, reduce_grads=distributed.grad_reducer(world),
                            jit=cfg.compile)
-    params = model.parameters()
     state = init_state(optimizer, params)
     n_local = distributed.local_size(GLOBAL_MICRO, world, "completions")
     mine = slice(world.rank * n_local, (world.rank + 1) * n_local)
@@ -115,14 +114,13 @@ def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
         missing = np.zeros(GLOBAL_MICRO, bool)
         missing[5] = True  # a completion whose reward failed: masked out, its own group
         # each rank scores only its completions; the group statistics see all of them
-        adv = rq.shared_advantages(rewards[mine], missing[mine], prompt_index[mine], cfg.advantage, world)
+        adv = grpo.shared_advantages(rewards[mine], missing[mine], prompt_index[mine], cfg.advantage, world)
         packed = rollout.pack_tokens([prompts[p] for p in prompt_index[mine]], completions[mine])
-        batch = rq.build_batch(model, params, packed, adv, ~missing[mine], cfg)
+        batch = grpo.build_batch(model, params, packed, adv, ~missing[mine], cfg)
         params, state, metrics = step(params, state, batch, mx.array(i))
         mx.eval(params, state, metrics)
-        model.update(params)
         losses.append(float(metrics["loss"]))
-    return partition(params, is_lora_path)[0], losses
+    return params, losses
 
 
 def run(mode: str, world: distributed.World) -> dict[str, np.ndarray]:

@@ -1,0 +1,217 @@
+"""LoRA on mlx-lm causal LMs with `mlxcore.lora`'s math, applied as a pure function of the LoRA tree.
+
+The targeted linears of the last `num_layers` blocks become `LoraLinear` modules: `linear` (the
+base, float or quantised: QLoRA) + `lora_a` [in, r] + `lora_b` [r, out], mlx-lm's layout, so the
+adapters saved here load with `mlx_lm.load(base, adapter_path=dir)` and `mlx_lm fuse`. Their
+forward adds `mlxcore.lora.delta`, the retriever's LoRA term.
+
+After loading, the model is never re-pointed. A LoRA tree (what the optimizer trains, what a
+checkpoint stores) is applied by `bind(model, lora)`, which returns a new module tree that
+carries those adapters and shares every other array with `model` - equinox's `combine` - so
+`forward(model)(lora, ids)` is a pure function of (lora, ids), inside `mx.compile` too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from mlxcore import lora
+from mlxcore.lora import LoraConfig, matches_target
+from mlxcore.tree import Tree, partition
+from mlxio.weights.llm import Policy, save_model_dir
+
+_LINEAR_TYPES = (nn.Linear, nn.QuantizedLinear)
+
+
+class LoraLinear(nn.Module):
+    """`linear(x) + mlxcore.lora.delta(x, lora_a, lora_b, scale)`: [..., in] -> [..., out].
+
+    The low-rank term is computed in the adapters' dtype (float32) and cast to x's, as mlx-lm's
+    `LoRALinear` does, so half-precision activations over a quantised base keep a float32 update.
+    """
+
+    def __init__(self, linear: nn.Module, rank: int, scale: float):
+        super().__init__()
+        out_dim, in_dim = linear_dims(linear)
+        self.linear = linear
+        self.scale = scale
+        self.lora_a = mx.zeros((in_dim, rank))
+        self.lora_b = mx.zeros((rank, out_dim))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        update = lora.delta(x.astype(self.lora_a.dtype), self.lora_a, self.lora_b, self.scale)
+        return self.linear(x) + update.astype(x.dtype)
+
+
+def linear_dims(linear: nn.Module) -> tuple[int, int]:
+    """(out, in) of an `nn.Linear` or `nn.QuantizedLinear` (packed: in = columns * 32 / bits)."""
+    out_dim, in_dim = linear.weight.shape
+    if isinstance(linear, nn.QuantizedLinear):
+        in_dim = in_dim * 32 // linear.bits
+    return int(out_dim), int(in_dim)
+
+
+def lora_keys(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
+    """Module paths inside a transformer block (`self_attn.q_proj`) that match `targets`."""
+    keys = sorted(name for name, module in model.layers[0].named_modules()
+                  if isinstance(module, _LINEAR_TYPES) and matches_target(name, targets))
+    if not keys:
+        raise ValueError(f"no linear layer in a block matches LoRA targets {targets}")
+    return keys
+
+
+def apply_lora(model: nn.Module, lora_cfg: LoraConfig, num_layers: int | None, key: mx.array) -> Tree:
+    """Turn the targeted linears of the last `num_layers` blocks (None = all) into `LoraLinear`s
+    with adapters from `mlxcore.lora.init` (A ~ U(+-1/sqrt(in)), B = 0: the model's outputs are
+    unchanged), freeze everything but the adapters; returns the LoRA tree (the trainable leaves,
+    `model.`-rooted paths as in `model.parameters()`).
+
+    This is the one mutation of the model, at load time. LoRA dropout is not supported here (it
+    would need a PRNG key inside the mlx-lm forward).
+    """
+    if lora_cfg.dropout:
+        raise ValueError("LoRA dropout is not supported on causal-LM policies (set lora.dropout 0)")
+    if any(isinstance(m, LoraLinear) for _, m in model.named_modules()):
+        raise ValueError("model already has LoRA layers")
+    n_blocks = len(model.layers)
+    num_layers = n_blocks if num_layers is None else num_layers
+    if not 0 < num_layers <= n_blocks:
+        raise ValueError(f"num_layers={num_layers} must be in 1..{n_blocks}")
+    keys = lora_keys(model, lora_cfg.targets)
+    prefix = next(name for name, m in model.named_modules() if m is model.layers[0]).rsplit(".", 1)[0]
+    dims = {}
+    for i in range(n_blocks - num_layers, n_blocks):
+        block = model.layers[i]
+        modules = dict(block.named_modules())
+        swapped = [(k, LoraLinear(modules[k], lora_cfg.rank, lora_cfg.scale)) for k in keys]
+        block.update_modules(tree_unflatten(swapped))
+        dims |= {f"{prefix}.{i}.{k}": linear_dims(modules[k]) for k in keys}
+    adapters = lora.init(key, dims, lora_cfg.rank)
+    model.update(adapters)
+    model.freeze()
+    model.unfreeze(keys=["lora_a", "lora_b"], strict=False)
+    mx.eval(model.parameters())
+    return lora_tree(model)
+
+
+def lora_tree(model: nn.Module) -> Tree:
+    """The model's LoRA leaves as a sparse tree (`lora_a` / `lora_b` paths only)."""
+    return partition(model.parameters(), lora.is_lora_path)[0]
+
+
+def bind(module, tree: Tree):
+    """A new module tree equal to `module` with the leaves of `tree` (sparse, same nesting)
+    in place of its own: modules on the way to a replaced leaf are shallow copies, everything
+    else (the frozen base) is shared. `module` itself is left untouched."""
+    if isinstance(tree, (mx.array, nn.Module)):
+        return tree
+    if isinstance(tree, dict):
+        if not tree:
+            return module
+        new = copy.copy(module)
+        for name, sub in tree.items():
+            new[name] = bind(module[name], sub)
+        return new
+    if isinstance(tree, list):
+        return [bind(m, tree[i]) if i < len(tree) else m for i, m in enumerate(module)]
+    raise TypeError(f"bind: unexpected {type(tree).__name__} in the tree")
+
+
+def forward(model: nn.Module):
+    """`logits(lora, ids [B, T]) -> [B, T, V]`: the model's forward under the LoRA tree `lora`."""
+
+    def logits(lora_params: Tree, ids: mx.array) -> mx.array:
+        return bind(model, lora_params)(ids)
+
+    return logits
+
+
+def bound_policy(policy: Policy, lora_params: Tree) -> Policy:
+    """The policy whose model is `bind(policy.model, lora_params)` (for generation / evaluation)."""
+    return attrs.evolve(policy, model=bind(policy.model, lora_params))
+
+
+def save_adapters(model: nn.Module, lora_params: Tree, lora_cfg: LoraConfig, num_layers: int | None,
+                  out_dir: str | Path, base_model: str | None = None) -> Path:
+    """`lora_params` in mlx-lm's format: `adapters.safetensors` + `adapter_config.json`
+    (model, fine_tune_type, num_layers, lora_parameters {rank, scale, dropout, keys}). `model`
+    names the base as mlx-lm's own trainer does (`mlx_lm.lora` writes its --model there): a hub
+    id or path that `mlx_lm.load(model, adapter_path=out_dir)` can be given."""
+    out_dir = Path(out_dir)
+    adapters = dict(tree_flatten(lora_params))
+    if not adapters:
+        raise ValueError("no LoRA parameters to save")
+    # keys as mlx-lm names them: the module path inside a block ("self_attn.q_proj")
+    keys = sorted({path.split(".", 3)[3].rsplit(".", 1)[0] for path in adapters if path.startswith("model.layers.")})
+    config = {**({"model": base_model} if base_model else {}), "fine_tune_type": "lora", "num_layers": len(model.layers) if num_layers is None else num_layers,
+              "lora_parameters": {"rank": lora_cfg.rank, "scale": lora_cfg.scale,
+                                  "dropout": lora_cfg.dropout, "keys": keys}}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out_dir / "adapters.safetensors"), adapters)
+    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return out_dir
+
+
+def fused_linear(layer: LoraLinear, dequantize: bool = False) -> nn.Module:
+    """The base linear with its adapter folded in by `mlxcore.lora.merge` (W + scale * (A @ B).T);
+    a quantised base is dequantised, merged and re-quantised at its own bits and group size
+    (left dequantised when `dequantize`)."""
+    base = layer.linear
+    weight = base.weight
+    quantized = isinstance(base, nn.QuantizedLinear)
+    if quantized:
+        weight = mx.dequantize(weight, base.scales, base.biases, group_size=base.group_size, bits=base.bits,
+                               mode=base.mode)
+    merged, _ = lora.merge({"l": {"weight": weight, "lora_a": layer.lora_a, "lora_b": layer.lora_b}}, layer.scale)
+    out_dim, in_dim = weight.shape
+    fused = nn.Linear(in_dim, out_dim, bias="bias" in base)
+    fused.weight = merged["l"]["weight"]
+    if "bias" in base:
+        fused.bias = base.bias
+    if quantized and not dequantize:
+        fused = nn.QuantizedLinear.from_linear(fused, base.group_size, base.bits, mode=base.mode)
+    return fused
+
+
+def fused_model(model: nn.Module, lora_params: Tree, dequantize: bool = False) -> nn.Module:
+    """A new module tree with every LoRA layer of `bind(model, lora_params)` folded into its base
+    (and, with `dequantize`, every other quantised layer unpacked); `model` is untouched."""
+    bound = bind(model, lora_params)
+    swaps = [(name, fused_linear(m, dequantize)) for name, m in bound.named_modules() if isinstance(m, LoraLinear)]
+    if dequantize:
+        swaps += [(name, _dequantized(m)) for name, m in bound.named_modules()
+                  if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+                  and not any(name.startswith(s + ".") for s, _ in swaps)]
+    return bind(bound, tree_unflatten(swaps))
+
+
+def _dequantized(module: nn.Module) -> nn.Module:
+    weight = mx.dequantize(module.weight, module.scales, module.biases, group_size=module.group_size,
+                           bits=module.bits, mode=module.mode)
+    if isinstance(module, nn.QuantizedEmbedding):
+        out = nn.Embedding(*weight.shape)
+    else:
+        out = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in module)
+        if "bias" in module:
+            out.bias = module.bias
+    out.weight = weight
+    return out
+
+
+def fuse(policy: Policy, lora_params: Tree, out_dir: str | Path, dequantize: bool = False) -> Path:
+    """Write an mlx-lm model directory of `fused_model` (quantised bases re-quantised unless
+    `dequantize`); the live policy is untouched, so training can go on."""
+    config = dict(policy.config)
+    if dequantize:
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
+    save_model_dir(fused_model(policy.model, lora_params, dequantize), policy.tokenizer._tokenizer, config,
+                   Path(out_dir))
+    return Path(out_dir)

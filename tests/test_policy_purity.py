@@ -1,0 +1,109 @@
+"""The RLAIF policy loss is a pure function of the LoRA tree (issue 13 item 6), with the numbers
+of the implementation it replaced: mlx-lm's `LoRALinear` re-pointed by `model.update(params)`
+inside the step."""
+
+import copy
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+
+import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
+from mlxcore import policy as pg
+from mlxcore.lora import LoraConfig
+from mlxcore.optim import OptimConfig, make_optimizer
+from mlxcore.step import init_state, make_train_step
+from mlxio.weights import llm, llm_lora
+
+LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
+
+
+def old_model(seed=0):
+    """The previous implementation: mlx-lm's LoRA layers, A drawn as mlxcore.lora.init does."""
+    from mlx_lm.tuner.lora import LoRALinear
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model = llm.tiny_policy("llama", seed=seed).model
+    linear_to_lora_layers(model, len(model.layers), {"rank": LORA.rank, "scale": LORA.scale, "dropout": 0.0,
+                                                     "keys": llm_lora.lora_keys(model, LORA.targets)})
+    names = sorted(n for n, m in model.named_modules() if isinstance(m, LoRALinear))
+    modules = dict(model.named_modules())
+    for name, key in zip(names, mx.random.split(mx.random.key(3), len(names)), strict=True):
+        in_dim, rank = modules[name].lora_a.shape
+        modules[name].lora_a = mx.random.uniform(-in_dim ** -0.5, in_dim ** -0.5, (in_dim, rank), key=key)
+    model.freeze()
+    model.unfreeze(keys=["lora_a", "lora_b"], strict=False)
+    return model
+
+
+def old_loss(model, beta, clip_eps):
+    def loss_fn(params, mb, key):
+        model.update(params)
+        logp = pg.token_logprobs(model(mb["tokens"][:, :-1]), mb["tokens"][:, 1:])
+        return pg.policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["mask"], beta, clip_eps)
+    return loss_fn
+
+
+def batch(seed=0, n=4, t=12):
+    rng = np.random.default_rng(seed)
+    tokens = mx.array(rng.integers(0, 256, (n, t)).astype(np.int32))
+    mask = mx.array((np.arange(t - 1)[None] >= 4).astype(np.float32).repeat(n, 0))
+    return {"tokens": tokens, "mask": mask, "advantages": mx.array(rng.normal(size=n).astype(np.float32)),
+            "old_logp": mx.array(rng.normal(-5, 1, (n, t - 1)).astype(np.float32)),
+            "ref_logp": mx.array(rng.normal(-5, 1, (n, t - 1)).astype(np.float32))}
+
+
+def test_new_loss_and_training_equal_the_old_bit_for_bit():
+    old = old_model()
+    new = llm.tiny_policy("llama", seed=0).model
+    lora = llm_lora.apply_lora(new, LORA, None, mx.random.key(3))
+    old_params = old.parameters()
+    old_lora = dict(tree_flatten(old.trainable_parameters()))
+    assert old_lora.keys() == dict(tree_flatten(lora)).keys()
+    for k, v in tree_flatten(lora):
+        assert mx.array_equal(v, old_lora[k]), k
+    optimizer = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
+    old_step = make_train_step(old_loss(old, 0.04, 0.2), optimizer, clip_norm=1.0)
+    new_step = make_train_step(pg.policy_loss_fn(llm_lora.forward(new), 0.04, 0.2), optimizer, clip_norm=1.0)
+    old_state, new_state = init_state(optimizer, old_params), init_state(optimizer, lora)
+    mb = {k: v[None] for k, v in batch().items()}
+    for i in range(3):
+        old_params, old_state, old_m = old_step(old_params, old_state, mb, mx.array(i))
+        old.update(old_params)  # the old recipe's "put the weights back" after each step
+        lora, new_state, new_m = new_step(lora, new_state, mb, mx.array(i))
+        mx.eval(old_params, lora, old_m, new_m)
+        for name in old_m:
+            assert float(old_m[name]) == float(new_m[name]), (i, name)
+    trained = dict(tree_flatten(old_params))
+    for k, v in tree_flatten(lora):
+        np.testing.assert_array_equal(np.array(v), np.array(trained[k]), err_msg=k)
+    assert any(float(mx.abs(v).max()) > 0 for k, v in tree_flatten(lora) if k.endswith("lora_b"))
+
+
+def test_the_loss_never_touches_the_model():
+    model = llm.tiny_policy("llama", seed=1).model
+    lora = llm_lora.apply_lora(model, LORA, 1, mx.random.key(0))
+    held = {k: v for k, v in tree_flatten(model.parameters())}
+    other = {k: v + 1.0 for k, v in tree_flatten(lora)}
+    from mlx.utils import tree_unflatten
+    loss_fn = mx.compile(pg.policy_loss_fn(llm_lora.forward(model), 0.04, None))
+    mb = batch(1)
+    loss_fn(tree_unflatten(list(other.items())), mb, mx.random.key(0))[0].item()
+    loss_fn(pg.reference_params(lora), mb, mx.random.key(0))[0].item()
+    for k, v in tree_flatten(model.parameters()):
+        assert v is held[k], k  # the very same arrays: nothing re-pointed, nothing put back
+
+
+def test_bind_shares_the_base_and_changes_only_the_adapters():
+    model = llm.tiny_policy("llama", seed=2).model
+    lora = llm_lora.apply_lora(model, LORA, 1, mx.random.key(0))
+    before = copy.copy(dict(tree_flatten(model.parameters())))
+    bumped = {k: v + 0.5 for k, v in tree_flatten(lora)}
+    from mlx.utils import tree_unflatten
+    view = llm_lora.bind(model, tree_unflatten(list(bumped.items())))
+    for k, v in tree_flatten(view.parameters()):
+        assert v is bumped[k] if k in bumped else v is before[k], k
+    assert all(v is before[k] for k, v in tree_flatten(model.parameters()))
+    ids = mx.array([[1, 2, 3, 4]])
+    assert not mx.array_equal(view(ids), model(ids))
+    assert mx.array_equal(llm_lora.bind(model, lora)(ids), model(ids))
