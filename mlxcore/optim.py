@@ -95,3 +95,97 @@ def select_tree(pred: mx.array, on_true: Tree, on_false: Tree) -> Tree:
     return map_leaves(lambda a, b: mx.where(pred, a, b), on_true, on_false)
 
 
+
+
+# ---------------------------------------------------------------- transforms that chain
+# optax's shape: a transform is `init(params) -> state` and `update(grads, state, params,
+# **extra) -> (grads, state, info)`; `chain` composes them left to right. One difference:
+# MLX's optimizers compute the new parameters themselves, so the last transform of a chain
+# (`apply_optimizer`) hands back the new params in place of the gradients - MLX's own math,
+# bit for bit, rather than updates re-added to the params. A transform with state has a
+# name, its state's key in the chain's state dict (MERGED: its keys are the chain's own);
+# stateless ones (clip, all-reduce) keep none. The training step's chain,
+# chain(all_reduce, skip_if_non_finite(chain(clip, apply_optimizer))), so has the state
+# {"optim": ..., "skips": ..., "consecutive_skips": ...}.
+
+
+MERGED = "."  # a transform whose state dict's keys are the enclosing chain's own
+
+
+class Transform(NamedTuple):
+    init: Callable[[Tree], Tree]
+    update: Callable[..., tuple[Tree, Tree, dict]]
+    name: str = ""  # "" for stateless transforms, MERGED, or the state's key in a chain
+
+
+def all_reduce(reduce_grads: Callable[[Tree], Tree]) -> Transform:
+    """Gradients combined across data-parallel ranks (e.g. their mean) before anything else."""
+    return Transform(lambda params: None, lambda grads, state, params, **_: (reduce_grads(grads), state, {}))
+
+
+def clip(max_norm: float) -> Transform:
+    """`clip_by_global_norm`; info {"grad_norm": the norm before clipping}."""
+
+    def update(grads, state, params, **_):
+        grads, norm = clip_by_global_norm(grads, max_norm)
+        return grads, state, {"grad_norm": norm}
+
+    return Transform(lambda params: None, update)
+
+
+def apply_optimizer(optimizer: Optimizer) -> Transform:
+    """The terminal transform: the `mlx.optimizers` update (see `make_optimizer`), returning the
+    new params; state "optim" (its "learning_rate" is the rate of the last applied step)."""
+
+    def update(grads, state, params, **_):
+        new_params, new_state = optimizer.update(grads, state, params)
+        return new_params, new_state, {}
+
+    return Transform(optimizer.init, update, "optim")
+
+
+def chain(*transforms: Transform) -> Transform:
+    """Transforms applied left to right; state {name: state} of the stateful ones; info merged."""
+
+    def init(params):
+        state = {}
+        for t in transforms:
+            if t.name == MERGED:
+                state |= t.init(params)
+            elif t.name:
+                state[t.name] = t.init(params)
+        return state
+
+    def update(grads, state, params, **extra):
+        new_state, info = {}, {}
+        for t in transforms:
+            sub = state if t.name == MERGED else state.get(t.name) if t.name else None
+            grads, sub, sub_info = t.update(grads, sub, params, **extra)
+            if t.name == MERGED:
+                new_state |= sub
+            elif t.name:
+                new_state[t.name] = sub
+            info |= sub_info
+        return grads, new_state, info
+
+    return Transform(init, update)
+
+
+def skip_if_non_finite(inner: Transform) -> Transform:
+    """`inner` (ending in `apply_optimizer`) unless the loss (`extra["loss"]`) or a gradient is
+    non-finite: then params and inner state come back bit-identical and the skip counters rise.
+    State: inner's plus "skips" and "consecutive_skips"; info {"skipped": 0 or 1, ...}."""
+
+    def init(params):
+        return {**inner.init(params), "skips": mx.array(0, mx.int32), "consecutive_skips": mx.array(0, mx.int32)}
+
+    def update(grads, state, params, *, loss, **extra):
+        finite = all_finite(loss, grads)
+        inner_state = {k: v for k, v in state.items() if k not in ("skips", "consecutive_skips")}
+        new_params, new_inner, info = inner.update(grads, inner_state, params, loss=loss, **extra)
+        skipped = (~finite).astype(mx.int32)
+        new_state = {**select_tree(finite, new_inner, inner_state), "skips": state["skips"] + skipped,
+                     "consecutive_skips": (state["consecutive_skips"] + 1) * skipped}
+        return select_tree(finite, new_params, params), new_state, {**info, "skipped": skipped}
+
+    return Transform(init, update, MERGED)

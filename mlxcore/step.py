@@ -1,4 +1,5 @@
-"""The training step: gradient accumulation as a fold, clipping, a non-finite guard, one update.
+"""The training step: gradient accumulation as a fold, then one chained update (all-reduce,
+non-finite guard, clipping, the optimizer: `update_chain`).
 
 `make_train_step` returns `step(params, opt_state, batch, step_no) -> (params, opt_state,
 metrics)`, `mx.compile`d by default. Everything it needs that is not an array (the loss, the
@@ -14,7 +15,15 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlxcore.lora import is_lora_path
-from mlxcore.optim import Optimizer, all_finite, clip_by_global_norm, select_tree
+from mlxcore.optim import (
+    Optimizer,
+    Transform,
+    all_reduce,
+    apply_optimizer,
+    chain,
+    clip,
+    skip_if_non_finite,
+)
 from mlxcore.tree import Tree, combine, map_leaves, partition
 
 # loss_fn(params, micro_batch, key) -> (scalar loss, {name: scalar metric})
@@ -49,14 +58,20 @@ def accumulate(grad_fn: Callable, params: Tree, batch: Tree, keys: mx.array,
     return map_leaves(lambda x: x / k, total)
 
 
+def update_chain(optimizer: Optimizer, clip_norm: float = 1.0,
+                 reduce_grads: Callable[[Tree], Tree] | None = None) -> Transform:
+    """The step's parameter update as chained transforms (mlxcore.optim): the data-parallel
+    all-reduce, then - unless the loss or a reduced gradient is non-finite - global-norm
+    clipping and the optimizer. State {"optim", "skips", "consecutive_skips"}; info
+    {"grad_norm", "skipped"}."""
+    guarded = skip_if_non_finite(chain(clip(clip_norm), apply_optimizer(optimizer)))
+    return chain(all_reduce(reduce_grads), guarded) if reduce_grads is not None else guarded
+
+
 def init_state(optimizer: Optimizer, params: Tree, trainable: Callable = is_lora_path) -> Tree:
     """Step state: the optimizer's state over the trainable leaves plus skip counters."""
     train, _ = partition(params, trainable)
-    return {
-        "optim": optimizer.init(train),
-        "skips": mx.array(0, mx.int32),
-        "consecutive_skips": mx.array(0, mx.int32),
-    }
+    return update_chain(optimizer).init(train)
 
 
 def make_train_step(
@@ -88,29 +103,13 @@ def make_train_step(
         return loss_fn(combine(train, frozen), micro, key)
 
     value_and_grad = mx.value_and_grad(grad_of_trainable)
+    update = update_chain(optimizer, clip_norm, reduce_grads).update
 
     def apply(train: Tree, frozen: Tree, opt_state: Tree, loss, aux, grads):
-        """Reduce, guard, clip and update from the step's mean loss and gradients."""
-        if reduce_grads is not None:
-            grads = reduce_grads(grads)
-        finite = all_finite(loss, grads)
-        grads, grad_norm = clip_by_global_norm(grads, clip_norm)
-        new_train, new_optim = optimizer.update(grads, opt_state["optim"], train)
-        new_train = select_tree(finite, new_train, train)
-        new_optim = select_tree(finite, new_optim, opt_state["optim"])
-        skipped = (~finite).astype(mx.int32)
-        new_state = {
-            "optim": new_optim,
-            "skips": opt_state["skips"] + skipped,
-            "consecutive_skips": (opt_state["consecutive_skips"] + 1) * skipped,
-        }
-        metrics = {
-            "loss": loss,
-            "grad_norm": grad_norm,
-            "lr": new_optim["learning_rate"],
-            "skipped": skipped,
-            **aux,
-        }
+        """The chained update (reduce, guard, clip, optimizer) from the step's mean loss and grads."""
+        new_train, new_state, info = update(grads, opt_state, train, loss=loss)
+        metrics = {"loss": loss, "grad_norm": info["grad_norm"], "lr": new_state["optim"]["learning_rate"],
+                   "skipped": info["skipped"], **aux}
         return combine(new_train, frozen), new_state, metrics
 
     def step_keys(batch: Tree, step_no: mx.array) -> mx.array:
