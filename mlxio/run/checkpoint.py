@@ -110,7 +110,8 @@ def _write_bytes(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (a lock or temp file's owner is still at work)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -131,7 +132,7 @@ def clean_stale(ckpt_root: Path) -> list[Path]:
             continue
         match = re.search(r"-(\d+)-[0-9a-f]+$", entry.name)
         pid = int(match.group(1)) if match else -1
-        if pid != os.getpid() and pid > 0 and _pid_alive(pid):
+        if pid != os.getpid() and pid > 0 and pid_alive(pid):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

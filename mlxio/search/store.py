@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from mlxio.errors import MlxioError
+from mlxio.run.checkpoint import pid_alive
 
 FORMAT = "mlx-code-search-index"
 FORMAT_VERSION = 1
@@ -70,16 +71,6 @@ def current(index_dir: Path) -> Path | None:
     return index_dir / name
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale(index_dir: Path) -> None:
     """Remove temp generations of dead writers and generations that are not live."""
     if not index_dir.is_dir():
@@ -87,7 +78,7 @@ def clean_stale(index_dir: Path) -> None:
     live = current(index_dir)
     for entry in index_dir.iterdir():
         tmp = _TMP.match(entry.name)
-        if tmp and not _pid_alive(int(tmp.group(2))):
+        if tmp and not pid_alive(int(tmp.group(2))):
             shutil.rmtree(entry, ignore_errors=True)
         elif _GEN.match(entry.name) and live is not None and entry != live:
             shutil.rmtree(entry, ignore_errors=True)
