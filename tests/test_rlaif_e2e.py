@@ -13,10 +13,10 @@ from mlx.utils import tree_flatten
 import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
-from mlxio.errors import ConfigError
+from mlxio.errors import ConfigError, TrainingDiverged
 from mlxio.rl import grpo
 from mlxio.rl.evaluation import EvalConfig
-from mlxio.run import checkpoint
+from mlxio.run import checkpoint, context
 from mlxio.weights import llm, llm_lora
 from recipes import rlaif_qwen as rq
 
@@ -72,7 +72,7 @@ def problems_file(tmp_path_factory):
 
 def smoke_cfg(out, problems_file, **kw):
     base = rq.PRESETS["smoke"]
-    return attrs.evolve(base, out=str(out), data=attrs.evolve(base.data, problems=str(problems_file),
+    return attrs.evolve(base, out_dir=str(out), data=attrs.evolve(base.data, problems=str(problems_file),
                                                               heldout_fraction=0.4),
                         eval=EvalConfig(problems=2, samples=2, max_new_tokens=8, timeout_s=20.0), **kw)
 
@@ -91,7 +91,7 @@ def final_trees(out):
 
 def test_loss_finite_lora_changes_and_eval_json(full_run):
     cfg, results = full_run
-    out = Path(cfg.out)
+    out = Path(cfg.out_dir)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert all(np.isfinite(r["loss"]) and r["skipped"] == 0 for r in records)
@@ -121,7 +121,7 @@ def test_adapters_load_back_through_mlx_lm(full_run, tmp_path):
     from mlx_lm import load
 
     cfg, _ = full_run
-    out = Path(cfg.out)
+    out = Path(cfg.out_dir)
     base = llm.tiny_policy("llama", seed=cfg.seed)  # the same random base the run trained
     llm.save_model_dir(base.model, base.tokenizer._tokenizer, base.config, tmp_path / "base")
     tuned, _ = load(str(tmp_path / "base"), adapter_path=str(out / "adapters"))
@@ -154,32 +154,32 @@ def test_resume_continues_exactly(full_run, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg_a, _ = full_run
-    cfg = attrs.evolve(cfg_a, out=str(tmp_path / "run_b"), log_every=2, report_to=("tensorboard", "wandb"))
+    cfg = attrs.evolve(cfg_a, out_dir=str(tmp_path / "run_b"), log_every=2, report_to=("tensorboard", "wandb"))
     rq.run(cfg, stop_after=2, extra_rewards=EXTRA)
-    assert final_trees(cfg.out)[1]["step"] == 2
+    assert final_trees(cfg.out_dir)[1]["step"] == 2
     rq.run(cfg, resume=True, extra_rewards=EXTRA)
-    (a, meta_a), (b, meta_b) = final_trees(cfg_a.out), final_trees(cfg.out)
+    (a, meta_a), (b, meta_b) = final_trees(cfg_a.out_dir), final_trees(cfg.out_dir)
     assert meta_a["step"] == meta_b["step"] == 4 and meta_a["rng"] == meta_b["rng"]
-    for name in ("lora", "opt_state"):
+    for name in ("trainable", "opt_state"):
         fa, fb = dict(tree_flatten(a[name])), dict(tree_flatten(b[name]))
         assert fa.keys() == fb.keys()
         for k in fa:
             assert fa[k].dtype == fb[k].dtype
             np.testing.assert_array_equal(np.array(fa[k]), np.array(fb[k]), err_msg=f"{name}.{k}")
-    per_step = [json.loads(line) for line in Path(cfg_a.out, "metrics.jsonl").read_text().splitlines()]
-    windows = [json.loads(line) for line in Path(cfg.out, "metrics.jsonl").read_text().splitlines()]
+    per_step = [json.loads(line) for line in Path(cfg_a.out_dir, "metrics.jsonl").read_text().splitlines()]
+    windows = [json.loads(line) for line in Path(cfg.out_dir, "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in windows] == [2, 4]
     for record, pair in zip(windows, (per_step[:2], per_step[2:]), strict=True):
         for key in ("loss", "kl", "entropy", "reward_mean", "completion_len_mean"):
             assert record[key] == pytest.approx(np.mean([r[key] for r in pair]), rel=1e-6), key
-    events = EventAccumulator(str(Path(cfg.out, "tensorboard")))
+    events = EventAccumulator(str(Path(cfg.out_dir, "tensorboard")))
     events.Reload()
     assert {"loss", "kl", "reward_mean", "reward/format"} <= set(events.Tags()["scalars"])
     # two processes (stopped, resumed) wrote one event file each; together: both windows
     loss = sorted((e.step, e.value) for e in events.Scalars("loss"))
     assert [s for s, _ in loss] == [2, 4]
     np.testing.assert_allclose([v for _, v in loss], [r["loss"] for r in windows], rtol=1e-6)
-    history = [h for h in tracking_files.wandb_history(Path(cfg.out)) if "loss" in h]  # W&B, offline
+    history = [h for h in tracking_files.wandb_history(Path(cfg.out_dir)) if "loss" in h]  # W&B, offline
     assert [h["_step"] for h in history] == [2, 4]
     np.testing.assert_allclose([h["reward/format"] for h in history], [r["reward/format"] for r in windows])
     with pytest.raises(Exception, match="config_hash"):  # another config never resumes it
@@ -212,21 +212,22 @@ def test_nan_loss_is_skipped_with_params_unchanged(problems_file, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the metrics' nanmean
-def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, caplog):
+def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, capsys):
     # Rewards near float32's max overflow the group mean: advantages and loss become NaN.
     cfg = smoke_cfg(tmp_path, problems_file, max_consecutive_skips=2)
     cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
-    with pytest.raises(rq.TrainingDiverged, match="step 2: 2 consecutive steps had a non-finite"):
+    with pytest.raises(TrainingDiverged, match="step 2: 2 non-finite steps in a row"):
         rq.run(cfg, extra_rewards=[(HugeReward(), 1.0)])
     skipped = [json.loads(line)["skipped"] for line in (tmp_path / "metrics.jsonl").open()]
     assert skipped == [1, 1]
 
     def diverge(*args, **kwargs):
-        raise rq.TrainingDiverged("step 9: 3 consecutive steps had a non-finite loss")
-    monkeypatch.setattr(rq, "run", diverge)  # main turns it into a message and exit status 2
+        raise TrainingDiverged("step 9: 3 non-finite steps in a row")
+    monkeypatch.setattr(rq, "run", diverge)  # the command turns it into a message and exit status 2
+    monkeypatch.setattr("sys.argv", ["rlaif_qwen", "--preset", "smoke", "--out_dir", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_info:
-        rq.main(["--preset", "smoke", "--out", str(tmp_path)])
-    assert exit_info.value.code == 2 and "non-finite" in caplog.text
+        context.cli(rq.main, "rlaif_qwen")
+    assert exit_info.value.code == 2 and "non-finite" in capsys.readouterr().err
 
 
 def test_qlora_on_a_quantised_base(problems_file, tmp_path):
@@ -244,8 +245,8 @@ def test_qlora_on_a_quantised_base(problems_file, tmp_path):
 
 
 def test_bad_config_is_named():
-    with pytest.raises(ConfigError, match="accumulation"):
-        rq.validate(attrs.evolve(rq.PRESETS["smoke"], accumulation=3))
+    with pytest.raises(ConfigError, match="accum"):
+        rq.validate(attrs.evolve(rq.PRESETS["smoke"], accum=3))
     with pytest.raises(ConfigError, match="clip_eps"):
         rq.validate(attrs.evolve(rq.PRESETS["smoke"], inner_epochs=2))
     with pytest.raises(ConfigError, match="optim.lr"):
@@ -253,7 +254,7 @@ def test_bad_config_is_named():
 
 
 def test_profile_memory_writes_one_record_per_step(problems_file, tmp_path):
-    rq.main(["--preset", "smoke", "--out", str(tmp_path), "--profile-memory",
+    rq.main(["--preset", "smoke", "--out_dir", str(tmp_path), "--profile-memory",
              "--data.problems", str(problems_file), "--data.heldout_fraction", "0.4",
              "--eval.before", "false", "--eval.after", "false"])
     report = json.loads((tmp_path / "memory.json").read_text())
@@ -270,7 +271,7 @@ def test_smoke_preset_as_a_user_runs_it_trains(tmp_path):
     non-zero, so the update moves the LoRA weights and the exported adapters differ from the
     base (every lora_b starts at 0)."""
     out = tmp_path / "smoke"
-    results = rq.main(["--preset", "smoke", "--out", str(out)])
+    results = rq.main(["--preset", "smoke", "--out_dir", str(out)])
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert any(r["reward_mean"] > 0 and r["reward_std"] > 0 for r in records)

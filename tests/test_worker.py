@@ -59,7 +59,7 @@ def problems_file(tmp_path_factory):
 
 def smoke_cfg(out, problems_file):
     base = PRESETS["smoke"]
-    return attrs.evolve(base, out=str(out), data=attrs.evolve(base.data, problems=str(problems_file)),
+    return attrs.evolve(base, out_dir=str(out), data=attrs.evolve(base.data, problems=str(problems_file)),
                         rewards=RewardConfig(execution=0.0, format=0.0, cache=False),
                         eval=EvalConfig(before=False, after=False))
 
@@ -87,7 +87,7 @@ def train_params(gen, advantages):
 
 def group_adv(gen):
     total = letters(gen["texts"])
-    return rq.advantages_of(total, np.zeros(len(total), bool), np.array(gen["prompt_index"]), "grpo")
+    return grpo.advantages_of(total, np.zeros(len(total), bool), np.array(gen["prompt_index"]), "grpo")
 
 
 def lora_of(params):
@@ -116,7 +116,7 @@ def recipe_step(tmp_path_factory, problems_file):
 def test_train_step_equals_the_recipes_step(recipe_step, tmp_path):
     cfg, record, trees = recipe_step
     worker = Worker(PRESETS, validate)
-    init = rpc_call(worker, "initialize", preset="smoke", config={**to_dict(cfg), "out": str(tmp_path)},
+    init = rpc_call(worker, "initialize", preset="smoke", config={**to_dict(cfg), "out_dir": str(tmp_path)},
                     protocol_version=PROTOCOL_VERSION)
     assert init["protocol_version"] == PROTOCOL_VERSION and init["step"] == 0
     # the recipe's step-0 prompts, sampled with the worker's defaults (the recipe's seed)
@@ -132,12 +132,12 @@ def test_train_step_equals_the_recipes_step(recipe_step, tmp_path):
         assert result[key] == record[key], key  # bit-identical floats
     saved = rpc_call(worker, "save")
     w_trees, meta = checkpoint.load(saved["path"])
-    assert_same_trees({k: v for k, v in tree_flatten(w_trees["lora"])},
-                      {k: v for k, v in tree_flatten(trees["lora"])})
+    assert_same_trees({k: v for k, v in tree_flatten(w_trees["trainable"])},
+                      {k: v for k, v in tree_flatten(trees["trainable"])})
     assert_same_trees(dict(tree_flatten(w_trees["opt_state"])), dict(tree_flatten(trees["opt_state"])))
     # the LoRA moved: not trivially equal to the fresh adapters
     fresh = lora_of(grpo.load_model(cfg).model.parameters())
-    assert any(not np.array_equal(fresh[k], np.array(v)) for k, v in tree_flatten(w_trees["lora"])
+    assert any(not np.array_equal(fresh[k], np.array(v)) for k, v in tree_flatten(w_trees["trainable"])
                if k.endswith("lora_b"))
 
 
@@ -149,7 +149,7 @@ def test_worker_loads_the_recipes_checkpoint(recipe_step):
     loaded = rpc_call(worker, "load")
     assert loaded["step"] == 1 and loaded["path"].endswith("step-00000001")
     assert_same_trees(lora_of(worker.session.params),
-                      {f"{k}": np.array(v) for k, v in tree_flatten(trees["lora"])})
+                      {f"{k}": np.array(v) for k, v in tree_flatten(trees["trainable"])})
     # another config (another run identity) is refused by name
     other = Worker(PRESETS, validate)
     rpc_call(other, "initialize", preset="smoke", config={**to_dict(cfg), "beta": 0.5})

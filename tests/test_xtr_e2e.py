@@ -80,7 +80,7 @@ def test_stop_and_resume_is_bit_identical(run):
     root, args, _ = run
     part = str(root / "resumed")
     report = ["--train.log_every", "2", "--report_to", "tensorboard,wandb"]
-    assert xtr_lora.main([*args, *report, "--out_dir", part, "--train.stop_after", "4"]) == {"stopped_at": 4}
+    assert xtr_lora.main([*args, *report, "--out_dir", part, "--stop_after", "4"]) == {"stopped_at": 4}
     xtr_lora.main([*args, *report, "--out_dir", part, "--resume", "--export", "false"])
     full, full_meta = final_trees(root / "full")
     resumed, resumed_meta = final_trees(root / "resumed")

@@ -13,6 +13,7 @@ from killer import SLOW_FSYNC, kill_until_done
 
 from mlxcore import retriever
 from mlxcore.tree import flatten
+from mlxio.errors import TrainingDiverged
 from mlxio.run import checkpoint
 from recipes import xtr_lora
 
@@ -33,7 +34,7 @@ def trees_equal(a: dict, b: dict) -> list[str]:
 def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
     args = ["--preset", "smoke", "--cache_dir", str(tmp_path / "cache"), "--out_dir", str(tmp_path / "run"),
             "--train.max_consecutive_skips", "3"]
-    assert xtr_lora.main([*args, "--train.stop_after", "4"]) == {"stopped_at": 4}
+    assert xtr_lora.main([*args, "--stop_after", "4"]) == {"stopped_at": 4}
     path, good, meta = checkpoint.load_latest(tmp_path / "run")
     assert meta["step"] == 4
     real = retriever.contrastive_loss_fn
@@ -47,7 +48,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
         return nan_loss
 
     monkeypatch.setattr(retriever, "contrastive_loss_fn", poisoned)
-    with pytest.raises(SystemExit, match="3 non-finite steps in a row at step 7"):
+    with pytest.raises(TrainingDiverged, match="step 7: 3 non-finite steps in a row"):
         xtr_lora.main([*args, "--resume"])
     after_path, after, after_meta = checkpoint.load_latest(tmp_path / "run")
     assert after_path == path and after_meta["step"] == 4 and not trees_equal(good, after)

@@ -49,7 +49,7 @@ def run_identity(cfg, policy: llm.Policy) -> dict:
     config's hash without the fields that do not change the training (output dir, logging)
     and the base model. The recipe and the worker share it, so either resumes the other's."""
     return {"config_hash": checkpoint.config_hash(
-        {**to_dict(cfg), "out": None, "log_every": None, "report_to": None}),
+        {**to_dict(cfg), "out_dir": None, "log_every": None, "report_to": None}),
             "base_model": str(policy.source)}
 
 
@@ -89,8 +89,8 @@ def rank_share(cfg, world: distributed.World) -> tuple[slice, int]:
     else:
         raise ConfigError(f"{n} ranks must divide prompts_per_step={p} or group_size={g}")
     local = (share[0].stop - share[0].start) * share[1]
-    if local % cfg.accumulation:
-        raise ConfigError(f"accumulation={cfg.accumulation} must divide each rank's {local} "
+    if local % cfg.accum:
+        raise ConfigError(f"accum={cfg.accum} must divide each rank's {local} "
                           f"completions (prompts_per_step * group_size / {n} ranks)")
     return share
 
@@ -125,17 +125,17 @@ def frozen_logprobs(model, lora_params, tokens: mx.array, micro: int) -> mx.arra
 
 def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
                 cfg, ref_logp: mx.array | None = None, old_logp: mx.array | None = None) -> dict:
-    """Arrays for the step, leaves [accumulation, N / accumulation, ...].
+    """Arrays for the step, leaves [accum, N / accum, ...].
 
     ref_logp / old_logp [N, T - 1]: given by the caller (e.g. an external trainer), else
     computed here: the LoRA-off reference when `cfg.beta` > 0, the current policy when
     `cfg.clip_eps` is set (zeros when unused).
     """
     n = len(adv)
-    if n % cfg.accumulation:
-        raise ConfigError(f"accumulation={cfg.accumulation} must divide the {n} completions "
+    if n % cfg.accum:
+        raise ConfigError(f"accum={cfg.accum} must divide the {n} completions "
                           "per step (prompts_per_step * group_size)")
-    micro = n // cfg.accumulation
+    micro = n // cfg.accum
     tokens = mx.array(packed["tokens"])
     mask = mx.array(packed["completion_mask"][:, 1:] * valid[:, None].astype(np.float32))
     zeros = mx.zeros(mask.shape, mx.float32)
@@ -147,4 +147,4 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
                     if cfg.clip_eps is not None else zeros)
     batch = {"tokens": tokens, "mask": mask, "advantages": mx.array(adv), "old_logp": old_logp,
              "ref_logp": ref_logp}
-    return {k: v.reshape(cfg.accumulation, micro, *v.shape[1:]) for k, v in batch.items()}
+    return {k: v.reshape(cfg.accum, micro, *v.shape[1:]) for k, v in batch.items()}

@@ -9,7 +9,7 @@ rewards are computed in the trainer. One process serves both roles:
 
 The numerics are the recipe's (`recipes.rlaif_qwen`): the same policy loading, loss, batch and
 compiled step (mlxio.rl.grpo, mlxcore.step), the same atomic checkpoints (mlxio.run.checkpoint,
-trees "lora" and "opt_state", the recipe's run identity in meta), so a train_step here equals
+trees "trainable" and "opt_state", the recipe's run identity in meta), so a train_step here equals
 the recipe's step on the same batch and a checkpoint either writes the other resumes.
 Protocol and schemas: docs/worker-protocol.md (`PROTOCOL_VERSION`); framing: mlxio.rpc.
 """
@@ -36,7 +36,7 @@ from mlxio import rpc
 from mlxio.data.token_cache import padded_length
 from mlxio.errors import CheckpointError, ConfigError
 from mlxio.rl import grpo, rollout
-from mlxio.run import checkpoint
+from mlxio.run import checkpoint, context
 from mlxio.run.config import from_dict, to_dict
 from mlxio.weights import llm_lora
 
@@ -54,7 +54,7 @@ _TOKEN_ROWS = {"type": "array", "minItems": 1, "description": "N sequences of to
 _LOGP_ROWS = {"type": "array", "description": "N rows; row i has len(tokens[i]) - 1 entries: "
               "entry t is log p(tokens[i][t + 1] | tokens[i][:t + 1])",
               "items": {"type": "array", "items": _NUM}}
-_DIR = {"type": "string", "description": "run directory (default: the config's `out`)"}
+_DIR = {"type": "string", "description": "run directory (default: the config's `out_dir`)"}
 _OBJ = {"type": "object"}
 
 SCHEMAS: dict[str, dict[str, dict]] = {
@@ -299,7 +299,7 @@ class Worker:
                 "roles": ["generator", "trainer"], "methods": sorted(SCHEMAS),
                 "max_line_bytes": self.max_line_bytes, "vocab_size": s.vocab,
                 "eos_token_ids": sorted(int(t) for t in s.policy.tokenizer.eos_token_ids),
-                "pad_id": PAD_ID, "accumulation": cfg.accumulation, "inner_epochs": cfg.inner_epochs},
+                "pad_id": PAD_ID, "accumulation": cfg.accum, "inner_epochs": cfg.inner_epochs},
             "config": to_dict(cfg),
             "model": str(s.policy.source or cfg.model),
             "step": s.step,
@@ -343,9 +343,9 @@ class Worker:
         if len(adv) != n:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.advantages: {len(adv)} values for {n} "
                                "sequences", {"field": "params.advantages"})
-        if n % cfg.accumulation:
+        if n % cfg.accum:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {n} sequences is not a multiple "
-                               f"of the config's accumulation={cfg.accumulation}",
+                               f"of the config's accum={cfg.accum}",
                                {"field": "params.tokens"})
         width = padded_length(max(lengths), rollout.PAD_MULTIPLE)
         packed = {"tokens": _padded(rows, width, np.int32, PAD_ID),
@@ -382,7 +382,7 @@ class Worker:
         return {"logprobs": [logp[i, :k - 1].tolist() for i, k in enumerate(lengths)]}
 
     def _dir(self, s: _Session, params: dict) -> Path:
-        return Path(params.get("dir") or s.cfg.out)
+        return Path(params.get("dir") or s.cfg.out_dir)
 
     def save(self, params: dict) -> dict:
         """Atomic checkpoint of LoRA + optimizer state (+ RNG, run identity), as the recipe's."""
@@ -390,7 +390,7 @@ class Worker:
         out = self._dir(s, params)
         meta = {**s.run_id, "rng": checkpoint.rng_snapshot(),
                 "data": {"position": s.step * s.cfg.prompts_per_step}, "client": params.get("meta")}
-        path = checkpoint.save(out, s.step, {"lora": s.params, "opt_state": s.state}, meta,
+        path = checkpoint.save(out, s.step, {context.TRAINABLE: s.params, context.OPT_STATE: s.state}, meta,
                                keep_last=s.cfg.keep_checkpoints)
         if params.get("adapters"):
             llm_lora.save_adapters(s.model, s.params, s.cfg.lora, s.cfg.lora_layers, out / "adapters")
@@ -414,7 +414,8 @@ class Worker:
             if found is None:
                 raise CheckpointError(f"{out}: no checkpoint to load")
             path, trees, meta = found
-        s.params, s.state = trees["lora"], trees["opt_state"]
+        trees = context.current_tree_names(path, trees)
+        s.params, s.state = trees[context.TRAINABLE], trees[context.OPT_STATE]
         checkpoint.rng_restore(meta["rng"])
         s.step = int(meta["step"])
         return {"step": s.step, "path": str(path), "meta": meta.get("client")}

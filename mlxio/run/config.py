@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,8 +33,42 @@ def to_dict(cfg: Any) -> dict:
     return converter.unstructure(cfg)
 
 
+def flat_dict(data: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {dotted key: leaf value}."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(flat_dict(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def migrate(data: dict, legacy_keys: dict[str, str | None]) -> tuple[dict, list[str]]:
+    """(data with old setting names moved to their current ones, ["old -> new", ...] applied).
+
+    legacy_keys: {old dotted key: new dotted key, or None where the setting left the config
+    (it became a command-line flag)}; a config class lists its own as `LEGACY_KEYS`.
+    """
+    flat, applied = flat_dict(data), []
+    for old, new in legacy_keys.items():
+        if old in flat:
+            value = flat.pop(old)
+            if new is not None:  # given under its old name, so given on purpose: it wins
+                flat[new] = value
+            applied.append(f"{old} -> {new or '(a command-line flag now)'}")
+    out: dict = {}
+    for key, value in flat.items():
+        set_path(out, key, value, create=True)
+    return out, applied
+
+
 def from_dict(data: dict, cls: type[T], source: str = "config") -> T:
-    """Plain dict -> config; an unknown or mistyped key is a ConfigError naming it."""
+    """Plain dict -> config; an unknown or mistyped key is a ConfigError naming it. Old setting
+    names the class lists in `LEGACY_KEYS` are read as the current ones, with a warning."""
+    data, applied = migrate(data, getattr(cls, "LEGACY_KEYS", {}))
+    for note in applied:
+        warnings.warn(f"{source}: deprecated setting {note}", DeprecationWarning, stacklevel=2)
     try:
         return converter.structure(data, cls)
     except cattrs.ClassValidationError as err:
@@ -147,7 +183,6 @@ FALLBACK_HELP = {
     "Config.keep_checkpoints": "checkpoints kept (older ones deleted)",
     "Config.max_consecutive_skips": "non-finite steps in a row before the run stops",
     "Config.seed": "seed of initialisation, prompt order and sampling",
-    "Config.out": "output folder (metrics, checkpoints, adapters, fused model, eval.json)",
     "Config.out_dir": "output folder (metrics, checkpoints, exports, eval.json)",
     "Config.max_new_tokens": "maximum tokens generated per training completion",
     "Config.checkpoint_every": "save a resumable checkpoint every N steps",
@@ -224,10 +259,10 @@ def field_help(cls: type, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def set_path(data: dict, dotted: str, value: Any) -> None:
+def set_path(data: dict, dotted: str, value: Any, create: bool = False) -> None:
     *parents, last = dotted.split(".")
     for part in parents:
-        data = data[part]
+        data = data.setdefault(part, {}) if create else data[part]
     data[last] = value
 
 
@@ -235,6 +270,20 @@ def _show(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return ",".join(map(str, value)) if value else '""'
     return str(value)
+
+
+class DeprecatedAlias(argparse.Action):
+    """Stores the value; warns when given under an old option name."""
+
+    def __init__(self, *args, canonical: str, **kwargs):
+        self.canonical = canonical
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string and option_string != self.canonical:
+            warnings.warn(f"{option_string} is deprecated: use {self.canonical}", DeprecationWarning, stacklevel=2)
+            logging.getLogger(__name__).warning("%s is deprecated: use %s", option_string, self.canonical)
+        setattr(namespace, self.dest, values)
 
 
 def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, description: str,
@@ -260,7 +309,9 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
             value = value[part]
         metavar = kind.__name__.upper() if isinstance(kind, type) else "VALUE"
         described = helps.get(name, "").replace("%", "%%")
-        parser.add_argument(f"--{name}", dest=f"cfg:{name}", metavar=metavar, default=argparse.SUPPRESS,
+        old = [f"--{k}" for k, v in getattr(cls, "LEGACY_KEYS", {}).items() if v == name]
+        parser.add_argument(f"--{name}", *old, dest=f"cfg:{name}", metavar=metavar, action=DeprecatedAlias,
+                            canonical=f"--{name}", default=argparse.SUPPRESS,
                             help=f"{described} (default: {_show(value)})" if described
                             else f"(default: {_show(value)})")
     args = parser.parse_args(argv)

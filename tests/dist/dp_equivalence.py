@@ -91,7 +91,7 @@ def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
     from mlxio.weights import llm, llm_lora
     from recipes import rlaif_qwen as rq
 
-    cfg = rq.Config(model="tiny:llama", accumulation=ACCUM, beta=0.04, clip_eps=0.2,
+    cfg = rq.Config(model="tiny:llama", accum=ACCUM, beta=0.04, clip_eps=0.2,
                     lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), optim=OPTIM)
     policy = llm.tiny_policy("llama", seed=0)
     model = policy.model

@@ -1,0 +1,188 @@
+"""The scaffolding both training recipes share, as a few plain functions (not a Trainer class):
+start (ranks, logging, run dir, config.json, seeds), resume (rank 0 reads, every rank
+receives, RNG restored), the memory profiler, the divergence guard, the checkpoint cadence and
+the command-line flags and errors. Metrics go through `mlxio.run.reporting.Reporter`. A recipe's `main` calls them in order and keeps its own step loop.
+
+One vocabulary for both recipes: the run directory is `out_dir`; a checkpoint holds the trees
+`trainable` (what the optimizer updates) and `opt_state`, plus meta {config_hash, base_model,
+step, rng, ...}; too many non-finite steps in a row raise `TrainingDiverged`; progress is
+logged through `logging`; `stop_after` is a command-line flag (the last step to run in this
+process), never part of the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+import numpy as np
+
+from mlxcore.tree import Tree
+from mlxio.errors import CheckpointError, MlxioError, TrainingDiverged
+from mlxio.run import checkpoint, distributed, memprof
+from mlxio.run.runlog import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+TRAINABLE, OPT_STATE = "trainable", "opt_state"
+# tree names of checkpoints written before the shared vocabulary: old name -> current name
+LEGACY_TREES = {"lora": TRAINABLE}
+
+
+def start(out_dir: Path, config: dict, seed: int, resume: bool = False) -> distributed.World:
+    """Join the ranks (one unless started by `mlx.launch`), log at INFO on rank 0 only, create
+    `out_dir` (every rank: per-rank caches may live there), write config.json (rank 0; when
+    resuming, `resume` writes it once the checkpoint is accepted, so a refused resume can still
+    say what changed) and seed every global PRNG a checkpoint snapshots (Python's, NumPy's,
+    MLX's)."""
+    world = distributed.init()
+    logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if world.is_main and not resume:
+        write_json_atomic(out_dir / "config.json", config)
+    random.seed(seed)
+    np.random.seed(seed)
+    mx.random.seed(seed)
+    return world
+
+
+@attrs.frozen
+class Resumed:
+    """A checkpoint this run continues from: its trees by name, meta and step."""
+
+    path: Path | None  # None on ranks other than 0 (they received it over the wire)
+    trees: dict[str, Tree]
+    meta: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+
+def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distributed.World,
+           config: dict, legacy_keys: dict[str, str | None] | None = None) -> Resumed | None:
+    """The newest good checkpoint in `out_dir` whose meta matches `run_id`, read on rank 0 and
+    broadcast to the others (`template`: the trees' structure, e.g. the fresh trainable weights
+    and optimizer state); RNG state restored; config.json (`config`) written. None when there
+    is nothing to resume.
+
+    A checkpoint of another config is refused with a CheckpointError listing the settings that
+    differ (from the checkpoint's meta["config"], else the run's old config.json), old setting
+    names (`legacy_keys`, see `mlxio.run.config.migrate`) read as the current ones. Trees saved
+    under an older name (`lora`) are renamed to the current one, with a log line saying so."""
+    found = None
+    if world.is_main:
+        found = checkpoint.load_latest(out_dir, expect={k: v for k, v in run_id.items() if k != "config_hash"})
+        if found is not None and found[2].get("config_hash") != run_id.get("config_hash"):
+            raise CheckpointError(_refusal(found[0], found[2], out_dir, config, legacy_keys or {}))
+        if found is not None:
+            found = (found[0], current_tree_names(found[0], found[1]), found[2])
+        write_json_atomic(out_dir / "config.json", config)
+    found = distributed.broadcast_checkpoint(found, template, world)
+    if found is None:
+        log.info("no checkpoint in %s: starting fresh", out_dir)
+        return None
+    resumed = Resumed(*found)
+    checkpoint.rng_restore(resumed.meta["rng"])
+    log.info("resumed from %s (step %d)", resumed.path, resumed.step)
+    return resumed
+
+
+def _refusal(path: Path, meta: dict, out_dir: Path, config: dict, legacy_keys: dict) -> str:
+    """Why a checkpoint of another config is refused: the settings that differ, by name."""
+    from mlxio.run.config import flat_dict, migrate
+
+    old = meta.get("config")
+    if old is None and (out_dir / "config.json").is_file():
+        with contextlib.suppress(ValueError, OSError):
+            old = json.loads((out_dir / "config.json").read_text())
+    head = f"{path}: written by a run with another config (config_hash differs); refusing to resume it"
+    if not isinstance(old, dict):
+        return head + " (its config is not recorded)"
+    old, renamed = migrate(old, legacy_keys)
+    before, now = flat_dict(old), flat_dict(config)
+    changed = [f"{k}: {before.get(k, '<absent>')!r} -> {now.get(k, '<absent>')!r}"
+               for k in sorted(before.keys() | now.keys()) if before.get(k, "<absent>") != now.get(k, "<absent>")]
+    notes = [f"renamed since: {', '.join(renamed)}"] if renamed else []
+    return head + "; changed: " + ("; ".join(changed) or "no setting (the hashed fields changed meaning)") + (
+        "; " + "; ".join(notes) if notes else "")
+
+
+def current_tree_names(path: Path, trees: dict[str, Tree]) -> dict[str, Tree]:
+    """`trees` of the checkpoint at `path` keyed by the current names (`LEGACY_TREES`)."""
+    out = {}
+    for name, tree in trees.items():
+        new = LEGACY_TREES.get(name, name)
+        if new != name:
+            log.warning("%s: written before the shared checkpoint vocabulary; its tree %r is read as %r "
+                        "(same arrays, new name)", path, name, new)
+        out[new] = tree
+    return out
+
+
+def profiler(enabled: bool) -> memprof.MemoryProfiler | None:
+    """A memory profiler (memory.json + memory.png at the end) when asked for one."""
+    return memprof.MemoryProfiler() if enabled else None
+
+
+def region(prof: memprof.MemoryProfiler | None, name: str):
+    """`prof.region(name)`, or a no-op context without a profiler."""
+    return prof.region(name) if prof is not None else contextlib.nullcontext()
+
+
+def last_step(steps: int, stop_after: int | None) -> int:
+    """The step this process stops after: `steps`, or the `--stop_after` step when earlier."""
+    return steps if not stop_after else min(steps, stop_after)
+
+
+def checkpoint_due(step_no: int, every: int, last: int) -> bool:
+    """After optimizer step `step_no` (1-based): every `every` steps and at the last step."""
+    return step_no % every == 0 or step_no == last
+
+
+def save(out_dir: Path, step_no: int, trainable: Tree, opt_state: Tree, run_id: dict, world: distributed.World,
+         keep_last: int = 3, **meta) -> None:
+    """Checkpoint {trainable, opt_state} with meta {run_id, step, rng, **meta} (rank 0 only)."""
+    if world.is_main:
+        checkpoint.save(out_dir, step_no, {TRAINABLE: trainable, OPT_STATE: opt_state},
+                        {**run_id, "step": step_no, "rng": checkpoint.rng_snapshot(), **meta}, keep_last=keep_last)
+
+
+def check_divergence(opt_state: Tree, max_consecutive: int, step_no: int, hint: str) -> None:
+    """TrainingDiverged once `max_consecutive` optimizer steps in a row were skipped as
+    non-finite (the last good checkpoint stays the newest)."""
+    consecutive = int(opt_state["consecutive_skips"])
+    if consecutive >= max_consecutive:
+        raise TrainingDiverged(f"step {step_no}: {consecutive} non-finite steps in a row (skipped, "
+                               f"{int(opt_state['skips'])} in all); stopping. {hint}")
+
+
+def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = ()) -> None:
+    """The flags every training recipe takes beside its config: --resume, --stop_after STEP,
+    --profile-memory (old spellings of --stop_after still work, with a warning)."""
+    from mlxio.run.config import DeprecatedAlias
+
+    parser.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in out_dir")
+    parser.add_argument("--stop_after", *stop_after_aliases, type=int, default=None, action=DeprecatedAlias,
+                        canonical="--stop_after", metavar="STEP",
+                        help="stop (with a checkpoint) after this optimizer step; --resume continues")
+    parser.add_argument("--profile-memory", action="store_true",
+                        help="record MLX/RSS memory per step: memory.json + memory.png in out_dir")
+
+
+def cli(main: Callable[[list[str]], object], prog: str) -> None:
+    """Run a recipe's `main(sys.argv[1:])` as a command: a project error (bad config, data,
+    checkpoint, divergence) is one line on stderr and exit status 2, not a traceback."""
+    try:
+        main(sys.argv[1:])
+    except MlxioError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
