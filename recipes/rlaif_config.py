@@ -120,6 +120,8 @@ class Config:
 
     # old setting names, still read (with a warning) from flags, config files and worker clients
     LEGACY_KEYS: ClassVar[dict[str, str | None]] = {"out": "out_dir", "accumulation": "accum"}
+    # settings that follow another unless given themselves: the schedule spans the run
+    DERIVED: ClassVar[dict[str, str]] = {"optim.total_steps": "steps"}
 
 
 PRESETS = {

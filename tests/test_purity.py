@@ -11,8 +11,10 @@ FORBIDDEN = {"mlxio", "recipes", "transformers", "safetensors", "pathlib", "json
              "requests", "urllib", "socket", "subprocess", "io", "shutil", "tokenizers", "torch"}
 CORE = sorted((ROOT / "mlxcore").glob("*.py"))
 IO = sorted((ROOT / "mlxio").rglob("*.py"))
-# "recipes" as a module name inside a string: "recipes.x", "-m recipes", importlib("recipes")
-RECIPES_STRING = re.compile(r"(^|[\s'\"(])recipes(\.[A-Za-z_]|$)")
+# a recipe's module path as a whole string: what `python -m`, importlib or runpy would be given
+# ("recipes.batch_probe"); prose that names a command (`python -m recipes.x` in a model card) is
+# not an import
+RECIPES_STRING = re.compile(r"\s*(-m\s+)?recipes(\.[A-Za-z_]\w*)+\s*")
 
 
 def imported_modules(module: Path) -> set[str]:
@@ -42,7 +44,7 @@ def test_mlxio_never_imports_recipes(module):
                   and isinstance(node.body[0].value, ast.Constant)}
     strings = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
                and isinstance(node.value, str) and id(node) not in docstrings]
-    by_name = [s for s in strings if RECIPES_STRING.search(s)]
+    by_name = [s for s in strings if RECIPES_STRING.fullmatch(s)]
     assert not by_name, f"{module.relative_to(ROOT)} names recipes in a string: {by_name}"
 
 
@@ -51,5 +53,6 @@ def test_modules_found():
 
 
 def test_recipes_string_pattern():
-    assert RECIPES_STRING.search("recipes.batch_probe") and RECIPES_STRING.search("-m recipes.xtr_lora")
-    assert not RECIPES_STRING.search("the recipes' configs") and not RECIPES_STRING.search("mlxio.run")
+    assert RECIPES_STRING.fullmatch("recipes.batch_probe") and RECIPES_STRING.fullmatch("-m recipes.xtr_lora")
+    assert not RECIPES_STRING.fullmatch("the recipes' configs") and not RECIPES_STRING.fullmatch("mlxio.run")
+    assert not RECIPES_STRING.fullmatch("run `python -m recipes.code_search` to search")

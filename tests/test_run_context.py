@@ -22,8 +22,8 @@ def test_old_flag_names_still_work_with_a_warning():
     with pytest.warns(DeprecationWarning, match="--out is deprecated: use --out_dir"):
         cfg, flags = parse_args(["--preset", "smoke", "--out", "somewhere", "--accumulation", "4", "--stop-after", "2"],
                                 rlaif_config.PRESETS, prog="t", description="", default_preset="smoke",
-                                extra=lambda p: context.add_run_flags(p, ("--stop-after",)))
-    assert cfg.out_dir == "somewhere" and cfg.accum == 4 and flags.stop_after == 2
+                                extra=lambda p: context.add_run_flags(p, more_steps_aliases=("--stop-after",)))
+    assert cfg.out_dir == "somewhere" and cfg.accum == 4 and flags.more_steps == 2 and flags.stop_after is None
     with pytest.warns(DeprecationWarning, match="--train.stop_after is deprecated"):
         _, flags = parse_args(["--train.stop_after", "3"], xtr_lora.PRESETS, prog="t", description="",
                               default_preset="smoke", extra=lambda p: context.add_run_flags(p, ("--train.stop_after",)))
@@ -63,3 +63,14 @@ def test_divergence_guard_and_cadence():
     context.check_divergence(state, 4, 9, "hint")
     assert [s for s in range(1, 11) if context.checkpoint_due(s, 4, 10)] == [4, 8, 10]
     assert context.last_step(10, None) == 10 and context.last_step(10, 4) == 4 and context.last_step(10, 20) == 10
+    assert context.last_step(10, None, 6, 2) == 8 and context.last_step(10, 7, 6, 2) == 7
+
+
+def test_schedule_length_follows_steps_unless_given():
+    def parse(argv):
+        return parse_args(argv, rlaif_config.PRESETS, prog="t", description="", default_preset="smoke")[0]
+    assert parse(["--steps", "30"]).optim.total_steps == 30
+    assert parse(["--steps", "30", "--optim.total_steps", "50"]).optim.total_steps == 50
+    assert parse([]).optim.total_steps == rlaif_config.PRESETS["smoke"].steps
+    xtr = parse_args(["--train.steps", "7"], xtr_lora.PRESETS, prog="t", description="", default_preset="smoke")[0]
+    assert xtr.optim.total_steps == 7

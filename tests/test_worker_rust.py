@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
+from mlxio.rl import grpo
 from mlxio.rl.worker import Worker
 from mlxio.run import checkpoint
-from recipes import rlaif_qwen as rq
 from recipes.rlaif_config import PRESETS, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def test_rust_trainer_over_pipes_resumes_exactly(client, tmp_path):
     want = [sum(c.isascii() and c.isalpha() for c in t) / max(len(t), 1) for t in texts]
     np.testing.assert_allclose(summary["rewards1"], want, rtol=1e-12)
     group = np.repeat(np.arange(2), 4)
-    adv = rq.advantages_of(np.array(want, np.float32), np.zeros(8, bool), group, "grpo")
+    adv = grpo.advantages_of(np.array(want, np.float32), np.zeros(8, bool), group, "grpo")
     np.testing.assert_allclose(batches[0]["advantages"], adv, rtol=1e-4, atol=1e-4)
 
     # the same two batches in one uninterrupted in-process worker: identical results

@@ -323,10 +323,14 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
             raise ConfigError(f"{args.config}: {err.strerror}") from None
         data = to_dict(from_json(text, cls, str(args.config)))
     fields = leaf_fields(cls)
-    for key, text in vars(args).items():
-        if key.startswith("cfg:"):
-            name = key[4:]
-            set_path(data, name, parse_value(text, fields[name], name))
+    given = {key[4:] for key in vars(args) if key.startswith("cfg:")}
+    for name in given:
+        set_path(data, name, parse_value(getattr(args, f"cfg:{name}"), fields[name], name))
+    # a value derived from another (optim.total_steps from steps) follows it unless given itself
+    flat = flat_dict(data)
+    for target, source in getattr(cls, "DERIVED", {}).items():
+        if source in given and target not in given:
+            set_path(data, target, flat[source])
     cfg = from_dict(data, cls, "command line")
     extras = argparse.Namespace(**{k: v for k, v in vars(args).items() if not k.startswith("cfg:")})
     return cfg, extras

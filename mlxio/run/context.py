@@ -138,9 +138,11 @@ def region(prof: memprof.MemoryProfiler | None, name: str):
     return prof.region(name) if prof is not None else contextlib.nullcontext()
 
 
-def last_step(steps: int, stop_after: int | None) -> int:
-    """The step this process stops after: `steps`, or the `--stop_after` step when earlier."""
-    return steps if not stop_after else min(steps, stop_after)
+def last_step(steps: int, stop_after: int | None, start: int = 0, more_steps: int | None = None) -> int:
+    """The step this process stops after: `steps`, or the `--stop_after` step when earlier, or
+    `start + more_steps` when that is earlier still."""
+    end = steps if not stop_after else min(steps, stop_after)
+    return end if more_steps is None else min(end, start + more_steps)
 
 
 def checkpoint_due(step_no: int, every: int, last: int) -> bool:
@@ -165,10 +167,17 @@ def check_divergence(opt_state: Tree, max_consecutive: int, step_no: int, hint: 
                                f"{int(opt_state['skips'])} in all); stopping. {hint}")
 
 
-def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = ()) -> None:
+def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = (), more_steps_aliases: tuple[str, ...] = ()) -> None:
     """The flags every training recipe takes beside its config: --resume, --stop_after STEP,
-    --profile-memory (old spellings of --stop_after still work, with a warning)."""
+    --profile-memory. Old spellings still work, with a warning: `stop_after_aliases` mean the
+    same step, `more_steps_aliases` (RLAIF's old --stop-after N) mean N more steps in this
+    process (`args.more_steps`)."""
     from mlxio.run.config import DeprecatedAlias
+
+    if more_steps_aliases:
+        parser.add_argument(*more_steps_aliases, dest="more_steps", type=int, default=None, action=DeprecatedAlias,
+                            canonical="--stop_after", metavar="N",
+                            help="deprecated: stop after N more steps in this process (use --stop_after STEP)")
 
     parser.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in out_dir")
     parser.add_argument("--stop_after", *stop_after_aliases, type=int, default=None, action=DeprecatedAlias,
