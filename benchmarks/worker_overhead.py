@@ -44,6 +44,7 @@ import numpy as np
 
 from benchmarks.common import median, write_result
 from mlxio import rpc
+from mlxio.data.token_cache import padded_length
 from mlxio.rl import grpo, rollout
 from mlxio.rl.worker import SCHEMAS, Worker, _padded
 from mlxio.run.config import to_dict
@@ -132,7 +133,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
         masks.append([0] * len(p) + [1] * len(c))
     adv = np.random.default_rng(0).standard_normal(len(tokens)).astype(np.float32)
     step_params = {"tokens": tokens, "completion_mask": masks, "advantages": adv.tolist()}
-    width = rollout.pad_to(max(map(len, tokens)))
+    width = padded_length(max(map(len, tokens)), rollout.PAD_MULTIPLE)
     packed = {"tokens": _padded(tokens, width, np.int32), "completion_mask": _padded(masks, width, np.float32)}
     state = {"step": 0}
 
@@ -142,7 +143,6 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
             s.params, s.state, m = s.step_fn(s.params, s.state, batch,
                                              mx.array(state["step"] * cfg.inner_epochs + epoch))
             mx.eval(s.params, s.state, m)
-        s.model.update(s.params)
         state["step"] += 1
         return float(m["loss"])
 
@@ -172,7 +172,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
         rpc.check(request["params"], SCHEMAS[name]["params"])
         if name == "train_step":
             p = request["params"]
-            width = rollout.pad_to(max(map(len, p["tokens"])))
+            width = padded_length(max(map(len, p["tokens"])), rollout.PAD_MULTIPLE)
             _padded(p["tokens"], width, np.int32), _padded(p["completion_mask"], width, np.float32)
             np.asarray(p["advantages"], np.float32)
         json.loads(rpc.encode({"jsonrpc": "2.0", "id": 1, "result": result}))

@@ -267,8 +267,8 @@ def test_initialize_names_what_is_wrong():
 
     bad_key = error({"preset": "smoke", "config": {"optim": {"lrate": 1e-3}}})
     assert bad_key["code"] == rpc.INVALID_PARAMS and "lrate" in bad_key["message"]
-    bad_value = error({"preset": "smoke", "config": {"accumulation": 3}})  # 2 x 4 completions
-    assert bad_value["code"] == rpc.INVALID_PARAMS and "accumulation" in bad_value["message"]
+    bad_value = error({"preset": "smoke", "config": {"accum": 3}})  # 2 x 4 completions
+    assert bad_value["code"] == rpc.INVALID_PARAMS and "accum=3" in bad_value["message"]
     assert "nope" in error({"preset": "nope"})["message"]
     assert error({"protocol_version": "2.0"})["data"] == {"field": "params.protocol_version"}
 
