@@ -9,6 +9,14 @@ one ```python block and then keeps talking, and that talk costs decode time and 
 the rewards look at. Per-token log-probabilities are those of the policy at temperature 1
 (log-softmax of the raw logits), the quantity a policy-gradient loss and its KL term need;
 `completion_logprobs` recomputes them by teacher forcing.
+
+Decode batch buckets (`bucket_decode`, on by default on a GPU): mlx-lm drops a sequence from
+the batch as soon as it ends, so the decode batch takes every size from N down to 1, and on a
+fresh GPU each new size compiles new kernels (an evaluation decoding 128 sequences did not finish
+in 10 minutes on a fresh H100). With buckets, ended sequences stay in the batch (their tokens
+are ignored) until the live ones fit the next smaller bucket (N, then powers of two below it),
+so a run compiles a handful of batch shapes. The sampler draws only for the live rows, in their
+order, so every draw has the shape it has without buckets: the same texts for the same seed.
 """
 
 from __future__ import annotations
@@ -24,10 +32,9 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from mlxcore.policy import sequence_logprobs
-from mlxio.data.token_cache import padded_length
 from mlxio.rl.rewards import code_block_end
 
-PAD_MULTIPLE = 32  # packed lengths round up to this, so a compiled step sees few shapes
+PAD_MULTIPLE = 32  # packed widths are bucket multiples of this (`bucket_width`): few shapes
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass (bounds activation memory)
 LOGITS_BUDGET = 1 << 26  # floats of [rows, T, vocab] logits per teacher-forced chunk (256 MiB)
 
@@ -45,6 +52,7 @@ class Rollouts:
         the closing ``` of its first code block (its last token; the text ends at that fence);
         False where it hit max_new_tokens.
     gen_tokens_per_s: completion tokens / wall seconds of the whole call (prefill included).
+    decode_batch_sizes: with `bucket_decode`, the decode batch sizes the call ran (else None).
     """
 
     prompt_tokens: list[list[int]]
@@ -55,6 +63,7 @@ class Rollouts:
     finished: np.ndarray
     gen_tokens_per_s: float
     group_size: int
+    decode_batch_sizes: list[int] | None = None  # the decode batch sizes run (with bucket_decode)
 
     @property
     def sequence_prompt_tokens(self) -> list[list[int]]:
@@ -126,6 +135,57 @@ def code_block_stop_index(pieces: list[str]) -> int | None:
     return next((i for i, piece in enumerate(pieces) if stop.add(0, piece)), None)
 
 
+def decode_buckets(n: int) -> list[int]:
+    """The decode batch sizes used for N sequences: N and the powers of two below it."""
+    return sorted({n} | {1 << k for k in range(max(n - 1, 1).bit_length()) if 1 << k < n})
+
+
+class _Buckets:
+    """Keeps mlx-lm's generation batch at sizes from `decode_buckets(n)` (see the module doc).
+
+    Wraps the BatchGenerator's GenerationBatch: `filter` (called when sequences end or are
+    removed) only shrinks the batch once the live rows fit a smaller bucket, padding it with
+    ended rows to exactly that size; `next` drops the responses of ended rows; the sampler
+    samples the live rows only and gives ended rows token 0."""
+
+    def __init__(self, gen: BatchGenerator, sampler, n: int) -> None:
+        self.batch = gen._generation_batch
+        self.buckets = decode_buckets(n)
+        self.dead: set[int] = set()
+        self.sizes: set[int] = set()
+        self.sampler = sampler
+        self._filter, self._next = self.batch.filter, self.batch.next
+        self.batch.filter, self.batch.next = self.filter, self.next
+
+    def live_rows(self) -> list[int]:
+        return [i for i, uid in enumerate(self.batch.uids) if uid not in self.dead]
+
+    def sample(self, logprobs: mx.array) -> mx.array:
+        rows = len(self.batch.uids)
+        if not self.dead or logprobs.shape[0] != rows:  # prefill, or nothing ended yet
+            return self.sampler(logprobs)
+        live = self.live_rows()
+        drawn = self.sampler(logprobs[mx.array(live)])
+        where = np.full(rows, len(live), np.int32)  # ended rows read the appended 0
+        where[live] = np.arange(len(live))
+        return mx.concatenate([drawn, mx.zeros((1,), drawn.dtype)])[mx.array(where)]
+
+    def filter(self, keep: list[int]) -> None:
+        keep = set(keep)
+        self.dead.update(uid for i, uid in enumerate(self.batch.uids) if i not in keep)
+        live = self.live_rows()
+        size = next((b for b in self.buckets if b >= len(live)), len(self.batch.uids)) if live else 0
+        if size >= len(self.batch.uids):
+            return  # stay at this size: the ended rows ride along
+        pad = [i for i, uid in enumerate(self.batch.uids) if uid in self.dead][: size - len(live)]
+        self._filter(sorted(live + pad))
+
+    def next(self):
+        ended = set(self.dead)
+        self.sizes.add(len(self.batch.uids))
+        return [r for r in self._next() if r.uid not in ended]
+
+
 def _prefill(model, tokens: list[int]) -> list:
     """KV cache of `model` after `tokens` (batch 1)."""
     cache = make_prompt_cache(model)
@@ -139,13 +199,16 @@ def _prefill(model, tokens: list[int]) -> list:
 def generate_group(policy, prompts: list[str], group_size: int = 8, temperature: float = 1.0,
                    top_p: float = 1.0, max_new_tokens: int = 256, seed: int = 0,
                    use_chat_template: bool = True, stop_at_code_end: bool = False,
-                   stop: tuple[str, ...] = ()) -> Rollouts:
+                   stop: tuple[str, ...] = (), bucket_decode: bool | None = None) -> Rollouts:
     """Sample `group_size` completions per prompt, all N = len(prompts) * group_size decoded
     together; deterministic for a given `seed` (mlx-lm's samplers draw from MLX's global PRNG,
     which is seeded here). temperature 0 is greedy. `stop_at_code_end`: a sequence also ends
     on the token that closes its first fenced code block (removed from the batch there).
     `stop`: strings that end a sequence likewise, on the token completing one (kept in its
-    tokens; its text is cut before the stop string, as OpenAI's `stop`)."""
+    tokens; its text is cut before the stop string, as OpenAI's `stop`).
+    `bucket_decode`: keep the decode batch at a few sizes (see the module doc); None: on when the
+    default device is a GPU (where each new size compiles kernels), off on the CPU (where the
+    ended rows would only cost time). The texts and tokens are the same either way."""
     if not prompts:
         raise ValueError("generate_group needs at least one prompt")
     if group_size < 1 or max_new_tokens < 1:
@@ -158,13 +221,20 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
     n = len(prompts) * group_size
     was_training = model.training
     model.eval()  # no LoRA dropout while sampling
+    decode_sizes = None
     start = time.perf_counter()
     try:
         mx.random.seed(seed)
+        sampler = make_sampler(temp=temperature, top_p=top_p)
+        if bucket_decode is None:
+            bucket_decode = mx.default_device().type == mx.gpu
+        buckets = None
         gen = BatchGenerator(model, max_tokens=max_new_tokens,
                              stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
-                             sampler=make_sampler(temp=temperature, top_p=top_p),
+                             sampler=(lambda lp: buckets.sample(lp)) if bucket_decode else sampler,
                              completion_batch_size=n, prefill_batch_size=n)
+        if bucket_decode:
+            buckets = _Buckets(gen, sampler, n)
         # One prefill per prompt; its G sequences continue from copies of that cache.
         sequences, caches = [], []
         for tokens in prompt_tokens:
@@ -200,6 +270,7 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
                 with mx.stream(gen.stream):
                     gen.remove(closed)
         gen.close()
+        decode_sizes = sorted(buckets.sizes) if buckets else None
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - start
@@ -214,7 +285,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         prompt_tokens=prompt_tokens, completion_tokens=completions,
         logprobs=[np.asarray(lp, np.float32) for lp in logprobs], texts=texts,
         prompt_index=np.repeat(np.arange(len(prompts)), group_size), finished=finished,
-        gen_tokens_per_s=sum(map(len, completions)) / max(seconds, 1e-9), group_size=group_size)
+        gen_tokens_per_s=sum(map(len, completions)) / max(seconds, 1e-9), group_size=group_size,
+        decode_batch_sizes=decode_sizes)
 
 
 def _per_sequence(prompt_tokens: list[list[int]], n: int) -> list[list[int]]:
@@ -226,6 +298,18 @@ def _per_sequence(prompt_tokens: list[list[int]], n: int) -> list[list[int]]:
     return [prompt_tokens[i // group] for i in range(n)]
 
 
+def bucket_width(length: int, multiple: int = PAD_MULTIPLE) -> int:
+    """The packed width for `length` tokens: the smallest of `multiple` x (1, 2, 3, 4, 6, 8, 12,
+    16, 24, ...) that holds it - multiples of 32 up to 128, then steps of 1.5x / 2x - so a run's
+    compiled steps (and, on a GPU, its kernels) see a handful of widths, not one per 32 tokens
+    (at most 2x the tokens of the longest row; padded positions are masked out)."""
+    units = max(1, -(-length // multiple))
+    if units <= 4:
+        return units * multiple
+    power = 1 << ((units - 1).bit_length() - 1)  # the largest power of two below units
+    return (power * 3 // 2 if units <= power * 3 // 2 else power * 2) * multiple
+
+
 def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int]],
                 pad_id: int = 0) -> dict[str, np.ndarray]:
     """Right-padded prompt + completion rows.
@@ -233,13 +317,13 @@ def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int
     prompt_tokens: N lists (or P lists, one per group of N / P prompt-major completions).
     Returns tokens [N, T] int32, completion_mask [N, T] float32 (1 where the token is a
     completion token, i.e. a target), lengths [N] and prompt_lengths [N] int32;
-    T = the longest row rounded up to a multiple of 32.
+    T = `bucket_width` of the longest row (a multiple of 32 from a few bucket widths).
     """
     n = len(completion_tokens)
     prompts = _per_sequence(prompt_tokens, n)
     lengths = np.array([len(p) + len(c) for p, c in zip(prompts, completion_tokens, strict=True)],
                        np.int32)
-    width = padded_length(int(lengths.max()) if n else 1, PAD_MULTIPLE)
+    width = bucket_width(int(lengths.max()) if n else 1)
     tokens = np.full((n, width), pad_id, np.int32)
     mask = np.zeros((n, width), np.float32)
     for i, (p, c) in enumerate(zip(prompts, completion_tokens, strict=True)):

@@ -33,7 +33,6 @@ from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import rpc
-from mlxio.data.token_cache import padded_length
 from mlxio.errors import CheckpointError, ConfigError
 from mlxio.rl import grpo, rollout
 from mlxio.run import checkpoint, context
@@ -347,7 +346,7 @@ class Worker:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {n} sequences is not a multiple "
                                f"of the config's accum={cfg.accum}",
                                {"field": "params.tokens"})
-        width = padded_length(max(lengths), rollout.PAD_MULTIPLE)
+        width = rollout.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
         packed = {"tokens": _padded(rows, width, np.int32, PAD_ID),
                   "completion_mask": _padded(mask_rows, width, np.float32)}
         given = {}
@@ -374,7 +373,7 @@ class Worker:
         """Per-token log-probs of given sequences under the policy (or the LoRA-off reference)."""
         s = self._session()
         rows, lengths = self._tokens(s, params)
-        width = padded_length(max(lengths), rollout.PAD_MULTIPLE)
+        width = rollout.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
         tokens = mx.array(_padded(rows, width, np.int32, PAD_ID))
         weights = pg.reference_params(s.params) if params.get("reference") else s.params
         micro = max(1, rollout.LOGITS_BUDGET // (width * s.vocab))
