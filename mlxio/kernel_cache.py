@@ -75,33 +75,39 @@ _seen: set = set()
 
 
 @contextmanager
-def compile_notice(what: str, shape, after_s: float = 5.0, logger: logging.Logger | None = None):
+def compile_notice(what: str, shape, after_s: float = 5.0, logger: logging.Logger | None = None,
+                   gpu: bool | None = None):
     """Log progress when the first call of `what` at `shape` runs longer than `after_s` seconds.
 
-    Only the first call per (what, shape) in this process is watched; later calls cost nothing.
-    The wording names GPU kernels on a CUDA device and graph compilation elsewhere."""
+    Yields True for the first call per (what, shape) in this process (the caller may evaluate
+    its lazy outputs inside, so the wait is attributed to the right shape), False after. Only on
+    a CUDA device (`gpu=None`: detected), where first use compiles kernels; elsewhere silent."""
     key = (what, repr(shape))
-    if key in _seen:
-        yield
-        return
+    first = key not in _seen
     _seen.add(key)
+    if not first or not (on_gpu() if gpu is None else gpu):
+        yield first
+        return
     logger = logger or log
-    gpu = on_gpu()
-    cause = (f"compiling GPU kernels (cached in {cache_dir()} for later runs)" if gpu
-             else "compiling the step")
     start = time.perf_counter()
     slow = threading.Event()
 
     def announce():
         slow.set()
-        logger.info("first %s for shape %s: %s ...", what, shape, cause)
+        logger.info("first %s for shape %s is taking a while: GPU kernels compile on first use "
+                    "(cached in %s for later runs) ...", what, shape, cache_dir())
 
     timer = threading.Timer(after_s, announce)
     timer.daemon = True
     timer.start()
     try:
-        yield
+        yield True
     finally:
         timer.cancel()
         if slow.is_set():
             logger.info("first %s for shape %s: done in %.1f s", what, shape, time.perf_counter() - start)
+
+
+def shapes(tree) -> tuple:
+    """A hashable summary of a flat {name: array} batch: ((name, shape), ...)."""
+    return tuple(sorted((k, tuple(v.shape)) for k, v in tree.items() if hasattr(v, "shape")))

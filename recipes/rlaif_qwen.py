@@ -34,6 +34,7 @@ import numpy as np
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
+from mlxio import kernel_cache
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (TrainingDiverged: what run raises)
 from mlxio.rl import rollout, tasks
 from mlxio.rl.evaluation import compare, evaluate, format_table, heldout_split, instruction
@@ -186,7 +187,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         t0 = time.perf_counter()
         idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.seed)
         problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
-        with context.region(profiler, "rollout"):
+        with context.region(profiler, "rollout"), kernel_cache.compile_notice(
+                "rollout generation", (len(problems), local_group, cfg.max_new_tokens)):
             ro = rollout.generate_group(
                 llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
                 cfg.top_p, cfg.max_new_tokens,
@@ -198,7 +200,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                                 cfg.advantage, world)
         packed = rollout.pack(ro, pad_id=0)
         t1 = time.perf_counter()
-        with context.region(profiler, "update"):
+        with context.region(profiler, "update"), kernel_cache.compile_notice("update step",
+                                                                            packed["tokens"].shape):
             batch = build_batch(model, params, packed, adv, ~rew.missing, cfg)
             for epoch in range(cfg.inner_epochs):
                 params, state, m = step_fn(params, state, batch,

@@ -35,6 +35,7 @@ from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, count_params, partition
+from mlxio import kernel_cache
 from mlxio.data import pairs, xtr_data
 from mlxio.data.token_cache import (
     DataPosition,
@@ -315,7 +316,10 @@ def main(argv: list[str] | None = None) -> dict:
             arrays = {k: mx.array(v) for k, v in batch.items()}
             if micro != cfg.train.micro_batch:
                 arrays = batch_sizer.split_batch(arrays, micro)
-            params, opt_state, metrics = step_fn(params, opt_state, arrays, mx.array(step_no))
+            with kernel_cache.compile_notice("training step", kernel_cache.shapes(arrays)) as first:
+                params, opt_state, metrics = step_fn(params, opt_state, arrays, mx.array(step_no))
+                if first and kernel_cache.on_gpu():  # wait here, so the notice names the shape
+                    mx.eval(params, opt_state, metrics)
             pending.append((step_no + 1, metrics))
             checkpoint_due = context.checkpoint_due(step_no + 1, cfg.train.checkpoint_every, last_step)
             if (step_no + 1) % cfg.train.eval_interval and not checkpoint_due:

@@ -1,0 +1,51 @@
+"""MLX's on-disk GPU kernel cache in a known place, and the log line while a first step compiles
+(issue 19 item 2b/c). Each case runs in a fresh interpreter: the variable is set at import."""
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mlxio import kernel_cache
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cache_dir_in_child(env: dict) -> str:
+    code = "import mlxio, os; print(os.environ.get('MLX_PTX_CACHE_DIR', '<unset>'))"
+    base = {k: v for k, v in os.environ.items() if k not in ("MLX_PTX_CACHE_DIR", "MLXIO_KERNEL_CACHE")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, "PYTHONPATH": str(ROOT), **env},
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_default_env_and_user_choice(tmp_path):
+    assert _cache_dir_in_child({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "mlx-retrieval-rl" / "ptx")
+    assert _cache_dir_in_child({"MLXIO_KERNEL_CACHE": str(tmp_path / "k")}) == str(tmp_path / "k")
+    assert _cache_dir_in_child({"MLXIO_KERNEL_CACHE": "off"}) == "<unset>"
+    # the user's own MLX_PTX_CACHE_DIR wins
+    assert _cache_dir_in_child({"MLX_PTX_CACHE_DIR": str(tmp_path / "mine"),
+                                "MLXIO_KERNEL_CACHE": str(tmp_path / "k")}) == str(tmp_path / "mine")
+    assert not (tmp_path / "mlx-retrieval-rl").exists()  # nothing created at import
+
+
+def test_compile_notice_logs_slow_first_call_only(caplog):
+    caplog.set_level(logging.INFO, logger="mlxio")
+    with kernel_cache.compile_notice("step", (4, 64), after_s=0.05, gpu=True) as first:
+        assert first
+        time.sleep(0.3)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "compile on first use" in lines[0] and "(4, 64)" in lines[0]
+    assert kernel_cache.cache_dir() in lines[0] and "done in" in lines[1]
+    caplog.clear()
+    with kernel_cache.compile_notice("step", (4, 64), after_s=0.05, gpu=True) as first:
+        assert not first
+        time.sleep(0.2)
+    with kernel_cache.compile_notice("step", (8, 64), after_s=1.0, gpu=True) as first:
+        assert first  # a new shape, but fast: no line
+    with kernel_cache.compile_notice("step", (16, 64), after_s=0.01, gpu=False) as first:
+        assert first
+        time.sleep(0.1)  # not a GPU: silent
+    assert caplog.records == []
