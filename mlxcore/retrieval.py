@@ -133,3 +133,50 @@ def contrastive_loss(scores: mx.array, temperature: float = 0.07, margin: float 
     nce = info_nce(scores, positives_index, temperature)
     hinge = margin_loss(scores, margin, hardest, positives_index)
     return nce + margin_weight * hinge, {"info_nce": nce, "margin": hinge}
+
+
+def with_hard_negatives(d: mx.array, d_mask: mx.array, neg: mx.array, neg_mask: mx.array
+                        ) -> tuple[mx.array, mx.array]:
+    """Documents followed by hard negatives, one document set for scoring.
+
+    d [Bd, Td, D], d_mask [Bd, Td]; neg [Bn, Tn, D], neg_mask [Bn, Tn] (Bn = queries x
+    negatives per query, flattened; Bn = 0 allowed) -> ([Bd + Bn, T, D], [Bd + Bn, T]) with
+    T = max(Td, Tn), the narrower side padded with masked zeros. With Bn = 0 it returns
+    (d, d_mask) unchanged, so every score and loss equals the in-batch-only one exactly.
+    Column j < Bd is still document j: positives' indices do not move.
+    """
+    if neg.shape[0] == 0:
+        return d, d_mask
+    td, tn = d.shape[1], neg.shape[1]
+    width = max(td, tn)
+
+    def pad(x, m, t):
+        if t == width:
+            return x, m.astype(mx.bool_)
+        return (mx.pad(x, [(0, 0), (0, width - t), (0, 0)]),
+                mx.pad(m.astype(mx.bool_), [(0, 0), (0, width - t)], constant_values=False))
+
+    d, d_mask = pad(d, d_mask, td)
+    neg, neg_mask = pad(neg, neg_mask, tn)
+    return mx.concatenate([d, neg], axis=0), mx.concatenate([d_mask.astype(mx.bool_), neg_mask], axis=0)
+
+
+def hard_negative_loss(q: mx.array, q_mask: mx.array, d: mx.array, d_mask: mx.array,
+                       neg: mx.array, neg_mask: mx.array, temperature: float = 0.07,
+                       margin: float = 0.2, margin_weight: float = 0.1, xtr_k_train: int = 0,
+                       positives_index: mx.array | None = None) -> tuple[mx.array, dict[str, mx.array]]:
+    """Contrastive loss over in-batch negatives AND hard negatives.
+
+    q [Bq, Tq, D], q_mask [Bq, Tq]: queries; d [Bd, Td, D], d_mask [Bd, Td]: the micro-batch's
+    documents, query i's positive is column positives_index[i] (default i); neg [Bn, Tn, D],
+    neg_mask [Bn, Tn]: hard negatives (typically Bq x K mined ones, flattened), which every
+    query scores as extra negatives. Scores [Bq, Bd + Bn] by MaxSim (or XTR in-batch token
+    retrieval when xtr_k_train > 0), then `contrastive_loss`. With Bn = 0 this is exactly
+    the in-batch loss. Returns (scalar loss, {"info_nce", "margin"}).
+    """
+    docs, docs_mask = with_hard_negatives(d, d_mask, neg, neg_mask)
+    if xtr_k_train > 0:
+        scores = xtr_scores(q, q_mask, docs, docs_mask, xtr_k_train)
+    else:
+        scores = maxsim(q, q_mask, docs, docs_mask)
+    return contrastive_loss(scores, temperature, margin, margin_weight, positives_index=positives_index)

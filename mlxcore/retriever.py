@@ -39,7 +39,9 @@ def contrastive_loss_fn(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gathe
     """loss(params, micro_batch, key) -> (loss, {"info_nce", "margin"}) for `mlxcore.step`.
 
     micro_batch: query_ids / query_mask [n, Tq], doc_ids / doc_mask [n, Td]; query i's positive
-    is document i. Embeddings are cast to float32 before scoring whatever the compute dtype
+    is document i; optional neg_ids / neg_mask [n, K, Tn] are K hard negatives per query, which
+    every query of the micro-batch scores beside the documents (`retrieval.hard_negative_loss`;
+    without them the loss is the in-batch one exactly). Embeddings are cast to float32 before scoring whatever the compute dtype
     (the temperature magnifies rounding; a no-op in float32).
 
     gather_docs (data-parallel, `mlxio.run.distributed.document_gather`): each rank holds a
@@ -56,12 +58,14 @@ def contrastive_loss_fn(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gathe
         d_mask, positives = batch["doc_mask"], None
         if gather_docs is not None:
             d, d_mask, positives = gather_docs(d, d_mask, q.shape[0])
-        if cfg.xtr_k_train > 0:
-            scores = retrieval.xtr_scores(q, batch["query_mask"], d, d_mask, cfg.xtr_k_train)
+        if "neg_ids" in batch:  # hard negatives [n, K, Tn]: scored by every query beside the documents
+            n, k, tn = batch["neg_ids"].shape
+            neg_ids, neg_mask = batch["neg_ids"].reshape(n * k, tn), batch["neg_mask"].reshape(n * k, tn)
+            neg = token_embeddings(params, neg_ids, neg_mask, spec, mx.random.split(d_key)[1]).astype(mx.float32)
         else:
-            scores = retrieval.maxsim(q, batch["query_mask"], d, d_mask)
-        return retrieval.contrastive_loss(scores, cfg.temperature, cfg.margin, cfg.margin_weight,
-                                          positives_index=positives)
+            neg, neg_mask = mx.zeros((0, 1, q.shape[-1]), mx.float32), mx.zeros((0, 1), mx.bool_)
+        return retrieval.hard_negative_loss(q, batch["query_mask"], d, d_mask, neg, neg_mask, cfg.temperature,
+                                            cfg.margin, cfg.margin_weight, cfg.xtr_k_train, positives)
 
     return loss_fn
 

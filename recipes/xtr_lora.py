@@ -36,7 +36,7 @@ from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, count_params, partition
 from mlxio import kernel_cache
-from mlxio.data import pairs, xtr_data
+from mlxio.data import pairs, pypi_sources, xtr_data
 from mlxio.data.token_cache import (
     DataPosition,
     Prefetcher,
@@ -76,6 +76,11 @@ class DataConfig:
     eval_queries: int = 1000  # at most; at least min_eval_queries must exist
     min_eval_queries: int = 1000
     min_eval_candidates: int = 5000
+    # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
+    packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
+    heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
+    hard_negatives: int = 1  # K hard negatives per query beside the in-batch ones (0: in-batch only)
+    negative_miners: tuple[str, ...] = ("bm25",)  # "bm25" and/or "model" (the current model); JSONL negatives first
 
 
 @attrs.frozen(kw_only=True)
@@ -139,14 +144,15 @@ PRESETS = {
     "quick": Config(loss=LossConfig(temperature=0.05)),
     "full": Config(
         out_dir="runs/xtr_lora_full",
-        data=DataConfig(max_doc_len=256, eval_queries=100_000),
+        data=DataConfig(max_doc_len=256, eval_queries=100_000, hard_negatives=3, negative_miners=("bm25", "model")),
         optim=OptimConfig(lr=2e-5, warmup_steps=500, total_steps=10_734),
         train=TrainConfig(steps=10_734, checkpoint_every=1000, log_every=50),
     ),
     "smoke": Config(
         out_dir="runs/xtr_lora_smoke",
         data=DataConfig(source=str(pairs.stdlib_root() / "email"), eval_fraction=0.3, max_doc_len=64,
-                        eval_queries=40, min_eval_queries=10, min_eval_candidates=40),
+                        eval_queries=40, min_eval_queries=10, min_eval_candidates=40, packages=(),
+                        heldout_packages=(), hard_negatives=0),
         optim=OptimConfig(lr=1e-3, warmup_steps=2, total_steps=8),
         train=TrainConfig(micro_batch=4, accum=2, steps=8, log_every=1, checkpoint_every=4, eval_batch=16),
     ),
@@ -164,15 +170,17 @@ def trajectory_fields(cfg: Config) -> dict:
     return d
 
 
-def evaluate(params, encoder, cfg: Config, task, bm25: np.ndarray) -> dict:
+def evaluate(params, encoder, cfg: Config, task, bm25: np.ndarray, alpha: float | str | None = "dev") -> dict:
     """Semantic and hybrid metrics of `params` on the held-out test queries; the hybrid weight is
-    chosen on the dev queries. bm25: [test + dev queries, candidates]."""
+    chosen on the dev queries (or given: a held-out package is ranked with the weight chosen
+    on the training sources' dev queries). bm25: [test + dev queries, candidates]."""
     queries = embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, task.queries + task.dev_queries,
                                      cfg.data.max_query_len, cfg.train.eval_batch, desc="eval: queries")
     docs = embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, task.candidates,
                                   cfg.data.max_doc_len, cfg.train.eval_batch, desc="eval: documents")
     semantic, n = embeddings.maxsim_matrix(queries, docs), len(task.queries)
-    alpha = ranking.choose_alpha(semantic[n:], bm25[n:], task.dev_positives)
+    if alpha == "dev":
+        alpha = ranking.choose_alpha(semantic[n:], bm25[n:], task.dev_positives)
     return ranking.evaluate_modes(semantic[:n], bm25[:n], task.positives, alpha)
 
 
@@ -248,14 +256,20 @@ def main(argv: list[str] | None = None) -> dict:
              " + projection" if train_projection else "")
 
     # ---- data: pairs, held-out retrieval task, token cache
-    train_pairs, task = xtr_data.load_task(cfg.data, cache_dir, cfg.train.seed)
-    log.info("data: %d training pairs; eval %d queries (+%d dev) over %d candidates", len(train_pairs),
-             len(task.queries), len(task.dev_queries), len(task.candidates))
+    def model_vectors(texts, max_length):  # the "model" negative miner: the model as it starts training
+        return xtr_data.pooled_vectors(untrained_params, encoder, texts, max_length, cfg.train.eval_batch)
+
+    data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, model_vectors)
+    train_pairs, task, package_task = data.train, data.task, data.package_task
+    log.info("data: %d training pairs; eval %d queries (+%d dev) over %d candidates%s", len(train_pairs),
+             len(task.queries), len(task.dev_queries), len(task.candidates),
+             f"; held-out packages {len(package_task.queries)} queries over {len(package_task.candidates)} "
+             "candidates" if package_task else "")
     tok_id = tokenizer_identity(encoder.tokenizer)
-    cache = build_or_open(cache_dir / "tokens", {"query": [p.query for p in train_pairs],
-                                                  "doc": [p.code for p in train_pairs]},
-                          hf_tokenize(encoder.tokenizer), tokenizer_id=tok_id,
-                          max_lengths={"query": cfg.data.max_query_len, "doc": cfg.data.max_doc_len})
+    fields, neg_fields = xtr_data.token_fields(train_pairs, cfg.data.hard_negatives)
+    cache = build_or_open(cache_dir / "tokens", fields, hf_tokenize(encoder.tokenizer), tokenizer_id=tok_id,
+                          max_lengths={f: cfg.data.max_query_len if f == "query" else cfg.data.max_doc_len
+                                       for f in fields})
 
     # ---- optimizer, compiled step, resume
     optimizer = make_optimizer(cfg.optim)
@@ -285,6 +299,17 @@ def main(argv: list[str] | None = None) -> dict:
             cache_dir, {"v": 2, "model": model_path, "task": task.digest, "q": cfg.data.max_query_len,
                         "d": cfg.data.max_doc_len, "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
             lambda: evaluate(untrained_params, encoder, cfg, task, bm25))
+        if package_task is not None:  # whole packages never seen in training, ranked with the files' dev weight
+            pkg_bm25 = ranking.bm25_text_matrix(package_task.queries, package_task.candidates)
+            pkg_alpha = xtr_data.fusion_alpha(results["untrained"])
+            packages = {"packages": list(cfg.data.heldout_packages), "queries": len(package_task.queries),
+                        "candidates": len(package_task.candidates),
+                        "bm25": ranking.ranking_metrics(pkg_bm25, package_task.positives)}
+            packages["untrained"] = xtr_data.cached_eval(
+                cache_dir, {"v": 2, "model": model_path, "task": package_task.digest, "q": cfg.data.max_query_len,
+                            "d": cfg.data.max_doc_len, "projection": cfg.train.projection_dim,
+                            "seed": cfg.train.seed, "alpha": pkg_alpha},
+                lambda: evaluate(untrained_params, encoder, cfg, package_task, pkg_bm25, pkg_alpha))
 
     # ---- train
     last_step = context.last_step(cfg.train.steps, flags.stop_after)
@@ -294,9 +319,9 @@ def main(argv: list[str] | None = None) -> dict:
                             start_step=start_step, headline=("loss", "lr", "samples_per_s"))
     samples_per_step = cfg.train.micro_batch * cfg.train.accum
     # every rank walks the same global plan and keeps its share of each micro-batch
-    batches = Prefetcher(distributed.shard_batches(iterate_batches(cache, cfg.train.micro_batch, cfg.train.accum,
-                                                                   cfg.train.seed, position, cfg.data.bucket), world),
-                         depth=2)
+    batches = Prefetcher(distributed.shard_batches(xtr_data.stack_negatives(
+        iterate_batches(cache, cfg.train.micro_batch, cfg.train.accum, cfg.train.seed, position, cfg.data.bucket,
+                        fields=tuple(fields)), neg_fields), world), depth=2)
 
     # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit the budget
     effective, micro, plan = cfg.train.micro_batch * cfg.train.accum, cfg.train.micro_batch, None
@@ -371,6 +396,11 @@ def main(argv: list[str] | None = None) -> dict:
     results["fine-tuned"] = evaluate(params, encoder, cfg, task, bm25)
     if cfg.export and not train_projection and mean_pooling_view(encoder):  # what merged/ gives sentence-transformers
         results["single-vector view"] = evaluate_single_vector(params, encoder, cfg, task)
+    if package_task is not None:
+        packages["fine-tuned"] = evaluate(params, encoder, cfg, package_task, pkg_bm25,
+                                          xtr_data.fusion_alpha(results["fine-tuned"]))
+        results["heldout_packages"] = packages
+    results["data"] = {"sources": data.sources, **data.report}
     ptq_rules = quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
     if ptq_rules:
         merged, _ = lora.merge(params, cfg.lora.scale)
@@ -402,7 +432,9 @@ def main(argv: list[str] | None = None) -> dict:
         export_peft(encoder, params, cfg.lora, targets, out_dir / "peft_adapter", base)
         write_retriever_cards(out_dir, base=base, results=results, command=command_line(argv, "recipes.xtr_lora"),
                               data=f"(docstring, code) pairs mined from {cfg.data.source or 'the Python standard library'}"
-                                   f" ({results['run']['steps']} steps x {samples_per_step} pairs); evaluated on "
+                                   + "".join(f", {s}" for s in cfg.data.packages if s.split("==")[0] not in
+                                             cfg.data.heldout_packages)
+                                   + f" ({results['run']['steps']} steps x {samples_per_step} pairs); evaluated on "
                                    f"{len(task.queries)} held-out queries over {len(task.candidates)} candidates")
         log.info("exported %s (PyLate, multi-vector), %s (sentence-transformers, single-vector view) and %s (PEFT)",
                  out_dir / "colbert", out_dir / "merged", out_dir / "peft_adapter")

@@ -7,13 +7,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 import numpy as np
 
-from mlxio.data import pairs, pairs_jsonl
+from mlxio.data import hard_negatives, pairs, pairs_jsonl, pypi_sources
+from mlxio.errors import DataError
 from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger("xtr_lora")
@@ -49,26 +52,169 @@ def jsonl_corpus(path: Path, lenient: bool, max_chars: int) -> pairs.Corpus:
     return pairs.Corpus(pairs=tuple(rows), distractors=(), extras=(), report=empty)
 
 
-def load_task(data, cache_dir: Path, seed: int) -> tuple[list[pairs.Pair], Task]:
-    """(training pairs, held-out task) for a DataConfig; no source file is in both."""
-    source = Path(data.source) if data.source else pairs.stdlib_root()
-    if source.suffix == ".jsonl":
-        corpus = jsonl_corpus(source, data.lenient, data.max_chars)
-    else:
-        log.info("mining (query, code) pairs from %s (cached in %s)", source, cache_dir)
-        corpus = pairs.mine_corpus([source], cache_dir=cache_dir)
-    train, _ = pairs.split_by_file(corpus.pairs, data.eval_fraction, seed)
-    ev = pairs.eval_set(corpus, data.eval_fraction, seed, min_queries=data.min_eval_queries,
-                        min_candidates=data.min_eval_candidates)
+@attrs.frozen
+class Data:
+    """Everything a run trains and evaluates on.
+
+    train: training pairs (each with its hard negatives when asked for). task: held-out files
+    of the training sources. package_task: whole held-out packages (None when none are held
+    out). sources: one dict per source (name, version, licence, role, pairs, ...) for the run's
+    config / eval.json. report: dedup and hard-negative counts.
+    """
+
+    train: list
+    task: Task
+    package_task: Task | None
+    sources: list
+    report: dict
+
+
+def _task(ev: pairs.EvalSet, eval_queries: int, seed: int) -> Task:
     # test queries: a seeded sample of eval_queries; the rest of the held-out queries form a dev
     # set (same candidates, disjoint queries) on which the hybrid weight is chosen
     order = np.random.default_rng(seed).permutation(len(ev.queries))
-    test, dev = np.sort(order[:data.eval_queries]), np.sort(order[data.eval_queries:])
-    task = Task(queries=tuple(ev.queries[i] for i in test), candidates=ev.candidates,
+    test, dev = np.sort(order[:eval_queries]), np.sort(order[eval_queries:])
+    return Task(queries=tuple(ev.queries[i] for i in test), candidates=ev.candidates,
                 candidate_ids=ev.candidate_ids, positives=ev.positives[test],
                 dev_queries=tuple(ev.queries[i] for i in dev), dev_positives=ev.positives[dev],
                 digest=_digest(ev.queries, ev.candidates, ev.positives.tolist(), test.tolist()))
-    return train, task
+
+
+def merge_corpora(corpora: list[tuple[str, pairs.Corpus]]) -> tuple[list[tuple[str, pairs.Corpus]], dict]:
+    """The corpora with code seen in an earlier one (or earlier in the same one) removed, by
+    normalised code hash (comments and whitespace ignored): vendored copies count once, for
+    the first source in order. Returns (corpora, {source: duplicates removed})."""
+    seen: set[str] = set()
+    out, removed = [], {}
+    for label, corpus in corpora:
+        dropped = 0
+
+        def keep(items):
+            nonlocal dropped
+            kept = []
+            for item in items:
+                h = hard_negatives.code_hash(item.code)
+                if h in seen:
+                    dropped += 1
+                    continue
+                seen.add(h)
+                kept.append(item)
+            return tuple(kept)
+
+        merged = pairs.Corpus(pairs=keep(corpus.pairs), distractors=keep(corpus.distractors),
+                              extras=keep(corpus.extras), report=corpus.report)
+        out.append((label, merged))
+        removed[label] = dropped
+    return out, removed
+
+
+def concat(corpora: list[pairs.Corpus]) -> pairs.Corpus:
+    empty = pairs.MineReport(files=0, undecodable=0, syntax_errors=0, trivial=0, duplicates=0)
+    return pairs.Corpus(pairs=tuple(p for c in corpora for p in c.pairs),
+                        distractors=tuple(s for c in corpora for s in c.distractors),
+                        extras=tuple(s for c in corpora for s in c.extras),
+                        report=corpora[0].report if corpora else empty)
+
+
+def drop_eval_queries(train: list, tasks: list[Task]) -> tuple[list, int]:
+    """Training pairs whose query (normalised: case, spacing, final punctuation) is no test or
+    dev query of any task: the same docstring sentence is never both trained on and tested."""
+    held = {hard_negatives.normalised_query(q) for t in tasks for q in (*t.queries, *t.dev_queries)}
+    kept = [p for p in train if hard_negatives.normalised_query(p.query) not in held]
+    return kept, len(train) - len(kept)
+
+
+def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
+    """Pairs and held-out tasks for a DataConfig (see `Data`).
+
+    Sources: `data.source` (the stdlib when None; a folder; or a .jsonl) plus every pinned
+    `data.packages` ("name==version", fetched by `pypi_sources.fetch` into cache_dir), merged
+    with cross-source dedup. Packages named in `data.heldout_packages` never reach training:
+    they form `package_task`. The rest is split by file (`pairs.split_by_file`). Training
+    queries equal to any evaluation query are dropped. With `data.hard_negatives` = K > 0,
+    every training pair gets K negatives (`hard_negatives.attach`): its JSONL negatives, then
+    the `data.negative_miners` ("bm25", "model"; "model" needs `model_vectors(texts,
+    max_length) -> unit [n, D]`).
+    """
+    source = Path(data.source) if data.source else pairs.stdlib_root()
+    specs = tuple(getattr(data, "packages", ()))
+    heldout = tuple(pypi_sources.canonical(n) for n in getattr(data, "heldout_packages", ()))
+    named = {pypi_sources.parse_spec(s)[0] for s in specs}
+    unknown = sorted(set(heldout) - named)
+    if unknown:
+        raise DataError(f"data.heldout_packages: {unknown} not among data.packages {sorted(named)}")
+    if source.suffix == ".jsonl":
+        base = jsonl_corpus(source, data.lenient, data.max_chars)
+        base_info = {"name": str(source), "version": "", "licence": "unknown", "kind": "jsonl"}
+    else:
+        log.info("mining (query, code) pairs from %s (cached in %s)", source, cache_dir)
+        base = pairs.mine_corpus([source], cache_dir=cache_dir)
+        stdlib = data.source is None
+        base_info = {"name": "python-stdlib" if stdlib else str(source),
+                     "version": sys.version.split()[0] if stdlib else "",
+                     "licence": "PSF-2.0" if stdlib else "unknown", "kind": "stdlib" if stdlib else "folder"}
+    corpora, infos = [(base_info["name"], base)], [base_info]
+    for src in pypi_sources.fetch_all(specs, cache_dir):
+        log.info("mining %s %s (%s) from %s", src.name, src.version, src.licence, src.root)
+        corpora.append((src.name, pairs.mine_corpus([Path(src.root)], cache_dir=cache_dir, extras=True)))
+        infos.append({"name": src.name, "version": src.version, "licence": src.licence, "kind": "pypi",
+                      "archive": Path(src.archive).name})
+    corpora, removed = merge_corpora(corpora)
+    for info, (label, corpus) in zip(infos, corpora, strict=True):
+        info.update(pairs=len(corpus.pairs), distractors=len(corpus.distractors),
+                    cross_source_duplicates=removed[label],
+                    role="heldout_package" if label in heldout else "train (split by file)")
+    train_corpus = concat([c for label, c in corpora if label not in heldout])
+    train, _ = pairs.split_by_file(train_corpus.pairs, data.eval_fraction, seed)
+    ev = pairs.eval_set(train_corpus, data.eval_fraction, seed, min_queries=data.min_eval_queries,
+                        min_candidates=data.min_eval_candidates)
+    task = _task(ev, data.eval_queries, seed)
+    package_task = None
+    if heldout:
+        pkg_corpus = concat([c for label, c in corpora if label in heldout])
+        pkg_ev = pairs.eval_set(pkg_corpus, 1.0, seed, min_queries=data.min_eval_queries,
+                                min_candidates=data.min_eval_candidates,
+                                max_queries=data.eval_queries)
+        package_task = _task(pkg_ev, data.eval_queries, seed)
+    train, dropped = drop_eval_queries(train, [t for t in (task, package_task) if t is not None])
+    report = {"train_pairs": len(train), "train_queries_dropped_as_eval_queries": dropped,
+              "cross_source_duplicates": sum(removed.values())}
+    k = getattr(data, "hard_negatives", 0)
+    if k > 0:
+        train, report["hard_negatives"] = with_hard_negatives(train, k, tuple(data.negative_miners), seed,
+                                                              model_vectors, data.max_query_len, data.max_doc_len)
+    return Data(train=train, task=task, package_task=package_task, sources=infos, report=report)
+
+
+def with_hard_negatives(train: list, k: int, miners: tuple[str, ...], seed: int, model_vectors=None,
+                        max_query_len: int = 32, max_doc_len: int = 128) -> tuple[list, dict]:
+    """`train` with k negatives per pair from the named miners (see `hard_negatives`)."""
+    bad = sorted(set(miners) - {"bm25", "model"})
+    if bad:
+        raise DataError(f"data.negative_miners: unknown {bad} (choose from bm25, model)")
+    excluder = hard_negatives.Excluder.of(train)
+    mined, timing = [], {}
+    if "bm25" in miners:
+        t = time.perf_counter()
+        mined.append(hard_negatives.mine_bm25(train, k, excluder))
+        timing["bm25_s"] = round(time.perf_counter() - t, 1)
+    if "model" in miners:
+        if model_vectors is None:
+            raise DataError("data.negative_miners 'model' needs the current model (model_vectors)")
+        t = time.perf_counter()
+        qv = model_vectors([p.query for p in train], max_query_len)
+        cv = model_vectors([p.code for p in train], max_doc_len)
+        mined.append(hard_negatives.mine_dense(qv, cv, k, excluder))
+        timing["model_s"] = round(time.perf_counter() - t, 1)
+    out, counts = hard_negatives.attach(train, k, mined, seed, excluder)
+    log.info("hard negatives: %d per pair (%s) %s in %s", k, "+".join(miners) or "given only", counts, timing)
+    return out, {"k": k, "miners": list(miners), **counts, **timing}
+
+
+def load_task(data, cache_dir: Path, seed: int) -> tuple[list[pairs.Pair], Task]:
+    """(training pairs, held-out-files task) of `load_data` (no source file is in both)."""
+    d = load_data(data, cache_dir, seed)
+    return d.train, d.task
 
 
 def cached_eval(cache_dir: Path, key: dict, compute: Callable[[], dict]) -> dict:
@@ -80,3 +226,45 @@ def cached_eval(cache_dir: Path, key: dict, compute: Callable[[], dict]) -> dict
     result = compute()
     write_json_atomic(path, result)
     return result
+
+
+def pooled_vectors(params, encoder, texts, max_length: int, batch: int = 64) -> np.ndarray:
+    """Unit mean-pooled vectors [n, D] of `texts` under `params` (for mining negatives)."""
+    from mlxio.search import embeddings
+
+    return hard_negatives.pooled_vectors(
+        lambda t, m: embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, t, m, batch,
+                                            desc="hard negatives: embedding"), texts, max_length)
+
+
+def token_fields(train: list, k: int) -> tuple[dict[str, list[str]], tuple[str, ...]]:
+    """Token-cache fields of the training pairs: query, doc and, with k hard negatives, neg0..
+    neg{k-1} (every pair has exactly k, see `hard_negatives.attach`)."""
+    fields = {"query": [p.query for p in train], "doc": [p.code for p in train]}
+    negs = tuple(f"neg{i}" for i in range(k))
+    for i, name in enumerate(negs):
+        fields[name] = [p.negatives[i] for p in train]
+    return fields, negs
+
+
+def stack_negatives(batches, neg_fields: tuple[str, ...]):
+    """(position, batch) pairs with the per-slot fields neg{i}_ids / _mask [A, M, T_i] stacked
+    into neg_ids / neg_mask [A, M, K, T] (T = the widest slot; narrower ones padded with 0 and
+    a 0 mask). Without neg_fields the batches pass through unchanged."""
+    for position, batch in batches:
+        if neg_fields:
+            width = max(batch[f"{f}_ids"].shape[-1] for f in neg_fields)
+            ids, masks = [], []
+            for f in neg_fields:
+                i, m = batch.pop(f"{f}_ids"), batch.pop(f"{f}_mask")
+                pad = [(0, 0)] * (i.ndim - 1) + [(0, width - i.shape[-1])]
+                ids.append(np.pad(i, pad))
+                masks.append(np.pad(m, pad))
+            batch["neg_ids"], batch["neg_mask"] = np.stack(ids, axis=2), np.stack(masks, axis=2)
+        yield position, batch
+
+
+def fusion_alpha(results: dict) -> float | None:
+    """The interpolation weight of an evaluation's `hybrid_fusion` ("interp@0.9" -> 0.9; RRF: None)."""
+    name = results.get("hybrid_fusion", "rrf")
+    return float(name.split("@", 1)[1]) if name.startswith("interp@") else None

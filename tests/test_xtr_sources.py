@@ -1,0 +1,211 @@
+"""Corpus beyond the stdlib (pinned PyPI packages from a pip cache), package split, cross-source
+dedup, query dedup across splits, hard-negative mining and the hard-negative loss."""
+
+from __future__ import annotations
+
+import sys
+import zipfile
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlxcore import retrieval
+from mlxio.data import hard_negatives, pairs, pairs_jsonl, pypi_sources, xtr_data
+from mlxio.errors import DataError
+
+FAIL = [sys.executable, "-c", "import sys; sys.exit(1)"]  # pip that can never download
+
+
+def _functions(tag: str, n: int, shared: str = "") -> str:
+    out = [shared]
+    for i in range(n):
+        out.append(f'''
+def {tag}_f{i}(x, y):
+    """Compute the {tag} quantity number {i} of x and y."""
+    total = x * {i} + y
+    return total - {i} * y + len("{tag}")
+''')
+    return "\n".join(out)
+
+
+VENDORED = '''
+def vendored_helper(a, b):
+    """Merge two sorted lists into one sorted list."""
+    out = []
+    while a and b:
+        out.append(a.pop(0) if a[0] < b[0] else b.pop(0))
+    return out + a + b
+'''
+
+
+def make_wheel(cache: Path, name: str, version: str, files: dict[str, str], licence: str = "MIT") -> Path:
+    folder = cache / "pypi" / f"{name}-{version}"
+    folder.mkdir(parents=True)
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+        z.writestr(f"{name}-{version}.dist-info/METADATA",
+                   f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nLicense: {licence}\n\n")
+    return wheel
+
+
+@attrs.frozen(kw_only=True)
+class Data:
+    source: str | None = None
+    lenient: bool = False
+    max_chars: int = 20_000
+    eval_fraction: float = 0.5
+    max_query_len: int = 32
+    max_doc_len: int = 128
+    eval_queries: int = 5
+    min_eval_queries: int = 1
+    min_eval_candidates: int = 1
+    packages: tuple[str, ...] = ()
+    heldout_packages: tuple[str, ...] = ()
+    hard_negatives: int = 0
+    negative_miners: tuple[str, ...] = ("bm25",)
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    monkeypatch.setattr(pypi_sources, "PIP", FAIL)  # no network in tests: only the cache
+    base = tmp_path / "base"
+    base.mkdir()
+    for i in range(6):
+        (base / f"mod{i}.py").write_text(_functions(f"base{i}", 4))
+    # the base's eval queries include this sentence; a package repeats it in training code
+    cache = tmp_path / "cache"
+    make_wheel(cache, "alpha", "1.0", {f"alpha/m{i}.py": _functions(f"alpha{i}", 4) for i in range(4)}
+               | {"alpha/vendor.py": VENDORED}, licence="BSD-3-Clause")
+    make_wheel(cache, "beta", "2.0", {f"beta/m{i}.py": _functions(f"beta{i}", 4) for i in range(3)}
+               | {"beta/_vendor/copy.py": VENDORED.replace("    out = []", "    out = []  # result\n")})
+    return base, cache
+
+
+def test_fetch_reuses_cached_wheel_and_reads_licence(world):
+    _, cache = world
+    src = pypi_sources.fetch("Alpha==1.0", cache)  # PIP would fail: the cached wheel is used
+    assert (src.name, src.version, src.licence) == ("alpha", "1.0", "BSD-3-Clause")
+    assert (Path(src.root) / "alpha" / "m0.py").is_file()
+    assert pypi_sources.fetch("alpha==1.0", cache).root == src.root  # unpacked once, reused
+
+
+def test_missing_package_offline_is_one_clear_line(world):
+    _, cache = world
+    with pytest.raises(DataError) as err:
+        pypi_sources.fetch("gamma==3.1", cache)
+    message = str(err.value)
+    assert "\n" not in message and "gamma==3.1" in message
+    assert "pip download --no-deps" in message and str(cache / "pypi" / "gamma-3.1") in message
+    with pytest.raises(DataError, match="pinned"):
+        pypi_sources.parse_spec("gamma>=3")
+
+
+def test_package_split_dedup_and_query_dedup(world):
+    base, cache = world
+    data = Data(source=str(base), packages=("alpha==1.0", "beta==2.0"), heldout_packages=("beta",))
+    d = xtr_data.load_data(data, cache, seed=0)
+    beta_root = str(cache / "pypi" / "beta-2.0")
+    # held-out package: never in training; its task holds only its own code
+    assert d.train and not any(p.source.startswith(beta_root) for p in d.train)
+    assert d.package_task is not None and all(c.startswith(beta_root) for c in d.package_task.candidate_ids)
+    assert not set(d.package_task.candidates) & {p.code for p in d.train}
+    # the vendored copy (differing only in a comment) is kept once, in alpha (first in order)
+    info = {s["name"]: s for s in d.sources}
+    assert info["beta"]["cross_source_duplicates"] == 1 and info["beta"]["role"] == "heldout_package"
+    assert (info["alpha"]["version"], info["alpha"]["licence"]) == ("1.0", "BSD-3-Clause")
+    # no training query is a test or dev query of either task (normalised)
+    held = {hard_negatives.normalised_query(q) for t in (d.task, d.package_task)
+            for q in (*t.queries, *t.dev_queries)}
+    assert not {hard_negatives.normalised_query(p.query) for p in d.train} & held
+    with pytest.raises(DataError, match="heldout_packages"):
+        xtr_data.load_data(attrs.evolve(data, heldout_packages=("gamma",)), cache, seed=0)
+
+
+def test_training_query_equal_to_test_query_is_dropped():
+    def pair(q, src):
+        return pairs.Pair(query=q, code=f"def f():\n    return {src!r}", source=src, line=1)
+
+    task = xtr_data.Task(queries=("Return the answer.",), candidates=(), candidate_ids=(),
+                         positives=np.zeros(1, np.int64), dev_queries=("Parse it",),
+                         dev_positives=np.zeros(1, np.int64), digest="")
+    train = [pair("return  the ANSWER", "a"), pair("parse it.", "b"), pair("Something else here", "c")]
+    kept, dropped = xtr_data.drop_eval_queries(train, [task])
+    assert dropped == 2 and [p.source for p in kept] == ["c"]
+
+
+def test_mining_excludes_positive_and_near_duplicates():
+    code = "def parse_header(line):\n    key, value = line.split(':', 1)\n    return key.strip(), value.strip()"
+    near = code.replace("return key", "# trimmed\n    return key")  # same code, a comment added
+    mk = lambda q, c, s: pairs.Pair(query=q, code=c, source=s, line=1)  # noqa: E731
+    train = [mk("Parse a header line into key and value", code, "a"),
+             mk("Split a header line", near, "b"),
+             mk("Parse a cookie header line into pairs",
+                "def parse_cookie(line):\n    return [kv.split('=') for kv in line.split(';')]", "c"),
+             mk("Write the file to disk", "def save(path, data):\n    open(path, 'w').write(data)", "d")]
+    excluder = hard_negatives.Excluder.of(train)
+    bm25 = hard_negatives.mine_bm25(train, 2, excluder)
+    assert 0 not in bm25[0] and 1 not in bm25[0] and bm25[0][0] == 2
+    vecs = np.eye(4, dtype=np.float32)
+    vecs[1] = vecs[0]  # the near-duplicate is the model's nearest: still excluded
+    dense = hard_negatives.mine_dense(vecs, vecs, 3, excluder)
+    assert 0 not in dense[0] and 1 not in dense[0]
+    out, counts = hard_negatives.attach(train, 2, [bm25, dense], seed=0, excluder=excluder)
+    assert all(len(p.negatives) == 2 and p.code not in p.negatives for p in out)
+    assert code not in out[1].negatives and near not in out[0].negatives
+
+
+def test_jsonl_negatives_honoured(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"query": "add two numbers", "code": "def add(a, b):\\n    return a + b", '
+                    '"negatives": ["def sub(a, b):\\n    return a - b"]}\n'
+                    '{"query": "multiply two numbers", "code": "def mul(a, b):\\n    return a * b"}\n')
+    rows, _ = pairs_jsonl.read_jsonl(path)
+    out, counts = xtr_data.with_hard_negatives(rows, 2, ("bm25",), seed=0)
+    assert out[0].negatives[0] == "def sub(a, b):\n    return a - b" and counts["given"] == 1
+    fields, negs = xtr_data.token_fields(out, 2)
+    assert negs == ("neg0", "neg1") and fields["neg0"][0] == "def sub(a, b):\n    return a - b"
+    batch = {"query_ids": np.zeros((1, 2, 4)), "neg0_ids": np.ones((1, 2, 3), np.int32),
+             "neg0_mask": np.ones((1, 2, 3), np.int32), "neg1_ids": np.ones((1, 2, 5), np.int32),
+             "neg1_mask": np.ones((1, 2, 5), np.int32)}
+    (_, stacked), = xtr_data.stack_negatives([(None, batch)], negs)
+    assert stacked["neg_ids"].shape == (1, 2, 2, 5) and stacked["neg_mask"][0, 0, 0].tolist() == [1, 1, 1, 0, 0]
+
+
+def _unit(rng, shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    return mx.array(x / np.linalg.norm(x, axis=-1, keepdims=True))
+
+
+@settings(max_examples=25, deadline=None)
+@given(bq=st.integers(1, 4), extra_docs=st.integers(0, 2), tq=st.integers(1, 5), td=st.integers(1, 6),
+       k_train=st.sampled_from([0, 3]), seed=st.integers(0, 2**16))
+def test_zero_hard_negatives_is_todays_loss_exactly(bq, extra_docs, tq, td, k_train, seed):
+    rng = np.random.default_rng(seed)
+    bd, dim = bq + extra_docs, 8
+    q, d = _unit(rng, (bq, tq, dim)), _unit(rng, (bd, td, dim))
+    q_mask = mx.array(rng.random((bq, tq)) < 0.8) | (mx.arange(tq) == 0)[None]
+    d_mask = mx.array(rng.random((bd, td)) < 0.8) | (mx.arange(td) == 0)[None]
+    if k_train:
+        scores = retrieval.xtr_scores(q, q_mask, d, d_mask, k_train)
+    else:
+        scores = retrieval.maxsim(q, q_mask, d, d_mask)
+    if bd < 2:
+        return
+    today, parts = retrieval.contrastive_loss(scores)
+    empty, empty_mask = mx.zeros((0, 3, dim)), mx.zeros((0, 3), mx.bool_)
+    loss, parts_hn = retrieval.hard_negative_loss(q, q_mask, d, d_mask, empty, empty_mask, xtr_k_train=k_train)
+    assert loss.item() == today.item()
+    assert parts_hn["info_nce"].item() == parts["info_nce"].item()
+    # with negatives: the same as today's loss over documents + negatives as extra columns
+    neg, neg_mask = _unit(rng, (2 * bq, td + 2, dim)), mx.ones((2 * bq, td + 2), mx.bool_)
+    loss_n, _ = retrieval.hard_negative_loss(q, q_mask, d, d_mask, neg, neg_mask)
+    ref = mx.concatenate([retrieval.maxsim(q, q_mask, d, d_mask), retrieval.maxsim(q, q_mask, neg, neg_mask)], 1)
+    assert abs(loss_n.item() - retrieval.contrastive_loss(ref)[0].item()) < 1e-4
+    assert loss_n.item() >= 0.0
