@@ -76,6 +76,10 @@ class DataConfig:
     eval_queries: int = 1000  # at most; at least min_eval_queries must exist
     min_eval_queries: int = 1000
     min_eval_candidates: int = 5000
+    dev_queries: int = 300  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
+    max_eval_candidates: int = 5000  # 0: every held-out function (positives always kept)
+    package_eval_queries: int = 500  # test queries from the held-out packages (0: eval_queries)
+    package_eval_candidates: int = 2500  # candidates from the held-out packages (0: all)
     # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
     packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
     heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
@@ -144,7 +148,9 @@ PRESETS = {
     "quick": Config(loss=LossConfig(temperature=0.05)),
     "full": Config(
         out_dir="runs/xtr_lora_full",
-        data=DataConfig(max_doc_len=256, eval_queries=100_000, hard_negatives=3, negative_miners=("bm25", "model")),
+        data=DataConfig(max_doc_len=256, eval_queries=5000, dev_queries=1000, max_eval_candidates=0,
+                        package_eval_queries=2000, package_eval_candidates=0, hard_negatives=3,
+                        negative_miners=("bm25", "model")),
         optim=OptimConfig(lr=2e-5, warmup_steps=500, total_steps=10_734),
         train=TrainConfig(steps=10_734, checkpoint_every=1000, log_every=50),
     ),

@@ -209,3 +209,14 @@ def test_zero_hard_negatives_is_todays_loss_exactly(bq, extra_docs, tq, td, k_tr
     ref = mx.concatenate([retrieval.maxsim(q, q_mask, d, d_mask), retrieval.maxsim(q, q_mask, neg, neg_mask)], 1)
     assert abs(loss_n.item() - retrieval.contrastive_loss(ref)[0].item()) < 1e-4
     assert loss_n.item() >= 0.0
+
+
+def test_eval_set_candidate_cap_keeps_every_positive():
+    mk = lambda i: pairs.Pair(query=f"Compute widget value number {i}", code=f"def f{i}(x):\n    y = x + {i}\n    return y",  # noqa: E731
+                              source=f"f{i % 7}.py", line=i)
+    corpus = pairs.Corpus(pairs=tuple(mk(i) for i in range(200)), distractors=(), extras=(),
+                          report=pairs.MineReport(files=7, undecodable=0, syntax_errors=0, trivial=0, duplicates=0))
+    full = pairs.eval_set(corpus, 1.0, 0, min_queries=1, min_candidates=1, max_queries=30)
+    capped = pairs.eval_set(corpus, 1.0, 0, min_queries=1, min_candidates=1, max_queries=30, max_candidates=50)
+    assert len(full.candidates) == 200 and len(capped.candidates) == 50 and capped.queries == full.queries
+    assert [capped.candidates[j] for j in capped.positives] == [full.candidates[j] for j in full.positives]

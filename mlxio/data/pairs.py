@@ -329,7 +329,7 @@ class EvalSet:
 
 def eval_set(corpus: Corpus, eval_fraction: float = EVAL_FRACTION, seed: int = 0,
              min_queries: int = 1000, min_candidates: int = 5000,
-             max_queries: int | None = None) -> EvalSet:
+             max_queries: int | None = None, max_candidates: int | None = None) -> EvalSet:
     """The held-out retrieval task of `corpus` under `split_by_file(eval_fraction, seed)`.
 
     Queries: held-out pairs whose query text is unique among them (a shared docstring would
@@ -337,7 +337,8 @@ def eval_set(corpus: Corpus, eval_fraction: float = EVAL_FRACTION, seed: int = 0
     Candidates, in this order: every held-out pair's code, the held-out library files'
     distractors, then (only while fewer than `min_candidates`) a seeded sample of held-out
     extras. Only held-out files contribute, so no candidate is a training pair's code.
-    Raises DataError when fewer than `min_queries` queries or `min_candidates` candidates
+    With `max_candidates`, a larger pool keeps every chosen query's positive plus a seeded
+    sample of the other candidates (in pool order). Raises DataError when fewer than `min_queries` queries or `min_candidates` candidates
     can be had (raise eval_fraction or add roots).
     """
     _, evals = split_by_file(corpus.pairs, eval_fraction, seed)
@@ -353,6 +354,13 @@ def eval_set(corpus: Corpus, eval_fraction: float = EVAL_FRACTION, seed: int = 0
     need = min(max(min_candidates - len(items), 0), len(extras))
     picked = np.sort(rng.choice(len(extras), need, replace=False))
     items += [(extras[i].code, extras[i].source, extras[i].line, extras[i].name) for i in picked]
+    positives = chosen.astype(np.int64)
+    if max_candidates is not None and len(items) > max(max_candidates, len(chosen)):
+        others = np.setdiff1d(np.arange(len(items)), positives)
+        keep = np.sort(np.concatenate([positives, rng.choice(others, max(max_candidates, len(chosen)) - len(positives),
+                                                             replace=False)]))
+        items = [items[i] for i in keep]
+        positives = np.searchsorted(keep, positives).astype(np.int64)
     if len(chosen) < min_queries or len(items) < min_candidates:
         raise DataError(f"eval set: {len(chosen)} queries / {len(items)} candidates from "
                         f"held-out files, need >= {min_queries} / {min_candidates} "
@@ -361,4 +369,4 @@ def eval_set(corpus: Corpus, eval_fraction: float = EVAL_FRACTION, seed: int = 0
                    candidates=tuple(c for c, *_ in items),
                    candidate_ids=tuple(f"{s}:{ln}:{n}" for _, s, ln, n in items),
                    candidate_meta=tuple((s, ln, n) for _, s, ln, n in items),
-                   positives=chosen.astype(np.int64))
+                   positives=positives)

@@ -166,16 +166,21 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
                     role="heldout_package" if label in heldout else "train (split by file)")
     train_corpus = concat([c for label, c in corpora if label not in heldout])
     train, _ = pairs.split_by_file(train_corpus.pairs, data.eval_fraction, seed)
+    dev = getattr(data, "dev_queries", 0)
     ev = pairs.eval_set(train_corpus, data.eval_fraction, seed, min_queries=data.min_eval_queries,
-                        min_candidates=data.min_eval_candidates)
+                        min_candidates=data.min_eval_candidates,
+                        max_queries=data.eval_queries + dev if dev > 0 else None,
+                        max_candidates=getattr(data, "max_eval_candidates", 0) or None)
     task = _task(ev, data.eval_queries, seed)
     package_task = None
     if heldout:
         pkg_corpus = concat([c for label, c in corpora if label in heldout])
-        pkg_ev = pairs.eval_set(pkg_corpus, 1.0, seed, min_queries=data.min_eval_queries,
-                                min_candidates=data.min_eval_candidates,
-                                max_queries=data.eval_queries)
-        package_task = _task(pkg_ev, data.eval_queries, seed)
+        n_pkg = getattr(data, "package_eval_queries", 0) or data.eval_queries
+        max_pkg = getattr(data, "package_eval_candidates", 0) or None
+        pkg_ev = pairs.eval_set(pkg_corpus, 1.0, seed, min_queries=min(data.min_eval_queries, n_pkg),
+                                min_candidates=min(data.min_eval_candidates, max_pkg or data.min_eval_candidates),
+                                max_queries=n_pkg, max_candidates=max_pkg)
+        package_task = _task(pkg_ev, n_pkg, seed)
     train, dropped = drop_eval_queries(train, [t for t in (task, package_task) if t is not None])
     report = {"train_pairs": len(train), "train_queries_dropped_as_eval_queries": dropped,
               "cross_source_duplicates": sum(removed.values())}
