@@ -171,6 +171,17 @@ def test_printable_reward():
     assert got == [1.0, 0.5, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("family,name", TEMPLATES)
+def test_reference_passes_over_many_seeds(family, name):
+    """Every level, 20 seeds: the shipped canonical solution passes the shipped tests, and
+    the tests hold at least MIN_DISTINCT different expected values."""
+    for lv in tasks.LEVELS:
+        for s in range(20):
+            p = tasks.make_problem(family, name, lv, s)
+            run_in_process(p.prompt + p.canonical_solution, p.test, p.entry_point)
+            assert not tasks.degenerate(tasks.draw(family, name, lv, s))
+
+
 @given(template, level, seed)
 def test_trivial_answers_fail(ft, lv, s):
     """No constant and no identity passes: every problem's tests tell them apart."""

@@ -52,10 +52,12 @@ class TaskSet:
 
 
 def family_names() -> tuple[str, ...]:
+    """Names of the task families, in order."""
     return tuple(FAMILIES)
 
 
 def template_names(family: str) -> tuple[str, ...]:
+    """Names of the templates of `family` (ValueError naming the choices if unknown)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown task family {family!r}; choose from {', '.join(FAMILIES)}")
     return tuple(FAMILIES[family])
