@@ -122,7 +122,8 @@ def test_task_seed_gives_other_instances():
 
 
 def test_recipe_load_data_sources():
-    train, sets = rq.load_data(DataConfig(train_per_template=2, heldout_per_template=1))
+    train, sets = rq.load_data(DataConfig(difficulty=(1, 2), train_per_template=2,
+                                          heldout_per_template=1))
     assert len(train) == 4 * 3 * 2 * 2 and list(sets) == ["heldout", "heldout_families"]
     assert len(sets["heldout"]) == 4 * 3 * 2 and len(sets["heldout_families"]) == 3 * 2
     assert {tasks.task_set_of(p.task_id) for p in train} == {"train"}
