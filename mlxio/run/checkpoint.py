@@ -67,14 +67,21 @@ def config_hash(config_dict: dict) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _file_digest(path: Path) -> tuple[str, int]:
-    """(SHA-256 hex, size) of a file, read in 1 MiB chunks."""
-    digest, size = hashlib.sha256(), 0
+def file_digest(path: Path, quick: bool = False) -> tuple[str, int]:
+    """(SHA-256 hex, size) of a file read in 1 MiB chunks; `quick`: of its size + first and
+    last MiB only (a cheap change check for large files, e.g. the search index's)."""
+    h = hashlib.sha256()
+    size = Path(path).stat().st_size
     with open(path, "rb") as f:
+        if quick:
+            h.update(str(size).encode())
+            h.update(f.read(1 << 20))
+            f.seek(max(size - (1 << 20), 0))
+            h.update(f.read(1 << 20))
+            return h.hexdigest(), size
         while chunk := f.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
+            h.update(chunk)
+    return h.hexdigest(), size
 
 
 def _json_default(obj: Any) -> Any:
@@ -218,7 +225,7 @@ def save(run_dir: str | Path, step: int, trees: dict[str, Tree], meta: dict,
         files[META] = tmp / META
         entries = {}
         for fname, path in sorted(files.items()):
-            sha, size = _file_digest(path)
+            sha, size = file_digest(path)
             entries[fname] = {"sha256": sha, "size": size}
         body = {"format": FORMAT, "step": step, "trees": sorted(flats), "files": entries}
         manifest = {**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
@@ -296,7 +303,7 @@ def verify(ckpt_dir: str | Path) -> dict:
             raise CheckpointError(f"{ckpt_dir / MANIFEST}: bad file name {fname!r}")
         if not path.is_file():
             raise CheckpointError(f"{path}: listed in the manifest but missing")
-        sha, size = _file_digest(path)
+        sha, size = file_digest(path)
         if size != entry.get("size"):
             raise CheckpointError(f"{path}: size {size} != {entry.get('size')} in the manifest")
         if sha != entry.get("sha256"):

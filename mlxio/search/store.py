@@ -21,7 +21,6 @@ index is never read whole):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from mlxio.errors import MlxioError
+from mlxio.run import checkpoint
 from mlxio.run.checkpoint import pid_alive
 
 FORMAT = "mlx-code-search-index"
@@ -46,18 +46,7 @@ class IndexError_(MlxioError):
 
 def file_digest(path: Path, quick: bool = False) -> str:
     """SHA-256 of the whole file, or (quick) of its size + first and last MiB."""
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    with path.open("rb") as f:
-        if not quick:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-            return h.hexdigest()
-        h.update(str(size).encode())
-        h.update(f.read(1 << 20))
-        f.seek(max(size - (1 << 20), 0))
-        h.update(f.read(1 << 20))
-    return h.hexdigest()
+    return checkpoint.file_digest(path, quick)[0]
 
 
 def current(index_dir: Path) -> Path | None:
