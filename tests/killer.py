@@ -21,8 +21,8 @@ from pathlib import Path
 SLOW_FSYNC = """
 import time
 import mlxio.run.checkpoint as ckpt
-_fsync = ckpt._fsync_path
-ckpt._fsync_path = lambda path: (time.sleep(0.05), _fsync(path))[1]
+_fsync = ckpt.fsync_path
+ckpt.fsync_path = lambda path: (time.sleep(0.05), _fsync(path))[1]
 """
 
 

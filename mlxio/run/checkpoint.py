@@ -101,7 +101,7 @@ def _canonical(obj: Any) -> bytes:
 
 # ------------------------------------------------------------------------------ durability
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
     """fsync a file or directory (a directory's fsync makes renames inside it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -219,7 +219,7 @@ def save(run_dir: str | Path, step: int, trees: dict[str, Tree], meta: dict,
         for name, flat in flats.items():
             path = tmp / f"{name}.safetensors"
             mx.save_safetensors(str(path), flat, metadata={"format": "mlx", "tree": name})
-            _fsync_path(path)
+            fsync_path(path)
             files[path.name] = path
         _write_bytes(tmp / META, meta_bytes)
         files[META] = tmp / META
@@ -230,7 +230,7 @@ def save(run_dir: str | Path, step: int, trees: dict[str, Tree], meta: dict,
         body = {"format": FORMAT, "step": step, "trees": sorted(flats), "files": entries}
         manifest = {**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
         _write_bytes(tmp / MANIFEST, _canonical(manifest))
-        _fsync_path(tmp)
+        fsync_path(tmp)
         if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside
             old = root / f"{TMP_PREFIX}old-{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
             os.rename(final, old)
@@ -238,14 +238,14 @@ def save(run_dir: str | Path, step: int, trees: dict[str, Tree], meta: dict,
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_path(root)
+        fsync_path(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     pointer_tmp = root / f"{TMP_PREFIX}{LATEST}-{os.getpid()}-{secrets.token_hex(4)}"
     _write_bytes(pointer_tmp, f"{final.name}\n".encode())
     os.replace(pointer_tmp, root / LATEST)
-    _fsync_path(root)
+    fsync_path(root)
     _prune(root, keep=final, keep_last=keep_last)
     return final
 

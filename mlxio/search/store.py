@@ -85,14 +85,6 @@ def new_generation(index_dir: Path) -> tuple[Path, Path]:
     return tmp, index_dir / f"gen-{number:06d}"
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def commit(tmp: Path, final: Path, manifest: dict) -> None:
     """Hash every file of `tmp` into its manifest, fsync, rename to `final`, switch CURRENT."""
     files = {}
@@ -103,14 +95,14 @@ def commit(tmp: Path, final: Path, manifest: dict) -> None:
         if entry["bytes"] > FULL_HASH_LIMIT:
             entry["quick_sha256"] = file_digest(path, quick=True)
         files[path.name] = entry
-        _fsync(path)
+        checkpoint.fsync_path(path)
     manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
     data = json.dumps(manifest, indent=1).encode()
     with (tmp / "manifest.json").open("wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    _fsync(tmp)
+    checkpoint.fsync_path(tmp)
     os.rename(tmp, final)
     index_dir = final.parent
     pointer_tmp = index_dir / f".CURRENT.{os.getpid()}"
@@ -118,7 +110,7 @@ def commit(tmp: Path, final: Path, manifest: dict) -> None:
     with pointer_tmp.open("rb") as f:
         os.fsync(f.fileno())
     os.replace(pointer_tmp, index_dir / "CURRENT")
-    _fsync(index_dir)
+    checkpoint.fsync_path(index_dir)
     clean_stale(index_dir)
 
 
