@@ -12,7 +12,6 @@ process with some `os` functions nulled), so it runs as a subprocess inside our 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ import attrs
 import numpy as np
 
 from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
+from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError
 from mlxio.rl.rewards import Problem, combine_rewards, extract_code
 from mlxio.sandbox.backend import (
@@ -83,7 +83,7 @@ def heldout_split(problems: Sequence[Problem], fraction: float, salt: str = "rla
         raise ConfigError(f"data.heldout_fraction: must be in (0, 1), got {fraction}")
     train, held = [], []
     for p in problems:
-        h = int.from_bytes(hashlib.sha256((salt + p.task_id).encode()).digest()[:8], "big")
+        h = hashed_int(salt + p.task_id, 8)
         (held if h / 2**64 < fraction else train).append(p)
     if not train or not held:
         raise ConfigError(f"data.heldout_fraction={fraction} leaves {len(train)} training and "

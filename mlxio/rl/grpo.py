@@ -6,13 +6,12 @@ worker (`mlxio.rl.worker`): the policy with fresh LoRA, the loss handed to mlxco
 
 from __future__ import annotations
 
-import hashlib
-
 import attrs
 import mlx.core as mx
 import numpy as np
 
 from mlxcore import policy as pg
+from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError
 from mlxio.run import checkpoint, distributed
 from mlxio.run.config import to_dict
@@ -55,7 +54,7 @@ def run_identity(cfg, policy: llm.Policy) -> dict:
 
 def step_seed(seed: int, step: int) -> int:
     """Sampling seed of a step (independent of how many steps ran in this process)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}:{step}".encode()).digest()[:4], "big")
+    return hashed_int(f"{seed}:{step}", 4)
 
 
 def prompt_indices(step: int, per_step: int, n: int, seed: int) -> list[int]:

@@ -17,13 +17,13 @@ the counts asked for. Pure Python: no I/O, no global random state.
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import random
 from collections.abc import Sequence
 
 import attrs
 
+from mlxio.digest import hashed_int
 from mlxio.rl.families import FAMILIES, Spec
 from mlxio.rl.rewards import Problem
 
@@ -150,7 +150,7 @@ def prompt_split(prompt: str) -> str:
     """"heldout" or "train": which split an instance with this prompt text may join (a salted
     hash of the text, a share HELDOUT_SHARE of it held out). A function of the text alone, so
     equal prompts always fall on the same side."""
-    h = int.from_bytes(hashlib.sha256(f"{_SALT}\0{prompt}".encode()).digest()[:8], "big")
+    h = hashed_int(f"{_SALT}\0{prompt}", 8)
     return "heldout" if h / 2**64 < HELDOUT_SHARE else "train"
 
 

@@ -28,6 +28,7 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxcore.tree import Tree, flatten, unflatten
+from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError, MlxioError
 
 
@@ -196,7 +197,7 @@ def rank_seed(seed: int, world: World) -> int:
     rank, else a 32-bit hash of (seed, rank)."""
     if world.size == 1:
         return seed
-    return int.from_bytes(hashlib.sha256(f"{seed}:rank{world.rank}".encode()).digest()[:4], "big")
+    return hashed_int(f"{seed}:rank{world.rank}", 4)
 
 
 def barrier(world: World) -> None:
