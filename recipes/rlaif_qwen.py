@@ -29,7 +29,6 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 from mlxcore.optim import make_optimizer
@@ -46,6 +45,7 @@ from mlxio.rl.grpo import (
     rank_share,
     run_identity,
     shared_advantages,
+    step_record,
     step_seed,
 )
 from mlxio.rl.rewards import (
@@ -208,28 +208,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                                            mx.array(step * cfg.inner_epochs + epoch))
             mx.eval(params, state, m)
         t2 = time.perf_counter()
-        ntok = int(packed["lengths"].sum()) * cfg.inner_epochs  # real (unpadded) tokens trained
-        # step-wide figures: rewards gathered, counts and throughputs summed over ranks
-        total = distributed.gather_np(rew.total, world)
-        exec_scores = rew.per_reward.get("execution")
-        exec_scores = None if exec_scores is None else distributed.gather_np(exec_scores, world)
-        tokens, hits, misses, gen_tps, train_tps, missing = distributed.gather_np(np.array([[
-            sum(map(len, ro.completion_tokens)), rew.cache_hits, rew.cache_misses,
-            ro.gen_tokens_per_s, ntok / (t2 - t1), rew.missing.sum()]], np.float64), world).sum(0)
-        components = {f"reward/{name}": float(np.nanmean(distributed.gather_np(v, world)))
-                      for name, v in rew.per_reward.items() if not np.isnan(v).all()}
-        record = {
-            "step": step + 1, "reward_mean": float(np.nanmean(total)), **components,
-            "reward_std": float(np.nanstd(total)),
-            "pass_rate": float(np.nanmean(exec_scores)) if exec_scores is not None else None,
-            "missing_rewards": int(missing),
-            **{k: float(v) for k, v in m.items()},
-            "completion_tokens": int(tokens), "completion_len_mean": float(tokens / max(len(total), 1)),
-            "gen_tokens_per_s": float(gen_tps), "train_tokens_per_s": float(train_tps),
-            "cache_hit_rate": float(hits / (hits + misses)) if hits + misses else None,
-            "consecutive_skips": int(state["consecutive_skips"]),
-            "step_s": time.perf_counter() - t0,
-        }
+        record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
+                  "step_s": time.perf_counter() - t0}
         window.add(record)
         if world.is_main and ((step + 1) % cfg.log_every == 0 or step + 1 == end):
             reporter.write({**window.pop(), "step": step + 1})

@@ -147,3 +147,30 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
     batch = {"tokens": tokens, "mask": mask, "advantages": mx.array(adv), "old_logp": old_logp,
              "ref_logp": ref_logp}
     return {k: v.reshape(cfg.accum, micro, *v.shape[1:]) for k, v in batch.items()}
+
+
+def step_record(rew, ro, packed: dict, metrics: dict, state: dict, inner_epochs: int, update_s: float,
+                world: distributed.World) -> dict:
+    """A step's step-wide figures for metrics.jsonl: rewards gathered from every rank (mean, std,
+    per component, execution pass rate), counts and throughputs summed over ranks, the update's
+    metrics. rew: `rewards.combine_rewards`'s result; ro: the rollouts; packed: `rollout.pack`."""
+    ntok = int(packed["lengths"].sum()) * inner_epochs  # real (unpadded) tokens trained
+    total = distributed.gather_np(rew.total, world)
+    exec_scores = rew.per_reward.get("execution")
+    exec_scores = None if exec_scores is None else distributed.gather_np(exec_scores, world)
+    tokens, hits, misses, gen_tps, train_tps, missing = distributed.gather_np(np.array([[
+        sum(map(len, ro.completion_tokens)), rew.cache_hits, rew.cache_misses,
+        ro.gen_tokens_per_s, ntok / update_s, rew.missing.sum()]], np.float64), world).sum(0)
+    components = {f"reward/{name}": float(np.nanmean(distributed.gather_np(v, world)))
+                  for name, v in rew.per_reward.items() if not np.isnan(v).all()}
+    return {
+        "reward_mean": float(np.nanmean(total)), **components,
+        "reward_std": float(np.nanstd(total)),
+        "pass_rate": float(np.nanmean(exec_scores)) if exec_scores is not None else None,
+        "missing_rewards": int(missing),
+        **{k: float(v) for k, v in metrics.items()},
+        "completion_tokens": int(tokens), "completion_len_mean": float(tokens / max(len(total), 1)),
+        "gen_tokens_per_s": float(gen_tps), "train_tokens_per_s": float(train_tps),
+        "cache_hit_rate": float(hits / (hits + misses)) if hits + misses else None,
+        "consecutive_skips": int(state["consecutive_skips"]),
+    }
