@@ -166,7 +166,12 @@ def main(argv=None) -> dict:
                             "float32 LoRA", "rows": args.rows, "micro_batch": args.micro,
                             "prompt_len": args.prompt_len, "completion_len": args.completion_len,
                             "tokens_per_step": tokens, "lora": "r=16 alpha=32 q,k,v,o (full preset)",
-                            "loss": "PPO-clip 0.2 + 0.04 k3 KL", "mlx_device": str(mx.default_device())},
+                            "loss": "PPO-clip 0.2 + 0.04 k3 KL", "mlx_device": str(mx.default_device()),
+                            # unlike benchmarks/retriever.py, no pre-timing agreement check yet: the
+                            # sides' LoRA A inits (mlxcore U(+-1/sqrt(in)) vs PEFT's) and optimizers
+                            # (MLX AdamW with the full preset's warm-up, no bias correction, vs torch
+                            # AdamW at a constant lr) differ, so the losses after step 1 differ
+                            "agreement": "not checked: LoRA init and optimizer differ between the sides"},
                "runs": runs, "ratios": ratios}
     write(f"rlaif_step_{args.shape}{args.suffix}", payload, args.machine)
     return payload
