@@ -212,6 +212,23 @@ def padded_length(longest: int, bucket: int) -> int:
     return max(1, -(-longest // bucket)) * bucket
 
 
+def length_sorted_batches(token_ids: Sequence[Sequence[int]], batch_size: int, bucket: int):
+    """Yields (rows int [b], ids int32 [b, T], mask bool [b, T]) over `token_ids`, shortest
+    first, each batch padded to its longest row rounded up to `bucket` (few distinct T: few
+    compiled shapes); `rows` index the input order, every row exactly once."""
+    lengths = np.array([len(t) for t in token_ids], np.int64)
+    order = np.argsort(lengths, kind="stable")
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        width = padded_length(int(lengths[rows].max()), bucket)
+        ids = np.zeros((len(rows), width), np.int32)
+        mask = np.zeros((len(rows), width), np.bool_)
+        for i, row in enumerate(rows):
+            ids[i, :lengths[row]] = token_ids[row]
+            mask[i, :lengths[row]] = True
+        yield rows, ids, mask
+
+
 def make_batch(cache: TokenCache, indices: np.ndarray, bucket: int = 32, pad_id: int = 0,
                fields: Sequence[str] = ("query", "doc")) -> dict[str, np.ndarray]:
     """Padded arrays for one optimizer step of `indices` ([accum, micro]).

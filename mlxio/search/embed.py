@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore.encoder import token_embeddings
-from mlxio.data.token_cache import hf_tokenize, padded_length
+from mlxio.data.token_cache import hf_tokenize, length_sorted_batches
 
 Progress = Callable[[int, int, float], None]  # (texts done, texts total, seconds elapsed)
 
@@ -32,23 +32,14 @@ class Embedder:
         """Yields (text indices [b], their float16 [n_tokens_i, D] embeddings) batch by batch,
         shortest texts first; every text exactly once."""
         token_ids = self.tokenize(list(texts), max_length or self.max_length)
-        lengths = np.array([len(t) for t in token_ids], np.int64)
-        order = np.argsort(lengths, kind="stable")
         start_time, done = time.perf_counter(), 0
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start:start + self.batch_size]
-            width = padded_length(int(lengths[rows].max()), self.bucket)
-            ids = np.zeros((len(rows), width), np.int32)
-            mask = np.zeros((len(rows), width), np.bool_)
-            for i, row in enumerate(rows):
-                ids[i, :lengths[row]] = token_ids[row]
-                mask[i, :lengths[row]] = True
+        for rows, ids, mask in length_sorted_batches(token_ids, self.batch_size, self.bucket):
             emb = self._encode(self.params, mx.array(ids), mx.array(mask)).astype(mx.float16)
             emb = np.array(emb)
-            yield rows, [emb[i, :lengths[row]] for i, row in enumerate(rows)]
+            yield rows, [emb[i, :len(token_ids[row])] for i, row in enumerate(rows)]
             done += len(rows)
             if progress is not None:
-                progress(done, len(order), time.perf_counter() - start_time)
+                progress(done, len(token_ids), time.perf_counter() - start_time)
 
     def embed(self, texts: Sequence[str], max_length: int | None = None,
               progress: Progress | None = None) -> list[np.ndarray]:

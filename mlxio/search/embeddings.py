@@ -1,15 +1,14 @@
-"""Embed texts with a multi-vector encoder, score them by MaxSim, and store the embeddings.
+"""Embed texts with a multi-vector encoder (token or mean-pooled vectors) and score them by MaxSim.
 
 Texts are tokenised once, sorted by length and embedded in batches padded to a bucket, so a
 handful of compiled shapes serve the whole corpus and padding costs little. Ranking and fusion
-of the scores are pure (`mlxcore.ranking`); this module owns the tokenizer and the files.
-Used by the xtr_lora recipe (evaluation) and code_search (index and query).
+of the scores are pure (`mlxcore.ranking`); the search index's own streaming embedder is
+`mlxio.search.embed`. Used by the xtr_lora recipe's evaluation and its data (pooled vectors).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import attrs
 import mlx.core as mx
@@ -17,7 +16,7 @@ import numpy as np
 
 from mlxcore import retrieval
 from mlxcore.encoder import EncoderSpec, hidden_states, token_embeddings
-from mlxio.data.token_cache import hf_tokenize, padded_length
+from mlxio.data.token_cache import hf_tokenize, length_sorted_batches
 
 
 @attrs.frozen
@@ -56,19 +55,12 @@ def embed_texts(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str]
     from mlxio.run.reporting import progress
 
     token_ids = hf_tokenize(tokenizer)(list(texts), max_length)
-    lengths = np.array([len(t) for t in token_ids])
-    order = np.argsort(lengths, kind="stable")
     encode_fn = encode_fn or token_embeddings
     encode = mx.compile(lambda p, ids, mask: encode_fn(p, ids, mask, spec))
     blocks = []
-    for start in progress(range(0, len(order), batch_size), desc=desc, unit="batch", every_s=15.0):
-        rows = order[start:start + batch_size]
-        width = padded_length(int(lengths[rows].max()), bucket)
-        ids = np.zeros((len(rows), width), np.int32)
-        mask = np.zeros((len(rows), width), np.bool_)
-        for i, row in enumerate(rows):
-            ids[i, :lengths[row]] = token_ids[row]
-            mask[i, :lengths[row]] = True
+    batches = length_sorted_batches(token_ids, batch_size, bucket)
+    for rows, ids, mask in progress(batches, total=-(-len(token_ids) // batch_size), desc=desc, unit="batch",
+                                    every_s=15.0):
         ids_mx, mask_mx = mx.array(ids), mx.array(mask)
         emb = encode(params, ids_mx, mask_mx)
         mx.eval(emb)
@@ -85,38 +77,3 @@ def maxsim_matrix(queries: Embedded, docs: Embedded) -> np.ndarray:
             block = score(q_emb, q_mask, d_emb, d_mask)
             scores[np.ix_(q_rows, d_rows)] = np.array(block)
     return scores
-
-
-def save_embedded(directory: Path, embedded: Embedded) -> None:
-    """Store real-token embeddings only: float16 tokens [n_tokens, D] + int64 offsets [n + 1]."""
-    rows, parts = [], []
-    for block_rows, emb, mask in embedded.blocks:
-        emb, mask = np.array(emb.astype(mx.float16)), np.array(mask)
-        for i, row in enumerate(block_rows):
-            rows.append(row)
-            parts.append(emb[i][mask[i]])
-    ordered = [parts[i] for i in np.argsort(rows)]
-    offsets = np.zeros(embedded.n + 1, np.int64)
-    offsets[1:] = np.cumsum([len(p) for p in ordered])
-    directory.mkdir(parents=True, exist_ok=True)
-    np.save(directory / "tokens.npy", np.concatenate(ordered) if ordered else np.zeros((0, 1), np.float16))
-    np.save(directory / "offsets.npy", offsets)
-
-
-def load_embedded(directory: Path, batch_size: int = 256, bucket: int = 16) -> Embedded:
-    """Inverse of `save_embedded`: length-sorted, bucket-padded float32 blocks (memory-mapped read)."""
-    tokens = np.load(directory / "tokens.npy", mmap_mode="r")
-    offsets = np.load(directory / "offsets.npy")
-    lengths = np.diff(offsets)
-    order = np.argsort(lengths, kind="stable")
-    blocks = []
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        width = padded_length(int(lengths[rows].max()), bucket)
-        emb = np.zeros((len(rows), width, tokens.shape[1]), np.float32)
-        mask = np.zeros((len(rows), width), np.bool_)
-        for i, row in enumerate(rows):
-            emb[i, :lengths[row]] = tokens[offsets[row]:offsets[row + 1]]
-            mask[i, :lengths[row]] = True
-        blocks.append((rows, mx.array(emb), mx.array(mask)))
-    return Embedded(blocks=blocks, n=len(lengths))
