@@ -59,10 +59,19 @@ def embed_texts(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str]
     encode = mx.compile(lambda p, ids, mask: encode_fn(p, ids, mask, spec))
     blocks = []
     batches = length_sorted_batches(token_ids, batch_size, bucket)
+    # the last, partial batch is padded to batch_size rows (one token each, sliced off after), so
+    # it runs a shape the full batches already compiled (on a GPU: no new kernels for it)
+    full = batch_size if len(token_ids) > batch_size else len(token_ids)
     for rows, ids, mask in progress(batches, total=-(-len(token_ids) // batch_size), desc=desc, unit="batch",
                                     every_s=15.0):
+        if len(rows) < full:
+            extra = full - len(rows)
+            ids = np.concatenate([ids, np.zeros((extra, ids.shape[1]), ids.dtype)])
+            mask = np.concatenate([mask, np.eye(1, mask.shape[1], dtype=mask.dtype).repeat(extra, 0)])
         ids_mx, mask_mx = mx.array(ids), mx.array(mask)
         emb = encode(params, ids_mx, mask_mx)
+        if len(rows) < ids.shape[0]:
+            emb, mask_mx = emb[:len(rows)], mask_mx[:len(rows)]
         mx.eval(emb)
         blocks.append((rows, emb, mask_mx))
     return Embedded(blocks=blocks, n=len(texts))
