@@ -61,7 +61,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--machine", required=True, help="results/<machine>/rlaif_learning.json")
     ap.add_argument("--stop-after", type=int, default=None, help="steps in this sitting")
     ap.add_argument("--results", default=None, help="JSON to append to (default: results/...)")
+    ap.add_argument("--from-eval", default=None, metavar="EVAL_JSON",
+                    help="no run: the entries of a finished run's eval.json (e.g. one made on a "
+                         "machine whose results could not all be copied back)")
+    ap.add_argument("--wall-s", type=float, default=None, help="with --from-eval: the run's wall time")
+    ap.add_argument("--run-command", default=None, help="with --from-eval: the command that ran it")
     args = ap.parse_args(argv[:cut])
+    path = Path(args.results) if args.results else RESULTS / args.machine / "rlaif_learning.json"
+    if args.from_eval:
+        append(path, entries(json.loads(Path(args.from_eval).read_text()), args.run_command or "",
+                             args.wall_s, Path(args.from_eval).parent.name))
+        return
     recipe_args = argv[cut + 1:]
     command = "python -m benchmarks.rlaif_learning --machine " + args.machine + " -- " + shlex.join(recipe_args)
     t0 = time.perf_counter()
@@ -75,10 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     if not any("after" in r for r in results["eval"].values()):
         print(f"run not finished yet ({len(calls)} sittings); call again to continue", file=sys.stderr)
         return
-    path = Path(args.results) if args.results else RESULTS / args.machine / "rlaif_learning.json"
+    append(path, entries(results, command, sum(calls), out.name))
+
+
+def append(path: Path, new: list[dict]) -> None:
+    """Add `new` entries to the JSON list at `path` and print them."""
     path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.exists() else []
-    new = entries(results, command, sum(calls), out.name)
     path.write_text(json.dumps(old + new, indent=1) + "\n")
     for e in new:
         print(f"{e['task_set']:<18} pass@1 {e['before']['pass_at_1']:.3f} -> {e['after']['pass_at_1']:.3f} "

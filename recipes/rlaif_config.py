@@ -135,6 +135,15 @@ PRESETS = {
                                      total_steps=200, clip_norm=1.0),
                    clip_eps=0.2, inner_epochs=2, out_dir="runs/rlaif_full",
                    eval=EvalConfig(max_new_tokens=512, batch=16)),
+    # the H100 learning run of the README (benchmarks/results/h100/rlaif_learning.json):
+    # 100 steps x 8 prompts x 8 completions of levels 1-2, evaluated with n = 16 on 96 held-out
+    # instances, 24 problems of the held-out family and HumanEval's held-out split
+    "gpu": Config(steps=100, prompts_per_step=8, group_size=8, checkpoint_every=10, log_every=5,
+                  optim=OptimConfig(name="adamw", lr=2e-4, weight_decay=0.0, warmup_steps=0,
+                                    total_steps=100, clip_norm=1.0),
+                  data=DataConfig(difficulty=(1, 2), heldout_per_template=4, transfer=("humaneval",)),
+                  sandbox=SandboxConfig(workers=8),
+                  eval=EvalConfig(max_new_tokens=256, batch=4, workers=8), out_dir="runs/rlaif_gpu"),
     "smoke": Config(model=TINY_PREFIX + "llama", steps=4, prompts_per_step=2, group_size=4,
                     accum=2, max_new_tokens=12, checkpoint_every=2,
                     lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")),

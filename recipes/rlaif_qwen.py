@@ -23,7 +23,6 @@ loss, batch and policy loading: mlxio/rl/grpo.py (shared with the worker, recipe
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -31,12 +30,20 @@ from pathlib import Path
 import mlx.core as mx
 
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
+from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (TrainingDiverged: what run raises)
 from mlxio.rl import rollout, tasks
-from mlxio.rl.evaluation import compare, evaluate, format_table, heldout_split, instruction
+from mlxio.rl.evaluation import (
+    compare,
+    evaluate,
+    evaluate_sets,
+    format_table,
+    heldout_split,
+    instruction,
+)
 from mlxio.rl.grpo import (
     build_batch,
     load_model,
@@ -160,24 +167,21 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                             start_step=start_step, logger=logger,
                             headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"))
 
-    def evaluate_all(lora) -> dict[str, dict]:
-        return {name: evaluate(llm_lora.bound_policy(policy, lora), problems, cfg.eval, fns, cache, temperature=cfg.temperature,
-                               top_p=cfg.top_p, stop_at_code_end=cfg.stop_at_code_end)
-                for name, problems in eval_sets.items()}
+    def evaluate_all(lora, phase: str) -> dict[str, dict]:
+        """Every evaluation set under `lora`, resumable through out/eval_<phase>.json."""
+        def one(name: str) -> dict:
+            return evaluate(llm_lora.bound_policy(policy, lora), eval_sets[name], cfg.eval, fns,
+                            cache, temperature=cfg.temperature, top_p=cfg.top_p,
+                            stop_at_code_end=cfg.stop_at_code_end)
+        return evaluate_sets(one, list(eval_sets), out / f"eval_{phase}.json",
+                             {**run_id, "phase": phase})
 
     results = {"config": to_dict(cfg), "eval": {name: {} for name in eval_sets}}
-    before_path = out / "eval_before.json"
-    before = None
-    if cfg.eval.before and found is not None and before_path.exists():
-        before = json.loads(before_path.read_text())
-    elif cfg.eval.before and found is not None and world.is_main:
-        logger.warning("resumed without %s: no 'before' evaluation (the model is already "
-                       "trained)", before_path)
-    elif cfg.eval.before and world.is_main:
-        before = evaluate_all(params)
-        write_json_atomic(before_path, before)
-    for name in eval_sets if before else ():
-        results["eval"][name]["before"] = before[name]
+    if cfg.eval.before and world.is_main:
+        # "before" is the base model: LoRA off (every lora_b zero), whatever step a resumed
+        # run is at, so it can be computed (or finished) at any time
+        for name, res in evaluate_all(pg.reference_params(params), "before").items():
+            results["eval"][name]["before"] = res
 
     profiler = context.profiler(profile_memory)
     bar = progress(range(start_step, end), initial=start_step, total=end, desc="rlaif", unit="step",
@@ -242,7 +246,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     llm_lora.save_adapters(model, params, cfg.lora, cfg.lora_layers, out / "adapters", base_model=base)
     llm_lora.fuse(policy, params, out / "fused")  # float base (the CPU default): transformers loads it too
     if cfg.eval.after:
-        for name, after in evaluate_all(params).items():
+        for name, after in evaluate_all(params, "after").items():
             entry = results["eval"][name]
             entry["after"] = after
             if "before" in entry:

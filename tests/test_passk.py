@@ -56,3 +56,24 @@ def test_paired_interval_is_narrower_than_unpaired():
     _, (blo, bhi) = mean_ci(base, resamples=2000)
     assert (hi - lo) < (bhi - blo) / 3
     assert lo > 0
+
+
+def test_evaluate_sets_resumes_from_its_record(tmp_path):
+    """An interrupted evaluation keeps the sets it finished; another identity starts over."""
+    from mlxio.rl.evaluation import evaluate_sets
+
+    calls = []
+
+    def one(name):
+        calls.append(name)
+        if name == "b" and calls.count("b") == 1:
+            raise KeyboardInterrupt  # killed while evaluating the second set
+        return {"set": name}
+
+    record = tmp_path / "eval_after.json"
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_sets(one, ["a", "b"], record, {"run": 1})
+    assert evaluate_sets(one, ["a", "b"], record, {"run": 1}) == {"a": {"set": "a"}, "b": {"set": "b"}}
+    assert calls == ["a", "b", "b"]
+    evaluate_sets(one, ["a"], record, {"run": 2})
+    assert calls == ["a", "b", "b", "a"]

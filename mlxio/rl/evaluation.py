@@ -18,7 +18,7 @@ import os
 import resource
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError
 from mlxio.rl.rewards import Problem, combine_rewards, extract_code
+from mlxio.run.runlog import write_json_atomic
 from mlxio.sandbox.backend import (
     launcher_argv,
     make_pids_cgroup,
@@ -244,6 +245,31 @@ def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache, *
     out["per_problem"] = per_problem
     out["n"] = cfg.samples
     return out
+
+
+def evaluate_sets(evaluate_one: Callable[[str], dict], names: Sequence[str], record: Path,
+                  identity: dict) -> dict[str, dict]:
+    """{name: evaluate_one(name)} for every evaluation set, resumable: sets already recorded in
+    `record` under the same `identity` (a JSON-able dict: the run and what is evaluated) are
+    read back, the others evaluated in turn and the record rewritten atomically after each, so
+    an evaluation interrupted (a killed process, a device call's time limit) continues where it
+    stopped instead of starting again."""
+    done: dict[str, dict] = {}
+    if record.exists():
+        try:
+            saved = json.loads(record.read_text())
+        except (OSError, ValueError):
+            saved = None
+        if isinstance(saved, dict) and saved.get("identity") == identity:
+            done = dict(saved.get("sets", {}))
+            if done:
+                log.info("%s: %d evaluation set(s) already done (%s)", record.name, len(done),
+                         ", ".join(done))
+    for name in names:
+        if name not in done:
+            done[name] = evaluate_one(name)
+            write_json_atomic(record, {"identity": identity, "sets": done})
+    return {name: done[name] for name in names}
 
 
 def compare(before: dict, after: dict, cfg: EvalConfig) -> dict:
