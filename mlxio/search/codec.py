@@ -103,9 +103,19 @@ class Codec:
     def decode(self, ids: np.ndarray, packed: np.ndarray) -> np.ndarray:
         """Unit-norm float32 [n, D] approximations of the encoded vectors."""
         buckets = unpack(np.asarray(packed), self.nbits, self.dim)
-        resid = np.take_along_axis(self.weights[None, :, :], buckets[:, :, None].astype(np.int64),
-                                   axis=2)[:, :, 0] if len(buckets) else np.zeros((0, self.dim))
-        return _normalise(self.centroids[np.asarray(ids, np.int64)] + resid).astype(np.float32)
+        if self.nbits == 1:  # low + bit * (high - low): one multiply-add, no gather
+            lo, hi = self.weights[:, 0], self.weights[:, 1]
+            out = np.multiply(buckets, hi - lo, dtype=np.float32)
+            out += lo
+        else:
+            levels = 2 ** self.nbits
+            flat = buckets.astype(np.int32)
+            flat += (np.arange(self.dim, dtype=np.int32) * levels)[None, :]
+            out = np.take(self.weights.reshape(-1), flat)
+        out += self.centroids[np.asarray(ids, np.intp)]
+        norms = np.sqrt(np.einsum("ij,ij->i", out, out))
+        out /= np.maximum(norms, 1e-12)[:, None]
+        return out
 
 
 def centroid_dtype(k: int) -> type:

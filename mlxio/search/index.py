@@ -72,8 +72,10 @@ class Writer:
         return len(self.doc_lengths)
 
     def add(self, record: dict, cids: np.ndarray, packed: np.ndarray,
-            record_blob: bytes | None = None) -> None:
-        """One document: its record {"id", "code", ...} and compressed tokens."""
+            record_blob: bytes | None = None, term_counts: Counter | None = None) -> None:
+        """One document: its record {"id", "code", ...} and compressed tokens. `record_blob`
+        (the record already compressed) and `term_counts` (Counter(code_terms(code))) save
+        recomputing them when the caller has them."""
         if len(cids) == 0 or len(cids) != len(packed):
             raise ValueError(f"document {record.get('id')!r}: {len(cids)} token ids, {len(packed)} codes")
         if record["id"] in self.ids:
@@ -85,7 +87,7 @@ class Writer:
         self._records.write(blob)
         self.record_lengths.append(len(blob))
         self.doc_lengths.append(len(cids))
-        counts = Counter(ranking.code_terms(record["code"]))
+        counts = term_counts if term_counts is not None else Counter(ranking.code_terms(record["code"]))
         self._terms.append(np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in counts),
                                        np.int32, len(counts)))
         self._tfs.append(np.fromiter(counts.values(), np.float32, len(counts)))
