@@ -307,9 +307,11 @@ def phase_synth_build(cache: Path, work: Path, functions: int) -> dict:
 def phase_synth_search(cache: Path, work: Path) -> dict:
     c = _load_cache(cache)
     index = Index(work / "synthetic")
-    c["positives"] = np.arange(len(c["queries"]))  # the real functions come first
-    out = {"grid": []}
-    for nprobe, candidates in ((2, 256), (4, 256), (8, 256)):
+    n_q = int(os.environ.get("SYNTH_QUERIES", "100"))  # 1M-corpus queries are slow on the shared CPU
+    c["queries"], c["q_offsets"] = c["queries"][:n_q], c["q_offsets"][:n_q + 1]
+    c["positives"] = np.arange(n_q)  # the real functions come first
+    out = {"grid": [], "queries": n_q}
+    for nprobe, candidates in ((2, 256), (8, 256)):
         ranks, secs = _index_runs(index, c, nprobe, candidates)
         out["grid"].append({"nprobe": nprobe, "candidates": candidates, "mrr_index": _mrr(ranks),
                             "search_ms": (secs * 1e3).tolist(), "cpu_ms_mean": _LAST_CPU_MS[0]})
@@ -413,6 +415,12 @@ def summarise(args) -> list[dict]:
     ss = json.loads((w / "stdlib_search.json").read_text())
     enc = np.array(ss["encode_ms"])
     chosen = next(g for g in ss["grid"] if (g["nbits"], g["nprobe"], g["candidates"]) == (1, 8, 256))
+    latency_note = "latency measured in the quality run"
+    if (w / "stdlib_latency.json").exists():  # re-measured with the final code
+        sl = json.loads((w / "stdlib_latency.json").read_text())
+        lat = next(g for g in sl["grid"] if (g["nprobe"], g["candidates"]) == (8, 256))
+        chosen = {**chosen, "search_ms": lat["search_ms"], "cpu_ms_mean": lat["cpu_ms_mean"]}
+        latency_note = "latency re-measured with the final code (stdlib_latency phase)"
     total = enc + np.array(chosen["search_ms"])
     capped = sb["n"] < sb["total_functions"]
     entries = [{
@@ -428,6 +436,9 @@ def summarise(args) -> list[dict]:
         "peak_ram_gb": ss["peak_ram_gb"],
         "p50_ms": float(np.median(total)), "p95_ms": _pct(total, 95),
         "p50_search_ms": float(np.median(chosen["search_ms"])), "p50_query_encode_ms": float(np.median(enc)),
+        "search_cpu_ms_mean": chosen.get("cpu_ms_mean"), "latency_note": latency_note,
+        "machine_load": "shared 2-core CPU, load average ~15 during the runs (wall times are inflated "
+                        "several-fold; search_cpu_ms_mean is the CPU time per query)",
         "mrr_exact": ss["mrr_exact"], "mrr_index": chosen["mrr_index"],
         "mrr_drop": ss["mrr_exact"] - chosen["mrr_index"],
         "queries": len(enc), "tokens": sb["tokens"], "centroids": sb["centroids"], "nbits": 1,
@@ -461,6 +472,7 @@ def summarise(args) -> list[dict]:
             "peak_ram_gb": ys["peak_ram_gb"],
             "p50_ms": float(np.median(total)), "p95_ms": _pct(total, 95),
             "p50_search_ms": float(np.median(best["search_ms"])),
+            "search_cpu_ms_mean": best.get("cpu_ms_mean"), "queries": ys.get("queries"),
             "mrr_exact": None, "mrr_index": best["mrr_index"], "mrr_drop": None,
             "nprobe": best["nprobe"], "candidates": best["candidates"],
             "grid": [{k: v for k, v in g.items() if k != "search_ms"} | {
