@@ -220,14 +220,15 @@ def summary(rows: list[dict]) -> dict:
 
 def table(payload: dict) -> str:
     """Markdown rows of a cold_start.json (seconds)."""
-    lines = ["| recipe | kernel cache | setup s | first step s | to first step s | to step N s | run wall s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| recipe | kernel cache | setup s | first step s | to first step s | N | to step N s | run wall s |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in payload["runs"]:
         if "error" in r:
-            lines.append(f"| {r['recipe']} | {r['cache']} | error: {r['error'][-80:].strip()} | | | | |")
+            lines.append(f"| {r['recipe']} | {r['cache']} | error: {r['error'][-80:].strip()} | | | | | |")
             continue
-        cells = [f"{r[k]:.1f}" if k in r else "-" for k in
-                 ("setup_s", "first_step_s", "to_first_step_s", "to_n_steps_s", "wall_s")]
+        cells = [f"{r[k]:.1f}" if k in r else "-" for k in ("setup_s", "first_step_s", "to_first_step_s")]
+        cells += [str(len(r.get("steps_s", [])))]
+        cells += [f"{r[k]:.1f}" if k in r else "-" for k in ("to_n_steps_s", "wall_s")]
         lines.append(f"| {r['recipe']} | {r['cache']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
