@@ -220,3 +220,13 @@ def test_eval_set_candidate_cap_keeps_every_positive():
     capped = pairs.eval_set(corpus, 1.0, 0, min_queries=1, min_candidates=1, max_queries=30, max_candidates=50)
     assert len(full.candidates) == 200 and len(capped.candidates) == 50 and capped.queries == full.queries
     assert [capped.candidates[j] for j in capped.positives] == [full.candidates[j] for j in full.positives]
+
+
+def test_pooled_vectors_mean_pool_real_tokens_in_text_order():
+    class Embedded:
+        n = 2
+        blocks = [(np.array([1, 0]), np.array([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 2.0], [5.0, 5.0]]]),
+                   np.array([[True, True], [True, False]]))]
+
+    vecs = hard_negatives.pooled_vectors(lambda texts, n: Embedded(), ["a", "b"], 8)
+    np.testing.assert_allclose(vecs, [[0.0, 1.0], [2 ** -0.5, 2 ** -0.5]], atol=1e-6)
