@@ -103,3 +103,17 @@ def test_embed_texts_pads_the_last_batch():
         alone = embeddings.embed_texts(enc.params, enc.spec, enc.tokenizer, [texts[r]], 64, batch_size=4)
         n = int(alone.blocks[0][2][0].sum())
         assert float(mx.abs(emb[j, :n] - alone.blocks[0][1][0, :n]).max()) < 1e-5
+
+
+def test_prefill_chunks():
+    from mlxio.rl.rollout import PREFILL_CHUNK, prefill_chunks
+
+    assert prefill_chunks(300, False) == [300] and prefill_chunks(300, True) == [256, 32, 8, 4]
+    assert prefill_chunks(PREFILL_CHUNK + 5, True) == [PREFILL_CHUNK, 4, 1]
+    assert prefill_chunks(PREFILL_CHUNK + 5, False) == [PREFILL_CHUNK, 5]
+    sizes = set()
+    for n in range(1, 3 * PREFILL_CHUNK):
+        chunks = prefill_chunks(n, True)
+        assert sum(chunks) == n and chunks == sorted(chunks, reverse=True)
+        sizes.update(chunks)
+    assert sizes == {1 << k for k in range(PREFILL_CHUNK.bit_length())}

@@ -17,6 +17,8 @@ in 10 minutes on a fresh H100). With buckets, ended sequences stay in the batch 
 are ignored) until the live ones fit the next smaller bucket (N, then powers of two below it),
 so a run compiles a handful of batch shapes. The sampler draws only for the live rows, in their
 order, so every draw has the shape it has without buckets: the same texts for the same seed.
+Prompts are then also prefilled in power-of-two chunks (`prefill_chunks`): a few prefill shapes
+for prompts of any length (the same KV cache up to float rounding).
 """
 
 from __future__ import annotations
@@ -186,13 +188,27 @@ class _Buckets:
         return [r for r in self._next() if r.uid not in ended]
 
 
-def _prefill(model, tokens: list[int]) -> list:
-    """KV cache of `model` after `tokens` (batch 1)."""
+def prefill_chunks(n: int, bucketed: bool) -> list[int]:
+    """Chunk lengths a prompt of n tokens is prefilled in: PREFILL_CHUNK-sized pieces, or with
+    `bucketed` powers of two, largest first (300 -> 256, 32, 8, 4), so prompts of any length
+    run at most log2(PREFILL_CHUNK) + 1 prefill shapes instead of one per prompt length."""
+    if not bucketed:
+        return [min(PREFILL_CHUNK, n - start) for start in range(0, n, PREFILL_CHUNK)]
+    out = [PREFILL_CHUNK] * (n // PREFILL_CHUNK)
+    rest = n % PREFILL_CHUNK
+    out += [1 << k for k in reversed(range(rest.bit_length())) if rest >> k & 1]
+    return out
+
+
+def _prefill(model, tokens: list[int], bucketed: bool = False) -> list:
+    """KV cache of `model` after `tokens` (batch 1), fed in `prefill_chunks`."""
     cache = make_prompt_cache(model)
     ids = mx.array(tokens)[None]
-    for start in range(0, ids.shape[1], PREFILL_CHUNK):
-        model(ids[:, start:start + PREFILL_CHUNK], cache=cache)
+    start = 0
+    for size in prefill_chunks(len(tokens), bucketed):
+        model(ids[:, start:start + size], cache=cache)
         mx.eval([c.state for c in cache])
+        start += size
     return cache
 
 
@@ -238,7 +254,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         # One prefill per prompt; its G sequences continue from copies of that cache.
         sequences, caches = [], []
         for tokens in prompt_tokens:
-            cache = _prefill(model, tokens[:-1]) if len(tokens) > 1 else make_prompt_cache(model)
+            cache = (_prefill(model, tokens[:-1], bool(bucket_decode)) if len(tokens) > 1
+                     else make_prompt_cache(model))
             for _ in range(group_size):
                 sequences.append(tokens[-1:] if len(tokens) > 1 else tokens)
                 caches.append(copy.deepcopy(cache))
