@@ -14,6 +14,7 @@ import re
 import attrs
 import mlx.core as mx
 
+from mlxcore.fields import bounded
 from mlxcore.tree import Tree, flatten, unflatten
 
 LORA_KEYS = ("lora_a", "lora_b")
@@ -23,11 +24,11 @@ LORA_KEYS = ("lora_a", "lora_b")
 class LoraConfig:
     """rank r, alpha, target layer names (see `matches_target`), rsLoRA scaling, dropout."""
 
-    rank: int = 16
-    alpha: float = 32.0
+    rank: int = bounded(16, ge=1, le=4096)
+    alpha: float = bounded(32.0, gt=0)
     targets: tuple[str, ...] = ("query", "value")
     rslora: bool = False
-    dropout: float = 0.0
+    dropout: float = bounded(0.0, ge=0, lt=1)
 
     @property
     def scale(self) -> float:

@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 
+from mlxcore.fields import bounded
 from mlxcore.tree import Tree, map_leaves
 
 
@@ -23,16 +24,16 @@ from mlxcore.tree import Tree, map_leaves
 class OptimConfig:
     """AdamW/Adam with linear warm-up then cosine decay to `lr * min_lr_ratio`."""
 
-    name: str = attrs.field(default="adamw", validator=attrs.validators.in_(("adamw", "adam")))
-    lr: float = 2e-5
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
+    name: str = bounded("adamw", choices=("adamw", "adam"), validator=attrs.validators.in_(("adamw", "adam")))
+    lr: float = bounded(2e-5, gt=0, le=10)
+    weight_decay: float = bounded(0.01, ge=0, le=10)
+    beta1: float = bounded(0.9, ge=0, lt=1)
+    beta2: float = bounded(0.999, ge=0, lt=1)
+    eps: float = bounded(1e-8, gt=0, le=1)
     warmup_steps: int = 500
-    total_steps: int = 10_000
-    min_lr_ratio: float = 0.0
-    clip_norm: float = 1.0  # global gradient norm; <= 0 disables clipping
+    total_steps: int = bounded(10_000, ge=1)
+    min_lr_ratio: float = bounded(0.0, ge=0, le=1)
+    clip_norm: float = 1.0  # global gradient norm; 0 disables clipping
 
 
 class Optimizer(NamedTuple):

@@ -14,6 +14,7 @@ import mlx.core as mx
 
 from mlxcore import quant, retrieval
 from mlxcore.encoder import EncoderSpec, token_embeddings
+from mlxcore.fields import bounded
 
 # LoRA targets per encoder kind when the config names none: the attention query and value
 DEFAULT_TARGETS = {"bert": ("query", "value"), "t5": ("q", "v")}
@@ -24,7 +25,7 @@ DocGather = Callable[[mx.array, mx.array, int], tuple[mx.array, mx.array, mx.arr
 
 @attrs.frozen(kw_only=True)
 class LossConfig:
-    temperature: float = 0.07
+    temperature: float = bounded(0.07, gt=0)
     margin: float = 0.2
     margin_weight: float = 0.1
     xtr_k_train: int = 0  # > 0: XTR in-batch token retrieval scoring with this top-k

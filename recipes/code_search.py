@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxio.errors import DataError, MlxioError
+from mlxio.errors import DataError, StrictArgumentParser, cli_main
 from mlxio.search import build as search_build
 from mlxio.search.embed import Embedder
 from mlxio.search.index import FUSIONS, Index, SearchArgumentError, check_args
@@ -182,8 +182,8 @@ def _unit_float(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__, allow_abbrev=False,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictArgumentParser(prog=PROG, description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     index = sub.add_parser("index", help="embed a folder or corpus JSONL into an index (or update it)",
                            allow_abbrev=False)
@@ -258,12 +258,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """main() under the error contract: a user error prints one line and exits 1."""
+    """main() under the error contract (`mlxio.errors.cli_main`): a user error prints one line;
+    returns 0, or 1 for a runtime error; a usage error raises SystemExit(2)."""
     try:
-        main(argv)
-    except MlxioError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 1
+        cli_main(PROG, main, argv)
+    except SystemExit as exit_:
+        if exit_.code in (0, None):
+            return 0
+        if exit_.code == 1:
+            return 1
+        raise
     return 0
 
 

@@ -10,11 +10,13 @@ from typing import ClassVar
 
 import attrs
 
+from mlxcore.fields import bounded
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxio.errors import ConfigError
 from mlxio.rl.evaluation import EvalConfig
 from mlxio.rl.grpo import TINY_PREFIX  # "tiny:llama" etc.: a tiny random model (smoke tests)
+from mlxio.run.config import check
 
 SOURCES = ("procedural", "humaneval")
 
@@ -23,9 +25,9 @@ SOURCES = ("procedural", "humaneval")
 class DataConfig:
     # "procedural": generated problems with hidden tests (mlxio.rl.tasks; the embedded 135M
     # model passes some, so rewards vary); "humaneval": OpenAI HumanEval (164, the transfer test)
-    source: str = "procedural"
+    source: str = "procedural"  # checked by validate_data
     problems: str | None = None  # JSONL of problems with tests (overrides `source`)
-    heldout_fraction: float = 0.2  # humaneval / JSONL: fixed split by hashed task id
+    heldout_fraction: float = bounded(0.2, gt=0, lt=1)  # humaneval / JSONL: fixed split by hashed task id
     max_train: int = 0  # use at most this many training problems (0 = all)
     # procedural source: training families, whole families held out (evaluated, never
     # trained on), difficulty levels (1-3), instances per template and level, instance seed
@@ -54,7 +56,7 @@ class RewardConfig:
 @attrs.frozen(kw_only=True)
 class TeacherConfig:
     url: str | None = None  # OpenAI-compatible endpoint, e.g. http://localhost:8080/v1
-    model: str = "default"  # mlx_lm.server: "default_model" (the --model it serves)
+    model: str = bounded("default", nonempty=True)  # mlx_lm.server: "default_model" (the --model it serves)
     local: str | None = None  # or an mlx-lm model dir / GGUF judged locally
     # one deadline per judge call: connect, headers, body, retries and back-off (HTTP), or the
     # wait for the model plus generation (local); a call past it is a missing reward
@@ -67,9 +69,13 @@ class TeacherConfig:
 
 @attrs.frozen(kw_only=True)
 class SandboxConfig:
-    timeout_s: float = 5.0
-    memory_mb: int = 512
-    workers: int = 2
+    timeout_s: float = bounded(5.0, gt=0, le=3600)
+    memory_mb: int = bounded(512, ge=32, le=1 << 20)
+    workers: int = bounded(2, ge=1, le=256)
+    disk_mb: int = bounded(64, ge=1, le=1 << 20)  # total writable space of one check (its tmpfs)
+    # without bubblewrap (or macOS sandbox-exec) untrusted code would run without file isolation:
+    # refused unless this is true
+    allow_weak: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -80,45 +86,45 @@ class Config:
     # keep it quantised (QLoRA, --dequantize false) on a GPU.
     dequantize: bool = True
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
-    lora_layers: int | None = None  # LoRA on the last N blocks (None = all)
+    lora_layers: int | None = bounded(None, ge=1)  # LoRA on the last N blocks (None = all)
     optim: OptimConfig = OptimConfig(name="adamw", lr=1e-4, weight_decay=0.0, warmup_steps=0,
                                      total_steps=12, clip_norm=1.0)
     # quick: 12 steps x 1 prompt x 8 completions of <= 160 tokens (~2.6k tokens trained a step);
     # lr 1e-4 moves the policy ~13x further than 3e-5 did (KL 1.2e-4 after 3 steps vs 8e-6 after 4)
-    steps: int = 12
-    prompts_per_step: int = 1
-    group_size: int = 8
-    accum: int = 2  # the P * G completions of a step go through in this many micro-batches
+    steps: int = bounded(12, ge=1)
+    prompts_per_step: int = bounded(1, ge=1, le=65536)
+    group_size: int = bounded(8, ge=1, le=65536)
+    accum: int = bounded(2, ge=1, le=65536)  # the P * G completions of a step go through in this many micro-batches
     # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
     # logits instead of `accum` of them (see mlxcore.step). Quick preset, 3 steps on 2
     # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape): peak
     # 58.1 -> 29.3 GB at 2.5% lower speed
     eval_micro_batches: bool = True
-    temperature: float = 0.8
-    top_p: float = 0.95
-    max_new_tokens: int = 160
+    temperature: float = bounded(0.8, gt=0, le=100)  # sampling; 0 (greedy) would make every group identical
+    top_p: float = bounded(0.95, gt=0, le=1)
+    max_new_tokens: int = bounded(160, ge=1)
     # a completion ends once its first ``` code block closes (training and evaluation): the
     # talk after it costs decode time and is nothing the rewards read
     stop_at_code_end: bool = True
-    advantage: str = attrs.field(default="grpo", validator=attrs.validators.in_(("grpo", "baseline")))
+    advantage: str = bounded("grpo", choices=("grpo", "baseline"), validator=attrs.validators.in_(("grpo", "baseline")))
     beta: float = 0.04  # KL(policy || LoRA-off reference) weight
-    clip_eps: float | None = None  # PPO ratio clipping; set it when inner_epochs > 1
-    inner_epochs: int = 1
+    clip_eps: float | None = bounded(None, gt=0)  # PPO ratio clipping; set it when inner_epochs > 1
+    inner_epochs: int = bounded(1, ge=1)
     compile: bool = True
     rewards: RewardConfig = RewardConfig()
     teacher: TeacherConfig = TeacherConfig()
     sandbox: SandboxConfig = SandboxConfig()
     data: DataConfig = DataConfig()
     eval: EvalConfig = EvalConfig(max_new_tokens=256, batch=16)  # all held-out problems
-    checkpoint_every: int = 4
-    log_every: int = 1  # a metrics.jsonl record every N steps: the means over those N steps
+    checkpoint_every: int = bounded(4, ge=1)
+    log_every: int = bounded(1, ge=1)  # a metrics.jsonl record every N steps: the means over those N steps
     # also report each record to: "tensorboard" (event files in out_dir/tensorboard), "wandb"
     # (Weights & Biases; offline unless WANDB_MODE is set); metrics.jsonl always
     report_to: tuple[str, ...] = ()
-    keep_checkpoints: int = 2
-    max_consecutive_skips: int = 3
+    keep_checkpoints: int = bounded(2, ge=1)
+    max_consecutive_skips: int = bounded(3, ge=1)
     seed: int = 0
-    out_dir: str = "runs/rlaif_quick"
+    out_dir: str = bounded("runs/rlaif_quick", nonempty=True)
 
     # old setting names, still read (with a warning) from flags, config files and worker clients
     LEGACY_KEYS: ClassVar[dict[str, str | None]] = {"out": "out_dir", "accumulation": "accum"}
@@ -187,8 +193,13 @@ def validate_data(cfg: DataConfig) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Cross-field checks the field types cannot express (ConfigError names the field)."""
+    """Every field against its declared range (`mlxio.run.config.check`), then the cross-field
+    checks the field types cannot express (ConfigError names the field)."""
+    check(cfg)
     validate_data(cfg.data)
+    if cfg.advantage == "grpo" and cfg.group_size < 2:
+        raise ConfigError(f"group_size: {cfg.group_size} completion per prompt gives every GRPO advantage 0 "
+                          "(nothing to learn)", fix="set --group_size 2 or more, or --advantage baseline")
     if cfg.clip_eps is None and cfg.inner_epochs > 1:
         raise ConfigError("inner_epochs > 1 reuses a batch: set --clip_eps (e.g. 0.2)")
     if cfg.lora.dropout:

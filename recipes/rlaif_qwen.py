@@ -34,7 +34,7 @@ from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache
-from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (TrainingDiverged: what run raises)
+from mlxio.errors import ConfigError, DataError, TrainingDiverged  # noqa: F401  (TrainingDiverged: what run raises)
 from mlxio.rl import rollout, tasks
 from mlxio.rl.evaluation import (
     compare,
@@ -65,12 +65,12 @@ from mlxio.rl.rewards import (
     load_humaneval,
     load_problems_jsonl,
 )
-from mlxio.run import context, distributed
+from mlxio.run import config, context, distributed, outcome
 from mlxio.run.config import parse_args, to_dict
 from mlxio.run.context import OPT_STATE, TRAINABLE
 from mlxio.run.reporting import Reporter, WindowMean, progress
 from mlxio.run.runlog import plot_curves, write_json_atomic
-from mlxio.sandbox import SandboxLimits
+from mlxio.sandbox import SandboxLimits, require_isolation
 from mlxio.weights import llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line
 from recipes.rlaif_config import PRESETS, Config, DataConfig, validate
@@ -95,6 +95,9 @@ def load_data(cfg: DataConfig) -> tuple[list, dict[str, list]]:
         problems = load_problems_jsonl(cfg.problems) if cfg.problems else load_humaneval()
         train, held = heldout_split(problems, cfg.heldout_fraction)
         sets = {"heldout": held}
+    if not train:
+        raise DataError(f"no training problems ({len(train)} after the held-out split)",
+                        where=cfg.problems or cfg.source, fix="pass more problems or a smaller --data.heldout_fraction")
     if "humaneval" in cfg.transfer:
         sets["humaneval"] = heldout_split(load_humaneval(), cfg.heldout_fraction)[1]
     return (train[: cfg.max_train] if cfg.max_train else train), sets
@@ -102,7 +105,8 @@ def load_data(cfg: DataConfig) -> tuple[list, dict[str, list]]:
 
 def reward_fns(cfg: Config):
     """[(reward, weight)] from the config (zero weights left out; a judge only if configured)."""
-    limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb)
+    limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
+                           disk_mb=cfg.sandbox.disk_mb)
     fns = [(ExecutionReward(limits, cfg.sandbox.workers), cfg.rewards.execution),
            (FormatReward(), cfg.rewards.format), (PrintableReward(), cfg.rewards.printable)]
     if cfg.teacher.url and cfg.teacher.local:
@@ -136,12 +140,13 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     "update"), written to memory.json + memory.png in `out_dir` when the loop ends."""
     validate(cfg)
     t_start = time.perf_counter()
-    out = Path(cfg.out_dir)
+    out = config.check_out_dir(cfg.out_dir, "out_dir")
+    require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
+    train, eval_sets = load_data(cfg.data)  # cheap: a bad file fails before the model loads
     world = context.start(out, to_dict(cfg), cfg.seed, resume)  # out holds every rank's reward cache
     prompt_share, local_group = rank_share(cfg, world)
     policy = load_model(cfg)
     model = policy.model
-    train, eval_sets = load_data(cfg.data)
     fns = reward_fns(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
@@ -160,6 +165,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         params, state = found.trees[TRAINABLE], found.trees[OPT_STATE]
     start_step = found.step if found else 0
     end = context.last_step(cfg.steps, stop_after, start_step, more_steps)
+    skips_before = outcome.skips(state)
     if world.is_main:
         # metrics.jsonl (+ TensorBoard / W&B); one log line per record when not on a terminal
         reporter = Reporter(out, report_to=cfg.report_to, config=to_dict(cfg), project="rlaif_qwen",
@@ -234,6 +240,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         plot_curves(reporter.read(), out / "curves.png", (CURVES[0], *components, *CURVES[1:]),
                     f"rlaif_qwen: {Path(str(policy.source or cfg.model)).name} "
                     f"(means over each {cfg.log_every}-step logging window)")
+    outcome.require_progress(state, skips_before, (end - start_step) * cfg.inner_epochs, str(out / "metrics.jsonl"))
     if profiler is not None and world.is_main:
         profiler.write(out, title=f"rlaif_qwen memory: {Path(str(policy.source or cfg.model)).name}")
     distributed.barrier(world)  # the last checkpoint exists before any rank returns

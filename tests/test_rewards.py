@@ -44,7 +44,10 @@ def test_load_humaneval(humaneval):
     assert "def check(candidate)" in humaneval[0].test and humaneval[0].canonical_solution
 
 
-@given(st.lists(st.tuples(st.text(max_size=30), st.text(max_size=30)), max_size=5, unique_by=lambda t: t[0]))
+_TEXT = st.text(st.characters(exclude_characters="\x00"), max_size=30)  # NUL lines are rejected
+
+
+@given(st.lists(st.tuples(_TEXT, _TEXT), max_size=5, unique_by=lambda t: t[0]))
 def test_problems_jsonl_round_trip(tmp_path_factory, rows):
     path = tmp_path_factory.mktemp("p") / "problems.jsonl"
     problems = [Problem(task_id=t, prompt=p, entry_point="f", test="def check(c): pass",
@@ -63,6 +66,9 @@ def test_problems_jsonl_round_trip(tmp_path_factory, rows):
     ('{"task_id": "b", "prompt": 3, "entry_point": "f", "test": ""}', ":2: field 'prompt'"),
     ('{"task_id": "b", "prompt": "", "entry_point": "f-g", "test": ""}', "not an identifier"),
     ('{"task_id": "a", "prompt": "", "entry_point": "f", "test": ""}', "'task_id' repeats"),
+    ('{"task_id": "b", "prompt": "\\ud800", "entry_point": "f", "test": ""}', ":2: field 'prompt': lone surrogate"),
+    ('{"task_id": "b", "prompt": "a\\u0000", "entry_point": "f", "test": ""}', ":2: field 'prompt': contains a NUL"),
+    ('{"task_id": "b", "prompt": ' + "[" * 40 + "]" * 40 + ', "entry_point": "f", "test": ""}', ":2: JSON nested deeper"),
 ])
 def test_bad_problem_files_name_file_line_field(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"

@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
-from mlxio.errors import ConfigError, TrainingDiverged
+from mlxio.errors import CheckpointError, ConfigError, RunError, TrainingDiverged
 from mlxio.rl import grpo
 from mlxio.rl.evaluation import EvalConfig
 from mlxio.run import checkpoint, context
@@ -182,8 +182,10 @@ def test_resume_continues_exactly(full_run, tmp_path):
     history = [h for h in tracking_files.wandb_history(Path(cfg.out_dir)) if "loss" in h]  # W&B, offline
     assert [h["_step"] for h in history] == [2, 4]
     np.testing.assert_allclose([h["reward/format"] for h in history], [r["reward/format"] for r in windows])
-    with pytest.raises(Exception, match="config_hash"):  # another config never resumes it
-        rq.run(attrs.evolve(cfg, seed=1), resume=True, extra_rewards=EXTRA)
+    before = {p.name: p.read_bytes() for p in Path(cfg.out_dir).iterdir() if p.is_file()}
+    with pytest.raises(CheckpointError, match=r"config_hash differs.*changed: seed: 0 -> 1"):
+        rq.run(attrs.evolve(cfg, seed=1), resume=True, extra_rewards=EXTRA)  # another config never resumes it
+    assert {p.name: p.read_bytes() for p in Path(cfg.out_dir).iterdir() if p.is_file()} == before  # nothing written
 
 
 def test_nan_loss_is_skipped_with_params_unchanged(problems_file, tmp_path):
@@ -223,11 +225,22 @@ def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, ca
 
     def diverge(*args, **kwargs):
         raise TrainingDiverged("step 9: 3 non-finite steps in a row")
-    monkeypatch.setattr(rq, "run", diverge)  # the command turns it into a message and exit status 2
+    monkeypatch.setattr(rq, "run", diverge)  # the command turns it into one line and exit status 1
     monkeypatch.setattr("sys.argv", ["rlaif_qwen", "--preset", "smoke", "--out_dir", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_info:
         context.cli(rq.main, "rlaif_qwen")
-    assert exit_info.value.code == 2 and "non-finite" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 1 and err.startswith("rlaif_qwen: error: step 9: 3 non-finite")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_a_run_where_no_step_succeeded_fails_and_exports_nothing(problems_file, tmp_path):
+    cfg = smoke_cfg(tmp_path, problems_file, max_consecutive_skips=10)  # never reached in 4 steps
+    cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
+    with pytest.raises(RunError, match="no training step succeeded: all 4 updates"):
+        rq.run(cfg, extra_rewards=[(HugeReward(), 1.0)])
+    assert not (tmp_path / "adapters").exists() and not (tmp_path / "fused").exists()
 
 
 def test_qlora_on_a_quantised_base(problems_file, tmp_path):

@@ -15,6 +15,7 @@ import tracking_files  # noqa: I001  (tests/ helper)
 from mlxcore import retrieval, retriever
 from mlxcore.encoder import token_embeddings
 from mlxcore.tree import combine, flatten
+from mlxio.errors import CheckpointError
 from mlxio.run import checkpoint
 from mlxio.weights.encoders import default_encoder_path, load_encoder, tokenize
 from recipes import code_search, xtr_lora
@@ -108,8 +109,11 @@ def test_stop_and_resume_is_bit_identical(run):
 
 def test_resume_refuses_another_config(run):
     root, args, _ = run
-    with pytest.raises(Exception, match="config_hash"):
+    before = {p.name: p.read_bytes() for p in (root / "full").iterdir() if p.is_file()}
+    with pytest.raises(CheckpointError, match=r"config_hash differs.*changed: optim.lr: 0.001 -> 0.5"):
         xtr_lora.main([*args, "--out_dir", str(root / "full"), "--resume", "--optim.lr", "0.5"])
+    after = {p.name: p.read_bytes() for p in (root / "full").iterdir() if p.is_file()}
+    assert after == before  # a refused resume writes nothing (config.json included)
 
 
 def mlx_token_embeddings(params, spec, tokenizer):

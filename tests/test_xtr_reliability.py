@@ -13,7 +13,7 @@ from killer import SLOW_FSYNC, kill_until_done
 
 from mlxcore import retriever
 from mlxcore.tree import flatten
-from mlxio.errors import TrainingDiverged
+from mlxio.errors import RunError, TrainingDiverged
 from mlxio.run import checkpoint
 from recipes import xtr_lora
 
@@ -54,6 +54,13 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
     assert after_path == path and after_meta["step"] == 4 and not trees_equal(good, after)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["skipped"] for r in records if r["step"] > 4] == [1.0, 1.0, 1.0]
+    # fewer steps than the consecutive-skip limit, none of them finite (the issue's temperature-0
+    # run): not "fine-tuned" with exit 0, but an error, and nothing exported
+    fresh = ["--preset", "smoke", "--cache_dir", str(tmp_path / "cache"), "--out_dir", str(tmp_path / "run2"),
+             "--train.steps", "3", "--optim.total_steps", "3", "--train.max_consecutive_skips", "10"]
+    with pytest.raises(RunError, match="no training step succeeded: all 3 updates"):
+        xtr_lora.main(fresh)
+    assert not (tmp_path / "run2" / "merged").exists() and not (tmp_path / "run2" / "eval.json").exists()
 
 
 CHILD = SLOW_FSYNC + """

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import attrs
 
+from mlxio.data.lines import MAX_LINE_BYTES, BadLine, check_text, decode_json_line
 from mlxio.data.pairs import Pair
 from mlxio.errors import DataError
 
@@ -26,60 +27,31 @@ class JsonlReport:
     errors: tuple[str, ...]
 
 
-class _BadLine(Exception):
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-
-
 def _text_field(row: dict, field: str) -> str:
     if field not in row:
-        raise _BadLine("missing_field", f"field {field!r}: missing")
-    return _check_text(row[field], f"field {field!r}")
-
-
-def _check_text(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise _BadLine("wrong_type", f"{where}: expected a string, got {type(value).__name__}")
-    if not value.strip():
-        raise _BadLine("empty_field", f"{where}: empty string")
-    if "\x00" in value:
-        raise _BadLine("nul", f"{where}: contains a NUL character")
-    return value
+        raise BadLine("missing_field", f"field {field!r}: missing")
+    return check_text(row[field], f"field {field!r}")
 
 
 def _parse_line(raw: bytes, first: bool) -> dict:
     """One JSONL line -> Pair fields (query, code, negatives, maybe source and name);
-    raises _BadLine(reason, message)."""
-    if b"\x00" in raw:
-        raise _BadLine("nul", "NUL byte in line")
-    if first and raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]  # a UTF-8 BOM opening the file is harmless (Windows editors write it)
-    if b"\xef\xbb\xbf" in raw:
-        raise _BadLine("bom", "byte-order mark inside the file (concatenated files?)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise _BadLine("utf8", f"invalid UTF-8 at byte {err.start}") from None
-    try:
-        row = json.loads(text)
-    except (ValueError, RecursionError) as err:  # JSONDecodeError, int too long, deep nesting
-        raise _BadLine("json", f"invalid JSON ({str(err)[:80]})") from None
+    raises BadLine(reason, message)."""
+    row = decode_json_line(raw, first=first, max_bytes=MAX_LINE_BYTES)
     if not isinstance(row, dict):
-        raise _BadLine("not_object", f"expected a JSON object, got {type(row).__name__}")
+        raise BadLine("not_object", f"expected a JSON object, got {type(row).__name__}")
     query, code = _text_field(row, "query"), _text_field(row, "code")
     negatives = row.get("negatives", [])
     if not isinstance(negatives, list):
-        raise _BadLine("wrong_type", f"field 'negatives': expected a list, got "
-                                     f"{type(negatives).__name__}")
-    negs = tuple(_check_text(n, f"field 'negatives'[{i}]") for i, n in enumerate(negatives))
+        raise BadLine("wrong_type", f"field 'negatives': expected a list, got "
+                                    f"{type(negatives).__name__}")
+    negs = tuple(check_text(n, f"field 'negatives'[{i}]") for i, n in enumerate(negatives))
     out = {"query": query, "code": code, "negatives": negs}
     if "source" in row:
         out["source"] = _text_field(row, "source")
-    if "name" in row and not isinstance(row["name"], str):
-        raise _BadLine("wrong_type", f"field 'name': expected a string, got "
-                                     f"{type(row['name']).__name__}")
-    out["name"] = row.get("name", "")
+    if "name" in row:
+        out["name"] = check_text(row["name"], "field 'name'", allow_empty=True)
+    else:
+        out["name"] = ""
     return out
 
 
@@ -93,7 +65,9 @@ def read_jsonl(path: Path | str, lenient: bool = False,
 
     Blank lines are skipped (counted as "blank"). A malformed line raises DataError naming
     `file:line` and the field, or with `lenient=True` is skipped and counted by reason
-    (utf8, bom, nul, json, not_object, missing_field, empty_field, wrong_type). Texts longer
+    (utf8, bom, nul, json, not_object, missing_field, empty_field, wrong_type, surrogate,
+    too_long: a line over MAX_LINE_BYTES, too_deep: JSON nested deeper than
+    `mlxio.data.lines.MAX_DEPTH`); nothing malformed reaches a tokenizer. Texts longer
     than `max_chars` are truncated (counted). Other keys are ignored.
     """
     path = Path(path)
@@ -115,7 +89,7 @@ def read_jsonl(path: Path | str, lenient: bool = False,
             continue
         try:
             fields = _parse_line(raw, lineno == 1)
-        except _BadLine as bad:
+        except BadLine as bad:
             message = f"{path}:{lineno}: {bad}"
             if not lenient:
                 raise DataError(message) from None

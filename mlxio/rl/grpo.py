@@ -39,6 +39,7 @@ def load_model(cfg) -> llm.Policy:
         model.set_dtype(mx.float32)
         config["torch_dtype"] = "float32"
         policy = attrs.evolve(policy, model=model, config=config, quantized=False)
+    check_policy(cfg, policy)
     llm_lora.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.seed))
     return policy
 
@@ -50,6 +51,25 @@ def run_identity(cfg, policy: llm.Policy) -> dict:
     return {"config_hash": checkpoint.config_hash(
         {**to_dict(cfg), "out_dir": None, "log_every": None, "report_to": None}),
             "base_model": str(policy.source)}
+
+
+def check_policy(cfg, policy: llm.Policy) -> None:
+    """Settings that depend on the model (ConfigError naming the field): every LoRA target
+    matches a linear layer of a block, lora_layers within the block count, generation lengths
+    within the model's max_position_embeddings."""
+    from mlxio.run import config
+
+    blocks = policy.model.layers
+    where = str(policy.source or cfg.model)
+    config.check_targets(cfg.lora.targets, llm_lora.linear_paths(blocks[0]), where=where)
+    if cfg.lora_layers is not None:
+        config.check_at_most("lora_layers", cfg.lora_layers, len(blocks), "the model's number of blocks", where)
+    limit = policy.config.get("max_position_embeddings")
+    if isinstance(limit, int) and limit > 0:
+        for name, value in (("max_new_tokens", getattr(cfg, "max_new_tokens", None)),
+                            ("eval.max_new_tokens", getattr(getattr(cfg, "eval", None), "max_new_tokens", None))):
+            if isinstance(value, int):
+                config.check_at_most(name, value, limit, "the model's max_position_embeddings", where)
 
 
 def step_seed(seed: int, step: int) -> int:

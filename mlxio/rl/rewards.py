@@ -24,6 +24,7 @@ from typing import Protocol
 import attrs
 import numpy as np
 
+from mlxio.data.lines import BadLine, check_text, decode_json_line
 from mlxio.errors import ConfigError, DataError
 from mlxio.sandbox import SandboxLimits, Verdict, run_check
 
@@ -47,34 +48,36 @@ def load_problems_jsonl(path: str | os.PathLike) -> list[Problem]:
     """Problems from a JSONL file (optionally .gz), one object per line with the fields of
     `Problem`; extra keys are ignored. Errors name file:line and field."""
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    problems, seen = [], set()
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{lineno}: invalid JSON ({err.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object")
-                for field in _FIELDS:
-                    if field not in row:
-                        raise DataError(f"{path}:{lineno}: missing field {field!r}")
-                for field in (*_FIELDS, "canonical_solution"):
-                    if not isinstance(row.get(field, ""), str):
-                        raise DataError(f"{path}:{lineno}: field {field!r} must be a string")
-                if not row["entry_point"].isidentifier():
-                    raise DataError(f"{path}:{lineno}: field 'entry_point' is not an identifier")
-                if row["task_id"] in seen:
-                    raise DataError(f"{path}:{lineno}: field 'task_id' repeats {row['task_id']!r}")
-                seen.add(row["task_id"])
-                problems.append(Problem(**{k: row[k] for k in _FIELDS},
-                                        canonical_solution=row.get("canonical_solution", "")))
-    except (OSError, EOFError, UnicodeDecodeError) as err:
-        raise DataError(f"{path}: cannot read ({err})") from None
+        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise DataError(f"cannot read ({getattr(err, 'strerror', None) or err})", where=str(path),
+                        fix="pass a readable JSONL file of problems to --data.problems") from None
+    problems, seen = [], set()
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        raw = raw.removesuffix(b"\r")
+        if not raw.strip():
+            continue
+        try:
+            row = decode_json_line(raw, first=lineno == 1)
+            if not isinstance(row, dict):
+                raise BadLine("not_object", "expected a JSON object")
+            for field in _FIELDS:
+                if field not in row:
+                    raise BadLine("missing_field", f"missing field {field!r}")
+                check_text(row[field], f"field {field!r}", allow_empty=field != "entry_point")
+            check_text(row.get("canonical_solution", ""), "field 'canonical_solution'", allow_empty=True)
+        except BadLine as bad:
+            raise DataError(f"{path}:{lineno}: {bad}", fix="fix or remove that line") from None
+        if not row["entry_point"].isidentifier():
+            raise DataError(f"{path}:{lineno}: field 'entry_point' is not an identifier",
+                            fix="fix or remove that line")
+        if row["task_id"] in seen:
+            raise DataError(f"{path}:{lineno}: field 'task_id' repeats {row['task_id']!r}",
+                            fix="give every problem its own task_id")
+        seen.add(row["task_id"])
+        problems.append(Problem(**{k: row[k] for k in _FIELDS},
+                                canonical_solution=row.get("canonical_solution", "")))
     return problems
 
 

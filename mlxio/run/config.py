@@ -1,16 +1,22 @@
 """Configs: frozen attrs classes, (un)structured by one strict cattrs converter, overridden
-from the command line.
+from the command line, checked before anything heavy loads.
 
 Every leaf field of a recipe's config gets a flag named by its dotted path
 (`--optim.lr 1e-4`); `--help` lists them all with defaults; `--preset NAME` picks the base
-config; `--config FILE.json` loads one (unknown keys are errors naming the key).
+config; `--config FILE.json` overrides it (sections or keys the file leaves out keep the
+preset's values; unknown keys are errors naming the key). Values are typed exactly like the
+flags: no string -> bool, float -> int or string -> list coercion. Every field is checked
+against its declared range (`mlxcore.fields.bounded`; undeclared numbers must be finite and
+>= 0). Any problem is a `ConfigError` naming the field and the file or "command line".
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
+import math
 import types
 import typing
 import warnings
@@ -21,11 +27,75 @@ import attrs
 import cattrs
 from cattrs.v import format_exception
 
-from mlxio.errors import ConfigError
+from mlxio.errors import ConfigError, StrictArgumentParser
 
 T = TypeVar("T")
+INT_MAX = 2**31 - 1  # MLX indexes and counts in int32
+MAX_CONFIG_BYTES = 10_000_000
+MAX_DEPTH = 64
+
+
+class _Bad(TypeError):
+    """A value of the wrong JSON type for its field (the message says what was expected)."""
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {json.dumps(value)}"
+    if isinstance(value, (int, float)):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        return f"string {value[:40]!r}"
+    return {list: "a list", tuple: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _strict_bool(value: Any, _t: Any) -> bool:
+    if type(value) is bool:
+        return value
+    raise _Bad(f"expected true or false, got {_kind(value)}")
+
+
+def _strict_int(value: Any, _t: Any) -> int:
+    if type(value) is int:
+        return value
+    raise _Bad(f"expected an integer, got {_kind(value)}")
+
+
+def _strict_float(value: Any, _t: Any) -> float:
+    if type(value) in (int, float):
+        try:
+            return float(value)
+        except OverflowError:
+            raise _Bad(f"number too large ({str(value)[:20]}...)") from None
+    raise _Bad(f"expected a number, got {_kind(value)}")
+
+
+def _strict_str(value: Any, _t: Any) -> str:
+    if type(value) is str:
+        return value
+    raise _Bad(f"expected a string, got {_kind(value)}")
+
+
+def _tuple_factory(kind: Any):
+    (item, *rest) = typing.get_args(kind) or (Any,)
+
+    def structure(value: Any, _t: Any) -> tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _Bad(f"expected a list, got {_kind(value)}")
+        return tuple(converter.structure(v, item) for v in value)
+    return structure
+
 
 converter = cattrs.Converter(forbid_extra_keys=True)
+converter.register_structure_hook(bool, _strict_bool)
+converter.register_structure_hook(int, _strict_int)
+converter.register_structure_hook(float, _strict_float)
+converter.register_structure_hook(str, _strict_str)
+converter.register_structure_hook_factory(lambda t: typing.get_origin(t) is tuple, _tuple_factory)
+
+
 
 
 def to_dict(cfg: Any) -> dict:
@@ -63,36 +133,241 @@ def migrate(data: dict, legacy_keys: dict[str, str | None]) -> tuple[dict, list[
     return out, applied
 
 
-def from_dict(data: dict, cls: type[T], source: str = "config") -> T:
-    """Plain dict -> config; an unknown or mistyped key is a ConfigError naming it. Old setting
+def from_dict(data: Any, cls: type[T], source: str = "config", base: Any = None) -> T:
+    """Plain dict -> checked config; an unknown, mistyped or out-of-range key is a ConfigError
+    naming it. With `base` (a config), keys `data` leaves out keep `base`'s values. Old setting
     names the class lists in `LEGACY_KEYS` are read as the current ones, with a warning."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a JSON object of settings, got {_kind(data)}", where=source)
     data, applied = migrate(data, getattr(cls, "LEGACY_KEYS", {}))
     for note in applied:
         warnings.warn(f"{source}: deprecated setting {note}", DeprecationWarning, stacklevel=2)
+    if base is not None:
+        data = merge(to_dict(base), data, source)
+    else:
+        _check_keys(data, cls, source, "")
+    _precheck_choices(data, cls, source, "")  # before attrs' own validators word it less clearly
     try:
-        return converter.structure(data, cls)
-    except cattrs.ClassValidationError as err:
-        messages = cattrs.transform_error(err, format_exception=_format_exception)
-        raise ConfigError(f"{source}: {'; '.join(messages)}") from None
+        cfg = converter.structure(data, cls)
+    except (cattrs.BaseValidationError, _Bad, TypeError, ValueError) as err:
+        messages = (cattrs.transform_error(err, format_exception=_format_exception)
+                    if isinstance(err, cattrs.BaseValidationError) else [str(err)])
+        raise ConfigError("; ".join(_dotted(m) for m in messages), where=source) from None
+    check(cfg, source)
+    return cfg
+
+
+def _dotted(message: str) -> str:
+    """cattrs' "msg @ $.optim.lr" -> "optim.lr: msg"."""
+    text, at, path = message.rpartition(" @ ")
+    if not at:
+        return message
+    path = path.removeprefix("$").lstrip(".")
+    return f"{path}: {text}" if path else text
 
 
 def _format_exception(exc: BaseException, kind: Any) -> str:
+    if isinstance(exc, _Bad):
+        return str(exc)
     if isinstance(exc, ValueError):  # attrs validators put their message first in args
         detail = exc.args[0] if exc.args and isinstance(exc.args[0], str) else exc
         return f"{format_exception(exc, kind)} ({detail})"
     return format_exception(exc, kind)
 
 
+def _fields_of(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in attrs.fields(cls)}
+
+
+def _check_keys(data: dict, cls: type, source: str, prefix: str) -> None:
+    known = _fields_of(cls)
+    for key, value in data.items():
+        if key not in known:
+            close = difflib.get_close_matches(str(key), list(known), n=1)
+            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+            raise ConfigError(f"unknown key '{prefix}{key}'", where=source, fix=hint)
+        if attrs.has(known[key]):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{prefix}{key}: expected an object (a section of settings), got {_kind(value)}",
+                                  where=source)
+            _check_keys(value, known[key], source, f"{prefix}{key}.")
+
+
+def _precheck_choices(data: dict, cls: type, source: str, prefix: str) -> None:
+    kinds = _fields_of(cls)
+    for field in attrs.fields(cls):
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if attrs.has(kinds[field.name]) and isinstance(value, dict):
+            _precheck_choices(value, kinds[field.name], source, f"{prefix}{field.name}.")
+        choices = field.metadata.get("check", {}).get("choices")
+        if choices is not None and isinstance(value, str):
+            _check_leaf(prefix + field.name, kinds[field.name], value, {"choices": choices}, source)
+
+
+def merge(base: dict, data: dict, source: str, prefix: str = "") -> dict:
+    """`data` over `base` (nested sections merged key by key); unknown keys are ConfigErrors."""
+    out = dict(base)
+    for key, value in data.items():
+        if key not in base:
+            close = difflib.get_close_matches(str(key), list(base), n=1)
+            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(base)}"
+            raise ConfigError(f"unknown key '{prefix}{key}'", where=source, fix=hint)
+        if isinstance(base[key], dict):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{prefix}{key}: expected an object (a section of settings), got {_kind(value)}",
+                                  where=source)
+            out[key] = merge(base[key], value, source, f"{prefix}{key}.")
+        else:
+            out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------- range checks
+
+def _range_text(rule: dict) -> str:
+    parts = []
+    if "gt" in rule:
+        parts.append(f"> {rule['gt']}")
+    if "ge" in rule:
+        parts.append(f">= {rule['ge']}")
+    if "lt" in rule:
+        parts.append(f"< {rule['lt']}")
+    if "le" in rule:
+        parts.append(f"<= {rule['le']}")
+    return " and ".join(parts)
+
+
+def _check_text(name: str, value: str, source: str) -> None:
+    if "\x00" in value:
+        raise ConfigError(f"{name}: contains a NUL character", where=source, fix=f"remove it from {name}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{name}: contains a lone surrogate (not valid Unicode text)", where=source,
+                          fix=f"write {name} as valid UTF-8 text") from None
+    if len(value) > 100_000:
+        raise ConfigError(f"{name}: {len(value)} characters is too long", where=source,
+                          fix=f"set {name} to a value under 100000 characters")
+
+
+def _check_leaf(name: str, kind: Any, value: Any, rule: dict, source: str) -> None:
+    fix = f"set --{name} (or \"{name}\" in the config file)"
+    if value is None:
+        return  # Optional fields: None means "off" / "default"; the type hook allowed it
+    if isinstance(value, str):
+        _check_text(name, value, source)
+        if rule.get("nonempty") and not value.strip():
+            raise ConfigError(f"{name}: must not be empty", where=source, fix=fix + " to a non-empty value")
+    if isinstance(value, tuple):
+        if rule.get("nonempty") and not value:
+            raise ConfigError(f"{name}: must list at least one item", where=source, fix=fix)
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                _check_text(f"{name}[{i}]", item, source)
+                if not item.strip():
+                    raise ConfigError(f"{name}[{i}]: empty item", where=source, fix=fix + " without empty items")
+    if "choices" in rule and value not in rule["choices"]:
+        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(repr, rule['choices']))}",
+                          where=source, fix=fix + " to one of them")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: must be a finite number, got {value}", where=source, fix=fix)
+    bounds = {k: rule[k] for k in ("gt", "ge", "lt", "le") if k in rule}
+    if not bounds and not rule.get("negative_ok"):
+        bounds = {"ge": 0}
+    if isinstance(value, int) and "le" not in bounds and "lt" not in bounds:
+        bounds["le"] = INT_MAX
+    if isinstance(value, float) and "le" not in bounds and "lt" not in bounds:
+        bounds["le"] = 1e30
+    failed = {k: v for k, v in bounds.items()
+              if not {"gt": value > v, "ge": value >= v, "lt": value < v, "le": value <= v}[k]}
+    if failed:
+        want = _range_text(failed)
+        raise ConfigError(f"{name}: must be {want}, got {value!r}", where=source,
+                          fix=f"{fix} to a value {_range_text(bounds)}")
+
+
+def check(cfg: Any, source: str = "config", prefix: str = "") -> None:
+    """Every field of `cfg` (nested sections too) against its declared range / choices and the
+    defaults (`mlxcore.fields`); raises ConfigError naming the first field at fault."""
+    kinds = _fields_of(type(cfg))
+    for field in attrs.fields(type(cfg)):
+        value = getattr(cfg, field.name)
+        name = prefix + field.name
+        if attrs.has(type(value)):
+            check(value, source, name + ".")
+        else:
+            _check_leaf(name, kinds[field.name], value, dict(field.metadata.get("check", {})), source)
+
+
+# ---------------------------------------------------------------- files and flags
+
 def to_json(cfg: Any) -> str:
     return json.dumps(to_dict(cfg), indent=2, sort_keys=True)
 
 
-def from_json(text: str, cls: type[T], source: str = "config") -> T:
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def _depth(text: str) -> int:
+    depth = best = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in "]}":
+            depth -= 1
+    return best
+
+
+def load_json(raw: bytes | str, source: str) -> Any:
+    """A config file's bytes -> JSON value; any bytes or shape problem is a ConfigError naming
+    `source` (and the line for syntax errors)."""
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file is {len(raw)} bytes, larger than {MAX_CONFIG_BYTES}", where=source,
+                          fix="pass a run's config.json or a small JSON object of settings")
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"not UTF-8 text (byte {err.start})", where=source,
+                              fix="save the config file as UTF-8 JSON") from None
+    else:
+        text = raw
+    if _depth(text) > MAX_DEPTH:
+        raise ConfigError(f"JSON nested deeper than {MAX_DEPTH} levels", where=source,
+                          fix="a config is an object of sections of settings")
     try:
-        data = json.loads(text)
+        return json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"{source}:{err.lineno}: invalid JSON ({err.msg})") from None
-    return from_dict(data, cls, source)
+        raise ConfigError(f"invalid JSON at line {err.lineno} column {err.colno}: {err.msg}",
+                          where=f"{source}:{err.lineno}", fix="fix the JSON syntax") from None
+    except (ValueError, RecursionError) as err:  # duplicate key, int too long
+        raise ConfigError(f"invalid JSON: {str(err)[:120]}", where=source, fix="fix the JSON") from None
+
+
+def from_json(text: str | bytes, cls: type[T], source: str = "config", base: Any = None) -> T:
+    return from_dict(load_json(text, source), cls, source, base)
 
 
 def leaf_fields(cls: type, prefix: str = "") -> dict[str, Any]:
@@ -112,6 +387,7 @@ def parse_value(text: str, kind: Any, name: str) -> Any:
     """A command-line string as a value of the field's type (bool, int, float, str, tuples,
     optionals, literals)."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
+    fix = f"see --help for {name}'s type and default"
     if origin in (typing.Union, types.UnionType):
         if text.lower() in ("none", "null") and type(None) in args:
             return None
@@ -125,11 +401,12 @@ def parse_value(text: str, kind: Any, name: str) -> Any:
             return True
         if text.lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"--{name}: expected true/false, got {text!r}")
+        raise ConfigError(f"--{name}: expected true/false, got {text!r}", where="command line", fix=fix)
     try:
         return kind(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--{name}: expected {getattr(kind, '__name__', kind)}, got {text!r}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"--{name}: expected {getattr(kind, '__name__', kind)}, got {text!r}", where="command line",
+                          fix=fix) from None
 
 
 # What a field does, for fields whose class has no comment on them (classes in mlxcore stay
@@ -286,6 +563,16 @@ class DeprecatedAlias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def read_config_file(path: Path, cls: type[T], base: Any) -> T:
+    """`--config FILE`: its settings over `base` (the preset)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"cannot read the config file: {err.strerror}", where=str(path),
+                          fix="pass an existing JSON file to --config") from None
+    return from_json(raw, cls, str(path), base)
+
+
 def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, description: str,
                default_preset: str, extra: typing.Callable[[argparse.ArgumentParser], None] | None = None):
     """Build the recipe's config from presets, an optional JSON file and dotted flags.
@@ -294,11 +581,12 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
     """
     cls = type(presets[default_preset])
     base = presets[default_preset]
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = StrictArgumentParser(prog=prog, description=description,
+                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--preset", choices=sorted(presets), default=default_preset,
                         help="base settings; flags below override them (defaults shown are the default preset's)")
-    parser.add_argument("--config", type=Path, help="JSON config file (as written in a run's config.json)")
+    parser.add_argument("--config", type=Path, help="JSON config file (as written in a run's config.json); "
+                                                    "settings it leaves out keep the preset's values")
     if extra is not None:
         extra(parser)
     base_dict = to_dict(base)
@@ -315,13 +603,10 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
                             help=f"{described} (default: {_show(value)})" if described
                             else f"(default: {_show(value)})")
     args = parser.parse_args(argv)
-    data = to_dict(presets[args.preset])
+    preset = presets[args.preset]
+    data = to_dict(preset)
     if args.config is not None:
-        try:
-            text = args.config.read_text()
-        except OSError as err:
-            raise ConfigError(f"{args.config}: {err.strerror}") from None
-        data = to_dict(from_json(text, cls, str(args.config)))
+        data = to_dict(read_config_file(args.config, cls, preset))
     fields = leaf_fields(cls)
     given = {key[4:] for key in vars(args) if key.startswith("cfg:")}
     for name in given:
@@ -334,3 +619,43 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
     cfg = from_dict(data, cls, "command line")
     extras = argparse.Namespace(**{k: v for k, v in vars(args).items() if not k.startswith("cfg:")})
     return cfg, extras
+
+
+def check_out_dir(path: str | Path, name: str) -> Path:
+    """An output directory that can be created and written (checked before anything loads)."""
+    import os
+
+    path = Path(path)
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        which = "is a file" if probe == path else f"has a file on its path ({probe})"
+        raise ConfigError(f"{name}: {path} {which}, not a directory", where=str(path),
+                          fix=f"set --{name} to a directory path")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name}: cannot write in {probe}", where=str(path),
+                          fix=f"set --{name} to a directory you can write")
+    return path
+
+
+def check_targets(targets: tuple[str, ...], layer_paths: list[str], name: str = "lora.targets",
+                  where: str | None = None) -> None:
+    """Every LoRA target matches at least one of the model's linear layers (`layer_paths`)."""
+    from mlxcore.lora import matches_target
+
+    unmatched = [t for t in targets if not any(matches_target(p, (t,)) for p in layer_paths)]
+    if unmatched:
+        names = sorted({p.rsplit(".", 1)[-1] for p in layer_paths})
+        shown = ", ".join(names[:24]) + (", ..." if len(names) > 24 else "")
+        raise ConfigError(f"{name}: {', '.join(map(repr, unmatched))} matches no linear layer of the model",
+                          where=where, fix=f"set --{name} to names among: {shown}")
+
+
+def check_at_most(name: str, value: int, maximum: int, what: str, where: str | None = None) -> None:
+    """A length setting within the model's maximum."""
+    if value > maximum:
+        raise ConfigError(f"{name}: {value} is more than {what} ({maximum})", where=where,
+                          fix=f"set --{name} to at most {maximum}")

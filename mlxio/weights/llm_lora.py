@@ -25,6 +25,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlxcore import lora
 from mlxcore.lora import LoraConfig, matches_target
 from mlxcore.tree import Tree, partition
+from mlxio.run.atomic import atomic_dir
 from mlxio.weights.llm import Policy, save_model_dir
 
 _LINEAR_TYPES = (nn.Linear, nn.QuantizedLinear)
@@ -56,6 +57,11 @@ def linear_dims(linear: nn.Module) -> tuple[int, int]:
     if isinstance(linear, nn.QuantizedLinear):
         in_dim = in_dim * 32 // linear.bits
     return int(out_dim), int(in_dim)
+
+
+def linear_paths(block: nn.Module) -> list[str]:
+    """Paths of the linear layers inside one transformer block (`self_attn.q_proj`, ...)."""
+    return sorted(name for name, module in block.named_modules() if isinstance(module, _LINEAR_TYPES))
 
 
 def lora_keys(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
@@ -153,9 +159,9 @@ def save_adapters(model: nn.Module, lora_params: Tree, lora_cfg: LoraConfig, num
     config = {**({"model": base_model} if base_model else {}), "fine_tune_type": "lora", "num_layers": len(model.layers) if num_layers is None else num_layers,
               "lora_parameters": {"rank": lora_cfg.rank, "scale": lora_cfg.scale,
                                   "dropout": lora_cfg.dropout, "keys": keys}}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(out_dir / "adapters.safetensors"), adapters)
-    (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    with atomic_dir(out_dir, "adapters") as tmp:  # a failed write leaves the previous adapters intact
+        mx.save_safetensors(str(tmp / "adapters.safetensors"), adapters)
+        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return out_dir
 
 

@@ -19,6 +19,7 @@ from mlxcore import quant
 from mlxcore.quant import QUANT_KEYS
 from mlxcore.tree import Tree, flatten, unflatten
 from mlxio.errors import ConfigError, LoadError
+from mlxio.run.atomic import atomic_dir
 from mlxio.run.runlog import write_json_atomic
 from mlxio.weights import safeload
 
@@ -39,13 +40,11 @@ def parse_rules(texts: tuple[str, ...], field: str) -> tuple[quant.QuantRule, ..
 def save_quantized(directory: str | os.PathLike, params: Tree, report: dict, extra: dict | None = None) -> Path:
     """Write `params` (from `quant.quantize_tree`) and its report to `directory`; returns it."""
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     flat = flatten(params)
-    tmp = out / f".{WEIGHTS_NAME}.tmp.safetensors"
-    mx.save_safetensors(str(tmp), flat, metadata={"format": FORMAT})
-    os.replace(tmp, out / WEIGHTS_NAME)
-    write_json_atomic(out / CONFIG_NAME, {"format": FORMAT, "layers": report["layers"],
-                                          "kept_float": report.get("kept_float", {}), "extra": extra or {}})
+    with atomic_dir(out, "quantized model") as tmp:
+        mx.save_safetensors(str(tmp / WEIGHTS_NAME), flat, metadata={"format": FORMAT})
+        write_json_atomic(tmp / CONFIG_NAME, {"format": FORMAT, "layers": report["layers"],
+                                              "kept_float": report.get("kept_float", {}), "extra": extra or {}})
     return out
 
 

@@ -1,0 +1,87 @@
+"""One JSONL line, read defensively: the checks every data reader shares, so nothing malformed
+reaches a tokenizer (a lone surrogate such as "\\ud800" crashes Rust tokenizers; a NUL, an
+oversized line or deep nesting is never a real record).
+
+`decode_json_line(raw)` -> the JSON value or `BadLine(reason, message)`; `check_text(value,
+where)` -> the string or `BadLine`. Reasons: too_long, nul, bom, utf8, too_deep, json,
+wrong_type, empty_field, surrogate.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+MAX_LINE_BYTES = 16 * 1024 * 1024  # one record; a longer line is rejected, not read
+MAX_DEPTH = 32  # nesting of objects / lists in one line
+
+
+class BadLine(Exception):
+    """A malformed line: `reason` (a short key for lenient counts) and a message naming the field."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def nesting_depth(text: str, limit: int = MAX_DEPTH) -> int:
+    """Deepest [ / { nesting of a JSON text outside strings (stops counting past `limit`)."""
+    depth = best = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "[" or ch == "{":
+            depth += 1
+            if depth > best:
+                best = depth
+                if best > limit:
+                    return best
+        elif ch == "]" or ch == "}":
+            depth -= 1
+    return best
+
+
+def decode_json_line(raw: bytes, *, first: bool = False, max_bytes: int = MAX_LINE_BYTES) -> Any:
+    """The JSON value of one line (without its newline); raises BadLine."""
+    if len(raw) > max_bytes:
+        raise BadLine("too_long", f"line of {len(raw)} bytes is longer than {max_bytes}")
+    if b"\x00" in raw:
+        raise BadLine("nul", "NUL byte in line")
+    if first and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 BOM opening the file is harmless (Windows editors write it)
+    if b"\xef\xbb\xbf" in raw:
+        raise BadLine("bom", "byte-order mark inside the file (concatenated files?)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadLine("utf8", f"invalid UTF-8 at byte {err.start}") from None
+    if ("[" in text or "{" in text) and nesting_depth(text) > MAX_DEPTH:
+        raise BadLine("too_deep", f"JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, int too long
+        raise BadLine("json", f"invalid JSON ({str(err)[:80]})") from None
+
+
+def check_text(value: object, where: str, *, allow_empty: bool = False) -> str:
+    """`value` as a string fit for a tokenizer; raises BadLine naming `where`."""
+    if not isinstance(value, str):
+        raise BadLine("wrong_type", f"{where}: expected a string, got {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise BadLine("empty_field", f"{where}: empty string")
+    if "\x00" in value:
+        raise BadLine("nul", f"{where}: contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise BadLine("surrogate", f"{where}: lone surrogate {value[err.start]!r} at character {err.start} "
+                                   "(not valid Unicode text)") from None
+    return value

@@ -1,0 +1,142 @@
+"""Nothing half-written: an output directory is built in a temporary sibling and swapped into
+place only once every file in it is complete and synced.
+
+    with atomic_dir(out / "merged", "merged model") as tmp:
+        save(tmp / "model.safetensors") ...
+
+On success `out/merged` is the new directory (the previous one, if any, is removed after the
+swap; on Linux the swap is one `renameat2(RENAME_EXCHANGE)`, elsewhere two renames). On any
+failure the temporary directory is removed and `out/merged` is exactly as before; a write error
+of the disk (ENOSPC, EDQUOT, EROFS, EACCES, EIO) becomes a `DiskError` saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from mlxio.errors import DiskError
+
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux renameat2); False where unsupported."""
+    fn = getattr(_LIBC, "renameat2", None) if _LIBC is not None else None
+    if fn is None:
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP if hasattr(errno, "ENOTSUP") else errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Put the complete directory `tmp` at `final` (replacing any directory there)."""
+    if final.exists() and not final.is_dir():
+        raise DiskError(f"{final} is a file, not a directory", where=str(final),
+                        fix="remove it or pick another output directory")
+    if final.exists():
+        if not _exchange(tmp, final):
+            old = final.with_name(f".{final.name}.old-{secrets.token_hex(4)}")
+            os.rename(final, old)
+            os.rename(tmp, final)
+            tmp = old
+        shutil.rmtree(tmp, ignore_errors=True)  # now the previous contents
+    else:
+        os.rename(tmp, final)
+    with contextlib.suppress(OSError):
+        fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | Path, what: str = "output") -> Iterator[Path]:
+    """Yield a fresh temporary sibling of `final`; rename it into place when the block ends."""
+    final = Path(final)
+    if final.exists() and not final.is_dir():
+        raise DiskError(f"cannot write the {what}: {final} is a file, not a directory", where=str(final),
+                        fix="remove it or pick another output directory")
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        tmp.mkdir()
+    except OSError as err:
+        raise _disk_error(err, what, final) from None
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        replace_dir(tmp, final)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError) and err.errno in _DISK_ERRNOS:
+            raise _disk_error(err, what, final) from None
+        if isinstance(err, RuntimeError) and _looks_like_disk(str(err)):
+            previous = "the previous one is intact" if final.exists() else "nothing was written"
+            raise DiskError(f"writing the {what} failed: {str(err)[:160]}{_free_space(final)} ({previous})",
+                            where=str(final)) from None
+        raise
+
+
+def _free_space(path: Path) -> str:
+    try:
+        st = os.statvfs(path.parent)
+    except OSError:
+        return ""
+    return f"; {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free on that file system"
+
+
+def _looks_like_disk(text: str) -> bool:  # MLX's writers raise RuntimeError("... No space left ...")
+    text = text.lower()
+    return any(s in text for s in ("no space left", "disk quota", "read-only file system", "permission denied",
+                                   "input/output error", "file too large", "could not write", "failed to write", "unable to write",
+                                   "cannot open file", "unable to open file"))
+
+
+def _disk_error(err: OSError, what: str, final: Path) -> DiskError:
+    previous = "the previous one is intact" if final.exists() else "nothing was written"
+    return DiskError(f"writing the {what} failed: {err.strerror or err} ({previous})", where=str(final),
+                     fix={errno.ENOSPC: "free disk space, then run again",
+                          errno.EDQUOT: "free disk space (quota), then run again",
+                          errno.EROFS: "pick a writable output directory"}.get(
+                         err.errno, "check free space and permissions of the output directory"))

@@ -1,0 +1,178 @@
+"""Every config field of both recipes, fed wrong types, out-of-range values, NaN, empty and
+huge values (as a config file would carry them, and as flags), and config files of every JSON
+shape and arbitrary bytes: the outcome is a valid config, or the project's ConfigError naming
+the field (or the file) - never any other exception. Only the parse / validate layer runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mlxio.errors import ConfigError
+from mlxio.run import config
+from recipes import rlaif_config, xtr_lora
+
+RECIPES = {
+    "xtr_lora": (xtr_lora.PRESETS, "quick", xtr_lora.validate),
+    "rlaif_qwen": (rlaif_config.PRESETS, "quick", lambda cfg, source="config": rlaif_config.validate(cfg)),
+}
+FIELDS = [(recipe, name) for recipe, (presets, default, _) in RECIPES.items()
+          for name in config.leaf_fields(type(presets[default]))]
+SECTIONS = [(recipe, name.rsplit(".", 1)[0]) for recipe, name in FIELDS if "." in name]
+
+scalars = st.one_of(
+    st.none(), st.booleans(),
+    st.integers(), st.sampled_from([0, -1, 1, 2**31, 2**63, -(2**63), 10**30, 10**400]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([0.0, -0.0, -1.0, 0.5, 1.0, 1e-300, 1e300, float("nan"), float("inf"), -float("inf")]),
+    st.text(max_size=20),
+    st.sampled_from(["", " ", "false", "true", "0", "1e-4", "query", "none", "nan", "\x00", "\ud800",
+                     "a" * 200_000, "q_proj,v_proj", "adamw", "grpo", "float32", "*=4/64", "=", "*=99/7"]),
+)
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                             max_size=3), max_leaves=8)
+
+
+def _parse(recipe: str, data, source: str = "cfg.json"):
+    presets, default, validate = RECIPES[recipe]
+    cfg = config.from_dict(data, type(presets[default]), source, base=presets[default])
+    validate(cfg, source)
+    return cfg
+
+
+def _nest(dotted: str, value) -> dict:
+    out = value
+    for part in reversed(dotted.split(".")):
+        out = {part: out}
+    return out
+
+
+def _leaf(cfg, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(FIELDS), value=values)
+def test_every_field_any_value_valid_or_config_error_naming_it(field, value):
+    recipe, name = field
+    try:
+        cfg = _parse(recipe, _nest(name, value))
+    except ConfigError as err:
+        assert name in str(err), f"{name!r} not named in: {err}"
+        assert "\n" not in str(err)
+        return
+    # accepted: then the value is exactly the one given, of the field's own type (no coercion)
+    got = _leaf(cfg, name)
+    if isinstance(value, list):
+        assert got == tuple(value) and all(type(v) is str for v in value)
+    elif isinstance(value, float) and type(got) is float:
+        assert got == value and math.isfinite(got)
+    else:
+        assert got == value and type(got) is type(value) or (type(value) is int and type(got) is float)
+
+
+@settings(max_examples=200, deadline=None)
+@given(field=st.sampled_from(FIELDS), text=st.text(max_size=30) | st.sampled_from(
+    ["nan", "inf", "-inf", "-1", "0", "1e400", "9" * 30, "", ",", "none", "true", "1.5", "\ud800"]))
+def test_every_flag_any_text_valid_or_config_error_naming_it(field, text):
+    recipe, name = field
+    presets, default, validate = RECIPES[recipe]
+    try:
+        cfg, _ = config.parse_args([f"--{name}", text], presets, prog=recipe, description="", default_preset=default)
+        validate(cfg, "command line")
+    except ConfigError as err:
+        assert name in str(err), f"{name!r} not named in: {err}"
+
+
+@settings(max_examples=150, deadline=None)
+@given(section=st.sampled_from(SECTIONS), value=values)
+def test_a_section_of_any_shape_is_named(section, value):
+    recipe, name = section
+    try:
+        _parse(recipe, _nest(name, value))
+    except ConfigError as err:
+        assert name in str(err), f"{name!r} not named in: {err}"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12)
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=json_values | st.binary(max_size=64) | st.sampled_from(
+    [b"", b"\xef\xbb\xbf{}", b"{}" * 3, b'{"a": 1, "a": 2}', b"[" * 10_000 + b"]" * 10_000, b"\xff\xfe{\x00}",
+     b'{"optim": {"lr": 1e999}}', b'{"optim": {"lr": NaN}}', b'{"export": "false"}', b'{"seed": ' + b"9" * 5000 + b"}"]))
+def test_config_file_of_any_json_shape_or_bytes(tmp_path_factory, recipe, doc):
+    presets, default, validate = RECIPES[recipe]
+    path = tmp_path_factory.mktemp("cfg") / "config.json"
+    path.write_bytes(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
+    try:
+        cfg, _ = config.parse_args(["--config", str(path)], presets, prog=recipe, description="",
+                                   default_preset=default)
+        validate(cfg, "command line")
+    except ConfigError as err:
+        assert str(path) in str(err), f"file not named in: {err}"
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_missing_sections_keep_the_presets_values(tmp_path, recipe):
+    presets, _, _ = RECIPES[recipe]
+    smoke = presets["smoke"]
+    path = tmp_path / "c.json"
+    path.write_text('{"seed": 7}' if recipe == "rlaif_qwen" else '{"train": {"seed": 7}}')
+    cfg, _ = config.parse_args(["--preset", "smoke", "--config", str(path)], presets, prog=recipe,
+                               description="", default_preset="quick")
+    assert config.to_dict(cfg) == config.merge(config.to_dict(smoke), json.loads(path.read_text()), "t")
+    assert cfg.optim == smoke.optim  # a section the file leaves out is the preset's, not the class default
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"export": "false"}', "export: expected true or false, got string 'false'"),
+    ('{"lora": {"targets": "query"}}', "lora.targets: expected a list, got string 'query'"),
+    ('{"train": {"steps": 1.0}}', "train.steps: expected an integer, got number 1.0"),
+    ('{"train": {"checkpoint_every": 0}}', "train.checkpoint_every: must be >= 1, got 0"),
+    ('{"optim": {"lr": -1}}', "optim.lr: must be > 0, got -1.0"),
+    ('{"optim": {"lrr": 1}}', "unknown key 'optim.lrr'"),
+    ('{"loss": {"temperature": 0}}', "loss.temperature: must be > 0"),
+    ('{"lora": {"dropout": 1.0}}', "lora.dropout: must be < 1"),
+    ('{"data": {"eval_fraction": NaN}}', "data.eval_fraction: must be a finite number"),
+    ('{"memory": {"compute_dtype": "int8"}}', "memory.compute_dtype: 'int8' is not one of"),
+    ('{"quant": {"ptq": ["*=3/99"]}}', "quant.ptq: quant rule"),
+    ('{"train": 5}', "train: expected an object"),
+    ("[]", "expected a JSON object of settings, got a list"),
+])
+def test_xtr_examples_from_the_issue(tmp_path, text, message):
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        cfg, _ = config.parse_args(["--config", str(path)], xtr_lora.PRESETS, prog="x", description="",
+                                   default_preset="quick")
+        xtr_lora.validate(cfg)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--optim.lr", "-1"], "optim.lr: must be > 0"),
+    (["--optim.l", "1e-4"], "unrecognized arguments: --optim.l"),
+    (["--temperature", "0"], "temperature: must be > 0"),
+    (["--group_size", "1"], "group_size: 1 completion per prompt"),
+    (["--top_p", "1.5"], "top_p: must be <= 1"),
+    (["--advantage", "ppo"], "advantage: 'ppo' is not one of"),
+    (["--sandbox.timeout_s", "inf"], "sandbox.timeout_s: must be a finite number"),
+    (["--max_new_tokens", "0"], "max_new_tokens: must be >= 1"),
+    (["--inner_epochs", "2"], "inner_epochs > 1 reuses a batch"),
+])
+def test_rlaif_examples(argv, message):
+    with pytest.raises(ConfigError) as err:
+        cfg, _ = config.parse_args(argv, rlaif_config.PRESETS, prog="r", description="", default_preset="quick")
+        rlaif_config.validate(cfg)
+    assert message in str(err.value)

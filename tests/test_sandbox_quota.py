@@ -1,0 +1,116 @@
+"""Sandbox quotas: a total disk quota on the writable space of one check (bubblewrap's private
+/tmp tmpfs has `--size`; a weaker backend's host work dir gets a tmpfs as root, else a polled
+quota that kills the worker), a memory bound over all the worker's processes together (a memory
+cgroup), and the RLAIF recipe's refusal to run untrusted code without bubblewrap unless asked."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from mlxio import sandbox
+from mlxio.sandbox import SandboxError, SandboxLimits, backend, require_isolation, run_check
+
+LIMITS = SandboxLimits(timeout_s=20.0, memory_mb=256, max_processes=16, max_file_mb=4, disk_mb=8)
+
+# The candidate fills its writable space with 1 MiB files (4 MiB is the per-file cap), in /tmp
+# (bwrap) or its working directory (weaker backends); the test asserts the quota stopped it.
+FILL = """
+def fill(where):
+    import os
+    written = 0
+    try:
+        for i in range(64):
+            with open(os.path.join(where, f"f{i}"), "wb") as h:
+                h.write(b"x" * (1 << 20))
+            written += 1
+    except OSError as err:
+        return ("stopped", written, err.errno)
+    return ("not stopped", written, 0)
+"""
+FILL_TEST = """
+def check(candidate):
+    kind, written, errno_ = candidate(WHERE)
+    assert kind == "stopped" and written <= 8 and errno_ == 28, (kind, written, errno_)
+"""
+
+
+@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+def test_bwrap_tmpfs_is_capped_at_disk_mb():
+    verdict = run_check(FILL, FILL_TEST.replace("WHERE", "'/tmp'"), "fill", LIMITS)
+    assert verdict.status == "passed", verdict
+    bigger = run_check(FILL, FILL_TEST.replace("WHERE", "'/tmp'"), "fill", attrs.evolve(LIMITS, disk_mb=128))
+    assert bigger.status == "failed"  # the same program with room: it writes all 64 MiB (the test can fail)
+
+
+def test_weak_backend_work_dir_gets_a_tmpfs_quota(monkeypatch):
+    if __import__("os").geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    monkeypatch.setattr(sandbox, "sandbox_backend", lambda: "none")
+    verdict = run_check(FILL, FILL_TEST.replace("WHERE", "'.'"), "fill", LIMITS)
+    assert verdict.status == "passed", verdict
+
+
+def test_weak_backend_polled_quota_kills_the_worker(monkeypatch):
+    monkeypatch.setattr(sandbox, "sandbox_backend", lambda: "none")
+    monkeypatch.setattr(sandbox, "mount_quota", lambda path, mb: False)  # as a non-root user
+    slow_fill = FILL.replace('h.write(b"x" * (1 << 20))', 'h.write(b"x" * (1 << 20)); __import__("time").sleep(0.2)')
+    verdict = run_check(slow_fill, FILL_TEST.replace("WHERE", "'.'"), "fill", LIMITS)
+    assert verdict.status == "error" and "disk quota" in verdict.detail, verdict
+
+
+# Four children each hold 150 MiB at once (under RLIMIT_AS 256 MiB each): 600 MiB in all.
+HOG = """
+def hog():
+    import os, time
+    pids = []
+    for _ in range(4):
+        pid = os.fork()
+        if pid == 0:
+            block = bytearray(150 << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            time.sleep(1.5)
+            os._exit(0)
+        pids.append(pid)
+    return sum(os.waitpid(p, 0)[1] == 0 for p in pids)
+"""
+HOG_TEST = "def check(candidate):\n    assert candidate() == 4\n"
+
+
+def _memory_cgroup_possible() -> bool:
+    path = backend.make_memory_cgroup("probe-quota-test", 64)
+    if path is not None:
+        backend.sweep_cgroup(path)
+        return True
+    pids = backend.make_pids_cgroup("probe-quota-test", 8)
+    ok = backend.limit_memory_v2(pids, 64)
+    backend.sweep_cgroup(pids)
+    return ok
+
+
+@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+def test_memory_is_bounded_over_all_processes_of_a_check():
+    if not _memory_cgroup_possible():
+        pytest.skip("no memory cgroup can be made here (needs root and a memory controller)")
+    bounded = run_check(HOG, HOG_TEST, "hog", attrs.evolve(LIMITS, memory_mb=256))
+    assert bounded.status in ("failed", "error", "timeout"), bounded
+    roomy = run_check(HOG, HOG_TEST, "hog", attrs.evolve(LIMITS, memory_mb=1024))
+    assert roomy.status == "passed", roomy  # the same program under a larger bound: the test can fail
+
+
+def test_rlaif_refuses_weak_isolation_unless_asked(monkeypatch, tmp_path):
+    from mlxio.errors import cli_main
+    from recipes import rlaif_qwen
+
+    monkeypatch.setattr(sandbox, "sandbox_backend", lambda: "unshare")
+    with pytest.raises(SandboxError, match="without file isolation.*--sandbox.allow_weak true"):
+        require_isolation(False, "--sandbox.allow_weak true")
+    assert require_isolation(True, "--sandbox.allow_weak true") == "unshare"
+    loaded = []
+    monkeypatch.setattr(rlaif_qwen, "load_model", lambda cfg: loaded.append(cfg))
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main("rlaif_qwen", rlaif_qwen.main, ["--preset", "smoke", "--out", str(tmp_path / "run")])
+    assert exit_info.value.code == 1 and not loaded  # refused before the model loads
+    monkeypatch.setattr(sandbox, "sandbox_backend", lambda: "bwrap")
+    assert require_isolation(False, "x") == "bwrap"
