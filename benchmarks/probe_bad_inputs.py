@@ -170,7 +170,7 @@ def path_cases(work: Path) -> list[dict]:
     smoke_r = ["--preset", "smoke"]
     keep = {"a_file": a_file}
     cases = []
-    for prog, out_flag, smoke in (("xtr_lora", "--out_dir", smoke_x), ("rlaif_qwen", "--out", smoke_r)):
+    for prog, out_flag, smoke in (("xtr_lora", "--out_dir", smoke_x), ("rlaif_qwen", "--out_dir", smoke_r)):
         cases += [
             {"class": "path", "prog": prog, "argv": [*smoke, out_flag, str(a_file)], "keep": keep},
             {"class": "path", "prog": prog, "argv": [*smoke, out_flag, str(a_file / "sub")], "keep": keep},
@@ -184,13 +184,13 @@ def path_cases(work: Path) -> list[dict]:
     cases.append({"class": "path", "prog": "xtr_lora", "argv": [*smoke_x, "--data.source", str(work / "none.jsonl"),
                                                                  "--out_dir", str(work / "x-d0")]})
     cases.append({"class": "path", "prog": "rlaif_qwen", "argv": [*smoke_r, "--data.problems", str(work / "none.jsonl"),
-                                                                   "--out", str(work / "r-d0")]})
+                                                                   "--out_dir", str(work / "r-d0")]})
     cases.append({"class": "model", "prog": "xtr_lora", "argv": [*smoke_x, "--lora.targets", "nonexistent_layer",
                                                                   "--out_dir", str(work / "x-t")]})
     cases.append({"class": "model", "prog": "rlaif_qwen", "argv": [*smoke_r, "--lora.targets", "query,value",
-                                                                    "--out", str(work / "r-t")]})
+                                                                    "--out_dir", str(work / "r-t")]})
     cases.append({"class": "model", "prog": "rlaif_qwen", "argv": [*smoke_r, "--lora_layers", "99",
-                                                                    "--out", str(work / "r-l")]})
+                                                                    "--out_dir", str(work / "r-l")]})
     return cases
 
 
@@ -235,7 +235,7 @@ def data_cases(work: Path) -> list[dict]:
         problems = work / f"problems-{len(cases)}.jsonl"
         problems.write_bytes(GOOD_PROBLEM + b"\n" + problem_line(bad) + b"\n")
         cases.append({"class": "data line", "what": name, "prog": "rlaif_qwen",
-                      "argv": ["--preset", "smoke", "--data.problems", str(problems), "--out", str(work / "rd")],
+                      "argv": ["--preset", "smoke", "--data.problems", str(problems), "--out_dir", str(work / "rd")],
                       "keep": {"data": problems}})
     return cases
 
@@ -296,7 +296,7 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
                                     for i in range(12)) + b"\n")
     run_dir = work / "nonfinite"
     base = rq.PRESETS["smoke"]
-    cfg = attrs.evolve(base, out=str(run_dir), max_consecutive_skips=10,
+    cfg = attrs.evolve(base, out_dir=str(run_dir), max_consecutive_skips=10,
                        data=attrs.evolve(base.data, problems=str(problems), heldout_fraction=0.4),
                        eval=attrs.evolve(base.eval, before=False, after=False))
     kind, code, err, _ = run_in_process("rlaif_qwen", lambda argv: rq.run(cfg, extra_rewards=[(Huge(), 1.0)]),
@@ -333,7 +333,7 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
 
     # a finished run, then --resume with other settings: refused, nothing in the run changes
     run_dir = work / "resume"
-    argv = ["--preset", "smoke", "--out", str(run_dir), "--data.problems", str(problems), "--data.heldout_fraction", "0.4",
+    argv = ["--preset", "smoke", "--out_dir", str(run_dir), "--data.problems", str(problems), "--data.heldout_fraction", "0.4",
             "--eval.before", "false", "--eval.after", "false", "--steps", "2", "--optim.total_steps", "2"]
     kind, code, err, _ = run_in_process("rlaif_qwen", rq.main, argv, timeout)
     if kind != "silent":  # exit 0 is right here: a good run
@@ -360,7 +360,7 @@ def disk_full_records(work: Path) -> list[dict]:
     from mlxcore.lora import LoraConfig
     from mlxcore.tree import combine
     from mlxio.errors import DiskError
-    from mlxio.weights import export, llm
+    from mlxio.weights import export, llm, llm_lora
     from mlxio.weights.encoders import default_encoder_path, load_encoder
 
     records = []
@@ -373,15 +373,16 @@ def disk_full_records(work: Path) -> list[dict]:
         dims = lora.target_dims(encoder.params, ("query", "value"))
         cfg = LoraConfig(rank=4, alpha=8.0, targets=("query", "value"))
         policy = llm.tiny_policy("llama", seed=0)
-        llm.apply_lora(policy.model, LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), None, mx.random.key(0))
+        lora_tree = llm_lora.apply_lora(policy.model, LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), None,
+                                        mx.random.key(0))
         exports = {
             "merged model": lambda d, s: export.export_merged(encoder, combine(encoder.params, lora.init(
                 mx.random.key(s), dims, 4)), cfg.scale, d),
             "PEFT adapter": lambda d, s: export.export_peft(encoder, combine(encoder.params, lora.init(
                 mx.random.key(s), dims, 4)), cfg, cfg.targets, d, "base"),
-            "mlx-lm adapters": lambda d, s: llm.save_adapters(policy.model, LoraConfig(
+            "mlx-lm adapters": lambda d, s: llm_lora.save_adapters(policy.model, lora_tree, LoraConfig(
                 rank=4, alpha=8.0, targets=("q_proj", "v_proj")), None, d),
-            "fused model": lambda d, s: llm.fuse(policy, d),
+            "fused model": lambda d, s: llm_lora.fuse(policy, lora_tree, d),
         }
         for name, write in exports.items():
             target = disk / name.replace(" ", "_")

@@ -17,7 +17,7 @@ import pytest
 from mlxcore.lora import LoraConfig
 from mlxio.errors import DiskError
 from mlxio.run.atomic import atomic_dir
-from mlxio.weights import export, llm
+from mlxio.weights import export, llm, llm_lora
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -47,33 +47,32 @@ def fill(disk: Path, leave: int) -> None:
         f.write(b"\0" * max(free - leave, 0))
 
 
+LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
+
+
 def policy_with_lora(seed: int):
     policy = llm.tiny_policy("llama", seed=seed)
-    llm.apply_lora(policy.model, LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), None,
-                   mx.random.key(seed))
-    return policy
+    return policy, llm_lora.apply_lora(policy.model, LORA, None, mx.random.key(seed))
 
 
 def test_disk_full_during_fuse_and_adapters_keeps_the_previous_export(small_disk):
-    old = policy_with_lora(0)
-    llm.fuse(old, small_disk / "fused")
-    llm.save_adapters(old.model, LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), None,
-                      small_disk / "adapters")
+    old, old_lora = policy_with_lora(0)
+    llm_lora.fuse(old, old_lora, small_disk / "fused")
+    llm_lora.save_adapters(old.model, old_lora, LORA, None, small_disk / "adapters")
     before = {name: snapshot(small_disk / name) for name in ("fused", "adapters")}
     size = sum((small_disk / "fused" / f).stat().st_size for f in before["fused"])
     fill(small_disk, size // 3)  # room for a third of a new model
-    new = policy_with_lora(1)
+    new, new_lora = policy_with_lora(1)
     with pytest.raises(DiskError, match=r"writing the model directory failed.*previous one is intact") as err:
-        llm.fuse(new, small_disk / "fused")
+        llm_lora.fuse(new, new_lora, small_disk / "fused")
     assert "\n" not in str(err.value) and str(small_disk / "fused") in str(err.value)
     fill(small_disk, 0)
     with pytest.raises(DiskError, match="adapters"):
-        llm.save_adapters(new.model, LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), None,
-                          small_disk / "adapters")
+        llm_lora.save_adapters(new.model, new_lora, LORA, None, small_disk / "adapters")
     assert {name: snapshot(small_disk / name) for name in ("fused", "adapters")} == before
     assert sorted(p.name for p in small_disk.iterdir()) == ["adapters", "ballast", "fused"]  # no temp dirs
     (small_disk / "ballast").unlink()  # space again: the export goes through and replaces the old one
-    llm.fuse(new, small_disk / "fused")
+    llm_lora.fuse(new, new_lora, small_disk / "fused")
     assert snapshot(small_disk / "fused") != before["fused"]
     assert sorted(p.name for p in small_disk.iterdir()) == ["adapters", "fused"]
 

@@ -61,6 +61,9 @@ def check_policy(cfg, policy: llm.Policy) -> None:
 
     blocks = policy.model.layers
     where = str(policy.source or cfg.model)
+    if cfg.lora.dropout:
+        raise ConfigError(f"lora.dropout: {cfg.lora.dropout} is not supported on causal-LM policies", where=where,
+                          fix="set --lora.dropout 0")
     config.check_targets(cfg.lora.targets, llm_lora.linear_paths(blocks[0]), where=where)
     if cfg.lora_layers is not None:
         config.check_at_most("lora_layers", cfg.lora_layers, len(blocks), "the model's number of blocks", where)

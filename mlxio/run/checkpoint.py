@@ -57,9 +57,6 @@ _TREE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 # ----------------------------------------------------------------------------------- hashing
 
-SETTINGS = "settings"  # meta key: the dict hashed into config_hash (names the differences on a refusal)
-
-
 def config_hash(config_dict: dict) -> str:
     """SHA-256 hex of canonical JSON (sorted keys, no whitespace): equal configs, equal hash."""
     try:
@@ -332,39 +329,17 @@ def load(ckpt_dir: str | Path) -> tuple[dict[str, Tree], dict]:
     return trees, meta
 
 
-def settings_diff(old: object, new: object, prefix: str = "") -> list[str]:
-    """["optim.lr 0.001 -> 0.002", ...]: every leaf setting that differs between two config dicts."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(set(old) | set(new), key=str):
-            name = f"{prefix}{key}"
-            if key not in old:
-                out.append(f"{name} <absent> -> {new[key]!r}")
-            elif key not in new:
-                out.append(f"{name} {old[key]!r} -> <absent>")
-            else:
-                out += settings_diff(old[key], new[key], name + ".")
-        return out
-    return [] if old == new else [f"{prefix.rstrip('.')} {old!r} -> {new!r}"]
-
-
-def _check_expect(ckpt_dir: Path, meta: dict, expect: dict, settings: dict | None = None) -> None:
+def _check_expect(ckpt_dir: Path, meta: dict, expect: dict) -> None:
     missing = object()
     for field, want in expect.items():
         got = meta.get(field, missing)
         if got != want:
-            if field == "config_hash" and settings is not None and isinstance(meta.get(SETTINGS), dict):
-                changes = settings_diff(meta[SETTINGS], settings)
-                raise CheckpointError(
-                    f"refusing to resume: {len(changes)} setting(s) differ from the checkpoint's run: "
-                    + ", ".join(changes[:20]) + (" ..." if len(changes) > 20 else ""), where=str(ckpt_dir),
-                    fix="resume with the run's own settings (its config.json), or start fresh in another output directory")
             shown = "<absent>" if got is missing else repr(got)
             raise CheckpointError(f"{ckpt_dir}: meta[{field!r}] is {shown} but this run expects "
                                   f"{want!r}; refusing a checkpoint from another run")
 
 
-def load_latest(run_dir: str | Path, expect: dict | None = None, settings: dict | None = None
+def load_latest(run_dir: str | Path, expect: dict | None = None
                 ) -> tuple[Path, dict[str, Tree], dict] | None:
     """(step dir, trees, meta) of the newest good checkpoint, or None if there is none.
 
@@ -372,9 +347,6 @@ def load_latest(run_dir: str | Path, expect: dict | None = None, settings: dict 
     skipped with a warning naming the file at fault. `expect` ({field: value}) must match
     meta exactly, else CheckpointError naming the field and both values. If step dirs exist
     but none verifies, raises rather than letting a run silently restart from scratch.
-    `settings`: the dict hashed into expect["config_hash"]; when the checkpoint's meta holds
-    its own (meta[SETTINGS], see `save`'s callers), a refusal names each differing setting,
-    old -> new.
     """
     root = Path(run_dir) / CHECKPOINTS
     candidates = [d for _, d in _step_dirs(root)]
@@ -399,7 +371,7 @@ def load_latest(run_dir: str | Path, expect: dict | None = None, settings: dict 
             failures.append(str(err))
             continue
         if expect:
-            _check_expect(ckpt_dir, meta, expect, settings)
+            _check_expect(ckpt_dir, meta, expect)
         return ckpt_dir, trees, meta
     raise CheckpointError(f"{root}: no checkpoint verifies: " + "; ".join(failures))
 
