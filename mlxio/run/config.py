@@ -133,7 +133,8 @@ def migrate(data: dict, legacy_keys: dict[str, str | None]) -> tuple[dict, list[
     return out, applied
 
 
-def from_dict(data: Any, cls: type[T], source: str = "config", base: Any = None) -> T:
+def from_dict(data: Any, cls: type[T], source: str = "config", base: Any = None,
+              prefer: frozenset[str] | set[str] = frozenset()) -> T:
     """Plain dict -> checked config; an unknown, mistyped or out-of-range key is a ConfigError
     naming it. With `base` (a config), keys `data` leaves out keep `base`'s values. Old setting
     names the class lists in `LEGACY_KEYS` are read as the current ones, with a warning."""
@@ -153,7 +154,7 @@ def from_dict(data: Any, cls: type[T], source: str = "config", base: Any = None)
         messages = (cattrs.transform_error(err, format_exception=_format_exception)
                     if isinstance(err, cattrs.BaseValidationError) else [str(err)])
         raise ConfigError("; ".join(_dotted(m) for m in messages), where=source) from None
-    check(cfg, source)
+    check(cfg, source, prefer=prefer)
     return cfg
 
 
@@ -291,17 +292,27 @@ def _check_leaf(name: str, kind: Any, value: Any, rule: dict, source: str) -> No
                           fix=f"{fix} to a value {_range_text(bounds)}")
 
 
-def check(cfg: Any, source: str = "config", prefix: str = "") -> None:
+def check(cfg: Any, source: str = "config", prefix: str = "", prefer: frozenset[str] | set[str] = frozenset()) -> None:
     """Every field of `cfg` (nested sections too) against its declared range / choices and the
-    defaults (`mlxcore.fields`); raises ConfigError naming the first field at fault."""
+    defaults (`mlxcore.fields`); raises ConfigError naming the first field at fault (a field in
+    `prefer`, e.g. the flags the user gave, before one derived from them)."""
+    errors = list(_field_errors(cfg, source, prefix))
+    if errors:
+        raise next((err for name, err in errors if name in prefer), errors[0][1])
+
+
+def _field_errors(cfg: Any, source: str, prefix: str):
     kinds = _fields_of(type(cfg))
     for field in attrs.fields(type(cfg)):
         value = getattr(cfg, field.name)
         name = prefix + field.name
         if attrs.has(type(value)):
-            check(value, source, name + ".")
-        else:
+            yield from _field_errors(value, source, name + ".")
+            continue
+        try:
             _check_leaf(name, kinds[field.name], value, dict(field.metadata.get("check", {})), source)
+        except ConfigError as err:
+            yield name, err
 
 
 # ---------------------------------------------------------------- files and flags
@@ -616,7 +627,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
     for target, source in getattr(cls, "DERIVED", {}).items():
         if source in given and target not in given:
             set_path(data, target, flat[source])
-    cfg = from_dict(data, cls, "command line")
+    cfg = from_dict(data, cls, "command line", prefer=given)
     extras = argparse.Namespace(**{k: v for k, v in vars(args).items() if not k.startswith("cfg:")})
     return cfg, extras
 

@@ -13,15 +13,14 @@ output runs in mlx-lm (`mlx_lm generate --model OUT_DIR`); dequantised output al
 from __future__ import annotations
 
 import argparse
-import sys
 
-from mlxio.errors import MlxioError
+from mlxio.errors import StrictArgumentParser, cli_main
 from mlxio.weights import llm
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m mlxio.weights.import_gguf", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictArgumentParser(prog="python -m mlxio.weights.import_gguf", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("gguf", nargs="?", help="the .gguf file to import")
     parser.add_argument("out_dir", help="output model directory (created)")
     parser.add_argument("--default", action="store_true",
@@ -42,7 +41,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except MlxioError as err:
-        raise SystemExit(f"import_gguf: {err}") from None
+    cli_main("import_gguf", main)

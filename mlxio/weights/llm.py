@@ -170,7 +170,7 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, *, dequantize: bool 
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if gguf_path.suffix != ".gguf" or not gguf_path.is_file():
-        raise LoadError(f"{gguf_path}: not a .gguf file")
+        raise LoadError("not a .gguf file", where=str(gguf_path), fix="pass an existing .gguf file (or --default)")
     policy = load_policy(gguf_path, dequantize=dequantize, dtype=dtype)
     save_model_dir(policy.model, policy.tokenizer._tokenizer, policy.config, out_dir)
     return out_dir
