@@ -176,3 +176,10 @@ def test_rlaif_examples(argv, message):
         cfg, _ = config.parse_args(argv, rlaif_config.PRESETS, prog="r", description="", default_preset="quick")
         rlaif_config.validate(cfg)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_every_preset_passes_its_own_checks(recipe):
+    presets, _, validate = RECIPES[recipe]
+    for name, cfg in presets.items():
+        validate(cfg, f"preset {name}")  # a preset outside the declared ranges would refuse to run
