@@ -45,7 +45,7 @@ import numpy as np
 import mlxio  # noqa: F401  (fast BLAS before mlx)
 from mlxio.search import codec as codec_mod
 from mlxio.search import store
-from mlxio.search.index import Index, Writer
+from mlxio.search.index import DEFAULT_CANDIDATES, DEFAULT_NPROBE, Index, Writer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "cpu" / "search_scale.json"
@@ -127,7 +127,7 @@ def phase_stdlib_build(cache: Path, work: Path) -> dict:
                 writer.add(c["docs"][i], ids[s:e], packed[s:e])
         (tmp / "units.json").write_text(json.dumps({"kind": "records", "units": {}}))
         writer.finish({"model": "all-MiniLM-L6-v2 (embedded)", "max_doc_len": 256, "max_query_len": 32,
-                       "search": {"nprobe": 8, "candidates": 256}}, final)
+                       "search": {"nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES}}, final)
         gen = store.current(idx_dir)
         print(f"stdlib {nbits}-bit index written in {time.perf_counter() - t1:.0f} s", file=sys.stderr, flush=True)
         out["variants"][nbits] = {"write_s": time.perf_counter() - t1, "bytes": _dir_bytes(gen),
@@ -161,8 +161,11 @@ def _mrr(ranks: np.ndarray, k: int = 10) -> float:
     return float(np.mean(np.where(ranks <= k, 1.0 / ranks, 0.0)))
 
 
-def _index_runs(index: Index, c, nprobe: int, candidates: int, mode: str = "semantic") -> tuple[np.ndarray, np.ndarray]:
-    """(rank of the positive, 1..10 or 11 = not in top 10; seconds per query)."""
+def _index_runs(index: Index, c, nprobe: int, candidates: int, mode: str = "semantic",
+                family: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(rank of the positive, 1..10 or 11 = not in top 10; seconds per query). `family`: also
+    record in family[...] the rank of the first hit that is the positive or a near-duplicate
+    of it (synthetic ids "synthetic/<n>/<original id>")."""
     ranks, secs = [], []
     cpu = time.process_time()
     for i, text in enumerate(c["queries"]):
@@ -172,6 +175,11 @@ def _index_runs(index: Index, c, nprobe: int, candidates: int, mode: str = "sema
         secs.append(time.perf_counter() - t)
         found = [d for d, _ in hits]
         ranks.append(found.index(c["positives"][i]) + 1 if c["positives"][i] in found else 11)
+        if family is not None:
+            want = index.record(int(c["positives"][i]))["id"]
+            ids = [index.record(d)["id"] for d in found]
+            fam = [i == want or (i.startswith("synthetic/") and i.split("/", 2)[2] == want) for i in ids]
+            family.append(fam.index(True) + 1 if any(fam) else 11)
     _LAST_CPU_MS[0] = (time.process_time() - cpu) / len(c["queries"]) * 1e3
     return np.array(ranks, np.float64), np.array(secs)
 
@@ -297,7 +305,7 @@ def phase_synth_build(cache: Path, work: Path, functions: int) -> dict:
     (tmp / "units.json").write_text(json.dumps({"kind": "records", "units": {}}))
     t_add = time.perf_counter() - t0
     writer.finish({"model": "synthetic (near-duplicates of all-MiniLM-L6-v2 stdlib codes)", "max_doc_len": 256,
-                   "max_query_len": 32, "search": {"nprobe": 8, "candidates": 256}}, final)
+                   "max_query_len": 32, "search": {"nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES}}, final)
     gen = store.current(out_dir)
     return {"n": functions, "n_real": n_real, "add_s": t_add, "build_s": time.perf_counter() - t0,
             "bytes": _dir_bytes(gen), "files": {p.name: p.stat().st_size for p in gen.iterdir()},
@@ -312,10 +320,13 @@ def phase_synth_search(cache: Path, work: Path) -> dict:
     c["positives"] = np.arange(n_q)  # the real functions come first
     out = {"grid": [], "queries": n_q}
     for nprobe, candidates in ((2, 256), (8, 256)):
-        ranks, secs = _index_runs(index, c, nprobe, candidates)
+        family: list = []
+        ranks, secs = _index_runs(index, c, nprobe, candidates, family=family)
         out["grid"].append({"nprobe": nprobe, "candidates": candidates, "mrr_index": _mrr(ranks),
+                            "mrr_index_family": _mrr(np.array(family, np.float64)),
                             "search_ms": (secs * 1e3).tolist(), "cpu_ms_mean": _LAST_CPU_MS[0]})
-        print(f"synthetic search nprobe {nprobe}: mrr {_mrr(ranks):.3f} p50 {np.median(secs) * 1e3:.0f} ms",
+        print(f"synthetic search nprobe {nprobe}: mrr {_mrr(ranks):.3f} family mrr "
+              f"{_mrr(np.array(family, np.float64)):.3f} p50 {np.median(secs) * 1e3:.0f} ms",
               file=sys.stderr, flush=True)
     out["peak_ram_gb"] = _rss_gb()
     return out
@@ -414,11 +425,12 @@ def summarise(args) -> list[dict]:
     sb = json.loads((w / "stdlib_build.json").read_text())
     ss = json.loads((w / "stdlib_search.json").read_text())
     enc = np.array(ss["encode_ms"])
-    chosen = next(g for g in ss["grid"] if (g["nbits"], g["nprobe"], g["candidates"]) == (1, 8, 256))
+    setting = (DEFAULT_NPROBE, DEFAULT_CANDIDATES)  # the index's defaults
+    chosen = next(g for g in ss["grid"] if (g["nbits"], g["nprobe"], g["candidates"]) == (1, *setting))
     latency_note = "latency measured in the quality run"
     if (w / "stdlib_latency.json").exists():  # re-measured with the final code
         sl = json.loads((w / "stdlib_latency.json").read_text())
-        lat = next(g for g in sl["grid"] if (g["nprobe"], g["candidates"]) == (8, 256))
+        lat = next(g for g in sl["grid"] if (g["nprobe"], g["candidates"]) == setting)
         chosen = {**chosen, "search_ms": lat["search_ms"], "cpu_ms_mean": lat["cpu_ms_mean"]}
         latency_note = "latency re-measured with the final code (stdlib_latency phase)"
     total = enc + np.array(chosen["search_ms"])
@@ -442,7 +454,7 @@ def summarise(args) -> list[dict]:
         "mrr_exact": ss["mrr_exact"], "mrr_index": chosen["mrr_index"],
         "mrr_drop": ss["mrr_exact"] - chosen["mrr_index"],
         "queries": len(enc), "tokens": sb["tokens"], "centroids": sb["centroids"], "nbits": 1,
-        "nprobe": 8, "candidates": 256, "bm25_mrr": ss["bm25"]["mrr"], "bm25_p50_ms": ss["bm25"]["p50_ms"],
+        "nprobe": setting[0], "candidates": setting[1], "bm25_mrr": ss["bm25"]["mrr"], "bm25_p50_ms": ss["bm25"]["p50_ms"],
         "exact_bruteforce_s": ss["exact_s"],
         "grid": [{k: v for k, v in g.items() if k != "search_ms"} | {
             "p50_search_ms": float(np.median(g["search_ms"])), "p95_search_ms": _pct(g["search_ms"], 95),
@@ -461,8 +473,8 @@ def summarise(args) -> list[dict]:
     if (w / "synth_search.json").exists():
         yb = json.loads((w / "synth_build.json").read_text())
         ys = json.loads((w / "synth_search.json").read_text())
-        best = min(ys["grid"], key=lambda g: np.median(g["search_ms"]) if g["mrr_index"] >= max(
-            x["mrr_index"] for x in ys["grid"]) - 0.01 else 1e9)
+        top = max(x["mrr_index_family"] for x in ys["grid"])
+        best = min(ys["grid"], key=lambda g: np.median(g["search_ms"]) if g["mrr_index_family"] >= top - 0.01 else 1e9)
         total = enc + np.array(best["search_ms"])
         entries.append({
             "corpus": "synthetic near-duplicates (synthetic vectors)",
@@ -474,6 +486,7 @@ def summarise(args) -> list[dict]:
             "p50_search_ms": float(np.median(best["search_ms"])),
             "search_cpu_ms_mean": best.get("cpu_ms_mean"), "queries": ys.get("queries"),
             "mrr_exact": None, "mrr_index": best["mrr_index"], "mrr_drop": None,
+            "mrr_index_family": best["mrr_index_family"],
             "nprobe": best["nprobe"], "candidates": best["candidates"],
             "grid": [{k: v for k, v in g.items() if k != "search_ms"} | {
                 "p50_search_ms": float(np.median(g["search_ms"])), "p95_search_ms": _pct(g["search_ms"], 95)}
@@ -484,8 +497,11 @@ def summarise(args) -> list[dict]:
                     "5% of tokens' residual bytes altered; text with 3 identifiers renamed); build_s is "
                     "from compressed codes (no embedding); latency adds the stdlib run's measured MiniLM "
                     "query encoding; mrr_exact null: brute-force MaxSim over this many tokens per query is "
-                    "out of reach on this CPU; mrr_index counts only the original function as relevant "
-                    "(its renamed near-duplicates compete with it)",
+                    "out of reach on this CPU; mrr_index counts only the original function as relevant, "
+                    "and every original has ~430 near-duplicates here (1M / the real functions), which "
+                    "its compressed scores cannot tell apart, so it is near 0 by construction; "
+                    "mrr_index_family counts the original or any of its near-duplicates as a hit (did the "
+                    "index find the right function among 1M)",
             "command": f"nice python -m benchmarks.search_scale --cache /tmp/search_scale --synthetic {yb['n']}",
         })
     return entries

@@ -27,8 +27,8 @@ from mlxio.search.codec import Codec, centroid_dtype
 from mlxio.search.store import IndexError_
 
 FUSIONS = ("interp", "rrf")
-DEFAULT_NPROBE = 8
-DEFAULT_CANDIDATES = 256
+DEFAULT_NPROBE = 4
+DEFAULT_CANDIDATES = 128
 BM25_POOL = 64
 DENSE_LIMIT = 1 << 25  # query tokens x documents below which candidates use a dense array
 
