@@ -245,10 +245,16 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         if bucket_decode is None:
             bucket_decode = mx.default_device().type == mx.gpu
         buckets = None
+        # On the CPU, decode on the default stream: mlx-lm's own generation stream is a second
+        # scheduler thread, and two threads inside the pthreads OpenBLAS at once (Debian's
+        # 0.3.21) can leave its caller spinning in exec_blas_async_wait forever (seen here: a
+        # prefill stuck for 9 minutes after a batched decode). One stream = one BLAS caller.
+        on_cpu = mx.default_device().type == mx.cpu
         gen = BatchGenerator(model, max_tokens=max_new_tokens,
                              stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
                              sampler=(lambda lp: buckets.sample(lp)) if bucket_decode else sampler,
-                             completion_batch_size=n, prefill_batch_size=n)
+                             completion_batch_size=n, prefill_batch_size=n,
+                             stream=mx.default_stream(mx.cpu) if on_cpu else None)
         if bucket_decode:
             buckets = _Buckets(gen, sampler, n)
         # One prefill per prompt; its G sequences continue from copies of that cache.

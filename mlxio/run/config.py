@@ -133,6 +133,18 @@ def migrate(data: dict, legacy_keys: dict[str, str | None]) -> tuple[dict, list[
     return out, applied
 
 
+def _check_setting_names(data: dict, source: str, prefix: str = "") -> None:
+    """Every key of a settings object (at any depth) is a non-empty name without dots: the
+    dotted paths that name settings (and old names' migration) are then unambiguous."""
+    for key, value in data.items():
+        if not isinstance(key, str) or not key or "." in key:
+            raise ConfigError(f"unknown setting {prefix + str(key)!r}: setting names are "
+                              "non-empty and have no dots (nest sections as JSON objects)",
+                              where=source)
+        if isinstance(value, dict):
+            _check_setting_names(value, source, f"{prefix}{key}.")
+
+
 def from_dict(data: Any, cls: type[T], source: str = "config", base: Any = None,
               prefer: frozenset[str] | set[str] = frozenset()) -> T:
     """Plain dict -> checked config; an unknown, mistyped or out-of-range key is a ConfigError
@@ -140,6 +152,7 @@ def from_dict(data: Any, cls: type[T], source: str = "config", base: Any = None,
     names the class lists in `LEGACY_KEYS` are read as the current ones, with a warning."""
     if not isinstance(data, dict):
         raise ConfigError(f"expected a JSON object of settings, got {_kind(data)}", where=source)
+    _check_setting_names(data, source)
     data, applied = migrate(data, getattr(cls, "LEGACY_KEYS", {}))
     for note in applied:
         warnings.warn(f"{source}: deprecated setting {note}", DeprecationWarning, stacklevel=2)
