@@ -27,6 +27,7 @@ import attrs
 import cattrs
 from cattrs.v import format_exception
 
+from mlxio.data.lines import nesting_depth
 from mlxio.errors import ConfigError, StrictArgumentParser
 
 T = TypeVar("T")
@@ -343,27 +344,6 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
-def _depth(text: str) -> int:
-    depth = best = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            best = max(best, depth)
-        elif ch in "]}":
-            depth -= 1
-    return best
-
-
 def load_json(raw: bytes | str, source: str) -> Any:
     """A config file's bytes -> JSON value; any bytes or shape problem is a ConfigError naming
     `source` (and the line for syntax errors)."""
@@ -378,7 +358,7 @@ def load_json(raw: bytes | str, source: str) -> Any:
                               fix="save the config file as UTF-8 JSON") from None
     else:
         text = raw
-    if _depth(text) > MAX_DEPTH:
+    if nesting_depth(text, MAX_DEPTH) > MAX_DEPTH:
         raise ConfigError(f"JSON nested deeper than {MAX_DEPTH} levels", where=source,
                           fix="a config is an object of sections of settings")
     try:
