@@ -41,6 +41,7 @@ import numpy as np
 
 from mlxcore.tree import Tree, flatten, unflatten
 from mlxio.errors import CheckpointError, LoadError
+from mlxio.run.atomic import fsync_path
 from mlxio.weights.safeload import read_safetensors
 
 log = logging.getLogger(__name__)
@@ -100,15 +101,6 @@ def _canonical(obj: Any) -> bytes:
 
 
 # ------------------------------------------------------------------------------ durability
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or directory (a directory's fsync makes renames inside it durable)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
 
 def _write_bytes(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
