@@ -179,14 +179,6 @@ def human_eval_passed(problems: Sequence[Problem], completions: Sequence[str], *
     return passed
 
 
-def human_eval_pass_at_1(problems: Sequence[Problem], completions: Sequence[str], *,
-                         timeout_s: float = 10.0, workers: int = 2) -> dict[str, object]:
-    """pass@1 of one completion per problem: {"pass@1", "passed": {task_id: bool}, "n"}."""
-    passed = human_eval_passed(problems, completions, timeout_s=timeout_s, workers=workers)
-    return {"pass@1": float(np.mean(passed)), "n": len(problems),
-            "passed": {p.task_id: ok for p, ok in zip(problems, passed, strict=True)}}
-
-
 def _decode(policy, problems: Sequence[Problem], cfg: EvalConfig, n: int, temperature: float,
             top_p: float, stop_at_code_end: bool) -> list[str]:
     """n completions per problem, problem-major: [len(problems) * n] texts. Chunk i samples
