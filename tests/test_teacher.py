@@ -6,6 +6,7 @@ import importlib
 import json
 import math
 import random
+import re
 import socket
 import struct
 import threading
@@ -250,11 +251,20 @@ class RawServer:
         try:
             conn.settimeout(5.0)
             data = b""
-            while b"\r\n\r\n" not in data:  # the request head (the body is small: ignored)
+            while b"\r\n\r\n" not in data:  # the request head
                 chunk = conn.recv(65536)
                 if not chunk:
                     return
                 data += chunk
+            # read the request body too: closing with unread bytes makes the kernel send a RST,
+            # which can reach the client before it has read our whole answer (a flaky reset)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+            while length and len(body) < int(length.group(1)):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
             self.behave(conn, self.stop)
         except OSError:
             pass
