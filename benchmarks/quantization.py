@@ -25,6 +25,7 @@ from pathlib import Path
 from mlxcore import quant, ranking
 from mlxio.data import pairs, xtr_data
 from mlxio.run import config
+from mlxio.search.evaluation import Evaluator
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.encoders import default_encoder_path, load_encoder
 from recipes import xtr_lora
@@ -68,14 +69,16 @@ def main(argv: list[str] | None = None) -> None:
     encoder = load_encoder(default_encoder_path())
     _, task = xtr_data.load_task(cfg.data, root / "cache", cfg.train.seed)
     bm25 = ranking.bm25_text_matrix(task.queries, task.candidates)
-    untrained = {"float": {"mrr@10": xtr_lora.evaluate(encoder.params, encoder, cfg, task, bm25)["semantic"]["mrr@10"]}}
+    evaluate = Evaluator(encoder=encoder, query_len=cfg.data.max_query_len, doc_len=cfg.data.max_doc_len,
+                         batch=cfg.train.eval_batch)
+    untrained = {"float": {"mrr@10": evaluate(encoder.params, task, bm25)["semantic"]["mrr@10"]}}
     for name in args.ptq_sets:
         rules = PTQ_SETS[name]
         qparams, report = quant.quantize_tree(encoder.params, tuple(quant.parse_rule(r) for r in rules))
         # scored through the dequantised weights: the same numbers as mx.quantized_matmul (tests/
         # test_quant.py), and BLAS-fast, where MLX's quantised CPU kernels are not
         deq = quant.dequantize_tree(qparams, report["layers"])
-        mrr = xtr_lora.evaluate(deq, encoder, cfg, task, bm25)["semantic"]["mrr@10"]
+        mrr = evaluate(deq, task, bm25)["semantic"]["mrr@10"]
         untrained[name] = {"rules": rules, "mrr@10": mrr, "mrr_change": mrr - untrained["float"]["mrr@10"],
                            **quant_io.compression_summary(encoder.params, qparams, report["layers"])}
         print("untrained", name, f"mrr {mrr:.4f}", f"linear x{untrained[name]['linear_ratio']:.2f}", flush=True)

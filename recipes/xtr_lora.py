@@ -27,15 +27,13 @@ from typing import ClassVar
 
 import attrs
 import mlx.core as mx
-import numpy as np
 
-from mlxcore import lora, precision, quant, ranking, retriever
-from mlxcore.encoder import init_projection
+from mlxcore import lora, precision, retriever
 from mlxcore.fields import bounded
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
-from mlxcore.tree import combine, count_params, flatten, partition
+from mlxcore.tree import combine, count_params, partition
 from mlxio import kernel_cache
 from mlxio.data import pairs, pypi_sources, xtr_data
 from mlxio.data.token_cache import (
@@ -49,19 +47,15 @@ from mlxio.data.token_cache import (
 )
 from mlxio.run import batch_sizer, checkpoint, config, context, distributed, outcome
 from mlxio.run.context import OPT_STATE, TRAINABLE
-from mlxio.run.reporting import Reporter, WindowMean, progress
+from mlxio.run.reporting import Reporter, StepWindows, progress
 from mlxio.run.runlog import plot_curves, write_json_atomic
-from mlxio.search import embeddings
+from mlxio.search.evaluation import Evaluator, baselines, results_table
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.cards import base_model_name, command_line
-from mlxio.weights.encoders import default_encoder_path, load_encoder
-from mlxio.weights.export import (
-    export_merged,
-    export_multivector,
-    export_peft,
-    mean_pooling_view,
-    write_retriever_cards,
-)
+from mlxio.weights.encoders import default_encoder_path
+from mlxio.weights.export import export_retriever, mean_pooling_view
+from mlxio.weights.quantize import save_ptq
+from mlxio.weights.retriever import load_trainable
 
 log = logging.getLogger("xtr_lora")
 
@@ -185,20 +179,6 @@ def trajectory_fields(cfg: Config) -> dict:
     return d
 
 
-def evaluate(params, encoder, cfg: Config, task, bm25: np.ndarray, alpha: float | str | None = "dev") -> dict:
-    """Semantic and hybrid metrics of `params` on the held-out test queries; the hybrid weight is
-    chosen on the dev queries (or given: a held-out package is ranked with the weight chosen
-    on the training sources' dev queries). bm25: [test + dev queries, candidates]."""
-    queries = embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, task.queries + task.dev_queries,
-                                     cfg.data.max_query_len, cfg.train.eval_batch, desc="eval: queries")
-    docs = embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, task.candidates,
-                                  cfg.data.max_doc_len, cfg.train.eval_batch, desc="eval: documents")
-    semantic, n = embeddings.maxsim_matrix(queries, docs), len(task.queries)
-    if alpha == "dev":
-        alpha = ranking.choose_alpha(semantic[n:], bm25[n:], task.dev_positives)
-    return ranking.evaluate_modes(semantic[:n], bm25[:n], task.positives, alpha)
-
-
 def probe_spec(cfg: Config, model_path: str, targets: tuple[str, ...]) -> dict:
     """The `mlxio.run.batch_probe` spec of this run: its model, adapter, loss and options at
     full-length batches (the worst case for memory)."""
@@ -209,29 +189,8 @@ def probe_spec(cfg: Config, model_path: str, targets: tuple[str, ...]) -> dict:
             **attrs.asdict(cfg.loss), "qat": list(cfg.quant.qat)}
 
 
-def evaluate_single_vector(params, encoder, cfg: Config, task) -> dict:
-    """Test-query metrics of the sentence-transformers view of the model (mean pooling, cosine)."""
-    q = embeddings.embed_pooled(params, encoder.spec, encoder.tokenizer, task.queries, cfg.data.max_query_len,
-                                cfg.train.eval_batch, desc="eval: single-vector queries")
-    d = embeddings.embed_pooled(params, encoder.spec, encoder.tokenizer, task.candidates, cfg.data.max_doc_len,
-                                cfg.train.eval_batch, desc="eval: single-vector documents")
-    return {"semantic": ranking.ranking_metrics(q @ d.T, task.positives)}
-
-
-def print_table(results: dict) -> str:
-    rows = [("BM25", results["bm25"])]
-    for name in [n for n in ("untrained", "fine-tuned", "quantized") if n in results]:
-        rows.append((f"{name} semantic", results[name]["semantic"]))
-        rows.append((f"{name} hybrid ({results[name].get('hybrid_fusion', 'rrf')})", results[name]["hybrid"]))
-    if "single-vector view" in results:  # merged/ in sentence-transformers (mean pooling)
-        rows.append(("single-vector view (sentence-transformers)", results["single-vector view"]["semantic"]))
-    keys = list(results["bm25"])
-    lines = [f"| model / mode | {' | '.join(keys)} |", "|---|" + "---|" * len(keys)]
-    lines += [f"| {name} | " + " | ".join(f"{m[k]:.3f}" for k in keys) + " |" for name, m in rows]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> dict:
+def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
+    """(checked config, run flags) from the command line."""
     def extra_flags(parser: argparse.ArgumentParser) -> None:
         context.add_run_flags(parser, stop_after_aliases=("--train.stop_after",))
         parser.add_argument("--lenient", action="store_true", help="same as --data.lenient true")
@@ -241,6 +200,11 @@ def main(argv: list[str] | None = None) -> dict:
     if flags.lenient:
         cfg = attrs.evolve(cfg, data=attrs.evolve(cfg.data, lenient=True))
     validate(cfg, "command line")
+    return cfg, flags
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cfg, flags = parse(argv)
     out_dir = config.check_out_dir(cfg.out_dir, "out_dir")
     cache_dir = config.check_out_dir(cfg.cache_dir, "cache_dir")
     world = context.start(out_dir, config.to_dict(cfg), cfg.train.seed, flags.resume)
@@ -249,55 +213,37 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- encoder + LoRA (+ projection when asked for one and the checkpoint has none)
     model_path = cfg.model or str(default_encoder_path())
-    encoder = load_encoder(model_path, lora_scale=cfg.lora.scale, lora_dropout=cfg.lora.dropout)
-    targets = cfg.lora.targets or retriever.DEFAULT_TARGETS[encoder.spec.kind]
-    config.check_targets(targets, [path[: -len(".weight")] for path, leaf in flatten(encoder.params).items()
-                                   if path.endswith(".weight") and leaf.ndim == 2], where=model_path)
-    max_positions = getattr(encoder.spec.model, "max_position_embeddings", None)
-    if max_positions is not None:
-        for name in ("max_query_len", "max_doc_len"):
-            config.check_at_most(f"data.{name}", getattr(cfg.data, name), max_positions,
-                                 "the model's max_position_embeddings", where=model_path)
-    init_key, projection_key = mx.random.split(mx.random.key(cfg.train.seed))
-    adapters = lora.init(init_key, lora.target_dims(encoder.params, targets), cfg.lora.rank)
-    params = combine(encoder.params, adapters)
-    train_projection = cfg.train.projection_dim > 0 and "projection" not in params
-    if train_projection:
-        params = combine(params, {"projection": init_projection(projection_key, encoder.spec.d_model,
-                                                                cfg.train.projection_dim)})
-
-    def trainable(path, _leaf=None):
-        return lora.is_lora_path(path) or (train_projection and path.startswith("projection."))
-
-    untrained_params = params  # arrays are immutable: keeping a reference costs nothing
-    # memory options: checkpointed blocks; bf16 frozen base (the float32 one is kept for eval/export)
-    spec = retriever.with_checkpointing(encoder.spec, cfg.memory.gradient_checkpointing)
-    params = precision.cast_frozen(params, trainable, cfg.memory.compute_dtype)
+    model = load_trainable(model_path, cfg.lora, projection_dim=cfg.train.projection_dim, seed=cfg.train.seed,
+                           gradient_checkpointing=cfg.memory.gradient_checkpointing,
+                           compute_dtype=cfg.memory.compute_dtype,
+                           max_lengths={"data.max_query_len": cfg.data.max_query_len,
+                                        "data.max_doc_len": cfg.data.max_doc_len})
+    encoder, params, trainable = model.encoder, model.params, model.trainable
     distributed.check_replicated(partition(params, trainable)[0], world, "initial trainable weights")
     n_train = count_params(partition(params, trainable)[0])
     log.info("%s encoder %s: %d params, %d trainable (LoRA r=%d on %s%s)", encoder.spec.kind, model_path,
-             count_params(params), n_train, cfg.lora.rank, ",".join(targets),
-             " + projection" if train_projection else "")
+             count_params(params), n_train, cfg.lora.rank, ",".join(model.targets),
+             " + projection" if model.train_projection else "")
+    evaluate = Evaluator(encoder=encoder, query_len=cfg.data.max_query_len, doc_len=cfg.data.max_doc_len,
+                         batch=cfg.train.eval_batch)
 
-    # ---- data: pairs, held-out retrieval task, token cache
-    def model_vectors(texts, max_length):  # the "model" negative miner: the model as it starts training
-        return xtr_data.pooled_vectors(untrained_params, encoder, texts, max_length, cfg.train.eval_batch)
-
-    data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, model_vectors)
-    train_pairs, task, package_task = data.train, data.task, data.package_task
-    log.info("data: %d training pairs; eval %d queries (+%d dev) over %d candidates%s", len(train_pairs),
+    # ---- data: pairs (+ hard negatives, the "model" miner uses the untrained model), held-out tasks, token cache
+    data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, lambda texts, max_length: xtr_data.pooled_vectors(
+        model.untrained, encoder, texts, max_length, cfg.train.eval_batch))
+    task = data.task
+    log.info("data: %d training pairs; eval %d queries (+%d dev) over %d candidates%s", len(data.train),
              len(task.queries), len(task.dev_queries), len(task.candidates),
-             f"; held-out packages {len(package_task.queries)} queries over {len(package_task.candidates)} "
-             "candidates" if package_task else "")
-    tok_id = tokenizer_identity(encoder.tokenizer)
-    fields, neg_fields = xtr_data.token_fields(train_pairs, cfg.data.hard_negatives)
-    cache = build_or_open(cache_dir / "tokens", fields, hf_tokenize(encoder.tokenizer), tokenizer_id=tok_id,
+             f"; held-out packages {len(data.package_task.queries)} queries over "
+             f"{len(data.package_task.candidates)} candidates" if data.package_task else "")
+    fields, neg_fields = xtr_data.token_fields(data.train, cfg.data.hard_negatives)
+    cache = build_or_open(cache_dir / "tokens", fields, hf_tokenize(encoder.tokenizer),
+                          tokenizer_id=tokenizer_identity(encoder.tokenizer),
                           max_lengths={f: cfg.data.max_query_len if f == "query" else cfg.data.max_doc_len
                                        for f in fields})
 
-    # ---- optimizer, compiled step, resume
+    # ---- loss, compiled step, resume
     optimizer = make_optimizer(cfg.optim)
-    loss_fn = retriever.contrastive_loss_fn(spec, cfg.loss, distributed.document_gather(world))
+    loss_fn = retriever.contrastive_loss_fn(model.spec, cfg.loss, distributed.document_gather(world))
     qat_rules = quant_io.parse_rules(cfg.quant.qat, "quant.qat")
     if qat_rules:  # train the model that post-training quantisation will produce
         loss_fn = retriever.with_fake_quant(loss_fn, qat_rules, cfg.lora.scale)
@@ -314,58 +260,109 @@ def main(argv: list[str] | None = None) -> dict:
         params = combine(partition(params, lambda p, _: not trainable(p))[0], resumed.trees[TRAINABLE])
         opt_state = resumed.trees[OPT_STATE]
         start_step, position = resumed.step, DataPosition(**resumed.meta["data_position"])
-    skips_before = outcome.skips(opt_state)
 
     # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)
     if world.is_main:
-        bm25 = ranking.bm25_text_matrix(task.queries + task.dev_queries, task.candidates)
-        results = {"bm25": ranking.ranking_metrics(bm25[:len(task.queries)], task.positives)}
-        results["untrained"] = xtr_data.cached_eval(
-            cache_dir, {"v": 2, "model": model_path, "task": task.digest, "q": cfg.data.max_query_len,
-                        "d": cfg.data.max_doc_len, "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
-            lambda: evaluate(untrained_params, encoder, cfg, task, bm25))
-        if package_task is not None:  # whole packages never seen in training, ranked with the files' dev weight
-            pkg_bm25 = ranking.bm25_text_matrix(package_task.queries, package_task.candidates)
-            pkg_alpha = xtr_data.fusion_alpha(results["untrained"])
-            packages = {"packages": list(cfg.data.heldout_packages), "queries": len(package_task.queries),
-                        "candidates": len(package_task.candidates),
-                        "bm25": ranking.ranking_metrics(pkg_bm25, package_task.positives)}
-            packages["untrained"] = xtr_data.cached_eval(
-                cache_dir, {"v": 2, "model": model_path, "task": package_task.digest, "q": cfg.data.max_query_len,
-                            "d": cfg.data.max_doc_len, "projection": cfg.train.projection_dim,
-                            "seed": cfg.train.seed, "alpha": pkg_alpha},
-                lambda: evaluate(untrained_params, encoder, cfg, package_task, pkg_bm25, pkg_alpha))
+        baseline = baselines(evaluate, model.untrained, data, cache_dir,
+                             {"model": model_path, "q": cfg.data.max_query_len, "d": cfg.data.max_doc_len,
+                              "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
+                             cfg.data.heldout_packages)
 
-    # ---- train
+    # ---- train: every rank walks the same global plan of batches and keeps its share of each micro-batch
     last_step = context.last_step(cfg.train.steps, flags.stop_after)
-    if world.is_main:  # metrics.jsonl (+ TensorBoard / W&B); one log line per record off a terminal
-        reporter = Reporter(out_dir, report_to=cfg.report_to, config=config.to_dict(cfg), project="xtr_lora",
-                            resume_step=start_step if resumed else None, total_steps=last_step,
-                            start_step=start_step, headline=("loss", "lr", "samples_per_s"))
-    samples_per_step = cfg.train.micro_batch * cfg.train.accum
-    # every rank walks the same global plan and keeps its share of each micro-batch
     batches = Prefetcher(distributed.shard_batches(xtr_data.stack_negatives(
         iterate_batches(cache, cfg.train.micro_batch, cfg.train.accum, cfg.train.seed, position, cfg.data.bucket,
                         fields=tuple(fields)), neg_fields), world), depth=2)
-
-    # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit the budget
-    effective, micro, plan = cfg.train.micro_batch * cfg.train.accum, cfg.train.micro_batch, None
+    plan = None  # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit
     if cfg.memory.auto_batch:
-        plan = batch_sizer.plan_for_run(probe_spec(cfg, model_path, targets), effective, cfg.memory, world.size)
-        micro = plan.micro_batch
+        plan = batch_sizer.plan_for_run(probe_spec(cfg, model_path, model.targets),
+                                        cfg.train.micro_batch * cfg.train.accum, cfg.memory, world.size)
         if world.is_main:
             write_json_atomic(out_dir / "batch_plan.json", plan.as_dict())
-    profiler = context.profiler(flags.profile_memory)
+    skips_before = outcome.skips(opt_state)
+    params, opt_state, stats = train(cfg, step_fn, params, opt_state, batches, trainable, plan, out_dir, run_id,
+                                     world, start_step, last_step, resumed is not None, flags.profile_memory)
+    if flags.profile_memory and world.is_main:
+        stats.profiler.write(out_dir, title=f"xtr_lora memory: {Path(model_path).name}")
+    outcome.require_progress(opt_state, skips_before, last_step - start_step, str(out_dir / "metrics.jsonl"))
+    distributed.barrier(world)  # the last checkpoint exists before any rank returns
+    if world.is_main:
+        stats.reporter.close()
+    if last_step < cfg.train.steps:
+        log.info("stopped after step %d as asked (--stop_after); resume with --resume", last_step)
+        return {"stopped_at": last_step}
+    if not world.is_main:
+        return {"rank": world.rank}
 
-    train_time, pending, tic = 0.0, [], time.perf_counter()
-    window, window_time = WindowMean(), 0.0  # every logged record: means over the steps since the last
+    # ---- evaluate, report, export (float32 base again), post-training quantisation
+    params = precision.restore_frozen(params, model.untrained, trainable)
+    results = baseline.results
+    results["fine-tuned"] = evaluate(params, task, baseline.bm25)
+    if cfg.export and not model.train_projection and mean_pooling_view(encoder):  # what merged/ gives ST
+        results["single-vector view"] = evaluate.single_vector(params, task)
+    if data.package_task is not None:
+        baseline.packages["fine-tuned"] = evaluate(params, data.package_task, baseline.package_bm25,
+                                               xtr_data.fusion_alpha(results["fine-tuned"]))
+        results["heldout_packages"] = baseline.packages
+    results["data"] = {"sources": data.sources, **data.report}
+    if cfg.quant.ptq:
+        dequantized, compression = save_ptq(params, cfg.lora.scale, cfg.quant.ptq, out_dir / "quantized", model_path)
+        results["quantized"] = {**evaluate(dequantized, task, baseline.bm25), "compression": compression}
+    samples_per_step, steps_run = cfg.train.micro_batch * cfg.train.accum, cfg.train.steps - start_step
+    results["run"] = {
+        "wall_s": time.perf_counter() - started, "train_s": stats.train_s, "steps": steps_run,
+        "samples_per_s": samples_per_step * steps_run / max(stats.train_s, 1e-9),
+        "micro_batch": stats.micro, "accum": samples_per_step // stats.micro, "eval_interval": cfg.train.eval_interval,
+        "trainable_params": n_train, "model": model_path, "queries": len(task.queries),
+        "candidates": len(task.candidates), "dev_queries": len(task.dev_queries),
+        "hybrid": "min-max score interpolation, semantic weight chosen on the dev queries (RRF k=60 when too few)",
+    }
+    write_json_atomic(out_dir / "eval.json", results)
+    log.info("results:\n%s", results_table(results))
+    plot_curves(stats.reporter.read(), out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
+                f"xtr_lora: {Path(model_path).name} (means over each logging window)")
+    if cfg.export:
+        sources = [cfg.data.source or "the Python standard library",
+                   *(s for s in cfg.data.packages if s.split("==")[0] not in cfg.data.heldout_packages)]
+        export_retriever(encoder, params, cfg.lora, model.targets, out_dir, query_length=cfg.data.max_query_len,
+                         document_length=cfg.data.max_doc_len, base=base_model_name(model_path), results=results,
+                         command=command_line(argv, "recipes.xtr_lora"),
+                         data=f"(docstring, code) pairs mined from {', '.join(sources)} ({steps_run} steps x "
+                              f"{samples_per_step} pairs); evaluated on {len(task.queries)} held-out queries over "
+                              f"{len(task.candidates)} candidates")
+    log.info("done in %.0f s: %.1f samples/s training", results["run"]["wall_s"], results["run"]["samples_per_s"])
+    return results
+
+
+@attrs.define
+class TrainStats:
+    reporter: Reporter | None  # rank 0's (None on the others)
+    profiler: object | None  # the memory profiler (--profile-memory)
+    train_s: float = 0.0  # seconds in training steps (data waits included, evaluation and checkpoints not)
+    micro: int = 0  # the micro-batch the run ended with (auto_batch may shrink it)
+
+
+def train(cfg: Config, step_fn, params, opt_state, batches, trainable, plan, out_dir: Path, run_id: dict,
+          world, start_step: int, last_step: int, resumed: bool, profile_memory: bool):
+    """Optimizer steps start_step .. last_step - 1: evaluated lazily every
+    `train.eval_interval` steps (and at checkpoints), a metrics record every `train.log_every`,
+    a checkpoint every `train.checkpoint_every` and at the last step; returns (params,
+    opt_state, TrainStats)."""
+    stats = TrainStats(reporter=None, profiler=context.profiler(profile_memory),
+                       micro=plan.micro_batch if plan is not None else cfg.train.micro_batch)
+    if world.is_main:  # metrics.jsonl (+ TensorBoard / W&B); one log line per record off a terminal
+        stats.reporter = Reporter(out_dir, report_to=cfg.report_to, config=config.to_dict(cfg), project="xtr_lora",
+                                  resume_step=start_step if resumed else None, total_steps=last_step,
+                                  start_step=start_step, headline=("loss", "lr", "samples_per_s"))
+    windows = StepWindows(cfg.train.log_every, last_step, cfg.train.micro_batch * cfg.train.accum)
+    pending, tic = [], time.perf_counter()
     with batches, progress(total=last_step, initial=start_step, desc="train", unit="step", every_s=300.0,
                            disable=not world.is_main) as bar:
         for step_no in range(start_step, last_step):
             position, batch = next(batches)
             arrays = {k: mx.array(v) for k, v in batch.items()}
-            if micro != cfg.train.micro_batch:
-                arrays = batch_sizer.split_batch(arrays, micro)
+            if stats.micro != cfg.train.micro_batch:
+                arrays = batch_sizer.split_batch(arrays, stats.micro)
             with kernel_cache.compile_notice("training step", kernel_cache.shapes(arrays)) as first:
                 params, opt_state, metrics = step_fn(params, opt_state, arrays, mx.array(step_no))
                 if first and kernel_cache.on_gpu():  # wait here, so the notice names the shape
@@ -376,28 +373,20 @@ def main(argv: list[str] | None = None) -> dict:
                 continue  # stay lazy: the next step builds on this one's unevaluated outputs
             mx.eval(params, opt_state, [m for _, m in pending])
             elapsed = time.perf_counter() - tic
-            train_time += elapsed
-            window_time += elapsed
-            for done, step_metrics in pending:
-                values = {k: float(v) for k, v in step_metrics.items()}
-                window.add(values)
-                if done % cfg.train.log_every == 0 or done == last_step:
-                    steps_in_window = window.steps
-                    record = {"step": done, **window.pop(), "lr": values["lr"],  # lr: the step's own
-                              "samples_per_s": samples_per_step * steps_in_window / window_time,
-                              "window_steps": steps_in_window}
-                    window_time = 0.0
-                    if world.is_main:
-                        reporter.write(record)
-                        # a window of non-finite (skipped) steps has no loss mean
-                        bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}", lr=f"{record['lr']:.2e}",
-                                        sps=f"{record['samples_per_s']:.1f}")
+            stats.train_s += elapsed
+            for record in windows.records(pending, elapsed):
+                if world.is_main:
+                    stats.reporter.write(record)
+                    # a window of non-finite (skipped) steps has no loss mean
+                    bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}", lr=f"{record['lr']:.2e}",
+                                    sps=f"{record['samples_per_s']:.1f}")
             bar.update(len(pending))
             peak = mx.get_peak_memory()  # before the profiler resets it
-            if profiler is not None:
-                profiler.record(step_no + 1, micro_batch=micro)
+            if stats.profiler is not None:
+                stats.profiler.record(step_no + 1, micro_batch=stats.micro)
             if plan is not None:  # a longer bucket than probed may need a smaller split
-                micro = batch_sizer.recheck(plan, micro, effective, peak, min_micro=2)
+                stats.micro = batch_sizer.recheck(plan, stats.micro, cfg.train.micro_batch * cfg.train.accum, peak,
+                                                  min_micro=2)
                 mx.reset_peak_memory()
             context.check_divergence(opt_state, cfg.train.max_consecutive_skips, step_no + 1,
                                      f"The last good checkpoint is kept in {out_dir / 'checkpoints'}.")
@@ -405,67 +394,7 @@ def main(argv: list[str] | None = None) -> dict:
                 context.save(out_dir, step_no + 1, partition(params, trainable)[0], opt_state, run_id, world,
                              data_position=attrs.asdict(position), config=config.to_dict(cfg))
             pending, tic = [], time.perf_counter()
-    if profiler is not None and world.is_main:
-        profiler.write(out_dir, title=f"xtr_lora memory: {Path(model_path).name}")
-    outcome.require_progress(opt_state, skips_before, last_step - start_step, str(out_dir / "metrics.jsonl"))
-    distributed.barrier(world)  # the last checkpoint exists before any rank returns
-    if world.is_main:
-        reporter.close()
-    if last_step < cfg.train.steps:
-        log.info("stopped after step %d as asked (--stop_after); resume with --resume", last_step)
-        return {"stopped_at": last_step}
-    if not world.is_main:
-        return {"rank": world.rank}
-
-    # ---- evaluate, report, export (float32 base again), post-training quantisation
-    params = precision.restore_frozen(params, untrained_params, trainable)
-    results["fine-tuned"] = evaluate(params, encoder, cfg, task, bm25)
-    if cfg.export and not train_projection and mean_pooling_view(encoder):  # what merged/ gives sentence-transformers
-        results["single-vector view"] = evaluate_single_vector(params, encoder, cfg, task)
-    if package_task is not None:
-        packages["fine-tuned"] = evaluate(params, encoder, cfg, package_task, pkg_bm25,
-                                          xtr_data.fusion_alpha(results["fine-tuned"]))
-        results["heldout_packages"] = packages
-    results["data"] = {"sources": data.sources, **data.report}
-    ptq_rules = quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
-    if ptq_rules:
-        merged, _ = lora.merge(params, cfg.lora.scale)
-        qparams, report = quant.quantize_tree(merged, ptq_rules)
-        quant_io.save_quantized(out_dir / "quantized", qparams, report,
-                                extra={"base_model": model_path, "rules": list(cfg.quant.ptq)})
-        # evaluated through the dequantised weights: the same numbers as the quantised matmuls, at BLAS speed on CPU
-        results["quantized"] = {**evaluate(quant.dequantize_tree(qparams, report["layers"]), encoder, cfg, task, bm25),
-                                "compression": quant_io.compression_summary(merged, qparams, report["layers"])}
-    steps_run = cfg.train.steps - start_step
-    results["run"] = {
-        "wall_s": time.perf_counter() - started, "train_s": train_time, "steps": steps_run,
-        "samples_per_s": samples_per_step * steps_run / max(train_time, 1e-9),
-        "micro_batch": micro, "accum": effective // micro, "eval_interval": cfg.train.eval_interval,
-        "trainable_params": n_train, "model": model_path, "queries": len(task.queries),
-        "candidates": len(task.candidates), "dev_queries": len(task.dev_queries),
-        "hybrid": "min-max score interpolation, semantic weight chosen on the dev queries (RRF k=60 when too few)",
-    }
-    write_json_atomic(out_dir / "eval.json", results)
-    table = print_table(results)
-    log.info("results:\n%s", table)
-    plot_curves(reporter.read(), out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
-                f"xtr_lora: {Path(model_path).name} (means over each logging window)")
-    if cfg.export:
-        base = base_model_name(model_path)  # a hub id for the embedded default, not this machine's path
-        export_merged(encoder, params, cfg.lora.scale, out_dir / "merged")
-        export_multivector(encoder, params, cfg.lora.scale, out_dir / "colbert",
-                           query_length=cfg.data.max_query_len, document_length=cfg.data.max_doc_len)
-        export_peft(encoder, params, cfg.lora, targets, out_dir / "peft_adapter", base)
-        write_retriever_cards(out_dir, base=base, results=results, command=command_line(argv, "recipes.xtr_lora"),
-                              data=f"(docstring, code) pairs mined from {cfg.data.source or 'the Python standard library'}"
-                                   + "".join(f", {s}" for s in cfg.data.packages if s.split("==")[0] not in
-                                             cfg.data.heldout_packages)
-                                   + f" ({results['run']['steps']} steps x {samples_per_step} pairs); evaluated on "
-                                   f"{len(task.queries)} held-out queries over {len(task.candidates)} candidates")
-        log.info("exported %s (PyLate, multi-vector), %s (sentence-transformers, single-vector view) and %s (PEFT)",
-                 out_dir / "colbert", out_dir / "merged", out_dir / "peft_adapter")
-    log.info("done in %.0f s: %.1f samples/s training", results["run"]["wall_s"], results["run"]["samples_per_s"])
-    return results
+    return params, opt_state, stats
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
   every `every_s` seconds (done / total, rate, ETA) and one at the end, so `make train > log`,
   nohup and CI show progress too. Used for training, mining, evaluation and indexing.
 - `WindowMean`: the mean of every metric over the steps since the last logged record (a logged
-  record is never one sampled step).
+  record is never one sampled step); `StepWindows`: the same for steps evaluated lazily, in runs.
 - `Reporter`: one logged record goes to metrics.jsonl, and optionally to TensorBoard event
   files (`report_to=("tensorboard",)`, written here without TensorFlow or tensorboard: the
   TFRecord framing and the `Event` protobuf are a few bytes each) and to Weights & Biases
@@ -158,6 +158,31 @@ class WindowMean:
         means = {k: self.sums[k] / self.counts[k] for k in self.sums}
         self.__init__()
         return means
+
+
+class StepWindows:
+    """Metrics of lazily evaluated optimizer steps -> one record per logging window: every
+    `log_every` steps and at `last_step`, the means over the steps since the last record
+    (`WindowMean`), that step's own lr, and samples per second over the window's time."""
+
+    def __init__(self, log_every: int, last_step: int, samples_per_step: int):
+        self.log_every, self.last_step, self.samples_per_step = log_every, last_step, samples_per_step
+        self.window, self.seconds = WindowMean(), 0.0
+
+    def records(self, pending: list[tuple[int, dict]], elapsed: float) -> list[dict[str, float]]:
+        """The records completed by the evaluated steps `pending` ([(1-based step, metrics)]),
+        which took `elapsed` seconds."""
+        self.seconds += elapsed
+        out = []
+        for done, step_metrics in pending:
+            values = {k: float(v) for k, v in step_metrics.items()}
+            self.window.add(values)
+            if done % self.log_every == 0 or done == self.last_step:
+                steps = self.window.steps
+                out.append({"step": done, **self.window.pop(), "lr": values["lr"],
+                            "samples_per_s": self.samples_per_step * steps / self.seconds, "window_steps": steps})
+                self.seconds = 0.0
+        return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ PEFT: `adapter_config.json` + `adapter_model.safetensors` with PEFT's key names
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from mlxio.weights.encoders import LoadedEncoder, read_weights
 COPIED = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
           "spiece.model", "sentence_bert_config.json", "config_sentence_transformers.json")
 DENSE = "2_Dense"
+log = logging.getLogger(__name__)
 
 
 def _lora_layers(params: dict) -> list[str]:
@@ -254,3 +256,18 @@ from transformers import AutoModel
 from peft import PeftModel
 model = PeftModel.from_pretrained(AutoModel.from_pretrained("{base}"), "peft_adapter")
 ```""")
+
+
+def export_retriever(encoder: LoadedEncoder, params: dict, lora_cfg: lora.LoraConfig, targets: tuple[str, ...],
+                     out_dir: Path, *, query_length: int, document_length: int, base: str, results: dict,
+                     command: str, data: str) -> None:
+    """Every export of a trained retriever in `out_dir`: colbert/ (PyLate, the model as
+    trained), merged/ (sentence-transformers' single-vector view), peft_adapter/, each with
+    its model card (`base`: the base model's hub id; `data`: what it was trained on)."""
+    export_merged(encoder, params, lora_cfg.scale, out_dir / "merged")
+    export_multivector(encoder, params, lora_cfg.scale, out_dir / "colbert",
+                       query_length=query_length, document_length=document_length)
+    export_peft(encoder, params, lora_cfg, targets, out_dir / "peft_adapter", base)
+    write_retriever_cards(out_dir, base=base, results=results, command=command, data=data)
+    log.info("exported %s (PyLate, multi-vector), %s (sentence-transformers, single-vector view) and %s (PEFT)",
+             out_dir / "colbert", out_dir / "merged", out_dir / "peft_adapter")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlxcore import quant
+from mlxcore import lora, quant
 from mlxcore.quant import QUANT_KEYS
 from mlxcore.tree import Tree, flatten, unflatten
 from mlxio.errors import ConfigError, LoadError
@@ -98,3 +98,14 @@ def compression_summary(float_params: Tree, quant_params: Tree, layers: dict) ->
         "model_bytes_float": total_before, "model_bytes_quantized": total_after,
         "model_ratio": total_before / max(total_after, 1),
     }
+
+
+def save_ptq(params: Tree, lora_scale: float, rules: tuple[str, ...], directory: str | os.PathLike,
+             base_model: str) -> tuple[Tree, dict]:
+    """Post-training quantisation of the LoRA-merged `params` by `rules` (config strings),
+    saved in `directory`. Returns (the dequantised tree: the same numbers as the quantised
+    matmuls, at BLAS speed on CPU; the compression summary)."""
+    merged, _ = lora.merge(params, lora_scale)
+    qparams, report = quant.quantize_tree(merged, parse_rules(rules, "quant.ptq"))
+    save_quantized(directory, qparams, report, extra={"base_model": base_model, "rules": list(rules)})
+    return quant.dequantize_tree(qparams, report["layers"]), compression_summary(merged, qparams, report["layers"])
