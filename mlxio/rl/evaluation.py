@@ -28,8 +28,15 @@ import numpy as np
 from mlxcore.fields import bounded
 from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxio.digest import hashed_int
-from mlxio.errors import ConfigError
-from mlxio.rl.rewards import Problem, combine_rewards, extract_code
+from mlxio.errors import ConfigError, DataError
+from mlxio.rl import tasks
+from mlxio.rl.rewards import (
+    Problem,
+    combine_rewards,
+    extract_code,
+    load_humaneval,
+    load_problems_jsonl,
+)
 from mlxio.run.runlog import write_json_atomic
 from mlxio.sandbox.backend import (
     launcher_argv,
@@ -91,6 +98,31 @@ def heldout_split(problems: Sequence[Problem], fraction: float, salt: str = "rla
         raise ConfigError(f"data.heldout_fraction={fraction} leaves {len(train)} training and "
                           f"{len(held)} held-out problems; both must be non-empty")
     return train, held
+
+
+def load_problems(cfg) -> tuple[list[Problem], dict[str, list[Problem]]]:
+    """(training problems, {evaluation set name: held-out problems}) of the RLAIF recipe's
+    data config. Procedural
+    (mlxio.rl.tasks): sets "heldout" (other instances of the training templates) and
+    "heldout_families" (families never trained on); HumanEval or a JSONL file (`problems`,
+    overriding `source`): "heldout", split by hashed task id. `transfer` ("humaneval") adds
+    HumanEval's held-out split as the set "humaneval"."""
+    if cfg.problems is None and cfg.source == "procedural":
+        ts = tasks.build(cfg.families, cfg.heldout_families, cfg.difficulty,
+                         cfg.train_per_template, cfg.heldout_per_template, cfg.task_seed)
+        train, sets = ts.train, {"heldout": ts.heldout_instances}
+        if ts.heldout_families:
+            sets["heldout_families"] = ts.heldout_families
+    else:
+        problems = load_problems_jsonl(cfg.problems) if cfg.problems else load_humaneval()
+        train, held = heldout_split(problems, cfg.heldout_fraction)
+        sets = {"heldout": held}
+    if not train:
+        raise DataError(f"no training problems ({len(train)} after the held-out split)",
+                        where=cfg.problems or cfg.source, fix="pass more problems or a smaller --data.heldout_fraction")
+    if "humaneval" in cfg.transfer:
+        sets["humaneval"] = heldout_split(load_humaneval(), cfg.heldout_fraction)[1]
+    return (train[: cfg.max_train] if cfg.max_train else train), sets
 
 
 def human_eval_completion(problem: Problem, completion: str) -> str:
@@ -299,3 +331,14 @@ def format_table(sets: dict[str, dict]) -> str:
             rows.append(f"{name:<20}{mode:<9}{_cell(res.get('before'), mode):>24}"
                         f"{_cell(res.get('after'), mode):>24}{diff:>26}")
     return "\n".join(rows)
+
+
+def evaluate_phase(policy, phase: str, *, eval_sets: dict[str, Sequence[Problem]], cfg, fns, cache, out_dir: Path,
+                   run_id: dict) -> dict[str, dict]:
+    """Every evaluation set under `policy` (the model with the LoRA tree of this `phase`,
+    "before" or "after"), sampled as the RLAIF config `cfg` says; resumable through
+    out_dir/eval_<phase>.json (`evaluate_sets`)."""
+    def one(name: str) -> dict:
+        return evaluate(policy, eval_sets[name], cfg.eval, fns, cache, temperature=cfg.temperature,
+                        top_p=cfg.top_p, stop_at_code_end=cfg.stop_at_code_end)
+    return evaluate_sets(one, list(eval_sets), out_dir / f"eval_{phase}.json", {**run_id, "phase": phase})

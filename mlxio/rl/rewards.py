@@ -443,3 +443,30 @@ def combine_rewards(rewards: Sequence[tuple[RewardFn, float]], problems: Sequenc
     total = np.where(missing, np.nan, weighted / np.where(missing, 1.0, wsum)).astype(np.float32)
     return RewardResult(total=total, per_reward=per_reward, missing=missing,
                         cache_hits=hits, cache_misses=misses)
+
+
+def from_config(cfg) -> list[tuple[RewardFn, float]]:
+    """[(reward, weight)] of the RLAIF config `cfg` (its rewards, teacher and sandbox
+    sections; zero weights left out; a judge only if one is configured)."""
+    limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
+                           disk_mb=cfg.sandbox.disk_mb)
+    fns = [(ExecutionReward(limits, cfg.sandbox.workers), cfg.rewards.execution),
+           (FormatReward(), cfg.rewards.format), (PrintableReward(), cfg.rewards.printable)]
+    if cfg.teacher.url and cfg.teacher.local:
+        raise ConfigError("teacher: set either --teacher.url or --teacher.local, not both")
+    judge = None
+    if cfg.teacher.url:
+        from mlxio.rl.teacher import HttpJudge
+        judge = HttpJudge(cfg.teacher.url, cfg.teacher.model, timeout_s=cfg.teacher.timeout_s,
+                          max_retries=cfg.teacher.retries, scoring=cfg.teacher.scoring)
+    elif cfg.teacher.local:
+        from mlxio.rl.teacher import LocalJudge
+        judge = LocalJudge(cfg.teacher.local, timeout_s=cfg.teacher.timeout_s,
+                           scoring=cfg.teacher.scoring, dequantize=cfg.dequantize)
+    weight = cfg.rewards.ai_feedback
+    weight = (0.5 if judge else 0.0) if weight is None else weight
+    if weight > 0:
+        if judge is None:
+            raise ConfigError("rewards.ai_feedback > 0 needs --teacher.url or --teacher.local")
+        fns.append((AIFeedbackReward(judge), weight))
+    return [(fn, w) for fn, w in fns if w > 0]
