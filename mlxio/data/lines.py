@@ -10,7 +10,10 @@ wrong_type, empty_field, surrogate.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+import numpy as np
 
 MAX_LINE_BYTES = 16 * 1024 * 1024  # one record; a longer line is rejected, not read
 MAX_DEPTH = 32  # nesting of objects / lists in one line
@@ -24,29 +27,23 @@ class BadLine(Exception):
         self.reason = reason
 
 
-def nesting_depth(text: str, limit: int = MAX_DEPTH) -> int:
-    """Deepest [ / { nesting of a JSON text outside strings (stops counting past `limit`)."""
-    depth = best = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch == "[" or ch == "{":
-            depth += 1
-            if depth > best:
-                best = depth
-                if best > limit:
-                    return best
-        elif ch == "]" or ch == "}":
-            depth -= 1
-    return best
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # a complete JSON string, escapes and all
+
+
+def nesting_depth(text: bytes | str) -> int:
+    """Deepest [ / { nesting of a JSON text outside strings, in linear time and constant
+    stack (vectorised: a 4 MiB judge answer takes milliseconds). Complete strings are cut out
+    first; an unterminated one runs to the end of the text, so nothing after its quote counts
+    (a closing bracket too many lowers the depth, as a left-to-right count does)."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    data = _JSON_STRING.sub(b"", data)
+    unterminated = data.find(b'"')
+    if unterminated >= 0:
+        data = data[:unterminated]
+    arr = np.frombuffer(data, np.uint8)
+    step = (np.isin(arr, (ord("["), ord("{"))).astype(np.int64)
+            - np.isin(arr, (ord("]"), ord("}"))).astype(np.int64))
+    return int(np.cumsum(step).max(initial=0))
 
 
 def decode_json_line(raw: bytes, *, first: bool = False, max_bytes: int = MAX_LINE_BYTES) -> Any:

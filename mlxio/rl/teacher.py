@@ -35,7 +35,8 @@ import time
 import urllib.parse
 
 import attrs
-import numpy as np
+
+from mlxio.data.lines import nesting_depth
 
 log = logging.getLogger(__name__)
 
@@ -74,24 +75,10 @@ def _rubric_hash(scoring: str = "text") -> str:
 
 # ---------------------------------------------------------------- bounded JSON
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-
-
-def json_depth(raw: bytes | str) -> int:
-    """Deepest nesting of [ / { in a JSON text (brackets inside strings not counted), in
-    linear time and constant stack: an upper bound for malformed text."""
-    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
-    data = _JSON_STRING.sub(b'""', data)
-    arr = np.frombuffer(data, np.uint8)
-    step = (np.isin(arr, (ord("["), ord("{"))).astype(np.int64)
-            - np.isin(arr, (ord("]"), ord("}"))).astype(np.int64))
-    return int(np.cumsum(step).max(initial=0))
-
-
 def loads_bounded(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH):
     """`json.loads` that refuses (ValueError) text nested deeper than `max_depth` before it
     parses anything, so parsing never recurses without bound."""
-    if json_depth(raw) > max_depth:
+    if nesting_depth(raw) > max_depth:
         raise ValueError(f"JSON nested deeper than {max_depth}")
     try:
         return json.loads(raw)

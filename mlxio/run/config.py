@@ -358,7 +358,7 @@ def load_json(raw: bytes | str, source: str) -> Any:
                               fix="save the config file as UTF-8 JSON") from None
     else:
         text = raw
-    if nesting_depth(text, MAX_DEPTH) > MAX_DEPTH:
+    if nesting_depth(text) > MAX_DEPTH:
         raise ConfigError(f"JSON nested deeper than {MAX_DEPTH} levels", where=source,
                           fix="a config is an object of sections of settings")
     try:
