@@ -168,6 +168,20 @@ class StrictArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message, where="command line", fix=f"see {self.prog} --help")
 
 
+def at_least_one(what: str = "an integer") -> Callable[[str], int]:
+    """An argparse `type`: the text as an int >= 1, else a usage error "expected <what> >= 1"
+    (0 or a negative count or step would do nothing, silently)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} >= 1, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected {what} >= 1, got {value}")
+        return value
+    return parse
+
+
 def cli_main(prog: str, fn: Callable[[list[str]], Any], argv: list[str] | None = None) -> None:
     """Run `fn(argv)` under the error contract; never returns (exits 0, 1, 2 or 130)."""
     argv = sys.argv[1:] if argv is None else argv

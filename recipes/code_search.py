@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxio.errors import DataError, StrictArgumentParser, cli_main
+from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
 from mlxio.search import build as search_build
 from mlxio.search.embed import Embedder
 from mlxio.search.index import FUSIONS, Index, SearchArgumentError, check_args
@@ -161,16 +161,6 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
 def _unit_float(text: str) -> float:
     try:
         value = float(text)
@@ -190,9 +180,9 @@ def main(argv: list[str] | None = None) -> None:
     index.add_argument("source", type=Path)
     index.add_argument("--model", required=True, help="encoder directory or hub id (e.g. runs/xtr_lora/merged)")
     index.add_argument("--index", type=Path, required=True)
-    index.add_argument("--max-doc-len", type=_positive_int, default=256)
-    index.add_argument("--max-query-len", type=_positive_int, default=32)
-    index.add_argument("--batch-size", type=_positive_int, default=32)
+    index.add_argument("--max-doc-len", type=at_least_one(), default=256)
+    index.add_argument("--max-query-len", type=at_least_one(), default=32)
+    index.add_argument("--batch-size", type=at_least_one(), default=32)
     index.add_argument("--nbits", type=int, choices=(1, 2, 4), default=1, help="residual bits per dimension")
     index.add_argument("--rebuild", action="store_true", help="re-embed everything and retrain the codec")
     index.add_argument("--alpha", type=_unit_float, help="store this hybrid semantic weight")
@@ -202,11 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     find.add_argument("query", nargs="?", help="one query (prints ranked results)")
     find.add_argument("--index", type=Path, required=True)
     find.add_argument("--mode", choices=MODES, default="hybrid")
-    find.add_argument("--top-k", type=_positive_int, default=10)
+    find.add_argument("--top-k", type=at_least_one(), default=10)
     find.add_argument("--alpha", type=_unit_float, help="hybrid: semantic weight (default: the index's stored weight)")
     find.add_argument("--fusion", choices=FUSIONS, default="interp", help="hybrid: score interpolation or RRF")
-    find.add_argument("--nprobe", type=_positive_int, help="centroids probed per query token")
-    find.add_argument("--candidates", type=_positive_int, help="documents re-ranked by MaxSim")
+    find.add_argument("--nprobe", type=at_least_one(), help="centroids probed per query token")
+    find.add_argument("--candidates", type=at_least_one(), help="documents re-ranked by MaxSim")
     find.add_argument("--queries", type=Path, help="JSONL of {id, query}")
     find.add_argument("--output", type=Path, help="rankings JSONL (with --queries)")
     check = sub.add_parser("verify", help="check every index file against the manifest (full SHA-256)",

@@ -12,7 +12,6 @@ process), never part of the config.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import logging
@@ -26,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore.tree import Tree
-from mlxio.errors import CheckpointError, TrainingDiverged, cli_main
+from mlxio.errors import CheckpointError, TrainingDiverged, at_least_one, cli_main
 from mlxio.run import checkpoint, distributed, memprof
 from mlxio.run.runlog import write_json_atomic
 
@@ -175,15 +174,7 @@ def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = (), more_steps_a
     process (`args.more_steps`)."""
     from mlxio.run.config import DeprecatedAlias
 
-    def step_number(text: str) -> int:  # >= 1: 0 or a negative step would run nothing, silently
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a step number >= 1, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected a step number >= 1, got {value}")
-        return value
-
+    step_number = at_least_one("a step number")
     if more_steps_aliases:
         parser.add_argument(*more_steps_aliases, dest="more_steps", type=step_number, default=None,
                             action=DeprecatedAlias,
