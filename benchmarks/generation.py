@@ -1,14 +1,27 @@
-"""Rollout generation on the GPU: MLX (`mlxio.rl.rollout.generate_group`, mlx-lm's BatchGenerator)
-vs PyTorch transformers `generate`, same weights, bf16, sampling at temperature 1.
+"""Rollout generation: MLX's two decode engines (`mlxio.rl.rollout.generate_group`: "batch",
+mlx-lm's BatchGenerator; "static", `mlxio.rl.decode`'s compiled fixed-shape step) vs PyTorch
+transformers `generate`, the same weights, sampling at temperature 1.
 
 Models: the SmolLM2-135M shape (Llama) and the Qwen2.5-0.5B shape (Qwen2), random weights (the
-GPU machine has no model files; speed does not depend on the values). Batch 1 (1 prompt x 1)
-and batch 64 (8 prompts x 8 completions), prompts of `--prompt-len` random tokens, exactly
-`--new-tokens` new tokens (no stop token, so every run decodes the same count). tokens/s =
-generated tokens / wall seconds, prefill included. The memory-bandwidth bound per decode step
-reads every weight once (bf16) plus the KV cache: tokens/s <= batch x BW / bytes.
+GPU machine has no model files; speed does not depend on the values), bf16; and scaled-down
+shapes for a CPU (`qwen2-24l-tiny`: Qwen's 24 layers at width 128, where a decode step is all
+per-op overhead as on a GPU; `llama-tiny`). Batch 64 is 8 prompts x 8 completions (`--batches
+1` adds 1 prompt x 1); prompts of `--prompt-len` random tokens, exactly `--new-tokens` new
+tokens (no stop token, so every run decodes the same count). tokens/s = generated tokens / wall
+seconds, prefill included. The memory-bandwidth bound per decode step reads every weight once
+(bf16) plus the KV cache: tokens/s <= batch x BW / bytes.
+
+Before timing, both engines decode the same prompts greedily: `greedy.identical_rows` is the
+share of rows with the same tokens, and every token either engine picked is checked against a
+teacher-forced forward pass (no KV cache; a third computation): its logit must be within
+`--greedy-tol` of the maximum (bf16 rounding can flip near-ties, after which two correct greedy
+decoders part ways). A row where either engine picks a token further from the argmax marks the
+pair invalid (`valid: false`), and its speeds are not comparable. `graph` counts the primitives
+one decode step queues (export_to_dot of the step's unevaluated graph; views - reshape,
+transpose, broadcast, ... - listed apart): the work the host dispatches per token.
 
     python -m benchmarks.generation --machine h100 --new-tokens 256
+    python -m benchmarks.generation --machine cpu --shapes qwen2-24l-tiny --dtype float32 --no-torch
 """
 
 from __future__ import annotations
@@ -18,8 +31,12 @@ import mlxio  # noqa: F401
 # isort: on
 
 import argparse
+import os
+import re
+import tempfile
 import time
 import types
+from collections import Counter
 
 import mlx.core as mx
 import numpy as np
@@ -33,7 +50,22 @@ SHAPES = {
                          num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                          rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
                          tie_word_embeddings=True, head_dim=64),
+    "qwen2-24l-tiny": dict(model_type="qwen2", vocab_size=4096, hidden_size=128, intermediate_size=384,
+                           num_hidden_layers=24, num_attention_heads=2, num_key_value_heads=1,
+                           rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
+                           tie_word_embeddings=True, head_dim=64),
+    "qwen2-24l-micro": dict(model_type="qwen2", vocab_size=1024, hidden_size=64, intermediate_size=128,
+                            num_hidden_layers=24, num_attention_heads=1, num_key_value_heads=1,
+                            rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768,
+                            tie_word_embeddings=True, head_dim=64),
+    "llama-tiny": dict(model_type="llama", vocab_size=4096, hidden_size=192, intermediate_size=512,
+                       num_hidden_layers=6, num_attention_heads=3, num_key_value_heads=1,
+                       rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192,
+                       tie_word_embeddings=True, head_dim=64),
 }
+GPU_SHAPES = ["qwen2.5-0.5b"]
+VIEWS = {"Reshape", "Transpose", "ExpandDims", "Squeeze", "Broadcast", "AsStrided", "Slice", "Flatten",
+         "Unflatten", "StopGradient"}
 
 
 class IdTokenizer:
@@ -49,24 +81,24 @@ class IdTokenizer:
         return " ".join(map(str, ids))
 
 
-def torch_model(shape: str, device: str):
+def torch_model(shape: str, device: str, dtype: str = "bfloat16"):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = dict(SHAPES[shape])
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     return model.to(device).eval()
 
 
-def mlx_model(torch_model, shape: str):
+def mlx_model(torch_model, shape: str, dtype: str = "bfloat16"):
     """mlx-lm's model class for the shape, loaded with the torch model's weights."""
     from mlx_lm.utils import _get_classes
 
     model_class, args_class = _get_classes(config=dict(SHAPES[shape]))
     model = model_class(args_class.from_dict(dict(SHAPES[shape])))
-    weights = {k: mx.array(v.detach().float().cpu().numpy()).astype(mx.bfloat16)
+    weights = {k: mx.array(v.detach().float().cpu().numpy()).astype(getattr(mx, dtype))
                for k, v in torch_model.state_dict().items()}
     weights = model.sanitize(weights) if hasattr(model, "sanitize") else weights
     model.load_weights(list(weights.items()))
@@ -74,17 +106,108 @@ def mlx_model(torch_model, shape: str):
     return model
 
 
-def run_mlx(model, prompts: list[list[int]], group: int, new_tokens: int) -> dict:
+def run_mlx(model, prompts: list[list[int]], group: int, new_tokens: int, engine: str,
+            temperature: float = 1.0) -> dict:
     from mlxio.rl.rollout import generate_group
 
     policy = types.SimpleNamespace(model=model, tokenizer=IdTokenizer())
     texts = [" ".join(map(str, p)) for p in prompts]
     start = time.perf_counter()
     ro = generate_group(policy, texts, group_size=group, max_new_tokens=new_tokens,
-                        use_chat_template=False)
+                        use_chat_template=False, engine=engine, temperature=temperature)
     seconds = time.perf_counter() - start
     tokens = sum(map(len, ro.completion_tokens))
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    out = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "rollouts": ro}
+    if ro.decode_stats:
+        steps = ro.decode_stats["steps"]
+        out["host_call_ms_per_step"] = 1e3 * ro.decode_stats["call_s"] / steps
+        out["host_queue_ms_per_step"] = 1e3 * ro.decode_stats["queue_s"] / steps
+        out["host_syncs_per_step"] = ro.decode_stats["syncs"] / steps
+    return out
+
+
+def reference_gaps(model, prompts: list[list[int]], completions: list[list[int]], rows: int = 8) -> np.ndarray:
+    """Per completion token, max logit - the token's logit, by one teacher-forced forward pass
+    without a KV cache (rows at a time): 0 where the token is the argmax."""
+    gaps = []
+    for start in range(0, len(prompts), rows):
+        seqs = [p + c for p, c in zip(prompts[start:start + rows], completions[start:start + rows], strict=True)]
+        if len({len(t) for t in seqs}) != 1:
+            raise ValueError("reference_gaps needs rows of one length (no stop token)")
+        ids = mx.array(seqs)
+        first = len(prompts[start]) - 1
+        logits = model(ids[:, :-1])[:, first:].astype(mx.float32)
+        picked = mx.take_along_axis(logits, ids[:, first + 1:, None], axis=-1)[..., 0]
+        gaps.append(np.array(logits.max(axis=-1) - picked))
+    return np.concatenate(gaps)
+
+
+def greedy_check(model, prompts: list[list[int]], group: int, new_tokens: int, tol: float) -> dict:
+    """Both engines' greedy tokens for the same prompts, compared with each other and with the
+    teacher-forced argmax (see the module doc)."""
+    old = run_mlx(model, prompts, group, new_tokens, "batch", temperature=0.0)["rollouts"]
+    new = run_mlx(model, prompts, group, new_tokens, "static", temperature=0.0)["rollouts"]
+    a, b = old.completion_tokens, new.completion_tokens
+    common = [next((k for k, (x, y) in enumerate(zip(r, s, strict=True)) if x != y), len(r))
+              for r, s in zip(a, b, strict=True)]
+    distinct = list(range(0, len(a), group))  # greedy copies of one prompt are the same
+    per_row = [prompts[i // group] for i in distinct]
+    gap_old = reference_gaps(model, per_row, [a[i] for i in distinct])
+    gap_new = reference_gaps(model, per_row, [b[i] for i in distinct])
+    out = {"tokens": new_tokens, "rows": len(a), "identical_rows": float(np.mean([x == y for x, y in zip(a, b, strict=True)])),
+           "mean_common_prefix": float(np.mean(common)),
+           "max_gap_batch": float(gap_old.max()), "max_gap_static": float(gap_new.max()),
+           "tokens_off_argmax_batch": int((gap_old > tol).sum()), "tokens_off_argmax_static": int((gap_new > tol).sum()),
+           "tol": tol}
+    out["valid"] = bool(out["max_gap_batch"] <= tol and out["max_gap_static"] <= tol)
+    return out
+
+
+def graph_nodes(outputs: list[mx.array]) -> dict:
+    """Primitives in the unevaluated graph of `outputs` (export_to_dot), views apart."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "g.dot")
+        mx.export_to_dot(path, *outputs)
+        labels = re.findall(r'label ="(\w+)", shape=rectangle', open(path).read())
+    kinds = Counter(labels)
+    views = sum(v for k, v in kinds.items() if k in VIEWS)
+    return {"primitives": len(labels), "views": views, "non_view": len(labels) - views,
+            "kinds": dict(kinds.most_common())}
+
+
+def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
+    """One decode step's graph, as each engine builds it: "batch" (mlx-lm's GenerationBatch._step
+    on a BatchKVCache, plus the per-row log-probability picks `generate_group` makes) and
+    "static" (the compiled step on StaticKVCache)."""
+    from mlx_lm.models.cache import BatchKVCache
+    from mlx_lm.sample_utils import make_sampler
+
+    from mlxio.rl import decode
+    from mlxio.rl.rollout import _prefill
+
+    sampler = make_sampler(temp=1.0)
+    mx.eval(mx.random.state)  # (else the graph holds every lazy key split since the start)
+    per_row = [_prefill(model, p[:-1], True) for p in prompts for _ in range(group)]
+    x = mx.array([p[-1] for p in prompts for _ in range(group)], mx.uint32)
+    batch = [BatchKVCache.merge(list(layer)) for layer in zip(*per_row, strict=True)]
+    mx.eval([(c.keys, c.values, c.offset, c.left_padding) for c in batch])
+    logits = model(x[:, None], cache=batch)[:, -1, :]
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    tokens = sampler(logprobs)
+    rows = list(logprobs)  # (GenerationBatch._step's per-row split)
+    old = graph_nodes([tokens, *rows, *[c.keys for c in batch], *[c.values for c in batch]])
+    mx.eval(tokens, rows)
+    picks = graph_nodes([mx.stack([row[t] for row, t in zip(rows, tokens.tolist(), strict=True)])])
+    old = {k: old[k] + picks[k] for k in ("primitives", "views", "non_view")} | {
+        "kinds": dict(Counter(old["kinds"]) + Counter(picks["kinds"]))}
+    caches = decode.static_cache(per_row, decode.cache_length(max(map(len, prompts)) - 1, 8))
+    states = decode.decode_state(caches)
+    mx.eval(states)
+    step = decode.make_step(model, sampler)
+    nxt, lp, states = step(x, states)
+    new = graph_nodes([nxt, lp, *[a for kv in states[0] for a in kv], states[2]])
+    mx.eval(nxt, lp, states)
+    return {"batch": old, "static": new}
 
 
 def run_torch(model, prompts: list[list[int]], group: int, new_tokens: int, device: str) -> dict:
@@ -104,67 +227,102 @@ def run_torch(model, prompts: list[list[int]], group: int, new_tokens: int, devi
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
-def bandwidth_bound(model, batch: int, context: int, bandwidth: float) -> float:
-    """tokens/s if each decode step only read the bf16 weights once and the KV cache."""
+def bandwidth_bound(model, batch: int, context: int, bandwidth: float, dtype_bytes: int = 2) -> float:
+    """tokens/s if each decode step only read the weights once and the KV cache."""
     cfg = model.config
-    weights = sum(p.numel() for p in model.parameters()) * 2
+    weights = sum(p.numel() for p in model.parameters()) * dtype_bytes
     kv = batch * context * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (
-        cfg.hidden_size // cfg.num_attention_heads) * 2
+        cfg.hidden_size // cfg.num_attention_heads) * dtype_bytes
     return batch * bandwidth / (weights + kv)
 
 
 def payload(args, device: str, results: list[dict]) -> dict:
-    return {"settings": {"dtype": "bfloat16", "weights": "random (shape only)", "sampling": "temperature 1",
+    return {"settings": {"dtype": args.dtype, "weights": "random (shape only)", "sampling": "temperature 1",
                          "bandwidth_bytes_per_s": args.bandwidth, "torch_device": device,
                          "mlx_device": str(mx.default_device()), "repeats": args.repeats,
+                         "engines": {"batch": "mlx-lm BatchGenerator (generate_group engine='batch')",
+                                     "static": "mlxio.rl.decode compiled fixed-shape step (engine='static')"},
                          "torch_generate": "transformers generate, default dynamic KV cache"},
             "runs": results}
 
 
-def main(argv=None):
-    import torch
+def median(runs: list[dict], key: str = "tokens_per_s") -> float:
+    return float(np.median([r[key] for r in runs]))
 
+
+def main(argv=None):
     from benchmarks.gpu_common import write
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machine", default="h100")
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--out", default=None, help="write the JSON here (default benchmarks/results/<machine>/)")
+    ap.add_argument("--shapes", nargs="+", default=GPU_SHAPES, choices=list(SHAPES))
+    ap.add_argument("--batches", nargs="+", type=int, default=[64], choices=[1, 64])
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--bandwidth", type=float, default=3.35e12, help="device memory bytes/s (H100 SXM)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--greedy-tol", type=float, default=None,
+                    help="logit distance from the argmax a greedy token may have (default: 0.125 in "
+                         "half precision, 1e-3 in float32)")
+    ap.add_argument("--no-torch", action="store_true", help="MLX engines only")
     args = ap.parse_args(argv)
+    tol = args.greedy_tol if args.greedy_tol is not None else (1e-3 if args.dtype == "float32" else 0.125)
+    import torch
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rng = np.random.default_rng(0)
     results = []
     for shape in args.shapes:
-        tm = torch_model(shape, device)
-        mm = mlx_model(tm, shape)
+        tm = torch_model(shape, device, args.dtype)
+        mm = mlx_model(tm, shape, args.dtype)
         vocab = SHAPES[shape]["vocab_size"]
         prompts = rng.integers(100, vocab, (8, args.prompt_len)).tolist()
         for label, ps, group in (("batch1", prompts[:1], 1), ("batch64", prompts, 8)):
             batch = len(ps) * group
-            run_mlx(mm, ps, group, 8)  # warm-up (kernels, graph shapes)
-            run_torch(tm, ps, group, 8, device)
-            m = [run_mlx(mm, ps, group, args.new_tokens) for _ in range(args.repeats)]
-            t = [run_torch(tm, ps, group, args.new_tokens, device) for _ in range(args.repeats)]
+            if batch not in args.batches:
+                continue
+            t0 = time.perf_counter()
+            warm = {e: run_mlx(mm, ps, group, args.new_tokens, e)["seconds"] for e in ("batch", "static")}
             row = {"shape": shape, "batch": batch, "label": label, "new_tokens": args.new_tokens,
-                   "prompt_len": args.prompt_len,
-                   "mlx_tokens_per_s": [x["tokens_per_s"] for x in m],
-                   "torch_tokens_per_s": [x["tokens_per_s"] for x in t],
-                   "bandwidth_bound_tokens_per_s": bandwidth_bound(
-                       tm, batch, args.prompt_len + args.new_tokens // 2, args.bandwidth)}
-            row["mlx_median"] = float(np.median(row["mlx_tokens_per_s"]))
-            row["torch_median"] = float(np.median(row["torch_tokens_per_s"]))
-            row["mlx_over_torch"] = row["mlx_median"] / row["torch_median"]
-            row["mlx_share_of_bound"] = row["mlx_median"] / row["bandwidth_bound_tokens_per_s"]
+                   "prompt_len": args.prompt_len, "dtype": args.dtype, "warmup_seconds": warm}
+            row["greedy"] = greedy_check(mm, ps, group, args.new_tokens, tol)
+            row["valid"] = row["greedy"]["valid"]
+            row["graph"] = step_graphs(mm, ps, group)
+            runs = {}
+            for _ in range(args.repeats):  # interleaved: drift hits both engines alike
+                for engine in ("batch", "static"):
+                    runs.setdefault(engine, []).append(run_mlx(mm, ps, group, args.new_tokens, engine))
+            for engine, rs in runs.items():
+                row[f"{engine}_tokens_per_s"] = [r["tokens_per_s"] for r in rs]
+                row[f"{engine}_median"] = median(rs)
+            row["static_over_batch"] = row["static_median"] / row["batch_median"]
+            row["static_host_call_ms_per_step"] = median(runs["static"], "host_call_ms_per_step")
+            row["static_host_queue_ms_per_step"] = median(runs["static"], "host_queue_ms_per_step")
+            row["static_host_syncs_per_step"] = median(runs["static"], "host_syncs_per_step")
+            row["ms_per_step"] = {e: 1e3 * batch / row[f"{e}_median"] for e in runs}
+            if not args.no_torch:
+                run_torch(tm, ps, group, 8, device)  # warm-up
+                t = [run_torch(tm, ps, group, args.new_tokens, device) for _ in range(args.repeats)]
+                row["torch_tokens_per_s"] = [x["tokens_per_s"] for x in t]
+                row["torch_median"] = median(t)
+                row["static_over_torch"] = row["static_median"] / row["torch_median"]
+                row["batch_over_torch"] = row["batch_median"] / row["torch_median"]
+            row["bandwidth_bound_tokens_per_s"] = bandwidth_bound(
+                tm, batch, args.prompt_len + args.new_tokens // 2, args.bandwidth,
+                4 if args.dtype == "float32" else 2)
+            row["static_share_of_bound"] = row["static_median"] / row["bandwidth_bound_tokens_per_s"]
+            row["seconds"] = time.perf_counter() - t0
             results.append(row)
-            print({k: v for k, v in row.items() if not isinstance(v, list)}, flush=True)
-            write("generation", payload(args, device, results), args.machine)  # keep partial results
+            print({k: v for k, v in row.items() if not isinstance(v, (list, dict))}, flush=True)
+            print({"greedy": row["greedy"], "graph": {e: {k: v for k, v in g.items() if k != "kinds"}
+                                                      for e, g in row["graph"].items()}}, flush=True)
+            write("generation", payload(args, device, results), args.machine, args.out)  # keep partial results
         del tm, mm
         mx.clear_cache()
         torch.cuda.empty_cache() if device == "cuda" else None
-    return write("generation", payload(args, device, results), args.machine)
+    return write("generation", payload(args, device, results), args.machine, args.out)
 
 
 if __name__ == "__main__":

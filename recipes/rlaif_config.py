@@ -16,6 +16,7 @@ from mlxcore.optim import OptimConfig
 from mlxio.errors import ConfigError
 from mlxio.rl.evaluation import EvalConfig
 from mlxio.rl.grpo import TINY_PREFIX  # "tiny:llama" etc.: a tiny random model (smoke tests)
+from mlxio.rl.rollout import ENGINES
 from mlxio.run.config import check
 
 SOURCES = ("procedural", "humaneval")
@@ -104,6 +105,9 @@ class Config:
     temperature: float = bounded(0.8, gt=0, le=100)  # sampling; 0 (greedy) would make every group identical
     top_p: float = bounded(0.95, gt=0, le=1)
     max_new_tokens: int = bounded(160, ge=1)
+    # rollout decoding (mlxio.rl.rollout.generate_group's engine): "static" (compiled fixed-shape
+    # step), "batch" (mlx-lm's BatchGenerator), "auto" (static on a GPU, batch on the CPU)
+    rollout_engine: str = bounded("auto", choices=ENGINES, validator=attrs.validators.in_(ENGINES))
     # a completion ends once its first ``` code block closes (training and evaluation): the
     # talk after it costs decode time and is nothing the rewards read
     stop_at_code_end: bool = True

@@ -130,7 +130,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
                 cfg.top_p, cfg.max_new_tokens,
                 distributed.rank_seed(step_seed(cfg.seed, step), world),
-                stop_at_code_end=cfg.stop_at_code_end)
+                stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine)
         rew = rewards.combine_rewards(fns, [problems[i] for i in ro.prompt_index], ro.texts, cache)
         adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
                                 cfg.advantage, world)

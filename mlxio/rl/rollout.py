@@ -1,16 +1,19 @@
-"""Batched group sampling for RLAIF, on mlx-lm's own generation machinery.
+"""Batched group sampling for RLAIF, on mlx-lm's model definitions and samplers.
 
 `generate_group` decodes G completions for each of P prompts as one batch of N = P * G
-sequences with `mlx_lm.generate.BatchGenerator` (its batched KV cache, per-sequence EOS stop)
-and a sampler from `mlx_lm.sample_utils.make_sampler`. Each prompt is prefilled once and its
-KV cache handed to all G of its sequences. With `stop_at_code_end` a sequence also stops once
+sequences, with a sampler from `mlx_lm.sample_utils.make_sampler`. Each prompt is prefilled once
+and its KV cache handed to all G of its sequences. Two decode engines: "static"
+(`mlxio.rl.decode`: one compiled step over a preallocated KV cache, the same shapes every step,
+EOS / stops checked every 16 steps; the default on a GPU, where it removes the per-token host
+work and shape changes that bound "batch") and "batch" (`mlx_lm.generate.BatchGenerator`: its
+growing batched KV cache, per-sequence EOS stop, ended rows dropped; the default on the CPU). With `stop_at_code_end` a sequence also stops once
 its first fenced code block has closed (`CodeBlockStop`): a small instruct model answers with
 one ```python block and then keeps talking, and that talk costs decode time and trains nothing
 the rewards look at. Per-token log-probabilities are those of the policy at temperature 1
 (log-softmax of the raw logits), the quantity a policy-gradient loss and its KL term need;
 `completion_logprobs` recomputes them by teacher forcing.
 
-Decode batch buckets (`bucket_decode`, on by default on a GPU): mlx-lm drops a sequence from
+Decode batch buckets (`bucket_decode`, "batch" engine, on by default on a GPU): mlx-lm drops a sequence from
 the batch as soon as it ends, so the decode batch takes every size from N down to 1, and on a
 fresh GPU each new size compiles new kernels (an evaluation decoding 128 sequences did not finish
 in 10 minutes on a fresh H100). With buckets, ended sequences stay in the batch (their tokens
@@ -34,6 +37,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from mlxcore.policy import sequence_logprobs
+from mlxio.rl import decode
 from mlxio.rl.rewards import code_block_end
 
 PAD_MULTIPLE = 32  # packed widths are bucket multiples of this (`bucket_width`): few shapes
@@ -55,6 +59,8 @@ class Rollouts:
         False where it hit max_new_tokens.
     gen_tokens_per_s: completion tokens / wall seconds of the whole call (prefill included).
     decode_batch_sizes: with `bucket_decode`, the decode batch sizes the call ran (else None).
+    decode_stats: with the "static" engine, `mlxio.rl.decode.decode`'s stats (steps, host
+        syncs, host seconds queueing steps and reading tokens), else None.
     """
 
     prompt_tokens: list[list[int]]
@@ -66,6 +72,7 @@ class Rollouts:
     gen_tokens_per_s: float
     group_size: int
     decode_batch_sizes: list[int] | None = None  # the decode batch sizes run (with bucket_decode)
+    decode_stats: dict | None = None  # the "static" engine's step / sync counts and host times
 
     @property
     def sequence_prompt_tokens(self) -> list[list[int]]:
@@ -212,88 +219,61 @@ def _prefill(model, tokens: list[int], bucketed: bool = False) -> list:
     return cache
 
 
+ENGINES = ("auto", "static", "batch")
+
+
 def generate_group(policy, prompts: list[str], group_size: int = 8, temperature: float = 1.0,
                    top_p: float = 1.0, max_new_tokens: int = 256, seed: int = 0,
                    use_chat_template: bool = True, stop_at_code_end: bool = False,
-                   stop: tuple[str, ...] = (), bucket_decode: bool | None = None) -> Rollouts:
+                   stop: tuple[str, ...] = (), bucket_decode: bool | None = None,
+                   engine: str = "auto") -> Rollouts:
     """Sample `group_size` completions per prompt, all N = len(prompts) * group_size decoded
     together; deterministic for a given `seed` (mlx-lm's samplers draw from MLX's global PRNG,
     which is seeded here). temperature 0 is greedy. `stop_at_code_end`: a sequence also ends
     on the token that closes its first fenced code block (removed from the batch there).
     `stop`: strings that end a sequence likewise, on the token completing one (kept in its
     tokens; its text is cut before the stop string, as OpenAI's `stop`).
-    `bucket_decode`: keep the decode batch at a few sizes (see the module doc); None: on when the
-    default device is a GPU (where each new size compiles kernels), off on the CPU (where the
-    ended rows would only cost time). The texts and tokens are the same either way."""
+    `engine`: "static" (`mlxio.rl.decode`: a compiled step over a fixed-size KV cache, EOS and
+    stops checked every few steps) or "batch" (mlx-lm's BatchGenerator). Greedy decoding gives
+    the same tokens with either; sampling draws from the same distributions (different draws).
+    "auto": "static" on a GPU (where "batch" is launch- and host-bound), "batch" on the CPU
+    (where the step's compute dominates, and "batch" drops ended rows and attends over the
+    filled slots only).
+    `bucket_decode` ("batch" only): keep the decode batch at a few sizes (see the module doc);
+    None: on when the default device is a GPU (where each new size compiles kernels), off on the
+    CPU (where the ended rows would only cost time). The texts and tokens are the same either way."""
     if not prompts:
         raise ValueError("generate_group needs at least one prompt")
     if group_size < 1 or max_new_tokens < 1:
         raise ValueError(f"group_size={group_size} and max_new_tokens={max_new_tokens} must be >= 1")
+    if engine not in ENGINES:
+        raise ValueError(f"engine={engine!r} is not one of {ENGINES}")
     model, tokenizer = policy.model, policy.tokenizer
     prompt_tokens = [encode_prompt(tokenizer, p, use_chat_template) for p in prompts]
     for i, tokens in enumerate(prompt_tokens):
         if not tokens:
             raise ValueError(f"prompt {i} encodes to no tokens")
-    n = len(prompts) * group_size
     was_training = model.training
     model.eval()  # no LoRA dropout while sampling
-    decode_sizes = None
     start = time.perf_counter()
     try:
         mx.random.seed(seed)
         sampler = make_sampler(temp=temperature, top_p=top_p)
-        if bucket_decode is None:
-            bucket_decode = mx.default_device().type == mx.gpu
-        buckets = None
-        # On the CPU, decode on the default stream: mlx-lm's own generation stream is a second
-        # scheduler thread, and two threads inside the pthreads OpenBLAS at once (Debian's
-        # 0.3.21) can leave its caller spinning in exec_blas_async_wait forever (seen here: a
-        # prefill stuck for 9 minutes after a batched decode). One stream = one BLAS caller.
-        on_cpu = mx.default_device().type == mx.cpu
-        gen = BatchGenerator(model, max_tokens=max_new_tokens,
-                             stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
-                             sampler=(lambda lp: buckets.sample(lp)) if bucket_decode else sampler,
-                             completion_batch_size=n, prefill_batch_size=n,
-                             stream=mx.default_stream(mx.cpu) if on_cpu else None)
-        if bucket_decode:
-            buckets = _Buckets(gen, sampler, n)
-        # One prefill per prompt; its G sequences continue from copies of that cache.
-        sequences, caches = [], []
-        for tokens in prompt_tokens:
-            cache = (_prefill(model, tokens[:-1], bool(bucket_decode)) if len(tokens) > 1
-                     else make_prompt_cache(model))
-            for _ in range(group_size):
-                sequences.append(tokens[-1:] if len(tokens) > 1 else tokens)
-                caches.append(copy.deepcopy(cache))
-        shared = all(len(t) > 1 for t in prompt_tokens)
-        uids = gen.insert(sequences if shared else [prompt_tokens[i // group_size] for i in range(n)],
-                          caches=caches if shared else None)
-        row = {uid: i for i, uid in enumerate(uids)}
-        completions = [[] for _ in range(n)]
-        logprobs = [[] for _ in range(n)]
-        finished = np.zeros(n, bool)
-        stoppers = ([CodeBlockStop(n)] if stop_at_code_end else []) + (
+        stoppers = lambda n: ([CodeBlockStop(n)] if stop_at_code_end else []) + (  # noqa: E731
             [StopStrings(n, tuple(stop))] if any(stop) else [])
-        while responses := gen.next_generated():
-            picked = mx.stack([r.logprobs[r.token] for r in responses]).tolist()
-            closed = []
-            for r, lp in zip(responses, picked, strict=True):
-                i = row[r.uid]
-                completions[i].append(r.token)
-                logprobs[i].append(lp)
-                finished[i] |= r.finish_reason == "stop"
-                if not stoppers or r.finish_reason == "stop":
-                    continue
-                piece = tokenizer.decode([r.token])
-                if any([s.add(i, piece) for s in stoppers]):  # (a list: every stopper sees it)
-                    finished[i] = True
-                    if r.finish_reason is None:  # (at max_new_tokens it is out already)
-                        closed.append(r.uid)
-            if closed:  # out of the batch: no more tokens (nor decode work) for them
-                with mx.stream(gen.stream):
-                    gen.remove(closed)
-        gen.close()
-        decode_sizes = sorted(buckets.sizes) if buckets else None
+        if engine == "auto":
+            engine = "static" if mx.default_device().type == mx.gpu else "batch"
+        if engine == "static" and all(len(t) == 1 for t in prompt_tokens):
+            engine = "batch"  # nothing to cache before the first step: mlx-lm's path does it
+        if engine == "static":
+            completions, logprobs, finished, stats = _decode_static(
+                model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers)
+            decode_sizes = None
+        else:
+            stats = None
+            completions, logprobs, finished, decode_sizes = _decode_batch(
+                model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
+                bucket_decode)
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - start
@@ -309,8 +289,90 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         logprobs=[np.asarray(lp, np.float32) for lp in logprobs], texts=texts,
         prompt_index=np.repeat(np.arange(len(prompts)), group_size), finished=finished,
         gen_tokens_per_s=sum(map(len, completions)) / max(seconds, 1e-9), group_size=group_size,
-        decode_batch_sizes=decode_sizes)
+        decode_batch_sizes=decode_sizes, decode_stats=stats)
 
+
+def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers):
+    """`generate_group`'s "static" engine: (completions, logprobs, finished, stats) of N sequences."""
+    n = len(prompt_tokens) * group_size
+    bucketed = mx.default_device().type == mx.gpu
+    prefilled = [_prefill(model, t[:-1], bucketed) if len(t) > 1 else make_prompt_cache(model)
+                 for t in prompt_tokens]
+    longest = max(len(t) for t in prompt_tokens) - 1
+    caches = decode.static_cache([prefilled[i // group_size] for i in range(n)],
+                                 decode.cache_length(longest, max_new_tokens))
+    eos = np.array(sorted(tokenizer.eos_token_ids), np.int64)
+    stops = stoppers(n)
+
+    def is_done(i: int, new: list[int]) -> int | None:
+        at_eos = np.flatnonzero(np.isin(new, eos))
+        last = int(at_eos[0]) + 1 if at_eos.size else len(new)  # EOS ends it (kept)
+        for j, token in enumerate(new[:last] if stops else ()):
+            piece = tokenizer.decode([token])
+            if any([s.add(i, piece) for s in stops]):  # (a list: every stopper sees it)
+                return j + 1
+        return last if at_eos.size else None
+
+    first = [prompt_tokens[i // group_size][-1] for i in range(n)]
+    return decode.decode(model, sampler, first, caches, max_new_tokens, is_done)
+
+
+def _decode_batch(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
+                  bucket_decode):
+    """`generate_group`'s "batch" engine (mlx-lm's BatchGenerator): (completions, logprobs,
+    finished, decode batch sizes or None)."""
+    n = len(prompt_tokens) * group_size
+    if bucket_decode is None:
+        bucket_decode = mx.default_device().type == mx.gpu
+    buckets = None
+    # On the CPU, decode on the default stream: mlx-lm's own generation stream is a second
+    # scheduler thread, and two threads inside the pthreads OpenBLAS at once (Debian's
+    # 0.3.21) can leave its caller spinning in exec_blas_async_wait forever (seen here: a
+    # prefill stuck for 9 minutes after a batched decode). One stream = one BLAS caller.
+    on_cpu = mx.default_device().type == mx.cpu
+    gen = BatchGenerator(model, max_tokens=max_new_tokens,
+                         stop_tokens=[[t] for t in sorted(tokenizer.eos_token_ids)],
+                         sampler=(lambda lp: buckets.sample(lp)) if bucket_decode else sampler,
+                         completion_batch_size=n, prefill_batch_size=n,
+                         stream=mx.default_stream(mx.cpu) if on_cpu else None)
+    if bucket_decode:
+        buckets = _Buckets(gen, sampler, n)
+    # One prefill per prompt; its G sequences continue from copies of that cache.
+    sequences, caches = [], []
+    for tokens in prompt_tokens:
+        cache = (_prefill(model, tokens[:-1], bool(bucket_decode)) if len(tokens) > 1
+                 else make_prompt_cache(model))
+        for _ in range(group_size):
+            sequences.append(tokens[-1:] if len(tokens) > 1 else tokens)
+            caches.append(copy.deepcopy(cache))
+    shared = all(len(t) > 1 for t in prompt_tokens)
+    uids = gen.insert(sequences if shared else [prompt_tokens[i // group_size] for i in range(n)],
+                      caches=caches if shared else None)
+    row = {uid: i for i, uid in enumerate(uids)}
+    completions = [[] for _ in range(n)]
+    logprobs = [[] for _ in range(n)]
+    finished = np.zeros(n, bool)
+    stops = stoppers(n)
+    while responses := gen.next_generated():
+        picked = mx.stack([r.logprobs[r.token] for r in responses]).tolist()
+        closed = []
+        for r, lp in zip(responses, picked, strict=True):
+            i = row[r.uid]
+            completions[i].append(r.token)
+            logprobs[i].append(lp)
+            finished[i] |= r.finish_reason == "stop"
+            if not stops or r.finish_reason == "stop":
+                continue
+            piece = tokenizer.decode([r.token])
+            if any([s.add(i, piece) for s in stops]):  # (a list: every stopper sees it)
+                finished[i] = True
+                if r.finish_reason is None:  # (at max_new_tokens it is out already)
+                    closed.append(r.uid)
+        if closed:  # out of the batch: no more tokens (nor decode work) for them
+            with mx.stream(gen.stream):
+                gen.remove(closed)
+    gen.close()
+    return completions, logprobs, finished, sorted(buckets.sizes) if buckets else None
 
 def _per_sequence(prompt_tokens: list[list[int]], n: int) -> list[list[int]]:
     if len(prompt_tokens) == n:

@@ -1,0 +1,138 @@
+"""The "static" decode engine (mlxio.rl.decode: compiled fixed-shape step, EOS / stops checked
+every few steps) against mlx-lm's BatchGenerator ("batch"): greedy token identity on tiny
+random llama / qwen2 (left-padded prompts of different lengths, EOS mid-way, stop strings,
+LoRA on a 4-bit base), valid sampled tokens, and one trace of the step per call."""
+
+import importlib
+
+import attrs
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten, tree_unflatten
+
+from mlxcore.lora import LoraConfig
+from mlxio.rl import decode
+from mlxio.rl.rollout import completion_logprobs, generate_group
+from mlxio.weights import llm, llm_lora
+
+PROMPTS = ["Write add(a, b).", "hi", "Reverse a string in Python, please."]  # 3 prompt lengths
+
+
+def _same(a, b):
+    assert a.completion_tokens == b.completion_tokens
+    assert a.texts == b.texts
+    np.testing.assert_array_equal(a.finished, b.finished)
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        np.testing.assert_allclose(x, y, atol=1e-4)
+
+
+def _policy(kind: str):
+    """A tiny random policy whose greedy completions vary. (`tiny_policy("qwen2")` ties its
+    embeddings, and greedy decoding then repeats the prompt's last token forever.)"""
+    policy = llm.tiny_policy(kind, seed=1)
+    if kind == "llama":
+        return policy
+    module = importlib.import_module(f"mlx_lm.models.{kind}")
+    model = module.Model(module.ModelArgs.from_dict(llm.tiny_config(kind) | {"tie_word_embeddings": False}))
+    leaves = tree_flatten(model.parameters())
+    keys = mx.random.split(mx.random.key(8), len(leaves))
+    model.update(tree_unflatten([(k, (0.5 if v.ndim == 2 else 1.0) * mx.random.normal(v.shape, key=key))
+                                 for (k, v), key in zip(leaves, keys, strict=True)]))
+    model.eval()
+    mx.eval(model.parameters())
+    return attrs.evolve(policy, model=model)
+
+
+def _with_eos(policy, n_eos: int, **kw):
+    """Make `n_eos` tokens of the greedy completions EOS (ones no row starts with), so rows end
+    at different steps."""
+    free = generate_group(policy, PROMPTS, engine="batch", **kw).completion_tokens
+    first = lambda tok: min((c.index(tok) for c in free if tok in c), default=0)  # noqa: E731
+    picked = [t for t in dict.fromkeys(t for c in free for t in c) if first(t) >= 3][:n_eos]
+    for tok in picked:
+        policy.tokenizer.add_eos_token(policy.tokenizer.convert_ids_to_tokens(int(tok)))
+    return policy
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_greedy_is_token_identical(kind):
+    kw = dict(group_size=2, max_new_tokens=40, seed=3, temperature=0.0)
+    policy = _policy(kind)
+    assert len({tuple(c[:8]) for c in generate_group(policy, PROMPTS, engine="batch", **kw).completion_tokens}) > 1
+    _same(generate_group(policy, PROMPTS, engine="static", **kw),
+          generate_group(policy, PROMPTS, engine="batch", **kw))
+    _with_eos(policy, 2, **kw)
+    old = generate_group(policy, PROMPTS, engine="batch", **kw)
+    new = generate_group(policy, PROMPTS, engine="static", **kw)
+    assert old.finished.any() and len({len(c) for c in old.completion_tokens}) >= 2
+    _same(new, old)
+    assert new.decode_stats["steps"] <= 40 and new.decode_stats["syncs"] <= 3
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_greedy_with_stop_strings_and_code_end(kind):
+    """Stop strings taken from the free greedy texts (two characters: completed across tokens)."""
+    policy = _policy(kind)
+    kw = dict(group_size=2, max_new_tokens=30, seed=4, temperature=0.0)
+    texts = generate_group(policy, PROMPTS, engine="batch", **kw).texts
+    for extra in (dict(stop=(texts[0][6:8], "\x00")), dict(stop_at_code_end=True, stop=(texts[4][4:6],))):
+        old = generate_group(policy, PROMPTS, engine="batch", **kw, **extra)
+        new = generate_group(policy, PROMPTS, engine="static", **kw, **extra)
+        assert old.finished.any() and old.texts != texts
+        _same(new, old)
+
+
+def test_greedy_lora_on_quantized_base():
+    policy = llm.tiny_policy("llama", seed=1, quantize=True)
+    lora = llm_lora.apply_lora(policy.model, LoraConfig(rank=4, targets=("q_proj", "v_proj")), None,
+                               mx.random.key(0))
+    flat = [(k, mx.random.normal(v.shape, key=mx.random.key(i)) if k.endswith("lora_b") else v)
+            for i, (k, v) in enumerate(tree_flatten(lora))]
+    bound = llm_lora.bound_policy(policy, tree_unflatten(flat))
+    kw = dict(group_size=2, max_new_tokens=24, seed=0, temperature=0.0)
+    new = generate_group(bound, PROMPTS, engine="static", **kw)
+    _same(new, generate_group(bound, PROMPTS, engine="batch", **kw))
+    # the compiled step reads the weights it is given at call time: LoRA off changes the tokens
+    plain = generate_group(policy, PROMPTS, engine="static", **kw)
+    assert plain.completion_tokens != new.completion_tokens
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_sampling_gives_valid_tokens(top_p):
+    policy = llm.tiny_policy("qwen2")
+    kw = dict(group_size=4, max_new_tokens=20, seed=2, top_p=top_p, engine="static")
+    a = generate_group(policy, PROMPTS, **kw)
+    assert a.completion_tokens == generate_group(policy, PROMPTS, **kw).completion_tokens  # seeded
+    assert a.completion_tokens != generate_group(policy, PROMPTS, **(kw | {"seed": 3})).completion_tokens
+    vocab = policy.model.args.vocab_size
+    assert all(0 <= t < vocab for c in a.completion_tokens for t in c)
+    assert len({tuple(c) for c in a.completion_tokens[:4]}) > 1  # G samples, not copies
+    forced = completion_logprobs(policy.model, a.prompt_tokens, a.completion_tokens)
+    for got, want in zip(a.logprobs, forced, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-3)
+
+
+def test_one_trace_and_few_syncs_per_call(monkeypatch):
+    """Every step has the same shapes: the compiled step is traced once per call (the mask is
+    built once per trace), and the host reads the tokens once per SYNC_EVERY steps."""
+    traces = []
+    make_mask = decode.StaticKVCache.make_mask
+    monkeypatch.setattr(decode.StaticKVCache, "make_mask",
+                        lambda self, *a, **k: traces.append(1) or make_mask(self, *a, **k))
+    policy = llm.tiny_policy("llama")
+    ro = generate_group(policy, PROMPTS, group_size=2, max_new_tokens=40, seed=0, engine="static")
+    assert len(traces) == 1
+    assert ro.decode_stats["steps"] == 40 and ro.decode_stats["syncs"] == 3  # ceil(40 / 16)
+
+
+def test_static_cache_mask_and_positions():
+    """A left-padded row sees only its own written slots; RoPE positions start at 0 per row."""
+    keys = mx.zeros((2, 1, 8, 4))
+    cache = decode.StaticKVCache(keys, keys, mx.array([2, 0], mx.int32), mx.array([3], mx.int32))
+    mask = np.array(cache.make_mask(1))[:, 0, 0]
+    np.testing.assert_array_equal(mask, [[0, 0, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]])
+    assert cache.offset.tolist() == [1, 3]
+    k, _ = cache.update_and_fetch(mx.ones((2, 1, 1, 4)), mx.ones((2, 1, 1, 4)))
+    assert np.array(k)[:, 0, :, 0].tolist() == [[0, 0, 0, 1, 0, 0, 0, 0]] * 2 and cache.idx.tolist() == [4]
+    assert decode.cache_length(100, 156) == 256 and decode.cache_length(100, 157) == 512
