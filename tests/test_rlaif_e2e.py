@@ -243,9 +243,10 @@ def test_a_run_where_no_step_succeeded_fails_and_exports_nothing(problems_file, 
     assert not (tmp_path / "adapters").exists() and not (tmp_path / "fused").exists()
 
 
-def test_qlora_on_a_quantised_base(problems_file, tmp_path):
+@pytest.mark.parametrize("engine", ["auto", "static"])  # (auto: "batch" on the CPU)
+def test_qlora_on_a_quantised_base(problems_file, tmp_path, engine):
     cfg = smoke_cfg(tmp_path, problems_file, model="tiny:llama-q4", dequantize=False, steps=1,
-                    optim=attrs.evolve(rq.PRESETS["smoke"].optim, total_steps=1))
+                    optim=attrs.evolve(rq.PRESETS["smoke"].optim, total_steps=1), rollout_engine=engine)
     cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
     policy = grpo.load_model(cfg)
     quantized = [k for k, v in tree_flatten(policy.model.parameters()) if v.dtype == mx.uint32]
