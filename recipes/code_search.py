@@ -5,7 +5,9 @@
         of {"id": str, "code": str} lines. MODEL_DIR: e.g. runs/xtr_lora/merged (exported by
         recipes.xtr_lora) or any encoder directory / hub id that recipes.xtr_lora accepts.
         Run again on the same INDEX_DIR to update it: only files whose content changed are
-        re-embedded, deleted ones are dropped; an interrupted run leaves the old index live.
+        re-embedded (into a small new segment; their old documents are tombstoned), deleted ones
+        are dropped, segments merge as they pile up (--compact merges all); an interrupted run
+        leaves the old index live.
     python -m recipes.code_search search --index INDEX_DIR "parse a date string" [--mode hybrid]
     python -m recipes.code_search search --index INDEX_DIR --queries Q.jsonl --output R.jsonl
         Q.jsonl lines: {"id": str, "query": str}; R.jsonl lines: {"query_id", "doc_ids"} (best first).
@@ -34,7 +36,7 @@ import numpy as np
 
 from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
 from mlxio.search import build as search_build
-from mlxio.search.embed import Embedder
+from mlxio.search.embed import Embedder, assign_on_device
 from mlxio.search.index import FUSIONS, Index, SearchArgumentError, check_args
 from mlxio.weights.encoders import load_encoder
 
@@ -72,8 +74,10 @@ def _progress_bar(desc: str):
 
 def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 256, batch_size: int = 32,
                 max_query_len: int = 32, nbits: int = 1, rebuild: bool = False, alpha: float | None = None,
-                fusion_from: Path | None = None, progress: bool = True) -> search_build.Report:
-    """Index (or update the index of) `source`; returns what was done."""
+                fusion_from: Path | None = None, progress: bool = True, compact: bool = False
+                ) -> search_build.Report:
+    """Index (or update the index of) `source` (`compact`: merge its segments into one);
+    returns what was done."""
     if not source.exists():
         raise DataError(f"{source}: no such file or folder; give a folder of .py files or a corpus JSONL")
     encoder = load_encoder(model)
@@ -94,8 +98,10 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
         fusion = search_build.default_fusion(model)
     meta = {"model": model_id, "max_doc_len": max_doc_len, "max_query_len": max_query_len,
             "dim": embedder.dim}
-    return search_build.update(source, index_dir, embed, meta, nbits=nbits, rebuild=rebuild, fusion=fusion,
-                               progress=_progress_bar("embedding") if progress else None)
+    on_gpu = mx.default_device() == mx.gpu
+    return search_build.update(source, index_dir, embed, meta, nbits=nbits, rebuild=rebuild, compact=compact,
+                               fusion=fusion, progress=_progress_bar("embedding") if progress else None,
+                               assign=assign_on_device if on_gpu else None)
 
 
 class Searcher:
@@ -185,6 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     index.add_argument("--batch-size", type=at_least_one(), default=32)
     index.add_argument("--nbits", type=int, choices=(1, 2, 4), default=1, help="residual bits per dimension")
     index.add_argument("--rebuild", action="store_true", help="re-embed everything and retrain the codec")
+    index.add_argument("--compact", action="store_true",
+                       help="also merge every segment into one (updates add small segments and tombstones)")
     index.add_argument("--alpha", type=_unit_float, help="store this hybrid semantic weight")
     index.add_argument("--fusion-from", type=Path, help="eval.json of the training run (default: MODEL/../eval.json)")
     index.add_argument("--no-progress", action="store_true")
@@ -207,10 +215,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "index":
         report = build_index(args.source, args.model, args.index, args.max_doc_len, args.batch_size,
                              args.max_query_len, args.nbits, args.rebuild, args.alpha, args.fusion_from,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, compact=args.compact)
         print(f"indexed {report.documents} documents into {args.index} ({report.embedded} embedded, "
               f"{report.units_changed} new/changed and {report.units_removed} removed of "
-              f"{report.units_changed + report.units_kept} units, {report.seconds:.1f} s)")
+              f"{report.units_changed + report.units_kept} units, {report.segments} segment"
+              f"{'s' if report.segments != 1 else ''}, {report.seconds:.1f} s)")
         return
     if args.command == "verify":
         idx = Index(args.index, full_hashes=True)

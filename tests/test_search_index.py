@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from mlxcore import ranking
 from mlxio.errors import DataError
 from mlxio.search import build, codec, store
-from mlxio.search.index import Index, SearchArgumentError, Writer, check_args
+from mlxio.search.index import (
+    Index,
+    SearchArgumentError,
+    Writer,
+    check_args,
+    segment_name,
+    write_generation,
+)
 from mlxio.search.store import IndexError_
 
 DIM = 64
@@ -68,7 +75,7 @@ def _write_sources(root: Path, n_files: int = 4, per_file: int = 5) -> None:
 
 
 def _ids(index: Index) -> list[str]:
-    return [index.record(i)["id"] for i in range(index.n_docs)]
+    return [index.record(int(i))["id"] for i in index.live_ids]
 
 
 def test_pack_unpack_roundtrip():
@@ -122,8 +129,7 @@ def test_incremental_edit_and_delete(tmp_path):
     _write_sources(src)
     build.update(src, idx, FakeEmbed(), META)
     before = Index(idx)
-    kept_codes = {before.record(i)["id"]: bytes(before.residuals[before.offsets[i]:before.offsets[i + 1]])
-                  for i in range(before.n_docs)}
+    kept_codes = {before.record(i)["id"]: before.codes(i)[1].tobytes() for i in range(before.n_docs)}
     gen_before = before.gen
     del before
     (src / "mod2.py").write_text("def brand_new(x):\n    y = x * 2\n    return y\n")
@@ -136,9 +142,9 @@ def test_incremental_edit_and_delete(tmp_path):
     ids = _ids(after)
     assert after.n_docs == 16 and any(i.endswith("brand_new") for i in ids)
     assert not any("mod2.py" in i and "brand_new" not in i for i in ids)
-    for i, doc_id in enumerate(ids):  # untouched documents keep their exact codes
+    for i, doc_id in zip(after.live_ids, ids, strict=True):  # untouched documents keep their exact codes
         if doc_id in kept_codes:
-            assert bytes(after.residuals[after.offsets[i]:after.offsets[i + 1]]) == kept_codes[doc_id]
+            assert after.codes(int(i))[1].tobytes() == kept_codes[doc_id]
     del after
     (src / "mod0.py").unlink()
     embed = FakeEmbed()
@@ -181,13 +187,14 @@ def test_manifest_checks_give_one_clear_line(tmp_path, damage):
     _write_sources(src)
     build.update(src, idx, FakeEmbed(), META)
     gen = store.current(idx)
+    seg = gen / segment_name(1)
     if damage == "flip":
-        data = bytearray((gen / "residuals.bin").read_bytes())
+        data = bytearray((seg / "residuals.bin").read_bytes())
         data[len(data) // 2] ^= 0xFF
-        (gen / "residuals.bin").write_bytes(bytes(data))
+        (seg / "residuals.bin").write_bytes(bytes(data))
         want = "residuals.bin: SHA-256 differs"
     elif damage == "truncate":
-        (gen / "cids.bin").write_bytes((gen / "cids.bin").read_bytes()[:-2])
+        (seg / "cids.bin").write_bytes((seg / "cids.bin").read_bytes()[:-2])
         want = "cids.bin:"
     elif damage == "manifest":
         (gen / "manifest.json").write_text("{not json")
@@ -198,7 +205,7 @@ def test_manifest_checks_give_one_clear_line(tmp_path, damage):
         (gen / "manifest.json").write_text(json.dumps(m))
         want = "format version 999"
     elif damage == "missing":
-        (gen / "ivf_docs.bin").unlink()
+        (seg / "ivf_docs.bin").unlink()
         want = "ivf_docs.bin: missing"
     else:
         (idx / "CURRENT").write_text("../../etc\n")
@@ -219,8 +226,7 @@ def test_verify_full_hash_catches_middle_corruption(tmp_path, monkeypatch):
     _write_sources(src)
     monkeypatch.setattr(store, "FULL_HASH_LIMIT", 100)  # every array file counts as large
     build.update(src, idx, FakeEmbed(), META)
-    gen = store.current(idx)
-    path = gen / "residuals.bin"
+    path = store.current(idx) / segment_name(1) / "residuals.bin"
     if path.stat().st_size <= 2 << 20:  # small files: head+tail covers all; quick check catches it
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 1
@@ -247,12 +253,12 @@ def test_index_recall_matches_exact_maxsim(tmp_path_factory, seed, nbits):
                     codec.n_centroids_for(len(allv)), nbits, seed)
     tmp = tmp_path_factory.mktemp("idx")
     gen_tmp, final = store.new_generation(tmp)
-    writer = Writer(gen_tmp, c)
+    writer = Writer(gen_tmp / segment_name(1), c)
     for i, d in enumerate(docs):
         cids, packed = c.encode(d)
         writer.add({"id": f"d{i}", "code": f"doc {i}", "path": "x", "line": i, "name": f"d{i}"}, cids, packed)
-    (gen_tmp / "units.json").write_text(json.dumps({"kind": "records", "units": {}}))
-    writer.finish({"search": {"nprobe": 8, "candidates": 64}}, final)
+    write_generation(gen_tmp, final, c, [writer.finish()], {"kind": "records", "units": {}},
+                     {"search": {"nprobe": 8, "candidates": 64}})
     index = Index(tmp)
     hits, n_queries, errors = 0, 30, []
     for _ in range(n_queries):
@@ -388,6 +394,157 @@ def test_cli_end_to_end(tmp_path, minilm, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("python -m recipes.code_search: error:") and "\n" not in err
     assert code_search.cli(["verify", "--index", str(idx)]) == 0
-    os.truncate(store.current(idx) / "records.bin", 5)
+    os.truncate(store.current(idx) / segment_name(2) / "records.bin", 5)
     assert code_search.cli(["verify", "--index", str(idx)]) == 1
     assert "records.bin" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ segments and tombstones
+
+
+def _results(index: Index, embed) -> list:
+    """Ranked (id, rounded score) lists of a few queries in every mode."""
+    out = []
+    for text in ("encode token value", "parse date", "merge queue tree", "brand new value"):
+        q = embed([text])[0].astype(np.float32)
+        for mode in ("semantic", "bm25", "hybrid"):
+            hits = index.search(text, q, mode, top_k=8, alpha=0.5)
+            out.append([(index.record(d)["id"], round(s, 4)) for d, s in hits])
+    return out
+
+
+def test_edit_links_old_segment_and_writes_only_the_edited_file(tmp_path):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src, n_files=6)
+    build.update(src, idx, FakeEmbed(), META)
+    gen1 = store.current(idx)
+    inode = os.stat(gen1 / segment_name(1) / "residuals.bin").st_ino
+    (src / "mod3.py").write_text("def brand_new(x):\n    y = x * 2\n    return y\n\n\n"
+                                 "def second_new(x):\n    return x - 1\n")
+    report = build.update(src, idx, FakeEmbed(), META)
+    index = Index(idx)
+    assert [s.name for s in index.segments] == [segment_name(1), segment_name(2)] and report.merged == 0
+    old, new = index.segments
+    assert os.stat(index.gen / old.name / "residuals.bin").st_ino == inode  # linked, not copied
+    assert new.n == 2 and old.n == 30 and old.live == 25 and index.n_docs == 27
+    dead = np.load(index.gen / f"{old.name}.deleted.npy")
+    assert sorted(index.record(int(i))["id"].split(":")[0] for i in dead) == [str(src / "mod3.py")] * 5
+    assert index.manifest["documents"] == 27 and index.manifest["slots"] == 32
+    assert not any("mod3.py" in i and "_new" not in i for i in _ids(index))
+    units = index.units()["units"]
+    assert units[str(src / "mod3.py")][3:] == [segment_name(2), 0, 2]
+
+
+def test_segmented_index_ranks_as_its_compaction(tmp_path):
+    """Tombstones and segments change no result: the same ids and scores (BM25 df and mean
+    length over live documents) as the index merged into one segment."""
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src, n_files=8)
+    embed = FakeEmbed()
+    build.update(src, idx, embed, META)
+    (src / "mod1.py").write_text("def brand_new(value):\n    return encode(token, value)\n")
+    build.update(src, idx, embed, META)
+    (src / "mod5.py").unlink()
+    (src / "mod6.py").write_text("def merge_queue_tree(a):\n    return merge(a)\n")
+    (src / "extra.py").write_text("def parse_date_again(value):\n    return parse(date, value)\n")
+    build.update(src, idx, embed, META)
+    index = Index(idx)
+    assert len(index.segments) >= 2 and any(s.deleted is not None for s in index.segments)
+    segmented, ids = _results(index, embed), sorted(_ids(index))
+    del index
+    report = build.update(src, idx, FakeEmbed(), META, compact=True)
+    compacted = Index(idx)
+    assert len(compacted.segments) == 1 and compacted.segments[0].deleted is None and report.embedded == 0
+    assert sorted(_ids(compacted)) == ids and _results(compacted, embed) == segmented
+    # and units point at the right documents after the merge
+    for key, (_, _, _, seg, first, count) in compacted.units()["units"].items():
+        assert seg == compacted.segments[0].name
+        assert all(compacted.record(first + i)["path"] == key for i in range(count))
+
+
+def test_merge_policy_keeps_few_segments():
+    assert build.merge_from([1000, 5], 0.0) == 1          # a small edit: a new segment only
+    assert build.merge_from([1000, 5, 5], 0.0) == 1       # equal tails merge
+    assert build.merge_from([1000, 8, 5], 0.0) == 2
+    assert build.merge_from([1000, 8, 5, 4], 0.0) == 3    # sizes falling: nothing merges
+    assert build.merge_from([1000, 8, 5, 6], 0.0) == 1    # 5 <= 6, then 8 <= 11: a cascade
+    assert build.merge_from([10, 1000], 0.0) == 0         # the tail outgrew the old segment
+    assert build.merge_from([1000, 5], 0.6) == 0          # mostly tombstones: merged whole
+    assert build.merge_from([1000, 5], 0.0, compact=True) == 0
+
+
+def test_many_edits_keep_segments_logarithmic(tmp_path):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src, n_files=10)
+    build.update(src, idx, FakeEmbed(), META)
+    counts = []
+    for step in range(12):
+        (src / f"mod{step % 10}.py").write_text(f"def step_{step}(x):\n    return x + {step}\n")
+        report = build.update(src, idx, FakeEmbed(), META)
+        assert report.embedded == 1
+        counts.append(len(Index(idx).segments))
+    assert max(counts) <= 5, counts
+    index = Index(idx)
+    assert index.n_docs == 10
+    names = [index.record(int(i))["name"] for i in index.live_ids]
+    assert sorted(n for n in names if n.startswith("step_")) == sorted(f"step_{s}" for s in range(2, 12))
+
+
+def test_unchanged_files_are_not_read_again(tmp_path, monkeypatch):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src)
+    build.update(src, idx, FakeEmbed(), META)
+    read = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: read.append(self.name) or real(self))
+    (src / "mod1.py").write_text((src / "mod1.py").read_text() + "\n\ndef extra(x):\n    return x * 3\n")
+    report = build.update(src, idx, FakeEmbed(), META)
+    assert report.units_changed == 1 and "mod0.py" not in read and "mod1.py" in read
+    os.utime(src / "mod2.py", ns=(1, 1))  # touched, same bytes: hashed again, not re-embedded
+    embed = FakeEmbed()
+    report = build.update(src, idx, embed, META)
+    assert embed.texts == [] and report.embedded == 0
+
+
+@pytest.mark.parametrize("where", ["fsync", "link", "rename", "replace"])
+def test_update_killed_at_any_step_leaves_old_or_new(tmp_path, monkeypatch, where):
+    """Fail the update at the n-th fsync / hard link / rename of its commit, for every n: the
+    index then loads and is exactly the old or the new one, and the next update completes."""
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src, n_files=6)
+    build.update(src, idx, FakeEmbed(), META)
+    old_ids = sorted(_ids(Index(idx)))
+    (src / "mod2.py").write_text("def brand_new(x):\n    return x\n")
+    (src / "mod4.py").unlink()
+    target = {"fsync": (store.checkpoint, "fsync_path"), "link": (store.os, "link"),
+              "rename": (store.os, "rename"), "replace": (store.os, "replace")}[where]
+    real = getattr(*target)
+    seen_new = False
+    for n in range(1, 200):
+        calls = [0]
+
+        def failing(*args, n=n, calls=calls, **kw):
+            calls[0] += 1
+            if calls[0] == n:
+                raise KeyboardInterrupt(f"killed at {where} #{n}")
+            return real(*args, **kw)
+
+        monkeypatch.setattr(*target, failing)
+        try:
+            build.update(src, idx, FakeEmbed(), META)
+            done = True
+        except KeyboardInterrupt:
+            done = False
+        monkeypatch.setattr(*target, real)
+        ids = sorted(_ids(Index(idx)))
+        assert ids == old_ids or (any(i.endswith("brand_new") for i in ids) and not any("mod4.py" in i for i in ids))
+        if done:
+            seen_new = True
+            break
+        if ids != old_ids:  # failed after CURRENT switched: the new index is live
+            seen_new = True
+            break
+    assert seen_new
+    build.update(src, idx, FakeEmbed(), META)
+    assert any(i.endswith("brand_new") for i in _ids(Index(idx)))
+    assert sorted(p.name for p in idx.iterdir()) == ["CURRENT", store.current(idx).name]

@@ -2,12 +2,17 @@
 corpus JSONL.
 
 Sources are read as units with a content hash: for a folder, each `.py` file (its functions,
-mined by `mlxio.data.pairs`); for a JSONL, each line's document. `update` against an existing
-index re-embeds only the units whose hash changed or that are new, copies the others'
-compressed tokens and records as they are, drops the removed ones, rebuilds the inverted lists
-and BM25 (cheap), and commits a new generation atomically (see `store`). The codec (centroids
-and residual buckets) is trained once, on a random sample of documents, at the first build;
-`rebuild=True` trains it again.
+mined by `mlxio.data.pairs`; a file whose size and mtime match the index's record keeps its
+recorded hash unread); for a JSONL, each line's document. `update` against an existing index
+embeds only the units whose hash changed or that are new into one new segment, tombstones the
+old documents of changed and removed units, and hard-links every other segment into the new
+generation unchanged (see `store`), so an edit costs the edited file's embedding plus a few
+small files, whatever the size of the index. Segments merge log-structured: the newest tail of
+segments is merged into one when together it holds at least as many live documents as the
+segment before it (each document is copied O(log n) times in all, and there are O(log n)
+segments); a generation with more than half its slots tombstoned, or `compact=True`, is merged
+whole. The codec (centroids and residual buckets) is trained once, on a random sample of
+documents, at the first build; `rebuild=True` trains it again.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import logging
 import shutil
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,15 +33,24 @@ from mlxio.data import pairs
 from mlxio.errors import DataError
 from mlxio.search import codec as codec_mod
 from mlxio.search import store
-from mlxio.search.index import DEFAULT_CANDIDATES, DEFAULT_NPROBE, Index, Writer
+from mlxio.search.index import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_NPROBE,
+    Index,
+    Writer,
+    segment_name,
+    write_generation,
+)
 from mlxio.search.store import IndexError_
 
 log = logging.getLogger("mlxio.search")
 
 # embed(texts, progress) -> float16/float32 [n_tokens_i, D] per text, unit norm
 EmbedFn = Callable[[list[str], Callable[[int, int, float], None] | None], list[np.ndarray]]
+AssignFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (vectors, centroids) -> nearest centroid ids
 SAMPLE_TOKENS = 65536      # k-means / bucket training sample (tokens)
 SAMPLE_DOCS_MAX = 2048     # documents embedded up front for the sample
+MAX_DEAD_FRACTION = 0.5    # tombstoned share of all slots above which the index is merged whole
 
 
 @attrs.frozen
@@ -46,6 +61,8 @@ class Unit:
     key: str
     digest: str
     load: Callable[[], list[dict]]
+    size: int | None = None      # files: size and mtime, to skip hashing unchanged files
+    mtime_ns: int | None = None
 
 
 def _file_docs(path: Path) -> list[dict]:
@@ -55,16 +72,29 @@ def _file_docs(path: Path) -> list[dict]:
              "line": s.line, "name": s.name} for s in sorted(items, key=lambda s: s.line)]
 
 
-def scan(source: Path) -> tuple[str, list[Unit]]:
-    """("files" | "records", units sorted by key) of a folder of .py files or a corpus JSONL."""
+def source_kind(source: Path) -> str:
+    return "files" if Path(source).is_dir() else "records"
+
+
+def scan(source: Path, known: dict | None = None) -> tuple[str, list[Unit]]:
+    """("files" | "records", units sorted by key) of a folder of .py files or a corpus JSONL.
+    `known`: an index's units ({key: [sha256, size, mtime_ns, ...]}); a file with the same size
+    and mtime keeps its recorded hash without being read."""
+    known = known or {}
     if source.is_dir():
         units = []
         for path, _ in pairs.python_files([source]):
             try:
-                digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                st = path.stat()
+                entry = known.get(str(path))
+                if entry is not None and entry[1] == st.st_size and entry[2] == st.st_mtime_ns:
+                    digest = entry[0]
+                else:
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
             except OSError as err:
                 raise DataError(f"{path}: unreadable ({err.strerror})") from None
-            units.append(Unit(key=str(path), digest=digest, load=lambda p=path: _file_docs(p)))
+            units.append(Unit(key=str(path), digest=digest, load=lambda p=path: _file_docs(p),
+                              size=st.st_size, mtime_ns=st.st_mtime_ns))
         return "files", sorted(units, key=lambda u: u.key)
     if not source.is_file():
         raise DataError(f"{source}: no such file or folder; give a folder of .py files or a corpus JSONL")
@@ -99,6 +129,8 @@ class Report:
     units_kept: int
     seconds: float
     rebuilt: bool
+    segments: int = 1      # segments of the new generation
+    merged: int = 0        # old segments merged (copied) into the new one
 
 
 def fusion_from_eval(path: Path) -> dict:
@@ -130,12 +162,14 @@ def default_fusion(model: str) -> dict:
 
 
 def update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, nbits: int = 1,
-           rebuild: bool = False, fusion: dict | None = None, seed: int = 0,
-           progress: Callable[[int, int, float], None] | None = None) -> Report:
-    """Build the index of `source` in `index_dir`, or bring an existing one up to date.
+           rebuild: bool = False, compact: bool = False, fusion: dict | None = None, seed: int = 0,
+           progress: Callable[[int, int, float], None] | None = None, assign: AssignFn | None = None) -> Report:
+    """Build the index of `source` in `index_dir`, or bring an existing one up to date
+    (`compact`: also merge every segment into one).
 
     meta: {"model", "max_doc_len", "max_query_len", "dim"} - an existing index built with other
-    values is rebuilt from scratch (its vectors are not comparable).
+    values is rebuilt from scratch (its vectors are not comparable). `assign`: nearest-centroid
+    search to use (e.g. `embed.assign_on_device` on a GPU; default NumPy).
     """
     started = time.perf_counter()
     index_dir = Path(index_dir)
@@ -145,32 +179,78 @@ def update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, nbits: 
             and not any(p.name.startswith(".tmp-gen-") for p in index_dir.iterdir()):
         raise DataError(f"{index_dir}: not empty and not a search index; choose an empty or new --index")
     store.clean_stale(index_dir)
-    kind, units = scan(source)
-    old = None
-    if not rebuild and index_dir.is_dir() and store.current(index_dir) is not None:
-        try:
-            old = Index(index_dir)
-        except IndexError_ as err:
-            log.warning("existing index unusable, rebuilding: %s", err)
-        if old is not None:
-            m = old.manifest
-            same = all(m.get(k) == meta[k] for k in ("model", "max_doc_len", "dim")) and \
-                m.get("units_kind") == kind and m.get("nbits") == nbits
-            if not same:
-                log.info("index built with other settings (model / max_doc_len / dim / nbits / source kind): rebuilding")
-                old = None
+    kind = source_kind(source)
+    old = None if rebuild else open_compatible(index_dir, meta, nbits, kind)
+    _, units = scan(source, old.units()["units"] if old is not None else None)
+    return apply_units(kind, units, index_dir, embed, meta, old=old, source=str(source), nbits=nbits,
+                       compact=compact, fusion=fusion, seed=seed, progress=progress, started=started,
+                       assign=assign)
+
+
+def open_compatible(index_dir: Path, meta: dict, nbits: int, kind: str) -> Index | None:
+    """The live index of `index_dir` when it can be updated with these settings, else None."""
+    if not index_dir.is_dir() or store.current(index_dir) is None:
+        return None
+    try:
+        old = Index(index_dir)
+    except IndexError_ as err:
+        log.warning("existing index unusable, rebuilding: %s", err)
+        return None
+    m = old.manifest
+    if not (all(m.get(k) == meta[k] for k in ("model", "max_doc_len", "dim"))
+            and m.get("units_kind") == kind and m.get("nbits") == nbits):
+        log.info("index built with other settings (model / max_doc_len / dim / nbits / source kind): rebuilding")
+        return None
+    return old
+
+
+def merge_from(live: list[int], dead_fraction: float, compact: bool = False) -> int:
+    """Index of the first segment to merge into the newest one. `live`: live documents per
+    segment, oldest first, the new segment last. A tail merges with the segment before it while
+    that one holds no more live documents than the tail (a binary counter: O(log n) segments)."""
+    if compact or dead_fraction > MAX_DEAD_FRACTION:
+        return 0
+    j = len(live) - 1
+    while j > 0 and live[j - 1] <= sum(live[j:]):
+        j -= 1
+    return j
+
+
+def apply_units(kind: str, units: list[Unit], index_dir: Path, embed: EmbedFn, meta: dict, *,
+                old: Index | None, source: str, nbits: int = 1, compact: bool = False,
+                fusion: dict | None = None, seed: int = 0,
+                progress: Callable[[int, int, float], None] | None = None,
+                started: float | None = None, assign: AssignFn | None = None) -> Report:
+    """Write the generation that indexes exactly `units` (sorted by key), reusing `old`'s
+    segments for the units whose digest it already holds."""
+    started = time.perf_counter() if started is None else started
+    index_dir = Path(index_dir)
     old_units = old.units()["units"] if old is not None else {}
-    keep = [u for u in units if u.key in old_units and old_units[u.key]["sha256"] == u.digest]
-    changed = [u for u in units if not (u.key in old_units and old_units[u.key]["sha256"] == u.digest)]
-    removed = len(set(old_units) - {u.key for u in units})
-    if old is not None and not changed and not removed:
+    current = {u.key for u in units}
+    changed = [u for u in units if u.key not in old_units or old_units[u.key][0] != u.digest]
+    removed = [k for k in old_units if k not in current]
+    keep = len(units) - len(changed)
+    whole = old is not None and len(old.segments) == 1 and old.segments[0].deleted is None
+    if old is not None and not changed and not removed and (not compact or whole):
         log.info("index is up to date: nothing changed")
-        return Report(documents=old.n_docs, embedded=0, units_changed=0, units_removed=0,
-                      units_kept=len(keep), seconds=time.perf_counter() - started, rebuilt=False)
+        return Report(documents=old.n_docs, embedded=0, units_changed=0, units_removed=0, units_kept=keep,
+                      seconds=time.perf_counter() - started, rebuilt=False, segments=len(old.segments))
     new_docs: dict[str, list[dict]] = {u.key: u.load() for u in changed}
     flat = [d for u in changed for d in new_docs[u.key]]
-    if not keep and not flat:
+    old_segs = old.segments if old is not None else []
+    dead = {s.name: set(np.flatnonzero(s.deleted).tolist()) if s.deleted is not None else set() for s in old_segs}
+    for key in [u.key for u in changed] + removed:  # tombstone the documents the index holds for them
+        entry = old_units.get(key)
+        if entry is not None and entry[5]:
+            dead[entry[3]].update(range(entry[4], entry[4] + entry[5]))
+    live = [s.n - len(dead[s.name]) for s in old_segs]
+    if sum(live) + len(flat) == 0:
         raise DataError(f"{source}: no documents to index")
+    slots = sum(s.n for s in old_segs) + len(flat)
+    first_merged = merge_from([*live, len(flat)], sum(len(d) for d in dead.values()) / max(slots, 1), compact)
+    linked = [s for s, n in zip(old_segs[:first_merged], live, strict=False) if n > 0]
+    merged = old_segs[first_merged:]
+    number = int(old.manifest.get("next_segment", len(old_segs) + 1)) if old is not None else 1
     tmp, final = store.new_generation(index_dir)
     try:
         cached: dict[int, np.ndarray] = {}
@@ -178,38 +258,61 @@ def update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, nbits: 
             codec = old.codec
         else:
             codec, cached = _train_codec(flat, embed, nbits, seed, meta["dim"], progress)
-        encoded = _embed_encode(flat, embed, codec, progress, cached)
-        writer = Writer(tmp, codec)
-        units_out, pos = {}, 0
-        for u in units:
-            first = writer.n_docs
-            if u.key in new_docs:
+        encoded = _embed_encode(flat, embed, codec, progress, cached, assign=assign)
+        known = {}
+        for seg in linked:
+            store.link_segment(old.gen, seg.name, tmp)
+            known.update({n: e for n, e in old.manifest["files"].items() if n.startswith(seg.name + "/")})
+        segments = [next(i for i in old.manifest["segments"] if i["name"] == seg.name) for seg in linked]
+        segments = [{k: v for k, v in info.items() if k != "deleted"} for info in segments]
+        new_name = segment_name(number)
+        remap: dict[str, np.ndarray] = {}
+        if merged or flat:
+            writer = Writer(tmp / new_name, codec)
+            for seg in merged:  # live documents of the merged segments, in order
+                alive = np.ones(seg.n, np.bool_)
+                alive[list(dead[seg.name])] = False
+                ids = np.flatnonzero(alive)
+                remap[seg.name] = np.full(seg.n, -1, np.int64)
+                remap[seg.name][ids] = writer.n_docs + np.arange(len(ids))
+                for j in ids.tolist():
+                    blob = seg.record_blob(j)
+                    lo, hi = seg.offsets[j], seg.offsets[j + 1]
+                    writer.add(json.loads(zlib.decompress(blob)), seg.cids[lo:hi], seg.residuals[lo:hi], record_blob=blob)
+            firsts, pos = {}, 0
+            for u in changed:
+                firsts[u.key] = writer.n_docs
                 for doc in new_docs[u.key]:
                     cids, packed = encoded[pos]
                     writer.add(doc, cids, packed)
                     pos += 1
-            else:
-                entry = old_units[u.key]
-                for i in range(entry["first"], entry["first"] + entry["count"]):
-                    lo, hi = old.offsets[i], old.offsets[i + 1]
-                    blob = old.record_blob(i)
-                    writer.add(old.record(i), old.cids[lo:hi], old.residuals[lo:hi], record_blob=blob)
-            units_out[u.key] = {"sha256": u.digest, "first": first, "count": writer.n_docs - first}
-        (tmp / "units.json").write_text(json.dumps({"kind": kind, "units": units_out}))
+            segments.append(writer.finish())
+        units_out = {}
+        for u in units:
+            if u.key in new_docs:
+                units_out[u.key] = [u.digest, u.size, u.mtime_ns, new_name, firsts[u.key], len(new_docs[u.key])]
+                continue
+            sha, _, _, seg_name, first, count = old_units[u.key]
+            if seg_name in remap and count:
+                seg_name, first = new_name, int(remap[seg_name][first])
+            units_out[u.key] = [sha, u.size, u.mtime_ns, seg_name, first, count]
         fusion = fusion if fusion is not None else (old.manifest.get("fusion") if old is not None else None)
-        manifest = {**meta, "source": str(source), "units_kind": kind,
+        manifest = {**meta, "source": source, "units_kind": kind,
                     "fusion": fusion or {"alpha": None, "source": "none"},
                     "search": {"nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES}}
         if old is not None:
             manifest["search"] = old.manifest.get("search", manifest["search"])
-        del old  # release the memory maps before the old generation is removed
-        writer.finish(manifest, final)
+        deleted = {seg.name: np.array(sorted(dead[seg.name]), np.int32) for seg in linked}
+        next_number = number + 1
+        del old, old_segs, linked, merged  # release the memory maps before the old generation is removed
+        written = write_generation(tmp, final, codec, segments, {"kind": kind, "units": units_out}, manifest,
+                                   deleted, known, next_number)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Report(documents=len(writer.ids), embedded=len(flat), units_changed=len(changed),
-                  units_removed=removed, units_kept=len(keep), seconds=time.perf_counter() - started,
-                  rebuilt=not old_units)
+    return Report(documents=written["documents"], embedded=len(flat), units_changed=len(changed),
+                  units_removed=len(removed), units_kept=keep, seconds=time.perf_counter() - started,
+                  rebuilt=not old_units, segments=len(segments), merged=len(remap))
 
 
 def _train_codec(docs: list[dict], embed: EmbedFn, nbits: int, seed: int, dim: int,
@@ -248,14 +351,15 @@ def _train_codec(docs: list[dict], embed: EmbedFn, nbits: int, seed: int, dim: i
 def _embed_encode(docs: list[dict], embed: EmbedFn, codec: codec_mod.Codec,
                   progress: Callable[[int, int, float], None] | None,
                   cached: dict[int, np.ndarray] | None = None,
-                  chunk: int = 512) -> list[tuple[np.ndarray, np.ndarray]]:
+                  chunk: int = 512, assign: AssignFn | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Compressed tokens (centroid ids, packed residuals) of every document, in order. Vectors
     are embedded chunk by chunk and compressed at once, so only codes stay in memory;
     `cached` documents' vectors are compressed without embedding them again."""
     codes: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def compress(rows: list[int], vectors: list[np.ndarray]) -> None:
-        cids, packed = codec.encode(np.concatenate(vectors))
+        x = np.concatenate(vectors)
+        cids, packed = codec.encode(x, cids=None if assign is None else assign(x, codec.centroids))
         bounds = np.cumsum([0, *(len(v) for v in vectors)])
         for i, a, b in zip(rows, bounds[:-1], bounds[1:], strict=True):
             codes[i] = (cids[a:b], packed[a:b])

@@ -93,9 +93,8 @@ class Codec:
             block = np.asarray(x[lo:lo + chunk], np.float32)
             cid = assign(block, self.centroids) if cids is None else np.asarray(cids[lo:lo + chunk], np.int64)
             resid = block - self.centroids[cid]
-            buckets = np.empty(resid.shape, np.uint8)
-            for d in range(self.dim):  # searchsorted per dimension: cutoffs differ by dimension
-                buckets[:, d] = np.searchsorted(self.cutoffs[d], resid[:, d], side="right")
+            # bucket = number of the dimension's cut-offs <= value (searchsorted side="right")
+            buckets = (resid[:, :, None] >= self.cutoffs[None]).sum(axis=2, dtype=np.uint8)
             ids[lo:lo + chunk] = cid
             packed[lo:lo + chunk] = pack(buckets, self.nbits)
         return ids, packed

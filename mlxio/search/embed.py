@@ -18,14 +18,23 @@ Progress = Callable[[int, int, float], None]  # (texts done, texts total, second
 
 class Embedder:
     """Embeds texts with one loaded encoder (`mlxio.weights.encoders.load_encoder`); one
-    compiled function serves every call, so each padded shape compiles once."""
+    compiled function serves every call, so each padded shape compiles once. `compiled=False`
+    runs eagerly (on a fresh GPU every compiled shape costs an NVRTC compile; eager kernels
+    do not depend on the shape); `pad_last` pads a last, partial batch to `batch_size` rows
+    (no new shape for it)."""
 
-    def __init__(self, encoder, max_length: int, batch_size: int = 32, bucket: int = 16):
+    def __init__(self, encoder, max_length: int, batch_size: int = 32, bucket: int = 16,
+                 compiled: bool = True, pad_last: bool = False):
         self.params, self.spec = encoder.params, encoder.spec
         self.tokenize = hf_tokenize(encoder.tokenizer)
         self.max_length, self.batch_size, self.bucket = max_length, batch_size, bucket
         self.dim = int(encoder.meta["dim"])
-        self._encode = mx.compile(lambda p, ids, mask: token_embeddings(p, ids, mask, self.spec))
+        self.pad_last = pad_last
+
+        def encode(p, ids, mask):
+            return token_embeddings(p, ids, mask, self.spec)
+
+        self._encode = mx.compile(encode) if compiled else encode
 
     def batches(self, texts: Sequence[str], max_length: int | None = None,
                 progress: Progress | None = None) -> Iterator[tuple[np.ndarray, list[np.ndarray]]]:
@@ -34,6 +43,10 @@ class Embedder:
         token_ids = self.tokenize(list(texts), max_length or self.max_length)
         start_time, done = time.perf_counter(), 0
         for rows, ids, mask in length_sorted_batches(token_ids, self.batch_size, self.bucket):
+            if self.pad_last and len(rows) < self.batch_size:
+                extra = self.batch_size - len(rows)
+                ids = np.concatenate([ids, np.zeros((extra, ids.shape[1]), ids.dtype)])
+                mask = np.concatenate([mask, np.eye(1, mask.shape[1], dtype=mask.dtype).repeat(extra, 0)])
             emb = self._encode(self.params, mx.array(ids), mx.array(mask)).astype(mx.float16)
             emb = np.array(emb)
             yield rows, [emb[i, :len(token_ids[row])] for i, row in enumerate(rows)]
@@ -49,3 +62,14 @@ class Embedder:
             for row, emb in zip(rows, embs, strict=True):
                 out[row] = emb
         return out  # type: ignore[return-value]
+
+
+def assign_on_device(x: np.ndarray, centroids: np.ndarray, chunk: int = 65536) -> np.ndarray:
+    """Nearest (max inner product) centroid of each row, int64 [n], computed by MLX on its
+    default device (the GPU where there is one); `codec.assign` is the NumPy equivalent."""
+    c = mx.array(np.asarray(centroids, np.float32))
+    out = np.empty(len(x), np.int64)
+    for lo in range(0, len(x), chunk):
+        block = mx.array(np.asarray(x[lo:lo + chunk], np.float32))
+        out[lo:lo + chunk] = np.array(mx.argmax(block @ c.T, axis=1))
+    return out

@@ -1,15 +1,20 @@
-"""A compressed multi-vector index: writing one generation, loading it memory-mapped, searching.
+"""A compressed multi-vector index: writing segments and generations, loading one memory-mapped,
+searching it.
 
-Search (PLAID-style, in NumPy, on memory maps):
-1. candidates: each query token's `nprobe` best centroids; the documents on those centroids'
-   inverted lists get, per query token, the best probed centroid score they hold (a token
-   that probed none of a document's centroids gets the token's lowest probed score); their
-   mean over query tokens ranks the candidates, and the best `candidates` go on;
+Search (PLAID-style, in NumPy, on memory maps), over every segment of the live generation:
+1. candidates: each query token's `nprobe` best centroids; the live documents on those
+   centroids' inverted lists (of every segment) get, per query token, the best probed centroid
+   score they hold (a token that probed none of a document's centroids gets the token's lowest
+   probed score); their mean over query tokens ranks the candidates, and the best `candidates`
+   of all segments go on;
 2. re-rank: MaxSim (mean over query tokens of the max over document tokens) against the
    candidates' decompressed token vectors;
-3. BM25 from a sparse inverted index (CSR postings with precomputed weights); hybrid = the
-   semantic pool plus BM25's top documents, fused over that pool by min-max interpolation
-   with the stored weight, or reciprocal-rank fusion on request.
+3. BM25 from sparse inverted indexes (CSR postings of term counts per segment; weights from
+   the live documents' df and mean length, so segments and tombstones change no score);
+   hybrid = the semantic pool plus BM25's top documents, fused over that pool by min-max
+   interpolation with the stored weight, or reciprocal-rank fusion on request.
+A document's id is its segment's first slot + its position in the segment; tombstoned slots
+are never returned.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ FUSIONS = ("interp", "rrf")
 DEFAULT_NPROBE = 4
 DEFAULT_CANDIDATES = 128
 BM25_POOL = 64
+BM25_K1, BM25_B = 1.2, 0.75
 DENSE_LIMIT = 1 << 25  # query tokens x documents below which candidates use a dense array
 
 
@@ -51,15 +57,21 @@ def check_args(top_k: int, alpha: float | None = None, nprobe: int | None = None
 # ----------------------------------------------------------------------------- writing
 
 
-class Writer:
-    """Appends compressed documents to a temp generation directory, then builds the inverted
-    lists, BM25 and the manifest (`finish`). Documents must each have >= 1 token."""
+def segment_name(number: int) -> str:
+    return f"seg-{number:06d}"
 
-    def __init__(self, tmp: Path, codec: Codec):
-        self.tmp, self.codec = tmp, codec
-        self._cids = (tmp / "cids.bin").open("wb")
-        self._resid = (tmp / "residuals.bin").open("wb")
-        self._records = (tmp / "records.bin").open("wb")
+
+class Writer:
+    """Appends compressed documents to a new segment folder, then writes its inverted lists and
+    BM25 postings (`finish`, which returns the segment's manifest entry). Documents must each
+    have >= 1 token."""
+
+    def __init__(self, seg_dir: Path, codec: Codec):
+        self.dir, self.codec = Path(seg_dir), codec
+        self.dir.mkdir()
+        self._cids = (self.dir / "cids.bin").open("wb")
+        self._resid = (self.dir / "residuals.bin").open("wb")
+        self._records = (self.dir / "records.bin").open("wb")
         self.doc_lengths: list[int] = []
         self.record_lengths: list[int] = []
         self.vocab: dict[str, int] = {}
@@ -90,52 +102,69 @@ class Writer:
         counts = term_counts if term_counts is not None else Counter(ranking.code_terms(record["code"]))
         self._terms.append(np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in counts),
                                        np.int32, len(counts)))
-        self._tfs.append(np.fromiter(counts.values(), np.float32, len(counts)))
+        self._tfs.append(np.fromiter(counts.values(), np.int64, len(counts)))
 
-    def finish(self, manifest: dict, final: Path, k1: float = 1.2, b: float = 0.75) -> dict:
+    def finish(self) -> dict:
         for f in (self._cids, self._resid, self._records):
             f.close()
-        tmp, n = self.tmp, self.n_docs
+        d, n = self.dir, self.n_docs
         offsets = np.zeros(n + 1, np.int64)
         offsets[1:] = np.cumsum(self.doc_lengths)
-        store.save_npy(tmp, "doc_offsets.npy", offsets)
+        store.save_npy(d, "doc_offsets.npy", offsets)
         rec = np.zeros(n + 1, np.int64)
         rec[1:] = np.cumsum(self.record_lengths)
-        store.save_npy(tmp, "record_offsets.npy", rec)
-        store.save_npy(tmp, "centroids.npy", self.codec.centroids.astype(np.float16))
-        store.save_npy(tmp, "codec_cutoffs.npy", self.codec.cutoffs)
-        store.save_npy(tmp, "codec_weights.npy", self.codec.weights)
+        store.save_npy(d, "record_offsets.npy", rec)
         k = len(self.codec.centroids)
-        cids = store.memmap(tmp, "cids.bin", centroid_dtype(k), (int(offsets[-1]),))
+        cids = store.memmap(d, "cids.bin", centroid_dtype(k), (int(offsets[-1]),))
         indptr, docs = _inverted_lists(cids, offsets, k)
-        store.save_npy(tmp, "ivf_indptr.npy", indptr)
-        docs.tofile(tmp / "ivf_docs.bin")
-        self._write_bm25(k1, b)
-        manifest = {**manifest, "documents": n, "tokens": int(offsets[-1]), "dim": self.codec.dim,
-                    "nbits": self.codec.nbits, "centroids": k, "ivf_postings": int(len(docs)),
-                    "bm25_postings": int(sum(len(t) for t in self._terms)),
-                    "bm25_terms": len(self.vocab), "records_bytes": int(rec[-1])}
-        store.commit(tmp, final, manifest)
-        return manifest
+        del cids
+        store.save_npy(d, "ivf_indptr.npy", indptr)
+        docs.tofile(d / "ivf_docs.bin")
+        n_post = self._write_bm25()
+        return {"name": d.name, "documents": n, "tokens": int(offsets[-1]), "ivf_postings": int(len(docs)),
+                "bm25_postings": n_post, "bm25_terms": len(self.vocab), "records_bytes": int(rec[-1])}
 
-    def _write_bm25(self, k1: float, b: float) -> None:
+    def _write_bm25(self) -> int:
         n = self.n_docs
         terms = np.concatenate(self._terms) if n else np.zeros(0, np.int32)
-        tf = np.concatenate(self._tfs) if n else np.zeros(0, np.float32)
-        doc_len = np.array([t.sum() for t in self._tfs], np.float64)
+        tf = np.concatenate(self._tfs) if n else np.zeros(0, np.int64)
+        doc_len = np.array([t.sum() for t in self._tfs], np.int64)
         docs = np.repeat(np.arange(n, dtype=np.int32), [len(t) for t in self._terms])
         order = np.argsort(terms, kind="stable")  # by term, then (stable) by document
-        terms, tf, docs = terms[order], tf[order].astype(np.float64), docs[order]
-        df = np.bincount(terms, minlength=len(self.vocab)).astype(np.float64)
+        terms, tf, docs = terms[order], tf[order], docs[order]
         indptr = np.zeros(len(self.vocab) + 1, np.int64)
-        indptr[1:] = np.cumsum(df)
-        idf = np.log1p((n - df + 0.5) / (df + 0.5))
-        avg = doc_len.mean() if n and doc_len.mean() > 0 else 1.0
-        weights = idf[terms] * tf * (k1 + 1.0) / (tf + k1 * (1.0 - b + b * doc_len[docs] / avg))
-        (self.tmp / "bm25_vocab.json").write_text(json.dumps(self.vocab))
-        store.save_npy(self.tmp, "bm25_indptr.npy", indptr)
-        docs.astype(np.int32).tofile(self.tmp / "bm25_docs.bin")
-        weights.astype(np.float16).tofile(self.tmp / "bm25_weights.bin")
+        indptr[1:] = np.cumsum(np.bincount(terms, minlength=len(self.vocab)))
+        (self.dir / "bm25_vocab.json").write_text(json.dumps(self.vocab))
+        store.save_npy(self.dir, "bm25_indptr.npy", indptr)
+        store.save_npy(self.dir, "bm25_doclen.npy", np.minimum(doc_len, 2**31 - 1).astype(np.int32))
+        docs.astype(np.int32).tofile(self.dir / "bm25_docs.bin")
+        np.minimum(tf, 65535).astype(np.uint16).tofile(self.dir / "bm25_tf.bin")
+        return int(len(terms))
+
+
+def write_generation(tmp: Path, final: Path, codec: Codec, segments: list[dict], units: dict,
+                     manifest: dict, deleted: dict[str, np.ndarray] | None = None,
+                     known: dict | None = None, next_segment: int | None = None) -> dict:
+    """Complete the generation in `tmp` (its segment folders written or linked already): codec,
+    tombstones, units, manifest; then commit it (`store.commit`). `deleted`: {segment name:
+    local ids}; `known`: manifest entries of linked files (hashes reused)."""
+    store.save_npy(tmp, "centroids.npy", codec.centroids.astype(np.float16))
+    store.save_npy(tmp, "codec_cutoffs.npy", codec.cutoffs)
+    store.save_npy(tmp, "codec_weights.npy", codec.weights)
+    (tmp / "units.json").write_text(json.dumps(units, separators=(",", ":")))
+    segs = []
+    for seg in segments:
+        dead = np.unique(np.asarray((deleted or {}).get(seg["name"], ()), np.int32))
+        if len(dead):
+            store.save_npy(tmp, f"{seg['name']}.deleted.npy", dead)
+        segs.append({**seg, "deleted": int(len(dead))})
+    numbers = [int(s["name"].split("-")[1]) for s in segs]
+    manifest = {**manifest, "documents": sum(s["documents"] - s["deleted"] for s in segs),
+                "slots": sum(s["documents"] for s in segs), "tokens": sum(s["tokens"] for s in segs),
+                "dim": codec.dim, "nbits": codec.nbits, "centroids": len(codec.centroids),
+                "segments": segs, "next_segment": max(next_segment or 0, max(numbers, default=0) + 1)}
+    store.commit(tmp, final, manifest, known)
+    return manifest
 
 
 def _inverted_lists(cids: np.ndarray, offsets: np.ndarray, k: int,
@@ -170,6 +199,92 @@ def _inverted_lists(cids: np.ndarray, offsets: np.ndarray, k: int,
 # ----------------------------------------------------------------------------- loading
 
 
+class Segment:
+    """One segment of a loaded generation (local document ids 0..n-1), memory-mapped."""
+
+    def __init__(self, gen: Path, info: dict, codec: Codec):
+        try:
+            name, n, n_tok = str(info["name"]), int(info["documents"]), int(info["tokens"])
+        except (KeyError, TypeError, ValueError):
+            raise IndexError_(f"{gen / 'manifest.json'}: a segment lacks name/documents/tokens; "
+                              "rebuild with `index --rebuild`") from None
+        k, self.name, self.n, self.n_tokens, self.codec = len(codec.centroids), name, n, n_tok, codec
+        self.offsets = store.load_npy(gen, f"{name}/doc_offsets.npy", (n + 1,))
+        if self.offsets[-1] != n_tok or (n and np.any(np.diff(self.offsets) < 1)):
+            raise IndexError_(f"{gen / name / 'doc_offsets.npy'}: inconsistent with {n_tok} tokens; "
+                              "rebuild with `index --rebuild`")
+        self.cids = store.memmap(gen, f"{name}/cids.bin", centroid_dtype(k), (n_tok,))
+        self.residuals = store.memmap(gen, f"{name}/residuals.bin", np.uint8, (n_tok, codec.code_bytes))
+        self.ivf_indptr = store.load_npy(gen, f"{name}/ivf_indptr.npy", (k + 1,))
+        self.ivf_docs = store.memmap(gen, f"{name}/ivf_docs.bin", np.int32, (int(self.ivf_indptr[-1]),))
+        self.bm25_vocab = json.loads((gen / name / "bm25_vocab.json").read_text())
+        self.bm25_indptr = store.load_npy(gen, f"{name}/bm25_indptr.npy", (len(self.bm25_vocab) + 1,))
+        n_post = int(self.bm25_indptr[-1])
+        self.bm25_docs = store.memmap(gen, f"{name}/bm25_docs.bin", np.int32, (n_post,))
+        self.bm25_tf = store.memmap(gen, f"{name}/bm25_tf.bin", np.uint16, (n_post,))
+        self.doc_len = store.load_npy(gen, f"{name}/bm25_doclen.npy", (n,))
+        self.record_offsets = store.load_npy(gen, f"{name}/record_offsets.npy", (n + 1,))
+        self.records = store.memmap(gen, f"{name}/records.bin", np.uint8, (int(self.record_offsets[-1]),))
+        self.deleted: np.ndarray | None = None  # bool [n] where any document is tombstoned
+        if int(info.get("deleted", 0)):
+            dead = store.load_npy(gen, f"{name}.deleted.npy", (int(info["deleted"]),))
+            if np.any(dead < 0) or np.any(dead >= n):
+                raise IndexError_(f"{gen / (name + '.deleted.npy')}: ids out of range; rebuild with `index --rebuild`")
+            self.deleted = np.zeros(n, np.bool_)
+            self.deleted[dead] = True
+        self.live = n - (0 if self.deleted is None else int(self.deleted.sum()))
+
+    def live_mask(self) -> np.ndarray:
+        return np.ones(self.n, np.bool_) if self.deleted is None else ~self.deleted
+
+    def tokens(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Token positions of `docs` (concatenated) and each document's start in them."""
+        lo, hi = self.offsets[docs], self.offsets[docs + 1]
+        lengths = hi - lo
+        starts = np.zeros(len(docs), np.int64)
+        starts[1:] = np.cumsum(lengths)[:-1]
+        positions = np.repeat(lo - starts, lengths) + np.arange(int(lengths.sum()))
+        return positions, starts
+
+    def decode(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Decompressed float32 token vectors of local `docs` and each document's start row."""
+        positions, starts = self.tokens(np.asarray(docs, np.int64))
+        return self.codec.decode(self.cids[positions], self.residuals[positions]), starts
+
+    def record_blob(self, i: int) -> bytes:
+        return bytes(self.records[self.record_offsets[i]:self.record_offsets[i + 1]])
+
+    def approx(self, probes: np.ndarray, probe_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(live local documents on the probed lists, their centroid-level MaxSim estimate)."""
+        n_q, nprobe = probes.shape
+        lo, hi = self.ivf_indptr[probes.ravel()], self.ivf_indptr[probes.ravel() + 1]
+        lengths = hi - lo
+        if lengths.sum() == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        starts = np.zeros(len(lengths), np.int64)
+        starts[1:] = np.cumsum(lengths)[:-1]
+        docs = np.asarray(self.ivf_docs[np.repeat(lo - starts, lengths) + np.arange(int(lengths.sum()))])
+        token = np.repeat(np.repeat(np.arange(n_q), nprobe), lengths)
+        value = np.repeat(probe_scores.ravel(), lengths)
+        if self.deleted is not None:
+            keep = ~self.deleted[docs]
+            docs, token, value = docs[keep], token[keep], value[keep]
+            if len(docs) == 0:
+                return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        floor = probe_scores.min(axis=1)  # a token that probed none of a document's centroids
+        if n_q * self.n <= DENSE_LIMIT:  # dense accumulator: no sort of the postings
+            best = np.repeat(floor[:, None], self.n, axis=1)
+            np.maximum.at(best.reshape(-1), token * self.n + docs, value)
+            seen = np.zeros(self.n, np.bool_)
+            seen[docs] = True
+            uniq = np.flatnonzero(seen)
+            return uniq, best[:, uniq].mean(axis=0)
+        uniq, col = np.unique(docs, return_inverse=True)
+        best = np.repeat(floor[:, None], len(uniq), axis=1)
+        np.maximum.at(best, (token, col), value)
+        return uniq.astype(np.int64), best.mean(axis=0)
+
+
 class Index:
     """A loaded (memory-mapped) generation. `Index(INDEX_DIR)`; raises IndexError_ with one
     line naming the problem when the index is missing, corrupt or of another version."""
@@ -185,37 +300,41 @@ class Index:
         self.gen = gen
         self.manifest = m = store.read_manifest(gen, full_hashes)
         try:
-            n, n_tok, dim, k, nbits = (int(m[key]) for key in ("documents", "tokens", "dim", "centroids", "nbits"))
+            dim, k, nbits = (int(m[key]) for key in ("dim", "centroids", "nbits"))
+            infos = list(m["segments"])
         except (KeyError, TypeError, ValueError):
-            raise IndexError_(f"{gen / 'manifest.json'}: lacks documents/tokens/dim/centroids/nbits; "
+            raise IndexError_(f"{gen / 'manifest.json'}: lacks dim/centroids/nbits/segments; "
                               "rebuild with `index --rebuild`") from None
-        self.n_docs, self.n_tokens = n, n_tok
-        self.offsets = store.load_npy(gen, "doc_offsets.npy", (n + 1,))
-        if self.offsets[-1] != n_tok or (n and np.any(np.diff(self.offsets) < 1)):
-            raise IndexError_(f"{gen / 'doc_offsets.npy'}: inconsistent with {n_tok} tokens; rebuild with `index --rebuild`")
         self.codec = Codec(centroids=store.load_npy(gen, "centroids.npy", (k, dim)).astype(np.float32),
                            cutoffs=store.load_npy(gen, "codec_cutoffs.npy", (dim, 2 ** nbits - 1)),
                            weights=store.load_npy(gen, "codec_weights.npy", (dim, 2 ** nbits)),
                            nbits=nbits)
-        self.cids = store.memmap(gen, "cids.bin", centroid_dtype(k), (n_tok,))
-        self.residuals = store.memmap(gen, "residuals.bin", np.uint8, (n_tok, self.codec.code_bytes))
-        self.ivf_indptr = store.load_npy(gen, "ivf_indptr.npy", (k + 1,))
-        self.ivf_docs = store.memmap(gen, "ivf_docs.bin", np.int32, (int(self.ivf_indptr[-1]),))
-        self.bm25_vocab = json.loads((gen / "bm25_vocab.json").read_text())
-        self.bm25_indptr = store.load_npy(gen, "bm25_indptr.npy", (len(self.bm25_vocab) + 1,))
-        n_post = int(self.bm25_indptr[-1])
-        self.bm25_docs = store.memmap(gen, "bm25_docs.bin", np.int32, (n_post,))
-        self.bm25_weights = store.memmap(gen, "bm25_weights.bin", np.float16, (n_post,))
-        self.record_offsets = store.load_npy(gen, "record_offsets.npy", (n + 1,))
-        self.records = store.memmap(gen, "records.bin", np.uint8, (int(self.record_offsets[-1]),))
+        self.segments = [Segment(gen, info, self.codec) for info in infos]
+        self.bases = np.zeros(len(self.segments) + 1, np.int64)  # first slot of each segment
+        self.bases[1:] = np.cumsum([s.n for s in self.segments])
+        self.n_slots = int(self.bases[-1])
+        self.n_docs = sum(s.live for s in self.segments)
+        self.n_tokens = sum(s.n_tokens for s in self.segments)
+        self.live_ids = np.concatenate([np.flatnonzero(s.live_mask()) + b for s, b in
+                                        zip(self.segments, self.bases, strict=False)] or [np.zeros(0, np.int64)])
+        live_len = sum(float(s.doc_len[s.live_mask()].sum()) for s in self.segments)
+        self.avg_len = live_len / self.n_docs if self.n_docs and live_len > 0 else 1.0
         search = m.get("search", {})
         self.nprobe = int(search.get("nprobe", DEFAULT_NPROBE))
         self.candidates = int(search.get("candidates", DEFAULT_CANDIDATES))
 
     # -- documents
 
+    def locate(self, i: int) -> tuple[Segment, int]:
+        """(segment, local id) of document slot i."""
+        if not 0 <= i < self.n_slots:
+            raise IndexError(f"document {i} out of range (index has {self.n_slots} slots)")
+        s = int(np.searchsorted(self.bases, i, side="right")) - 1
+        return self.segments[s], int(i - self.bases[s])
+
     def record_blob(self, i: int) -> bytes:
-        return bytes(self.records[self.record_offsets[i]:self.record_offsets[i + 1]])
+        seg, j = self.locate(i)
+        return seg.record_blob(j)
 
     def record(self, i: int) -> dict:
         try:
@@ -223,72 +342,70 @@ class Index:
         except (zlib.error, ValueError) as err:
             raise IndexError_(f"{self.gen / 'records.bin'}: record {i} unreadable ({err}); rebuild with `index --rebuild`") from None
 
-    def tokens(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Token positions of `docs` (concatenated) and each document's start in them."""
-        lo, hi = self.offsets[docs], self.offsets[docs + 1]
-        lengths = hi - lo
-        starts = np.zeros(len(docs), np.int64)
-        starts[1:] = np.cumsum(lengths)[:-1]
-        positions = np.repeat(lo - starts, lengths) + np.arange(int(lengths.sum()))
-        return positions, starts
+    def codes(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(centroid ids, packed residuals) of document slot i."""
+        seg, j = self.locate(i)
+        lo, hi = seg.offsets[j], seg.offsets[j + 1]
+        return np.asarray(seg.cids[lo:hi]), np.asarray(seg.residuals[lo:hi])
 
-    def decode(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Decompressed float32 token vectors of `docs` and each document's start row."""
-        positions, starts = self.tokens(np.asarray(docs, np.int64))
-        return self.codec.decode(self.cids[positions], self.residuals[positions]), starts
+    def _by_segment(self, docs: np.ndarray):
+        """(segment, its base, positions in `docs`, local ids) for each segment `docs` touch."""
+        seg_of = np.searchsorted(self.bases, docs, side="right") - 1
+        for s in np.unique(seg_of):
+            where = np.flatnonzero(seg_of == s)
+            yield self.segments[s], self.bases[s], where, docs[where] - self.bases[s]
 
     # -- scoring
 
     def maxsim(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
         """MaxSim float32 [len(docs)] of query tokens q [Tq, D] against decompressed documents."""
-        if len(docs) == 0:
-            return np.zeros(0, np.float32)
-        vectors, starts = self.decode(docs)
-        sims = np.asarray(q, np.float32) @ vectors.T  # [Tq, tokens]
-        return np.maximum.reduceat(sims, starts, axis=1).mean(axis=0)
+        docs = np.asarray(docs, np.int64)
+        out = np.zeros(len(docs), np.float32)
+        q = np.asarray(q, np.float32)
+        for seg, _, where, local in self._by_segment(docs):
+            vectors, starts = seg.decode(local)
+            sims = q @ vectors.T  # [Tq, tokens]
+            out[where] = np.maximum.reduceat(sims, starts, axis=1).mean(axis=0)
+        return out
 
     def generate(self, q: np.ndarray, nprobe: int, candidates: int) -> np.ndarray:
-        """The `candidates` best documents by centroid-level scores (ascending ids)."""
+        """The `candidates` best live documents by centroid-level scores (ascending ids)."""
         q = np.asarray(q, np.float32)
         scores = q @ self.codec.centroids.T  # [Tq, K]
         nprobe = min(nprobe, scores.shape[1])
         probes = np.argpartition(-scores, nprobe - 1, axis=1)[:, :nprobe]  # [Tq, nprobe]
         probe_scores = np.take_along_axis(scores, probes, axis=1)
-        lo, hi = self.ivf_indptr[probes.ravel()], self.ivf_indptr[probes.ravel() + 1]
-        lengths = hi - lo
-        if lengths.sum() == 0:
-            return np.zeros(0, np.int64)
-        starts = np.zeros(len(lengths), np.int64)
-        starts[1:] = np.cumsum(lengths)[:-1]
-        docs = np.asarray(self.ivf_docs[np.repeat(lo - starts, lengths) + np.arange(int(lengths.sum()))])
-        token = np.repeat(np.repeat(np.arange(len(q)), nprobe), lengths)
-        value = np.repeat(probe_scores.ravel(), lengths)
-        floor = probe_scores.min(axis=1)  # a token that probed none of a document's centroids
-        if len(q) * self.n_docs <= DENSE_LIMIT:  # dense accumulator: no sort of the postings
-            best = np.repeat(floor[:, None], self.n_docs, axis=1)
-            np.maximum.at(best.reshape(-1), token * self.n_docs + docs, value)
-            seen = np.zeros(self.n_docs, np.bool_)
-            seen[docs] = True
-            uniq = np.flatnonzero(seen)
-            approx = best[:, uniq].mean(axis=0)
-        else:
-            uniq, col = np.unique(docs, return_inverse=True)
-            best = np.repeat(floor[:, None], len(uniq), axis=1)
-            np.maximum.at(best, (token, col), value)
-            approx = best.mean(axis=0)
-        if len(uniq) > candidates:
+        found = [(seg.approx(probes, probe_scores), base) for seg, base in zip(self.segments, self.bases, strict=False)]
+        docs = np.concatenate([d + base for (d, _), base in found] or [np.zeros(0, np.int64)])
+        approx = np.concatenate([a for (_, a), _ in found] or [np.zeros(0, np.float32)])
+        if len(docs) > candidates:
             keep = np.argpartition(-approx, candidates - 1)[:candidates]
-            uniq = np.sort(uniq[keep])
-        return uniq.astype(np.int64)
+            docs = np.sort(docs[keep])
+        return docs.astype(np.int64)
 
     def bm25(self, query: str) -> np.ndarray:
-        """BM25 scores float32 [n_docs] of a query (sparse postings, one pass per term)."""
-        out = np.zeros(self.n_docs, np.float32)
+        """BM25 scores float32 [n_slots] of a query (sparse postings, one pass per term and
+        segment; df and mean length over the live documents; tombstoned slots score 0)."""
+        out = np.zeros(self.n_slots, np.float32)
         for term, qtf in Counter(ranking.code_terms(query)).items():
-            t = self.bm25_vocab.get(term)
-            if t is not None:
-                lo, hi = self.bm25_indptr[t], self.bm25_indptr[t + 1]
-                out[self.bm25_docs[lo:hi]] += qtf * self.bm25_weights[lo:hi].astype(np.float32)
+            parts = []
+            for seg, base in zip(self.segments, self.bases, strict=False):
+                t = seg.bm25_vocab.get(term)
+                if t is None:
+                    continue
+                lo, hi = seg.bm25_indptr[t], seg.bm25_indptr[t + 1]
+                docs, tf = np.asarray(seg.bm25_docs[lo:hi]), np.asarray(seg.bm25_tf[lo:hi], np.float32)
+                if seg.deleted is not None:
+                    keep = ~seg.deleted[docs]
+                    docs, tf = docs[keep], tf[keep]
+                parts.append((seg, base, docs, tf))
+            df = sum(len(d) for _, _, d, _ in parts)
+            if df == 0:
+                continue
+            idf = np.log1p((self.n_docs - df + 0.5) / (df + 0.5))
+            for seg, base, docs, tf in parts:
+                norm = BM25_K1 * (1.0 - BM25_B + BM25_B * seg.doc_len[docs].astype(np.float32) / self.avg_len)
+                out[docs + base] += np.float32(qtf * idf) * tf * (BM25_K1 + 1.0) / (tf + norm)
         return out
 
     def search(self, query: str, q: np.ndarray | None, mode: str, top_k: int = 10,
@@ -308,14 +425,14 @@ class Index:
             return []
         if mode == "bm25":
             scores = self.bm25(query)
-            return _top(np.arange(self.n_docs), scores, top_k)
+            return _top(self.live_ids, scores[self.live_ids], top_k)
         pool = self.generate(q, nprobe or self.nprobe, max(candidates or self.candidates, top_k))
         if mode == "semantic":
             return _top(pool, self.maxsim(q, pool), top_k)
         lexical = self.bm25(query)
-        k = min(BM25_POOL, self.n_docs)
-        bm25_top = np.argpartition(-lexical, k - 1)[:k] if k < self.n_docs else np.arange(self.n_docs)
-        pool = np.union1d(pool, bm25_top[lexical[bm25_top] > 0])
+        k = min(BM25_POOL, self.n_slots)
+        bm25_top = np.argpartition(-lexical, k - 1)[:k] if k < self.n_slots else np.arange(self.n_slots)
+        pool = np.union1d(pool, bm25_top[lexical[bm25_top] > 0])  # a tombstoned slot scores 0
         semantic = self.maxsim(q, pool)
         if fusion == "rrf":
             fused = ranking.reciprocal_rank_fusion([semantic[None], lexical[pool][None]])[0]

@@ -5,18 +5,30 @@ An index directory holds generations: `INDEX/gen-000007/` is a complete, immutab
 renames it to `gen-000008`, then replaces `CURRENT` (an atomic file rename) and only then
 removes the old generation - so an interrupted build leaves the previous index live and whole.
 
+A generation is a list of immutable segments (Lucene style). An update hard-links the kept
+segments' files into the new generation (no copy: one more name for the same bytes), writes
+one small segment with the new or edited files' documents, and tombstones the documents of
+edited and deleted files in the old segments; small tail segments are merged as they pile up
+(see `build`). Files are never written after their generation is committed, so a reader's
+memory maps and a hard link in a newer generation always see the same bytes.
+
 A generation's files (arrays are raw little-endian binaries, memory-mapped at load, so the
 index is never read whole):
-  manifest.json       format version, documents, tokens, dim, codec, model, fusion weight,
+  manifest.json       format version, documents, segments, dim, codec, model, fusion weight,
                       search defaults, and every file's byte size and SHA-256
   centroids.npy       float16 [K, D]               codec_cutoffs.npy / codec_weights.npy
-  doc_offsets.npy     int64 [n + 1] token offsets  units.json (file -> hash, doc range)
-  cids.bin            uint16 [n_tokens] centroid id per token
-  residuals.bin       uint8 [n_tokens, D * nbits / 8] packed residual buckets
-  ivf_indptr.npy      int64 [K + 1]; ivf_docs.bin int32: documents having a token at centroid c
-  bm25_vocab.json     term -> id; bm25_indptr.npy int64 [V + 1]; bm25_docs.bin int32,
-                      bm25_weights.bin float16 (precomputed per-posting BM25 weights)
-  records.bin         per-document zlib(JSON {"id","path","line","name","code"}); record_offsets.npy
+  units.json          {"kind", "units": {file or id: [sha256, size, mtime_ns, segment, first, count]}}
+  seg-NNNNNN.deleted.npy   int32: tombstoned documents of segment NNNNNN (absent: none)
+  seg-NNNNNN/         one segment:
+    doc_offsets.npy   int64 [n + 1] token offsets
+    cids.bin          uint16 [n_tokens] centroid id per token
+    residuals.bin     uint8 [n_tokens, D * nbits / 8] packed residual buckets
+    ivf_indptr.npy    int64 [K + 1]; ivf_docs.bin int32: documents having a token at centroid c
+    bm25_vocab.json   term -> id; bm25_indptr.npy int64 [V + 1]; bm25_docs.bin int32,
+                      bm25_tf.bin uint16 (term counts); bm25_doclen.npy int32 [n] (BM25 weights
+                      are computed at query time from the live documents' statistics, so a
+                      segmented index scores exactly as its compaction would)
+    records.bin       per-document zlib(JSON {"id","path","line","name","code"}); record_offsets.npy
 """
 
 from __future__ import annotations
@@ -34,10 +46,11 @@ from mlxio.run import checkpoint
 from mlxio.run.checkpoint import pid_alive
 
 FORMAT = "mlx-code-search-index"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FULL_HASH_LIMIT = 64 << 20  # files above this are checked by size + head/tail hash on load; `verify` hashes all
 _GEN = re.compile(r"^gen-(\d{6})$")
 _TMP = re.compile(r"^\.tmp-gen-(\d{6})-(\d+)$")
+_FILE = re.compile(r"^(seg-\d{6}/)?[a-z0-9_][a-z0-9_.-]*$")  # names a manifest may list
 
 
 class IndexError_(MlxioError):
@@ -85,16 +98,42 @@ def new_generation(index_dir: Path) -> tuple[Path, Path]:
     return tmp, index_dir / f"gen-{number:06d}"
 
 
-def commit(tmp: Path, final: Path, manifest: dict) -> None:
-    """Hash every file of `tmp` into its manifest, fsync, rename to `final`, switch CURRENT."""
-    files = {}
-    for path in sorted(tmp.iterdir()):
-        if path.name == "manifest.json":
+def files_of(gen: Path) -> list[str]:
+    """Relative names of a generation's files (top level and one level of segment folders)."""
+    out = []
+    for path in sorted(gen.iterdir()):
+        if path.is_dir():
+            out += [f"{path.name}/{p.name}" for p in sorted(path.iterdir()) if p.is_file()]
+        elif path.name != "manifest.json":
+            out.append(path.name)
+    return out
+
+
+def link_segment(old_gen: Path, name: str, tmp: Path) -> None:
+    """Hard-link segment `name` of `old_gen` into `tmp` (a copy where links are not allowed)."""
+    (tmp / name).mkdir()
+    for path in (old_gen / name).iterdir():
+        try:
+            os.link(path, tmp / name / path.name)
+        except OSError:
+            shutil.copy2(path, tmp / name / path.name)
+
+
+def commit(tmp: Path, final: Path, manifest: dict, known: dict | None = None) -> None:
+    """Hash every file of `tmp` into its manifest, fsync, rename to `final`, switch CURRENT.
+    `known`: {name: manifest entry} of files linked from the previous generation (same size:
+    their hash is reused, not recomputed - they are the same immutable bytes)."""
+    files, known = {}, known or {}
+    for name in files_of(tmp):
+        path = tmp / name
+        size = path.stat().st_size
+        if name in known and known[name].get("bytes") == size:
+            files[name] = known[name]
             continue
-        entry = {"bytes": path.stat().st_size, "sha256": file_digest(path)}
+        entry = {"bytes": size, "sha256": file_digest(path)}
         if entry["bytes"] > FULL_HASH_LIMIT:
             entry["quick_sha256"] = file_digest(path, quick=True)
-        files[path.name] = entry
+        files[name] = entry
         checkpoint.fsync_path(path)
     manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
     data = json.dumps(manifest, indent=1).encode()
@@ -102,6 +141,9 @@ def commit(tmp: Path, final: Path, manifest: dict) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    for path in tmp.iterdir():
+        if path.is_dir():
+            checkpoint.fsync_path(path)
     checkpoint.fsync_path(tmp)
     os.rename(tmp, final)
     index_dir = final.parent
@@ -133,6 +175,8 @@ def read_manifest(gen: Path, full_hashes: bool = False) -> dict:
     if not isinstance(files, dict):
         raise IndexError_(f"{path}: no file list; rebuild the index with `index --rebuild`")
     for name, entry in files.items():
+        if not isinstance(name, str) or not _FILE.match(name) or not isinstance(entry, dict):
+            raise IndexError_(f"{path}: lists {name!r}, not an index file; rebuild the index with `index --rebuild`")
         f = gen / name
         if not f.is_file():
             raise IndexError_(f"{f}: missing (listed in the manifest); rebuild with `index --rebuild`")
