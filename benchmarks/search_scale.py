@@ -31,6 +31,7 @@ functions are in the corpus, with their near-duplicates); exact brute-force MaxS
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -45,7 +46,14 @@ import numpy as np
 import mlxio  # noqa: F401  (fast BLAS before mlx)
 from mlxio.search import codec as codec_mod
 from mlxio.search import store
-from mlxio.search.index import DEFAULT_CANDIDATES, DEFAULT_NPROBE, Index, Writer
+from mlxio.search.index import (
+    DEFAULT_CANDIDATES,
+    DEFAULT_NPROBE,
+    Index,
+    Writer,
+    segment_name,
+    write_generation,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "cpu" / "search_scale.json"
@@ -88,7 +96,11 @@ def _baseline_bytes(c) -> int:
 
 
 def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _files_bytes(path: Path) -> dict:
+    return {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 # --------------------------------------------------------------------------- phases
@@ -116,7 +128,7 @@ def phase_stdlib_build(cache: Path, work: Path) -> dict:
             import shutil
             shutil.rmtree(idx_dir)
         tmp, final = store.new_generation(idx_dir)
-        writer = Writer(tmp, cod)
+        writer = Writer(tmp / segment_name(1), cod)
         chunk = 2048
         for lo in range(0, c["n"], chunk):
             hi = min(lo + chunk, c["n"])
@@ -125,13 +137,13 @@ def phase_stdlib_build(cache: Path, work: Path) -> dict:
             for i in range(lo, hi):
                 s, e = c["offsets"][i] - a, c["offsets"][i + 1] - a
                 writer.add(c["docs"][i], ids[s:e], packed[s:e])
-        (tmp / "units.json").write_text(json.dumps({"kind": "records", "units": {}}))
-        writer.finish({"model": "all-MiniLM-L6-v2 (embedded)", "max_doc_len": 256, "max_query_len": 32,
-                       "search": {"nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES}}, final)
+        write_generation(tmp, final, cod, [writer.finish()], {"kind": "records", "units": {}},
+                         {"model": "all-MiniLM-L6-v2 (embedded)", "max_doc_len": 256, "max_query_len": 32,
+                          "search": {"nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES}})
         gen = store.current(idx_dir)
         print(f"stdlib {nbits}-bit index written in {time.perf_counter() - t1:.0f} s", file=sys.stderr, flush=True)
         out["variants"][nbits] = {"write_s": time.perf_counter() - t1, "bytes": _dir_bytes(gen),
-                                  "files": {p.name: p.stat().st_size for p in gen.iterdir()}}
+                                  "files": _files_bytes(gen)}
     out["build_index_s"] = time.perf_counter() - t0 - sum(v["write_s"] for v in out["variants"].values()) \
         + out["variants"][1]["write_s"]  # codec + assignment + the 1-bit index (the 2-bit one is extra)
     out["peak_ram_gb"] = _rss_gb()
@@ -248,10 +260,54 @@ def _rename(code: str, idents: list[str], rng: np.random.Generator, words: list[
     return text, mapping
 
 
+SYNTH_BATCH, UNIT_DOCS = 4096, 20  # functions generated per batch; functions per synthetic "file"
+
+
+def _synth_tokens(base: Index, functions: int, seed: int = 1):
+    """The synthetic corpus's compressed tokens, batch by batch, deterministically (its own RNG,
+    so the exact-search phase regenerates the same stream without the texts): yields (first
+    function, real function each copies, starts [b], cids, residuals, source token of each
+    token (the real token it copies), noisy: tokens whose residual was altered)."""
+    seg = base.segments[0]
+    rng = np.random.default_rng(seed)
+    n_real, n_tok = seg.n, seg.n_tokens
+    all_real = np.arange(n_real)
+    positions, starts = seg.tokens(all_real)
+    yield 0, all_real, starts, np.asarray(seg.cids[positions]), np.asarray(seg.residuals[positions]), \
+        positions, np.zeros(0, np.int64)
+    made = n_real
+    while made < functions:
+        b = min(SYNTH_BATCH, functions - made)
+        bases = rng.integers(0, n_real, b)
+        positions, starts = seg.tokens(bases)
+        cids = np.asarray(seg.cids[positions]).copy()
+        res = np.asarray(seg.residuals[positions]).copy()
+        swap = np.flatnonzero(rng.random(len(positions)) < 0.15)
+        donor = rng.integers(0, n_tok, len(swap))
+        cids[swap], res[swap] = seg.cids[donor], seg.residuals[donor]
+        source = positions.copy()
+        source[swap] = donor
+        noisy = np.flatnonzero(rng.random(len(positions)) < 0.05)
+        res[noisy, rng.integers(0, res.shape[1], len(noisy))] ^= rng.integers(1, 256, len(noisy)).astype(np.uint8)
+        yield made, bases, starts, cids, res, source, noisy
+        made += b
+
+
+def _unit_entries(ids_first: list[tuple[int, str]], n: int, seg: str) -> dict:
+    """Synthetic "files" of UNIT_DOCS consecutive functions: {key: [sha256, None, None, seg, first, count]}."""
+    out = {}
+    for u, lo in enumerate(range(0, n, UNIT_DOCS)):
+        count = min(UNIT_DOCS, n - lo)
+        digest = hashlib.sha256(f"{u}:{lo}:{count}:{ids_first[u]}".encode()).hexdigest()
+        out[f"block/{u:06d}"] = [digest, None, None, seg, lo, count]
+    return out
+
+
 def phase_synth_build(cache: Path, work: Path, functions: int) -> dict:
     base = Index(work / "stdlib_1bit")
-    rng = np.random.default_rng(1)
-    n_real = base.n_docs
+    seg = base.segments[0]
+    rng = np.random.default_rng(2)  # texts; the tokens come from _synth_tokens' own stream
+    n_real = seg.n
     from collections import Counter
 
     from mlxcore.ranking import code_terms
@@ -268,48 +324,176 @@ def phase_synth_build(cache: Path, work: Path, functions: int) -> dict:
         shutil.rmtree(out_dir)
     t0 = time.perf_counter()
     tmp, final = store.new_generation(out_dir)
-    writer = Writer(tmp, base.codec)
-    for i in range(n_real):  # the real functions (queries' positives among them)
-        lo, hi = base.offsets[i], base.offsets[i + 1]
-        writer.add(records[i], base.cids[lo:hi], base.residuals[lo:hi], record_blob=base.record_blob(i))
-    batch = 4096
-    n_tok = base.n_tokens
-    made = n_real
-    while made < functions:
-        b = min(batch, functions - made)
-        bases = rng.integers(0, n_real, b)
-        positions, starts = base.tokens(bases)
-        cids = np.asarray(base.cids[positions]).copy()
-        res = np.asarray(base.residuals[positions]).copy()
-        swap = np.flatnonzero(rng.random(len(positions)) < 0.15)
-        donor = rng.integers(0, n_tok, len(swap))
-        cids[swap], res[swap] = base.cids[donor], base.residuals[donor]
-        noisy = np.flatnonzero(rng.random(len(positions)) < 0.05)
-        res[noisy, rng.integers(0, res.shape[1], len(noisy))] ^= rng.integers(1, 256, len(noisy)).astype(np.uint8)
-        ends = np.r_[starts[1:], len(positions)]
-        for j in range(b):
+    writer = Writer(tmp / segment_name(1), base.codec)
+    unit_first: list[str] = []
+    for first, bases, starts, cids, res, _, _ in _synth_tokens(base, functions):
+        ends = np.r_[starts[1:], len(cids)]
+        for j in range(len(bases)):
             k = int(bases[j])
             r = records[k]
-            text, mapping = _rename(r["code"], idents[k], rng, words)
-            counts = terms[k].copy()  # WORD_name splits into WORD's terms + name's terms
-            for name, word in mapping.items():
-                for term, tf in word_terms[word].items():
-                    counts[term] += tf * ident_counts[k][name]
-            rec = {"id": f"synthetic/{made + j}/{r['id']}", "code": text,
-                   "path": r["path"], "line": r["line"], "name": r["name"]}
-            writer.add(rec, cids[starts[j]:ends[j]], res[starts[j]:ends[j]], term_counts=counts)
-        made += b
-        if made % (batch * 25) < batch:
+            if first == 0:  # the real functions (queries' positives among them)
+                rec, blob, counts = r, seg.record_blob(k), terms[k]
+            else:
+                text, mapping = _rename(r["code"], idents[k], rng, words)
+                counts = terms[k].copy()  # WORD_name splits into WORD's terms + name's terms
+                for name, word in mapping.items():
+                    for term, tf in word_terms[word].items():
+                        counts[term] += tf * ident_counts[k][name]
+                rec = {"id": f"synthetic/{first + j}/{r['id']}", "code": text,
+                       "path": r["path"], "line": r["line"], "name": r["name"]}
+                blob = None
+            if (first + j) % UNIT_DOCS == 0:
+                unit_first.append(rec["id"])
+            writer.add(rec, cids[starts[j]:ends[j]], res[starts[j]:ends[j]], record_blob=blob, term_counts=counts)
+        made = first + len(bases)
+        if made % (SYNTH_BATCH * 25) < SYNTH_BATCH:
             print(f"synthetic: {made}/{functions} functions, {time.perf_counter() - t0:.0f} s, "
                   f"peak RSS {_rss_gb():.2f} GB", file=sys.stderr, flush=True)
-    (tmp / "units.json").write_text(json.dumps({"kind": "records", "units": {}}))
     t_add = time.perf_counter() - t0
-    writer.finish({"model": "synthetic (near-duplicates of all-MiniLM-L6-v2 stdlib codes)", "max_doc_len": 256,
-                   "max_query_len": 32, "search": {"nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES}}, final)
+    units = {"kind": "records", "units": _unit_entries(unit_first, writer.n_docs, segment_name(1))}
+    write_generation(tmp, final, base.codec, [writer.finish()], units,
+                     {"model": "synthetic (near-duplicates of all-MiniLM-L6-v2 stdlib codes)", "max_doc_len": 256,
+                      "max_query_len": 32, "units_kind": "records", "source": "synthetic",
+                      "search": {"nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES}})
     gen = store.current(out_dir)
     return {"n": functions, "n_real": n_real, "add_s": t_add, "build_s": time.perf_counter() - t0,
-            "bytes": _dir_bytes(gen), "files": {p.name: p.stat().st_size for p in gen.iterdir()},
+            "bytes": _dir_bytes(gen), "files": _files_bytes(gen), "units": len(units["units"]),
             "tokens": int(Index(out_dir).n_tokens), "peak_ram_gb": _rss_gb()}
+
+
+def phase_synth_exact(cache: Path, work: Path, functions: int) -> dict:
+    """Exact brute-force MaxSim of the synthetic-corpus queries against all 1M functions'
+    vectors, streamed: the synthetic vectors ARE the decompressed codes, and every token not
+    marked noisy is a copy of a real token, so its similarity to each query token is a row of
+    S = decode(real tokens) @ Q.T; noisy tokens are decoded and multiplied. Checked against
+    decode + matmul on the first synthetic batch, and the regenerated codes against the index's."""
+    base = Index(work / "stdlib_1bit")
+    index = Index(work / "synthetic")
+    c = _load_cache(cache)
+    n_q = int(os.environ.get("SYNTH_QUERIES", "100"))
+    q_off = c["q_offsets"][:n_q + 1]
+    q_all = c["q_tokens"][:q_off[-1]]
+    t0 = time.perf_counter()
+    seg = base.segments[0]
+    group = max(1, int(os.environ.get("EXACT_QUERY_GROUP", "50")))  # queries per pass (bounds S's size)
+    scores = np.zeros((n_q, functions), np.float32)
+    checked = False
+    for g0 in range(0, n_q, group):
+        g1 = min(g0 + group, n_q)
+        q = q_all[q_off[g0]:q_off[g1]]
+        q_starts = q_off[g0:g1] - q_off[g0]
+        q_len = np.diff(q_off[g0:g1 + 1]).astype(np.float32)
+        sims = np.empty((seg.n_tokens, len(q)), np.float32)
+        for lo in range(0, seg.n_tokens, 65536):
+            hi = min(lo + 65536, seg.n_tokens)
+            sims[lo:hi] = base.codec.decode(seg.cids[lo:hi], seg.residuals[lo:hi]) @ q.T
+        for first, _, starts, cids, res, source, noisy in _synth_tokens(base, functions):
+            lengths = np.diff(np.r_[starts, len(cids)])
+            is_noisy = np.zeros(len(cids), np.bool_)
+            is_noisy[noisy] = True
+            order = np.argsort(lengths, kind="stable")  # similar lengths together: little padding
+            for a in range(0, len(order), 256):  # 256 functions at a time: [256, L, Tq] floats
+                docs = order[a:a + 256]
+                n_len = lengths[docs]
+                col = np.arange(int(n_len.max()))
+                # token positions, padded by repeating each document's last token (max unchanged)
+                pos = starts[docs][:, None] + np.minimum(col[None, :], n_len[:, None] - 1)
+                tok = sims[source[pos]]  # [docs, L, Tq]: rows of S for copied tokens
+                nz = is_noisy[pos]
+                if nz.any():
+                    tok[nz] = base.codec.decode(cids[pos[nz]], res[pos[nz]]) @ q.T
+                if not checked and first > 0:
+                    direct = base.codec.decode(cids[pos.ravel()], res[pos.ravel()]) @ q.T
+                    err = float(np.abs(direct - tok.reshape(direct.shape)).max())
+                    assert err < 1e-4, f"streamed similarities differ from decode @ Q by {err}"
+                    d = int(docs[0])
+                    got = index.codes(first + d)
+                    assert np.array_equal(got[0], cids[starts[d]:starts[d] + lengths[d]]) and \
+                        np.array_equal(got[1], res[starts[d]:starts[d] + lengths[d]]), \
+                        "regenerated codes differ from the index's"
+                    checked = True
+                best = tok.max(axis=1)  # [docs, Tq]
+                scores[g0:g1, first + docs] = (np.add.reduceat(best, q_starts, axis=1) / q_len).T
+            if first % (SYNTH_BATCH * 25) < SYNTH_BATCH:
+                print(f"exact: queries {g0}-{g1}, {first}/{functions}, {time.perf_counter() - t0:.0f} s",
+                      file=sys.stderr, flush=True)
+        del sims
+    exact_s = time.perf_counter() - t0
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :10]  # ties: lower id first, as the index
+    ranks, family = [], []
+    for i in range(n_q):
+        found = top[i].tolist()
+        ranks.append(found.index(i) + 1 if i in found else 11)  # positives: the real functions come first
+        want = index.record(i)["id"]
+        ids = [index.record(d)["id"] for d in found]
+        fam = [x == want or (x.startswith("synthetic/") and x.split("/", 2)[2] == want) for x in ids]
+        family.append(fam.index(True) + 1 if any(fam) else 11)
+    np.save(work / "synth_exact_top10.npy", top)
+    return {"queries": n_q, "exact_s": exact_s, "mrr_exact": _mrr(np.array(ranks, np.float64)),
+            "mrr_exact_family": _mrr(np.array(family, np.float64)), "checked": checked,
+            "peak_ram_gb": _rss_gb()}
+
+
+def phase_synth_edit(cache: Path, work: Path) -> dict:
+    """Edit one file of the 1M index: a synthetic "file" (20 functions) gets new content (20 real
+    stdlib functions), embedded with the real MiniLM on this CPU and indexed as a new segment
+    (build.apply_units, as `code_search index` does after its scan); then delete a file; then
+    search the edited index. Times: the whole update (index load, units diff, embedding, codec
+    encoding, segment write, tombstones, hashing, commit) and its embedding part."""
+    from benchmarks.search_scale_embed import stdlib_corpus
+    from mlxio.search import build
+    from mlxio.search.embed import Embedder
+    from mlxio.weights.encoders import default_encoder_path, load_encoder
+
+    t = time.perf_counter()
+    embedder = Embedder(load_encoder(default_encoder_path()), 256, batch_size=32)
+    model_load_s = time.perf_counter() - t
+    embed_s = [0.0]
+
+    def embed(texts, progress=None):
+        t = time.perf_counter()
+        out = embedder.embed(texts, progress=progress)
+        embed_s[0] += time.perf_counter() - t
+        return out
+
+    docs, _, _ = stdlib_corpus(cache)
+    idx_dir = work / "synthetic"
+    out = {"model_load_s": model_load_s, "edits": []}
+    for step, action in enumerate(("edit", "edit", "delete")):
+        embed_s[0] = 0.0
+        t = time.perf_counter()
+        old = Index(idx_dir)
+        units = old.units()["units"]
+        load_s = time.perf_counter() - t
+        keys = sorted(units)
+        target = keys[len(keys) // 2 + step]
+        new = [{**d, "id": f"edit{step}/{d['id']}"} for d in docs[-UNIT_DOCS * (step + 1):][:UNIT_DOCS]]
+        unit_list = []
+        for key in keys:
+            sha = units[key][0]
+            if key == target and action == "delete":
+                continue
+            if key == target:
+                unit_list.append(build.Unit(key=key, digest=hashlib.sha256(f"{step}".encode()).hexdigest(),
+                                            load=lambda new=new: new))
+            else:
+                unit_list.append(build.Unit(key=key, digest=sha, load=list))
+        report = build.apply_units("records", unit_list, idx_dir, embed, {k: old.manifest[k] for k in (
+            "model", "max_doc_len", "max_query_len", "dim")}, old=old, source="synthetic", nbits=old.codec.nbits,
+            started=t)
+        del old
+        total = time.perf_counter() - t
+        after = Index(idx_dir)
+        out["edits"].append({"action": action, "functions": 0 if action == "delete" else len(new),
+                             "seconds": total, "embed_s": embed_s[0], "index_load_s": load_s,
+                             "index_s": total - embed_s[0], "segments": len(after.segments),
+                             "merged": report.merged, "documents": after.n_docs,
+                             "new_segment_bytes": _dir_bytes(after.gen / after.segments[-1].name)})
+        print(f"{action}: {total:.2f} s ({embed_s[0]:.2f} s embedding), {len(after.segments)} segments",
+              file=sys.stderr, flush=True)
+        del after
+    out["peak_ram_gb"] = _rss_gb()
+    return out
 
 
 def phase_synth_search(cache: Path, work: Path) -> dict:
@@ -400,9 +584,246 @@ def phase_stdlib_latency(cache: Path, work: Path) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- one-command runs
+
+
+def pack_model_f16(out: Path, src: Path | None = None) -> Path:
+    """Copy an encoder directory (default: the embedded all-MiniLM-L6-v2) to `out` with its
+    weights as float16 safetensors (~44 MB for MiniLM; configs, tokenizer and pooling config
+    kept) - small enough to carry to a machine without the package or a hub."""
+    import shutil
+
+    import mlx.core as mx
+
+    from mlxio.weights.encoders import default_encoder_path
+    from mlxio.weights.safeload import read_safetensors
+
+    src = Path(src) if src is not None else default_encoder_path()
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    skip = {"README.md", ".gitattributes", "data_config.json"}
+    shutil.copytree(src, tmp, ignore=lambda _d, names: [n for n in names if n in skip or n.endswith(".safetensors")])
+    for weights in src.rglob("*.safetensors"):
+        arrays = read_safetensors(weights)
+        mx.save_safetensors(str(tmp / weights.relative_to(src)),
+                            {k: (v.astype(mx.float16) if mx.issubdtype(v.dtype, mx.floating) else v)
+                             for k, v in arrays.items()})
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def _stdlib_docs(work: Path, limit: int | None):
+    """(docs, queries, positives) of the running Python's standard library; `limit`: the
+    queries' positives plus a seeded sample, `limit` functions in all."""
+    from benchmarks.search_scale_embed import stdlib_corpus
+
+    docs, queries, positives = stdlib_corpus(work)
+    total = len(docs)
+    if limit is not None and limit < len(docs):
+        rest = np.setdiff1d(np.arange(len(docs)), positives)
+        keep = np.concatenate([positives, np.random.default_rng(0).permutation(rest)[:max(limit - len(positives), 0)]])
+        docs = [docs[i] for i in keep]
+        positives = np.arange(len(positives))
+    return docs, queries, positives, total
+
+
+def run_stdlib(args) -> dict:
+    """The whole standard library in one process (plus one pinned child for latency): mine it,
+    embed every function with the encoder on MLX's default device (the GPU where there is one)
+    through `mlxio.search.build.update` on a corpus JSONL - the path `code_search index` takes -,
+    score every query against every function exactly (MaxSim over the float vectors, on the
+    device, as they are embedded), then measure search in a child process pinned to
+    `--query-cores` cores (the issue's target machine): per query, its encoding on the CPU and
+    the index search; MRR@10 of the index with the same query vectors as the exact scores."""
+    import shutil
+    import subprocess
+
+    import mlx.core as mx
+
+    from mlxcore import ranking
+    from mlxio import blas
+    from mlxio.search import build
+    from mlxio.search.embed import Embedder, assign_on_device
+    from mlxio.weights.encoders import default_encoder_path, load_encoder
+
+    t_start = time.perf_counter()
+    work = args.work
+    shutil.rmtree(work / "index", ignore_errors=True)
+
+    def say(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+    docs, queries, positives, total = _stdlib_docs(work, args.limit)
+    mine_s = time.perf_counter() - t_start
+    say(f"{len(docs)} of {total} stdlib functions, {len(queries)} queries (mined in {mine_s:.0f} s)")
+    gpu = mx.default_device() == mx.gpu
+    dtype_name = args.dtype or ("float16" if gpu else "float32")
+    model = Path(args.model) if args.model else default_encoder_path()
+    t = time.perf_counter()
+    encoder = load_encoder(model, dtype=getattr(mx, dtype_name))
+    emb = Embedder(encoder, 256, batch_size=args.batch_size, compiled=not gpu, pad_last=gpu)
+    q_vecs = emb.embed(queries, 32)
+    load_s = time.perf_counter() - t
+    q = np.concatenate(q_vecs).astype(np.float32)
+    q_off = np.zeros(len(q_vecs) + 1, np.int64)
+    q_off[1:] = np.cumsum([len(v) for v in q_vecs])
+    average = np.zeros((len(q), len(q_vecs)), np.float32)  # mean over each query's tokens
+    for i in range(len(q_vecs)):
+        average[q_off[i]:q_off[i + 1], i] = 1.0 / (q_off[i + 1] - q_off[i])
+    q_mx, avg_mx = mx.array(q), mx.array(average)
+    exact_of: dict[str, np.ndarray] = {}
+    timers = {"embed": 0.0, "exact": 0.0, "done": 0}
+
+    def embed(texts, progress=None):
+        t = time.perf_counter()
+        vecs = emb.embed(texts)
+        timers["embed"] += time.perf_counter() - t
+        t = time.perf_counter()
+        for lo in range(0, len(vecs), 64):  # exact MaxSim of every query against these texts
+            part = vecs[lo:lo + 64]
+            width = max(len(v) for v in part)
+            pad = np.zeros((len(part), width, q.shape[1]), np.float32)
+            mask = np.zeros((len(part), width), np.bool_)
+            for i, v in enumerate(part):
+                pad[i, :len(v)], mask[i, :len(v)] = v, True
+            sims = mx.array(pad) @ q_mx.T  # [texts, width, query tokens]
+            sims = mx.where(mx.array(mask)[..., None], sims, -mx.inf).max(axis=1)
+            scores = np.array(sims @ avg_mx)  # [texts, queries]
+            for text, row in zip(texts[lo:lo + 64], scores, strict=True):
+                exact_of[text] = row
+        timers["exact"] += time.perf_counter() - t
+        timers["done"] += len(texts)
+        say(f"embedded {timers['done']}/{len(docs)} ({timers['done'] / max(timers['embed'], 1e-9):.0f} fn/s)")
+        return vecs
+
+    corpus = work / "stdlib.jsonl"
+    corpus.write_text("".join(json.dumps({"id": d["id"], "code": d["code"]}) + "\n" for d in docs))
+    t = time.perf_counter()
+    meta = {"model": str(model), "max_doc_len": 256, "max_query_len": 32, "dim": emb.dim}
+    report = build.update(corpus, work / "index", embed, meta, assign=assign_on_device if gpu else None)
+    build_wall = time.perf_counter() - t
+    build_peak = _rss_gb()
+    say(f"index built: {report.documents} documents in {build_wall:.0f} s "
+        f"({timers['embed']:.0f} s embedding, {timers['exact']:.0f} s exact scoring)")
+    index = Index(work / "index")
+    slot = {key: entry[4] for key, entry in index.units()["units"].items()}
+    exact = np.full((len(queries), index.n_slots), -np.inf, np.float32)
+    for d in docs:
+        exact[:, slot[d["id"]]] = exact_of[d["code"]]
+    pos_slots = np.array([slot[docs[i]["id"]] for i in positives], np.int64)
+    mrr_exact = _mrr(ranking.positive_ranks(exact, pos_slots).astype(np.float64))
+    gen = store.current(work / "index")
+    size = _dir_bytes(gen)
+    baseline = 128 + index.n_tokens * emb.dim * 2 + 128 + 8 * (len(docs) + 1) + 200 + \
+        sum(len(json.dumps(d)) + 1 for d in docs)
+    device_ms = []  # per-query encoding on this process's device (the GPU on a GPU machine)
+    for text in queries[:20]:
+        emb.embed([text], 32)
+    for text in queries:
+        t = time.perf_counter()
+        emb.embed([text], 32)
+        device_ms.append((time.perf_counter() - t) * 1e3)
+    np.savez(work / "queries_dev.npz", tokens=q, offsets=q_off, positives=pos_slots)
+    (work / "queries.json").write_text(json.dumps(queries))
+    del index, exact
+    say(f"exact MRR@10 {mrr_exact:.4f}; measuring queries pinned to {args.query_cores} cores")
+    cores = sorted(os.sched_getaffinity(0))[:args.query_cores]
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(len(cores)), "OMP_NUM_THREADS": str(len(cores)),
+           "MKL_NUM_THREADS": str(len(cores)), "PYTHONPATH": str(ROOT)}
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "benchmarks.search_scale", "--phase", "pinned_queries",
+                    "--work", str(work), "--model", str(model)], check=True, cwd=ROOT, env=env,
+                   preexec_fn=lambda: os.sched_setaffinity(0, cores))
+    pinned = json.loads((work / "pinned_queries.json").read_text())
+    say(f"queries measured in {time.perf_counter() - t:.0f} s")
+    total_ms = np.array(pinned["encode_ms"]) + np.array(pinned["search_ms"])
+    entry = {
+        "corpus": "stdlib" if args.limit is None else f"stdlib (--limit {args.limit})",
+        "functions": len(docs), "stdlib_functions": total,
+        "python": sys.version.split()[0], "machine": args.machine,
+        "device": str(mx.default_device()), "embedding_dtype": dtype_name,
+        "bytes_per_function": size / len(docs), "baseline_bytes_per_function": baseline / len(docs),
+        "size_vs_baseline": size / baseline,
+        "build_s": build_wall - timers["exact"], "build_embed_s": timers["embed"],
+        "build_index_s": build_wall - timers["exact"] - timers["embed"], "build_peak_ram_gb": build_peak,
+        "peak_ram_gb": pinned["peak_ram_gb"],
+        "p50_ms": float(np.median(total_ms)), "p95_ms": _pct(total_ms, 95),
+        "p50_search_ms": float(np.median(pinned["search_ms"])), "p95_search_ms": _pct(pinned["search_ms"], 95),
+        "p50_query_encode_ms": float(np.median(pinned["encode_ms"])),
+        "p50_query_encode_device_ms": float(np.median(device_ms)),
+        "p50_ms_device_encode": float(np.median(np.array(device_ms) + np.array(pinned["search_ms"]))),
+        "search_cpu_ms_mean": pinned["search_cpu_ms_mean"],
+        "p50_hybrid_search_ms": float(np.median(pinned["hybrid_search_ms"])),
+        "latency_cores": pinned["cores"], "latency_blas": pinned["blas"],
+        "mrr_exact": mrr_exact, "mrr_index": pinned["mrr_index"], "mrr_drop": mrr_exact - pinned["mrr_index"],
+        "queries": len(queries), "tokens": pinned["tokens"],
+        "centroids": pinned["centroids"], "nbits": 1, "nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES,
+        "mine_s": mine_s, "model_load_s": load_s, "exact_scoring_s": timers["exact"],
+        "total_s": time.perf_counter() - t_start, "build_blas": blas.status,
+        "note": (f"every function mine_corpus finds in this Python's standard library (documented and "
+                 f"undocumented, test code included), embedded by {model.name} ({dtype_name}) on "
+                 f"{mx.default_device()} through mlxio.search.build.update (the code_search index path: "
+                 "codec on a 64k-token sample, centroids assigned on the device, 1-bit residuals); "
+                 "mrr_exact: brute-force MaxSim of the same query vectors over every function's "
+                 f"{dtype_name} token vectors (computed on the device while embedding); latency: one "
+                 f"query at a time in a child process pinned with os.sched_setaffinity to {len(cores)} "
+                 f"cores {cores} ({len(cores)} BLAS threads): MiniLM float32 query encoding on the CPU "
+                 "+ index search (p50_ms_device_encode: the query encoded on the device instead, one "
+                 "at a time, + the same pinned search); build_s excludes the exact scoring"),
+        "command": f"PYTHONPATH=. python3 -m benchmarks.search_scale --corpus stdlib --machine {args.machine} "
+                   f"--model {args.model or '(embedded MiniLM)'} --out {args.out}"
+                   + (f" --limit {args.limit}" if args.limit else ""),
+    }
+    return entry
+
+
+def phase_pinned_queries(cache: Path, work: Path, model: str) -> dict:
+    """Latency of the index built by run_stdlib, in this (pinned) process: per query, its
+    encoding on the CPU (float32) and the search; MRR@10 with the saved query vectors."""
+    import mlx.core as mx
+
+    from mlxio import blas
+    from mlxio.search.embed import Embedder
+    from mlxio.weights.encoders import load_encoder
+
+    mx.set_default_device(mx.cpu)
+    index = Index(work / "index")
+    queries = json.loads((work / "queries.json").read_text())
+    saved = np.load(work / "queries_dev.npz")
+    q, q_off, positives = saved["tokens"], saved["offsets"], saved["positives"]
+    emb = Embedder(load_encoder(model, dtype=mx.float32), 32, batch_size=1)
+    for i, text in enumerate(queries[:20]):  # warm-up: compiled shapes, page cache
+        emb.embed([text])
+        index.search(text, q[q_off[i]:q_off[i + 1]], "semantic")
+    encode_ms, search_ms, hybrid_ms, ranks = [], [], [], []
+    cpu = time.process_time()
+    for i, text in enumerate(queries):
+        t = time.perf_counter()
+        emb.embed([text])
+        encode_ms.append((time.perf_counter() - t) * 1e3)
+        vec = q[q_off[i]:q_off[i + 1]]
+        t = time.perf_counter()
+        found = [d for d, _ in index.search(text, vec, "semantic", top_k=10)]
+        search_ms.append((time.perf_counter() - t) * 1e3)
+        ranks.append(found.index(positives[i]) + 1 if positives[i] in found else 11)
+    cpu_ms = (time.process_time() - cpu) * 1e3 / len(queries)
+    for i, text in enumerate(queries):
+        t = time.perf_counter()
+        index.search(text, q[q_off[i]:q_off[i + 1]], "hybrid", top_k=10)
+        hybrid_ms.append((time.perf_counter() - t) * 1e3)
+    return {"encode_ms": encode_ms, "search_ms": search_ms, "hybrid_search_ms": hybrid_ms,
+            "search_cpu_ms_mean": cpu_ms, "mrr_index": _mrr(np.array(ranks, np.float64)),
+            "cores": sorted(os.sched_getaffinity(0)), "blas": blas.status, "tokens": int(index.n_tokens),
+            "centroids": len(index.codec.centroids), "peak_ram_gb": _rss_gb()}
+
+
 PHASES = {"stdlib_build": phase_stdlib_build, "stdlib_search": phase_stdlib_search,
-          "synth_build": phase_synth_build, "synth_search": phase_synth_search, "faiss": phase_faiss,
-          "stdlib_latency": phase_stdlib_latency}
+          "synth_build": phase_synth_build, "synth_exact": phase_synth_exact, "synth_search": phase_synth_search,
+          "synth_edit": phase_synth_edit, "faiss": phase_faiss, "stdlib_latency": phase_stdlib_latency,
+          "pinned_queries": phase_pinned_queries}
+TAKES_N = ("synth_build", "synth_exact")
 
 
 def _run_phase(name: str, args, extra: list[str] = ()) -> dict:
@@ -516,13 +937,41 @@ def main(argv=None) -> None:
     ap.add_argument("--synthetic", type=int, default=1_000_000)
     ap.add_argument("--phase", choices=sorted(PHASES))
     ap.add_argument("--only", nargs="*", default=None, help="phases to run (default: all)")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--corpus", choices=("stdlib",), help="one-command run of the whole stdlib (see run_stdlib)")
+    ap.add_argument("--machine", default="cpu", help="name recorded in the result (e.g. h100)")
+    ap.add_argument("--model", type=Path, default=None, help="encoder directory (default: the embedded MiniLM)")
+    ap.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default=None,
+                    help="embedding dtype (default: float16 on a GPU, float32 on the CPU)")
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--limit", type=int, default=None, help="--corpus: at most this many functions")
+    ap.add_argument("--query-cores", type=int, default=2)
+    ap.add_argument("--pack-model", type=Path, default=None,
+                    help="write the embedded MiniLM with float16 weights to this folder and exit")
     args = ap.parse_args(argv)
+    if args.pack_model is not None:
+        print(pack_model_f16(args.pack_model))
+        return
+    if args.corpus == "stdlib":
+        args.work = args.work or Path("/tmp/search_scale_stdlib")
+        args.work.mkdir(parents=True, exist_ok=True)
+        args.out = args.out or ROOT / "benchmarks" / "results" / args.machine / "search_scale_stdlib.json"
+        entry = run_stdlib(args)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(entry, indent=1) + "\n")
+        print(json.dumps(entry, indent=1))
+        return
+    args.out = args.out or OUT
     args.work = args.work or args.cache / "work"
     args.work.mkdir(parents=True, exist_ok=True)
     if args.phase:
         fn = PHASES[args.phase]
-        result = fn(args.cache, args.work, args.synthetic) if args.phase == "synth_build" else fn(args.cache, args.work)
+        if args.phase in TAKES_N:
+            result = fn(args.cache, args.work, args.synthetic)
+        elif args.phase == "pinned_queries":
+            result = fn(args.cache, args.work, str(args.model))
+        else:
+            result = fn(args.cache, args.work)
         (args.work / f"{args.phase}.json").write_text(json.dumps(result))
         return
     for name in args.only if args.only is not None else list(PHASES):
