@@ -21,7 +21,7 @@ one decode step queues (export_to_dot of the step's unevaluated graph; views - r
 transpose, broadcast, ... - listed apart): the work the host dispatches per token.
 
     python -m benchmarks.generation --machine h100 --new-tokens 256
-    python -m benchmarks.generation --machine cpu --shapes qwen2-24l-tiny --dtype float32 --no-torch
+    python -m benchmarks.generation --machine cpu --shapes qwen2-24l-tiny --dtype float32 --torch-repeats 0
 """
 
 from __future__ import annotations
@@ -178,7 +178,8 @@ def graph_nodes(outputs: list[mx.array]) -> dict:
 def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     """One decode step's graph, as each engine builds it: "batch" (mlx-lm's GenerationBatch._step
     on a BatchKVCache, plus the per-row log-probability picks `generate_group` makes) and
-    "static" (the compiled step on StaticKVCache)."""
+    "static" (the compiled step on StaticKVCache); host_build_ms: host time to build it (the
+    forward + sampling + per-row split; the compiled step's call), not evaluating it."""
     from mlx_lm.models.cache import BatchKVCache
     from mlx_lm.sample_utils import make_sampler
 
@@ -191,10 +192,12 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     x = mx.array([p[-1] for p in prompts for _ in range(group)], mx.uint32)
     batch = [BatchKVCache.merge(list(layer)) for layer in zip(*per_row, strict=True)]
     mx.eval([(c.keys, c.values, c.offset, c.left_padding) for c in batch])
+    start = time.perf_counter()
     logits = model(x[:, None], cache=batch)[:, -1, :]
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     tokens = sampler(logprobs)
     rows = list(logprobs)  # (GenerationBatch._step's per-row split)
+    build_old = time.perf_counter() - start
     old = graph_nodes([tokens, *rows, *[c.keys for c in batch], *[c.values for c in batch]])
     mx.eval(tokens, rows)
     picks = graph_nodes([mx.stack([row[t] for row, t in zip(rows, tokens.tolist(), strict=True)])])
@@ -204,9 +207,13 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     states = decode.decode_state(caches)
     mx.eval(states)
     step = decode.make_step(model, sampler)
+    mx.eval(step(x, states))  # (the first call traces and compiles)
+    start = time.perf_counter()
     nxt, lp, states = step(x, states)
+    build_new = time.perf_counter() - start
     new = graph_nodes([nxt, lp, *[a for kv in states[0] for a in kv], states[2]])
     mx.eval(nxt, lp, states)
+    old["host_build_ms"], new["host_build_ms"] = 1e3 * build_old, 1e3 * build_new
     return {"batch": old, "static": new}
 
 
@@ -240,10 +247,15 @@ def payload(args, device: str, results: list[dict]) -> dict:
     return {"settings": {"dtype": args.dtype, "weights": "random (shape only)", "sampling": "temperature 1",
                          "bandwidth_bytes_per_s": args.bandwidth, "torch_device": device,
                          "mlx_device": str(mx.default_device()), "repeats": args.repeats,
+                         "torch_repeats": args.torch_repeats, "greedy_tol": args.greedy_tol,
                          "engines": {"batch": "mlx-lm BatchGenerator (generate_group engine='batch')",
                                      "static": "mlxio.rl.decode compiled fixed-shape step (engine='static')"},
                          "torch_generate": "transformers generate, default dynamic KV cache"},
             "runs": results}
+
+
+def say(start: float, tag: str, what: str) -> None:
+    print(f"[{time.perf_counter() - start:6.1f} s] {tag}: {what}", flush=True)
 
 
 def median(runs: list[dict], key: str = "tokens_per_s") -> float:
@@ -262,13 +274,15 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--bandwidth", type=float, default=3.35e12, help="device memory bytes/s (H100 SXM)")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each MLX engine")
+    ap.add_argument("--torch-repeats", type=int, default=2, help="timed torch runs (0: no torch)")
     ap.add_argument("--greedy-tol", type=float, default=None,
                     help="logit distance from the argmax a greedy token may have (default: 0.125 in "
                          "half precision, 1e-3 in float32)")
-    ap.add_argument("--no-torch", action="store_true", help="MLX engines only")
     args = ap.parse_args(argv)
-    tol = args.greedy_tol if args.greedy_tol is not None else (1e-3 if args.dtype == "float32" else 0.125)
+    if args.greedy_tol is None:
+        args.greedy_tol = 1e-3 if args.dtype == "float32" else 0.125
+    tol = args.greedy_tol
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -284,11 +298,16 @@ def main(argv=None):
             if batch not in args.batches:
                 continue
             t0 = time.perf_counter()
-            warm = {e: run_mlx(mm, ps, group, args.new_tokens, e)["seconds"] for e in ("batch", "static")}
+            tag = f"{shape} b{batch}"
+            warm = {}
+            for engine in ("batch", "static"):  # first calls: kernels compile (minutes on a fresh GPU)
+                warm[engine] = run_mlx(mm, ps, group, args.new_tokens, engine)["seconds"]
+                say(t0, tag, f"{engine} warm-up {warm[engine]:.1f} s")
             row = {"shape": shape, "batch": batch, "label": label, "new_tokens": args.new_tokens,
                    "prompt_len": args.prompt_len, "dtype": args.dtype, "warmup_seconds": warm}
             row["greedy"] = greedy_check(mm, ps, group, args.new_tokens, tol)
             row["valid"] = row["greedy"]["valid"]
+            say(t0, tag, f"greedy check {row['greedy']}")
             row["graph"] = step_graphs(mm, ps, group)
             runs = {}
             for _ in range(args.repeats):  # interleaved: drift hits both engines alike
@@ -302,22 +321,26 @@ def main(argv=None):
             row["static_host_queue_ms_per_step"] = median(runs["static"], "host_queue_ms_per_step")
             row["static_host_syncs_per_step"] = median(runs["static"], "host_syncs_per_step")
             row["ms_per_step"] = {e: 1e3 * batch / row[f"{e}_median"] for e in runs}
-            if not args.no_torch:
-                run_torch(tm, ps, group, 8, device)  # warm-up
-                t = [run_torch(tm, ps, group, args.new_tokens, device) for _ in range(args.repeats)]
-                row["torch_tokens_per_s"] = [x["tokens_per_s"] for x in t]
-                row["torch_median"] = median(t)
-                row["static_over_torch"] = row["static_median"] / row["torch_median"]
-                row["batch_over_torch"] = row["batch_median"] / row["torch_median"]
             row["bandwidth_bound_tokens_per_s"] = bandwidth_bound(
                 tm, batch, args.prompt_len + args.new_tokens // 2, args.bandwidth,
                 4 if args.dtype == "float32" else 2)
             row["static_share_of_bound"] = row["static_median"] / row["bandwidth_bound_tokens_per_s"]
+            say(t0, tag, f"batch {row['batch_median']:.0f} tok/s, static {row['static_median']:.0f} tok/s "
+                f"({row['static_over_batch']:.2f}x), valid={row['valid']}")
+            write("generation", payload(args, device, results + [row]), args.machine, args.out)  # before torch
+            if args.torch_repeats:
+                run_torch(tm, ps, group, 8, device)  # warm-up
+                t = [run_torch(tm, ps, group, args.new_tokens, device) for _ in range(args.torch_repeats)]
+                row["torch_tokens_per_s"] = [x["tokens_per_s"] for x in t]
+                row["torch_median"] = median(t)
+                row["static_over_torch"] = row["static_median"] / row["torch_median"]
+                row["batch_over_torch"] = row["batch_median"] / row["torch_median"]
+                say(t0, tag, f"torch {row['torch_median']:.0f} tok/s")
             row["seconds"] = time.perf_counter() - t0
             results.append(row)
             print({k: v for k, v in row.items() if not isinstance(v, (list, dict))}, flush=True)
-            print({"greedy": row["greedy"], "graph": {e: {k: v for k, v in g.items() if k != "kinds"}
-                                                      for e, g in row["graph"].items()}}, flush=True)
+            print({"graph": {e: {k: v for k, v in g.items() if k != "kinds"} for e, g in row["graph"].items()}},
+                  flush=True)
             write("generation", payload(args, device, results), args.machine, args.out)  # keep partial results
         del tm, mm
         mx.clear_cache()

@@ -124,6 +124,20 @@ def test_one_trace_and_few_syncs_per_call(monkeypatch):
     ro = generate_group(policy, PROMPTS, group_size=2, max_new_tokens=40, seed=0, engine="static")
     assert len(traces) == 1
     assert ro.decode_stats["steps"] == 40 and ro.decode_stats["syncs"] == 3  # ceil(40 / 16)
+    generate_group(policy, PROMPTS[::-1], group_size=2, max_new_tokens=40, seed=1, engine="static")
+    assert len(traces) == 1  # the model's compiled step is reused for the same shapes
+
+
+def test_reused_step_reads_new_weights():
+    """The compiled step kept on a model sees that model's parameters as they are at each call."""
+    policy = _policy("llama")
+    kw = dict(group_size=1, max_new_tokens=16, seed=0, temperature=0.0)
+    before = generate_group(policy, PROMPTS, engine="static", **kw)
+    policy.model.update(tree_unflatten([(k, -v) for k, v in tree_flatten(policy.model.parameters())
+                                        if k.endswith("o_proj.weight")]))
+    after = generate_group(policy, PROMPTS, engine="static", **kw)
+    assert after.completion_tokens != before.completion_tokens
+    _same(after, generate_group(policy, PROMPTS, engine="batch", **kw))
 
 
 def test_static_cache_mask_and_positions():

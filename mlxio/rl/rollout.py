@@ -267,7 +267,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
             engine = "batch"  # nothing to cache before the first step: mlx-lm's path does it
         if engine == "static":
             completions, logprobs, finished, stats = _decode_static(
-                model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers)
+                model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
+                (float(temperature), float(top_p)))
             decode_sizes = None
         else:
             stats = None
@@ -292,7 +293,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         decode_batch_sizes=decode_sizes, decode_stats=stats)
 
 
-def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers):
+def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
+                   sampler_key):
     """`generate_group`'s "static" engine: (completions, logprobs, finished, stats) of N sequences."""
     n = len(prompt_tokens) * group_size
     bucketed = mx.default_device().type == mx.gpu
@@ -314,7 +316,7 @@ def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new
         return last if at_eos.size else None
 
     first = [prompt_tokens[i // group_size][-1] for i in range(n)]
-    return decode.decode(model, sampler, first, caches, max_new_tokens, is_done)
+    return decode.decode(model, sampler, first, caches, max_new_tokens, is_done, sampler_key=sampler_key)
 
 
 def _decode_batch(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
