@@ -548,3 +548,26 @@ def test_update_killed_at_any_step_leaves_old_or_new(tmp_path, monkeypatch, wher
     build.update(src, idx, FakeEmbed(), META)
     assert any(i.endswith("brand_new") for i in _ids(Index(idx)))
     assert sorted(p.name for p in idx.iterdir()) == ["CURRENT", store.current(idx).name]
+
+
+def test_pack_minilm_f16_roundtrip(tmp_path, minilm):
+    """The folder carried to the GPU machine: float16 weights of every float tensor, configs and
+    tokenizer beside them; it loads and embeds like the float32 original."""
+    import mlx.core as mx
+
+    from benchmarks.search_scale import pack_model_f16
+    from mlxio.search.embed import Embedder
+    from mlxio.weights.encoders import load_encoder
+    from mlxio.weights.safeload import read_safetensors
+
+    out = pack_model_f16(tmp_path / "minilm-f16", Path(minilm))
+    original, packed = read_safetensors(Path(minilm) / "model.safetensors"), read_safetensors(out / "model.safetensors")
+    assert sorted(original) == sorted(packed)
+    assert all(packed[k].dtype == (mx.float16 if mx.issubdtype(v.dtype, mx.floating) else v.dtype)
+               for k, v in original.items())  # position_ids stay int64
+    assert (out / "tokenizer.json").is_file() and (out / "1_Pooling" / "config.json").is_file()
+    assert (out / "model.safetensors").stat().st_size < 0.55 * (Path(minilm) / "model.safetensors").stat().st_size
+    text = ["def parse_date(text):\n    return text.split('/')"]
+    a = Embedder(load_encoder(minilm), 32).embed(text)[0].astype(np.float32)
+    b = Embedder(load_encoder(out, dtype=mx.float32), 32).embed(text)[0].astype(np.float32)
+    assert a.shape == b.shape and float((a * b).sum(axis=1).min()) > 0.999

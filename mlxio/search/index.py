@@ -322,6 +322,7 @@ class Index:
         search = m.get("search", {})
         self.nprobe = int(search.get("nprobe", DEFAULT_NPROBE))
         self.candidates = int(search.get("candidates", DEFAULT_CANDIDATES))
+        self._units: dict | None = None
 
     # -- documents
 
@@ -447,8 +448,12 @@ class Index:
         return 1.0 if value is None else float(value)
 
     def units(self) -> dict:
+        """{"kind", "units": {key: [sha256, size, mtime_ns, segment, first, count]}} (read once)."""
+        if self._units is not None:
+            return self._units
         try:
-            return json.loads((self.gen / "units.json").read_text())
+            self._units = json.loads((self.gen / "units.json").read_text())
+            return self._units
         except (OSError, ValueError) as err:
             raise IndexError_(f"{self.gen / 'units.json'}: unreadable ({err}); rebuild with `index --rebuild`") from None
 
