@@ -163,6 +163,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<machine>/cold_start.json)")
     ap.add_argument("--small-data", action="store_true",
                     help="retriever on a small corpus and evaluation (see small_data); for a slow CPU")
+    ap.add_argument("--offline", action="store_true",
+                    help="no network (the lent GPU machine): the retriever mines the stdlib alone, "
+                         "without the pinned PyPI packages")
     ap.add_argument("--retriever-args", nargs="*", default=[], help="extra recipe overrides")
     ap.add_argument("--rlaif-args", nargs="*", default=[], help="extra recipe overrides")
     ap.add_argument("--child", default=None, choices=RECIPES, help=argparse.SUPPRESS)
@@ -176,6 +179,8 @@ def main(argv=None) -> dict:
 
     from benchmarks.gpu_common import gpu_name, write
 
+    if args.offline:
+        args.retriever_args = ["--data.packages=", "--data.heldout_packages=", *args.retriever_args]
     if args.small_data:
         args.retriever_args = small_data() + args.retriever_args
     elif args.machine != "cpu":
@@ -185,7 +190,7 @@ def main(argv=None) -> dict:
     root = Path(args.work or tempfile.mkdtemp(prefix="cold_start_"))
     rows = []
     payload = {"settings": {"steps": args.steps, "timeout_s": args.timeout, "prime": args.prime,
-                            "small_data": args.small_data,
+                            "small_data": args.small_data, "offline": args.offline,
                             "retriever": "recipes.xtr_lora --preset quick (stopped after N steps)",
                             "rlaif": "recipes.rlaif_qwen --preset quick --eval.before false (stopped after N steps)"},
                "gpu": gpu_name() if args.machine != "cpu" else None, "runs": rows}

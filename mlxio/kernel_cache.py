@@ -12,6 +12,10 @@ finds the kernels cached starts in seconds. `configure()` (run by `import mlxio`
 `MLXIO_KERNEL_CACHE=off` keeps MLX's own default. No effect on the CPU or Metal builds (they
 compile no NVRTC kernels), but harmless there.
 
+`export_cache(archive)` / `import_cache(archive)` (CLI: `python -m mlxio.kernel_cache export|import|info`)
+carry a warm cache to another machine with the same MLX version and GPU model, whose first run
+then starts as a warm one (a team builds it once, e.g. in CI on a GPU runner, and shares it).
+
 `compile_notice(what, shape)`: wraps a call that may compile kernels (the first step of a
 shape); when it is still running after `after_s` seconds a log line says that GPU kernels are
 being compiled and where they are cached, and a second line gives the elapsed time when it ends.
@@ -19,12 +23,19 @@ being compiled and where they are cached, and a second line gives the elapsed ti
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import os
+import subprocess
+import tarfile
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from mlxio.errors import DataError, StrictArgumentParser, cli_main
 
 log = logging.getLogger("mlxio")
 ENV = "MLXIO_KERNEL_CACHE"
@@ -111,3 +122,108 @@ def compile_notice(what: str, shape, after_s: float = 5.0, logger: logging.Logge
 def shapes(tree) -> tuple:
     """A hashable summary of a flat {name: array} batch: ((name, shape), ...)."""
     return tuple(sorted((k, tuple(v.shape)) for k, v in tree.items() if hasattr(v, "shape")))
+
+
+MANIFEST = "kernel_cache.json"
+
+
+def _gpu_name() -> str | None:
+    """The first GPU's name (nvidia-smi), None without one."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.splitlines()[0].strip() if out else None
+
+
+def _mlx_version() -> str:
+    import mlx.core as mx
+
+    return mx.__version__
+
+
+def export_cache(archive: str | os.PathLike, folder: str | None = None) -> dict:
+    """Write the kernel cache `folder` (default: the one in use) to `archive` (.tar.gz) with a
+    manifest {mlx, gpu, files, bytes}; returns the manifest. DataError on an empty cache."""
+    folder = Path(folder or cache_dir())
+    files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+    if not files:
+        raise DataError(f"no compiled kernels in {folder}", fix="run a recipe on the GPU first (it fills the cache)")
+    manifest = {"mlx": _mlx_version(), "gpu": _gpu_name(), "files": len(files),
+                "bytes": sum(p.stat().st_size for p in files)}
+    archive = Path(archive)
+    tmp = archive.with_name(archive.name + ".partial")
+    with tarfile.open(tmp, "w:gz") as tar:
+        data = json.dumps(manifest).encode()
+        info = tarfile.TarInfo(MANIFEST)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+        for p in files:
+            tar.add(p, arcname=f"ptx/{p.relative_to(folder)}")
+    os.replace(tmp, archive)
+    return manifest
+
+
+def import_cache(archive: str | os.PathLike, folder: str | None = None, check: bool = True) -> dict:
+    """Unpack an `export_cache` archive into the kernel cache `folder` (default: the one in use);
+    kernels already there are kept. With `check`, refuses (DataError) an archive built by another
+    MLX version or on another GPU model: their kernels would not load, or not be the same ones."""
+    archive = Path(archive)
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except (OSError, tarfile.TarError) as err:
+        raise DataError(f"cannot read kernel cache archive: {err}", where=str(archive)) from None
+    with tar:
+        try:
+            manifest = json.loads(tar.extractfile(MANIFEST).read())
+        except (KeyError, AttributeError, ValueError):
+            raise DataError("not a kernel cache archive (no kernel_cache.json)", where=str(archive),
+                            fix="make one with `python -m mlxio.kernel_cache export FILE`") from None
+        here = {"mlx": _mlx_version(), "gpu": _gpu_name()}
+        for key, value in here.items():
+            if check and value and manifest.get(key) and manifest[key] != value:
+                raise DataError(f"kernel cache built for {key} {manifest[key]!r}, this machine has {value!r}",
+                                where=str(archive), fix="build the cache on this kind of machine (or --no-check)")
+        dest = Path(folder or cache_dir())
+        dest.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+            members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith("ptx/")]
+            tar.extractall(tmp, members=members, filter="data")
+            added = 0
+            for src in Path(tmp, "ptx").rglob("*"):
+                target = dest / src.relative_to(Path(tmp, "ptx"))
+                if src.is_file() and not target.exists():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(src, target)  # same file system: each kernel appears whole or not at all
+                    added += 1
+    return {**manifest, "added": added, "folder": str(dest)}
+
+
+def _cli(argv: list[str]) -> None:
+    ap = StrictArgumentParser(prog="python -m mlxio.kernel_cache",
+                              description="Share MLX's compiled GPU kernels between machines.")
+    sub = ap.add_subparsers(dest="verb", required=True)
+    ex = sub.add_parser("export", help="write the kernel cache to ARCHIVE (.tar.gz)")
+    ex.add_argument("archive")
+    im = sub.add_parser("import", help="add the kernels in ARCHIVE to the kernel cache")
+    im.add_argument("archive")
+    im.add_argument("--no-check", dest="check", action="store_false",
+                    help="accept an archive from another MLX version or GPU model")
+    sub.add_parser("info", help="print the kernel cache folder and what it holds")
+    args = ap.parse_args(argv)
+    if args.verb == "export":
+        print(json.dumps(export_cache(args.archive)))
+    elif args.verb == "import":
+        print(json.dumps(import_cache(args.archive, check=args.check)))
+    else:
+        folder = Path(cache_dir())
+        files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
+        print(json.dumps({"folder": str(folder), "files": len(files),
+                          "bytes": sum(p.stat().st_size for p in files)}))
+
+
+if __name__ == "__main__":
+    import mlxio  # noqa: F401  (sets MLX_PTX_CACHE_DIR before MLX is used)
+
+    cli_main("kernel_cache", _cli)

@@ -49,3 +49,40 @@ def test_compile_notice_logs_slow_first_call_only(caplog):
         assert first
         time.sleep(0.1)  # not a GPU: silent
     assert caplog.records == []
+
+
+def test_export_import_round_trip(tmp_path, monkeypatch):
+    """A warm cache carried to another folder (machine): every kernel arrives, existing ones are
+    kept, and an archive from another MLX version is refused with a line naming both."""
+    import json
+    import tarfile
+
+    import pytest
+
+    from mlxio.errors import DataError
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "k1.cubin").write_bytes(b"one")
+    (src / "sub" / "k2.cubin").write_bytes(b"two" * 100)
+    monkeypatch.setattr(kernel_cache, "_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    manifest = kernel_cache.export_cache(tmp_path / "k.tar.gz", str(src))
+    assert manifest["files"] == 2 and manifest["bytes"] == 303
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "k1.cubin").write_bytes(b"kept")
+    out = kernel_cache.import_cache(tmp_path / "k.tar.gz", str(dest))
+    assert out["added"] == 1
+    assert (dest / "k1.cubin").read_bytes() == b"kept" and (dest / "sub" / "k2.cubin").read_bytes() == b"two" * 100
+    monkeypatch.setattr(kernel_cache, "_mlx_version", lambda: "0.0.1")
+    with pytest.raises(DataError, match="mlx .* this machine has '0.0.1'"):
+        kernel_cache.import_cache(tmp_path / "k.tar.gz", str(dest))
+    assert kernel_cache.import_cache(tmp_path / "k.tar.gz", str(dest), check=False)["added"] == 0
+    with pytest.raises(DataError, match="no compiled kernels"):
+        kernel_cache.export_cache(tmp_path / "e.tar.gz", str(tmp_path / "empty"))
+    bad = tmp_path / "bad.tar.gz"
+    with tarfile.open(bad, "w:gz") as tar:
+        tar.add(src / "k1.cubin", arcname="k1.cubin")
+    with pytest.raises(DataError, match="not a kernel cache archive"):
+        kernel_cache.import_cache(bad, str(dest))
+    assert json.loads(json.dumps(manifest))["mlx"]
