@@ -13,8 +13,10 @@ finds the kernels cached starts in seconds. `configure()` (run by `import mlxio`
 compile no NVRTC kernels), but harmless there.
 
 `export_cache(archive)` / `import_cache(archive)` (CLI: `python -m mlxio.kernel_cache export|import|info`)
-carry a warm cache to another machine with the same MLX version and GPU model, whose first run
-then starts as a warm one (a team builds it once, e.g. in CI on a GPU runner, and shares it).
+carry a warm cache to another machine with the same MLX version and GPU architecture (compute
+capability: an H100's kernels serve an H200), whose first run then starts as a warm one (a team
+builds it once, e.g. on a GPU CI runner, and shares it). MLX keeps per kernel module a `.ptx`
+(SASS cubin), a `.txt` (kernel names) and the `.cu` source; the archive holds the first two.
 
 `compile_notice(what, shape)`: wraps a call that may compile kernels (the first step of a
 shape); when it is still running after `after_s` seconds a log line says that GPU kernels are
@@ -127,10 +129,11 @@ def shapes(tree) -> tuple:
 MANIFEST = "kernel_cache.json"
 
 
-def _gpu_name() -> str | None:
-    """The first GPU's name (nvidia-smi), None without one."""
+def _gpu_arch() -> str | None:
+    """The first GPU's compute capability ("9.0" on an H100 or H200: MLX compiles its kernels to
+    that architecture's SASS), from nvidia-smi; None without a GPU."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -145,12 +148,13 @@ def _mlx_version() -> str:
 
 def export_cache(archive: str | os.PathLike, folder: str | None = None) -> dict:
     """Write the kernel cache `folder` (default: the one in use) to `archive` (.tar.gz) with a
-    manifest {mlx, gpu, files, bytes}; returns the manifest. DataError on an empty cache."""
+    manifest {mlx, gpu_arch, files, bytes}; returns the manifest. The `.cu` sources stay behind
+    (MLX loads a module from its `.ptx` and `.txt`). DataError on an empty cache."""
     folder = Path(folder or cache_dir())
-    files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".cu") if folder.is_dir() else []
     if not files:
         raise DataError(f"no compiled kernels in {folder}", fix="run a recipe on the GPU first (it fills the cache)")
-    manifest = {"mlx": _mlx_version(), "gpu": _gpu_name(), "files": len(files),
+    manifest = {"mlx": _mlx_version(), "gpu_arch": _gpu_arch(), "files": len(files),
                 "bytes": sum(p.stat().st_size for p in files)}
     archive = Path(archive)
     tmp = archive.with_name(archive.name + ".partial")
@@ -168,7 +172,7 @@ def export_cache(archive: str | os.PathLike, folder: str | None = None) -> dict:
 def import_cache(archive: str | os.PathLike, folder: str | None = None, check: bool = True) -> dict:
     """Unpack an `export_cache` archive into the kernel cache `folder` (default: the one in use);
     kernels already there are kept. With `check`, refuses (DataError) an archive built by another
-    MLX version or on another GPU model: their kernels would not load, or not be the same ones."""
+    MLX version or for another GPU architecture: their kernels would not load, or not be the same ones."""
     archive = Path(archive)
     try:
         tar = tarfile.open(archive, "r:*")
@@ -180,7 +184,7 @@ def import_cache(archive: str | os.PathLike, folder: str | None = None, check: b
         except (KeyError, AttributeError, ValueError):
             raise DataError("not a kernel cache archive (no kernel_cache.json)", where=str(archive),
                             fix="make one with `python -m mlxio.kernel_cache export FILE`") from None
-        here = {"mlx": _mlx_version(), "gpu": _gpu_name()}
+        here = {"mlx": _mlx_version(), "gpu_arch": _gpu_arch()}
         for key, value in here.items():
             if check and value and manifest.get(key) and manifest[key] != value:
                 raise DataError(f"kernel cache built for {key} {manifest[key]!r}, this machine has {value!r}",
@@ -209,7 +213,7 @@ def _cli(argv: list[str]) -> None:
     im = sub.add_parser("import", help="add the kernels in ARCHIVE to the kernel cache")
     im.add_argument("archive")
     im.add_argument("--no-check", dest="check", action="store_false",
-                    help="accept an archive from another MLX version or GPU model")
+                    help="accept an archive from another MLX version or GPU architecture")
     sub.add_parser("info", help="print the kernel cache folder and what it holds")
     args = ap.parse_args(argv)
     if args.verb == "export":

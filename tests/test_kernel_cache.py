@@ -65,7 +65,8 @@ def test_export_import_round_trip(tmp_path, monkeypatch):
     (src / "sub").mkdir(parents=True)
     (src / "k1.cubin").write_bytes(b"one")
     (src / "sub" / "k2.cubin").write_bytes(b"two" * 100)
-    monkeypatch.setattr(kernel_cache, "_gpu_name", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(kernel_cache, "_gpu_arch", lambda: "9.0")
+    (src / "k1.cu").write_text("source stays behind")
     manifest = kernel_cache.export_cache(tmp_path / "k.tar.gz", str(src))
     assert manifest["files"] == 2 and manifest["bytes"] == 303
     dest = tmp_path / "dest"
