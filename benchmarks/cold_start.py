@@ -61,7 +61,7 @@ def _recipe_argv(recipe: str, work: Path, steps: int, extra: list[str]) -> list[
         return ["--preset", "quick", "--out_dir", str(work / "run"), "--cache_dir", str(work / "cache"),
                 "--train.log_every", "1", "--train.eval_interval", "1", *extra]
     argv = ["--preset", "quick", "--out_dir", str(work / "run"), "--eval.before", "false",
-            "--log_every", "1", *extra]
+            "--train.log_every", "1", *extra]
     from mlxio.sandbox.backend import bwrap_path
 
     try:

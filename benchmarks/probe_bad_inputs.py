@@ -296,7 +296,7 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
                                     for i in range(12)) + b"\n")
     run_dir = work / "nonfinite"
     base = rq.PRESETS["smoke"]
-    cfg = attrs.evolve(base, out_dir=str(run_dir), max_consecutive_skips=10,
+    cfg = attrs.evolve(base, out_dir=str(run_dir), train=attrs.evolve(base.train, max_consecutive_skips=10),
                        data=attrs.evolve(base.data, problems=str(problems), heldout_fraction=0.4),
                        eval=attrs.evolve(base.eval, before=False, after=False))
     kind, code, err, _ = run_in_process("rlaif_qwen", lambda argv: rq.run(cfg, extra_rewards=[(Huge(), 1.0)]),
@@ -334,11 +334,11 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
     # a finished run, then --resume with other settings: refused, nothing in the run changes
     run_dir = work / "resume"
     argv = ["--preset", "smoke", "--out_dir", str(run_dir), "--data.problems", str(problems), "--data.heldout_fraction", "0.4",
-            "--eval.before", "false", "--eval.after", "false", "--steps", "2", "--optim.total_steps", "2"]
+            "--eval.before", "false", "--eval.after", "false", "--train.steps", "2", "--optim.total_steps", "2"]
     kind, code, err, _ = run_in_process("rlaif_qwen", rq.main, argv, timeout)
     if kind != "silent":  # exit 0 is right here: a good run
         record("setup", "resume: first run", kind, err)
-    for change in (["--seed", "3"], ["--optim.lr", "0.02"], ["--lora.rank", "2"]):
+    for change in (["--train.seed", "3"], ["--optim.lr", "0.02"], ["--lora.rank", "2"]):
         before = snapshot(run_dir)
         kind, code, err, _ = run_in_process("rlaif_qwen", rq.main, [*argv, "--resume", *change], timeout)
         named = change[0].lstrip("-") in err and "->" in err

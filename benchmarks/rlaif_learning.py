@@ -44,7 +44,7 @@ def entries(eval_json: dict, command: str, wall_s: float, run: str) -> list[dict
         d = res["diff"]
         out.append({
             "task_set": name, "model": cfg["model"] or "SmolLM2-135M-Instruct (embedded GGUF)",
-            "steps": cfg["steps"], "n_samples": res["before"]["n"],
+            "steps": cfg.get("train", cfg)["steps"],  # train.steps (top-level "steps" in older results) "n_samples": res["before"]["n"],
             "temperature": res["before"]["sampled"]["temperature"],
             "before": side(res["before"]), "after": side(res["after"]),
             "diff": {"mean": d["sampled"]["mean"], "ci95": d["sampled"]["ci95"],

@@ -166,9 +166,9 @@ def recipe_run(server: MlxLmServer | None, args, out: Path) -> dict:
     teacher = (TeacherConfig(url=server.url, model=server.model, timeout_s=120.0,
                              scoring="verdict") if server else TeacherConfig())
     cfg = attrs.evolve(
-        base, steps=args.steps, prompts_per_step=1, group_size=args.group_size,
-        accum=2, max_new_tokens=args.max_new_tokens, checkpoint_every=args.steps,
-        keep_checkpoints=1, seed=args.seed, out_dir=str(out),
+        base, prompts_per_step=1, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+        train=attrs.evolve(base.train, steps=args.steps, accum=2, checkpoint_every=args.steps, keep_checkpoints=1,
+                           seed=args.seed), out_dir=str(out),
         optim=attrs.evolve(base.optim, total_steps=args.steps) if isinstance(base.optim, OptimConfig)
         else base.optim,
         rewards=attrs.evolve(base.rewards, ai_feedback=0.5 if server else 0.0)

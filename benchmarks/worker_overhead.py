@@ -15,7 +15,7 @@ packing), timed without a pipe.
 
 Shapes ("the model's compute is the denominator": the tiny model is the worst case):
   smoke: the smoke preset (tiny random llama, 2 prompts x 4 completions of <= 12 tokens).
-  quick: the quick preset's batch (1 prompt x 8 completions of <= 160 tokens, accumulation 2;
+  quick: the quick preset's batch (1 prompt x 8 completions of <= 160 tokens, accum 2;
          payload ~8 x 290 tokens) on the tiny model, or on `--model` (e.g. the default
          SmolLM2-135M: `--model ''`).
 
@@ -104,9 +104,10 @@ class Client:
 def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: int = 4,
             pause: float = 0.05, thread: bool = True) -> dict:
     base = PRESETS["smoke"] if shape == "smoke" else attrs.evolve(
-        PRESETS["smoke"], prompts_per_step=1, group_size=8, accumulation=2, max_new_tokens=160)
+        PRESETS["smoke"], prompts_per_step=1, group_size=8,
+        train=attrs.evolve(PRESETS["smoke"].train, accum=2), max_new_tokens=160)
     out = tempfile.mkdtemp(prefix="worker_overhead_")
-    cfg = attrs.evolve(base, model=model, out=out)
+    cfg = attrs.evolve(base, model=model, out_dir=out)
     config = to_dict(cfg)
     local = Worker(PRESETS, validate)
     local.initialize({"preset": "smoke", "config": config})

@@ -80,6 +80,30 @@ class SandboxConfig:
 
 
 @attrs.frozen(kw_only=True)
+class TrainConfig:
+    """The run's length, batching and cadence: the same names as the retriever recipe's `train.*`."""
+
+    # quick: 12 steps x 2 prompts x 8 completions (procedural level 1: ~45 tokens each); about
+    # a minute a step on 2 CPU cores
+    steps: int = bounded(12, ge=1)
+    accum: int = bounded(2, ge=1, le=65536)  # the P * G completions of a step go through in this many micro-batches
+    log_every: int = bounded(1, ge=1)  # a metrics.jsonl record every N steps: the means over those N steps
+    checkpoint_every: int = bounded(4, ge=1)  # save a resumable checkpoint every N steps
+    keep_checkpoints: int = bounded(2, ge=1)  # checkpoints kept (older ones deleted)
+    max_consecutive_skips: int = bounded(3, ge=1)  # non-finite steps in a row before the run stops
+    seed: int = 0  # seed of initialisation, prompt order and sampling
+
+
+@attrs.frozen(kw_only=True)
+class MemoryConfig:
+    # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
+    # logits instead of `accum` of them (see mlxcore.step). Quick preset, 3 steps on 2
+    # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape): peak
+    # 58.1 -> 29.3 GB at 2.5% lower speed
+    eval_micro_batches: bool = True
+
+
+@attrs.frozen(kw_only=True)
 class Config:
     model: str | None = None  # None: embedded SmolLM2-135M-Instruct GGUF; or a dir / hub id
     # MLX's CPU quantised matmul is ~30x slower than float BLAS here, so on CPU the 4-bit base
@@ -91,17 +115,8 @@ class Config:
     # lr 2e-4: the H100 run (--preset gpu) that lifted held-out pass@1 0.20 -> 0.66 used it
     optim: OptimConfig = OptimConfig(name="adamw", lr=2e-4, weight_decay=0.0, warmup_steps=0,
                                      total_steps=12, clip_norm=1.0)
-    # quick: 12 steps x 2 prompts x 8 completions (procedural level 1: ~45 tokens each); about
-    # a minute a step on 2 CPU cores
-    steps: int = bounded(12, ge=1)
     prompts_per_step: int = bounded(2, ge=1, le=65536)
     group_size: int = bounded(8, ge=1, le=65536)
-    accum: int = bounded(2, ge=1, le=65536)  # the P * G completions of a step go through in this many micro-batches
-    # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
-    # logits instead of `accum` of them (see mlxcore.step). Quick preset, 3 steps on 2
-    # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape): peak
-    # 58.1 -> 29.3 GB at 2.5% lower speed
-    eval_micro_batches: bool = True
     temperature: float = bounded(0.8, gt=0, le=100)  # sampling; 0 (greedy) would make every group identical
     top_p: float = bounded(0.95, gt=0, le=1)
     max_new_tokens: int = bounded(160, ge=1)
@@ -121,20 +136,22 @@ class Config:
     sandbox: SandboxConfig = SandboxConfig()
     data: DataConfig = DataConfig()
     eval: EvalConfig = EvalConfig(max_new_tokens=256, batch=16)  # all held-out problems
-    checkpoint_every: int = bounded(4, ge=1)
-    log_every: int = bounded(1, ge=1)  # a metrics.jsonl record every N steps: the means over those N steps
+    train: TrainConfig = TrainConfig()
+    memory: MemoryConfig = MemoryConfig()
     # also report each record to: "tensorboard" (event files in out_dir/tensorboard), "wandb"
     # (Weights & Biases; offline unless WANDB_MODE is set); metrics.jsonl always
     report_to: tuple[str, ...] = ()
-    keep_checkpoints: int = bounded(2, ge=1)
-    max_consecutive_skips: int = bounded(3, ge=1)
-    seed: int = 0
     out_dir: str = bounded("runs/rlaif_quick", nonempty=True)
 
-    # old setting names, still read (with a warning) from flags, config files and worker clients
-    LEGACY_KEYS: ClassVar[dict[str, str | None]] = {"out": "out_dir", "accumulation": "accum"}
+    # old setting names, still read (with a warning) from flags, config files, worker clients
+    # and the config recorded in older checkpoints (`--resume` says which were renamed)
+    LEGACY_KEYS: ClassVar[dict[str, str | None]] = {
+        "out": "out_dir", "accumulation": "train.accum",
+        **{name: f"train.{name}" for name in ("steps", "accum", "log_every", "checkpoint_every", "keep_checkpoints",
+                                              "max_consecutive_skips", "seed")},
+        "eval_micro_batches": "memory.eval_micro_batches"}
     # settings that follow another unless given themselves: the schedule spans the run
-    DERIVED: ClassVar[dict[str, str]] = {"optim.total_steps": "steps"}
+    DERIVED: ClassVar[dict[str, str]] = {"optim.total_steps": "train.steps"}
 
 
 PRESETS = {
@@ -143,8 +160,8 @@ PRESETS = {
     # 2 CPU cores, <= 20 minutes: the evaluation samples n = 4 per problem (the GPU preset's
     # n = 16 takes too long on a CPU), at most 160 tokens as in training
     "quick": Config(eval=EvalConfig(max_new_tokens=160, batch=8, samples=4)),
-    "full": Config(steps=200, prompts_per_step=4, max_new_tokens=384, accum=8,
-                   checkpoint_every=20, keep_checkpoints=3,
+    "full": Config(prompts_per_step=4, max_new_tokens=384,
+                   train=TrainConfig(steps=200, accum=8, checkpoint_every=20, keep_checkpoints=3),
                    lora=LoraConfig(rank=16, alpha=32.0, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
                    optim=OptimConfig(name="adamw", lr=1e-5, weight_decay=0.0, warmup_steps=10,
                                      total_steps=200, clip_norm=1.0),
@@ -153,14 +170,14 @@ PRESETS = {
     # the H100 learning run of the README (benchmarks/results/h100/rlaif_learning.json):
     # 100 steps x 8 prompts x 8 completions of levels 1-2, evaluated with n = 16 on 96 held-out
     # instances, 24 problems of the held-out family and HumanEval's held-out split
-    "gpu": Config(steps=100, prompts_per_step=8, group_size=8, checkpoint_every=10, log_every=5,
+    "gpu": Config(prompts_per_step=8, group_size=8, train=TrainConfig(steps=100, checkpoint_every=10, log_every=5),
                   optim=OptimConfig(name="adamw", lr=2e-4, weight_decay=0.0, warmup_steps=0,
                                     total_steps=100, clip_norm=1.0),
                   data=DataConfig(difficulty=(1, 2), heldout_per_template=4, transfer=("humaneval",)),
                   sandbox=SandboxConfig(workers=8),
                   eval=EvalConfig(max_new_tokens=256, batch=4, workers=8), out_dir="runs/rlaif_gpu"),
-    "smoke": Config(model=TINY_PREFIX + "llama", steps=4, prompts_per_step=2, group_size=4,
-                    accum=2, max_new_tokens=12, checkpoint_every=2,
+    "smoke": Config(model=TINY_PREFIX + "llama", prompts_per_step=2, group_size=4, max_new_tokens=12,
+                    train=TrainConfig(steps=4, accum=2, checkpoint_every=2),
                     lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")),
                     optim=OptimConfig(name="adamw", lr=1e-2, weight_decay=0.0, warmup_steps=0,
                                       total_steps=4, clip_norm=1.0),
@@ -217,8 +234,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.lr: must be a finite number > 0, got {cfg.optim.lr}")
     if not math.isfinite(cfg.beta) or cfg.beta < 0:
         raise ConfigError(f"beta: must be a finite number >= 0, got {cfg.beta}")
-    if (cfg.prompts_per_step * cfg.group_size) % cfg.accum:
-        raise ConfigError(f"accum={cfg.accum} must divide prompts_per_step * "
+    if (cfg.prompts_per_step * cfg.group_size) % cfg.train.accum:
+        raise ConfigError(f"train.accum={cfg.train.accum} must divide prompts_per_step * "
                           f"group_size = {cfg.prompts_per_step * cfg.group_size}")
     if not math.isfinite(cfg.teacher.timeout_s) or cfg.teacher.timeout_s <= 0:
         raise ConfigError(f"teacher.timeout_s: must be a finite number > 0, got "
@@ -231,7 +248,9 @@ def validate(cfg: Config) -> None:
     if cfg.teacher.url is not None and not cfg.teacher.url.startswith(("http://", "https://")):
         raise ConfigError(f"teacher.url: must start with http:// or https://, got "
                           f"{cfg.teacher.url!r}")
-    for name in ("steps", "prompts_per_step", "group_size", "accum", "inner_epochs",
-                 "max_new_tokens", "checkpoint_every", "max_consecutive_skips", "log_every"):
+    for name in ("prompts_per_step", "group_size", "inner_epochs", "max_new_tokens"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")
+    for name in ("steps", "accum", "checkpoint_every", "max_consecutive_skips", "log_every"):
+        if getattr(cfg.train, name) < 1:
+            raise ConfigError(f"train.{name}: must be >= 1, got {getattr(cfg.train, name)}")

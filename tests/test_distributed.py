@@ -200,15 +200,15 @@ def test_rlaif_rank_share_splits_prompts_or_groups():
 
     from mlxio.rl import grpo
 
-    cfg = Config(prompts_per_step=4, group_size=6, accum=2)
+    cfg = Config(prompts_per_step=4, group_size=6, train=Config(accum=2))
     shares = [grpo.rank_share(cfg, distributed.World(rank=r, size=2)) for r in range(2)]
     assert shares == [(slice(0, 2), 6), (slice(2, 4), 6)]  # whole prompts per rank
-    cfg = Config(prompts_per_step=3, group_size=4, accum=2)
+    cfg = Config(prompts_per_step=3, group_size=4, train=Config(accum=2))
     assert grpo.rank_share(cfg, distributed.World(rank=1, size=2)) == (slice(0, 3), 2)  # groups split
     with pytest.raises(ConfigError, match="3 ranks must divide prompts_per_step=4 or group_size=8"):
-        grpo.rank_share(Config(prompts_per_step=4, group_size=8, accum=1), distributed.World(size=3))
-    with pytest.raises(ConfigError, match="accum=4 must divide each rank's 6 completions"):
-        grpo.rank_share(Config(prompts_per_step=3, group_size=4, accum=4), distributed.World(size=2))
+        grpo.rank_share(Config(prompts_per_step=4, group_size=8, train=Config(accum=1)), distributed.World(size=3))
+    with pytest.raises(ConfigError, match="train.accum=4 must divide each rank's 6 completions"):
+        grpo.rank_share(Config(prompts_per_step=3, group_size=4, train=Config(accum=4)), distributed.World(size=2))
 
 
 @pytest.mark.slow  # two launched ranks of the smoke preset (tiny llama, sandboxed rewards)

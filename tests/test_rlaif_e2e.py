@@ -70,11 +70,13 @@ def problems_file(tmp_path_factory):
     return path
 
 
-def smoke_cfg(out, problems_file, **kw):
+def smoke_cfg(out, problems_file, train: dict | None = None, **kw):
+    """The smoke preset on `problems_file`, writing to `out`; `train`: overrides of its train section."""
     base = rq.PRESETS["smoke"]
     return attrs.evolve(base, out_dir=str(out), data=attrs.evolve(base.data, problems=str(problems_file),
                                                               heldout_fraction=0.4),
-                        eval=EvalConfig(problems=2, samples=2, max_new_tokens=8, timeout_s=20.0), **kw)
+                        eval=EvalConfig(problems=2, samples=2, max_new_tokens=8, timeout_s=20.0),
+                        train=attrs.evolve(base.train, **(train or {})), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +124,7 @@ def test_adapters_load_back_through_mlx_lm(full_run, tmp_path):
 
     cfg, _ = full_run
     out = Path(cfg.out_dir)
-    base = llm.tiny_policy("llama", seed=cfg.seed)  # the same random base the run trained
+    base = llm.tiny_policy("llama", seed=cfg.train.seed)  # the same random base the run trained
     llm.save_model_dir(base.model, base.tokenizer._tokenizer, base.config, tmp_path / "base")
     tuned, _ = load(str(tmp_path / "base"), adapter_path=str(out / "adapters"))
     fused, _ = load(str(out / "fused"))
@@ -154,7 +156,8 @@ def test_resume_continues_exactly(full_run, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg_a, _ = full_run
-    cfg = attrs.evolve(cfg_a, out_dir=str(tmp_path / "run_b"), log_every=2, report_to=("tensorboard", "wandb"))
+    cfg = attrs.evolve(cfg_a, out_dir=str(tmp_path / "run_b"), train=attrs.evolve(cfg_a.train, log_every=2),
+                       report_to=("tensorboard", "wandb"))
     rq.run(cfg, stop_after=2, extra_rewards=EXTRA)
     assert final_trees(cfg.out_dir)[1]["step"] == 2
     rq.run(cfg, resume=True, extra_rewards=EXTRA)
@@ -183,8 +186,8 @@ def test_resume_continues_exactly(full_run, tmp_path):
     assert [h["_step"] for h in history] == [2, 4]
     np.testing.assert_allclose([h["reward/format"] for h in history], [r["reward/format"] for r in windows])
     before = {p.name: p.read_bytes() for p in Path(cfg.out_dir).iterdir() if p.is_file()}
-    with pytest.raises(CheckpointError, match=r"config_hash differs.*changed: seed: 0 -> 1"):
-        rq.run(attrs.evolve(cfg, seed=1), resume=True, extra_rewards=EXTRA)  # another config never resumes it
+    with pytest.raises(CheckpointError, match=r"config_hash differs.*changed: train.seed: 0 -> 1"):
+        rq.run(attrs.evolve(cfg, train=attrs.evolve(cfg.train, seed=1)), resume=True, extra_rewards=EXTRA)  # another config never resumes it
     assert {p.name: p.read_bytes() for p in Path(cfg.out_dir).iterdir() if p.is_file()} == before  # nothing written
 
 
@@ -216,7 +219,7 @@ def test_nan_loss_is_skipped_with_params_unchanged(problems_file, tmp_path):
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the metrics' nanmean
 def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, capsys):
     # Rewards near float32's max overflow the group mean: advantages and loss become NaN.
-    cfg = smoke_cfg(tmp_path, problems_file, max_consecutive_skips=2)
+    cfg = smoke_cfg(tmp_path, problems_file, train={"max_consecutive_skips": 2})
     cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
     with pytest.raises(TrainingDiverged, match="step 2: 2 non-finite steps in a row"):
         rq.run(cfg, extra_rewards=[(HugeReward(), 1.0)])
@@ -236,7 +239,7 @@ def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, ca
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_a_run_where_no_step_succeeded_fails_and_exports_nothing(problems_file, tmp_path):
-    cfg = smoke_cfg(tmp_path, problems_file, max_consecutive_skips=10)  # never reached in 4 steps
+    cfg = smoke_cfg(tmp_path, problems_file, train={"max_consecutive_skips": 10})  # never reached in 4 steps
     cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
     with pytest.raises(RunError, match="no training step succeeded: all 4 updates"):
         rq.run(cfg, extra_rewards=[(HugeReward(), 1.0)])
@@ -245,7 +248,7 @@ def test_a_run_where_no_step_succeeded_fails_and_exports_nothing(problems_file, 
 
 @pytest.mark.parametrize("engine", ["auto", "static"])  # (auto: "batch" on the CPU)
 def test_qlora_on_a_quantised_base(problems_file, tmp_path, engine):
-    cfg = smoke_cfg(tmp_path, problems_file, model="tiny:llama-q4", dequantize=False, steps=1,
+    cfg = smoke_cfg(tmp_path, problems_file, model="tiny:llama-q4", dequantize=False, train={"steps": 1},
                     optim=attrs.evolve(rq.PRESETS["smoke"].optim, total_steps=1), rollout_engine=engine)
     cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
     policy = grpo.load_model(cfg)
@@ -259,8 +262,8 @@ def test_qlora_on_a_quantised_base(problems_file, tmp_path, engine):
 
 
 def test_bad_config_is_named():
-    with pytest.raises(ConfigError, match="accum"):
-        rq.validate(attrs.evolve(rq.PRESETS["smoke"], accum=3))
+    with pytest.raises(ConfigError, match="train.accum"):
+        rq.validate(attrs.evolve(rq.PRESETS["smoke"], train=attrs.evolve(rq.PRESETS["smoke"].train, accum=3)))
     with pytest.raises(ConfigError, match="clip_eps"):
         rq.validate(attrs.evolve(rq.PRESETS["smoke"], inner_epochs=2))
     with pytest.raises(ConfigError, match="optim.lr"):
@@ -272,7 +275,7 @@ def test_profile_memory_writes_one_record_per_step(problems_file, tmp_path):
              "--data.problems", str(problems_file), "--data.heldout_fraction", "0.4",
              "--eval.before", "false", "--eval.after", "false"])
     report = json.loads((tmp_path / "memory.json").read_text())
-    steps = rq.PRESETS["smoke"].steps
+    steps = rq.PRESETS["smoke"].train.steps
     assert [r["step"] for r in report["records"]] == list(range(1, steps + 1))
     assert all(r["peak_mb"] > 0 and r["completion_tokens"] > 0 for r in report["records"])
     assert {k: v["calls"] for k, v in report["regions"].items()} == {"rollout": steps,

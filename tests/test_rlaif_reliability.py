@@ -27,7 +27,8 @@ from recipes import rlaif_qwen as rq
 out, problems = sys.argv[1], sys.argv[2]
 cfg = smoke_cfg(out, problems)
 steps = int(sys.argv[3])
-cfg = attrs.evolve(cfg, steps=steps, checkpoint_every=1, optim=attrs.evolve(cfg.optim, total_steps=steps))
+cfg = attrs.evolve(cfg, train=attrs.evolve(cfg.train, steps=steps, checkpoint_every=1),
+                   optim=attrs.evolve(cfg.optim, total_steps=steps))
 rq.run(cfg, resume=True, extra_rewards=EXTRA)
 """
 

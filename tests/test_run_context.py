@@ -2,6 +2,7 @@
 setting and flag names still work with a warning, an older checkpoint's tree name is read as
 the current one, and a refused resume says which settings changed."""
 
+import attrs
 import mlx.core as mx
 import pytest
 
@@ -20,22 +21,33 @@ def test_migrate_renames_and_drops():
 
 def test_old_flag_names_still_work_with_a_warning():
     with pytest.warns(DeprecationWarning, match="--out is deprecated: use --out_dir"):
-        cfg, flags = parse_args(["--preset", "smoke", "--out", "somewhere", "--accumulation", "4", "--stop-after", "2"],
+        cfg, flags = parse_args(["--preset", "smoke", "--out", "somewhere", "--accumulation", "4", "--stop-after", "2",
+                                 "--seed", "5", "--eval_micro_batches", "false"],
                                 rlaif_config.PRESETS, prog="t", description="", default_preset="smoke",
                                 extra=lambda p: context.add_run_flags(p, more_steps_aliases=("--stop-after",)))
-    assert cfg.out_dir == "somewhere" and cfg.accum == 4 and flags.more_steps == 2 and flags.stop_after is None
+    assert cfg.out_dir == "somewhere" and cfg.train.accum == 4 and flags.more_steps == 2 and flags.stop_after is None
+    assert cfg.train.seed == 5 and cfg.memory.eval_micro_batches is False
     with pytest.warns(DeprecationWarning, match="--train.stop_after is deprecated"):
         _, flags = parse_args(["--train.stop_after", "3"], xtr_lora.PRESETS, prog="t", description="",
                               default_preset="smoke", extra=lambda p: context.add_run_flags(p, ("--train.stop_after",)))
     assert flags.stop_after == 3
 
 
-def test_old_config_file_keys_are_read(tmp_path):
-    old = to_dict(rlaif_config.PRESETS["smoke"])
+def old_rlaif_layout(cfg) -> dict:
+    """An RLAIF config as the recipe wrote it before the shared vocabulary: the train and
+    memory settings at the top level, `out` and `accumulation`."""
+    old = to_dict(cfg)
+    old.update(old.pop("train"))
+    old["eval_micro_batches"] = old.pop("memory")["eval_micro_batches"]
     old["out"], old["accumulation"] = old.pop("out_dir"), old.pop("accum")
+    return old
+
+
+def test_old_config_file_keys_are_read(tmp_path):
+    old = old_rlaif_layout(rlaif_config.PRESETS["smoke"])
     path = tmp_path / "config.json"
     path.write_text(__import__("json").dumps(old))
-    with pytest.warns(DeprecationWarning, match="out -> out_dir"):
+    with pytest.warns(DeprecationWarning, match="out -> out_dir, accumulation -> train.accum, steps -> train.steps"):
         cfg, _ = parse_args(["--config", str(path)], rlaif_config.PRESETS, prog="t", description="",
                             default_preset="smoke")
     assert cfg == rlaif_config.PRESETS["smoke"]
@@ -56,6 +68,27 @@ def test_resume_reads_an_old_tree_name_and_refuses_another_config_by_name(tmp_pa
                        {"optim": {"lr": 1e-3}, "out_dir": "x", "steps": 4}, {"out": "out_dir"})
 
 
+def test_resume_of_a_checkpoint_under_old_setting_names(tmp_path, caplog):
+    """Same settings under old names: resumed, with a warning naming the renames; other
+    settings: refused, naming the change and the renames."""
+    from mlxio.rl.grpo import config_hash
+
+    cfg = rlaif_config.PRESETS["smoke"]
+    trees = {"lora": {"a": mx.ones(2)}, "opt_state": {"n": mx.zeros(1)}}
+    checkpoint.save(tmp_path, 2, trees, {"config_hash": "hash-of-the-old-layout", "base_model": "m",
+                                         "rng": checkpoint.rng_snapshot(), "config": old_rlaif_layout(cfg)})
+    template = {"trainable": {"a": mx.zeros(2)}, "opt_state": {"n": mx.zeros(1)}}
+    now = to_dict(cfg)
+    found = context.resume(tmp_path, {"config_hash": config_hash(now), "base_model": "m"}, template,
+                           distributed.SINGLE, now, rlaif_config.Config.LEGACY_KEYS, config_hash)
+    assert found.step == 2 and "written under old setting names (out -> out_dir, accumulation -> train.accum" in caplog.text
+    other = to_dict(attrs.evolve(cfg, train=attrs.evolve(cfg.train, seed=1)))
+    with pytest.raises(CheckpointError, match=r"changed: train.seed: 0 -> 1; renamed since: out -> out_dir, "
+                                              r"accumulation -> train.accum, steps -> train.steps"):
+        context.resume(tmp_path, {"config_hash": config_hash(other), "base_model": "m"}, template,
+                       distributed.SINGLE, other, rlaif_config.Config.LEGACY_KEYS, config_hash)
+
+
 def test_divergence_guard_and_cadence():
     state = {"consecutive_skips": mx.array(3), "skips": mx.array(5)}
     with pytest.raises(TrainingDiverged, match=r"step 9: 3 non-finite steps in a row \(skipped, 5 in all\); stopping. hint"):
@@ -69,8 +102,10 @@ def test_divergence_guard_and_cadence():
 def test_schedule_length_follows_steps_unless_given():
     def parse(argv):
         return parse_args(argv, rlaif_config.PRESETS, prog="t", description="", default_preset="smoke")[0]
-    assert parse(["--steps", "30"]).optim.total_steps == 30
-    assert parse(["--steps", "30", "--optim.total_steps", "50"]).optim.total_steps == 50
-    assert parse([]).optim.total_steps == rlaif_config.PRESETS["smoke"].steps
+    assert parse(["--train.steps", "30"]).optim.total_steps == 30
+    assert parse(["--train.steps", "30", "--optim.total_steps", "50"]).optim.total_steps == 50
+    assert parse([]).optim.total_steps == rlaif_config.PRESETS["smoke"].train.steps
+    with pytest.warns(DeprecationWarning, match="--steps is deprecated: use --train.steps"):
+        assert parse(["--steps", "30"]).optim.total_steps == 30
     xtr = parse_args(["--train.steps", "7"], xtr_lora.PRESETS, prog="t", description="", default_preset="smoke")[0]
     assert xtr.optim.total_steps == 7

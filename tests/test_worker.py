@@ -121,7 +121,7 @@ def test_train_step_equals_the_recipes_step(recipe_step, tmp_path):
     assert init["protocol_version"] == PROTOCOL_VERSION and init["step"] == 0
     # the recipe's step-0 prompts, sampled with the worker's defaults (the recipe's seed)
     train, _ = load_problems(cfg.data)
-    prompts = [instruction(train[i]) for i in grpo.prompt_indices(0, cfg.prompts_per_step, len(train), cfg.seed)]
+    prompts = [instruction(train[i]) for i in grpo.prompt_indices(0, cfg.prompts_per_step, len(train), cfg.train.seed)]
     gen = rpc_call(worker, "generate", prompts=prompts)
     assert len(gen["texts"]) == cfg.prompts_per_step * cfg.group_size
     adv = group_adv(gen)
@@ -267,8 +267,10 @@ def test_initialize_names_what_is_wrong():
 
     bad_key = error({"preset": "smoke", "config": {"optim": {"lrate": 1e-3}}})
     assert bad_key["code"] == rpc.INVALID_PARAMS and "lrate" in bad_key["message"]
-    bad_value = error({"preset": "smoke", "config": {"accum": 3}})  # 2 x 4 completions
-    assert bad_value["code"] == rpc.INVALID_PARAMS and "accum=3" in bad_value["message"]
+    bad_value = error({"preset": "smoke", "config": {"train": {"accum": 3}}})  # 2 x 4 completions
+    assert bad_value["code"] == rpc.INVALID_PARAMS and "train.accum=3" in bad_value["message"]
+    old_name = error({"preset": "smoke", "config": {"accum": 3}})  # the old name still reads as train.accum
+    assert old_name["code"] == rpc.INVALID_PARAMS and "train.accum=3" in old_name["message"]
     assert "nope" in error({"preset": "nope"})["message"]
     assert error({"protocol_version": "2.0"})["data"] == {"field": "params.protocol_version"}
 

@@ -27,7 +27,7 @@ def load_model(cfg) -> llm.Policy:
     if cfg.model and cfg.model.startswith(TINY_PREFIX):
         kind = cfg.model[len(TINY_PREFIX):]
         quantize = kind.endswith("-q4")
-        policy = llm.tiny_policy(kind.removesuffix("-q4"), seed=cfg.seed, quantize=quantize)
+        policy = llm.tiny_policy(kind.removesuffix("-q4"), seed=cfg.train.seed, quantize=quantize)
     else:
         policy = llm.load_policy(cfg.model)
     if cfg.dequantize and policy.quantized:
@@ -40,17 +40,22 @@ def load_model(cfg) -> llm.Policy:
         config["torch_dtype"] = "float32"
         policy = attrs.evolve(policy, model=model, config=config, quantized=False)
     check_policy(cfg, policy)
-    llm_lora.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.seed))
+    llm_lora.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.train.seed))
     return policy
+
+
+def config_hash(config: dict) -> str:
+    """The hash of a config (as a dict: `to_dict(cfg)`) over the fields that change the
+    training: not the output dir nor the logging."""
+    return checkpoint.config_hash({**config, "out_dir": None, "report_to": None,
+                                   "train": {**config["train"], "log_every": None}})
 
 
 def run_identity(cfg, policy: llm.Policy) -> dict:
     """What a checkpoint must match to be resumed (`checkpoint.load_latest(expect=...)`): the
-    config's hash without the fields that do not change the training (output dir, logging)
-    and the base model. The recipe and the worker share it, so either resumes the other's."""
-    return {"config_hash": checkpoint.config_hash(
-        {**to_dict(cfg), "out_dir": None, "log_every": None, "report_to": None}),
-            "base_model": str(policy.source)}
+    config's hash (`config_hash`) and the base model. The recipe and the worker share it, so
+    either resumes the other's."""
+    return {"config_hash": config_hash(to_dict(cfg)), "base_model": str(policy.source)}
 
 
 def check_policy(cfg, policy: llm.Policy) -> None:
@@ -111,8 +116,8 @@ def rank_share(cfg, world: distributed.World) -> tuple[slice, int]:
     else:
         raise ConfigError(f"{n} ranks must divide prompts_per_step={p} or group_size={g}")
     local = (share[0].stop - share[0].start) * share[1]
-    if local % cfg.accum:
-        raise ConfigError(f"accum={cfg.accum} must divide each rank's {local} "
+    if local % cfg.train.accum:
+        raise ConfigError(f"train.accum={cfg.train.accum} must divide each rank's {local} "
                           f"completions (prompts_per_step * group_size / {n} ranks)")
     return share
 
@@ -154,10 +159,10 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
     `cfg.clip_eps` is set (zeros when unused).
     """
     n = len(adv)
-    if n % cfg.accum:
-        raise ConfigError(f"accum={cfg.accum} must divide the {n} completions "
+    if n % cfg.train.accum:
+        raise ConfigError(f"train.accum={cfg.train.accum} must divide the {n} completions "
                           "per step (prompts_per_step * group_size)")
-    micro = n // cfg.accum
+    micro = n // cfg.train.accum
     tokens = mx.array(packed["tokens"])
     mask = mx.array(packed["completion_mask"][:, 1:] * valid[:, None].astype(np.float32))
     zeros = mx.zeros(mask.shape, mx.float32)
@@ -169,7 +174,7 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
                     if cfg.clip_eps is not None else zeros)
     batch = {"tokens": tokens, "mask": mask, "advantages": mx.array(adv), "old_logp": old_logp,
              "ref_logp": ref_logp}
-    return {k: v.reshape(cfg.accum, micro, *v.shape[1:]) for k, v in batch.items()}
+    return {k: v.reshape(cfg.train.accum, micro, *v.shape[1:]) for k, v in batch.items()}
 
 
 def step_record(rew, ro, packed: dict, metrics: dict, state: dict, inner_epochs: int, update_s: float,

@@ -210,15 +210,15 @@ class _Session:
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
-        random.seed(cfg.seed)
-        mx.random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
+        random.seed(cfg.train.seed)
+        mx.random.seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed)
         self.policy = grpo.load_model(cfg)
         self.model = self.policy.model
         optimizer = make_optimizer(cfg.optim)
         self.step_fn = make_train_step(grpo.make_loss(self.model, cfg), optimizer,
-                                       clip_norm=cfg.optim.clip_norm, seed=cfg.seed,
-                                       jit=cfg.compile, eval_micro_batches=cfg.eval_micro_batches)
+                                       clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
+                                       jit=cfg.compile, eval_micro_batches=cfg.memory.eval_micro_batches)
         self.params = llm_lora.lora_tree(self.model)  # the trained LoRA tree; the model never changes
         self.state = init_state(optimizer, self.params)
         self.step = 0
@@ -298,7 +298,7 @@ class Worker:
                 "roles": ["generator", "trainer"], "methods": sorted(SCHEMAS),
                 "max_line_bytes": self.max_line_bytes, "vocab_size": s.vocab,
                 "eos_token_ids": sorted(int(t) for t in s.policy.tokenizer.eos_token_ids),
-                "pad_id": PAD_ID, "accumulation": cfg.accum, "inner_epochs": cfg.inner_epochs},
+                "pad_id": PAD_ID, "accumulation": cfg.train.accum, "inner_epochs": cfg.inner_epochs},
             "config": to_dict(cfg),
             "model": str(s.policy.source or cfg.model),
             "step": s.step,
@@ -313,7 +313,7 @@ class Worker:
             llm_lora.bound_policy(s.policy, s.params), params["prompts"], params.get("n", cfg.group_size),
             params.get("temperature", cfg.temperature), params.get("top_p", cfg.top_p),
             params.get("max_tokens", cfg.max_new_tokens),
-            params.get("seed", grpo.step_seed(cfg.seed, s.step)),
+            params.get("seed", grpo.step_seed(cfg.train.seed, s.step)),
             use_chat_template=params.get("chat_template", True),
             stop_at_code_end=params.get("stop_at_code_end", cfg.stop_at_code_end),
             stop=tuple(params.get("stop", ())))
@@ -342,9 +342,9 @@ class Worker:
         if len(adv) != n:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.advantages: {len(adv)} values for {n} "
                                "sequences", {"field": "params.advantages"})
-        if n % cfg.accum:
+        if n % cfg.train.accum:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {n} sequences is not a multiple "
-                               f"of the config's accum={cfg.accum}",
+                               f"of the config's train.accum={cfg.train.accum}",
                                {"field": "params.tokens"})
         width = rollout.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
         packed = {"tokens": _padded(rows, width, np.int32, PAD_ID),
@@ -390,7 +390,7 @@ class Worker:
         meta = {**s.run_id, "rng": checkpoint.rng_snapshot(),
                 "data": {"position": s.step * s.cfg.prompts_per_step}, "client": params.get("meta")}
         path = checkpoint.save(out, s.step, {context.TRAINABLE: s.params, context.OPT_STATE: s.state}, meta,
-                               keep_last=s.cfg.keep_checkpoints)
+                               keep_last=s.cfg.train.keep_checkpoints)
         if params.get("adapters"):
             llm_lora.save_adapters(s.model, s.params, s.cfg.lora, s.cfg.lora_layers, out / "adapters")
         return {"step": s.step, "path": str(path)}

@@ -155,8 +155,9 @@ def from_dict(data: Any, cls: type[T], source: str = "config", base: Any = None,
         raise ConfigError(f"expected a JSON object of settings, got {_kind(data)}", where=source)
     _check_setting_names(data, source)
     data, applied = migrate(data, getattr(cls, "LEGACY_KEYS", {}))
-    for note in applied:
-        warnings.warn(f"{source}: deprecated setting {note}", DeprecationWarning, stacklevel=2)
+    if applied:  # one warning for all of them: an old config file may use many old names
+        warnings.warn(f"{source}: deprecated setting names read as the current ones: {', '.join(applied)}",
+                      DeprecationWarning, stacklevel=2)
     if base is not None:
         data = merge(to_dict(base), data, source)
     else:

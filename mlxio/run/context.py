@@ -68,7 +68,8 @@ class Resumed:
 
 
 def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distributed.World,
-           config: dict, legacy_keys: dict[str, str | None] | None = None) -> Resumed | None:
+           config: dict, legacy_keys: dict[str, str | None] | None = None,
+           config_hash: Callable[[dict], str] | None = None) -> Resumed | None:
     """The newest good checkpoint in `out_dir` whose meta matches `run_id`, read on rank 0 and
     broadcast to the others (`template`: the trees' structure, e.g. the fresh trainable weights
     and optimizer state); RNG state restored; config.json (`config`) written. None when there
@@ -76,12 +77,15 @@ def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distri
 
     A checkpoint of another config is refused with a CheckpointError listing the settings that
     differ (from the checkpoint's meta["config"], else the run's old config.json), old setting
-    names (`legacy_keys`, see `mlxio.run.config.migrate`) read as the current ones. Trees saved
-    under an older name (`lora`) are renamed to the current one, with a log line saying so."""
+    names (`legacy_keys`, see `mlxio.run.config.migrate`) read as the current ones. One whose
+    recorded config differs only by such renames (`config_hash` of it, renamed, is this run's)
+    is resumed, with a warning naming the renames. Trees saved under an older name (`lora`)
+    are renamed to the current one, with a log line saying so."""
     found = None
     if world.is_main:
         found = checkpoint.load_latest(out_dir, expect={k: v for k, v in run_id.items() if k != "config_hash"})
-        if found is not None and found[2].get("config_hash") != run_id.get("config_hash"):
+        if (found is not None and found[2].get("config_hash") != run_id.get("config_hash")
+                and not _renamed_only(found[0], found[2], run_id, legacy_keys or {}, config_hash)):
             raise CheckpointError(_refusal(found[0], found[2], out_dir, config, legacy_keys or {}))
         if found is not None:
             found = (found[0], current_tree_names(found[0], found[1]), found[2])
@@ -94,6 +98,26 @@ def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distri
     checkpoint.rng_restore(resumed.meta["rng"])
     log.info("resumed from %s (step %d)", resumed.path, resumed.step)
     return resumed
+
+
+def _renamed_only(path: Path, meta: dict, run_id: dict, legacy_keys: dict,
+                  config_hash: Callable[[dict], str] | None) -> bool:
+    """Whether the checkpoint's recorded config is this run's under old setting names (then a
+    warning says which)."""
+    from mlxio.run.config import migrate
+
+    old = meta.get("config")
+    if config_hash is None or not isinstance(old, dict):
+        return False
+    renamed_config, renamed = migrate(old, legacy_keys)
+    try:
+        same = bool(renamed) and config_hash(renamed_config) == run_id.get("config_hash")
+    except (KeyError, TypeError, ValueError):  # a recorded config of another shape
+        return False
+    if same:
+        log.warning("%s: written under old setting names (%s); the same settings under the current names: "
+                    "resuming it", path, ", ".join(renamed))
+    return same
 
 
 def _refusal(path: Path, meta: dict, out_dir: Path, config: dict, legacy_keys: dict) -> str:

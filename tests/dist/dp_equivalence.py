@@ -90,15 +90,16 @@ def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
     from mlxio.rl import grpo, rollout
     from mlxio.weights import llm, llm_lora
     from recipes import rlaif_qwen as rq
+    from recipes.rlaif_config import TrainConfig
 
-    cfg = rq.Config(model="tiny:llama", accum=ACCUM, beta=0.04, clip_eps=0.2,
+    cfg = rq.Config(model="tiny:llama", train=TrainConfig(accum=ACCUM), beta=0.04, clip_eps=0.2,
                     lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")), optim=OPTIM)
     policy = llm.tiny_policy("llama", seed=0)
     model = policy.model
-    params = llm_lora.apply_lora(model, cfg.lora, None, mx.random.key(cfg.seed))
+    params = llm_lora.apply_lora(model, cfg.lora, None, mx.random.key(cfg.train.seed))
     optimizer = make_optimizer(cfg.optim)
     step = make_train_step(distributed.data_parallel_loss(grpo.make_loss(model, cfg), world), optimizer,
-                           clip_norm=cfg.optim.clip_norm, seed=cfg.seed, reduce_grads=distributed.grad_reducer(world),
+                           clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, reduce_grads=distributed.grad_reducer(world),
                            jit=cfg.compile)
     state = init_state(optimizer, params)
     n_local = distributed.local_size(GLOBAL_MICRO, world, "completions")
