@@ -37,7 +37,13 @@ from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache
 from mlxio.errors import TrainingDiverged  # noqa: F401  (what run raises)
 from mlxio.rl import grpo, rewards, rollout
-from mlxio.rl.evaluation import compare, evaluate_phase, format_table, instruction, load_problems
+from mlxio.rl.evaluation import (
+    evaluate_phase,
+    format_table,
+    instruction,
+    load_problems,
+    record_phase,
+)
 from mlxio.rl.grpo import (
     build_batch,
     load_model,
@@ -112,9 +118,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     if cfg.eval.before and world.is_main:
         # "before" is the base model: LoRA off (every lora_b zero), whatever step a resumed
         # run is at, so it can be computed (or finished) at any time
-        before = evaluate_all(llm_lora.bound_policy(policy, pg.reference_params(params)), "before")
-        for name, res in before.items():
-            results["eval"][name]["before"] = res
+        record_phase(results["eval"], "before",
+                     evaluate_all(llm_lora.bound_policy(policy, pg.reference_params(params)), "before"), cfg.eval)
 
     profiler = context.profiler(profile_memory)
     bar = progress(range(start_step, end), initial=start_step, total=end, desc="rlaif", unit="step",
@@ -180,11 +185,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     llm_lora.save_adapters(model, params, cfg.lora, cfg.lora_layers, out / "adapters", base_model=base)
     llm_lora.fuse(policy, params, out / "fused")  # float base (the CPU default): transformers loads it too
     if cfg.eval.after:
-        for name, after in evaluate_all(llm_lora.bound_policy(policy, params), "after").items():
-            entry = results["eval"][name]
-            entry["after"] = after
-            if "before" in entry:
-                entry["diff"] = compare(entry["before"], after, cfg.eval)
+        record_phase(results["eval"], "after", evaluate_all(llm_lora.bound_policy(policy, params), "after"), cfg.eval)
     results["wall_s"] = time.perf_counter() - t_start
     write_json_atomic(out / "eval.json", results)
     llm.write_policy_cards(

@@ -333,6 +333,16 @@ def format_table(sets: dict[str, dict]) -> str:
     return "\n".join(rows)
 
 
+def record_phase(sets: dict[str, dict], phase: str, results: dict[str, dict], cfg: EvalConfig) -> None:
+    """Each evaluation set's `phase` ("before" / "after") result into `sets[name]`; with both,
+    also their paired difference (`compare`) as "diff"."""
+    for name, res in results.items():
+        entry = sets[name]
+        entry[phase] = res
+        if "before" in entry and "after" in entry:
+            entry["diff"] = compare(entry["before"], entry["after"], cfg)
+
+
 def evaluate_phase(policy, phase: str, *, eval_sets: dict[str, Sequence[Problem]], cfg, fns, cache, out_dir: Path,
                    run_id: dict) -> dict[str, dict]:
     """Every evaluation set under `policy` (the model with the LoRA tree of this `phase`,

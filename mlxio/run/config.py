@@ -196,17 +196,26 @@ def _fields_of(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in attrs.fields(cls)}
 
 
+def _check_key(key: Any, value: Any, known: dict, section: typing.Callable[[Any], bool], source: str,
+               prefix: str) -> bool:
+    """Whether `key` names a section (`section(known[key])`); a ConfigError naming it when it
+    is not in `known` (with the closest known name), or names a section but `value` is no object."""
+    if key not in known:
+        close = difflib.get_close_matches(str(key), list(known), n=1)
+        hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+        raise ConfigError(f"unknown key '{prefix}{key}'", where=source, fix=hint)
+    if not section(known[key]):
+        return False
+    if not isinstance(value, dict):
+        raise ConfigError(f"{prefix}{key}: expected an object (a section of settings), got {_kind(value)}",
+                          where=source)
+    return True
+
+
 def _check_keys(data: dict, cls: type, source: str, prefix: str) -> None:
     known = _fields_of(cls)
     for key, value in data.items():
-        if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(known)}"
-            raise ConfigError(f"unknown key '{prefix}{key}'", where=source, fix=hint)
-        if attrs.has(known[key]):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{prefix}{key}: expected an object (a section of settings), got {_kind(value)}",
-                                  where=source)
+        if _check_key(key, value, known, attrs.has, source, prefix):
             _check_keys(value, known[key], source, f"{prefix}{key}.")
 
 
@@ -227,14 +236,7 @@ def merge(base: dict, data: dict, source: str, prefix: str = "") -> dict:
     """`data` over `base` (nested sections merged key by key); unknown keys are ConfigErrors."""
     out = dict(base)
     for key, value in data.items():
-        if key not in base:
-            close = difflib.get_close_matches(str(key), list(base), n=1)
-            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(base)}"
-            raise ConfigError(f"unknown key '{prefix}{key}'", where=source, fix=hint)
-        if isinstance(base[key], dict):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{prefix}{key}: expected an object (a section of settings), got {_kind(value)}",
-                                  where=source)
+        if _check_key(key, value, base, lambda v: isinstance(v, dict), source, prefix):
             out[key] = merge(base[key], value, source, f"{prefix}{key}.")
         else:
             out[key] = value

@@ -7,6 +7,7 @@ that starts the base interpreter under it. See `mlxio.sandbox` for the threat mo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -176,16 +177,12 @@ def make_memory_cgroup(run_id: str, memory_mb: int) -> str | None:
         os.mkdir(path)
         Path(path, files[0][0]).write_text(files[0][1])
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             os.rmdir(path)
-        except OSError:
-            pass
         return None
     for name, value in files[1:]:  # swap accounting is optional
-        try:
+        with contextlib.suppress(OSError):
             Path(path, name).write_text(value)
-        except OSError:
-            pass
     return path
 
 
@@ -218,10 +215,8 @@ def make_pids_cgroup(run_id: str, max_pids: int) -> str | None:
             Path(path, "pids.max").write_text(str(max_pids))
             return path
         except OSError:
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(path)
-            except OSError:
-                pass
     return None
 
 
