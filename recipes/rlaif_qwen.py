@@ -163,7 +163,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                                  "Lower optim.lr or beta, or check the rewards.")
         if context.checkpoint_due(step + 1, cfg.train.checkpoint_every, end):
             context.save(out, step + 1, params, state, run_id, world, keep_last=cfg.train.keep_checkpoints,
-                         data={"position": (step + 1) * cfg.prompts_per_step}, config=to_dict(cfg))
+                         data_position={"prompts": (step + 1) * cfg.prompts_per_step}, config=to_dict(cfg))
     bar.close()
     model_name = Path(str(policy.source or cfg.model)).name
     if world.is_main:

@@ -388,7 +388,8 @@ class Worker:
         s = self._session()
         out = self._dir(s, params)
         meta = {**s.run_id, "rng": checkpoint.rng_snapshot(),
-                "data": {"position": s.step * s.cfg.prompts_per_step}, "client": params.get("meta")}
+                "data_position": {"prompts": s.step * s.cfg.prompts_per_step}, "config": to_dict(s.cfg),
+                "client": params.get("meta")}
         path = checkpoint.save(out, s.step, {context.TRAINABLE: s.params, context.OPT_STATE: s.state}, meta,
                                keep_last=s.cfg.train.keep_checkpoints)
         if params.get("adapters"):
