@@ -248,6 +248,7 @@ def payload(args, device: str, results: list[dict]) -> dict:
                          "bandwidth_bytes_per_s": args.bandwidth, "torch_device": device,
                          "mlx_device": str(mx.default_device()), "repeats": args.repeats,
                          "torch_repeats": args.torch_repeats, "greedy_tol": args.greedy_tol,
+                         "layers_override": args.layers,
                          "engines": {"batch": "mlx-lm BatchGenerator (generate_group engine='batch')",
                                      "static": "mlxio.rl.decode compiled fixed-shape step (engine='static')"},
                          "torch_generate": "transformers generate, default dynamic KV cache"},
@@ -275,11 +276,16 @@ def main(argv=None):
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--bandwidth", type=float, default=3.35e12, help="device memory bytes/s (H100 SXM)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each MLX engine")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="override the shapes' layer count (a quick CPU check of a real shape's heads / vocab)")
     ap.add_argument("--torch-repeats", type=int, default=2, help="timed torch runs (0: no torch)")
     ap.add_argument("--greedy-tol", type=float, default=None,
                     help="logit distance from the argmax a greedy token may have (default: 0.125 in "
                          "half precision, 1e-3 in float32)")
     args = ap.parse_args(argv)
+    if args.layers:
+        for name in args.shapes:
+            SHAPES[name] = SHAPES[name] | {"num_hidden_layers": args.layers}
     if args.greedy_tol is None:
         args.greedy_tol = 1e-3 if args.dtype == "float32" else 0.125
     tol = args.greedy_tol
