@@ -145,3 +145,34 @@ def test_interpolation_hand_cases():
     np.testing.assert_allclose(interpolate(dense, sparse, 0.3),
                                [[0, 0.15, 0.3], [0, 0.7, 0.35]])
     np.testing.assert_allclose(interpolate(dense, sparse, 1.0), minmax_rows(dense))
+
+
+def test_stem_and_query_terms():
+    from mlxcore.ranking import doc_terms, query_terms, stem
+
+    assert [stem(w) for w in ("queries", "classes", "edges", "nodes", "status", "class", "is", "boxes")] == [
+        "query", "class", "edge", "node", "status", "class", "is", "box"]
+    assert query_terms("Return the edges of a graph.") == ["return", "edge", "graph"]
+    assert doc_terms("def get_edges(self): return self.edges") == ["def", "get", "edge", "self", "return", "self", "edge"]
+
+
+def test_choose_alpha_over_tasks():
+    from mlxcore.ranking import ALPHAS, MIN_DEV_QUERIES, choose_alpha
+
+    n = MIN_DEV_QUERIES
+    pos = np.zeros(n, np.int64)
+    # task A: semantic puts the positive second, BM25 first -> lower alphas rank it first
+    sem_a = np.tile([0.9, 1.0, 0.0], (n, 1))
+    bm_a = np.tile([10.0, 0.0, 5.0], (n, 1))
+    # task B: semantic right, BM25 wrong -> only alphas near 1 keep it first
+    sem_b = np.tile([1.0, 0.95, 0.0], (n, 1))
+    bm_b = np.tile([0.0, 10.0, 0.0], (n, 1))
+    alone_a, alone_b = choose_alpha([(sem_a, bm_a, pos)]), choose_alpha([(sem_b, bm_b, pos)])
+    assert alone_a < alone_b and alone_b == max(a for a in ALPHAS if a < 1)  # ties: the larger weight
+    both = choose_alpha([(sem_a, bm_a, pos), (sem_b, bm_b, pos)])
+    mrr = lambda a, s, b: ranking_metrics(interpolate(s, b, a), pos)["mrr@10"]  # noqa: E731
+    best = max(mrr(a, sem_a, bm_a) + mrr(a, sem_b, bm_b) for a in ALPHAS)
+    assert mrr(both, sem_a, bm_a) + mrr(both, sem_b, bm_b) == best
+    # a task with too few dev queries does not vote; none left: None (RRF)
+    assert choose_alpha([(sem_a, bm_a, pos), (sem_b[:3], bm_b[:3], pos[:3])]) == alone_a
+    assert choose_alpha([(sem_b[:3], bm_b[:3], pos[:3])]) is None

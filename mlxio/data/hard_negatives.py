@@ -87,10 +87,10 @@ def _top(scores: np.ndarray, pool: int) -> np.ndarray:
 def mine_bm25(pairs: Sequence[Pair], k: int, excluder: Excluder, pool: int = 32) -> list[list[int]]:
     """Per pair i, up to `k` indices j of other pairs whose code BM25 ranks highest for
     pair i's query (allowed by `excluder`), best first."""
-    index = ranking.bm25_index([ranking.code_terms(p.code) for p in pairs])
+    index = ranking.bm25_index([ranking.doc_terms(p.code) for p in pairs])
     out = []
     for i, p in enumerate(pairs):
-        scores = ranking.bm25_scores(index, ranking.code_terms(p.query))
+        scores = ranking.bm25_scores(index, ranking.query_terms(p.query))
         out.append(_pick(_top(scores, pool), i, k, excluder))
     return out
 
