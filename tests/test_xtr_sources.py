@@ -3,6 +3,7 @@ dedup, query dedup across splits, hard-negative mining and the hard-negative los
 
 from __future__ import annotations
 
+import shutil
 import sys
 import zipfile
 from pathlib import Path
@@ -68,6 +69,7 @@ class Data:
     min_eval_candidates: int = 1
     packages: tuple[str, ...] = ()
     heldout_packages: tuple[str, ...] = ()
+    package_dev_queries: int = 0
     hard_negatives: int = 0
     negative_miners: tuple[str, ...] = ("bm25",)
 
@@ -111,7 +113,7 @@ def test_package_split_dedup_and_query_dedup(world):
     base, cache = world
     data = Data(source=str(base), packages=("alpha==1.0", "beta==2.0"), heldout_packages=("beta",))
     d = xtr_data.load_data(data, cache, seed=0)
-    beta_root = str(cache / "pypi" / "beta-2.0")
+    beta_root = "beta-2.0/"  # sources are named label/path-under-root, wherever the cache is
     # held-out package: never in training; its task holds only its own code
     assert d.train and not any(p.source.startswith(beta_root) for p in d.train)
     assert d.package_task is not None and all(c.startswith(beta_root) for c in d.package_task.candidate_ids)
@@ -126,6 +128,34 @@ def test_package_split_dedup_and_query_dedup(world):
     assert not {hard_negatives.normalised_query(p.query) for p in d.train} & held
     with pytest.raises(DataError, match="heldout_packages"):
         xtr_data.load_data(attrs.evolve(data, heldout_packages=("gamma",)), cache, seed=0)
+
+
+def test_split_and_ids_do_not_depend_on_where_the_sources_live(world, tmp_path):
+    base, cache = world
+    data = Data(source=str(base), packages=("alpha==1.0", "beta==2.0"), heldout_packages=("beta",),
+                package_dev_queries=3)
+    d1 = xtr_data.load_data(data, cache, seed=0)
+    moved_base, moved_cache = tmp_path / "elsewhere" / "base", tmp_path / "elsewhere" / "cache"
+    shutil.copytree(base, moved_base)
+    shutil.copytree(cache, moved_cache)
+    d2 = xtr_data.load_data(attrs.evolve(data, source=str(moved_base)), moved_cache, seed=0)
+    assert [p.source for p in d1.train] == [p.source for p in d2.train]
+    assert all(p.source.startswith(("base/", "alpha-1.0/")) for p in d1.train)
+    for t1, t2 in ((d1.task, d2.task), (d1.package_task, d2.package_task)):
+        assert (t1.queries, t1.dev_queries, t1.candidate_ids, t1.digest) == (t2.queries, t2.dev_queries,
+                                                                              t2.candidate_ids, t2.digest)
+    # the held-out packages' dev queries: disjoint from their test queries, never trained on
+    pkg = d1.package_task
+    assert len(pkg.dev_queries) == 3 and not set(pkg.dev_queries) & set(pkg.queries)
+    assert [pkg.candidates[j] for j in pkg.dev_positives]  # every dev positive is a candidate
+
+
+def test_unpacked_sources_alone_are_enough_offline(world):
+    _, cache = world
+    pypi_sources.fetch("alpha==1.0", cache)  # unpacks the wheel into src/
+    (cache / "pypi" / "alpha-1.0" / "alpha-1.0-py3-none-any.whl").unlink()  # as scripts/pack_pypi_cache.sh ships it
+    src = pypi_sources.fetch("alpha==1.0", cache)  # PIP fails (offline): the unpacked copy is used
+    assert (src.version, src.licence, src.archive) == ("1.0", "BSD-3-Clause", "")
 
 
 def test_training_query_equal_to_test_query_is_dropped():
@@ -230,3 +260,21 @@ def test_pooled_vectors_mean_pool_real_tokens_in_text_order():
 
     vecs = hard_negatives.pooled_vectors(lambda texts, n: Embedded(), ["a", "b"], 8)
     np.testing.assert_allclose(vecs, [[0.0, 1.0], [2 ** -0.5, 2 ** -0.5]], atol=1e-6)
+
+
+def test_one_forward_gives_token_embeddings_and_the_single_vector_view():
+    from mlxcore.encoder import hidden_states
+    from mlxio.search import embeddings
+    from mlxio.weights.encoders import default_encoder_path, load_encoder
+
+    encoder = load_encoder(str(default_encoder_path()))
+    texts = ["def add(a, b):\n    return a + b", "Parse a date string.", "class Stack:\n    def push(self, x):\n"
+             "        self.items.append(x)"] * 3
+    args = (encoder.params, encoder.spec, encoder.tokenizer, texts, 32, 4)
+    tokens, pooled = embeddings.tokens_and_pooled(embeddings.embed_texts(*args, encode_fn=hidden_states))
+    want = embeddings.embed_texts(*args)
+    for (rows, emb, mask), (want_rows, want_emb, want_mask) in zip(tokens.blocks, want.blocks, strict=True):
+        np.testing.assert_array_equal(rows, want_rows)
+        np.testing.assert_allclose(np.array(emb), np.array(want_emb), atol=1e-5)
+    np.testing.assert_allclose(pooled, embeddings.embed_pooled(*args), atol=1e-5)
+    np.testing.assert_allclose(embeddings.maxsim_matrix(tokens, tokens), embeddings.maxsim_matrix(want, want), atol=1e-5)

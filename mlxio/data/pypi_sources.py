@@ -5,7 +5,9 @@ mining (docstring, function) pairs beyond the standard library.
 
 A package is fetched with `pip download --no-deps --only-binary :all:` (the wheel: no build
 step, so no build dependencies and no compiler) into `cache_dir/pypi/<name>-<version>/` and
-unpacked there; later runs reuse the unpacked copy and never touch the network. A package that
+unpacked there; later runs reuse the unpacked copy and never touch the network (the unpacked
+`src/` alone, with its *.dist-info metadata, is enough: `scripts/pack_pypi_cache.sh` packs just
+that - the .py files and licence metadata - for machines without internet). A package that
 is not cached and cannot be downloaded raises one `DataError` line naming it and the command
 that fetches it. Only the packages a config names are used: never whatever happens to be
 installed (a run must not depend on its environment).
@@ -50,7 +52,8 @@ PIP = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":
 
 @attrs.frozen(kw_only=True)
 class Source:
-    """One unpacked package: `root` is the folder to mine; `licence` from its metadata."""
+    """One unpacked package: `root` is the folder to mine; `licence` from its metadata;
+    `archive` the downloaded wheel ("" when only the unpacked copy is cached)."""
 
     name: str
     version: str
@@ -141,7 +144,7 @@ def fetch(spec: str, cache_dir: Path | str) -> Source:
     folder = Path(cache_dir) / "pypi" / f"{name}-{version}"
     unpacked = folder / "src"
     archive = _archive(folder, name, version)
-    if archive is None:
+    if archive is None and not unpacked.is_dir():  # an unpacked copy alone will do (a packed cache)
         folder.mkdir(parents=True, exist_ok=True)
         command = [*PIP, "--dest", str(folder), f"{name}=={version}"]
         try:
@@ -159,8 +162,9 @@ def fetch(spec: str, cache_dir: Path | str) -> Source:
         _unpack(archive, unpacked)
     meta_name, meta_version, licence = read_metadata(unpacked)
     if meta_version and meta_version != version:
-        raise DataError(f"{archive}: metadata says version {meta_version}, the config pins {version}")
-    return Source(name=name, version=version, licence=licence, root=str(unpacked), archive=str(archive))
+        raise DataError(f"{archive or unpacked}: metadata says version {meta_version}, the config pins {version}")
+    return Source(name=name, version=version, licence=licence, root=str(unpacked),
+                  archive=str(archive) if archive else "")
 
 
 def fetch_all(specs: Sequence[str], cache_dir: Path | str) -> list[Source]:

@@ -80,6 +80,24 @@ def _task(ev: pairs.EvalSet, eval_queries: int, seed: int) -> Task:
                 digest=_digest(ev.queries, ev.candidates, ev.positives.tolist(), test.tolist()))
 
 
+def relabel(corpus: pairs.Corpus, root: Path, label: str) -> pairs.Corpus:
+    """`corpus` with every source path written `label/<path under root>`: the split by file (a
+    hash of that name) and the candidate ids are then the same wherever the sources live (the
+    cache folder, the Python installation), on every machine."""
+    root = Path(root)
+
+    def name(source: str) -> str:
+        path = Path(source)
+        rel = path.name if root.is_file() else path.relative_to(root).as_posix()
+        return f"{label}/{rel}"
+
+    def move(items):
+        return tuple(attrs.evolve(item, source=name(item.source)) for item in items)
+
+    return pairs.Corpus(pairs=move(corpus.pairs), distractors=move(corpus.distractors), extras=move(corpus.extras),
+                        report=corpus.report)
+
+
 def merge_corpora(corpora: list[tuple[str, pairs.Corpus]]) -> tuple[list[tuple[str, pairs.Corpus]], dict]:
     """The corpora with code seen in an earlier one (or earlier in the same one) removed, by
     normalised code hash (comments and whitespace ignored): vendored copies count once, for
@@ -130,7 +148,10 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
     Sources: `data.source` (the stdlib when None; a folder; or a .jsonl) plus every pinned
     `data.packages` ("name==version", fetched by `pypi_sources.fetch` into cache_dir), merged
     with cross-source dedup. Packages named in `data.heldout_packages` never reach training:
-    they form `package_task`. The rest is split by file (`pairs.split_by_file`). Training
+    they form `package_task` (test queries plus `data.package_dev_queries` disjoint dev queries,
+    for choosing the hybrid weight). Every source path is named `label/<path under its root>`
+    (`relabel`), so the split does not depend on where the sources live. The rest is split by
+    file (`pairs.split_by_file`). Training
     queries equal to any evaluation query are dropped. With `data.hard_negatives` = K > 0,
     every training pair gets K negatives (`hard_negatives.attach`): its JSONL negatives, then
     the `data.negative_miners` ("bm25", "model"; "model" needs `model_vectors(texts,
@@ -148,17 +169,19 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
         base_info = {"name": str(source), "version": "", "licence": "unknown", "kind": "jsonl"}
     else:
         log.info("mining (query, code) pairs from %s (cached in %s)", source, cache_dir)
-        base = pairs.mine_corpus([source], cache_dir=cache_dir)
         stdlib = data.source is None
+        base = relabel(pairs.mine_corpus([source], cache_dir=cache_dir), source,
+                       "python-stdlib" if stdlib else source.name)
         base_info = {"name": "python-stdlib" if stdlib else str(source),
                      "version": sys.version.split()[0] if stdlib else "",
                      "licence": "PSF-2.0" if stdlib else "unknown", "kind": "stdlib" if stdlib else "folder"}
     corpora, infos = [(base_info["name"], base)], [base_info]
     for src in pypi_sources.fetch_all(specs, cache_dir):
         log.info("mining %s %s (%s) from %s", src.name, src.version, src.licence, src.root)
-        corpora.append((src.name, pairs.mine_corpus([Path(src.root)], cache_dir=cache_dir, extras=True)))
+        corpora.append((src.name, relabel(pairs.mine_corpus([Path(src.root)], cache_dir=cache_dir, extras=True),
+                                          Path(src.root), f"{src.name}-{src.version}")))
         infos.append({"name": src.name, "version": src.version, "licence": src.licence, "kind": "pypi",
-                      "archive": Path(src.archive).name})
+                      "archive": Path(src.archive).name if src.archive else "(unpacked sources only)"})
     corpora, removed = merge_corpora(corpora)
     for info, (label, corpus) in zip(infos, corpora, strict=True):
         info.update(pairs=len(corpus.pairs), distractors=len(corpus.distractors),
@@ -177,9 +200,10 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
         pkg_corpus = concat([c for label, c in corpora if label in heldout])
         n_pkg = getattr(data, "package_eval_queries", 0) or data.eval_queries
         max_pkg = getattr(data, "package_eval_candidates", 0) or None
+        pkg_dev = getattr(data, "package_dev_queries", 0)  # disjoint from the package test queries
         pkg_ev = pairs.eval_set(pkg_corpus, 1.0, seed, min_queries=min(data.min_eval_queries, n_pkg),
                                 min_candidates=min(data.min_eval_candidates, max_pkg or data.min_eval_candidates),
-                                max_queries=n_pkg, max_candidates=max_pkg)
+                                max_queries=n_pkg + pkg_dev, max_candidates=max_pkg)
         package_task = _task(pkg_ev, n_pkg, seed)
     train, dropped = drop_eval_queries(train, [t for t in (task, package_task) if t is not None])
     report = {"train_pairs": len(train), "train_queries_dropped_as_eval_queries": dropped,
@@ -267,9 +291,3 @@ def stack_negatives(batches, neg_fields: tuple[str, ...]):
                 masks.append(np.pad(m, pad))
             batch["neg_ids"], batch["neg_mask"] = np.stack(ids, axis=2), np.stack(masks, axis=2)
         yield position, batch
-
-
-def fusion_alpha(results: dict) -> float | None:
-    """The interpolation weight of an evaluation's `hybrid_fusion` ("interp@0.9" -> 0.9; RRF: None)."""
-    name = results.get("hybrid_fusion", "rrf")
-    return float(name.split("@", 1)[1]) if name.startswith("interp@") else None
