@@ -47,6 +47,7 @@ from mlxio.data.token_cache import (
 )
 from mlxio.run import batch_sizer, checkpoint, config, context, distributed, outcome
 from mlxio.run.context import OPT_STATE, TRAINABLE
+from mlxio.run.phases import PhaseClock
 from mlxio.run.reporting import Reporter, StepWindows, progress
 from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.search.evaluation import Evaluator, baselines, results_table
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
     cache_dir = config.check_out_dir(cfg.cache_dir, "cache_dir")
     world = context.start(out_dir, config.to_dict(cfg), cfg.train.seed, flags.resume)
     distributed.local_size(cfg.train.micro_batch, world, "train.micro_batch")
-    started = time.perf_counter()
+    started, clock = time.perf_counter(), PhaseClock()  # clock: wall and CPU time per phase
 
     # ---- encoder + LoRA (+ projection when asked for one and the checkpoint has none)
     model_path = cfg.model or str(default_encoder_path())
@@ -224,10 +225,12 @@ def main(argv: list[str] | None = None) -> dict:
              " + projection" if model.train_projection else "")
     evaluate = Evaluator(encoder=encoder, query_len=cfg.data.max_query_len, doc_len=cfg.data.max_doc_len,
                          batch=cfg.train.eval_batch)
+    clock.lap("load_model")
 
     # ---- data: pairs (+ hard negatives, the "model" miner uses the untrained model), held-out tasks, token cache
     data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, lambda texts, max_length: xtr_data.pooled_vectors(
         model.untrained, encoder, texts, max_length, cfg.train.eval_batch))
+    clock.lap("data")  # mining (or its cache), splits, hard negatives
     task = data.task
     log.info("data: %d training pairs; eval %d queries (+%d dev) over %d candidates%s", len(data.train),
              len(task.queries), len(task.dev_queries), len(task.candidates),
@@ -238,6 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
                           tokenizer_id=tokenizer_identity(encoder.tokenizer),
                           max_lengths={f: cfg.data.max_query_len if f == "query" else cfg.data.max_doc_len
                                        for f in fields})
+    clock.lap("tokenise")
 
     # ---- loss, compiled step, resume
     optimizer = make_optimizer(cfg.optim)
@@ -265,6 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
                              {"model": model_path, "q": cfg.data.max_query_len, "d": cfg.data.max_doc_len,
                               "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
                              cfg.data.heldout_packages)
+        clock.lap("untrained_eval")
 
     # ---- train: every rank walks the same global plan of batches and keeps its share of each micro-batch
     last_step = context.last_step(cfg.train.steps, flags.stop_after)
@@ -280,6 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
     skips_before = outcome.skips(opt_state)
     params, opt_state, stats = train(cfg, step_fn, params, opt_state, batches, trainable, plan, out_dir, run_id,
                                      world, start_step, last_step, resumed is not None, flags.profile_memory)
+    clock.lap("train")
     if flags.profile_memory and world.is_main:
         stats.profiler.write(out_dir, title=f"xtr_lora memory: {Path(model_path).name}")
     outcome.require_progress(opt_state, skips_before, last_step - start_step, str(out_dir / "metrics.jsonl"))
@@ -295,17 +301,19 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- evaluate, report, export (float32 base again), post-training quantisation
     params = precision.restore_frozen(params, model.untrained, trainable)
     results = baseline.results
-    results["fine-tuned"] = evaluate(params, task, baseline.bm25)
-    if cfg.export and not model.train_projection and mean_pooling_view(encoder):  # what merged/ gives ST
-        results["single-vector view"] = evaluate.single_vector(params, task)
+    single_vector = cfg.export and "projection" not in params and mean_pooling_view(encoder)  # merged/ in ST
+    fine_tuned = evaluate.tasks(params, baseline.tasks, baseline.bm25, single_vector)
+    results["fine-tuned"] = fine_tuned[0]
+    if single_vector:
+        results["single-vector view"] = results["fine-tuned"].pop("single-vector view")
     if data.package_task is not None:
-        baseline.packages["fine-tuned"] = evaluate(params, data.package_task, baseline.package_bm25,
-                                               xtr_data.fusion_alpha(results["fine-tuned"]))
+        baseline.packages["fine-tuned"] = fine_tuned[1]
         results["heldout_packages"] = baseline.packages
     results["data"] = {"sources": data.sources, **data.report}
+    clock.lap("final_eval")
     if cfg.quant.ptq:
         dequantized, compression = save_ptq(params, cfg.lora.scale, cfg.quant.ptq, out_dir / "quantized", model_path)
-        results["quantized"] = {**evaluate(dequantized, task, baseline.bm25), "compression": compression}
+        results["quantized"] = {**evaluate(dequantized, task, baseline.bm25[0]), "compression": compression}
     samples_per_step, steps_run = cfg.train.micro_batch * cfg.train.accum, cfg.train.steps - start_step
     results["run"] = {
         "wall_s": time.perf_counter() - started, "train_s": stats.train_s, "steps": steps_run,
@@ -313,7 +321,8 @@ def main(argv: list[str] | None = None) -> dict:
         "micro_batch": stats.micro, "accum": samples_per_step // stats.micro, "eval_interval": cfg.train.eval_interval,
         "trainable_params": n_train, "model": model_path, "queries": len(task.queries),
         "candidates": len(task.candidates), "dev_queries": len(task.dev_queries),
-        "hybrid": "min-max score interpolation, semantic weight chosen on the dev queries (RRF k=60 when too few)",
+        "hybrid": "min-max score interpolation, one semantic weight chosen on the dev queries of held-out files and "
+                  "held-out packages together (RRF k=60 when too few)",
     }
     write_json_atomic(out_dir / "eval.json", results)
     log.info("results:\n%s", results_table(results))
@@ -328,6 +337,9 @@ def main(argv: list[str] | None = None) -> dict:
                          data=f"(docstring, code) pairs mined from {', '.join(sources)} ({steps_run} steps x "
                               f"{samples_per_step} pairs); evaluated on {len(task.queries)} held-out queries over "
                               f"{len(task.candidates)} candidates")
+    clock.lap("export")
+    results["run"]["phases"] = clock.as_dict()  # wall and CPU seconds per phase, export included
+    write_json_atomic(out_dir / "eval.json", results)
     log.info("done in %.0f s: %.1f samples/s training", results["run"]["wall_s"], results["run"]["samples_per_s"])
     return results
 

@@ -109,3 +109,21 @@ def test_schedule_length_follows_steps_unless_given():
         assert parse(["--steps", "30"]).optim.total_steps == 30
     xtr = parse_args(["--train.steps", "7"], xtr_lora.PRESETS, prog="t", description="", default_preset="smoke")[0]
     assert xtr.optim.total_steps == 7
+
+
+def test_phase_clock_laps_wall_and_cpu():
+    import time as _time
+
+    from mlxio.run.phases import PhaseClock
+
+    clock = PhaseClock()
+    sum(i * i for i in range(200_000))  # some CPU
+    clock.lap("work")
+    _time.sleep(0.05)  # wall, hardly any CPU
+    clock.lap("wait")
+    clock.lap("work")  # a name again: accumulates
+    phases = clock.as_dict()
+    assert list(phases) == ["work", "wait", "total"]
+    assert phases["work"]["cpu_s"] > 0 and phases["wait"]["wall_s"] >= 0.05
+    assert phases["wait"]["cpu_s"] < phases["wait"]["wall_s"]
+    assert abs(phases["total"]["wall_s"] - phases["work"]["wall_s"] - phases["wait"]["wall_s"]) < 0.02

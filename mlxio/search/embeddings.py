@@ -77,6 +77,23 @@ def embed_texts(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str]
     return Embedded(blocks=blocks, n=len(texts))
 
 
+def tokens_and_pooled(hidden: Embedded) -> tuple[Embedded, np.ndarray]:
+    """From raw hidden states (`embed_texts(..., encode_fn=hidden_states)`) of an encoder without
+    a projection: its unit token embeddings (what `token_embeddings` gives) and its mean-pooled
+    unit vectors [n, d_model] (what `embed_pooled` gives), from one forward pass."""
+    blocks, pooled = [], np.zeros((hidden.n, 0), np.float32)
+    for rows, h, mask in hidden.blocks:
+        m = mask.astype(h.dtype)[..., None]
+        v = np.array(retrieval.l2_normalize((h * m).sum(1) / mx.maximum(m.sum(1), 1.0)))
+        if pooled.shape[1] != v.shape[-1]:
+            pooled = np.zeros((hidden.n, v.shape[-1]), np.float32)
+        pooled[rows] = v
+        tokens = retrieval.l2_normalize(h)
+        mx.eval(tokens)
+        blocks.append((rows, tokens, mask))
+    return Embedded(blocks=blocks, n=hidden.n), pooled
+
+
 def maxsim_matrix(queries: Embedded, docs: Embedded) -> np.ndarray:
     """MaxSim scores float32 [n_queries, n_docs] of every query against every document."""
     scores = np.zeros((queries.n, docs.n), np.float32)

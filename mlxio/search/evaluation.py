@@ -15,6 +15,7 @@ import attrs
 import numpy as np
 
 from mlxcore import ranking
+from mlxcore.encoder import hidden_states
 from mlxio.data import xtr_data
 from mlxio.search import embeddings
 
@@ -29,65 +30,73 @@ class Evaluator:
     doc_len: int
     batch: int
 
-    def __call__(self, params, task: xtr_data.Task, bm25: np.ndarray, alpha: float | str | None = "dev") -> dict:
-        """Semantic and hybrid metrics of `params` on the held-out test queries; the hybrid
-        weight is chosen on the dev queries (or given: a held-out package is ranked with the
-        weight chosen on the training sources' dev queries). bm25: [test + dev queries,
-        candidates]."""
-        enc = self.encoder
-        queries = embeddings.embed_texts(params, enc.spec, enc.tokenizer, task.queries + task.dev_queries,
-                                         self.query_len, self.batch, desc="eval: queries")
-        docs = embeddings.embed_texts(params, enc.spec, enc.tokenizer, task.candidates,
-                                      self.doc_len, self.batch, desc="eval: documents")
-        semantic, n = embeddings.maxsim_matrix(queries, docs), len(task.queries)
-        if alpha == "dev":
-            alpha = ranking.choose_alpha(semantic[n:], bm25[n:], task.dev_positives)
-        return ranking.evaluate_modes(semantic[:n], bm25[:n], task.positives, alpha)
+    def __call__(self, params, task: xtr_data.Task, bm25: np.ndarray) -> dict:
+        """Semantic and hybrid metrics of `params` on one task's test queries, the hybrid weight
+        chosen on its dev queries. bm25: [test + dev queries, candidates]."""
+        return self.tasks(params, [task], [bm25])[0]
 
-    def single_vector(self, params, task: xtr_data.Task) -> dict:
-        """Test-query metrics of the sentence-transformers view of the model (mean pooling, cosine)."""
+    def tasks(self, params, tasks: list[xtr_data.Task], bm25: list[np.ndarray], single_vector: bool = False) -> list[dict]:
+        """Semantic and hybrid metrics of `params` on each task's test queries, with one hybrid
+        weight chosen on the dev queries of all the tasks together (`ranking.choose_alpha`: held-out
+        files and held-out packages, never a test query). bm25[i]: [test + dev queries, candidates].
+        single_vector (an encoder without a projection): the first task's dict also holds the
+        "single-vector view" (mean pooling, cosine: what merged/ gives sentence-transformers),
+        computed from the same forward passes."""
         enc = self.encoder
-        q = embeddings.embed_pooled(params, enc.spec, enc.tokenizer, task.queries, self.query_len,
-                                    self.batch, desc="eval: single-vector queries")
-        d = embeddings.embed_pooled(params, enc.spec, enc.tokenizer, task.candidates, self.doc_len,
-                                    self.batch, desc="eval: single-vector documents")
-        return {"semantic": ranking.ranking_metrics(q @ d.T, task.positives)}
+        semantic, pooled = [], None
+        for i, task in enumerate(tasks):
+            both = single_vector and i == 0
+            embedded = [embeddings.embed_texts(params, enc.spec, enc.tokenizer, texts, length, self.batch,
+                                               desc=f"eval: {what}", encode_fn=hidden_states if both else None)
+                        for texts, length, what in ((task.queries + task.dev_queries, self.query_len, "queries"),
+                                                    (task.candidates, self.doc_len, "documents"))]
+            if both:
+                (queries, q_pooled), (docs, d_pooled) = map(embeddings.tokens_and_pooled, embedded)
+                pooled = ranking.ranking_metrics(q_pooled[:len(task.queries)] @ d_pooled.T, task.positives)
+            else:
+                queries, docs = embedded
+            semantic.append(embeddings.maxsim_matrix(queries, docs))
+        alpha = ranking.choose_alpha([(s[len(t.queries):], b[len(t.queries):], t.dev_positives)
+                                      for s, b, t in zip(semantic, bm25, tasks, strict=True)])
+        out = [ranking.evaluate_modes(s[:len(t.queries)], b[:len(t.queries)], t.positives, alpha)
+               for s, b, t in zip(semantic, bm25, tasks, strict=True)]
+        if pooled is not None:
+            out[0]["single-vector view"] = {"semantic": pooled}
+        return out
 
 
 @attrs.define
 class Baselines:
     """What the fine-tuned model is compared with: `results` (eval.json's "bm25" and
-    "untrained" entries), the BM25 scores of the task, and the held-out packages' entry
-    (`packages`, with its BM25 scores) when the run has a package task."""
+    "untrained" entries), the tasks (held-out files, then the held-out packages when the run
+    has them), their BM25 scores [test + dev queries, candidates], and the held-out packages'
+    entry (`packages`) of eval.json."""
 
     results: dict
-    bm25: np.ndarray
+    tasks: list
+    bm25: list
     packages: dict | None = None
-    package_bm25: np.ndarray | None = None
 
 
 def baselines(evaluate: Evaluator, untrained_params, data: xtr_data.Data, cache_dir: Path, cache_key: dict,
               heldout_packages: tuple[str, ...]) -> Baselines:
-    """BM25 and the untrained encoder on the held-out task (and on the held-out packages,
-    ranked with the fusion weight chosen on the training sources' dev queries); the untrained
-    evaluations are cached in `cache_dir` under `cache_key` (model, lengths, seed, ...) plus
-    the task's digest."""
-    task, package_task = data.task, data.package_task
-    bm25 = ranking.bm25_text_matrix(task.queries + task.dev_queries, task.candidates)
-    results = {"bm25": ranking.ranking_metrics(bm25[:len(task.queries)], task.positives)}
-    results["untrained"] = xtr_data.cached_eval(
-        cache_dir, {"v": 2, **cache_key, "task": task.digest},
-        lambda: evaluate(untrained_params, task, bm25))
-    out = Baselines(results, bm25)
-    if package_task is not None:  # whole packages never seen in training, ranked with the files' dev weight
-        out.package_bm25 = ranking.bm25_text_matrix(package_task.queries, package_task.candidates)
-        alpha = xtr_data.fusion_alpha(results["untrained"])
-        out.packages = {"packages": list(heldout_packages), "queries": len(package_task.queries),
-                        "candidates": len(package_task.candidates),
-                        "bm25": ranking.ranking_metrics(out.package_bm25, package_task.positives)}
-        out.packages["untrained"] = xtr_data.cached_eval(
-            cache_dir, {"v": 2, **cache_key, "task": package_task.digest, "alpha": alpha},
-            lambda: evaluate(untrained_params, package_task, out.package_bm25, alpha))
+    """BM25 and the untrained encoder on the held-out files and the held-out packages (one
+    fusion weight for both, chosen on their dev queries together); the untrained evaluation is
+    cached in `cache_dir` under `cache_key` (model, lengths, seed, ...) plus the tasks' digests."""
+    tasks = [t for t in (data.task, data.package_task) if t is not None]
+    bm25 = [ranking.bm25_text_matrix(t.queries + t.dev_queries, t.candidates) for t in tasks]
+    results = {"bm25": ranking.ranking_metrics(bm25[0][:len(data.task.queries)], data.task.positives)}
+    untrained = xtr_data.cached_eval(
+        cache_dir, {"v": 3, **cache_key, "tasks": [t.digest for t in tasks], "alphas": ranking.ALPHAS},
+        lambda: evaluate.tasks(untrained_params, tasks, bm25))
+    results["untrained"] = untrained[0]
+    out = Baselines(results, tasks, bm25)
+    if data.package_task is not None:  # whole packages never seen in training
+        pkg = data.package_task
+        out.packages = {"packages": list(heldout_packages), "queries": len(pkg.queries),
+                        "dev_queries": len(pkg.dev_queries), "candidates": len(pkg.candidates),
+                        "bm25": ranking.ranking_metrics(bm25[1][:len(pkg.queries)], pkg.positives),
+                        "untrained": untrained[1]}
     return out
 
 
