@@ -1,13 +1,24 @@
-"""Retriever transfer to unseen packages: run `recipes.xtr_lora` with and without hard negatives
-and record one entry per run in benchmarks/results/<machine>/xtr_heldout_packages.json.
+"""Retriever transfer to unseen packages, with and without hard negatives, over seeds: run
+`recipes.xtr_lora` per (preset, seed, variant) and record one entry per run in
+benchmarks/results/<machine>/xtr_heldout_packages.json.
 
-    python benchmarks/xtr_heldout_packages.py --preset quick                 # both variants
-    python benchmarks/xtr_heldout_packages.py --preset quick --variants hn   # hard negatives only
-    python benchmarks/xtr_heldout_packages.py --preset quick -- --train.steps 20   # extra recipe flags
+    python benchmarks/xtr_heldout_packages.py                         # quick, seeds 0,1,2 x {inbatch, hn}
+    python benchmarks/xtr_heldout_packages.py --only seed=0,hn=1      # one run
+    python benchmarks/xtr_heldout_packages.py --presets quick,full --machine h100 --budget_s 480 \\
+        --pypi_tarball runs/pypi_sources.tar.xz --state runs/bench_state.tar.gz --out "$OUT"
+    python benchmarks/xtr_heldout_packages.py --summary               # the hn - inbatch table only
+    python benchmarks/xtr_heldout_packages.py -- --train.steps 20     # extra recipe flags (all runs)
 
-Each run is a subprocess (its wall time is the whole recipe: mining or cache reads, baselines,
-training, evaluation); the entry is read from the run's eval.json, never assembled by hand.
-An entry replaces an earlier one with the same preset, hard_negatives and command.
+Each run is a subprocess in its own --runs folder (its wall time is the whole recipe: mining or
+cache reads, baselines, training, evaluation); the entry is read from the run's eval.json, never
+assembled by hand. Resumable at every level: a run whose entry exists is skipped, a run with
+checkpoints continues with `--resume`, and `--budget_s` stops the whole command in time (a run
+still going is stopped - its last checkpoint kept - and the exit status is 75: call the same
+command again). For a machine that keeps nothing between calls (the lent GPU), `--state` is
+unpacked first and `--out DIR` gets, after every run, that state (the runs' entries, eval.json
+and newest checkpoints, plus the GPU kernel cache when small: one .tar.gz under 16 MiB), the
+results JSON and a summary. `--pypi_tarball` (made by scripts/pack_pypi_cache.sh) is unpacked
+into --cache_dir, so the pinned PyPI sources are mined there without internet.
 """
 
 from __future__ import annotations
@@ -16,12 +27,19 @@ import argparse
 import json
 import os
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = {"inbatch": 0, "hn": 1}  # hn=1: the preset's hard negatives; 0: in-batch negatives only
+EX_TEMPFAIL = 75  # stopped by --budget_s: run the same command again to go on
+STATE_LIMIT = 15 * 2**20  # what one file may carry back from a device call (16 MiB), with room
+KEEP = ("entry.json", "eval.json", "config.json", "metrics.jsonl", "attempts.json")
 
 
 def metrics(block: dict) -> dict:
@@ -29,7 +47,7 @@ def metrics(block: dict) -> dict:
         "hybrid_fusion": block.get("hybrid_fusion")}
 
 
-def entry(preset: str, hard: bool, command: list[str], wall_s: float, results: dict) -> dict:
+def entry(preset: str, seed: int, hard: bool, command: list[str], wall_s: float, results: dict) -> dict:
     data = results.get("data", {})
     sources = data.get("sources", [])
     pkg = results.get("heldout_packages", {})
@@ -37,9 +55,11 @@ def entry(preset: str, hard: bool, command: list[str], wall_s: float, results: d
                      for s in sources if s.get("role", "").startswith("train")]
     return {
         "preset": preset,
+        "seed": seed,
         "train_sources": train_sources,
         "heldout_packages": [f"{s['name']}=={s['version']}" for s in sources if s.get("role") == "heldout_package"],
         "queries": pkg.get("queries"),
+        "dev_queries": pkg.get("dev_queries"),
         "candidates": pkg.get("candidates"),
         "bm25": {k: pkg["bm25"][k] for k in ("mrr@10", "p@1")} if pkg else None,
         "untrained": metrics(pkg["untrained"]) if pkg else None,
@@ -55,46 +75,227 @@ def entry(preset: str, hard: bool, command: list[str], wall_s: float, results: d
         "sources": sources,
         "steps": results["run"]["steps"],
         "train_s": results["run"]["train_s"],
+        "phases": results["run"].get("phases"),
         "command": " ".join(shlex.quote(c) for c in command),
         "wall_s": wall_s,
     }
 
 
 def record(path: Path, new: dict) -> None:
+    """Add `new` to the JSON list at `path`, replacing an entry of the same preset, seed,
+    hard_negatives and command."""
+    def key(r):
+        return r["preset"], r.get("seed"), r["hard_negatives"], r["command"]
+
     rows = json.loads(path.read_text()) if path.exists() else []
-    rows = [r for r in rows if (r["preset"], r["hard_negatives"], r["command"]) !=
-            (new["preset"], new["hard_negatives"], new["command"])] + [new]
+    rows = [r for r in rows if key(r) != key(new)] + [new]
+    write_json(path, rows)
+
+
+def write_json(path: Path, obj) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rows, indent=1) + "\n")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
     os.replace(tmp, path)
 
 
-def main(argv: list[str] | None = None) -> None:
+def summary(rows: list[dict]) -> dict:
+    """Per preset and task: hard negatives minus in-batch fine-tuned semantic MRR@10 per seed
+    (seeds run both ways), their mean, and the mean fine-tuned gain over the untrained model."""
+    out: dict = {}
+    for preset in sorted({r["preset"] for r in rows}):
+        runs = {(r.get("seed"), r["hard_negatives"]): r for r in rows if r["preset"] == preset}
+        seeds = sorted({s for s, _ in runs if (s, True) in runs and (s, False) in runs}, key=str)
+        block = {}
+        for task, get in (("heldout_packages", lambda r: r), ("heldout_files", lambda r: r["heldout_files"])):
+            def mrr(r, which, mode="semantic", get=get):
+                return get(r)[which][mode]["mrr@10"]
+
+            diffs = [mrr(runs[(s, True)], "fine_tuned") - mrr(runs[(s, False)], "fine_tuned") for s in seeds]
+            block[task] = {
+                "seeds": seeds,
+                "hn_minus_inbatch_semantic_mrr@10": [round(d, 4) for d in diffs],
+                "mean_hn_minus_inbatch": round(sum(diffs) / len(diffs), 4) if diffs else None,
+                **{f"mean_gain_over_untrained_{v}": round(sum(mrr(runs[(s, h)], "fine_tuned") - mrr(runs[(s, h)], "untrained")
+                                                              for s in seeds) / len(seeds), 4) if seeds else None
+                   for v, h in (("inbatch", False), ("hn", True))},
+                **{f"mean_hybrid_minus_semantic_{v}": round(sum(mrr(runs[(s, h)], "fine_tuned", "hybrid")
+                                                                - mrr(runs[(s, h)], "fine_tuned") for s in seeds)
+                                                            / len(seeds), 4) if seeds else None
+                   for v, h in (("inbatch", False), ("hn", True))},
+            }
+        out[preset] = block
+    return out
+
+
+def parse_only(text: str) -> dict:
+    """"seed=0,hn=1,preset=quick" -> {"seed": "0", "hn": "1", "preset": "quick"}."""
+    out = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        if key not in ("seed", "hn", "preset") or not value:
+            raise SystemExit(f"--only: expected seed=N,hn=0|1,preset=NAME; got {part!r}")
+        out[key] = value
+    return out
+
+
+def seed_flag() -> str:
+    """The recipe's seed setting (`--train.seed`, or a top-level `--seed` once configs move)."""
+    text = subprocess.run([sys.executable, "-m", "recipes.xtr_lora", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout
+    return "--train.seed" if "--train.seed" in text else "--seed"
+
+
+def unpack(tarball: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tarball) as tar:
+        tar.extractall(dest, filter="data") if hasattr(tarfile, "data_filter") else tar.extractall(dest)
+
+
+def _add_runs(tar: tarfile.TarFile, runs: Path) -> None:
+    for run in sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "ptx"):
+        for name in KEEP:
+            if (run / name).exists():
+                tar.add(run / name, f"{run.name}/{name}")
+        latest = run / "checkpoints" / "LATEST"
+        if latest.exists() and not (run / "entry.json").exists():  # unfinished: its newest checkpoint
+            step = latest.read_text().strip()
+            tar.add(latest, f"{run.name}/checkpoints/LATEST")
+            if (run / "checkpoints" / step).is_dir():
+                tar.add(run / "checkpoints" / step, f"{run.name}/checkpoints/{step}")
+
+
+def pack_state(runs: Path, out: Path, kernel_cache: Path | None) -> None:
+    """runs/*/{KEEP files, newest checkpoint of an unfinished run} (+ the GPU kernel cache when
+    the whole stays under STATE_LIMIT) -> out (.tar.gz)."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    for kernels in ((kernel_cache,) if kernel_cache is not None and kernel_cache.is_dir() else ()) + (None,):
+        with tarfile.open(tmp, "w:gz") as tar:
+            _add_runs(tar, runs)
+            if kernels is not None:
+                tar.add(kernels, "ptx")
+        if tmp.stat().st_size <= STATE_LIMIT:
+            break
+    os.replace(tmp, out)
+
+
+class Budget:
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds if seconds > 0 else float("inf")
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+def run_one(command: list[str], budget: Budget, env: dict) -> bool:
+    """Run the recipe; True when it finished, False when the budget stopped it (SIGTERM, then
+    SIGKILL 30 s later: checkpoints are written atomically, the newest good one survives)."""
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=None if budget.left() == float("inf") else max(budget.left(), 1.0))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return False
+    if rc != 0:
+        raise SystemExit(f"{shlex.join(command)} failed with exit status {rc}")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="quick")
-    parser.add_argument("--variants", default="hn,inbatch", help="comma list of hn (hard negatives) / inbatch")
+    parser.add_argument("--presets", "--preset", default="quick", help="comma list: quick, full")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--variants", default="inbatch,hn", help="comma list of inbatch (hn=0) / hn (hn=1)")
+    parser.add_argument("--only", default="", help="e.g. seed=0,hn=1 or preset=full")
     parser.add_argument("--machine", default="cpu")
     parser.add_argument("--runs", default="runs/bench_heldout_packages")
     parser.add_argument("--cache_dir", default="runs/.cache")
-    parser.add_argument("--hard_negatives", type=int, default=0, help="K when on (0: the preset's)")
+    parser.add_argument("--hard_negatives", type=int, default=0, help="K of the hn variant (0: the preset's)")
+    parser.add_argument("--budget_s", type=float, default=0, help="stop (exit 75) after this many seconds (0: never)")
+    parser.add_argument("--min_start_s", type=float, default=90, help="start no run with less budget left")
+    parser.add_argument("--pypi_tarball", type=Path, help="scripts/pack_pypi_cache.sh's tarball: unpacked into --cache_dir")
+    parser.add_argument("--state", type=Path, help="a state .tar.gz from an earlier call's --out: unpacked into --runs")
+    parser.add_argument("--out", type=Path, help="after every run: state.tar.gz, the results JSON and summary.json here")
+    parser.add_argument("--summary", action="store_true", help="print the summary of the results JSON and stop")
+    parser.add_argument("--results", type=Path, help="default: benchmarks/results/<machine>/xtr_heldout_packages.json")
     args, extra = parser.parse_known_args(argv)
     extra = [e for e in extra if e != "--"]
-    out = ROOT / "benchmarks" / "results" / args.machine / "xtr_heldout_packages.json"
-    for variant in args.variants.split(","):
-        hard = variant == "hn"
+    results = args.results or ROOT / "benchmarks" / "results" / args.machine / "xtr_heldout_packages.json"
+    if args.summary:
+        print(json.dumps(summary(json.loads(results.read_text())), indent=1))
+        return 0
+    budget = Budget(args.budget_s)
+    runs, cache = ROOT / args.runs, ROOT / args.cache_dir
+    if args.state is not None and args.state.exists():
+        unpack(args.state, runs)
+    if args.pypi_tarball is not None and not (cache / "pypi").is_dir():
+        unpack(args.pypi_tarball, cache)
+    runs.mkdir(parents=True, exist_ok=True)
+    kernel_cache = runs / "ptx"
+    env = {**os.environ, "MLXIO_KERNEL_CACHE": os.environ.get("MLXIO_KERNEL_CACHE", str(kernel_cache))}
+    only = parse_only(args.only)
+    todo = [(p, int(s), v) for p in args.presets.split(",") for s in args.seeds.split(",")
+            for v in args.variants.split(",")
+            if only.get("preset", p) == p and only.get("seed", s) == s and only.get("hn", str(VARIANTS[v])) == str(VARIANTS[v])]
+    flag = seed_flag()
+    finished = True
+    for preset, seed, variant in todo:
+        hard = VARIANTS[variant] == 1
+        run = runs / f"{preset}_s{seed}_{variant}"
+        if (run / "entry.json").exists():
+            record(results, json.loads((run / "entry.json").read_text()))
+            print(f"{run.name}: recorded earlier")
+            continue
+        if budget.left() < args.min_start_s:
+            finished = False
+            break
         k = ["--data.hard_negatives", str(args.hard_negatives)] if hard and args.hard_negatives else []
-        command = [sys.executable, "-m", "recipes.xtr_lora", "--preset", args.preset,
-                   "--out_dir", f"{args.runs}/{args.preset}_{variant}", "--cache_dir", args.cache_dir,
-                   "--export", "false", *(k if hard else ["--data.hard_negatives", "0"]), *extra]
+        command = [sys.executable, "-m", "recipes.xtr_lora", "--preset", preset, flag, str(seed),
+                   "--out_dir", f"{args.runs}/{run.name}", "--cache_dir", args.cache_dir, "--export", "false",
+                   *(k if hard else ["--data.hard_negatives", "0"]), *extra]
+        resume = ["--resume"] if (run / "checkpoints" / "LATEST").exists() else []
+        attempts = json.loads((run / "attempts.json").read_text()) if (run / "attempts.json").exists() else []
         started = time.perf_counter()
-        subprocess.run(command, check=True, cwd=ROOT)
-        wall = time.perf_counter() - started
-        results = json.loads((ROOT / args.runs / f"{args.preset}_{variant}" / "eval.json").read_text())
-        shown = ["python", *command[1:]]
-        record(out, entry(args.preset, hard, shown, round(wall, 1), results))
-        print(f"{variant}: recorded in {out} ({wall:.0f} s)")
+        print(f"{run.name}: {'resuming' if resume else 'starting'}: {shlex.join(command + resume)}", flush=True)
+        done = run_one(command + resume, budget, env)
+        run.mkdir(parents=True, exist_ok=True)
+        attempts.append(round(time.perf_counter() - started, 1))
+        write_json(run / "attempts.json", attempts)
+        if done:
+            evaluation = json.loads((run / "eval.json").read_text())
+            new = entry(preset, seed, hard, ["python", *command[1:]], round(sum(attempts), 1), evaluation)
+            write_json(run / "entry.json", new)
+            record(results, new)
+            print(f"{run.name}: recorded in {results} ({sum(attempts):.0f} s in {len(attempts)} call(s))", flush=True)
+        else:
+            finished = False
+        if args.out is not None:
+            save_out(args.out, runs, results, kernel_cache)
+        if not done:
+            break
+    if args.out is not None:
+        save_out(args.out, runs, results, kernel_cache)
+    if results.exists():
+        print(json.dumps(summary(json.loads(results.read_text())), indent=1))
+    if not finished:
+        print(f"stopped by --budget_s {args.budget_s:g}: run the same command again to go on", flush=True)
+        return EX_TEMPFAIL
+    print(f"all {len(todo)} runs recorded in {results}", flush=True)
+    return 0
+
+
+def save_out(out: Path, runs: Path, results: Path, kernel_cache: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    pack_state(runs, out / "state.tar.gz", kernel_cache)
+    if results.exists():
+        shutil.copy(results, out / results.name)
+        write_json(out / "summary.json", summary(json.loads(results.read_text())))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""benchmarks/xtr_heldout_packages.py without training: seeds x variants, resumable runs, the
+budget stop, the state a device call carries back, and the hn - in-batch summary."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+from benchmarks import xtr_heldout_packages as bench
+
+
+def _eval(mrr_files: float, mrr_pkg: float) -> dict:
+    def block(m):
+        return {"semantic": {"mrr@10": m, "p@1": m - 0.1}, "hybrid": {"mrr@10": m + 0.01, "p@1": m - 0.1},
+                "hybrid_fusion": "interp@0.97"}
+
+    return {"bm25": {"mrr@10": 0.4, "p@1": 0.3}, "untrained": block(0.5), "fine-tuned": block(mrr_files),
+            "heldout_packages": {"queries": 10, "dev_queries": 5, "candidates": 50, "bm25": {"mrr@10": 0.4, "p@1": 0.3},
+                                 "untrained": block(0.6), "fine-tuned": block(mrr_pkg)},
+            "data": {"sources": [{"name": "python-stdlib", "version": "3.x", "role": "train (split by file)"},
+                                 {"name": "beta", "version": "2.0", "role": "heldout_package"}]},
+            "run": {"queries": 20, "candidates": 100, "steps": 3, "train_s": 1.0}}
+
+
+def test_runs_resume_budget_state_and_summary(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(command, budget, env):
+        out = tmp_path / command[command.index("--out_dir") + 1]
+        calls.append(command)
+        hard = command[command.index("--data.hard_negatives") + 1] != "0" if "--data.hard_negatives" in command else True
+        seed = int(command[command.index("--train.seed") + 1])
+        if seed == 1 and not hard and "--resume" not in command:  # the budget stops this one mid-run
+            (out / "checkpoints" / "step-00000002").mkdir(parents=True)
+            (out / "checkpoints" / "step-00000002" / "trainable.safetensors").write_bytes(b"w")
+            (out / "checkpoints" / "LATEST").write_text("step-00000002")
+            return False
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval.json").write_text(json.dumps(_eval(0.6 + 0.02 * hard, 0.7 + 0.015 * hard + 0.001 * seed)))
+        return True
+
+    monkeypatch.setattr(bench, "run_one", fake_run)
+    monkeypatch.setattr(bench, "seed_flag", lambda: "--train.seed")
+    monkeypatch.chdir(tmp_path)
+    results, out = tmp_path / "results.json", tmp_path / "out"
+    argv = ["--runs", str(tmp_path / "runs"), "--results", str(results), "--seeds", "0,1", "--out", str(out)]
+    assert bench.main(argv + ["--only", "seed=0,hn=1"]) == 0
+    assert len(calls) == 1 and "--data.hard_negatives" not in calls[0]  # hn=1: the preset's own K
+    assert bench.main(argv) == bench.EX_TEMPFAIL  # seed 0 in-batch runs, then seed 1 in-batch is stopped
+    assert len(calls) == 3 and calls[-1][calls[-1].index("--data.hard_negatives") + 1] == "0"
+    with tarfile.open(out / "state.tar.gz") as tar:  # what a device call carries back
+        names = tar.getnames()
+    assert "quick_s1_inbatch/checkpoints/step-00000002/trainable.safetensors" in names
+    assert "quick_s0_hn/entry.json" in names and not any(n.startswith("quick_s0_hn/checkpoints") for n in names)
+    # a fresh machine: only the state comes back; the stopped run resumes, finished ones are skipped
+    state = tmp_path / "state.tar.gz"
+    (out / "state.tar.gz").rename(state)
+    fresh = tmp_path / "fresh"
+    assert bench.main(["--runs", str(fresh), "--results", str(results), "--seeds", "0,1", "--state", str(state)]) == 0
+    assert [c[c.index("--out_dir") + 1].rsplit("/", 1)[1] for c in calls[3:]] == ["quick_s1_inbatch", "quick_s1_hn"]
+    assert "--resume" in calls[3] and "--resume" not in calls[4]
+    rows = json.loads(results.read_text())
+    assert sorted((r["seed"], r["hard_negatives"]) for r in rows) == [(0, False), (0, True), (1, False), (1, True)]
+    assert rows[0]["heldout_packages"] == ["beta==2.0"] and rows[0]["train_sources"] == ["python-stdlib==3.x"]
+    block = bench.summary(rows)["quick"]["heldout_packages"]
+    assert block["seeds"] == [0, 1] and block["mean_hn_minus_inbatch"] == 0.015
+    assert bench.summary(rows)["quick"]["heldout_files"]["mean_hn_minus_inbatch"] == 0.02
+
+
+def test_only_is_checked():
+    assert bench.parse_only("seed=2,hn=0") == {"seed": "2", "hn": "0"}
+    try:
+        bench.parse_only("steps=3")
+    except SystemExit as err:
+        assert "--only" in str(err)
+    else:
+        raise AssertionError("accepted an unknown --only key")
