@@ -69,13 +69,16 @@ class DataConfig:
     max_query_len: int = bounded(32, ge=2)
     max_doc_len: int = bounded(128, ge=2)
     bucket: int = bounded(32, ge=1)  # padded lengths are multiples of this (fewer recompiles)
-    eval_queries: int = bounded(1000, ge=1)  # at most; at least min_eval_queries must exist
-    min_eval_queries: int = bounded(1000, ge=1)
-    min_eval_candidates: int = bounded(5000, ge=1)
-    dev_queries: int = 300  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
-    max_eval_candidates: int = 5000  # 0: every held-out function (positives always kept)
-    package_eval_queries: int = 500  # test queries from the held-out packages (0: eval_queries)
+    # quick's evaluation (README, "Evaluation"): 500 test + 200 dev queries of held-out files over
+    # 1,500 candidates, 800 + 200 of held-out packages over 2,500; ~4,000 documents to encode per model
+    eval_queries: int = bounded(500, ge=1)  # at most; at least min_eval_queries must exist
+    min_eval_queries: int = bounded(500, ge=1)
+    min_eval_candidates: int = bounded(1500, ge=1)
+    dev_queries: int = 200  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
+    max_eval_candidates: int = 1500  # 0: every held-out function (positives always kept)
+    package_eval_queries: int = 800  # test queries from the held-out packages (0: eval_queries)
     package_eval_candidates: int = 2500  # candidates from the held-out packages (0: all)
+    package_dev_queries: int = 200  # held-out-package dev queries (disjoint from its test ones) for the hybrid weight
     # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
     packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
     heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
@@ -141,11 +144,15 @@ PRESETS = {
     # Temperature 0.05 = all-MiniLM-L6-v2's own training scale (20). Sweep on the quick task
     # (benchmarks/results/h100/xtr_sweep.json): MRR@10 gain over the untrained model +0.062 to
     # +0.063 over 3 seeds at 0.05, +0.044 to +0.055 at the XTR seed's 0.07.
-    "quick": Config(loss=LossConfig(temperature=0.05)),
+    # 100 steps x 24 pairs (12 x 2) with one BM25 hard negative each: the training cost of 100 x 48
+    # pairs without one, so that the whole run fits in ~15 minutes on 2 CPU cores (README, "Time")
+    "quick": Config(loss=LossConfig(temperature=0.05), train=TrainConfig(accum=2)),
     "full": Config(
         out_dir="runs/xtr_lora_full",
-        data=DataConfig(max_doc_len=256, eval_queries=5000, dev_queries=1000, max_eval_candidates=0,
-                        package_eval_queries=2000, package_eval_candidates=0, hard_negatives=3,
+        # every held-out query: 4,455 of held-out files (13,104 candidates) and 1,364 of the held-out
+        # packages (2,530) with the defaults; 5,000 + 1,000 asked for before left no dev queries (RRF)
+        data=DataConfig(max_doc_len=256, eval_queries=3400, dev_queries=800, max_eval_candidates=0,
+                        package_eval_queries=1000, package_dev_queries=300, package_eval_candidates=0, hard_negatives=3,
                         negative_miners=("bm25", "model")),
         optim=OptimConfig(lr=2e-5, warmup_steps=500, total_steps=10_734),
         train=TrainConfig(steps=10_734, checkpoint_every=1000, log_every=50),

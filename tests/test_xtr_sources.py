@@ -275,6 +275,7 @@ def test_one_forward_gives_token_embeddings_and_the_single_vector_view():
     want = embeddings.embed_texts(*args)
     for (rows, emb, mask), (want_rows, want_emb, want_mask) in zip(tokens.blocks, want.blocks, strict=True):
         np.testing.assert_array_equal(rows, want_rows)
+        np.testing.assert_array_equal(np.array(mask), np.array(want_mask))
         np.testing.assert_allclose(np.array(emb), np.array(want_emb), atol=1e-5)
     np.testing.assert_allclose(pooled, embeddings.embed_pooled(*args), atol=1e-5)
     np.testing.assert_allclose(embeddings.maxsim_matrix(tokens, tokens), embeddings.maxsim_matrix(want, want), atol=1e-5)
