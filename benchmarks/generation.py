@@ -18,7 +18,9 @@ teacher-forced forward pass (no KV cache; a third computation): its logit must b
 decoders part ways). A row where either engine picks a token further from the argmax marks the
 pair invalid (`valid: false`), and its speeds are not comparable. `graph` counts the primitives
 one decode step queues (export_to_dot of the step's unevaluated graph; views - reshape,
-transpose, broadcast, ... - listed apart): the work the host dispatches per token.
+transpose, broadcast, ... - listed apart): the work the host dispatches per token;
+`greedy.attention_shapes_*` the distinct (query, key) shapes each engine's greedy run built
+attention with (prefill chunks included; the static step is traced once per call).
 
     python -m benchmarks.generation --machine h100 --new-tokens 256
     python -m benchmarks.generation --machine cpu --shapes qwen2-24l-tiny --dtype float32 --torch-repeats 0
@@ -31,8 +33,10 @@ import mlxio  # noqa: F401
 # isort: on
 
 import argparse
+import contextlib
 import os
 import re
+import sys
 import tempfile
 import time
 import types
@@ -142,11 +146,32 @@ def reference_gaps(model, prompts: list[list[int]], completions: list[list[int]]
     return np.concatenate(gaps)
 
 
+@contextlib.contextmanager
+def attention_shapes(model):
+    """The distinct (query, key) shapes the model's attention is built with meanwhile (prefill
+    included): a decode step whose key length changes is a new shape every token."""
+    module = sys.modules[type(model).__module__]
+    sdpa = module.scaled_dot_product_attention
+    seen = set()
+
+    def spy(queries, keys, *args, **kwargs):
+        seen.add((tuple(queries.shape), tuple(keys.shape)))
+        return sdpa(queries, keys, *args, **kwargs)
+
+    module.scaled_dot_product_attention = spy
+    try:
+        yield seen
+    finally:
+        module.scaled_dot_product_attention = sdpa
+
+
 def greedy_check(model, prompts: list[list[int]], group: int, new_tokens: int, tol: float) -> dict:
     """Both engines' greedy tokens for the same prompts, compared with each other and with the
     teacher-forced argmax (see the module doc)."""
-    old = run_mlx(model, prompts, group, new_tokens, "batch", temperature=0.0)["rollouts"]
-    new = run_mlx(model, prompts, group, new_tokens, "static", temperature=0.0)["rollouts"]
+    with attention_shapes(model) as shapes_old:
+        old = run_mlx(model, prompts, group, new_tokens, "batch", temperature=0.0)["rollouts"]
+    with attention_shapes(model) as shapes_new:
+        new = run_mlx(model, prompts, group, new_tokens, "static", temperature=0.0)["rollouts"]
     a, b = old.completion_tokens, new.completion_tokens
     common = [next((k for k, (x, y) in enumerate(zip(r, s, strict=True)) if x != y), len(r))
               for r, s in zip(a, b, strict=True)]
@@ -158,7 +183,7 @@ def greedy_check(model, prompts: list[list[int]], group: int, new_tokens: int, t
            "mean_common_prefix": float(np.mean(common)),
            "max_gap_batch": float(gap_old.max()), "max_gap_static": float(gap_new.max()),
            "tokens_off_argmax_batch": int((gap_old > tol).sum()), "tokens_off_argmax_static": int((gap_new > tol).sum()),
-           "tol": tol}
+           "tol": tol, "attention_shapes_batch": len(shapes_old), "attention_shapes_static": len(shapes_new)}
     out["valid"] = bool(out["max_gap_batch"] <= tol and out["max_gap_static"] <= tol)
     return out
 
