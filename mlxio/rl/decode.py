@@ -8,7 +8,10 @@ What the BatchGenerator does per token and this does not:
   every 256) and shrinks when a row ends (`filter`): new shapes, so no reuse of fused kernels
   or CUDA graphs. Here `StaticKVCache` is preallocated at [B, H, S, D] (S = prompt + new tokens,
   rounded up to `LENGTH_STEP`), written at a position held in an array, and attention reads all
-  S slots under a mask (left padding and the unwritten tail masked out).
+  S slots under a mask (left padding and the unwritten tail masked out). (On CUDA, MLX's fused
+  decode attention takes no array mask, so attention runs as matmul + softmax here as it does
+  for the BatchGenerator's left-padded batch; the extra masked slots are a small read next to
+  the weights: 64 x 512 slots of Qwen2.5-0.5B's KV is ~0.2 GB against ~1 GB of weights.)
 - an uncompiled forward, split logprobs (`list(logprobs)`: B slices), a host sync for the
   tokens and one for the logprobs every step, per-row Python. Here the step is compiled
   (elementwise ops fused) and tokens / logprobs stay on the device; the host reads them every
