@@ -571,3 +571,20 @@ def test_pack_minilm_f16_roundtrip(tmp_path, minilm):
     a = Embedder(load_encoder(minilm), 32).embed(text)[0].astype(np.float32)
     b = Embedder(load_encoder(out, dtype=mx.float32), 32).embed(text)[0].astype(np.float32)
     assert a.shape == b.shape and float((a * b).sum(axis=1).min()) > 0.999
+
+
+def test_device_paths_match_the_cpu_ones(minilm):
+    """What a GPU build takes: the eager Embedder with a padded last batch embeds as the compiled
+    one; centroid assignment through MLX picks the NumPy one's centroids."""
+    from mlxio.search.embed import Embedder, assign_on_device
+    from mlxio.weights.encoders import load_encoder
+
+    encoder = load_encoder(minilm)
+    texts = ["def f(x):\n    return x + 1", "parse a date", "class A:\n    pass\n\n\ndef g(): return 2"]
+    ref = Embedder(encoder, 32, batch_size=2).embed(texts)
+    got = Embedder(encoder, 32, batch_size=2, compiled=False, pad_last=True).embed(texts)
+    for a, b in zip(ref, got, strict=True):
+        assert a.shape == b.shape and np.allclose(a.astype(np.float32), b.astype(np.float32), atol=2e-3)
+    rng = np.random.default_rng(0)
+    x, c = _unit(rng.standard_normal((500, DIM))), _unit(rng.standard_normal((40, DIM)))
+    np.testing.assert_array_equal(assign_on_device(x, c, chunk=128), codec.assign(x, c))
