@@ -34,7 +34,8 @@ def stdlib_corpus(cache: Path):
     docs = [{"id": f"{s.source}:{s.line}:{s.name}", "code": s.code, "path": s.source,
              "line": s.line, "name": s.name} for s in items]
     index_of = {d["id"]: i for i, d in enumerate(docs)}
-    ev = pairs.eval_set(corpus, max_queries=N_QUERIES, min_queries=N_QUERIES)
+    # only the queries are used (every function is a candidate): no floor on the held-out candidates
+    ev = pairs.eval_set(corpus, max_queries=N_QUERIES, min_queries=N_QUERIES, min_candidates=1)
     positives = np.array([index_of[ev.candidate_ids[p]] for p in ev.positives], np.int64)
     return docs, list(ev.queries), positives
 
