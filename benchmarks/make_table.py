@@ -26,11 +26,13 @@ def fmt(x, digits=0) -> str:
     return f"{x:,.{digits}f}"
 
 
-def retriever_section(machine: str, data: dict, bars: list) -> list[str]:
+def retriever_section(machine: str, data: dict, bars: list, name: str = "retriever") -> list[str]:
     runs = {(r["model"], r["batch"], r["framework"]): r for r in data["runs"]}
     keys = sorted({(m, b) for m, b, _ in runs}, key=lambda k: (k[0], k[1]))
+    checked = any("agreement" in r for r in data["runs"])
     out = [f"### Retriever training step and encoding, {machine} ({data['settings']['dtype']}"
-           f"{', ' + data['gpu'] if data.get('gpu') else ''})", "",
+           f"{', ' + data['gpu'] if data.get('gpu') else ''}; {name}.json"
+           f"{', both sides checked to take the same steps' if checked else ', before the agreement check'})", "",
            "| model | batch | step pairs/s MLX | PyTorch eager | torch.compile | MLX / eager | MLX / compile "
            "| MLX MFU | peak GB MLX / eager | encode docs/s MLX | encode eager (SDPA) | encode compile "
            "| encode MLX / eager |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -73,14 +75,24 @@ def retriever_section(machine: str, data: dict, bars: list) -> list[str]:
 
 
 def generation_section(machine: str, data: dict, bars: list) -> list[str]:
-    out = [f"### Rollout generation, {machine} (bf16, random weights of the shape)", "",
-           "| model shape | batch | MLX tok/s | transformers generate tok/s | MLX / torch | bandwidth bound tok/s "
-           "| MLX share of bound |", "|---|---|---|---|---|---|---|"]
+    """Rollout generation: mlx-lm's BatchGenerator ("batch", the old path) vs the static engine
+    (mlxio.rl.decode) vs transformers generate, in one run on the same weights."""
+    out = [f"### Rollout generation, {machine} (bf16, random weights of the shape; benchmarks/generation.py)", "",
+           "| model shape | batch | MLX static tok/s | MLX batch (mlx-lm) tok/s | static / batch "
+           "| transformers generate tok/s | static / torch | bandwidth bound tok/s | static share of bound "
+           "| greedy check |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["runs"]:
-        out.append(f"| {r['shape']} | {r['batch']} | {fmt(r['mlx_median'])} | {fmt(r['torch_median'])} "
-                   f"| {fmt(r['mlx_over_torch'], 2)}x | {fmt(r['bandwidth_bound_tokens_per_s'])} "
-                   f"| {fmt(r['mlx_share_of_bound'] * 100, 1)}% |")
-        bars.append((f"{machine} gen {r['shape']} b{r['batch']}", r["mlx_over_torch"]))
+        out.append(f"| {r['shape']} | {r['batch']} | {fmt(r['static_median'])} | {fmt(r['batch_median'])} "
+                   f"| {fmt(r['static_over_batch'], 2)}x | {fmt(r.get('torch_median'))} "
+                   f"| {fmt(r.get('static_over_torch'), 2)}x | {fmt(r['bandwidth_bound_tokens_per_s'])} "
+                   f"| {fmt(r['static_share_of_bound'] * 100, 1)}% | {'valid' if r.get('valid') else 'INVALID'} |")
+        if r.get("static_over_torch"):
+            bars.append((f"{machine} gen {r['shape']} b{r['batch']}", r["static_over_torch"]))
+    r = data["runs"][0]
+    out += ["", f"Per decode step of the static engine: {fmt(r.get('ms_per_step', {}).get('static') if isinstance(r.get('ms_per_step'), dict) else None, 1)} ms, "
+            f"of which {fmt(r.get('static_host_queue_ms_per_step'), 1)} ms host time queueing its kernels and "
+            f"{fmt(r.get('static_host_call_ms_per_step'), 1)} ms calling the compiled step; "
+            f"{r.get('static_host_syncs_per_step')} host syncs per step."]
     return out + [""]
 
 
@@ -207,15 +219,21 @@ def targets() -> list[str]:
     """The issue's targets, each read off the JSONs: reached, or missed and by how much."""
     h, c = load("h100", "retriever"), load("cpu", "retriever")
     g, s = load("h100", "generation"), load("h200x2", "scaling")
-    gen64 = min((r["mlx_over_torch"] for r in (g or {}).get("runs", []) if r["batch"] == 64), default=None)
+    gen64 = min((r.get("static_over_torch", r.get("mlx_over_torch")) for r in (g or {}).get("runs", [])
+                 if r["batch"] == 64), default=None)
+    gen_old = min((r["static_over_batch"] for r in (g or {}).get("runs", []) if "static_over_batch" in r), default=None)
+    checked = load("h100", "retriever_minilm_b128")
     checks = [
         ("H100 retriever step t5-base b128 vs PyTorch eager", _ratio(h, "t5-base", 128, "step", "torch"), 1.5),
         ("H100 retriever step t5-base b128 vs torch.compile", _ratio(h, "t5-base", 128, "step", "torch_compile"), 1.0),
         ("H100 retriever step t5-base b128 MFU", _mfu(h, "t5-base", 128), 0.35),
-        ("H100 retriever step minilm b128 vs torch.compile", _ratio(h, "minilm", 128, "step", "torch_compile"), 1.0),
+        ("H100 retriever step minilm b128 vs torch.compile (agreement-checked run)",
+         _ratio(checked, "minilm", 128, "step", "torch_compile"), 1.0),
         ("H100 encoding t5-base b128 vs PyTorch SDPA", _ratio(h, "t5-base", 128, "encode", "torch"), 1.0),
-        ("H100 encoding minilm b128 vs PyTorch SDPA", _ratio(h, "minilm", 128, "encode", "torch"), 1.0),
+        ("H100 encoding minilm b128 vs PyTorch SDPA (agreement-checked run)",
+         _ratio(checked, "minilm", 128, "encode", "torch"), 1.0),
         ("H100 generation batch 64 vs transformers generate (worst shape)", gen64, 2.0),
+        ("H100 decode batch 64, static engine vs mlx-lm BatchGenerator (qwen2.5-0.5b)", gen_old, 2.0),
         ("CPU retriever step minilm b12 vs PyTorch eager", _ratio(c, "minilm", 12, "step", "torch"), 1.0),
         ("CPU retriever step minilm b12 vs torch.compile", _ratio(c, "minilm", 12, "step", "torch_compile"), 1.0),
         ("CPU encoding MiniLM, 2,000 code snippets (benchmarks/encode.py)",
@@ -253,10 +271,10 @@ def main(argv=None) -> None:
     bars: list[tuple[str, float]] = []
     lines = ["<!-- generated by python -m benchmarks.make_table from benchmarks/results/*/*.json -->",
              "## Performance (MLX vs PyTorch)", ""]
-    for machine in ("h100", "cpu"):
-        r = load(machine, "retriever")
+    for machine, name in (("h100", "retriever_minilm_b128"), ("h100", "retriever"), ("cpu", "retriever")):
+        r = load(machine, name)
         if r:
-            lines += retriever_section(machine, r, bars)
+            lines += retriever_section(machine, r, bars, name)
     g = load("h100", "generation")
     if g:
         lines += generation_section("h100", g, bars)
