@@ -674,12 +674,15 @@ def run_stdlib(args) -> dict:
         average[q_off[i]:q_off[i + 1], i] = 1.0 / (q_off[i + 1] - q_off[i])
     q_mx, avg_mx = mx.array(q), mx.array(average)
     exact_of: dict[str, np.ndarray] = {}
+    vec_of: dict[str, np.ndarray] | None = {} if args.sweep else None  # --sweep: float16 vectors kept
     timers = {"embed": 0.0, "exact": 0.0, "done": 0}
 
     def embed(texts, progress=None):
         t = time.perf_counter()
         vecs = emb.embed(texts)
         timers["embed"] += time.perf_counter() - t
+        if vec_of is not None:
+            vec_of.update((text, np.asarray(v, np.float16)) for text, v in zip(texts, vecs, strict=True))
         t = time.perf_counter()
         for lo in range(0, len(vecs), 64):  # exact MaxSim of every query against these texts
             part = vecs[lo:lo + 64]
@@ -727,7 +730,16 @@ def run_stdlib(args) -> dict:
         device_ms.append((time.perf_counter() - t) * 1e3)
     np.savez(work / "queries_dev.npz", tokens=q, offsets=q_off, positives=pos_slots)
     (work / "queries.json").write_text(json.dumps(queries))
-    del index, exact
+    sweep_prep = None
+    if args.sweep:
+        np.save(work / "exact.npy", exact)
+        del index, exact
+        t = time.perf_counter()
+        sweep_prep = sweep_prepare(work, vec_of, (lambda a, b: np.array(mx.array(a) @ mx.array(b).T)) if gpu else None)
+        vec_of.clear()
+        say(f"sweep prepared (2-bit index, decompressed-full scores) in {time.perf_counter() - t:.0f} s")
+    else:
+        del index, exact
     say(f"exact MRR@10 {mrr_exact:.4f}; measuring queries pinned to {args.query_cores} cores")
     cores = sorted(os.sched_getaffinity(0))[:args.query_cores]
     env = {**os.environ, "OPENBLAS_NUM_THREADS": str(len(cores)), "OMP_NUM_THREADS": str(len(cores)),
@@ -738,6 +750,16 @@ def run_stdlib(args) -> dict:
                    preexec_fn=lambda: os.sched_setaffinity(0, cores))
     pinned = json.loads((work / "pinned_queries.json").read_text())
     say(f"queries measured in {time.perf_counter() - t:.0f} s")
+    sweep = None
+    if args.sweep:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "benchmarks.search_scale", "--phase", "pinned_sweep",
+                        "--work", str(work), "--sweep-budget", str(args.sweep_budget)], check=True, cwd=ROOT,
+                       env=env, preexec_fn=lambda: os.sched_setaffinity(0, cores))
+        sweep = json.loads((work / "pinned_sweep.json").read_text())
+        sweep["variants"] = sweep_prep
+        sweep["note"] = SWEEP_NOTE
+        say(f"sweep measured in {time.perf_counter() - t:.0f} s")
     total_ms = np.array(pinned["encode_ms"]) + np.array(pinned["search_ms"])
     entry = {
         "corpus": "stdlib" if args.limit is None else f"stdlib (--limit {args.limit})",
@@ -759,7 +781,7 @@ def run_stdlib(args) -> dict:
         "latency_cores": pinned["cores"], "latency_blas": pinned["blas"],
         "mrr_exact": mrr_exact, "mrr_index": pinned["mrr_index"], "mrr_drop": mrr_exact - pinned["mrr_index"],
         "queries": len(queries), "tokens": pinned["tokens"],
-        "centroids": pinned["centroids"], "nbits": 1, "nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES,
+        "centroids": pinned["centroids"], "nbits": 1, "nprobe": pinned["nprobe"], "candidates": pinned["candidates"],
         "mine_s": mine_s, "model_load_s": load_s, "exact_scoring_s": timers["exact"],
         "total_s": time.perf_counter() - t_start, "build_blas": blas.status,
         "note": (f"every function mine_corpus finds in this Python's standard library (documented and "
@@ -774,8 +796,10 @@ def run_stdlib(args) -> dict:
                  "at a time, + the same pinned search); build_s excludes the exact scoring"),
         "command": f"PYTHONPATH=. python3 -m benchmarks.search_scale --corpus stdlib --machine {args.machine} "
                    f"--model {args.model or '(embedded MiniLM)'} --out {args.out}"
-                   + (f" --limit {args.limit}" if args.limit else ""),
+                   + (f" --limit {args.limit}" if args.limit else "") + (" --sweep" if args.sweep else ""),
     }
+    if sweep is not None:
+        entry["sweep"] = sweep
     return entry
 
 
@@ -816,13 +840,199 @@ def phase_pinned_queries(cache: Path, work: Path, model: str) -> dict:
     return {"encode_ms": encode_ms, "search_ms": search_ms, "hybrid_search_ms": hybrid_ms,
             "search_cpu_ms_mean": cpu_ms, "mrr_index": _mrr(np.array(ranks, np.float64)),
             "cores": sorted(os.sched_getaffinity(0)), "blas": blas.status, "tokens": int(index.n_tokens),
-            "centroids": len(index.codec.centroids), "peak_ram_gb": _rss_gb()}
+            "centroids": len(index.codec.centroids), "peak_ram_gb": _rss_gb(),
+            "nprobe": index.nprobe, "candidates": index.candidates}
+
+
+# --------------------------------------------------------------------------- --sweep (run_stdlib)
+
+SWEEP = ((1, 4, 128), (1, 8, 256), (1, 8, 512), (1, 16, 512), (1, 16, 1024), (1, 32, 2048),
+         (2, 4, 128), (2, 8, 512), (2, 16, 1024))  # (nbits, nprobe, candidates), in priority order
+SWEEP_BUDGET_S = 240.0
+SWEEP_NOTE = ("sweep: every setting searched with the same saved query vectors as the main entry, "
+              "against the same exact scores, in a child pinned to the same cores (generate + MaxSim "
+              "re-rank, i.e. Index.search's semantic path, timed per query). Why the index loses MRR: "
+              "mrr_drop_candidates = mrr_exact - MRR of the candidates ranked by the EXACT float scores "
+              "(candidate generation alone); mrr_drop_quantisation_in_candidates = that - mrr_index "
+              "(residual compression, within the candidates); variants[nbits].mrr_decompressed_full: "
+              "MaxSim of the decompressed vectors over EVERY document (compression alone, no candidate "
+              "generation); exact_top10_recall_in_candidates: share of the exact top 10 among the "
+              "candidates. The 2-bit index re-encodes the same float vectors (kept from the build) with "
+              "the 1-bit index's centroids and centroid ids; its residual buckets are trained on a "
+              "65,536-token sample of 2,048 documents.")  # wall seconds of the pinned sweep; settings past it are recorded as skipped
+
+
+def _index_slots(index: Index) -> np.ndarray:
+    """Every live slot of `index` (ascending)."""
+    return np.asarray(index.live_ids, np.int64)
+
+
+def _decompressed_scores(index: Index, q: np.ndarray, q_off: np.ndarray, matmul=None,
+                         chunk_docs: int = 512) -> np.ndarray:
+    """MaxSim [queries, slots] of every query against EVERY document's decompressed vectors (no
+    candidate generation): what the index would rank with perfect candidates. `matmul(a, b)`:
+    a @ b.T (e.g. on the GPU); default NumPy. Dead slots score -inf."""
+    matmul = matmul or (lambda a, b: a @ b.T)
+    q_len = np.diff(q_off).astype(np.float32)
+    out = np.full((len(q_len), index.n_slots), -np.inf, np.float32)
+    for seg, base in zip(index.segments, index.bases, strict=False):
+        live = np.flatnonzero(seg.live_mask())
+        for lo in range(0, len(live), chunk_docs):
+            docs = live[lo:lo + chunk_docs]
+            vectors, starts = seg.decode(docs)
+            best = np.maximum.reduceat(np.asarray(matmul(q, vectors), np.float32), starts, axis=1)
+            out[:, docs + base] = np.add.reduceat(best, q_off[:-1], axis=0) / q_len[:, None]
+    return out
+
+
+def _ranks_of(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
+    from mlxcore import ranking
+
+    return ranking.positive_ranks(scores, positives).astype(np.float64)
+
+
+def _overlap_at_10(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean over queries of |top-10 of a  &  top-10 of b| / 10 (rows: queries)."""
+    ta = np.argpartition(-a, 9, axis=1)[:, :10]
+    tb = np.argpartition(-b, 9, axis=1)[:, :10]
+    return float(np.mean([len(np.intersect1d(x, y)) / 10 for x, y in zip(ta, tb, strict=True)]))
+
+
+def sweep_prepare(work: Path, vec_of: dict, matmul=None, nbits_extra: tuple[int, ...] = (2,)) -> dict:
+    """After run_stdlib's build: the same documents (same slots, centroids and centroid ids)
+    re-encoded with `nbits_extra` bits per residual dimension from the kept float vectors
+    (`vec_of`: code -> [tokens, D]), each written as work/index_{n}bit; and, for each index,
+    MaxSim of every query over every decompressed document (the compression-only MRR, saved as
+    work/decompressed_{n}bit.npy for the pinned sweep). Returns {nbits: {...}}."""
+    import shutil
+    import zlib
+
+    exact = np.load(work / "exact.npy")
+    saved = np.load(work / "queries_dev.npz")
+    q, q_off, positives = saved["tokens"], saved["offsets"], saved["positives"]
+    mrr_exact = _mrr(_ranks_of(exact, positives))
+    base = Index(work / "index")
+    out = {}
+    for nbits in (base.codec.nbits, *nbits_extra):
+        t = time.perf_counter()
+        path = work / "index" if nbits == base.codec.nbits else work / f"index_{nbits}bit"
+        if path != work / "index":
+            shutil.rmtree(path, ignore_errors=True)
+            rng = np.random.default_rng(0)
+            slots = _index_slots(base)
+            pick = np.sort(rng.choice(len(slots), min(len(slots), 2048), replace=False))
+            sample = np.concatenate([vec_of[base.record(int(slots[i]))["code"]] for i in pick]).astype(np.float32)
+            if len(sample) > 65536:
+                sample = sample[rng.choice(len(sample), 65536, replace=False)]
+            cod = codec_mod.train(sample, len(base.codec.centroids), nbits, centroids=base.codec.centroids)
+            tmp, final = store.new_generation(path)
+            writer = Writer(tmp / segment_name(1), cod)
+            for i in range(base.n_slots):  # slot order: slot i here is slot i there (all live after a build)
+                blob = base.record_blob(i)
+                record = json.loads(zlib.decompress(blob))
+                cids, _ = base.codes(i)
+                ids, packed = cod.encode(np.asarray(vec_of[record["code"]], np.float32), cids=cids)
+                writer.add(record, ids, packed, record_blob=blob)
+            write_generation(tmp, final, cod, [writer.finish()], base.units(),
+                             {k: v for k, v in base.manifest.items() if k not in ("segments",)})
+        index = Index(path)
+        t_write = time.perf_counter() - t
+        t = time.perf_counter()
+        full = _decompressed_scores(index, q, q_off, matmul)
+        np.save(work / f"decompressed_{nbits}bit.npy", full)
+        out[str(nbits)] = {
+            "nbits": nbits, "write_s": t_write if path != work / "index" else None,
+            "bytes_per_function": _dir_bytes(store.current(path)) / index.n_docs,
+            "mrr_decompressed_full": _mrr(_ranks_of(full, positives)),
+            "mrr_drop_quantisation": mrr_exact - _mrr(_ranks_of(full, positives)),
+            "top10_overlap_with_exact": _overlap_at_10(full, exact),
+            "decompressed_scoring_s": time.perf_counter() - t}
+        print(f"sweep prep: {nbits}-bit: decompressed-full MRR {out[str(nbits)]['mrr_decompressed_full']:.4f} "
+              f"(exact {mrr_exact:.4f})", file=sys.stderr, flush=True)
+        del index
+    return out
+
+
+def phase_pinned_sweep(cache: Path, work: Path, budget_s: float = SWEEP_BUDGET_S) -> dict:
+    """In this (pinned) process, for each SWEEP setting on the index of its nbits: per query, the
+    candidates (Index.generate) and their MaxSim re-rank (Index.maxsim) timed - what
+    Index.search does in semantic mode; and, to tell candidate generation from residual
+    quantisation: the recall of the exact top 10 among the candidates, whether the positive is
+    among them, and the MRR@10 of the candidates ranked by the EXACT scores (loss from candidate
+    generation alone). Settings after `budget_s` are recorded as skipped."""
+    from mlxio.search.index import _top
+
+    exact = np.load(work / "exact.npy")
+    saved = np.load(work / "queries_dev.npz")
+    q, q_off, positives = saved["tokens"], saved["offsets"], saved["positives"]
+    mrr_exact = _mrr(_ranks_of(exact, positives))
+    exact_top = np.argsort(-exact, axis=1, kind="stable")[:, :10]
+    indexes: dict[int, Index] = {}
+    rows, started = [], time.perf_counter()
+    for nbits, nprobe, candidates in SWEEP:
+        setting = {"nbits": nbits, "nprobe": nprobe, "candidates": candidates}
+        path = work / "index" if nbits == 1 else work / f"index_{nbits}bit"
+        if not path.exists():
+            continue
+        if time.perf_counter() - started > budget_s:
+            rows.append({**setting, "skipped": f"sweep budget of {budget_s:.0f} s spent"})
+            continue
+        if nbits not in indexes:
+            indexes[nbits] = Index(path)
+            for i in range(min(20, len(q_off) - 1)):  # warm-up: page cache
+                indexes[nbits].search("warm", q[q_off[i]:q_off[i + 1]], "semantic")
+        index = indexes[nbits]
+        gen_ms, rerank_ms, ranks, pool_ranks, recall, in_pool, pool_size = [], [], [], [], [], [], []
+        cpu = time.process_time()
+        for i in range(len(q_off) - 1):
+            vec = q[q_off[i]:q_off[i + 1]]
+            t0 = time.perf_counter()
+            pool = index.generate(vec, nprobe, max(candidates, 10))
+            t1 = time.perf_counter()
+            found = [d for d, _ in _top(pool, index.maxsim(vec, pool), 10)]
+            t2 = time.perf_counter()
+            gen_ms.append((t1 - t0) * 1e3)
+            rerank_ms.append((t2 - t1) * 1e3)
+            pos = int(positives[i])
+            ranks.append(found.index(pos) + 1 if pos in found else 11)
+            row = exact[i, pool]
+            pool_ranks.append(1 + int((row > exact[i, pos]).sum()) if pos in set(pool.tolist()) else 11)
+            recall.append(len(np.intersect1d(exact_top[i], pool)) / 10)
+            in_pool.append(pos in set(pool.tolist()))
+            pool_size.append(len(pool))
+        cpu_ms = (time.process_time() - cpu) * 1e3 / len(ranks)
+        total = np.array(gen_ms) + np.array(rerank_ms)
+        mrr_index = _mrr(np.array(ranks, np.float64))
+        mrr_pool = _mrr(np.array(pool_ranks, np.float64))
+        rows.append({**setting, "mrr_index": mrr_index, "mrr_drop": mrr_exact - mrr_index,
+                     "mrr_exact_rerank_of_candidates": mrr_pool,
+                     "mrr_drop_candidates": mrr_exact - mrr_pool,
+                     "mrr_drop_quantisation_in_candidates": mrr_pool - mrr_index,
+                     "exact_top10_recall_in_candidates": float(np.mean(recall)),
+                     "positive_in_candidates": float(np.mean(in_pool)),
+                     "mean_candidates": float(np.mean(pool_size)),
+                     "p50_search_ms": float(np.median(total)), "p95_search_ms": _pct(total, 95),
+                     "p50_generate_ms": float(np.median(gen_ms)), "p50_rerank_ms": float(np.median(rerank_ms)),
+                     "search_cpu_ms_mean": cpu_ms})
+        r = rows[-1]
+        print(f"sweep {nbits} bit nprobe {nprobe} candidates {candidates}: mrr {mrr_index:.4f} "
+              f"(drop {r['mrr_drop']:.4f}: candidates {r['mrr_drop_candidates']:.4f}, quantisation "
+              f"{r['mrr_drop_quantisation_in_candidates']:.4f}; top-10 recall {r['exact_top10_recall_in_candidates']:.3f}) "
+              f"p50 {r['p50_search_ms']:.1f} ms", file=sys.stderr, flush=True)
+    for nbits, _ in indexes.items():  # compression-only MRR over every document, for each nbits
+        full = work / f"decompressed_{nbits}bit.npy"
+        if full.exists():
+            for r in rows:
+                if r["nbits"] == nbits and "skipped" not in r:
+                    r["mrr_decompressed_full"] = _mrr(_ranks_of(np.load(full), positives))
+    return {"mrr_exact": mrr_exact, "settings": rows, "cores": sorted(os.sched_getaffinity(0)),
+            "wall_s": time.perf_counter() - started}
 
 
 PHASES = {"stdlib_build": phase_stdlib_build, "stdlib_search": phase_stdlib_search,
           "synth_build": phase_synth_build, "synth_exact": phase_synth_exact, "synth_search": phase_synth_search,
           "synth_edit": phase_synth_edit, "faiss": phase_faiss, "stdlib_latency": phase_stdlib_latency,
-          "pinned_queries": phase_pinned_queries}
+          "pinned_queries": phase_pinned_queries, "pinned_sweep": phase_pinned_sweep}
 TAKES_N = ("synth_build", "synth_exact")
 
 
@@ -972,6 +1182,11 @@ def main(argv=None) -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--limit", type=int, default=None, help="--corpus: at most this many functions")
     ap.add_argument("--query-cores", type=int, default=2)
+    ap.add_argument("--sweep", action="store_true",
+                    help="--corpus stdlib: after the build, also measure the SWEEP search settings (and a "
+                         "2-bit re-encoding) against the same exact scores; recorded under \"sweep\"")
+    ap.add_argument("--sweep-budget", type=float, default=SWEEP_BUDGET_S,
+                    help="seconds of pinned sweep measurement; later settings are skipped")
     ap.add_argument("--pack-model", type=Path, default=None,
                     help="write the embedded MiniLM with float16 weights to this folder and exit")
     args = ap.parse_args(argv)
@@ -996,6 +1211,8 @@ def main(argv=None) -> None:
             result = fn(args.cache, args.work, args.synthetic)
         elif args.phase == "pinned_queries":
             result = fn(args.cache, args.work, str(args.model))
+        elif args.phase == "pinned_sweep":
+            result = fn(args.cache, args.work, args.sweep_budget)
         else:
             result = fn(args.cache, args.work)
         (args.work / f"{args.phase}.json").write_text(json.dumps(result))

@@ -588,3 +588,63 @@ def test_device_paths_match_the_cpu_ones(minilm):
     rng = np.random.default_rng(0)
     x, c = _unit(rng.standard_normal((500, DIM))), _unit(rng.standard_normal((40, DIM)))
     np.testing.assert_array_equal(assign_on_device(x, c, chunk=128), codec.assign(x, c))
+
+
+def test_search_defaults_scale_with_size(tmp_path, monkeypatch):
+    from mlxio.search import index as index_mod
+
+    assert index_mod.search_defaults(10) == index_mod.search_defaults(10**7) == (4, 128)  # fixed by default
+    assert index_mod.search_defaults(12_631, 0.02) == (8, 253)
+    assert index_mod.search_defaults(10**7, 0.02) == (16, 1024)  # capped
+    src = tmp_path / "src"
+    _write_sources(src)
+    build.update(src, tmp_path / "idx", FakeEmbed(), META)
+    # an index that pins nothing follows the size-aware defaults
+    assert (Index(tmp_path / "idx").nprobe, Index(tmp_path / "idx").candidates) == (4, 128)
+    monkeypatch.setattr(index_mod, "CANDIDATES_PER_DOC", 10.0)
+    assert (Index(tmp_path / "idx").nprobe, Index(tmp_path / "idx").candidates) == (6, 200)
+
+
+def test_sweep_separates_candidates_from_quantisation(tmp_path, monkeypatch):
+    """benchmarks.search_scale --sweep's helpers on a tiny index: a 2-bit re-encoding with the
+    same slots, and per setting the split of the MRR loss (no timing asserted)."""
+    from benchmarks import search_scale as ss
+
+    src = tmp_path / "src"
+    _write_sources(src, n_files=6)
+    fake, vec_of = FakeEmbed(), {}
+
+    def embed(texts, progress=None):
+        vecs = fake(texts, progress)
+        vec_of.update(zip(texts, vecs, strict=True))
+        return vecs
+
+    work = tmp_path / "work"
+    build.update(src, work / "index", embed, META)
+    index = Index(work / "index")
+    queries = ["encode token value", "parse date", "merge queue graph", "sort tree", "count socket"]
+    q_vecs = [fake([t])[0].astype(np.float32) for t in queries]
+    q = np.concatenate(q_vecs)
+    q_off = np.r_[0, np.cumsum([len(v) for v in q_vecs])]
+    exact = np.stack([[(v @ vec_of[index.record(i)["code"]].astype(np.float32).T).max(axis=1).mean()
+                       for i in range(index.n_slots)] for v in q_vecs]).astype(np.float32)
+    positives = exact.argmax(axis=1)
+    np.save(work / "exact.npy", exact)
+    np.savez(work / "queries_dev.npz", tokens=q, offsets=q_off, positives=positives)
+    prep = ss.sweep_prepare(work, vec_of)
+    two = Index(work / "index_2bit")
+    assert two.codec.nbits == 2 and _ids(two) == _ids(index)
+    assert prep["2"]["bytes_per_function"] > prep["1"]["bytes_per_function"]
+    assert prep["2"]["mrr_drop_quantisation"] <= prep["1"]["mrr_drop_quantisation"] + 1e-9
+    monkeypatch.setattr(ss, "SWEEP", ((1, 1, 1), (1, 64, 1000), (2, 64, 1000), (2, 1, 1)))
+    out = ss.phase_pinned_sweep(None, work, budget_s=1e9)
+    small, full, full2, small2 = out["settings"]
+    assert out["mrr_exact"] == 1.0 and "skipped" not in small2
+    # every document a candidate: no loss from candidate generation, all of it from quantisation
+    for r in (full, full2):
+        assert r["exact_top10_recall_in_candidates"] == 1.0 and r["mrr_drop_candidates"] == 0.0
+        assert r["mean_candidates"] == index.n_docs
+        assert abs(r["mrr_drop"] - r["mrr_drop_quantisation_in_candidates"]) < 1e-9
+        assert r["mrr_decompressed_full"] == prep[str(r["nbits"])]["mrr_decompressed_full"]
+    assert small["mean_candidates"] == 10 and small["exact_top10_recall_in_candidates"] <= 1.0
+    assert ss.phase_pinned_sweep(None, work, budget_s=-1)["settings"][0]["skipped"]

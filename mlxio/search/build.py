@@ -34,8 +34,6 @@ from mlxio.errors import DataError
 from mlxio.search import codec as codec_mod
 from mlxio.search import store
 from mlxio.search.index import (
-    DEFAULT_CANDIDATES,
-    DEFAULT_NPROBE,
     Index,
     Writer,
     segment_name,
@@ -299,7 +297,7 @@ def apply_units(kind: str, units: list[Unit], index_dir: Path, embed: EmbedFn, m
         fusion = fusion if fusion is not None else (old.manifest.get("fusion") if old is not None else None)
         manifest = {**meta, "source": source, "units_kind": kind,
                     "fusion": fusion or {"alpha": None, "source": "none"},
-                    "search": {"nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES}}
+                    "search": {}}  # not pinned: index.search_defaults of the index's size
         if old is not None:
             manifest["search"] = old.manifest.get("search", manifest["search"])
         deleted = {seg.name: np.array(sorted(dead[seg.name]), np.int32) for seg in linked}
