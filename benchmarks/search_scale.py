@@ -735,7 +735,7 @@ def run_stdlib(args) -> dict:
         np.save(work / "exact.npy", exact)
         del index, exact
         t = time.perf_counter()
-        sweep_prep = sweep_prepare(work, vec_of, (lambda a, b: np.array(mx.array(a) @ mx.array(b).T)) if gpu else None)
+        sweep_prep = sweep_prepare(work, vec_of, device=gpu)
         vec_of.clear()
         say(f"sweep prepared (2-bit index, decompressed-full scores) in {time.perf_counter() - t:.0f} s")
     else:
@@ -846,9 +846,9 @@ def phase_pinned_queries(cache: Path, work: Path, model: str) -> dict:
 
 # --------------------------------------------------------------------------- --sweep (run_stdlib)
 
-SWEEP = ((1, 4, 128), (1, 8, 256), (1, 8, 512), (1, 16, 512), (1, 16, 1024), (1, 32, 2048),
-         (2, 4, 128), (2, 8, 512), (2, 16, 1024))  # (nbits, nprobe, candidates), in priority order
-SWEEP_BUDGET_S = 240.0
+SWEEP = ((1, 4, 128), (1, 16, 1024), (2, 8, 512), (1, 8, 256), (1, 8, 512), (1, 16, 512),
+         (2, 4, 128), (2, 16, 1024), (1, 32, 2048))  # (nbits, nprobe, candidates), in priority order
+SWEEP_BUDGET_S = 150.0
 SWEEP_NOTE = ("sweep: every setting searched with the same saved query vectors as the main entry, "
               "against the same exact scores, in a child pinned to the same cores (generate + MaxSim "
               "re-rank, i.e. Index.search's semantic path, timed per query). Why the index loses MRR: "
@@ -867,21 +867,39 @@ def _index_slots(index: Index) -> np.ndarray:
     return np.asarray(index.live_ids, np.int64)
 
 
-def _decompressed_scores(index: Index, q: np.ndarray, q_off: np.ndarray, matmul=None,
-                         chunk_docs: int = 512) -> np.ndarray:
+def _decompressed_scores(index: Index, q: np.ndarray, q_off: np.ndarray, device: bool = False,
+                         chunk_docs: int = 256) -> np.ndarray:
     """MaxSim [queries, slots] of every query against EVERY document's decompressed vectors (no
-    candidate generation): what the index would rank with perfect candidates. `matmul(a, b)`:
-    a @ b.T (e.g. on the GPU); default NumPy. Dead slots score -inf."""
-    matmul = matmul or (lambda a, b: a @ b.T)
+    candidate generation): what the index would rank with perfect candidates. `device`: the
+    products and maxima in MLX on its default device (the GPU), as run_stdlib's exact scoring;
+    else NumPy. Dead slots score -inf."""
     q_len = np.diff(q_off).astype(np.float32)
     out = np.full((len(q_len), index.n_slots), -np.inf, np.float32)
+    if device:
+        import mlx.core as mx
+
+        average = np.zeros((len(q), len(q_len)), np.float32)
+        for i in range(len(q_len)):
+            average[q_off[i]:q_off[i + 1], i] = 1.0 / q_len[i]
+        q_mx, avg_mx = mx.array(np.asarray(q, np.float32)), mx.array(average)
     for seg, base in zip(index.segments, index.bases, strict=False):
         live = np.flatnonzero(seg.live_mask())
         for lo in range(0, len(live), chunk_docs):
             docs = live[lo:lo + chunk_docs]
             vectors, starts = seg.decode(docs)
-            best = np.maximum.reduceat(np.asarray(matmul(q, vectors), np.float32), starts, axis=1)
-            out[:, docs + base] = np.add.reduceat(best, q_off[:-1], axis=0) / q_len[:, None]
+            if not device:
+                best = np.maximum.reduceat(q @ vectors.T, starts, axis=1)
+                out[:, docs + base] = np.add.reduceat(best, q_off[:-1], axis=0) / q_len[:, None]
+                continue
+            lengths = np.diff(np.r_[starts, len(vectors)])
+            rows = np.repeat(np.arange(len(docs)), lengths)
+            cols = np.arange(len(vectors)) - np.repeat(starts, lengths)
+            pad = np.zeros((len(docs), int(lengths.max()), vectors.shape[1]), np.float32)
+            mask = np.zeros(pad.shape[:2], np.bool_)
+            pad[rows, cols], mask[rows, cols] = vectors, True
+            sims = mx.array(pad) @ q_mx.T  # [docs, width, query tokens]
+            sims = mx.where(mx.array(mask)[..., None], sims, -mx.inf).max(axis=1)
+            out[:, docs + base] = np.array(sims @ avg_mx).T
     return out
 
 
@@ -898,7 +916,7 @@ def _overlap_at_10(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([len(np.intersect1d(x, y)) / 10 for x, y in zip(ta, tb, strict=True)]))
 
 
-def sweep_prepare(work: Path, vec_of: dict, matmul=None, nbits_extra: tuple[int, ...] = (2,)) -> dict:
+def sweep_prepare(work: Path, vec_of: dict, device: bool = False, nbits_extra: tuple[int, ...] = (2,)) -> dict:
     """After run_stdlib's build: the same documents (same slots, centroids and centroid ids)
     re-encoded with `nbits_extra` bits per residual dimension from the kept float vectors
     (`vec_of`: code -> [tokens, D]), each written as work/index_{n}bit; and, for each index,
@@ -938,7 +956,7 @@ def sweep_prepare(work: Path, vec_of: dict, matmul=None, nbits_extra: tuple[int,
         index = Index(path)
         t_write = time.perf_counter() - t
         t = time.perf_counter()
-        full = _decompressed_scores(index, q, q_off, matmul)
+        full = _decompressed_scores(index, q, q_off, device)
         np.save(work / f"decompressed_{nbits}bit.npy", full)
         out[str(nbits)] = {
             "nbits": nbits, "write_s": t_write if path != work / "index" else None,

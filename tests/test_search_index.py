@@ -648,3 +648,18 @@ def test_sweep_separates_candidates_from_quantisation(tmp_path, monkeypatch):
         assert r["mrr_decompressed_full"] == prep[str(r["nbits"])]["mrr_decompressed_full"]
     assert small["mean_candidates"] == 10 and small["exact_top10_recall_in_candidates"] <= 1.0
     assert ss.phase_pinned_sweep(None, work, budget_s=-1)["settings"][0]["skipped"]
+
+
+def test_sweep_decompressed_scores_on_device_match_numpy(tmp_path):
+    from benchmarks import search_scale as ss
+
+    src = tmp_path / "src"
+    _write_sources(src)
+    fake = FakeEmbed()
+    build.update(src, tmp_path / "idx", fake, META)
+    index = Index(tmp_path / "idx")
+    q_vecs = [fake([t])[0].astype(np.float32) for t in ("parse date", "encode token value")]
+    q, q_off = np.concatenate(q_vecs), np.r_[0, np.cumsum([len(v) for v in q_vecs])]
+    cpu = ss._decompressed_scores(index, q, q_off, chunk_docs=7)
+    np.testing.assert_allclose(ss._decompressed_scores(index, q, q_off, device=True, chunk_docs=7), cpu, atol=1e-4)
+    np.testing.assert_allclose(cpu[0], index.maxsim(q_vecs[0], np.arange(index.n_slots)), atol=1e-5)
