@@ -663,3 +663,15 @@ def test_sweep_decompressed_scores_on_device_match_numpy(tmp_path):
     cpu = ss._decompressed_scores(index, q, q_off, chunk_docs=7)
     np.testing.assert_allclose(ss._decompressed_scores(index, q, q_off, device=True, chunk_docs=7), cpu, atol=1e-4)
     np.testing.assert_allclose(cpu[0], index.maxsim(q_vecs[0], np.arange(index.n_slots)), atol=1e-5)
+
+
+@pytest.mark.parametrize("nbits", [2, 4])
+def test_byte_table_decode_matches_per_dimension_gather(nbits):
+    rng = np.random.default_rng(nbits)
+    x = _unit(rng.standard_normal((600, DIM))).astype(np.float32)
+    c = codec.train(x, 16, nbits)
+    ids, packed = c.encode(x)
+    generic = codec.Codec(centroids=c.centroids, cutoffs=c.cutoffs, weights=c.weights, nbits=nbits)
+    object.__setattr__(generic, "_lut", None)  # the per-dimension gather path
+    assert c._lut is not None
+    np.testing.assert_array_equal(c.decode(ids, packed), generic.decode(ids, packed))

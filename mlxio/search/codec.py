@@ -72,6 +72,20 @@ class Codec:
     cutoffs: np.ndarray
     weights: np.ndarray
     nbits: int
+    _lut: np.ndarray | None = attrs.field(init=False, default=None, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        """For nbits > 1: lut float32 [code_bytes, 256, 8 / nbits], the decoded residual values of
+        the dimensions each packed byte holds, so decoding gathers whole bytes' values."""
+        if self.nbits == 1 or 8 % self.nbits or self.dim * self.nbits % 8:
+            return
+        per, mask = 8 // self.nbits, (1 << self.nbits) - 1
+        values = np.arange(256)
+        shifts = 8 - self.nbits * (np.arange(per) + 1)
+        buckets = (values[:, None] >> shifts[None, :]) & mask  # [256, per]
+        weights = np.asarray(self.weights, np.float32).reshape(self.dim // per, per, -1)
+        lut = weights[:, np.arange(per)[None, :], buckets]  # [bytes, 256, per]
+        object.__setattr__(self, "_lut", np.ascontiguousarray(lut, np.float32))
 
     @property
     def dim(self) -> int:
@@ -101,14 +115,17 @@ class Codec:
 
     def decode(self, ids: np.ndarray, packed: np.ndarray) -> np.ndarray:
         """Unit-norm float32 [n, D] approximations of the encoded vectors."""
-        buckets = unpack(np.asarray(packed), self.nbits, self.dim)
         if self.nbits == 1:  # low + bit * (high - low): one multiply-add, no gather
+            buckets = unpack(np.asarray(packed), self.nbits, self.dim)
             lo, hi = self.weights[:, 0], self.weights[:, 1]
             out = np.multiply(buckets, hi - lo, dtype=np.float32)
             out += lo
+        elif self._lut is not None:  # one gather per packed byte
+            codes = np.asarray(packed)
+            out = self._lut[np.arange(codes.shape[1])[None, :], codes].reshape(len(codes), self.dim)
         else:
             levels = 2 ** self.nbits
-            flat = buckets.astype(np.int32)
+            flat = unpack(np.asarray(packed), self.nbits, self.dim).astype(np.int32)
             flat += (np.arange(self.dim, dtype=np.int32) * levels)[None, :]
             out = np.take(self.weights.reshape(-1), flat)
         out += self.centroids[np.asarray(ids, np.intp)]
