@@ -16,8 +16,8 @@ checkpoints continues with `--resume`, and `--budget_s` stops the whole command 
 still going is stopped - its last checkpoint kept - and the exit status is 75: call the same
 command again). For a machine that keeps nothing between calls (the lent GPU), `--state` is
 unpacked first and `--out DIR` gets, after every run, that state (the runs' entries, eval.json
-and newest checkpoints, plus the GPU kernel cache when small: one .tar.gz under 16 MiB), the
-results JSON and a summary. `--pypi_tarball` (made by scripts/pack_pypi_cache.sh) is unpacked
+and newest checkpoints: state.tar.gz), the GPU kernel cache (kernels.tar.gz, when under 15 MiB;
+`--kernels` imports it on the next machine), the results JSON and a summary. `--pypi_tarball` (made by scripts/pack_pypi_cache.sh) is unpacked
 into --cache_dir, so the pinned PyPI sources are mined there without internet.
 """
 
@@ -153,7 +153,7 @@ def unpack(tarball: Path, dest: Path) -> None:
 
 
 def _add_runs(tar: tarfile.TarFile, runs: Path) -> None:
-    for run in sorted(p for p in runs.iterdir() if p.is_dir() and p.name != "ptx"):
+    for run in sorted(p for p in runs.iterdir() if p.is_dir()):
         for name in KEEP:
             if (run / name).exists():
                 tar.add(run / name, f"{run.name}/{name}")
@@ -165,18 +165,29 @@ def _add_runs(tar: tarfile.TarFile, runs: Path) -> None:
                 tar.add(run / "checkpoints" / step, f"{run.name}/checkpoints/{step}")
 
 
-def pack_state(runs: Path, out: Path, kernel_cache: Path | None) -> None:
-    """runs/*/{KEEP files, newest checkpoint of an unfinished run} (+ the GPU kernel cache when
-    the whole stays under STATE_LIMIT) -> out (.tar.gz)."""
+def pack_state(runs: Path, out: Path) -> None:
+    """runs/*/{KEEP files, newest checkpoint of an unfinished run} -> out (.tar.gz)."""
     tmp = out.with_name(f".{out.name}.tmp")
-    for kernels in ((kernel_cache,) if kernel_cache is not None and kernel_cache.is_dir() else ()) + (None,):
-        with tarfile.open(tmp, "w:gz") as tar:
-            _add_runs(tar, runs)
-            if kernels is not None:
-                tar.add(kernels, "ptx")
-        if tmp.stat().st_size <= STATE_LIMIT:
-            break
+    with tarfile.open(tmp, "w:gz") as tar:
+        _add_runs(tar, runs)
     os.replace(tmp, out)
+
+
+def save_kernels(out: Path) -> None:
+    """The GPU kernel cache in use -> out (`mlxio.kernel_cache.export_cache`), when there is one
+    and it fits what a device call brings back; nothing on a CPU."""
+    from mlxio import kernel_cache
+    from mlxio.errors import DataError
+
+    if not kernel_cache.on_gpu():
+        return
+    try:
+        kernel_cache.export_cache(out)
+    except DataError:
+        return
+    if out.stat().st_size > STATE_LIMIT:
+        out.unlink()
+        print(f"kernel cache over {STATE_LIMIT >> 20} MiB compressed: not kept", flush=True)
 
 
 class Budget:
@@ -187,10 +198,10 @@ class Budget:
         return self.deadline - time.monotonic()
 
 
-def run_one(command: list[str], budget: Budget, env: dict) -> bool:
+def run_one(command: list[str], budget: Budget) -> bool:
     """Run the recipe; True when it finished, False when the budget stopped it (SIGTERM, then
     SIGKILL 30 s later: checkpoints are written atomically, the newest good one survives)."""
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
+    proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
     try:
         rc = proc.wait(timeout=None if budget.left() == float("inf") else max(budget.left(), 1.0))
     except subprocess.TimeoutExpired:
@@ -220,7 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min_start_s", type=float, default=90, help="start no run with less budget left")
     parser.add_argument("--pypi_tarball", type=Path, help="scripts/pack_pypi_cache.sh's tarball: unpacked into --cache_dir")
     parser.add_argument("--state", type=Path, help="a state .tar.gz from an earlier call's --out: unpacked into --runs")
-    parser.add_argument("--out", type=Path, help="after every run: state.tar.gz, the results JSON and summary.json here")
+    parser.add_argument("--out", type=Path, help="after every run: state.tar.gz, kernels.tar.gz (GPU), the results "
+                                                  "JSON and summary.json here")
+    parser.add_argument("--kernels", type=Path, help="a kernels.tar.gz from an earlier call's --out: imported first")
     parser.add_argument("--summary", action="store_true", help="print the summary of the results JSON and stop")
     parser.add_argument("--results", type=Path, help="default: benchmarks/results/<machine>/xtr_heldout_packages.json")
     args, extra = parser.parse_known_args(argv)
@@ -236,8 +249,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.pypi_tarball is not None and not (cache / "pypi").is_dir():
         unpack(args.pypi_tarball, cache)
     runs.mkdir(parents=True, exist_ok=True)
-    kernel_cache = runs / "ptx"
-    env = {**os.environ, "MLXIO_KERNEL_CACHE": os.environ.get("MLXIO_KERNEL_CACHE", str(kernel_cache))}
+    if args.kernels is not None and args.kernels.exists():  # compiled GPU kernels of an earlier call
+        from mlxio import kernel_cache
+        from mlxio.errors import DataError
+
+        try:
+            print(f"kernel cache: {kernel_cache.import_cache(args.kernels)}", flush=True)
+        except DataError as err:
+            print(f"kernel cache not imported: {err}", flush=True)
     only = parse_only(args.only)
     todo = [(p, int(s), v) for p in args.presets.split(",") for s in args.seeds.split(",")
             for v in args.variants.split(",")
@@ -262,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         attempts = json.loads((run / "attempts.json").read_text()) if (run / "attempts.json").exists() else []
         started = time.perf_counter()
         print(f"{run.name}: {'resuming' if resume else 'starting'}: {shlex.join(command + resume)}", flush=True)
-        done = run_one(command + resume, budget, env)
+        done = run_one(command + resume, budget)
         run.mkdir(parents=True, exist_ok=True)
         attempts.append(round(time.perf_counter() - started, 1))
         write_json(run / "attempts.json", attempts)
@@ -275,11 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             finished = False
         if args.out is not None:
-            save_out(args.out, runs, results, kernel_cache)
+            save_out(args.out, runs, results)
         if not done:
             break
     if args.out is not None:
-        save_out(args.out, runs, results, kernel_cache)
+        save_out(args.out, runs, results)
     if results.exists():
         print(json.dumps(summary(json.loads(results.read_text())), indent=1))
     if not finished:
@@ -289,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def save_out(out: Path, runs: Path, results: Path, kernel_cache: Path) -> None:
+def save_out(out: Path, runs: Path, results: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    pack_state(runs, out / "state.tar.gz", kernel_cache)
+    pack_state(runs, out / "state.tar.gz")
+    save_kernels(out / "kernels.tar.gz")
     if results.exists():
         shutil.copy(results, out / results.name)
         write_json(out / "summary.json", summary(json.loads(results.read_text())))

@@ -25,7 +25,7 @@ def _eval(mrr_files: float, mrr_pkg: float) -> dict:
 def test_runs_resume_budget_state_and_summary(tmp_path, monkeypatch):
     calls = []
 
-    def fake_run(command, budget, env):
+    def fake_run(command, budget):
         out = tmp_path / command[command.index("--out_dir") + 1]
         calls.append(command)
         hard = command[command.index("--data.hard_negatives") + 1] != "0" if "--data.hard_negatives" in command else True
