@@ -27,6 +27,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from mlxio import pyparse
 from mlxio.errors import DataError
 
 
@@ -250,7 +251,7 @@ def _mine(lib_files: list[Path], other: list[Path], min_body_lines: int) -> Corp
         try:
             with warnings.catch_warnings():  # invalid escapes etc. in old code: not our news
                 warnings.simplefilter("ignore")
-                tree = ast.parse(text, filename=str(path))
+                tree = pyparse.parse(text, filename=str(path))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             counts["syntax_errors"] += 1
             continue

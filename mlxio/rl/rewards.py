@@ -24,6 +24,7 @@ from typing import Protocol
 import attrs
 import numpy as np
 
+from mlxio import pyparse
 from mlxio.data.lines import BadLine, check_text, decode_json_line
 from mlxio.errors import ConfigError, DataError
 from mlxio.sandbox import SandboxLimits, Verdict, run_check
@@ -110,7 +111,7 @@ def code_block_end(text: str) -> int | None:
 
 def _parses(code: str) -> bool:
     try:
-        ast.parse(code)
+        pyparse.parse(code)
     except (SyntaxError, ValueError):
         return False
     return True
@@ -118,7 +119,7 @@ def _parses(code: str) -> bool:
 
 def _defines(code: str, name: str) -> bool:
     try:
-        tree = ast.parse(code)
+        tree = pyparse.parse(code)
     except (SyntaxError, ValueError):
         return bool(re.search(rf"^def\s+{re.escape(name)}\s*\(", code, re.M))
     return any(isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef) and s.name == name

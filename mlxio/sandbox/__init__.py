@@ -66,6 +66,7 @@ from pathlib import Path
 
 import attrs
 
+from mlxio import pyparse
 from mlxio.errors import MlxioError
 from mlxio.sandbox.backend import (
     STRONG_BACKENDS,
@@ -167,7 +168,7 @@ def split_program(program: str) -> tuple[str, str, str]:
     in the judge. Raises ValueError when no `check(NAME)` call ends the program.
     """
     head, marker, tail = program.rpartition(TEST_MARKER)
-    body = ast.parse(tail).body if marker else ast.parse(program).body
+    body = pyparse.parse(tail).body if marker else pyparse.parse(program).body
     last = body[-1] if body else None
     if not (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
             and isinstance(last.value.func, ast.Name) and last.value.func.id == "check"
