@@ -78,7 +78,7 @@ class DataConfig:
     max_eval_candidates: int = 1500  # 0: every held-out function (positives always kept)
     package_eval_queries: int = 800  # test queries from the held-out packages (0: eval_queries)
     package_eval_candidates: int = 2500  # candidates from the held-out packages (0: all)
-    package_dev_queries: int = 200  # held-out-package dev queries (disjoint from its test ones) for the hybrid weight
+    package_dev_queries: int = bounded(200, ge=0)  # held-out-package dev queries (disjoint from its test ones) for the hybrid weight
     # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
     packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
     heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
