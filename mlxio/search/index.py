@@ -36,9 +36,11 @@ DEFAULT_NPROBE = 4
 DEFAULT_CANDIDATES = 128
 # Size-aware defaults (search_defaults): candidates grow with the number of live documents,
 # nprobe with candidates, within caps. CANDIDATES_PER_DOC = 0 keeps the fixed 4 / 128 above: on
-# the 4,096-function CPU sample more candidates changed nothing (1 bit: MRR@10 0.5152 at 4 / 128,
-# 0.5159 at 8 / 256 and 16 / 512; the 0.009 drop there is residual quantisation: 2 bits gives
-# 0.5241 of exact 0.5248). Set these from `benchmarks.search_scale --corpus stdlib --sweep`.
+# the 4,096-function CPU sample (benchmarks/results/cpu/search_scale_sweep_4096.json) the 1-bit
+# drop (0.0096 of exact 0.5248) is residual quantisation - 0.0090 with every function scored
+# decompressed, still 0.0090 at 16 / 1024 candidates, at ~10x the re-rank time -; candidates
+# alone lose 0.0052 at 4 / 128, 0.0032 at 8 / 256 (matters with 2 bits: drop 0.0033 -> 0.0007).
+# Set these from `benchmarks.search_scale --corpus stdlib --sweep` on the whole stdlib.
 CANDIDATES_PER_DOC = 0.0
 MAX_CANDIDATES = 1024
 MAX_NPROBE = 16
