@@ -850,7 +850,7 @@ def phase_pinned_queries(cache: Path, work: Path, model: str) -> dict:
 # with candidates: the re-rank decodes them; 1,024 took ~10x 128's time on the 4,096-function CPU
 # sample); the split of the loss needs no large setting (variants' decompressed-full MRR gives
 # the compression-only loss, each setting its candidate-only loss)
-SWEEP = ((1, 4, 128), (2, 4, 128), (1, 8, 256), (2, 8, 256), (1, 8, 512), (2, 8, 512), (1, 16, 512),
+SWEEP = ((1, 4, 128), (1, 8, 128), (2, 4, 128), (1, 8, 256), (2, 8, 256), (1, 8, 512), (2, 8, 512), (1, 16, 512),
          (1, 16, 1024), (2, 16, 1024), (1, 32, 2048))
 SWEEP_BUDGET_S = 150.0
 SWEEP_NOTE = ("sweep: every setting searched with the same saved query vectors as the main entry, "

@@ -594,8 +594,10 @@ def test_search_defaults_scale_with_size(tmp_path, monkeypatch):
     from mlxio.search import index as index_mod
 
     assert index_mod.search_defaults(10) == index_mod.search_defaults(10**7) == (4, 128)  # fixed by default
-    assert index_mod.search_defaults(12_631, 0.02) == (8, 253)
-    assert index_mod.search_defaults(10**7, 0.02) == (16, 1024)  # capped
+    assert index_mod.search_defaults(12_631, candidates_per_doc=0.02) == (8, 253)
+    assert index_mod.search_defaults(10**7, candidates_per_doc=0.02) == (16, 1024)  # capped
+    assert index_mod.search_defaults(12_631, 4096, nprobe_per_centroid=1 / 512) == (8, 128)
+    assert index_mod.search_defaults(10**6, 8192, 0.0, 1 / 256) == (16, 128)
     src = tmp_path / "src"
     _write_sources(src)
     build.update(src, tmp_path / "idx", FakeEmbed(), META)

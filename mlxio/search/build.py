@@ -48,6 +48,11 @@ EmbedFn = Callable[[list[str], Callable[[int, int, float], None] | None], list[n
 AssignFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (vectors, centroids) -> nearest centroid ids
 SAMPLE_TOKENS = 65536      # k-means / bucket training sample (tokens)
 SAMPLE_DOCS_MAX = 2048     # documents embedded up front for the sample
+# the sample's tokens are drawn from up to SAMPLE_DOCS_MAX documents holding up to SAMPLE_SPREAD x
+# SAMPLE_TOKENS tokens: drawn from the first ~600 documents only (stopping at SAMPLE_TOKENS), the
+# 1-bit codec reconstructed held-out tokens worse (mean cosine 0.893 / 0.895 over two seeds, vs
+# 0.911 / 0.912 from 2,048 documents; 0.916 from random tokens of all) on the 4,096-function sample
+SAMPLE_SPREAD = 4
 MAX_DEAD_FRACTION = 0.5    # tombstoned share of all slots above which the index is merged whole
 
 
@@ -334,11 +339,12 @@ def _train_codec(docs: list[dict], embed: EmbedFn, nbits: int, seed: int, dim: i
         vectors += batch
         cached.update(zip(rows.tolist(), batch, strict=True))
         total += sum(len(v) for v in batch)
-        if total >= SAMPLE_TOKENS:
+        if total >= SAMPLE_TOKENS * SAMPLE_SPREAD:
             break
-    sample = np.concatenate(vectors).astype(np.float32)
+    sample = np.concatenate(vectors)
     if len(sample) > SAMPLE_TOKENS:
-        sample = sample[rng.choice(len(sample), SAMPLE_TOKENS, replace=False)]
+        sample = sample[np.sort(rng.choice(len(sample), SAMPLE_TOKENS, replace=False))]
+    sample = sample.astype(np.float32)
     if sample.shape[1] != dim:
         raise DataError(f"encoder gives {sample.shape[1]}-dim vectors, expected {dim}")
     k = codec_mod.n_centroids_for(len(docs) * max(total // max(len(vectors), 1), 1))

@@ -40,8 +40,12 @@ DEFAULT_CANDIDATES = 128
 # drop (0.0096 of exact 0.5248) is residual quantisation - 0.0090 with every function scored
 # decompressed, still 0.0090 at 16 / 1024 candidates, at ~10x the re-rank time -; candidates
 # alone lose 0.0052 at 4 / 128, 0.0032 at 8 / 256 (matters with 2 bits: drop 0.0033 -> 0.0007).
-# Set these from `benchmarks.search_scale --corpus stdlib --sweep` on the whole stdlib.
+# NPROBE_PER_CENTROID = 0 keeps nprobe 4 at any centroid count; the same sample re-indexed with
+# 4,096 centroids (the whole stdlib's count) had exact top-10 recall 0.918 among 128 candidates
+# at nprobe 4, 0.966 at nprobe 8 (+3 ms), MRR@10 unchanged (0.5140 / 0.5142): 1 / 512 would
+# give 8 there. Set these from `benchmarks.search_scale --corpus stdlib --sweep` on the whole stdlib.
 CANDIDATES_PER_DOC = 0.0
+NPROBE_PER_CENTROID = 0.0
 MAX_CANDIDATES = 1024
 MAX_NPROBE = 16
 BM25_POOL = 64
@@ -64,17 +68,20 @@ def check_args(top_k: int, alpha: float | None = None, nprobe: int | None = None
             raise SearchArgumentError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-def search_defaults(n_docs: int, candidates_per_doc: float | None = None) -> tuple[int, int]:
-    """(nprobe, candidates) for an index of `n_docs` live documents when its manifest pins
-    neither: candidates = ceil(candidates_per_doc * n_docs) within [DEFAULT_CANDIDATES,
-    MAX_CANDIDATES]; nprobe = DEFAULT_NPROBE scaled by candidates / DEFAULT_CANDIDATES, at most
-    MAX_NPROBE (more documents to gather, more lists to probe)."""
+def search_defaults(n_docs: int, n_centroids: int = 0, candidates_per_doc: float | None = None,
+                    nprobe_per_centroid: float | None = None) -> tuple[int, int]:
+    """(nprobe, candidates) for an index of `n_docs` live documents and `n_centroids` centroids
+    when its manifest pins neither: candidates = ceil(candidates_per_doc * n_docs) within
+    [DEFAULT_CANDIDATES, MAX_CANDIDATES]; nprobe = the larger of DEFAULT_NPROBE scaled by
+    candidates / DEFAULT_CANDIDATES (more documents to gather) and ceil(nprobe_per_centroid *
+    n_centroids) (finer centroids, each list a smaller share of the space), at most MAX_NPROBE."""
     per_doc = CANDIDATES_PER_DOC if candidates_per_doc is None else candidates_per_doc
+    per_centroid = NPROBE_PER_CENTROID if nprobe_per_centroid is None else nprobe_per_centroid
     candidates = int(min(max(DEFAULT_CANDIDATES, int(np.ceil(per_doc * max(n_docs, 0)))),
                          max(MAX_CANDIDATES, DEFAULT_CANDIDATES)))
-    nprobe = int(min(max(DEFAULT_NPROBE, round(DEFAULT_NPROBE * candidates / DEFAULT_CANDIDATES)),
-                     max(MAX_NPROBE, DEFAULT_NPROBE)))
-    return nprobe, candidates
+    nprobe = max(DEFAULT_NPROBE, round(DEFAULT_NPROBE * candidates / DEFAULT_CANDIDATES),
+                 int(np.ceil(per_centroid * max(n_centroids, 0))))
+    return int(min(nprobe, max(MAX_NPROBE, DEFAULT_NPROBE))), candidates
 
 
 # ----------------------------------------------------------------------------- writing
@@ -343,7 +350,7 @@ class Index:
         live_len = sum(float(s.doc_len[s.live_mask()].sum()) for s in self.segments)
         self.avg_len = live_len / self.n_docs if self.n_docs and live_len > 0 else 1.0
         search = m.get("search") or {}  # pinned values; else search_defaults of this index's size
-        nprobe, candidates = search_defaults(self.n_docs)
+        nprobe, candidates = search_defaults(self.n_docs, k)
         self.nprobe = int(search.get("nprobe") or nprobe)
         self.candidates = int(search.get("candidates") or candidates)
         self._units: dict | None = None
