@@ -88,47 +88,50 @@ def encode_prompt(tokenizer, prompt: str, use_chat_template: bool = True) -> lis
     return list(tokenizer.encode(prompt))
 
 
-class CodeBlockStop:
-    """Per-sequence stop at the end of the first fenced code block, fed one text piece (a
-    token's own decoding) at a time; `add` is True on the piece that closes the block.
-
-    Per-token pieces of a byte-level BPE can split a multi-byte character, but backticks and
-    newlines, all the fence test reads, are single bytes and come out whole. The text is
-    re-scanned only when a piece holds a backtick."""
+class _PieceStop:
+    """Per-sequence text fed one piece (a token's own decoding) at a time; `add` is True on the
+    piece after which `_closes` first holds for that sequence, and False for it from then on."""
 
     def __init__(self, n: int) -> None:
         self.texts = [""] * n
         self.closed = [False] * n
 
     def add(self, i: int, piece: str) -> bool:
-        """Append `piece` to sequence i; True when its first code block has just closed."""
+        """Append `piece` to sequence i; True when the sequence has just closed."""
         if self.closed[i]:
             return False
         self.texts[i] += piece
-        self.closed[i] = "`" in piece and code_block_end(self.texts[i]) is not None
+        self.closed[i] = self._closes(i, piece)
         return self.closed[i]
 
+    def _closes(self, i: int, piece: str) -> bool:
+        raise NotImplementedError
 
-class StopStrings:
-    """Per-sequence stop once the text contains any of `stop` (OpenAI's `stop`), fed one text
-    piece (a token's own decoding) at a time; `add` is True on the piece that completes one.
-    Only the tail a new piece can complete is searched. A stop string holding a multi-byte
-    character can be missed where a byte-level BPE token splits that character."""
+
+class CodeBlockStop(_PieceStop):
+    """Stop at the end of the first fenced code block.
+
+    Per-token pieces of a byte-level BPE can split a multi-byte character, but backticks and
+    newlines, all the fence test reads, are single bytes and come out whole. The text is
+    re-scanned only when a piece holds a backtick."""
+
+    def _closes(self, i: int, piece: str) -> bool:
+        return "`" in piece and code_block_end(self.texts[i]) is not None
+
+
+class StopStrings(_PieceStop):
+    """Stop once the text contains any of `stop` (OpenAI's `stop`). Only the tail a new piece
+    can complete is searched. A stop string holding a multi-byte character can be missed where
+    a byte-level BPE token splits that character."""
 
     def __init__(self, n: int, stop: tuple[str, ...]) -> None:
+        super().__init__(n)
         self.stop = tuple(s for s in stop if s)
         self.longest = max(map(len, self.stop), default=0)
-        self.texts = [""] * n
-        self.closed = [False] * n
 
-    def add(self, i: int, piece: str) -> bool:
-        """Append `piece` to sequence i; True when a stop string has just been completed."""
-        if self.closed[i]:
-            return False
-        self.texts[i] += piece
+    def _closes(self, i: int, piece: str) -> bool:
         tail = self.texts[i][-(len(piece) + self.longest - 1):] if piece else ""
-        self.closed[i] = any(s in tail for s in self.stop)
-        return self.closed[i]
+        return any(s in tail for s in self.stop)
 
 
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
