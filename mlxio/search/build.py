@@ -328,6 +328,8 @@ def _train_codec(docs: list[dict], embed: EmbedFn, nbits: int, seed: int, dim: i
     pick = rng.permutation(len(docs))[:SAMPLE_DOCS_MAX]
     vectors, total, cached = [], 0, {}
     started = time.perf_counter()
+    if progress is not None:  # the display starts (and times its rate) before the first batch, not after it
+        progress(0, len(docs), 0.0)
     for lo in range(0, len(pick), 256):
         rows = pick[lo:lo + 256]
 
