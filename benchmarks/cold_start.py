@@ -118,18 +118,15 @@ def child(recipe: str, work: Path, steps: int, extra: list[str]) -> dict:
     return out
 
 
-def _files(folder: Path) -> dict:
-    files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
-    return {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
-
-
 def run_one(recipe: str, work: Path, kcache: Path, args, label: str, timeout: int) -> dict:
     env = {**os.environ, "MLXIO_KERNEL_CACHE": str(kcache), "PYTHONPATH": os.environ.get("PYTHONPATH", ".")}
     env.pop("MLX_PTX_CACHE_DIR", None)  # the run's own folder, not the user's
     extra = args.retriever_args if recipe == "retriever" else args.rlaif_args
     cmd = [sys.executable, "-m", "benchmarks.cold_start", "--child", recipe, "--work", str(work),
            "--steps", str(args.steps), "--", *extra]
-    before = _files(kcache)
+    from mlxio.kernel_cache import contents
+
+    before = contents(kcache)
     start = time.time()
     row = {"recipe": recipe, "cache": label, "kernel_cache_before": before}
     try:
@@ -145,7 +142,7 @@ def run_one(recipe: str, work: Path, kcache: Path, args, label: str, timeout: in
         row["stderr_tail"] = (err.stderr or b"")[-1500:].decode(errors="replace") if isinstance(
             err.stderr, bytes) else str(err.stderr or "")[-1500:]
     row["wall_s"] = time.time() - start
-    row["kernel_cache_after"] = _files(kcache)
+    row["kernel_cache_after"] = contents(kcache)
     print(json.dumps({k: v for k, v in row.items() if k not in ("argv", "compile_log")}), flush=True)
     return row
 

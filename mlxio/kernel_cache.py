@@ -12,7 +12,7 @@ finds the kernels cached starts in seconds. `configure()` (run by `import mlxio`
 `MLXIO_KERNEL_CACHE=off` keeps MLX's own default. No effect on the CPU or Metal builds (they
 compile no NVRTC kernels), but harmless there.
 
-`export_cache(archive)` / `import_cache(archive)` (CLI: `python -m mlxio.kernel_cache export|import|info`)
+`export_cache(archive)` / `import_cache(archive)` (CLI: `python -m mlxio.kernel_cache_cli export|import|info`)
 carry a warm cache to another machine with the same MLX version and GPU architecture (compute
 capability: an H100's kernels serve an H200), whose first run then starts as a warm one (a team
 builds it once, e.g. on a GPU CI runner, and shares it). MLX keeps per kernel module a `.ptx`
@@ -37,7 +37,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from mlxio.errors import DataError, StrictArgumentParser, cli_main
+from mlxio.errors import DataError
 
 log = logging.getLogger("mlxio")
 ENV = "MLXIO_KERNEL_CACHE"
@@ -129,6 +129,12 @@ def shapes(tree) -> tuple:
 MANIFEST = "kernel_cache.json"
 
 
+def contents(folder: str | os.PathLike) -> dict:
+    """{"files", "bytes"} of every file under `folder` (zeros when it does not exist)."""
+    files = [p for p in Path(folder).rglob("*") if p.is_file()] if Path(folder).is_dir() else []
+    return {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+
+
 def _gpu_arch() -> str | None:
     """The first GPU's compute capability ("9.0" on an H100 or H200: MLX compiles its kernels to
     that architecture's SASS), from nvidia-smi; None without a GPU."""
@@ -183,7 +189,7 @@ def import_cache(archive: str | os.PathLike, folder: str | None = None, check: b
             manifest = json.loads(tar.extractfile(MANIFEST).read())
         except (KeyError, AttributeError, ValueError):
             raise DataError("not a kernel cache archive (no kernel_cache.json)", where=str(archive),
-                            fix="make one with `python -m mlxio.kernel_cache export FILE`") from None
+                            fix="make one with `python -m mlxio.kernel_cache_cli export FILE`") from None
         here = {"mlx": _mlx_version(), "gpu_arch": _gpu_arch()}
         for key, value in here.items():
             if check and value and manifest.get(key) and manifest[key] != value:
@@ -202,32 +208,3 @@ def import_cache(archive: str | os.PathLike, folder: str | None = None, check: b
                     os.replace(src, target)  # same file system: each kernel appears whole or not at all
                     added += 1
     return {**manifest, "added": added, "folder": str(dest)}
-
-
-def _cli(argv: list[str]) -> None:
-    ap = StrictArgumentParser(prog="python -m mlxio.kernel_cache",
-                              description="Share MLX's compiled GPU kernels between machines.")
-    sub = ap.add_subparsers(dest="verb", required=True)
-    ex = sub.add_parser("export", help="write the kernel cache to ARCHIVE (.tar.gz)")
-    ex.add_argument("archive")
-    im = sub.add_parser("import", help="add the kernels in ARCHIVE to the kernel cache")
-    im.add_argument("archive")
-    im.add_argument("--no-check", dest="check", action="store_false",
-                    help="accept an archive from another MLX version or GPU architecture")
-    sub.add_parser("info", help="print the kernel cache folder and what it holds")
-    args = ap.parse_args(argv)
-    if args.verb == "export":
-        print(json.dumps(export_cache(args.archive)))
-    elif args.verb == "import":
-        print(json.dumps(import_cache(args.archive, check=args.check)))
-    else:
-        folder = Path(cache_dir())
-        files = [p for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else []
-        print(json.dumps({"folder": str(folder), "files": len(files),
-                          "bytes": sum(p.stat().st_size for p in files)}))
-
-
-if __name__ == "__main__":
-    import mlxio  # noqa: F401  (sets MLX_PTX_CACHE_DIR before MLX is used)
-
-    cli_main("kernel_cache", _cli)

@@ -87,3 +87,20 @@ def test_export_import_round_trip(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="not a kernel cache archive"):
         kernel_cache.import_cache(bad, str(dest))
     assert json.loads(json.dumps(manifest))["mlx"]
+
+
+def test_cli_info_runs_once_without_runpy_warning(tmp_path):
+    """`python -m mlxio.kernel_cache_cli info`: one JSON line counting the cache's files, and no
+    "found in sys.modules" RuntimeWarning (running mlxio.kernel_cache itself with -m gave one,
+    since `import mlxio` had already imported it)."""
+    import json
+
+    (tmp_path / "k").mkdir()
+    (tmp_path / "k" / "a.ptx").write_bytes(b"12345")
+    base = {k: v for k, v in os.environ.items() if k not in ("MLX_PTX_CACHE_DIR", "MLXIO_KERNEL_CACHE")}
+    out = subprocess.run([sys.executable, "-m", "mlxio.kernel_cache_cli", "info"], capture_output=True, text=True,
+                         env={**base, "PYTHONPATH": str(ROOT), "MLXIO_KERNEL_CACHE": str(tmp_path / "k")},
+                         cwd=ROOT, check=True)
+    assert json.loads(out.stdout) == {"folder": str(tmp_path / "k"), "files": 1, "bytes": 5}
+    assert "RuntimeWarning" not in out.stderr
+    assert kernel_cache.contents(tmp_path / "missing") == {"files": 0, "bytes": 0}
