@@ -89,7 +89,7 @@ def generation_section(machine: str, data: dict, bars: list) -> list[str]:
         if r.get("static_over_torch"):
             bars.append((f"{machine} gen {r['shape']} b{r['batch']}", r["static_over_torch"]))
     r = data["runs"][0]
-    out += ["", f"Per decode step of the static engine: {fmt(r.get('ms_per_step', {}).get('static') if isinstance(r.get('ms_per_step'), dict) else None, 1)} ms, "
+    out += ["", f"Per decode step of the static engine: {fmt((r.get('ms_per_step') or {}).get('static'), 1)} ms, "
             f"of which {fmt(r.get('static_host_queue_ms_per_step'), 1)} ms host time queueing its kernels and "
             f"{fmt(r.get('static_host_call_ms_per_step'), 1)} ms calling the compiled step; "
             f"{r.get('static_host_syncs_per_step')} host syncs per step."]
