@@ -11,58 +11,44 @@ each layer in `mx.checkpoint`: its activations are recomputed in the backward pa
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import attrs
 import mlx.core as mx
 
 from mlxcore import quant
+from mlxcore.hf_config import HFConfig, choice
 from mlxcore.t5 import attention, gelu_new, layer_keys, merge_heads, padding_bias, split_heads
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
 
 
 @attrs.frozen(kw_only=True)
-class BertConfig:
+class BertConfig(HFConfig):
     """Shape of a BERT encoder (names as in transformers' `BertConfig`)."""
 
-    vocab_size: int
+    MODEL: ClassVar[str] = "BERT"
+
     hidden_size: int
     num_hidden_layers: int
     num_attention_heads: int
     intermediate_size: int
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
-    hidden_act: str = attrs.field(default="gelu", validator=attrs.validators.in_(ACTIVATIONS))
+    hidden_act: str = choice("gelu", ACTIVATIONS)
     layer_norm_eps: float = 1e-12
-    gradient_checkpointing: bool = False  # not in HF's config: a training choice
 
     @property
     def d_model(self) -> int:
         return self.hidden_size
 
     @classmethod
-    def from_hf(cls, config: dict) -> BertConfig:
-        """From a transformers `config.json` dict; ValueError naming the key on bad input."""
-        required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size")
-        missing = [k for k in required if k not in config]
-        if missing:
-            raise ValueError(f"BERT config lacks key(s) {missing}")
-        act = config.get("hidden_act", "gelu")
-        if act not in ACTIVATIONS:
-            raise ValueError(f"BERT config key 'hidden_act'={act!r}: supported {ACTIVATIONS}")
+    def check_hf(cls, config: dict) -> None:
         pos = config.get("position_embedding_type", "absolute")
         if pos != "absolute":
             raise ValueError(f"BERT config key 'position_embedding_type'={pos!r}: only 'absolute'")
         if config["hidden_size"] % config["num_attention_heads"]:
             raise ValueError("BERT config: 'hidden_size' is not a multiple of 'num_attention_heads'")
-        return cls(
-            **{k: int(config[k]) for k in required},
-            max_position_embeddings=int(config.get("max_position_embeddings", 512)),
-            type_vocab_size=int(config.get("type_vocab_size", 2)),
-            hidden_act=act,
-            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
-        )
 
 
 def param_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:

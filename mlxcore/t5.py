@@ -15,11 +15,13 @@ block's attention scores.
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import attrs
 import mlx.core as mx
 
 from mlxcore import quant
+from mlxcore.hf_config import HFConfig, choice
 
 # Additive mask for padded keys: finite (not -inf) so an all-padding row gives a uniform softmax
 # instead of NaN, and large enough that exp() of it is exactly 0 in float32 and bfloat16.
@@ -29,10 +31,11 @@ FFN_KINDS = ("relu", "gated-gelu")
 
 
 @attrs.frozen(kw_only=True)
-class T5Config:
+class T5Config(HFConfig):
     """Shape of a T5 encoder (names as in transformers' `T5Config`)."""
 
-    vocab_size: int
+    MODEL: ClassVar[str] = "T5"
+
     d_model: int
     d_kv: int
     d_ff: int
@@ -40,27 +43,8 @@ class T5Config:
     num_heads: int
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
-    feed_forward_proj: str = attrs.field(default="relu", validator=attrs.validators.in_(FFN_KINDS))
+    feed_forward_proj: str = choice("relu", FFN_KINDS)
     layer_norm_epsilon: float = 1e-6
-    gradient_checkpointing: bool = False  # not in HF's config: a training choice
-
-    @classmethod
-    def from_hf(cls, config: dict) -> T5Config:
-        """From a transformers `config.json` dict; ValueError naming the key on bad input."""
-        required = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
-        missing = [k for k in required if k not in config]
-        if missing:
-            raise ValueError(f"T5 config lacks key(s) {missing}")
-        ffn = config.get("feed_forward_proj", "relu")
-        if ffn not in FFN_KINDS:
-            raise ValueError(f"T5 config key 'feed_forward_proj'={ffn!r}: supported {FFN_KINDS}")
-        return cls(
-            **{k: int(config[k]) for k in required},
-            relative_attention_num_buckets=int(config.get("relative_attention_num_buckets", 32)),
-            relative_attention_max_distance=int(config.get("relative_attention_max_distance", 128)),
-            feed_forward_proj=ffn,
-            layer_norm_epsilon=float(config.get("layer_norm_epsilon", 1e-6)),
-        )
 
 
 def param_shapes(cfg: T5Config) -> dict[str, tuple[int, ...]]:
