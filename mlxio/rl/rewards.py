@@ -15,11 +15,11 @@ import json
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import time_ns
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import attrs
 import numpy as np
@@ -176,6 +176,30 @@ def _check_lengths(problems: Sequence, completions: Sequence) -> None:
         raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
 
 
+def _per_completion(problems: Sequence, completions: Sequence, one: Callable, workers: int | None = None) -> list:
+    """`one(problem, completion)` of each pair, in order: in this thread, or `workers` threads at
+    a time when given (sandbox runs and judge calls wait on other processes)."""
+    _check_lengths(problems, completions)
+    if workers is None:
+        return [one(p, c) for p, c in zip(problems, completions, strict=True)]
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        return list(pool.map(one, problems, completions))
+
+
+@attrs.frozen
+class _OfEachCompletion:
+    """A reward computed from each (problem, completion) alone by `one`, a pure function; its
+    cache key is `KEY` (a new version whenever `one` changes)."""
+
+    KEY: ClassVar[str] = ""
+
+    def config_key(self) -> str:
+        return self.KEY
+
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float | None]:
+        return _per_completion(problems, completions, self.one)
+
+
 @attrs.frozen
 class ExecutionReward:
     """1.0 when the extracted code passes the problem's tests in the sandbox, 0.0 when it
@@ -190,16 +214,11 @@ class ExecutionReward:
 
     def verdicts(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
         """One sandbox Verdict per completion, `workers` sandboxes at a time."""
-        _check_lengths(problems, completions)
-
-        def one(i: int) -> Verdict:
-            p = problems[i]
+        def one(p: Problem, completion: str) -> Verdict:
             prelude = p.prompt if _parses(p.prompt) else ""  # trusted helpers (e.g. `poly`)
-            return run_check(extract_code(completions[i], p), p.test, p.entry_point,
-                             self.limits, prelude=prelude)
+            return run_check(extract_code(completion, p), p.test, p.entry_point, self.limits, prelude=prelude)
 
-        with ThreadPoolExecutor(max(1, self.workers)) as pool:
-            return list(pool.map(one, range(len(problems))))
+        return _per_completion(problems, completions, one, self.workers)
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]
               ) -> list[float | None]:
@@ -208,7 +227,7 @@ class ExecutionReward:
 
 
 @attrs.frozen
-class FormatReward:
+class FormatReward(_OfEachCompletion):
     """Rewards answering in a fenced python block that defines the requested function.
 
     1.0: a fenced python (or untagged) block parses and defines `entry_point` at top level.
@@ -217,18 +236,12 @@ class FormatReward:
     0.0: anything else.
     """
 
+    KEY: ClassVar[str] = "format-v1"
     name: str = "format"
 
-    def config_key(self) -> str:
-        return "format-v1"
-
-    def score(self, problems: Sequence[Problem], completions: Sequence[str]
-              ) -> list[float | None]:
-        _check_lengths(problems, completions)
-        return [self._one(p.entry_point, c) for p, c in zip(problems, completions, strict=True)]
-
     @staticmethod
-    def _one(entry_point: str, completion: str) -> float:
+    def one(problem: Problem, completion: str) -> float:
+        entry_point = problem.entry_point
         blocks = [b for tag, b in fenced_blocks(completion)
                   if tag in ("", "python", "py", "python3")]
         if any(_parses(b) and _defines(b, entry_point) for b in blocks):
@@ -241,23 +254,20 @@ class FormatReward:
 
 
 @attrs.frozen
-class PrintableReward:
+class PrintableReward(_OfEachCompletion):
     """Share of a completion's characters that are printable ASCII or whitespace (the
     alphabet of source code); 0.0 for an empty completion. A shaping reward for a model that
     emits arbitrary bytes (the smoke preset's tiny random byte-level llama, whose completions
     never define a function): it varies across a group's samples, so the update has a signal
     and the exported adapters differ from the base. A trained code model scores ~1.0."""
 
+    KEY: ClassVar[str] = "printable-v1"
     name: str = "printable"
 
-    def config_key(self) -> str:
-        return "printable-v1"
-
-    def score(self, problems: Sequence[Problem], completions: Sequence[str]
-              ) -> list[float | None]:
-        _check_lengths(problems, completions)
-        return [sum(ch.isascii() and (ch.isprintable() or ch in "\t\n\r") for ch in c)
-                / len(c) if c else 0.0 for c in completions]
+    @staticmethod
+    def one(_problem: Problem, completion: str) -> float:
+        return (sum(ch.isascii() and (ch.isprintable() or ch in "\t\n\r") for ch in completion) / len(completion)
+                if completion else 0.0)
 
 
 @attrs.frozen
@@ -274,16 +284,12 @@ class AIFeedbackReward:
     def config_key(self) -> str:
         return "aif-v1:" + self.judge.config_key()
 
-    def score(self, problems: Sequence[Problem], completions: Sequence[str]
-              ) -> list[float | None]:
-        _check_lengths(problems, completions)
-
-        def one(i: int) -> float | None:
-            s = self.judge.judge(problems[i].prompt, completions[i])
+    def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float | None]:
+        def one(problem: Problem, completion: str) -> float | None:
+            s = self.judge.judge(problem.prompt, completion)
             return None if s is None else min(max(float(s), 0.0), 10.0) / 10.0
 
-        with ThreadPoolExecutor(max(1, self.workers)) as pool:
-            return list(pool.map(one, range(len(problems))))
+        return _per_completion(problems, completions, one, self.workers)
 
 
 # ---------------------------------------------------------------- cache and combination
