@@ -1,5 +1,6 @@
-"""Shared pieces of the procedural task templates: the `Spec` a template draws, word and
-number helpers, and `leveled`, which builds a template's three difficulty levels."""
+"""Shared pieces of the procedural task templates: the `Spec` a template draws, the
+`Signature` its levels share, word and number helpers, and `leveled`, which builds a
+template's three difficulty levels."""
 
 from __future__ import annotations
 
@@ -26,6 +27,24 @@ class Spec:
     body: str
     cases: tuple[tuple, ...]
     examples: int = 1
+
+
+@attrs.frozen
+class Signature:
+    """What the levels of one template share: the parameter list and the test inputs (each
+    level states only its name, return type, description and solution, `spec`)."""
+
+    params: str
+    cases: tuple[tuple, ...]
+
+    @classmethod
+    def of(cls, arg: str, type_: str, values) -> Signature:
+        """`def f(arg: type_)`, tested on each of `values`."""
+        return cls(f"{arg}: {type_}", tuple((v,) for v in values))
+
+    def spec(self, name: str, returns: str, doc: str, body: str, examples: int = 1) -> Spec:
+        return Spec(name=name, params=self.params, returns=returns, doc=doc, body=body, cases=self.cases,
+                    examples=examples)
 
 
 def word_line(rng: random.Random, n: int, sep: str = " ", upper: bool = False) -> str:
