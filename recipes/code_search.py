@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxio.data.lines import object_lines
 from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
 from mlxio.search import build as search_build
 from mlxio.search.embed import Embedder, assign_on_device
@@ -134,19 +135,9 @@ def search(index_dir: Path, queries: list[str], mode: str, top_k: int = 10, alph
 
 
 def _read_queries(path: Path) -> list[dict]:
-    try:
-        raw_lines = path.read_bytes().splitlines()
-    except OSError as err:
-        raise DataError(f"{path}: unreadable ({err.strerror})") from None
     rows, seen = [], {}
-    for lineno, raw in enumerate(raw_lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            row = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise DataError(f"{path}:{lineno}: not a JSON line ({err})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("query"), str) or "id" not in row:
+    for lineno, row in object_lines(path):
+        if not isinstance(row.get("query"), str) or "id" not in row:
             raise DataError(f"{path}:{lineno}: needs a string 'query' and an 'id'")
         if not row["query"].strip():
             raise DataError(f"{path}:{lineno}: empty query")

@@ -2,7 +2,8 @@
 reaches a tokenizer (a lone surrogate such as "\\ud800" crashes Rust tokenizers; a NUL, an
 oversized line or deep nesting is never a real record).
 
-`decode_json_line(raw)` -> the JSON value or `BadLine(reason, message)`; `check_text(value,
+`decode_json_line(raw)` -> the JSON value or `BadLine(reason, message)`; `object_lines(path)`
+-> (line number, object) of a JSONL file, DataError on a bad line; `check_text(value,
 where)` -> the string or `BadLine`. Reasons: too_long, nul, bom, utf8, too_deep, json,
 wrong_type, empty_field, surrogate.
 """
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -66,6 +69,28 @@ def decode_json_line(raw: bytes, *, first: bool = False, max_bytes: int = MAX_LI
         return json.loads(text)
     except (ValueError, RecursionError) as err:  # JSONDecodeError, int too long
         raise BadLine("json", f"invalid JSON ({str(err)[:80]})") from None
+
+
+def object_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of the JSONL file at `path`; DataError naming
+    `path:line` for a line that is not a JSON object (the checks of `decode_json_line`), or
+    naming `path` when it cannot be read."""
+    from mlxio.errors import DataError
+
+    try:
+        raw_lines = path.read_bytes().splitlines()
+    except OSError as err:
+        raise DataError(f"{path}: unreadable ({err.strerror})") from None
+    for lineno, raw in enumerate(raw_lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            row = decode_json_line(raw, first=lineno == 1)
+        except BadLine as err:
+            raise DataError(f"{path}:{lineno}: {err}") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object")
+        yield lineno, row
 
 
 def check_text(value: object, where: str, *, allow_empty: bool = False) -> str:

@@ -30,6 +30,7 @@ import attrs
 import numpy as np
 
 from mlxio.data import pairs
+from mlxio.data.lines import object_lines
 from mlxio.errors import DataError
 from mlxio.search import codec as codec_mod
 from mlxio.search import store
@@ -102,15 +103,7 @@ def scan(source: Path, known: dict | None = None) -> tuple[str, list[Unit]]:
     if not source.is_file():
         raise DataError(f"{source}: no such file or folder; give a folder of .py files or a corpus JSONL")
     units, seen = [], {}
-    for lineno, raw in enumerate(source.read_bytes().splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            row = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise DataError(f"{source}:{lineno}: not a JSON line ({err})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{source}:{lineno}: expected an object")
+    for lineno, row in object_lines(source):
         for field in ("id", "code"):
             if not isinstance(row.get(field), str) or not row[field].strip():
                 raise DataError(f"{source}:{lineno}: field {field!r} must be a non-empty string")
