@@ -1,6 +1,8 @@
-"""Rollout generation: MLX's two decode engines (`mlxio.rl.rollout.generate_group`: "batch",
-mlx-lm's BatchGenerator; "static", `mlxio.rl.decode`'s compiled fixed-shape step) vs PyTorch
-transformers `generate`, the same weights, sampling at temperature 1.
+"""Rollout generation: MLX's decode engines (`mlxio.rl.rollout.generate_group`: "batch",
+mlx-lm's BatchGenerator; "static", `mlxio.rl.decode`'s compiled fixed-shape step, with
+`mlxio.rl.decode_fused`'s forward; "static-generic", the same engine with the mlx-lm forward, as
+it was before the fused one) vs PyTorch transformers `generate`, the same weights, sampling at
+temperature 1.
 
 Models: the SmolLM2-135M shape (Llama) and the Qwen2.5-0.5B shape (Qwen2), random weights (the
 GPU machine has no model files; speed does not depend on the values), bf16; and scaled-down
@@ -18,11 +20,12 @@ teacher-forced forward pass (no KV cache; a third computation): its logit must b
 decoders part ways). A row where either engine picks a token further from the argmax marks the
 pair invalid (`valid: false`), and its speeds are not comparable. `graph` counts the primitives
 one decode step queues (export_to_dot of the step's unevaluated graph; views - reshape,
-transpose, broadcast, ... - listed apart): the work the host dispatches per token;
+transpose, broadcast, ... - listed apart): the work the host dispatches per token
+(`benchmarks.decode_graph` counts it per layer);
 `greedy.attention_shapes_*` the distinct (query, key) shapes each engine's greedy run built
 attention with (prefill chunks included; the static step is traced once per call).
 
-    python -m benchmarks.generation --machine h100 --new-tokens 256
+    python -m benchmarks.generation --machine h100 --new-tokens 256 --torch-repeats 0
     python -m benchmarks.generation --machine cpu --shapes qwen2-24l-tiny --dtype float32 --torch-repeats 0
 """
 
@@ -110,6 +113,26 @@ def mlx_model(torch_model, shape: str, dtype: str = "bfloat16"):
     return model
 
 
+ENGINES = ("batch", "static", "static-generic")
+
+
+@contextlib.contextmanager
+def engine_mode(engine: str):
+    """(generate_group's engine name, with "static-generic": the static engine's decode on the
+    mlx-lm forward, `mlxio.rl.decode.decode(fused=False)`)."""
+    from mlxio.rl import decode
+
+    if engine != "static-generic":
+        yield engine
+        return
+    real = decode.decode
+    decode.decode = lambda *a, **k: real(*a, **(k | {"fused": False}))
+    try:
+        yield "static"
+    finally:
+        decode.decode = real
+
+
 def run_mlx(model, prompts: list[list[int]], group: int, new_tokens: int, engine: str,
             temperature: float = 1.0) -> dict:
     from mlxio.rl.rollout import generate_group
@@ -117,8 +140,9 @@ def run_mlx(model, prompts: list[list[int]], group: int, new_tokens: int, engine
     policy = types.SimpleNamespace(model=model, tokenizer=IdTokenizer())
     texts = [" ".join(map(str, p)) for p in prompts]
     start = time.perf_counter()
-    ro = generate_group(policy, texts, group_size=group, max_new_tokens=new_tokens,
-                        use_chat_template=False, engine=engine, temperature=temperature)
+    with engine_mode(engine) as name:
+        ro = generate_group(policy, texts, group_size=group, max_new_tokens=new_tokens,
+                            use_chat_template=False, engine=name, temperature=temperature)
     seconds = time.perf_counter() - start
     tokens = sum(map(len, ro.completion_tokens))
     out = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "rollouts": ro}
@@ -165,26 +189,28 @@ def attention_shapes(model):
         module.scaled_dot_product_attention = sdpa
 
 
-def greedy_check(model, prompts: list[list[int]], group: int, new_tokens: int, tol: float) -> dict:
-    """Both engines' greedy tokens for the same prompts, compared with each other and with the
-    teacher-forced argmax (see the module doc)."""
-    with attention_shapes(model) as shapes_old:
-        old = run_mlx(model, prompts, group, new_tokens, "batch", temperature=0.0)["rollouts"]
-    with attention_shapes(model) as shapes_new:
-        new = run_mlx(model, prompts, group, new_tokens, "static", temperature=0.0)["rollouts"]
-    a, b = old.completion_tokens, new.completion_tokens
-    common = [next((k for k, (x, y) in enumerate(zip(r, s, strict=True)) if x != y), len(r))
-              for r, s in zip(a, b, strict=True)]
-    distinct = list(range(0, len(a), group))  # greedy copies of one prompt are the same
+def greedy_check(model, prompts: list[list[int]], group: int, new_tokens: int, tol: float,
+                 engines: tuple[str, ...] = ENGINES) -> dict:
+    """The engines' greedy tokens for the same prompts, compared with each other ("static" with
+    "batch" and "static-generic") and with the teacher-forced argmax (see the module doc)."""
+    tokens, out = {}, {"tokens": new_tokens, "tol": tol}
+    distinct = list(range(0, len(prompts) * group, group))  # greedy copies of one prompt are the same
     per_row = [prompts[i // group] for i in distinct]
-    gap_old = reference_gaps(model, per_row, [a[i] for i in distinct])
-    gap_new = reference_gaps(model, per_row, [b[i] for i in distinct])
-    out = {"tokens": new_tokens, "rows": len(a), "identical_rows": float(np.mean([x == y for x, y in zip(a, b, strict=True)])),
-           "mean_common_prefix": float(np.mean(common)),
-           "max_gap_batch": float(gap_old.max()), "max_gap_static": float(gap_new.max()),
-           "tokens_off_argmax_batch": int((gap_old > tol).sum()), "tokens_off_argmax_static": int((gap_new > tol).sum()),
-           "tol": tol, "attention_shapes_batch": len(shapes_old), "attention_shapes_static": len(shapes_new)}
-    out["valid"] = bool(out["max_gap_batch"] <= tol and out["max_gap_static"] <= tol)
+    for engine in engines:
+        with attention_shapes(model) as shapes:
+            tokens[engine] = run_mlx(model, prompts, group, new_tokens, engine, temperature=0.0)["rollouts"].completion_tokens
+        gap = reference_gaps(model, per_row, [tokens[engine][i] for i in distinct])
+        out |= {f"max_gap_{engine}": float(gap.max()), f"tokens_off_argmax_{engine}": int((gap > tol).sum()),
+                f"attention_shapes_{engine}": len(shapes)}
+    out["rows"] = len(tokens["static"])
+    for other in (e for e in engines if e != "static"):
+        a, b = tokens[other], tokens["static"]
+        common = [next((k for k, (x, y) in enumerate(zip(r, s, strict=True)) if x != y), len(r))
+                  for r, s in zip(a, b, strict=True)]
+        suffix = "" if other == "batch" else f"_{other}"
+        out[f"identical_rows{suffix}"] = float(np.mean([x == y for x, y in zip(a, b, strict=True)]))
+        out[f"mean_common_prefix{suffix}"] = float(np.mean(common))
+    out["valid"] = all(out[f"max_gap_{e}"] <= tol for e in engines)
     return out
 
 
@@ -202,8 +228,9 @@ def graph_nodes(outputs: list[mx.array]) -> dict:
 
 def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     """One decode step's graph, as each engine builds it: "batch" (mlx-lm's GenerationBatch._step
-    on a BatchKVCache, plus the per-row log-probability picks `generate_group` makes) and
-    "static" (the compiled step on StaticKVCache); host_build_ms: host time to build it (the
+    on a BatchKVCache, plus the per-row log-probability picks `generate_group` makes), "static"
+    (the compiled fused step, `mlxio.rl.decode_fused`) and "static-generic" (the compiled mlx-lm
+    forward on StaticKVCache); host_build_ms: host time to build it (the
     forward + sampling + per-row split; the compiled step's call), not evaluating it."""
     from mlx_lm.models.cache import BatchKVCache
     from mlx_lm.sample_utils import make_sampler
@@ -228,18 +255,20 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     picks = graph_nodes([mx.stack([row[t] for row, t in zip(rows, tokens.tolist(), strict=True)])])
     old = {k: old[k] + picks[k] for k in ("primitives", "views", "non_view")} | {
         "kinds": dict(Counter(old["kinds"]) + Counter(picks["kinds"]))}
-    caches = decode.static_cache(per_row, decode.cache_length(max(map(len, prompts)) - 1, 8))
-    states = decode.decode_state(caches)
-    mx.eval(states)
-    step = decode.make_step(model, sampler)
-    mx.eval(step(x, states))  # (the first call traces and compiles)
-    start = time.perf_counter()
-    nxt, lp, states = step(x, states)
-    build_new = time.perf_counter() - start
-    new = graph_nodes([nxt, lp, *[a for kv in states[0] for a in kv], states[2]])
-    mx.eval(nxt, lp, states)
-    old["host_build_ms"], new["host_build_ms"] = 1e3 * build_old, 1e3 * build_new
-    return {"batch": old, "static": new}
+    out = {"batch": old}
+    for engine, fused in (("static", True), ("static-generic", False)):
+        caches = decode.static_cache(per_row, decode.cache_length(max(map(len, prompts)) - 1, 8))
+        step, states = decode.step_and_state(model, sampler, caches, None, fused)
+        mx.eval(states)
+        mx.eval(step(x, states))  # (the first call traces and compiles)
+        start = time.perf_counter()
+        nxt, lp, states = step(x, states)
+        build = time.perf_counter() - start
+        out[engine] = graph_nodes([nxt, lp, *[a for kv in states[0] for a in kv], *states[1:]])
+        out[engine]["host_build_ms"] = 1e3 * build
+        mx.eval(nxt, lp, states)
+    old["host_build_ms"] = 1e3 * build_old
+    return out
 
 
 def run_torch(model, prompts: list[list[int]], group: int, new_tokens: int, device: str) -> dict:
@@ -275,7 +304,10 @@ def payload(args, device: str, results: list[dict]) -> dict:
                          "torch_repeats": args.torch_repeats, "greedy_tol": args.greedy_tol,
                          "layers_override": args.layers,
                          "engines": {"batch": "mlx-lm BatchGenerator (generate_group engine='batch')",
-                                     "static": "mlxio.rl.decode compiled fixed-shape step (engine='static')"},
+                                     "static": "mlxio.rl.decode compiled fixed-shape step (engine='static'), "
+                                               "mlxio.rl.decode_fused forward",
+                                     "static-generic": "the same static engine on the mlx-lm forward "
+                                                       "(decode(fused=False); the engine before decode_fused)"},
                          "torch_generate": "transformers generate, default dynamic KV cache"},
             "runs": results}
 
@@ -304,10 +336,13 @@ def main(argv=None):
     ap.add_argument("--layers", type=int, default=None,
                     help="override the shapes' layer count (a quick CPU check of a real shape's heads / vocab)")
     ap.add_argument("--torch-repeats", type=int, default=2, help="timed torch runs (0: no torch)")
+    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES,
+                    help="MLX engines to time (batch and static always)")
     ap.add_argument("--greedy-tol", type=float, default=None,
                     help="logit distance from the argmax a greedy token may have (default: 0.125 in "
                          "half precision, 1e-3 in float32)")
     args = ap.parse_args(argv)
+    engines = tuple(e for e in ENGINES if e in {"batch", "static", *args.engines})
     if args.layers:
         for name in args.shapes:
             SHAPES[name] = SHAPES[name] | {"num_hidden_layers": args.layers}
@@ -331,33 +366,35 @@ def main(argv=None):
             t0 = time.perf_counter()
             tag = f"{shape} b{batch}"
             warm = {}
-            for engine in ("batch", "static"):  # first calls: kernels compile (minutes on a fresh GPU)
+            for engine in engines:  # first calls: kernels compile (minutes on a fresh GPU)
                 warm[engine] = run_mlx(mm, ps, group, args.new_tokens, engine)["seconds"]
                 say(t0, tag, f"{engine} warm-up {warm[engine]:.1f} s")
             row = {"shape": shape, "batch": batch, "label": label, "new_tokens": args.new_tokens,
                    "prompt_len": args.prompt_len, "dtype": args.dtype, "warmup_seconds": warm}
-            row["greedy"] = greedy_check(mm, ps, group, args.new_tokens, tol)
+            row["greedy"] = greedy_check(mm, ps, group, args.new_tokens, tol, engines)
             row["valid"] = row["greedy"]["valid"]
             say(t0, tag, f"greedy check {row['greedy']}")
             row["graph"] = step_graphs(mm, ps, group)
             runs = {}
             for _ in range(args.repeats):  # interleaved: drift hits both engines alike
-                for engine in ("batch", "static"):
+                for engine in engines:
                     runs.setdefault(engine, []).append(run_mlx(mm, ps, group, args.new_tokens, engine))
             for engine, rs in runs.items():
                 row[f"{engine}_tokens_per_s"] = [r["tokens_per_s"] for r in rs]
                 row[f"{engine}_median"] = median(rs)
             row["static_over_batch"] = row["static_median"] / row["batch_median"]
-            row["static_host_call_ms_per_step"] = median(runs["static"], "host_call_ms_per_step")
-            row["static_host_queue_ms_per_step"] = median(runs["static"], "host_queue_ms_per_step")
-            row["static_host_syncs_per_step"] = median(runs["static"], "host_syncs_per_step")
+            if "static-generic" in runs:
+                row["static_over_generic"] = row["static_median"] / row["static-generic_median"]
+            for engine in (e for e in engines if e.startswith("static")):
+                for what in ("host_call_ms_per_step", "host_queue_ms_per_step", "host_syncs_per_step"):
+                    row[f"{engine}_{what}"] = median(runs[engine], what)
             row["ms_per_step"] = {e: 1e3 * batch / row[f"{e}_median"] for e in runs}
             row["bandwidth_bound_tokens_per_s"] = bandwidth_bound(
                 tm, batch, args.prompt_len + args.new_tokens // 2, args.bandwidth,
                 4 if args.dtype == "float32" else 2)
             row["static_share_of_bound"] = row["static_median"] / row["bandwidth_bound_tokens_per_s"]
-            say(t0, tag, f"batch {row['batch_median']:.0f} tok/s, static {row['static_median']:.0f} tok/s "
-                f"({row['static_over_batch']:.2f}x), valid={row['valid']}")
+            say(t0, tag, ", ".join(f"{e} {row[f'{e}_median']:.0f} tok/s" for e in engines)
+                + f" (static / batch {row['static_over_batch']:.2f}x), valid={row['valid']}")
             write("generation", payload(args, device, results + [row]), args.machine, args.out)  # before torch
             if args.torch_repeats:
                 run_torch(tm, ps, group, 8, device)  # warm-up

@@ -12,7 +12,7 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxcore.lora import LoraConfig
-from mlxio.rl import decode
+from mlxio.rl import decode, decode_fused
 from mlxio.rl.rollout import completion_logprobs, generate_group
 from mlxio.weights import llm, llm_lora
 
@@ -113,19 +113,81 @@ def test_sampling_gives_valid_tokens(top_p):
         np.testing.assert_allclose(got, want, atol=1e-3)
 
 
-def test_one_trace_and_few_syncs_per_call(monkeypatch):
-    """Every step has the same shapes: the compiled step is traced once per call (the mask is
-    built once per trace), and the host reads the tokens once per SYNC_EVERY steps."""
+def _count_traces(monkeypatch) -> list:
+    """Appends 1 each time a static step is traced (the fused forward, or the generic step's
+    mask, built once per trace)."""
     traces = []
-    make_mask = decode.StaticKVCache.make_mask
+    forward, make_mask = decode_fused.forward, decode.StaticKVCache.make_mask
+    monkeypatch.setattr(decode_fused, "forward", lambda *a, **k: traces.append(1) or forward(*a, **k))
     monkeypatch.setattr(decode.StaticKVCache, "make_mask",
                         lambda self, *a, **k: traces.append(1) or make_mask(self, *a, **k))
+    return traces
+
+
+def test_one_trace_and_few_syncs_per_call(monkeypatch):
+    """Every step has the same shapes: the compiled step is traced once per call, and the host
+    reads the tokens once per SYNC_EVERY steps."""
+    traces = _count_traces(monkeypatch)
     policy = llm.tiny_policy("llama")
     ro = generate_group(policy, PROMPTS, group_size=2, max_new_tokens=40, seed=0, engine="static")
     assert len(traces) == 1
     assert ro.decode_stats["steps"] == 40 and ro.decode_stats["syncs"] == 3  # ceil(40 / 16)
     generate_group(policy, PROMPTS[::-1], group_size=2, max_new_tokens=40, seed=1, engine="static")
-    assert len(traces) == 1  # the model's compiled step is reused for the same shapes
+    assert len(traces) == 1  # the compiled step is reused for the same shapes
+
+
+def test_rebound_lora_policy_reuses_the_trace(monkeypatch):
+    """An RLAIF step rebinds the policy to new adapters (a new module tree): the fused step takes
+    the merged weights as an argument, so it is not traced again, and it decodes with the new
+    adapters (the same greedy tokens as the mlx-lm forward of the bound policy)."""
+    policy = _policy("qwen2")
+    lora = llm_lora.apply_lora(policy.model, LoraConfig(rank=4, targets=("q_proj", "v_proj", "down_proj")),
+                               None, mx.random.key(0))
+    traces = _count_traces(monkeypatch)
+    kw = dict(group_size=2, max_new_tokens=24, seed=0, temperature=0.0)
+    outs = []
+    for seed in (1, 2):
+        flat = [(k, 0.3 * mx.random.normal(v.shape, key=mx.random.key(seed + i)) if k.endswith("lora_b") else v)
+                for i, (k, v) in enumerate(tree_flatten(lora))]
+        bound = llm_lora.bound_policy(policy, tree_unflatten(flat))
+        outs.append(generate_group(bound, PROMPTS, engine="static", **kw))
+        _same(outs[-1], generate_group(bound, PROMPTS, engine="batch", **kw))
+    assert len(traces) == 1  # (the batch engine's masks are BatchKVCache's: not counted)
+    assert outs[0].completion_tokens != outs[1].completion_tokens
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_fused_step_matches_generic_step_and_teacher_forcing(kind):
+    """The fused step (`decode_fused`) and the mlx-lm forward on the static cache pick the same
+    greedy tokens, and their log-probabilities are those of a teacher-forced pass."""
+    policy = _policy(kind)
+    kw = dict(group_size=1, max_new_tokens=32, seed=0, temperature=0.0)
+    assert decode_fused.decode_weights(policy.model, decode_fused.spec_of(policy.model)) is not None
+    fused = generate_group(policy, PROMPTS, engine="static", **kw)
+    rollout_module = importlib.import_module("mlxio.rl.rollout")
+    decode_fn = decode.decode
+    try:
+        rollout_module.decode.decode = lambda *a, **k: decode_fn(*a, **(k | {"fused": False}))
+        generic = generate_group(policy, PROMPTS, engine="static", **kw)
+    finally:
+        rollout_module.decode.decode = decode_fn
+    _same(fused, generic)
+    forced = completion_logprobs(policy.model, fused.prompt_tokens, fused.completion_tokens)
+    for got, want in zip(fused.logprobs, forced, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_fused_cache_masks_by_the_padded_key_dim():
+    """Left padding and unwritten slots carry MASKED in the key's dim D, written slots 0; values
+    and the other padded dims are 0."""
+    spec = decode_fused.Spec(2, 1, 4, decode_fused.padded_dim(4), 0.5, 1e-6, None)
+    keys = mx.ones((2, 1, 8, 4))
+    k, v = decode_fused.decode_cache(keys, keys, mx.array([2, 0], mx.int32), mx.array([3], mx.int32), spec)
+    assert k.shape == v.shape == (2, 1, 8, 64)
+    flag = np.array(k)[:, 0, :, 4]
+    np.testing.assert_array_equal(flag != 0, [[1, 1, 0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]])
+    assert (flag[flag != 0] == decode_fused.MASKED).all()
+    assert not np.array(k)[..., 5:].any() and not np.array(v)[..., 4:].any()
 
 
 def test_reused_step_reads_new_weights():

@@ -34,6 +34,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, _BaseCache
 
+from mlxio.rl import decode_fused
+
 LENGTH_STEP = 256  # cache slots are a multiple of this (mlx-lm's KVCache.step): few shapes
 SYNC_EVERY = 16  # decode steps between host reads of the tokens (EOS / stop checks)
 
@@ -155,14 +157,46 @@ def compiled_step(model, sampler, sampler_key=None) -> Callable:
     return steps[sampler_key]
 
 
+_FUSED_STEPS: dict = {}  # (decode_fused.Spec, sampler_key) -> compiled fused step
+
+
+def fused_step(spec: decode_fused.Spec, sampler, sampler_key=None) -> Callable:
+    """`decode_fused.make_fused_step(spec, sampler)`, kept per (spec, sampler_key) when a key is
+    given: the weights are an argument, so every policy with the same architecture and RoPE
+    module (a model and all its LoRA `bind`s) shares one trace."""
+    if sampler_key is None:
+        return decode_fused.make_fused_step(spec, sampler)
+    key = (spec, sampler_key)
+    if key not in _FUSED_STEPS:
+        _FUSED_STEPS[key] = decode_fused.make_fused_step(spec, sampler)
+    return _FUSED_STEPS[key]
+
+
+def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None, fused: bool = True):
+    """(step(tokens, state) -> (next, logprob, state), state) for decoding from `caches`: the
+    fused step over the model's decode weights (`decode_fused`) where it applies and `fused`,
+    else the compiled mlx-lm forward (`make_step`)."""
+    spec = decode_fused.spec_of(model) if fused else None
+    weights = decode_fused.decode_weights(model, spec) if spec is not None else None
+    if weights is None:
+        return compiled_step(model, sampler, sampler_key), decode_state(caches)
+    first = caches[0]
+    kv = [decode_fused.decode_cache(c.keys, c.values, first.left_padding, first.idx, spec) for c in caches]
+    state = (kv, first.idx - first.left_padding, first.idx)
+    mx.eval(weights, state)  # (once: the steps' graphs then start from evaluated arrays)
+    step = fused_step(spec, sampler, sampler_key)
+    return (lambda tokens, s: step(weights, tokens, s)), state
+
+
 def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache], max_new_tokens: int,
            is_done: Callable[[int, list[int]], int | None], sync_every: int = SYNC_EVERY,
-           sampler_key=None) -> tuple:
+           sampler_key=None, fused: bool = True) -> tuple:
     """Decode up to `max_new_tokens` tokens for each row of the batch that `caches` hold.
 
     first_tokens: [B] the token each row feeds first (its prompt's last token).
-    sampler_key: identifies `sampler`'s settings, to reuse the model's compiled step
-        (`compiled_step`); None compiles a new one.
+    sampler_key: identifies `sampler`'s settings, to reuse a compiled step (`fused_step`,
+        `compiled_step`); None compiles a new one.
+    fused: decode with `decode_fused`'s step where the model allows (`step_and_state`).
     is_done(row, new_tokens) -> the number of `new_tokens` (this block's tokens of a live row)
         the row keeps when it ended among them, else None; called once a block, in order.
     Returns (tokens, logprobs, ended, stats): per row the kept token list and float32 list, [B]
@@ -171,14 +205,13 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
     step's calls: building each step's graph), queue_s (in `mx.async_eval`: dispatching the
     step's kernels, and waiting where the device's queue is full), read_s (reading blocks and
     checking stops, waiting for the device included)."""
-    step = compiled_step(model, sampler, sampler_key)
+    step, states = step_and_state(model, sampler, caches, sampler_key, fused)
     n = len(first_tokens)
     tokens_out: list[list[int]] = [[] for _ in range(n)]
     logprobs_out: list[list[float]] = [[] for _ in range(n)]
     ended = np.zeros(n, bool)
     live = np.ones(n, bool)
     x = mx.array(first_tokens, mx.uint32)  # the samplers' dtype: one trace for every step
-    states = decode_state(caches)
     del caches  # (the buffers are donated to the step's in-place updates)
 
     def absorb(block_tokens, block_logprobs) -> None:
