@@ -112,6 +112,21 @@ def static_cache(prompt_caches: list[list], size: int) -> list[StaticKVCache]:
     return layers
 
 
+def static_cache_rows(caches: list[BatchKVCache], rows: list[int], size: int) -> list[StaticKVCache]:
+    """Per-layer static caches of `size` slots whose row i is row `rows[i]` of `caches` (mlx-lm's
+    left-padded batch caches after a batched prefill, `mlxio.rl.rollout.prefill_batch`); the
+    left-padding slots are zeroed (whatever the prefill left there is never attended, but a NaN
+    would survive the fused step's additive mask). The layers share one left_padding / idx."""
+    index = mx.array(rows, mx.int32)
+    used = caches[0].size()
+    left_padding = caches[0].left_padding.astype(mx.int32)[index]
+    real = (mx.arange(used)[None] >= left_padding[:, None])[:, None, :, None]  # [N, 1, used, 1]
+    tail = [(0, 0), (0, 0), (0, size - used), (0, 0)]
+    idx = mx.array([used], mx.int32)
+    return [StaticKVCache(*(mx.pad(mx.where(real, a[index, :, :used], 0), tail) for a in (c.keys, c.values)),
+                          left_padding, idx) for c in caches]
+
+
 def decode_state(caches: list[StaticKVCache]) -> tuple:
     """The compiled step's state: ([(keys, values)] per layer, left_padding, idx). One
     left_padding / idx for all layers: the step computes the RoPE positions and the next idx
