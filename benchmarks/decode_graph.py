@@ -30,6 +30,7 @@ import time
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 
 
 def random_model(shape: str, layers: int | None, dtype: str):
@@ -72,8 +73,7 @@ def step_graph(model, fused: bool, batch: int) -> dict:
     start = time.perf_counter()
     nxt, lp, state = step(x, state)
     build_ms = 1e3 * (time.perf_counter() - start)
-    kv = [a for pair in state[0] for a in pair]
-    graph = graph_nodes([nxt, lp, *kv, *state[1:]])
+    graph = graph_nodes([nxt, lp, *[a for _, a in tree_flatten(state)]])
     mx.eval(nxt, lp, state)
     return graph | {"host_build_ms": build_ms}
 

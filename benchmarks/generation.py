@@ -47,6 +47,7 @@ from collections import Counter
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 
 SHAPES = {
     "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
@@ -264,7 +265,7 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
         start = time.perf_counter()
         nxt, lp, states = step(x, states)
         build = time.perf_counter() - start
-        out[engine] = graph_nodes([nxt, lp, *[a for kv in states[0] for a in kv], *states[1:]])
+        out[engine] = graph_nodes([nxt, lp, *[a for _, a in tree_flatten(states)]])
         out[engine]["host_build_ms"] = 1e3 * build
         mx.eval(nxt, lp, states)
     old["host_build_ms"] = 1e3 * build_old

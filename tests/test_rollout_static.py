@@ -178,16 +178,17 @@ def test_fused_step_matches_generic_step_and_teacher_forcing(kind):
 
 
 def test_fused_cache_masks_by_the_padded_key_dim():
-    """Left padding and unwritten slots carry MASKED in the key's dim D, written slots 0; values
-    and the other padded dims are 0."""
+    """Left padding and unwritten slots carry MASKED in the key's dim D, written slots 0; the
+    values follow the padded keys; the other padded dims are 0."""
     spec = decode_fused.Spec(2, 1, 4, decode_fused.padded_dim(4), 0.5, 1e-6, None)
     keys = mx.ones((2, 1, 8, 4))
-    k, v = decode_fused.decode_cache(keys, keys, mx.array([2, 0], mx.int32), mx.array([3], mx.int32), spec)
-    assert k.shape == v.shape == (2, 1, 8, 64)
-    flag = np.array(k)[:, 0, :, 4]
+    kv = np.array(decode_fused.decode_cache(keys, 2 * keys, mx.array([2, 0], mx.int32), mx.array([3], mx.int32), spec))
+    assert kv.shape == (2, 1, 8, 128)
+    flag = kv[:, 0, :, 4]
     np.testing.assert_array_equal(flag != 0, [[1, 1, 0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]])
     assert (flag[flag != 0] == decode_fused.MASKED).all()
-    assert not np.array(k)[..., 5:].any() and not np.array(v)[..., 4:].any()
+    assert (kv[..., :4] == 1).all() and (kv[..., 64:68] == 2).all()
+    assert not kv[..., 5:64].any() and not kv[..., 68:].any()
 
 
 def test_reused_step_reads_new_weights():

@@ -197,6 +197,7 @@ def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None
         return compiled_step(model, sampler, sampler_key), decode_state(caches)
     first = caches[0]
     kv = [decode_fused.decode_cache(c.keys, c.values, first.left_padding, first.idx, spec) for c in caches]
+    del caches
     state = (kv, first.idx - first.left_padding, first.idx)
     mx.eval(weights, state)  # (once: the steps' graphs then start from evaluated arrays)
     step = fused_step(spec, sampler, sampler_key)

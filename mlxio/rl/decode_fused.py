@@ -9,14 +9,16 @@ a `StaticKVCache` queues ~22 kernels and ~37 views; this one 11 kernels and ~8 v
 - q/k/v is one matmul (+ bias) over weights concatenated once per call, gate/up one matmul;
   o_proj and down_proj add the residual in the GEMM (`mx.addmm`); weights are passed already
   transposed (no Transpose views in the step); activations stay [B, dim] (no Flatten).
-- RoPE is one call over the q and k heads together (one position per row).
 - Attention is `mx.fast.scaled_dot_product_attention` without a mask array - the masks live in
-  the KV cache: every head is padded from D to Dp dims (64 -> 96; zero rows in the projection
+  the KV cache: heads are padded from D to Dp dims (64 -> 96; zero rows in the projection
   weights), q carries 1 in dim D, a written key 0, and an unwritten or left-padding slot's key
   `MASKED` there, so q.k' = q.k on real slots and ~ -1e9 on the others (softmax weight exactly
   0, as the boolean mask gave). On CUDA the fused decode kernels take no array mask (MLX
-  0.32), so a masked attention is 5 primitives (scale, matmul, select, softmax, matmul); this
-  is one. The padded dims of values are 0 and `o` has zero columns for them.
+  0.32), so a masked attention was 5 primitives (scale, matmul, select, softmax, matmul).
+- One RoPE call and one cache write per layer: the projection emits heads 2 * Dp wide, q heads
+  as [q, 1, 0...] and each KV head as [k, 0... | v, 0...]; RoPE rotates only the first D dims
+  of every head (`dims` = D: q and k, never v), and the KV cache is one [B, Hkv, S, 2 * Dp]
+  array whose halves are the attention's keys and values (strided views, no copy).
 
 LoRA adapters (mlx-lm's `LoRALinear`, `mlxio.weights.llm_lora.LoraLinear`) are merged into the
 decode weights when they are built (`W + scale * (A @ B).T` in float32, then the weight's
@@ -82,6 +84,12 @@ def _pad_heads(w: mx.array, heads: int, dim: int, padded: int, axis: int) -> mx.
     return mx.pad(w, widths).reshape(shape[:axis] + [heads * padded] + shape[axis + 1:])
 
 
+def _kv_heads(k: mx.array, v: mx.array, heads: int, dim: int, padded: int) -> mx.array:
+    """k, v [heads * dim, ...] as [heads * 2 * padded, ...]: per head k, zeros, v, zeros."""
+    k, v = (_pad_heads(a, heads, dim, padded, 0).reshape(heads, padded, *a.shape[1:]) for a in (k, v))
+    return mx.concatenate([k, v], axis=1).reshape(heads * 2 * padded, *k.shape[2:])
+
+
 def spec_of(model) -> Spec | None:
     """The fused step's constants for `model`, or None where it does not apply."""
     if getattr(model, "model_type", None) not in FUSED_TYPES or not hasattr(model, "model"):
@@ -112,13 +120,13 @@ def decode_weights(model, spec: Spec) -> dict | None:
         if any(x is None for x in dense) or block.input_layernorm.eps != spec.eps:
             return None
         (wq, bq), (wk, bk), (wv, bv), (wo, bo), (wg, bg), (wu, bu), (wd, bd) = dense
-        qkv = mx.concatenate([_pad_heads(w, n, d, dp, 0) for w, n in ((wq, nq), (wk, nkv), (wv, nkv))])
-        zero = mx.zeros((wq.shape[0],), wq.dtype)
-        bias = [_pad_heads(b if b is not None else zero[: n * d], n, d, dp, 0) for b, n in
-                ((bq, nq), (bk, nkv), (bv, nkv))]
-        q_one = mx.zeros((nq, dp), wq.dtype).at[:, d].add(1).reshape(-1)  # q's 1 in the mask dim
+        qkv = mx.concatenate([_pad_heads(wq, nq, d, 2 * dp, 0), _kv_heads(wk, wv, nkv, d, dp)])
+        bq, bk, bv = (b if b is not None else mx.zeros((w.shape[0],), w.dtype) for b, w in
+                      ((bq, wq), (bk, wk), (bv, wv)))
+        q_one = mx.zeros((nq, 2 * dp), wq.dtype).at[:, d].add(1).reshape(-1)  # q's 1 in the mask dim
+        bias = mx.concatenate([_pad_heads(bq, nq, d, 2 * dp, 0) + q_one, _kv_heads(bk, bv, nkv, d, dp)])
         layer = {"in_norm": block.input_layernorm.weight, "post_norm": block.post_attention_layernorm.weight,
-                 "qkv": qkv.T, "qkv_bias": mx.concatenate([bias[0] + q_one, *bias[1:]]),
+                 "qkv": qkv.T, "qkv_bias": bias,
                  "o": _pad_heads(wo, nq, d, dp, 1).T, "gate_up": mx.concatenate([wg, wu]).T, "down": wd.T}
         for name, b in (("o_bias", bo), ("down_bias", bd)):
             if b is not None:
@@ -131,34 +139,35 @@ def decode_weights(model, spec: Spec) -> dict | None:
 
 
 def decode_cache(keys: mx.array, values: mx.array, left_padding: mx.array, idx: mx.array,
-                 spec: Spec) -> tuple[mx.array, mx.array]:
-    """A layer's static cache [B, H, S, D] (slots left_padding[b] .. idx - 1 written) padded to
-    the fused step's [B, H, S, Dp]: keys carry 0 in dim D on written slots, MASKED elsewhere."""
+                 spec: Spec) -> mx.array:
+    """A layer's static cache [B, H, S, D] x 2 (slots left_padding[b] .. idx - 1 written) as the
+    fused step's [B, H, S, 2 * Dp]: per slot [k, flag, 0... | v, 0...], flag 0 on written slots
+    and MASKED on the others."""
     slots = mx.arange(keys.shape[2])
     real = (slots[None] >= left_padding[:, None]) & (slots[None] < idx)  # [B, S]
     masked = MASKED if keys.dtype != mx.float16 else -6e4
     flag = mx.where(real, 0.0, masked).astype(keys.dtype)[:, None, :, None]
     flag = mx.broadcast_to(flag, keys.shape[:3] + (1,))
-    extra = spec.padded_dim - spec.head_dim - 1
-    tail = [(0, 0), (0, 0), (0, 0), (0, extra)]
-    return mx.pad(mx.concatenate([keys, flag], axis=-1), tail), mx.pad(values, [(0, 0)] * 3 + [(0, extra + 1)])
+    pad = spec.padded_dim - spec.head_dim
+    keys = mx.pad(mx.concatenate([keys, flag], axis=-1), [(0, 0)] * 3 + [(0, pad - 1)])
+    return mx.concatenate([keys, mx.pad(values, [(0, 0)] * 3 + [(0, pad)])], axis=-1)
 
 
 def forward(spec: Spec, weights: dict, tokens: mx.array, kv: list, positions: mx.array,
             idx: mx.array) -> tuple[mx.array, list]:
     """Last-position logits [B, vocab] for `tokens` [B] fed at slot `idx` ([1]) with RoPE
-    positions `positions` [B], and the updated per-layer (keys, values) [B, Hkv, S, Dp]."""
+    positions `positions` [B], and the updated per-layer KV caches [B, Hkv, S, 2 * Dp]."""
     nq, nkv, dp = spec.n_heads, spec.n_kv_heads, spec.padded_dim
     x = weights["embed"][tokens]  # [B, dim]
     b = x.shape[0]
     out = []
-    for layer, (keys, values) in zip(weights["layers"], kv, strict=True):
+    for layer, cache in zip(weights["layers"], kv, strict=True):
         h = mx.fast.rms_norm(x, layer["in_norm"], spec.eps)
-        qkv = mx.addmm(layer["qkv_bias"], h, layer["qkv"]).reshape(b, nq + 2 * nkv, 1, dp)
-        qk = spec.rope(qkv[:, : nq + nkv], offset=positions)  # (dims >= D pass through unrotated)
-        keys = mx.slice_update(keys, qk[:, nq:], idx, axes=(2,))
-        values = mx.slice_update(values, qkv[:, nq + nkv:], idx, axes=(2,))
-        o = mx.fast.scaled_dot_product_attention(qk[:, :nq], keys, values, scale=spec.scale)
+        qkv = mx.addmm(layer["qkv_bias"], h, layer["qkv"]).reshape(b, nq + nkv, 1, 2 * dp)
+        qkv = spec.rope(qkv, offset=positions)  # (rotates dims < D: q and k; v and the flag pass)
+        cache = mx.slice_update(cache, qkv[:, nq:], idx, axes=(2,))
+        o = mx.fast.scaled_dot_product_attention(qkv[:, :nq, :, :dp], cache[..., :dp], cache[..., dp:],
+                                                 scale=spec.scale)
         residual = x if "o_bias" not in layer else x + layer["o_bias"]
         x = mx.addmm(residual, o.reshape(b, nq * dp), layer["o"])
         h = mx.fast.rms_norm(x, layer["post_norm"], spec.eps)
@@ -166,14 +175,14 @@ def forward(spec: Spec, weights: dict, tokens: mx.array, kv: list, positions: mx
         hidden = gu.shape[-1] // 2
         residual = x if "down_bias" not in layer else x + layer["down_bias"]
         x = mx.addmm(residual, swiglu(gu[:, :hidden], gu[:, hidden:]), layer["down"])
-        out.append((keys, values))
+        out.append(cache)
     x = mx.fast.rms_norm(x, weights["norm"], spec.eps)
     return x @ weights["head"], out
 
 
 def make_fused_step(spec: Spec, sampler: Callable[[mx.array], mx.array]) -> Callable:
     """The compiled step `(weights, tokens [B] uint32, state) -> (next [B] uint32, logprob [B]
-    float32, state)`, state = ([(keys, values)] per layer, positions [B] int32, idx [1] int32);
+    float32, state)`, state = ([KV cache] per layer, positions [B] int32, idx [1] int32);
     sampling as `mlxio.rl.decode.make_step` (log-softmax of the logits, `sampler`, the picked
     token's log-probability). MLX's PRNG state is a captured input and output."""
 
