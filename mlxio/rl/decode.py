@@ -8,10 +8,15 @@ What the BatchGenerator does per token and this does not:
   every 256) and shrinks when a row ends (`filter`): new shapes, so no reuse of fused kernels
   or CUDA graphs. Here `StaticKVCache` is preallocated at [B, H, S, D] (S = prompt + new tokens,
   rounded up to `LENGTH_STEP`), written at a position held in an array, and attention reads all
-  S slots under a mask (left padding and the unwritten tail masked out). (On CUDA, MLX's fused
-  decode attention takes no array mask, so attention runs as matmul + softmax here as it does
-  for the BatchGenerator's left-padded batch; the extra masked slots are a small read next to
-  the weights: 64 x 512 slots of Qwen2.5-0.5B's KV is ~0.2 GB against ~1 GB of weights.)
+  S slots under a mask (left padding and the unwritten tail masked out; the extra masked slots
+  are a small read next to the weights: 64 x 512 slots of Qwen2.5-0.5B's KV is ~0.2 GB against
+  ~1 GB of weights).
+- one forward of ~22 kernels and ~37 views per layer (mlx-lm's). For float Llama / Qwen2
+  models the step here is `decode_fused`'s: ~10 kernels and a few views per layer (fused
+  projections, the mask carried in the cache so attention is MLX's fused kernel, LoRA merged),
+  its weights an argument, so a policy rebound to new adapters reuses the trace. Other models
+  run the mlx-lm forward on `StaticKVCache` (`make_step`; on CUDA its masked attention is
+  matmul + softmax, as for the BatchGenerator's left-padded batch).
 - an uncompiled forward, split logprobs (`list(logprobs)`: B slices), a host sync for the
   tokens and one for the logprobs every step, per-row Python. Here the step is compiled
   (elementwise ops fused) and tokens / logprobs stay on the device; the host reads them every
@@ -19,9 +24,10 @@ What the BatchGenerator does per token and this does not:
   EOS and stop conditions there. Rows that have ended keep decoding until the whole batch has
   (their extra tokens are dropped), so the shapes never change.
 
-Greedy decoding gives the same tokens as the BatchGenerator path (the prompt caches are the same
-per-prompt prefills, merged by mlx-lm's `BatchKVCache.merge`; masked slots add exact zeros to
-attention, up to the float rounding of a longer reduction); sampled decoding draws from the same
+Greedy decoding gives the same tokens as the BatchGenerator path up to float rounding (the
+prompts are prefilled as one left-padded batch, `rollout.prefill_batch`; masked slots add exact
+zeros to attention; the fused step's merged LoRA weights and GEMM-added residuals round
+differently: in half precision near-ties can flip, see `benchmarks.generation`); sampled decoding draws from the same
 distributions (the same mlx-lm sampler, one draw per row per step), not the same draws.
 """
 
