@@ -119,15 +119,16 @@ ENGINES = ("batch", "static", "static-generic")
 
 @contextlib.contextmanager
 def engine_mode(engine: str):
-    """(generate_group's engine name, with "static-generic": the static engine's decode on the
-    mlx-lm forward, `mlxio.rl.decode.decode(fused=False)`)."""
+    """generate_group's engine name for `engine`; the static engines' decode with the fused step
+    ("static", on the CPU too, where it is not the default) or the mlx-lm forward
+    ("static-generic": `mlxio.rl.decode.decode(fused=False)`)."""
     from mlxio.rl import decode
 
-    if engine != "static-generic":
+    if engine not in ("static", "static-generic"):
         yield engine
         return
-    real = decode.decode
-    decode.decode = lambda *a, **k: real(*a, **(k | {"fused": False}))
+    real, fused = decode.decode, engine == "static"
+    decode.decode = lambda *a, **k: real(*a, **(k | {"fused": fused}))
     try:
         yield "static"
     finally:

@@ -19,6 +19,12 @@ from mlxio.weights import llm, llm_lora
 PROMPTS = ["Write add(a, b).", "hi", "Reverse a string in Python, please."]  # 3 prompt lengths
 
 
+@pytest.fixture(autouse=True)
+def _fused_on_cpu(monkeypatch):
+    """The fused step is the GPU default; these tests run it on the CPU."""
+    monkeypatch.setattr(decode, "FUSED_DEVICES", {mx.cpu, mx.gpu})
+
+
 def _same(a, b):
     assert a.completion_tokens == b.completion_tokens
     assert a.texts == b.texts

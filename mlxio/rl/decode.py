@@ -179,6 +179,10 @@ def compiled_step(model, sampler, sampler_key=None) -> Callable:
 
 
 _FUSED_STEPS: dict = {}  # (decode_fused.Spec, sampler_key) -> compiled fused step
+# Devices whose static step is the fused one by default: a GPU, where the step is host-bound and
+# the attention is MLX's fused kernel. On the CPU MLX lowers that attention to matmuls, which
+# copy the cache's strided key / value halves every layer (tiny Qwen2 shape: ~2x slower steps).
+FUSED_DEVICES = {mx.gpu}
 
 
 def fused_step(spec: decode_fused.Spec, sampler, sampler_key=None) -> Callable:
@@ -193,10 +197,12 @@ def fused_step(spec: decode_fused.Spec, sampler, sampler_key=None) -> Callable:
     return _FUSED_STEPS[key]
 
 
-def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None, fused: bool = True):
+def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None, fused: bool | None = None):
     """(step(tokens, state) -> (next, logprob, state), state) for decoding from `caches`: the
-    fused step over the model's decode weights (`decode_fused`) where it applies and `fused`,
-    else the compiled mlx-lm forward (`make_step`)."""
+    fused step over the model's decode weights (`decode_fused`) where it applies and `fused`
+    (None: on `FUSED_DEVICES`), else the compiled mlx-lm forward (`make_step`)."""
+    if fused is None:
+        fused = mx.default_device().type in FUSED_DEVICES
     spec = decode_fused.spec_of(model) if fused else None
     weights = decode_fused.decode_weights(model, spec) if spec is not None else None
     if weights is None:
@@ -212,13 +218,14 @@ def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None
 
 def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache], max_new_tokens: int,
            is_done: Callable[[int, list[int]], int | None], sync_every: int = SYNC_EVERY,
-           sampler_key=None, fused: bool = True) -> tuple:
+           sampler_key=None, fused: bool | None = None) -> tuple:
     """Decode up to `max_new_tokens` tokens for each row of the batch that `caches` hold.
 
     first_tokens: [B] the token each row feeds first (its prompt's last token).
     sampler_key: identifies `sampler`'s settings, to reuse a compiled step (`fused_step`,
         `compiled_step`); None compiles a new one.
-    fused: decode with `decode_fused`'s step where the model allows (`step_and_state`).
+    fused: decode with `decode_fused`'s step where the model allows; None: on a GPU
+        (`step_and_state`).
     is_done(row, new_tokens) -> the number of `new_tokens` (this block's tokens of a live row)
         the row keeps when it ended among them, else None; called once a block, in order.
     Returns (tokens, logprobs, ended, stats): per row the kept token list and float32 list, [B]
