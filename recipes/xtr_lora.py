@@ -13,7 +13,7 @@ Top to bottom: config -> encoder + LoRA -> (query, code) pairs -> token cache ->
 untrained baselines -> compiled training steps with checkpoints -> evaluation -> export.
 Per-token embeddings are L2-normalised; a query scores a document by MaxSim (mean over real
 query tokens of the best cosine over document tokens); the loss is InfoNCE over in-batch
-negatives (temperature 0.07 as in the XTR seed report; 0.05 in the MiniLM quick preset) + 0.1 x
+negatives (temperature 0.07 as in the XTR seed report; 0.03 in the MiniLM presets) + 0.1 x
 margin loss (margin 0.2).
 """
 
@@ -140,24 +140,28 @@ class Config:
     report_to: tuple[str, ...] = ()
 
 
+ALL_LINEAR = ("query", "key", "value", "dense")  # every linear layer of a BERT encoder
 PRESETS = {
-    # Temperature 0.05 = all-MiniLM-L6-v2's own training scale (20). Sweep on the quick task
-    # (benchmarks/results/h100/xtr_sweep.json): MRR@10 gain over the untrained model +0.062 to
-    # +0.063 over 3 seeds at 0.05, +0.044 to +0.055 at the XTR seed's 0.07.
-    # 100 steps x 48 in-batch pairs (12 x 4), no hard negatives: on the H100 over 3 seeds one BM25
-    # hard negative per pair (100 x 24 + 24 negatives, the same training cost) changed MRR@10 by
-    # -0.031 on held-out files and -0.011 on held-out packages against in-batch negatives alone
-    # (benchmarks/results/h100/xtr_heldout_packages.json); fits in ~15 minutes on 2 CPU cores
-    "quick": Config(loss=LossConfig(temperature=0.05), data=DataConfig(hard_negatives=0)),
+    # quick: 100 steps x 48 in-batch pairs (12 x 4), LoRA r16 on every linear layer, temperature
+    # 0.03. H100 sweep over 3 seeds (benchmarks/results/h100/xtr_quick_sweep.json): MRR@10 gain on
+    # held-out packages +0.062 (q/v only at 0.05: +0.050; every linear at 0.05: +0.057; q/v at 0.03:
+    # +0.057; lr 1e-3: +0.022). One BM25 hard negative per pair (the same training cost) changed
+    # MRR@10 by -0.031 on held-out files and -0.011 on held-out packages against in-batch negatives
+    # alone (benchmarks/results/h100/xtr_heldout_packages.json), so quick trains in-batch only
+    "quick": Config(lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR), loss=LossConfig(temperature=0.03),
+                    data=DataConfig(hard_negatives=0)),
+    # full: sized for one lease of the lent H100 (a run in ~10 minutes there): 1,000 steps x 48 pairs
+    # at 256 document tokens, evaluated on every held-out query
     "full": Config(
         out_dir="runs/xtr_lora_full",
         # every held-out query: 4,455 of held-out files (13,104 candidates) and 1,364 of the held-out
         # packages (2,530) with the defaults; 5,000 + 1,000 asked for before left no dev queries (RRF)
         data=DataConfig(max_doc_len=256, eval_queries=3400, dev_queries=800, max_eval_candidates=0,
-                        package_eval_queries=1000, package_dev_queries=300, package_eval_candidates=0, hard_negatives=3,
-                        negative_miners=("bm25", "model")),
-        optim=OptimConfig(lr=2e-5, warmup_steps=500, total_steps=10_734),
-        train=TrainConfig(steps=10_734, checkpoint_every=1000, log_every=50),
+                        package_eval_queries=1000, package_dev_queries=300, package_eval_candidates=0, hard_negatives=0),
+        lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR),
+        loss=LossConfig(temperature=0.03),
+        optim=OptimConfig(lr=2e-4, warmup_steps=50, total_steps=1000, weight_decay=0.0),
+        train=TrainConfig(steps=1000, checkpoint_every=100, log_every=20),
     ),
     "smoke": Config(
         out_dir="runs/xtr_lora_smoke",
