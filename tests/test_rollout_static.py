@@ -96,6 +96,7 @@ def test_greedy_lora_on_quantized_base():
     flat = [(k, mx.random.normal(v.shape, key=mx.random.key(i)) if k.endswith("lora_b") else v)
             for i, (k, v) in enumerate(tree_flatten(lora))]
     bound = llm_lora.bound_policy(policy, tree_unflatten(flat))
+    assert decode_fused.decode_weights(bound.model, decode_fused.spec_of(bound.model)) is not None  # dequantised
     kw = dict(group_size=2, max_new_tokens=24, seed=0, temperature=0.0)
     new = generate_group(bound, PROMPTS, engine="static", **kw)
     _same(new, generate_group(bound, PROMPTS, engine="batch", **kw))

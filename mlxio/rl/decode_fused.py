@@ -23,10 +23,13 @@ a `StaticKVCache` queues ~22 kernels and ~37 views; this one 11 kernels and ~8 v
 LoRA adapters (mlx-lm's `LoRALinear`, `mlxio.weights.llm_lora.LoraLinear`) are merged into the
 decode weights when they are built (`W + scale * (A @ B).T` in float32, then the weight's
 dtype, as `mlxcore.lora.merge`): the tokens are the LoRA policy's, up to that rounding (exact
-in float32 up to summation order). The weights are an argument of the compiled step, so a
-policy rebound to new adapters every RLAIF step reuses one trace. Quantised linears, other
-architectures and RoPE variants return None from `decode_weights`: the caller keeps the
-mlx-lm forward (`mlxio.rl.decode.make_step`).
+in float32 up to summation order). A quantised base (QLoRA) is dequantised into them - the
+values its quantised matmuls compute with, in the scales' dtype: 4x the bytes of 4-bit
+weights per step, which a host-bound step does not feel (Qwen2.5-0.5B in bf16: ~1 GB, ~0.3 ms
+of H100 bandwidth against a ~5-13 ms step), and a copy of the model in memory while decoding.
+The weights are an argument of the compiled step, so a policy rebound to new adapters every
+RLAIF step reuses one trace. Other architectures and RoPE variants return None from
+`spec_of`: the caller keeps the mlx-lm forward (`mlxio.rl.decode.make_step`).
 """
 
 from __future__ import annotations
@@ -63,12 +66,22 @@ def padded_dim(head_dim: int) -> int:
     return next((d for d in FUSED_HEAD_DIMS if d > head_dim), head_dim + 8)
 
 
+def _float_weight(module) -> mx.array:
+    """The weight of a linear / embedding as its forward sees it: a quantised one dequantised
+    (the values its quantised matmul / gather computes with)."""
+    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        return mx.dequantize(module.weight, module.scales, module.get("biases"), module.group_size,
+                             module.bits, mode=getattr(module, "mode", "affine"))
+    return module.weight
+
+
 def _dense(linear) -> tuple[mx.array, mx.array | None] | None:
-    """(W [out, in], bias) of a float linear with any LoRA adapter merged; None: quantised."""
+    """(W [out, in], bias) of a linear, float or quantised (dequantised), with any LoRA adapter
+    merged; None for another kind of layer."""
     base = getattr(linear, "linear", linear)
-    if not isinstance(base, nn.Linear) or isinstance(base, nn.QuantizedLinear):
+    if not isinstance(base, (nn.Linear, nn.QuantizedLinear)):
         return None
-    w = base.weight
+    w = _float_weight(base)
     if hasattr(linear, "lora_a"):
         update = linear.scale * (linear.lora_a.astype(mx.float32) @ linear.lora_b.astype(mx.float32))
         w = (w.astype(mx.float32) + update.T).astype(w.dtype)
@@ -103,13 +116,15 @@ def spec_of(model) -> Spec | None:
 
 
 def decode_weights(model, spec: Spec) -> dict | None:
-    """The fused step's weights for `model` (LoRA merged; see the module doc), or None where a
-    linear is quantised. Lazy: evaluate them once before the first step."""
+    """The fused step's weights for `model` (quantised weights dequantised, LoRA merged; see the
+    module doc), or None where a layer is of another kind. Lazy: evaluate them once before the
+    first step."""
     nq, nkv, d, dp = spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.padded_dim
     embed = model.model.embed_tokens
-    if type(embed) is not nn.Embedding:  # (a QuantizedEmbedding)
+    if type(embed) not in (nn.Embedding, nn.QuantizedEmbedding):
         return None
-    head = _dense(model.lm_head) if hasattr(model, "lm_head") else (embed.weight, None)
+    embed = _float_weight(embed)
+    head = _dense(model.lm_head) if hasattr(model, "lm_head") else (embed, None)
     if head is None or head[1] is not None:
         return None
     layers = []
@@ -135,7 +150,7 @@ def decode_weights(model, spec: Spec) -> dict | None:
             layer["gate_up_bias"] = mx.concatenate([bg if bg is not None else mx.zeros_like(wg[:, 0]),
                                                     bu if bu is not None else mx.zeros_like(wu[:, 0])])
         layers.append(layer)
-    return {"embed": embed.weight, "norm": model.model.norm.weight, "head": head[0].T, "layers": layers}
+    return {"embed": embed, "norm": model.model.norm.weight, "head": head[0].T, "layers": layers}
 
 
 def decode_cache(keys: mx.array, values: mx.array, left_padding: mx.array, idx: mx.array,
