@@ -219,7 +219,8 @@ def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None
 def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache], max_new_tokens: int,
            is_done: Callable[[int, list[int]], int | None], sync_every: int = SYNC_EVERY,
            sampler_key=None, fused: bool | None = None) -> tuple:
-    """Decode up to `max_new_tokens` tokens for each row of the batch that `caches` hold.
+    """Decode up to `max_new_tokens` tokens for each row of the batch that `caches` hold
+    (consumed: the list is emptied, so the step's in-place cache updates can take the buffers).
 
     first_tokens: [B] the token each row feeds first (its prompt's last token).
     sampler_key: identifies `sampler`'s settings, to reuse a compiled step (`fused_step`,
@@ -241,7 +242,7 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
     ended = np.zeros(n, bool)
     live = np.ones(n, bool)
     x = mx.array(first_tokens, mx.uint32)  # the samplers' dtype: one trace for every step
-    del caches  # (the buffers are donated to the step's in-place updates)
+    caches.clear()  # (the caller's references too: the buffers are donated to the step's updates)
 
     def absorb(block_tokens, block_logprobs) -> None:
         toks = np.array(mx.stack(block_tokens, axis=1)).tolist()  # the block's one host sync

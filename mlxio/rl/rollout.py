@@ -323,6 +323,7 @@ def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new
     prefilled = prefill_batch(model, [t[:-1] for t in prompt_tokens], mx.default_device().type == mx.gpu)
     caches = decode.static_cache_rows(prefilled, [i // group_size for i in range(n)],
                                       decode.cache_length(prefilled[0].size(), max_new_tokens))
+    del prefilled  # (the P-row prefill caches: copied into the N-row static ones)
     eos = np.array(sorted(tokenizer.eos_token_ids), np.int64)
     stops = stoppers(n)
 
