@@ -8,6 +8,7 @@ benchmarks/results/<machine>/xtr_heldout_packages.json.
         --pypi_tarball runs/pypi_sources.tar.xz --state runs/bench_state.tar.gz --out "$OUT"
     python benchmarks/xtr_heldout_packages.py --summary               # the hn - inbatch table only
     python benchmarks/xtr_heldout_packages.py -- --train.steps 20     # extra recipe flags (all runs)
+    python benchmarks/xtr_heldout_packages.py --from_run runs/xtr_lora  # record a finished run (e.g. `make train`)
 
 Each run is a subprocess in its own --runs folder (its wall time is the whole recipe: mining or
 cache reads, baselines, training, evaluation); the entry is read from the run's eval.json, never
@@ -234,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="after every run: state.tar.gz, kernels.tar.gz (GPU), the results "
                                                   "JSON and summary.json here")
     parser.add_argument("--kernels", type=Path, help="a kernels.tar.gz from an earlier call's --out: imported first")
+    parser.add_argument("--from_run", type=Path, help="record this finished recipe run (its eval.json and config.json; "
+                                                       "its preset: --presets) and stop")
     parser.add_argument("--summary", action="store_true", help="print the summary of the results JSON and stop")
     parser.add_argument("--results", type=Path, help="default: benchmarks/results/<machine>/xtr_heldout_packages.json")
     args, extra = parser.parse_known_args(argv)
@@ -242,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.summary:
         print(json.dumps(summary(json.loads(results.read_text())), indent=1))
         return 0
+    if args.from_run is not None:
+        return record_finished(args.from_run, args.presets, results)
     budget = Budget(args.budget_s)
     runs, cache = ROOT / args.runs, ROOT / args.cache_dir
     if args.state is not None and args.state.exists():
@@ -305,6 +310,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stopped by --budget_s {args.budget_s:g}: run the same command again to go on", flush=True)
         return EX_TEMPFAIL
     print(f"all {len(todo)} runs recorded in {results}", flush=True)
+    return 0
+
+
+def record_finished(run: Path, preset: str, results: Path) -> int:
+    """The entry of a run made outside this script (`make train`): read from its eval.json
+    (which holds the recipe's command line and wall time) and config.json."""
+    evaluation = json.loads((run / "eval.json").read_text())
+    cfg = json.loads((run / "config.json").read_text())
+    if "command" not in evaluation["run"]:
+        raise SystemExit(f"{run / 'eval.json'}: no run.command (made before the recipe recorded it): run it again")
+    new = entry(preset, cfg["train"]["seed"], cfg["data"]["hard_negatives"] > 0, shlex.split(evaluation["run"]["command"]),
+                round(evaluation["run"]["wall_s"], 1), evaluation)
+    record(results, new)
+    print(f"{run}: recorded in {results}")
     return 0
 
 

@@ -332,7 +332,8 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s": time.perf_counter() - started, "train_s": stats.train_s, "steps": steps_run,
         "samples_per_s": samples_per_step * steps_run / max(stats.train_s, 1e-9),
         "micro_batch": stats.micro, "accum": samples_per_step // stats.micro, "eval_interval": cfg.train.eval_interval,
-        "trainable_params": n_train, "model": model_path, "queries": len(task.queries),
+        "trainable_params": n_train, "model": model_path, "queries": len(task.queries), "seed": cfg.train.seed,
+        "command": command_line(argv, "recipes.xtr_lora"),
         "candidates": len(task.candidates), "dev_queries": len(task.dev_queries),
         "hybrid": "min-max score interpolation, one semantic weight chosen on the dev queries of held-out files and "
                   "held-out packages together (RRF k=60 when too few)",
