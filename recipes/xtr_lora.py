@@ -33,22 +33,14 @@ from mlxcore.fields import bounded
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
-from mlxcore.tree import combine, count_params, partition
+from mlxcore.tree import partition
 from mlxio import kernel_cache
 from mlxio.data import pairs, pypi_sources, xtr_data
-from mlxio.data.token_cache import (
-    DataPosition,
-    Prefetcher,
-    build_or_open,
-    hf_tokenize,
-    iterate_batches,
-    padded_length,
-    tokenizer_identity,
-)
-from mlxio.run import batch_sizer, checkpoint, config, context, distributed, outcome
-from mlxio.run.context import OPT_STATE, TRAINABLE
+from mlxio.data.token_cache import DataPosition
+from mlxio.run import batch_sizer, checkpoint, config, context, distributed
+from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
-from mlxio.run.reporting import Reporter, StepWindows, progress
+from mlxio.run.reporting import StepWindows
 from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.search.evaluation import Evaluator, baselines, results_table
 from mlxio.weights import quantize as quant_io
@@ -191,16 +183,6 @@ def trajectory_hash(d: dict) -> str:
     return checkpoint.config_hash({k: v for k, v in d.items() if k not in ("out_dir", "cache_dir", "export", "report_to")})
 
 
-def probe_spec(cfg: Config, model_path: str, targets: tuple[str, ...]) -> dict:
-    """The `mlxio.run.batch_probe` spec of this run: its model, adapter, loss and options at
-    full-length batches (the worst case for memory)."""
-    return {"model": model_path, "lora_rank": cfg.lora.rank, "lora_alpha": cfg.lora.alpha, "targets": list(targets),
-            "query_len": padded_length(cfg.data.max_query_len, cfg.data.bucket),
-            "doc_len": padded_length(cfg.data.max_doc_len, cfg.data.bucket),
-            "gradient_checkpointing": cfg.memory.gradient_checkpointing, "compute_dtype": cfg.memory.compute_dtype,
-            **attrs.asdict(cfg.loss), "qat": list(cfg.quant.qat)}
-
-
 def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     """(checked config, run flags) from the command line."""
     def extra_flags(parser: argparse.ArgumentParser) -> None:
@@ -232,10 +214,6 @@ def main(argv: list[str] | None = None) -> dict:
                                         "data.max_doc_len": cfg.data.max_doc_len})
     encoder, params, trainable = model.encoder, model.params, model.trainable
     distributed.check_replicated(partition(params, trainable)[0], world, "initial trainable weights")
-    n_train = count_params(partition(params, trainable)[0])
-    log.info("%s encoder %s: %d params, %d trainable (LoRA r=%d on %s%s)", encoder.spec.kind, model_path,
-             count_params(params), n_train, cfg.lora.rank, ",".join(model.targets),
-             " + projection" if model.train_projection else "")
     evaluate = Evaluator(encoder=encoder, query_len=cfg.data.max_query_len, doc_len=cfg.data.max_doc_len,
                          batch=cfg.train.eval_batch)
     clock.lap("load_model")
@@ -244,37 +222,22 @@ def main(argv: list[str] | None = None) -> dict:
     data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, lambda texts, max_length: xtr_data.pooled_vectors(
         model.untrained, encoder, texts, max_length, cfg.train.eval_batch))
     clock.lap("data")  # mining (or its cache), splits, hard negatives
-    task = data.task
-    log.info("data: %d training pairs; eval %d queries (+%d dev) over %d candidates%s", len(data.train),
-             len(task.queries), len(task.dev_queries), len(task.candidates),
-             f"; held-out packages {len(data.package_task.queries)} queries over "
-             f"{len(data.package_task.candidates)} candidates" if data.package_task else "")
-    fields, neg_fields = xtr_data.token_fields(data.train, cfg.data.hard_negatives)
-    cache = build_or_open(cache_dir / "tokens", fields, hf_tokenize(encoder.tokenizer),
-                          tokenizer_id=tokenizer_identity(encoder.tokenizer),
-                          max_lengths={f: cfg.data.max_query_len if f == "query" else cfg.data.max_doc_len
-                                       for f in fields})
+    tokens = xtr_data.tokenise(data.train, cfg.data, encoder.tokenizer, cache_dir)
     clock.lap("tokenise")
 
     # ---- loss, compiled step, resume
     optimizer = make_optimizer(cfg.optim)
-    loss_fn = retriever.contrastive_loss_fn(model.spec, cfg.loss, distributed.document_gather(world))
-    qat_rules = quant_io.parse_rules(cfg.quant.qat, "quant.qat")
-    if qat_rules:  # train the model that post-training quantisation will produce
-        loss_fn = retriever.with_fake_quant(loss_fn, qat_rules, cfg.lora.scale)
+    loss_fn = retriever.training_loss(model.spec, cfg.loss, quant_io.parse_rules(cfg.quant.qat, "quant.qat"),
+                                      cfg.lora.scale, distributed.document_gather(world))
     step_fn = make_train_step(distributed.data_parallel_loss(loss_fn, world),
                               optimizer, trainable=trainable, clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
                               reduce_grads=distributed.grad_reducer(world),
                               eval_micro_batches=cfg.memory.eval_micro_batches)
-    opt_state = init_state(optimizer, params, trainable)
     run_id = {"config_hash": trajectory_hash(config.to_dict(cfg)), "base_model": model_path}
-    resumed = context.resume(out_dir, run_id, {TRAINABLE: partition(params, trainable)[0], OPT_STATE: opt_state},
-                             world, config.to_dict(cfg), Config.LEGACY_KEYS, trajectory_hash) if flags.resume else None
-    start_step, position = 0, DataPosition()
-    if resumed is not None:
-        params = combine(partition(params, lambda p, _: not trainable(p))[0], resumed.trees[TRAINABLE])
-        opt_state = resumed.trees[OPT_STATE]
-        start_step, position = resumed.step, DataPosition(**resumed.meta["data_position"])
+    params, opt_state, resumed = context.resume_into(
+        flags.resume, out_dir, run_id, params, init_state(optimizer, params, trainable), world, config.to_dict(cfg),
+        Config.LEGACY_KEYS, trajectory_hash, trainable)
+    start_step = resumed.step if resumed else 0
 
     # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)
     if world.is_main:
@@ -284,73 +247,52 @@ def main(argv: list[str] | None = None) -> dict:
                              cfg.data.heldout_packages)
         clock.lap("untrained_eval")
 
-    # ---- train: every rank walks the same global plan of batches and keeps its share of each micro-batch
-    last_step = context.last_step(cfg.train.steps, flags.stop_after)
-    batches = Prefetcher(distributed.shard_batches(xtr_data.stack_negatives(
-        iterate_batches(cache, cfg.train.micro_batch, cfg.train.accum, cfg.train.seed, position, cfg.data.bucket,
-                        fields=tuple(fields)), neg_fields), world), depth=2)
-    plan = None  # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit
-    if cfg.memory.auto_batch:
-        plan = batch_sizer.plan_for_run(probe_spec(cfg, model_path, model.targets),
-                                        cfg.train.micro_batch * cfg.train.accum, cfg.memory, world.size)
-        if world.is_main:
-            write_json_atomic(out_dir / "batch_plan.json", plan.as_dict())
-    skips_before = outcome.skips(opt_state)
-    params, opt_state, stats = train(cfg, step_fn, params, opt_state, batches, trainable, plan, out_dir, run_id,
-                                     world, start_step, last_step, resumed is not None, flags.profile_memory)
+    # ---- train (memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit)
+    plan = batch_sizer.plan_for_run(cfg, model_path, model.targets, world.size, out_dir / "batch_plan.json"
+                                    if world.is_main else None) if cfg.memory.auto_batch else None
+    loop = TrainLoop.open(out_dir, world, run_id=run_id, config=config.to_dict(cfg), train=cfg.train,
+                          start=start_step, end=context.last_step(cfg.train.steps, flags.stop_after),
+                          resumed=resumed is not None, opt_state=opt_state, project="xtr_lora", desc="train",
+                          report_to=cfg.report_to, headline=("loss", "lr", "samples_per_s"),
+                          hint=f"The last good checkpoint is kept in {out_dir / 'checkpoints'}.",
+                          profile_memory=flags.profile_memory)
+    batches = tokens.batches(cfg.train.micro_batch, cfg.train.accum, cfg.train.seed,
+                             DataPosition(**resumed.meta["data_position"]) if resumed else DataPosition(),
+                             cfg.data.bucket, world)
+    params, opt_state, train_s, micro = train(cfg, loop, step_fn, params, opt_state, batches, trainable, plan)
     clock.lap("train")
-    if flags.profile_memory and world.is_main:
-        stats.profiler.write(out_dir, title=f"xtr_lora memory: {Path(model_path).name}")
-    outcome.require_progress(opt_state, skips_before, last_step - start_step, str(out_dir / "metrics.jsonl"))
-    distributed.barrier(world)  # the last checkpoint exists before any rank returns
-    if world.is_main:
-        stats.reporter.close()
-    if last_step < cfg.train.steps:
-        log.info("stopped after step %d as asked (--stop_after); resume with --resume", last_step)
-        return {"stopped_at": last_step}
-    if not world.is_main:
-        return {"rank": world.rank}
+    if not loop.finish(opt_state, loop.end - start_step, f"xtr_lora memory: {Path(model_path).name}"):
+        return {"stopped_at": loop.end} if loop.stopped_early else {"rank": world.rank}
 
     # ---- evaluate, report, export (float32 base again), post-training quantisation
     params = precision.restore_frozen(params, model.untrained, trainable)
-    results = baseline.results
     single_vector = cfg.export and "projection" not in params and mean_pooling_view(encoder)  # merged/ in ST
-    fine_tuned = evaluate.tasks(params, baseline.tasks, baseline.bm25, single_vector)
-    results["fine-tuned"] = fine_tuned[0]
-    if single_vector:
-        results["single-vector view"] = results["fine-tuned"].pop("single-vector view")
-    if data.package_task is not None:
-        baseline.packages["fine-tuned"] = fine_tuned[1]
-        results["heldout_packages"] = baseline.packages
-    results["data"] = {"sources": data.sources, **data.report}
+    results = {**baseline.with_fine_tuned(evaluate, params, single_vector),
+               "data": {"sources": data.sources, **data.report}}
     clock.lap("final_eval")
     if cfg.quant.ptq:
         dequantized, compression = save_ptq(params, cfg.lora.scale, cfg.quant.ptq, out_dir / "quantized", model_path)
-        results["quantized"] = {**evaluate(dequantized, task, baseline.bm25[0]), "compression": compression}
+        results["quantized"] = {**evaluate(dequantized, data.task, baseline.bm25[0]), "compression": compression}
     samples_per_step, steps_run = cfg.train.micro_batch * cfg.train.accum, cfg.train.steps - start_step
     results["run"] = {
-        "wall_s": time.perf_counter() - started, "train_s": stats.train_s, "steps": steps_run,
-        "samples_per_s": samples_per_step * steps_run / max(stats.train_s, 1e-9),
-        "micro_batch": stats.micro, "accum": samples_per_step // stats.micro, "eval_interval": cfg.train.eval_interval,
-        "trainable_params": n_train, "model": model_path, "queries": len(task.queries), "seed": cfg.train.seed,
-        "command": command_line(argv, "recipes.xtr_lora"),
-        "candidates": len(task.candidates), "dev_queries": len(task.dev_queries),
+        "wall_s": time.perf_counter() - started, "train_s": train_s, "steps": steps_run,
+        "samples_per_s": samples_per_step * steps_run / max(train_s, 1e-9),
+        "micro_batch": micro, "accum": samples_per_step // micro, "eval_interval": cfg.train.eval_interval,
+        "trainable_params": model.trainable_params, "model": model_path, "queries": len(data.task.queries),
+        "seed": cfg.train.seed, "command": command_line(argv, "recipes.xtr_lora"),
+        "candidates": len(data.task.candidates), "dev_queries": len(data.task.dev_queries),
         "hybrid": "min-max score interpolation, one semantic weight chosen on the dev queries of held-out files and "
                   "held-out packages together (RRF k=60 when too few)",
     }
     write_json_atomic(out_dir / "eval.json", results)
     log.info("results:\n%s", results_table(results))
-    plot_curves(stats.reporter.read(), out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
+    plot_curves(loop.reporter.read(), out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
                 f"xtr_lora: {Path(model_path).name} (means over each logging window)")
     if cfg.export:
-        sources = [cfg.data.source or "the Python standard library",
-                   *(s for s in cfg.data.packages if s.split("==")[0] not in cfg.data.heldout_packages)]
         export_retriever(encoder, params, cfg.lora, model.targets, out_dir, query_length=cfg.data.max_query_len,
                          document_length=cfg.data.max_doc_len, base=base_model_name(model_path), results=results,
                          command=command_line(argv, "recipes.xtr_lora"),
-                         data=f"(docstring, code) pairs mined from {', '.join(sources)} ({steps_run} steps x "
-                              f"{samples_per_step} pairs); evaluated on {len(task.queries)} held-out queries over "
-                              f"{len(task.candidates)} candidates")
+                         data=xtr_data.training_note(cfg.data, steps_run, samples_per_step, data.task))
     clock.lap("export")
     results["run"]["phases"] = clock.as_dict()  # wall and CPU seconds per phase, export included
     write_json_atomic(out_dir / "eval.json", results)
@@ -358,67 +300,44 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-@attrs.define
-class TrainStats:
-    reporter: Reporter | None  # rank 0's (None on the others)
-    profiler: object | None  # the memory profiler (--profile-memory)
-    train_s: float = 0.0  # seconds in training steps (data waits included, evaluation and checkpoints not)
-    micro: int = 0  # the micro-batch the run ended with (auto_batch may shrink it)
-
-
-def train(cfg: Config, step_fn, params, opt_state, batches, trainable, plan, out_dir: Path, run_id: dict,
-          world, start_step: int, last_step: int, resumed: bool, profile_memory: bool):
-    """Optimizer steps start_step .. last_step - 1: evaluated lazily every
-    `train.eval_interval` steps (and at checkpoints), a metrics record every `train.log_every`,
-    a checkpoint every `train.checkpoint_every` and at the last step; returns (params,
-    opt_state, TrainStats)."""
-    stats = TrainStats(reporter=None, profiler=context.profiler(profile_memory),
-                       micro=plan.micro_batch if plan is not None else cfg.train.micro_batch)
-    if world.is_main:  # metrics.jsonl (+ TensorBoard / W&B); one log line per record off a terminal
-        stats.reporter = Reporter(out_dir, report_to=cfg.report_to, config=config.to_dict(cfg), project="xtr_lora",
-                                  resume_step=start_step if resumed else None, total_steps=last_step,
-                                  start_step=start_step, headline=("loss", "lr", "samples_per_s"))
-    windows = StepWindows(cfg.train.log_every, last_step, cfg.train.micro_batch * cfg.train.accum)
-    pending, tic = [], time.perf_counter()
-    with batches, progress(total=last_step, initial=start_step, desc="train", unit="step", every_s=300.0,
-                           disable=not world.is_main) as bar:
-        for step_no in range(start_step, last_step):
+def train(cfg: Config, loop: TrainLoop, step_fn, params, opt_state, batches, trainable, plan):
+    """Optimizer steps loop.start .. loop.end - 1, evaluated lazily every `train.eval_interval`
+    steps (and at checkpoints); a metrics record every `train.log_every`. Returns (params,
+    opt_state, seconds in training steps (data waits included, evaluation and checkpoints
+    not), the micro-batch the run ended with (auto_batch may shrink it))."""
+    samples_per_step = cfg.train.micro_batch * cfg.train.accum
+    micro = plan.micro_batch if plan is not None else cfg.train.micro_batch
+    windows = StepWindows(cfg.train.log_every, loop.end, samples_per_step)
+    pending, train_s, tic = [], 0.0, time.perf_counter()
+    with batches:
+        for step_no in range(loop.start, loop.end):
             position, batch = next(batches)
             arrays = {k: mx.array(v) for k, v in batch.items()}
-            if stats.micro != cfg.train.micro_batch:
-                arrays = batch_sizer.split_batch(arrays, stats.micro)
+            if micro != cfg.train.micro_batch:
+                arrays = batch_sizer.split_batch(arrays, micro)
             with kernel_cache.compile_notice("training step", kernel_cache.shapes(arrays)) as first:
                 params, opt_state, metrics = step_fn(params, opt_state, arrays, mx.array(step_no))
                 if first and kernel_cache.on_gpu():  # wait here, so the notice names the shape
                     mx.eval(params, opt_state, metrics)
             pending.append((step_no + 1, metrics))
-            checkpoint_due = context.checkpoint_due(step_no + 1, cfg.train.checkpoint_every, last_step)
-            if (step_no + 1) % cfg.train.eval_interval and not checkpoint_due:
+            if (step_no + 1) % cfg.train.eval_interval and not loop.checkpoint_due(step_no + 1):
                 continue  # stay lazy: the next step builds on this one's unevaluated outputs
             mx.eval(params, opt_state, [m for _, m in pending])
             elapsed = time.perf_counter() - tic
-            stats.train_s += elapsed
+            train_s += elapsed
             for record in windows.records(pending, elapsed):
-                if world.is_main:
-                    stats.reporter.write(record)
-                    # a window of non-finite (skipped) steps has no loss mean
-                    bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}", lr=f"{record['lr']:.2e}",
-                                    sps=f"{record['samples_per_s']:.1f}")
-            bar.update(len(pending))
+                loop.write(record)  # a window of non-finite (skipped) steps has no loss mean
+                loop.bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}", lr=f"{record['lr']:.2e}",
+                                     sps=f"{record['samples_per_s']:.1f}")
+            loop.bar.update(len(pending))
             peak = mx.get_peak_memory()  # before the profiler resets it
-            if stats.profiler is not None:
-                stats.profiler.record(step_no + 1, micro_batch=stats.micro)
+            loop.end_step(step_no + 1, opt_state, partition(params, trainable)[0], attrs.asdict(position),
+                          micro_batch=micro)
             if plan is not None:  # a longer bucket than probed may need a smaller split
-                stats.micro = batch_sizer.recheck(plan, stats.micro, cfg.train.micro_batch * cfg.train.accum, peak,
-                                                  min_micro=2)
+                micro = batch_sizer.recheck(plan, micro, samples_per_step, peak, min_micro=2)
                 mx.reset_peak_memory()
-            context.check_divergence(opt_state, cfg.train.max_consecutive_skips, step_no + 1,
-                                     f"The last good checkpoint is kept in {out_dir / 'checkpoints'}.")
-            if checkpoint_due:
-                context.save(out_dir, step_no + 1, partition(params, trainable)[0], opt_state, run_id, world,
-                             data_position=attrs.asdict(position), config=config.to_dict(cfg))
             pending, tic = [], time.perf_counter()
-    return params, opt_state, stats
+    return params, opt_state, train_s, micro
 
 
 if __name__ == "__main__":

@@ -16,7 +16,17 @@ import attrs
 import numpy as np
 
 from mlxio.data import hard_negatives, pairs, pairs_jsonl, pypi_sources
+from mlxio.data.token_cache import (
+    DataPosition,
+    Prefetcher,
+    TokenCache,
+    build_or_open,
+    hf_tokenize,
+    iterate_batches,
+    tokenizer_identity,
+)
 from mlxio.errors import DataError
+from mlxio.run import distributed
 from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger("xtr_lora")
@@ -212,6 +222,10 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
     if k > 0:
         train, report["hard_negatives"] = with_hard_negatives(train, k, tuple(data.negative_miners), seed,
                                                               model_vectors, data.max_query_len, data.max_doc_len)
+    log.info("data: %d training pairs; eval %d queries (+%d dev) over %d candidates%s", len(train),
+             len(task.queries), len(task.dev_queries), len(task.candidates),
+             f"; held-out packages {len(package_task.queries)} queries over "
+             f"{len(package_task.candidates)} candidates" if package_task else "")
     return Data(train=train, task=task, package_task=package_task, sources=infos, report=report)
 
 
@@ -264,6 +278,40 @@ def pooled_vectors(params, encoder, texts, max_length: int, batch: int = 64) -> 
     return hard_negatives.pooled_vectors(
         lambda t, m: embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, t, m, batch,
                                             desc="hard negatives: embedding"), texts, max_length)
+
+
+def training_note(data, steps: int, pairs_per_step: int, task: Task) -> str:
+    """What the model card says the run trained and evaluated on (`data`: the DataConfig)."""
+    sources = [data.source or "the Python standard library",
+               *(s for s in data.packages if s.split("==")[0] not in data.heldout_packages)]
+    return (f"(docstring, code) pairs mined from {', '.join(sources)} ({steps} steps x {pairs_per_step} pairs); "
+            f"evaluated on {len(task.queries)} held-out queries over {len(task.candidates)} candidates")
+
+
+@attrs.frozen
+class TrainTokens:
+    """The training pairs in the token cache: fields query, doc (and neg0.. with hard negatives)."""
+
+    cache: TokenCache
+    fields: tuple[str, ...]
+    neg_fields: tuple[str, ...]
+
+    def batches(self, micro_batch: int, accum: int, seed: int, position: DataPosition, bucket: int,
+                world: distributed.World) -> Prefetcher:
+        """(position, batch) per optimizer step from `position` on, prefetched two ahead: every
+        rank walks the same global plan of batches (`iterate_batches`) and keeps its share of
+        each micro-batch; hard negatives stacked (`stack_negatives`)."""
+        steps = iterate_batches(self.cache, micro_batch, accum, seed, position, bucket, fields=self.fields)
+        return Prefetcher(distributed.shard_batches(stack_negatives(steps, self.neg_fields), world), depth=2)
+
+
+def tokenise(train: list, data, tokenizer, cache_dir: Path) -> TrainTokens:
+    """The training pairs (`data`: the DataConfig: hard negatives, lengths) in the token cache
+    under cache_dir/tokens, built once per tokenizer, lengths and texts."""
+    fields, neg_fields = token_fields(train, data.hard_negatives)
+    cache = build_or_open(cache_dir / "tokens", fields, hf_tokenize(tokenizer), tokenizer_id=tokenizer_identity(tokenizer),
+                          max_lengths={f: data.max_query_len if f == "query" else data.max_doc_len for f in fields})
+    return TrainTokens(cache, tuple(fields), neg_fields)
 
 
 def token_fields(train: list, k: int) -> tuple[dict[str, list[str]], tuple[str, ...]]:

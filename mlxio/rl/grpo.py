@@ -58,6 +58,12 @@ def run_identity(cfg, policy: llm.Policy) -> dict:
     return {"config_hash": config_hash(to_dict(cfg)), "base_model": str(policy.source)}
 
 
+def training_note(cfg) -> str:
+    """What the model cards say the run trained on."""
+    return (f"{cfg.train.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size} completions from "
+            f"{cfg.data.problems or getattr(cfg.data, 'source', 'humaneval')} (training split)")
+
+
 def check_policy(cfg, policy: llm.Policy) -> None:
     """Settings that depend on the model (ConfigError naming the field): every LoRA target
     matches a linear layer of a block, lora_layers within the block count, generation lengths

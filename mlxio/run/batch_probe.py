@@ -82,14 +82,11 @@ def build(spec: ProbeSpec):
 
 
 def loss_of(spec: ProbeSpec, enc_spec):
-    """The recipe's training loss at the spec's settings (QAT-wrapped when it has rules)."""
+    """The recipe's training loss at the spec's settings (`retriever.training_loss`)."""
     cfg = retriever.LossConfig(temperature=spec.temperature, margin=spec.margin, margin_weight=spec.margin_weight,
                                xtr_k_train=spec.xtr_k_train)
-    loss_fn = retriever.contrastive_loss_fn(enc_spec, cfg)
-    if spec.qat:
-        scale = lora.LoraConfig(rank=spec.lora_rank, alpha=spec.lora_alpha).scale
-        loss_fn = retriever.with_fake_quant(loss_fn, parse_rules(spec.qat, "qat"), scale)
-    return loss_fn
+    scale = lora.LoraConfig(rank=spec.lora_rank, alpha=spec.lora_alpha).scale
+    return retriever.training_loss(enc_spec, cfg, parse_rules(spec.qat, "qat"), scale)
 
 
 def synthetic_batch(vocab_size: int, micro_batch: int, accum: int, query_len: int, doc_len: int,

@@ -20,12 +20,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 import mlx.core as mx
 import numpy as np
 
 from mlxio.errors import ConfigError
+from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024
@@ -190,15 +192,32 @@ def split_batch(batch: dict, micro_batch: int) -> dict:
     return out
 
 
-def plan_for_run(spec: dict, effective: int, memory_cfg, world_size: int = 1) -> Plan:
-    """A training run's memory-driven split of `effective` samples per step: the budget from
-    `memory_cfg` (budget_mb / budget_fraction / max_micro_batch, as in the retriever recipe's
-    MemoryConfig), probes of the `mlxio.run.batch_probe` spec, micro-batches of at least 2 (an
-    in-batch-negatives loss needs a negative)."""
+def probe_spec(cfg, model_path: str, targets: tuple[str, ...]) -> dict:
+    """The `mlxio.run.batch_probe` spec of a retriever run (`cfg`: the xtr_lora Config): its
+    model, adapter, loss and options at full-length batches (the worst case for memory)."""
+    from mlxio.data.token_cache import padded_length
+
+    return {"model": model_path, "lora_rank": cfg.lora.rank, "lora_alpha": cfg.lora.alpha, "targets": list(targets),
+            "query_len": padded_length(cfg.data.max_query_len, cfg.data.bucket),
+            "doc_len": padded_length(cfg.data.max_doc_len, cfg.data.bucket),
+            "gradient_checkpointing": cfg.memory.gradient_checkpointing, "compute_dtype": cfg.memory.compute_dtype,
+            **attrs.asdict(cfg.loss), "qat": list(cfg.quant.qat)}
+
+
+def plan_for_run(cfg, model_path: str, targets: tuple[str, ...], world_size: int = 1,
+                 record: Path | None = None) -> Plan:
+    """A retriever run's memory-driven split of its micro_batch x accum samples per step
+    (`cfg`: the xtr_lora Config): the budget from `cfg.memory` (budget_mb / budget_fraction /
+    max_micro_batch), probes of the run's `probe_spec`, micro-batches of at least 2 (an
+    in-batch-negatives loss needs a negative); written as JSON to `record` when given."""
     if world_size > 1:
         raise ConfigError("memory.auto_batch: single-process runs only (size each rank's share by hand)")
-    budget = memory_budget(memory_cfg.budget_mb, memory_cfg.budget_fraction)
-    plan = plan_micro_batch(spec, effective, budget, max_micro=memory_cfg.max_micro_batch, min_micro=2)
+    memory = cfg.memory
+    budget = memory_budget(memory.budget_mb, memory.budget_fraction)
+    plan = plan_micro_batch(probe_spec(cfg, model_path, targets), cfg.train.micro_batch * cfg.train.accum, budget,
+                            max_micro=memory.max_micro_batch, min_micro=2)
     log.info("auto batch: micro-batch %d x accum %d (budget %.0f MB; predicted peak %.0f MB; %d probes)",
              plan.micro_batch, plan.accum, budget / 2**20, plan.predicted_peak() / 2**20, len(plan.probes))
+    if record is not None:
+        write_json_atomic(record, plan.as_dict())
     return plan

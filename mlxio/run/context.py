@@ -1,7 +1,9 @@
 """The scaffolding both training recipes share, as a few plain functions (not a Trainer class):
 start (ranks, logging, run dir, config.json, seeds), resume (rank 0 reads, every rank
-receives, RNG restored), the memory profiler, the divergence guard, the checkpoint cadence and
-the command-line flags and errors. Metrics go through `mlxio.run.reporting.Reporter`. A recipe's `main` calls them in order and keeps its own step loop.
+receives, RNG restored; `resume_into` puts the trees back into the run's params), the divergence
+guard, the checkpoint cadence and the command-line flags and errors. What happens around each
+step (reporter, progress, memory profiler, checkpoints when due, the end of the loop) is
+`mlxio.run.loop.TrainLoop`; a recipe's `main` calls them in order and keeps its own step loop.
 
 One vocabulary for both recipes: the run directory is `out_dir`; a checkpoint holds the trees
 `trainable` (what the optimizer updates) and `opt_state`, plus meta {config_hash, base_model,
@@ -19,12 +21,13 @@ import random
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import mlx.core as mx
 import numpy as np
 
-from mlxcore.tree import Tree
+from mlxcore.tree import Tree, combine, partition
 from mlxio.errors import CheckpointError, TrainingDiverged, at_least_one, cli_main
 from mlxio.run import checkpoint, distributed, memprof
 from mlxio.run.runlog import write_json_atomic
@@ -100,6 +103,25 @@ def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distri
     return resumed
 
 
+def resume_into(enabled: bool, out_dir: Path, run_id: dict, params: Tree, opt_state: Tree,
+                world: distributed.World, config: dict, legacy_keys: dict[str, str | None],
+                config_hash: Callable[[dict], str],
+                trainable: Callable[[str, Any], bool] | None = None) -> tuple[Tree, Tree, Resumed | None]:
+    """(params, opt_state, the checkpoint) where `--resume` (`enabled`) found one in `out_dir`
+    (`mlxio.run.context.resume`), else the fresh ones and None. `trainable` picks the leaves
+    of `params` a checkpoint holds (the rest, the frozen base, stays as loaded); None: all of
+    `params` is the trainable tree."""
+    if not enabled:
+        return params, opt_state, None
+    train_part, frozen = partition(params, trainable) if trainable is not None else (params, None)
+    found = resume(out_dir, run_id, {TRAINABLE: train_part, OPT_STATE: opt_state}, world, config,
+                   legacy_keys, config_hash)
+    if found is None:
+        return params, opt_state, None
+    restored = found.trees[TRAINABLE]
+    return (combine(frozen, restored) if frozen is not None else restored), found.trees[OPT_STATE], found
+
+
 def _renamed_only(path: Path, meta: dict, run_id: dict, legacy_keys: dict,
                   config_hash: Callable[[dict], str] | None) -> bool:
     """Whether the checkpoint's recorded config is this run's under old setting names (then a
@@ -150,11 +172,6 @@ def current_tree_names(path: Path, trees: dict[str, Tree]) -> dict[str, Tree]:
                         "(same arrays, new name)", path, name, new)
         out[new] = tree
     return out
-
-
-def profiler(enabled: bool) -> memprof.MemoryProfiler | None:
-    """A memory profiler (memory.json + memory.png at the end) when asked for one."""
-    return memprof.MemoryProfiler() if enabled else None
 
 
 def region(prof: memprof.MemoryProfiler | None, name: str):

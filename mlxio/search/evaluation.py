@@ -77,6 +77,18 @@ class Baselines:
     bm25: list
     packages: dict | None = None
 
+    def with_fine_tuned(self, evaluate: Evaluator, params, single_vector: bool) -> dict:
+        """eval.json's results with `params` ("fine-tuned") beside the baselines on every task
+        (one fusion weight for all, as theirs), plus the "single-vector view" when asked for
+        and the held-out packages' entry when the run has them."""
+        fine_tuned = evaluate.tasks(params, self.tasks, self.bm25, single_vector)
+        results = {**self.results, "fine-tuned": fine_tuned[0]}
+        if single_vector:
+            results["single-vector view"] = results["fine-tuned"].pop("single-vector view")
+        if self.packages is not None:
+            results["heldout_packages"] = {**self.packages, "fine-tuned": fine_tuned[1]}
+        return results
+
 
 def baselines(evaluate: Evaluator, untrained_params, data: xtr_data.Data, cache_dir: Path, cache_key: dict,
               heldout_packages: tuple[str, ...]) -> Baselines:

