@@ -9,6 +9,7 @@ import pytest
 from mlxio.errors import CheckpointError, TrainingDiverged
 from mlxio.run import checkpoint, context, distributed
 from mlxio.run.config import migrate, parse_args, to_dict
+from mlxio.run.loop import TrainLoop
 from recipes import rlaif_config, xtr_lora
 
 
@@ -127,3 +128,30 @@ def test_phase_clock_laps_wall_and_cpu():
     assert phases["work"]["cpu_s"] > 0 and phases["wait"]["wall_s"] >= 0.05
     assert phases["wait"]["cpu_s"] < phases["wait"]["wall_s"]
     assert abs(phases["total"]["wall_s"] - phases["work"]["wall_s"] - phases["wait"]["wall_s"]) < 0.02
+
+
+@pytest.mark.parametrize("stop_after", [None, 3])
+def test_train_loop_checkpoints_when_due_and_says_what_comes_next(tmp_path, stop_after):
+    """TrainLoop: a record per write, a checkpoint every checkpoint_every steps and at the last
+    one, resume_into puts the trainable leaves back, finish says whether to evaluate next."""
+    train = xtr_lora.TrainConfig(steps=5, checkpoint_every=2, max_consecutive_skips=3)
+    params = {"w": mx.zeros((2,)), "lora_a": mx.ones((2,))}
+    trainable = lambda path, _leaf=None: path.startswith("lora")  # noqa: E731
+    state = {"consecutive_skips": mx.array(0), "skips": mx.array(0)}
+    run_id = {"config_hash": "h", "base_model": "m"}
+    end = context.last_step(train.steps, stop_after)
+    loop = TrainLoop.open(tmp_path, distributed.SINGLE, run_id=run_id, config={}, train=train, start=0, end=end,
+                          resumed=False, opt_state=state, project="t", desc="t", report_to=(), headline=("loss",),
+                          hint="hint")
+    for step_no in range(loop.start, loop.end):
+        loop.write({"step": step_no + 1, "loss": 1.0})
+        loop.end_step(step_no + 1, state, {"lora_a": mx.full((2,), float(step_no + 1))}, {"position": step_no + 1})
+    assert loop.finish(state, loop.end, "t") is (stop_after is None)
+    assert loop.stopped_early is (stop_after is not None)
+    assert [r["step"] for r in loop.reporter.read()] == list(range(1, end + 1))
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("step-")) == [
+        f"step-{s:08d}" for s in ((2, 4, 5) if stop_after is None else (2, 3))][-3:]
+    back, _, found = context.resume_into(True, tmp_path, run_id, params, state, distributed.SINGLE, {}, {},
+                                         lambda d: "h", trainable)
+    assert found.step == end and found.meta["data_position"] == {"position": end}
+    assert back["lora_a"].tolist() == [float(end)] * 2 and back["w"].tolist() == [0.0, 0.0]

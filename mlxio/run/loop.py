@@ -1,6 +1,6 @@
-"""The cadence around a training recipe's own step loop, the same for both recipes: resume
-into the trainable leaves, the metrics reporter, the progress display, the memory profiler,
-the divergence guard, checkpoints when due, and the end of the loop (no silent nothing, every
+"""The cadence around a training recipe's own step loop, the same for both recipes: the
+metrics reporter, the progress display, the memory profiler, the divergence guard,
+checkpoints when due, and the end of the loop (no silent nothing, every
 rank waits for the last checkpoint). A plain object the recipe calls between its own steps,
 not a Trainer: the recipe owns the loop, the batches and the step.
 
