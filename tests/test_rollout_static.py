@@ -163,10 +163,13 @@ def test_rebound_lora_policy_reuses_the_trace(monkeypatch):
     assert outs[0].completion_tokens != outs[1].completion_tokens
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_fused_step_matches_generic_step_and_teacher_forcing(kind):
+@pytest.mark.parametrize(("kind", "wide"), [("llama", True), ("qwen2", True), ("llama", False), ("qwen2", False)])
+def test_fused_step_matches_generic_step_and_teacher_forcing(kind, wide, monkeypatch):
     """The fused step (`decode_fused`) and the mlx-lm forward on the static cache pick the same
-    greedy tokens, and their log-probabilities are those of a teacher-forced pass."""
+    greedy tokens, and their log-probabilities are those of a teacher-forced pass; with either
+    attention (wide: the CPU's; strided key / value halves: the GPU's, MLX's fused kernel)."""
+    spec_of = decode_fused.spec_of
+    monkeypatch.setattr(decode_fused, "spec_of", lambda model: attrs.evolve(spec_of(model), wide_attention=wide))
     policy = _policy(kind)
     kw = dict(group_size=1, max_new_tokens=32, seed=0, temperature=0.0)
     assert decode_fused.decode_weights(policy.model, decode_fused.spec_of(policy.model)) is not None

@@ -180,8 +180,9 @@ def compiled_step(model, sampler, sampler_key=None) -> Callable:
 
 _FUSED_STEPS: dict = {}  # (decode_fused.Spec, sampler_key) -> compiled fused step
 # Devices whose static step is the fused one by default: a GPU, where the step is host-bound and
-# the attention is MLX's fused kernel. On the CPU MLX lowers that attention to matmuls, which
-# copy the cache's strided key / value halves every layer (tiny Qwen2 shape: ~2x slower steps).
+# the attention is MLX's fused kernel. On the CPU MLX lowers attention to matmuls, and the fused
+# step's mask-in-the-cache attention over 2 x 96-dim rows (`Spec.wide_attention`) is ~3x the
+# work of the mlx-lm forward's masked 64-dim one (tiny Qwen2 shape: ~1.5x slower steps).
 FUSED_DEVICES = {mx.gpu}
 
 

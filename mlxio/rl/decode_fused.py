@@ -59,6 +59,10 @@ class Spec:
     eps: float
     rope: nn.Module = attrs.field(eq=False)  # shared by a model and every `bind` of it
     rope_id: int = 0
+    # attention over whole 2 * Dp cache rows (q's second half is 0, the output's second half is
+    # the values' part): contiguous operands for MLX's matmul lowering of the attention on the
+    # CPU, where the strided key / value halves cost a copy of the cache every layer
+    wide_attention: bool = False
 
 
 def padded_dim(head_dim: int) -> int:
@@ -112,7 +116,8 @@ def spec_of(model) -> Spec | None:
         return None
     head_dim = getattr(attn.q_proj, "linear", attn.q_proj).weight.shape[0] // attn.n_heads
     return Spec(attn.n_heads, attn.n_kv_heads, head_dim, padded_dim(head_dim), float(attn.scale),
-                float(model.model.layers[0].input_layernorm.eps), attn.rope, id(attn.rope))
+                float(model.model.layers[0].input_layernorm.eps), attn.rope, id(attn.rope),
+                wide_attention=mx.default_device().type != mx.gpu)
 
 
 def decode_weights(model, spec: Spec) -> dict | None:
@@ -181,8 +186,11 @@ def forward(spec: Spec, weights: dict, tokens: mx.array, kv: list, positions: mx
         qkv = mx.addmm(layer["qkv_bias"], h, layer["qkv"]).reshape(b, nq + nkv, 1, 2 * dp)
         qkv = spec.rope(qkv, offset=positions)  # (rotates dims < D: q and k; v and the flag pass)
         cache = mx.slice_update(cache, qkv[:, nq:], idx, axes=(2,))
-        o = mx.fast.scaled_dot_product_attention(qkv[:, :nq, :, :dp], cache[..., :dp], cache[..., dp:],
-                                                 scale=spec.scale)
+        if spec.wide_attention:
+            o = mx.fast.scaled_dot_product_attention(qkv[:, :nq], cache, cache, scale=spec.scale)[..., dp:]
+        else:
+            o = mx.fast.scaled_dot_product_attention(qkv[:, :nq, :, :dp], cache[..., :dp], cache[..., dp:],
+                                                     scale=spec.scale)
         residual = x if "o_bias" not in layer else x + layer["o_bias"]
         x = mx.addmm(residual, o.reshape(b, nq * dp), layer["o"])
         h = mx.fast.rms_norm(x, layer["post_norm"], spec.eps)
