@@ -19,8 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mlxio.rl.local_teacher import LocalJudge
 from mlxio.rl.rewards import AIFeedbackReward, Problem, RewardCache, combine_rewards
-from mlxio.rl.teacher import HttpJudge, LocalJudge, parse_score, rubric_messages
+from mlxio.rl.teacher import HttpJudge, parse_score, rubric_messages
 
 REPLY = "Correctness: 8/10\nStyle: 6/10\nEfficiency: 7/10\nScore: 7/10"
 
@@ -434,7 +435,7 @@ def test_verdict_judge_sends_one_token_logprob_request():
 
 def test_teacher_flags_are_validated():
     from mlxio.errors import ConfigError
-    from mlxio.run.config import parse_args
+    from mlxio.run.flags import parse_args
     from recipes.rlaif_config import PRESETS, validate
 
     def cfg(*flags):

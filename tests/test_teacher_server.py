@@ -8,8 +8,9 @@ import time
 
 import pytest
 
+from mlxio.rl.local_teacher import MlxLmServer
 from mlxio.rl.rewards import AIFeedbackReward, Problem, RewardCache, combine_rewards
-from mlxio.rl.teacher import HttpJudge, MlxLmServer
+from mlxio.rl.teacher import HttpJudge
 
 pytestmark = pytest.mark.slow
 

@@ -275,7 +275,7 @@ class AIFeedbackReward:
     """A judge's rubric score (0-10) mapped to [0, 1]; None when the judge call failed.
 
     `judge` has `judge(prompt, completion) -> float | None` and `config_key() -> str`
-    (`mlxio.rl.teacher.HttpJudge`, `LocalJudge`)."""
+    (`mlxio.rl.teacher.HttpJudge`, `mlxio.rl.local_teacher.LocalJudge`)."""
 
     judge: object
     workers: int = 4
@@ -467,7 +467,7 @@ def from_config(cfg) -> list[tuple[RewardFn, float]]:
         judge = HttpJudge(cfg.teacher.url, cfg.teacher.model, timeout_s=cfg.teacher.timeout_s,
                           max_retries=cfg.teacher.retries, scoring=cfg.teacher.scoring)
     elif cfg.teacher.local:
-        from mlxio.rl.teacher import LocalJudge
+        from mlxio.rl.local_teacher import LocalJudge
         judge = LocalJudge(cfg.teacher.local, timeout_s=cfg.teacher.timeout_s,
                            scoring=cfg.teacher.scoring, dequantize=cfg.dequantize)
     weight = cfg.rewards.ai_feedback
