@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mlxcore import quant, ranking
 from mlxio.data import pairs, xtr_data
-from mlxio.run import config
+from mlxio.run import flags
 from mlxio.search.evaluation import Evaluator
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.encoders import default_encoder_path, load_encoder
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     common = run_args(root, args.steps, args.source)
 
     # ---- part 1: PTQ of the untrained encoder
-    cfg, _ = config.parse_args(common, xtr_lora.PRESETS, prog="bench", description="", default_preset="smoke")
+    cfg, _ = flags.parse_args(common, xtr_lora.PRESETS, prog="bench", description="", default_preset="smoke")
     encoder = load_encoder(default_encoder_path())
     _, task = xtr_data.load_task(cfg.data, root / "cache", cfg.train.seed)
     bm25 = ranking.bm25_text_matrix(task.queries, task.candidates)

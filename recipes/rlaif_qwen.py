@@ -57,7 +57,8 @@ from mlxio.rl.grpo import (
 )
 from mlxio.rl.rewards import RewardCache
 from mlxio.run import config, context, distributed
-from mlxio.run.config import parse_args, to_dict
+from mlxio.run.config import to_dict
+from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.reporting import WindowMean
 from mlxio.run.runlog import plot_curves, write_json_atomic

@@ -38,6 +38,7 @@ from mlxio import kernel_cache
 from mlxio.data import pairs, pypi_sources, xtr_data
 from mlxio.data.token_cache import DataPosition
 from mlxio.run import batch_sizer, checkpoint, config, context, distributed
+from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
 from mlxio.run.reporting import StepWindows
@@ -189,7 +190,7 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
         context.add_run_flags(parser, stop_after_aliases=("--train.stop_after",))
         parser.add_argument("--lenient", action="store_true", help="same as --data.lenient true")
 
-    cfg, flags = config.parse_args(argv, PRESETS, prog="python -m recipes.xtr_lora", description=__doc__,
+    cfg, flags = parse_args(argv, PRESETS, prog="python -m recipes.xtr_lora", description=__doc__,
                                    default_preset="quick", extra=extra_flags)
     if flags.lenient:
         cfg = attrs.evolve(cfg, data=attrs.evolve(cfg.data, lenient=True))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxio.errors import ConfigError
-from mlxio.run import config
+from mlxio.run import config, flags
 
 
 @attrs.frozen(kw_only=True)
@@ -52,7 +52,7 @@ def test_bad_json_names_line():
 
 
 def parse(argv):
-    return config.parse_args(argv, PRESETS, prog="demo", description="d", default_preset="quick")[0]
+    return flags.parse_args(argv, PRESETS, prog="demo", description="d", default_preset="quick")[0]
 
 
 def test_cli_overrides_and_presets():
@@ -104,7 +104,8 @@ def test_help_says_what_every_option_does(recipe, capsys):
     """--help describes every config option (its comment or metadata), not only its default."""
     import importlib
 
-    from mlxio.run.config import field_help, leaf_fields
+    from mlxio.run.config import leaf_fields
+    from mlxio.run.flags import field_help
 
     module = importlib.import_module(f"recipes.{recipe}")
     cls = type(next(iter(module.PRESETS.values())))

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlxio.errors import ConfigError
-from mlxio.run import config
+from mlxio.run import config, flags
 from recipes import rlaif_config, xtr_lora
 
 RECIPES = {
@@ -84,7 +84,7 @@ def test_every_flag_any_text_valid_or_config_error_naming_it(field, text):
     recipe, name = field
     presets, default, validate = RECIPES[recipe]
     try:
-        cfg, _ = config.parse_args([f"--{name}", text], presets, prog=recipe, description="", default_preset=default)
+        cfg, _ = flags.parse_args([f"--{name}", text], presets, prog=recipe, description="", default_preset=default)
         validate(cfg, "command line")
     except ConfigError as err:
         assert name in str(err), f"{name!r} not named in: {err}"
@@ -116,7 +116,7 @@ def test_config_file_of_any_json_shape_or_bytes(tmp_path_factory, recipe, doc):
     path = tmp_path_factory.mktemp("cfg") / "config.json"
     path.write_bytes(doc if isinstance(doc, bytes) else json.dumps(doc).encode())
     try:
-        cfg, _ = config.parse_args(["--config", str(path)], presets, prog=recipe, description="",
+        cfg, _ = flags.parse_args(["--config", str(path)], presets, prog=recipe, description="",
                                    default_preset=default)
         validate(cfg, "command line")
     except ConfigError as err:
@@ -129,7 +129,7 @@ def test_missing_sections_keep_the_presets_values(tmp_path, recipe):
     smoke = presets["smoke"]
     path = tmp_path / "c.json"
     path.write_text('{"train": {"seed": 7}}')  # both recipes: train.seed
-    cfg, _ = config.parse_args(["--preset", "smoke", "--config", str(path)], presets, prog=recipe,
+    cfg, _ = flags.parse_args(["--preset", "smoke", "--config", str(path)], presets, prog=recipe,
                                description="", default_preset="quick")
     assert config.to_dict(cfg) == config.merge(config.to_dict(smoke), json.loads(path.read_text()), "t")
     assert cfg.optim == smoke.optim  # a section the file leaves out is the preset's, not the class default
@@ -154,7 +154,7 @@ def test_xtr_examples_from_the_issue(tmp_path, text, message):
     path = tmp_path / "c.json"
     path.write_text(text)
     with pytest.raises(ConfigError) as err:
-        cfg, _ = config.parse_args(["--config", str(path)], xtr_lora.PRESETS, prog="x", description="",
+        cfg, _ = flags.parse_args(["--config", str(path)], xtr_lora.PRESETS, prog="x", description="",
                                    default_preset="quick")
         xtr_lora.validate(cfg)
     assert message in str(err.value) and "\n" not in str(err.value)
@@ -173,7 +173,7 @@ def test_xtr_examples_from_the_issue(tmp_path, text, message):
 ])
 def test_rlaif_examples(argv, message):
     with pytest.raises(ConfigError) as err:
-        cfg, _ = config.parse_args(argv, rlaif_config.PRESETS, prog="r", description="", default_preset="quick")
+        cfg, _ = flags.parse_args(argv, rlaif_config.PRESETS, prog="r", description="", default_preset="quick")
         rlaif_config.validate(cfg)
     assert message in str(err.value)
 

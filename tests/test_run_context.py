@@ -8,7 +8,8 @@ import pytest
 
 from mlxio.errors import CheckpointError, TrainingDiverged
 from mlxio.run import checkpoint, context, distributed
-from mlxio.run.config import migrate, parse_args, to_dict
+from mlxio.run.config import migrate, to_dict
+from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
 from recipes import rlaif_config, xtr_lora
 

@@ -213,7 +213,7 @@ def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = (), more_steps_a
     --profile-memory. Old spellings still work, with a warning: `stop_after_aliases` mean the
     same step, `more_steps_aliases` (RLAIF's old --stop-after N) mean N more steps in this
     process (`args.more_steps`)."""
-    from mlxio.run.config import DeprecatedAlias
+    from mlxio.run.flags import DeprecatedAlias
 
     step_number = at_least_one("a step number")
     if more_steps_aliases:
