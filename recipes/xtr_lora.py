@@ -248,9 +248,11 @@ def main(argv: list[str] | None = None) -> dict:
                              cfg.data.heldout_packages)
         clock.lap("untrained_eval")
 
-    # ---- train (memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit)
-    plan = batch_sizer.plan_for_run(cfg, model_path, model.targets, world.size, out_dir / "batch_plan.json"
-                                    if world.is_main else None) if cfg.memory.auto_batch else None
+    # ---- train
+    plan = None  # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit
+    if cfg.memory.auto_batch:
+        plan = batch_sizer.plan_for_run(cfg, model_path, model.targets, world.size,
+                                        record=out_dir / "batch_plan.json" if world.is_main else None)
     loop = TrainLoop.open(out_dir, world, run_id=run_id, config=config.to_dict(cfg), train=cfg.train,
                           start=start_step, end=context.last_step(cfg.train.steps, flags.stop_after),
                           resumed=resumed is not None, opt_state=opt_state, project="xtr_lora", desc="train",
