@@ -60,8 +60,8 @@ class Spec:
     rope: nn.Module = attrs.field(eq=False)  # shared by a model and every `bind` of it
     rope_id: int = 0
     # attention over whole 2 * Dp cache rows (q's second half is 0, the output's second half is
-    # the values' part): contiguous operands for MLX's matmul lowering of the attention on the
-    # CPU, where the strided key / value halves cost a copy of the cache every layer
+    # the values' part): contiguous operands where MLX lowers attention to matmuls (the CPU, or
+    # a Dp no fused kernel takes: D = 128), which would copy strided key / value halves
     wide_attention: bool = False
 
 
@@ -115,9 +115,10 @@ def spec_of(model) -> Spec | None:
     if type(attn.rope) not in (nn.RoPE, Llama3RoPE):  # (others may scale the unrotated dims)
         return None
     head_dim = getattr(attn.q_proj, "linear", attn.q_proj).weight.shape[0] // attn.n_heads
-    return Spec(attn.n_heads, attn.n_kv_heads, head_dim, padded_dim(head_dim), float(attn.scale),
+    dp = padded_dim(head_dim)
+    return Spec(attn.n_heads, attn.n_kv_heads, head_dim, dp, float(attn.scale),
                 float(model.model.layers[0].input_layernorm.eps), attn.rope, id(attn.rope),
-                wide_attention=mx.default_device().type != mx.gpu)
+                wide_attention=mx.default_device().type != mx.gpu or dp not in FUSED_HEAD_DIMS)
 
 
 def decode_weights(model, spec: Spec) -> dict | None:
