@@ -223,3 +223,17 @@ def test_static_cache_mask_and_positions():
     k, _ = cache.update_and_fetch(mx.ones((2, 1, 1, 4)), mx.ones((2, 1, 1, 4)))
     assert np.array(k)[:, 0, :, 0].tolist() == [[0, 0, 0, 1, 0, 0, 0, 0]] * 2 and cache.idx.tolist() == [4]
     assert decode.cache_length(100, 156) == 256 and decode.cache_length(100, 157) == 512
+
+
+def test_prefill_mask_has_no_empty_rows():
+    """A left-padding position of the batched prefill sees its own slot (an empty softmax row is
+    NaN where masked slots get -inf); real positions see what mlx-lm's mask gives them."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    from mlxio.rl.rollout import _PrefillCache
+
+    ours, theirs = _PrefillCache([0, 3, 5]), BatchKVCache([0, 3, 5])
+    mask, base = np.array(ours.make_mask(5)), np.array(theirs.make_mask(5))
+    assert mask.any(axis=-1).all()
+    real = np.arange(5)[None, :] >= np.array([0, 3, 5])[:, None]  # [B, query]
+    np.testing.assert_array_equal(mask[:, 0][real], base[:, 0][real])

@@ -222,6 +222,18 @@ def _prefill(model, tokens: list[int], bucketed: bool = False) -> list:
     return cache
 
 
+class _PrefillCache(BatchKVCache):
+    """mlx-lm's `BatchKVCache` whose mask also lets a left-padding position see its own slot.
+    With mlx-lm's mask its row is empty; where a kernel adds -inf for masked slots (MLX turns a
+    boolean mask into one on CUDA) that row's softmax is NaN, its keys in the next layers NaN,
+    and a real query's score on them NaN + -inf = NaN. Real rows' masks are unchanged."""
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs):
+        mask = super().make_mask(N, return_array=return_array, **kwargs)
+        own = mx.arange(self._idx + N)[None] == (self._idx + mx.arange(N))[:, None]  # [N, slots]
+        return mask | own
+
+
 def prefill_batch(model, prompts: list[list[int]], bucketed: bool = False) -> list[BatchKVCache]:
     """mlx-lm's per-layer `BatchKVCache`s after feeding all `prompts` (token lists, some may be
     empty) as one left-padded batch, in `prefill_chunks`: one forward pass per chunk for the
@@ -232,7 +244,7 @@ def prefill_batch(model, prompts: list[list[int]], bucketed: bool = False) -> li
     width = bucket_width(width) if bucketed else width
     padding = [width - len(p) for p in prompts]
     ids = mx.array([[0] * pad + p for pad, p in zip(padding, prompts, strict=True)], mx.int32)
-    cache = [BatchKVCache(padding) for _ in range(len(model.layers))]
+    cache = [_PrefillCache(padding) for _ in range(len(model.layers))]
     body = getattr(model, "model", model)
     start = 0
     for size in prefill_chunks(width, bucketed):
