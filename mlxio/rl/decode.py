@@ -27,8 +27,9 @@ What the BatchGenerator does per token and this does not:
 Greedy decoding gives the same tokens as the BatchGenerator path up to float rounding (the
 prompts are prefilled as one left-padded batch, `rollout.prefill_batch`; masked slots add exact
 zeros to attention; the fused step's merged LoRA weights and GEMM-added residuals round
-differently: in half precision near-ties can flip, see `benchmarks.generation`); sampled decoding draws from the same
-distributions (the same mlx-lm sampler, one draw per row per step), not the same draws.
+differently: in half precision near-ties can flip, see `benchmarks.generation`); sampled
+decoding draws from the same distributions (the same mlx-lm sampler, one draw per row per
+step), not the same draws.
 """
 
 from __future__ import annotations
@@ -210,7 +211,6 @@ def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None
         return compiled_step(model, sampler, sampler_key), decode_state(caches)
     first = caches[0]
     kv = [decode_fused.decode_cache(c.keys, c.values, first.left_padding, first.idx, spec) for c in caches]
-    del caches
     state = (kv, first.idx - first.left_padding, first.idx)
     mx.eval(weights, state)  # (once: the steps' graphs then start from evaluated arrays)
     step = fused_step(spec, sampler, sampler_key)
