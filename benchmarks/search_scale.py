@@ -479,7 +479,7 @@ def phase_synth_edit(cache: Path, work: Path) -> dict:
             else:
                 unit_list.append(build.Unit(key=key, digest=sha, load=list))
         report = build.apply_units("records", unit_list, idx_dir, embed, {k: old.manifest[k] for k in (
-            "model", "max_doc_len", "max_query_len", "dim")}, old=old, source="synthetic", nbits=old.codec.nbits,
+            "model", "max_doc_len", "max_query_len", "dim")}, old=old, source="synthetic", codec=old.codec.name,
             started=t)
         del old
         total = time.perf_counter() - t
@@ -629,6 +629,32 @@ def _stdlib_docs(work: Path, limit: int | None):
     return docs, queries, positives, total
 
 
+class EmbeddingCache:
+    """benchmarks/search_scale_embed.py's cache as a {code: float16 [tokens, D]} lookup (read
+    from its memory map on demand); `docs` / `positives`: the functions it holds (all of them
+    once it is complete; the queries' positives first, then a seeded uniform sample)."""
+
+    def __init__(self, path: Path, docs: list[dict], positives: np.ndarray):
+        state = json.loads((path / "state.json").read_text())
+        n = int(state["done"])
+        lengths = np.fromfile(path / "lengths.i32", np.int32)[:n]
+        self.offsets = np.zeros(n + 1, np.int64)
+        self.offsets[1:] = np.cumsum(lengths)
+        self.tokens = np.memmap(path / "tokens.f16", np.float16, "r", shape=(int(self.offsets[-1]), D))
+        rest = np.setdiff1d(np.arange(len(docs)), positives)
+        order = np.concatenate([positives, np.random.default_rng(0).permutation(rest)])[:n]  # as the cache's
+        self.docs = [docs[i] for i in order]
+        self.positives = np.arange(len(positives))
+        self.row = {}
+        for i, d in enumerate(self.docs):
+            self.row.setdefault(d["code"], i)
+        self.embed_s = float(state["seconds"])
+
+    def __getitem__(self, code: str) -> np.ndarray:
+        i = self.row[code]
+        return np.array(self.tokens[self.offsets[i]:self.offsets[i + 1]])
+
+
 def run_stdlib(args) -> dict:
     """The whole standard library in one process (plus one pinned child for latency): mine it,
     embed every function with the encoder on MLX's default device (the GPU where there is one)
@@ -656,8 +682,15 @@ def run_stdlib(args) -> dict:
         print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
     docs, queries, positives, total = _stdlib_docs(work, args.limit)
+    cache = None
+    if args.embeddings is not None:  # vectors from search_scale_embed's cache: no embedding here
+        if args.limit is not None:
+            raise SystemExit("--embeddings and --limit: the cache decides which functions are embedded")
+        cache = EmbeddingCache(args.embeddings, docs, positives)
+        docs, positives = cache.docs, cache.positives
     mine_s = time.perf_counter() - t_start
-    say(f"{len(docs)} of {total} stdlib functions, {len(queries)} queries (mined in {mine_s:.0f} s)")
+    say(f"{len(docs)} of {total} stdlib functions, {len(queries)} queries (mined in {mine_s:.0f} s)"
+        + (f"; vectors from {args.embeddings}" if cache is not None else ""))
     gpu = mx.default_device() == mx.gpu
     dtype_name = args.dtype or ("float16" if gpu else "float32")
     model = Path(args.model) if args.model else default_encoder_path()
@@ -674,12 +707,12 @@ def run_stdlib(args) -> dict:
         average[q_off[i]:q_off[i + 1], i] = 1.0 / (q_off[i + 1] - q_off[i])
     q_mx, avg_mx = mx.array(q), mx.array(average)
     exact_of: dict[str, np.ndarray] = {}
-    vec_of: dict[str, np.ndarray] | None = {} if args.sweep else None  # --sweep: float16 vectors kept
+    vec_of: dict[str, np.ndarray] | None = {} if args.sweep and cache is None else None  # --sweep: kept
     timers = {"embed": 0.0, "exact": 0.0, "done": 0}
 
     def embed(texts, progress=None):
         t = time.perf_counter()
-        vecs = emb.embed(texts)
+        vecs = emb.embed(texts) if cache is None else [cache[text] for text in texts]
         timers["embed"] += time.perf_counter() - t
         if vec_of is not None:
             vec_of.update((text, np.asarray(v, np.float16)) for text, v in zip(texts, vecs, strict=True))
@@ -735,8 +768,8 @@ def run_stdlib(args) -> dict:
         np.save(work / "exact.npy", exact)
         del index, exact
         t = time.perf_counter()
-        sweep_prep = sweep_prepare(work, vec_of, device=gpu)
-        vec_of.clear()
+        sweep_prep = sweep_prepare(work, vec_of if cache is None else cache, device=gpu)
+        vec_of = None
         say(f"sweep prepared (2-bit index, decompressed-full scores) in {time.perf_counter() - t:.0f} s")
     else:
         del index, exact
@@ -762,13 +795,17 @@ def run_stdlib(args) -> dict:
         say(f"sweep measured in {time.perf_counter() - t:.0f} s")
     total_ms = np.array(pinned["encode_ms"]) + np.array(pinned["search_ms"])
     entry = {
-        "corpus": "stdlib" if args.limit is None else f"stdlib (--limit {args.limit})",
+        "corpus": "stdlib" if args.limit is None and len(docs) == total else
+                  f"stdlib ({len(docs)} of {total} functions: " + (f"--limit {args.limit})" if args.limit else
+                                                                  "the part of the --embeddings cache done)"),
         "functions": len(docs), "stdlib_functions": total,
         "python": sys.version.split()[0], "machine": args.machine,
         "device": str(mx.default_device()), "embedding_dtype": dtype_name,
         "bytes_per_function": size / len(docs), "baseline_bytes_per_function": baseline / len(docs),
         "size_vs_baseline": size / baseline,
-        "build_s": build_wall - timers["exact"], "build_embed_s": timers["embed"],
+        "build_s": build_wall - timers["exact"] - (timers["embed"] if cache is not None else 0.0)
+                   + (cache.embed_s if cache is not None else 0.0),
+        "build_embed_s": timers["embed"] if cache is None else cache.embed_s,
         "build_index_s": build_wall - timers["exact"] - timers["embed"], "build_peak_ram_gb": build_peak,
         "peak_ram_gb": pinned["peak_ram_gb"],
         "p50_ms": float(np.median(total_ms)), "p95_ms": _pct(total_ms, 95),
@@ -781,13 +818,18 @@ def run_stdlib(args) -> dict:
         "latency_cores": pinned["cores"], "latency_blas": pinned["blas"],
         "mrr_exact": mrr_exact, "mrr_index": pinned["mrr_index"], "mrr_drop": mrr_exact - pinned["mrr_index"],
         "queries": len(queries), "tokens": pinned["tokens"],
-        "centroids": pinned["centroids"], "nbits": 1, "nprobe": pinned["nprobe"], "candidates": pinned["candidates"],
+        "centroids": pinned["centroids"], "codec": pinned["codec"], "bytes_per_token": pinned["bytes_per_token"],
+        "nprobe": pinned["nprobe"], "candidates": pinned["candidates"],
         "mine_s": mine_s, "model_load_s": load_s, "exact_scoring_s": timers["exact"],
         "total_s": time.perf_counter() - t_start, "build_blas": blas.status,
         "note": (f"every function mine_corpus finds in this Python's standard library (documented and "
                  f"undocumented, test code included), embedded by {model.name} ({dtype_name}) on "
                  f"{mx.default_device()} through mlxio.search.build.update (the code_search index path: "
-                 "codec on a 64k-token sample, centroids assigned on the device, 1-bit residuals); "
+                 f"the default codec, {pinned['codec']}: centroids by k-means on up to 262,144 sample tokens, "
+                 "the residual code on 65,536 others; centroids assigned on the device); "
+                 + ("the vectors come from benchmarks.search_scale_embed's cache (--embeddings: embedded "
+                    "once on this CPU, float16; build_embed_s is that run's embedding time, build_index_s "
+                    "this run's codec training, compression and writing); " if cache is not None else "") +
                  "mrr_exact: brute-force MaxSim of the same query vectors over every function's "
                  f"{dtype_name} token vectors (computed on the device while embedding); latency: one "
                  f"query at a time in a child process pinned with os.sched_setaffinity to {len(cores)} "
@@ -796,7 +838,8 @@ def run_stdlib(args) -> dict:
                  "at a time, + the same pinned search); build_s excludes the exact scoring"),
         "command": f"PYTHONPATH=. python3 -m benchmarks.search_scale --corpus stdlib --machine {args.machine} "
                    f"--model {args.model or '(embedded MiniLM)'} --out {args.out}"
-                   + (f" --limit {args.limit}" if args.limit else "") + (" --sweep" if args.sweep else ""),
+                   + (f" --limit {args.limit}" if args.limit else "") + (" --sweep" if args.sweep else "")
+                   + (f" --embeddings {args.embeddings}" if cache is not None else ""),
     }
     if sweep is not None:
         entry["sweep"] = sweep
@@ -840,30 +883,33 @@ def phase_pinned_queries(cache: Path, work: Path, model: str) -> dict:
     return {"encode_ms": encode_ms, "search_ms": search_ms, "hybrid_search_ms": hybrid_ms,
             "search_cpu_ms_mean": cpu_ms, "mrr_index": _mrr(np.array(ranks, np.float64)),
             "cores": sorted(os.sched_getaffinity(0)), "blas": blas.status, "tokens": int(index.n_tokens),
-            "centroids": len(index.codec.centroids), "peak_ram_gb": _rss_gb(),
+            "centroids": len(index.codec.centroids), "peak_ram_gb": _rss_gb(), "codec": index.codec.name,
+            "bytes_per_token": index.codec.code_bytes + np.dtype(codec_mod.centroid_dtype(len(index.codec.centroids))).itemsize,
             "nprobe": index.nprobe, "candidates": index.candidates}
 
 
 # --------------------------------------------------------------------------- --sweep (run_stdlib)
 
-# (nbits, nprobe, candidates), in priority order: the cheap ones first (latency grows ~linearly
+# (codec, nprobe, candidates), in priority order: the cheap ones first (latency grows ~linearly
 # with candidates: the re-rank decodes them; 1,024 took ~10x 128's time on the 4,096-function CPU
 # sample); the split of the loss needs no large setting (variants' decompressed-full MRR gives
 # the compression-only loss, each setting its candidate-only loss)
-SWEEP = ((1, 4, 128), (1, 8, 128), (2, 4, 128), (1, 8, 256), (2, 8, 256), (1, 8, 512), (2, 8, 512), (1, 16, 512),
-         (1, 16, 1024), (2, 16, 1024), (1, 32, 2048))
+# codec None: the index's own (the default codec); a name: sweep_prepare's re-encoding with it
+SWEEP = ((None, 4, 128), (None, 8, 256), (None, 8, 512), (None, 16, 512), ("1bit", 8, 256), ("2bit", 8, 256),
+         (None, 16, 1024), (None, 32, 2048))
+SWEEP_CODECS = ("1bit", "2bit")  # re-encoded for comparison (same centroids and centroid ids)
 SWEEP_BUDGET_S = 150.0
 SWEEP_NOTE = ("sweep: every setting searched with the same saved query vectors as the main entry, "
               "against the same exact scores, in a child pinned to the same cores (generate + MaxSim "
               "re-rank, i.e. Index.search's semantic path, timed per query). Why the index loses MRR: "
               "mrr_drop_candidates = mrr_exact - MRR of the candidates ranked by the EXACT float scores "
               "(candidate generation alone); mrr_drop_quantisation_in_candidates = that - mrr_index "
-              "(residual compression, within the candidates); variants[nbits].mrr_decompressed_full: "
+              "(residual compression, within the candidates); variants[codec].mrr_decompressed_full: "
               "MaxSim of the decompressed vectors over EVERY document (compression alone, no candidate "
               "generation); exact_top10_recall_in_candidates: share of the exact top 10 among the "
-              "candidates. The 2-bit index re-encodes the same float vectors (kept from the build) with "
-              "the 1-bit index's centroids and centroid ids; its residual buckets are trained on a "
-              "65,536-token sample of 2,048 documents.")  # wall seconds of the pinned sweep; settings past it are recorded as skipped
+              "candidates. The SWEEP_CODECS indexes re-encode the same float vectors with the main "
+              "index's centroids and centroid ids; their residual codes are trained on a 65,536-token "
+              "sample of 2,048 documents.")  # wall seconds of the pinned sweep; settings past it are recorded as skipped
 
 
 def _index_slots(index: Index) -> np.ndarray:
@@ -885,12 +931,14 @@ def _decompressed_scores(index: Index, q: np.ndarray, q_off: np.ndarray, device:
         average = np.zeros((len(q), len(q_len)), np.float32)
         for i in range(len(q_len)):
             average[q_off[i]:q_off[i + 1], i] = 1.0 / q_len[i]
-        q_mx, avg_mx = mx.array(np.asarray(q, np.float32)), mx.array(average)
+    q = index.codec.rotate(q)  # scored in the codec's basis, as Index.maxsim does
+    if device:
+        q_mx, avg_mx = mx.array(q), mx.array(average)
     for seg, base in zip(index.segments, index.bases, strict=False):
         live = np.flatnonzero(seg.live_mask())
         for lo in range(0, len(live), chunk_docs):
             docs = live[lo:lo + chunk_docs]
-            vectors, starts = seg.decode(docs)
+            vectors, starts = seg.decode(docs, rotated=True)
             if not device:
                 best = np.maximum.reduceat(q @ vectors.T, starts, axis=1)
                 out[:, docs + base] = np.add.reduceat(best, q_off[:-1], axis=0) / q_len[:, None]
@@ -920,12 +968,12 @@ def _overlap_at_10(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([len(np.intersect1d(x, y)) / 10 for x, y in zip(ta, tb, strict=True)]))
 
 
-def sweep_prepare(work: Path, vec_of: dict, device: bool = False, nbits_extra: tuple[int, ...] = (2,)) -> dict:
+def sweep_prepare(work: Path, vec_of, device: bool = False, codecs: tuple[str, ...] = SWEEP_CODECS) -> dict:
     """After run_stdlib's build: the same documents (same slots, centroids and centroid ids)
-    re-encoded with `nbits_extra` bits per residual dimension from the kept float vectors
-    (`vec_of`: code -> [tokens, D]), each written as work/index_{n}bit; and, for each index,
-    MaxSim of every query over every decompressed document (the compression-only MRR, saved as
-    work/decompressed_{n}bit.npy for the pinned sweep). Returns {nbits: {...}}."""
+    re-encoded with each of `codecs` from the float vectors (`vec_of`: code -> [tokens, D]),
+    each written as work/index_{codec}; and, for each index, MaxSim of every query over every
+    decompressed document (the compression-only MRR, saved as work/decompressed_{codec}.npy for
+    the pinned sweep). Returns {codec name: {...}}; the build's own codec first."""
     import shutil
     import zlib
 
@@ -935,9 +983,9 @@ def sweep_prepare(work: Path, vec_of: dict, device: bool = False, nbits_extra: t
     mrr_exact = _mrr(_ranks_of(exact, positives))
     base = Index(work / "index")
     out = {}
-    for nbits in (base.codec.nbits, *nbits_extra):
+    for name in (base.codec.name, *codecs):
         t = time.perf_counter()
-        path = work / "index" if nbits == base.codec.nbits else work / f"index_{nbits}bit"
+        path = work / "index" if name == base.codec.name else work / f"index_{name}"
         if path != work / "index":
             shutil.rmtree(path, ignore_errors=True)
             rng = np.random.default_rng(0)
@@ -946,7 +994,7 @@ def sweep_prepare(work: Path, vec_of: dict, device: bool = False, nbits_extra: t
             sample = np.concatenate([vec_of[base.record(int(slots[i]))["code"]] for i in pick]).astype(np.float32)
             if len(sample) > 65536:
                 sample = sample[rng.choice(len(sample), 65536, replace=False)]
-            cod = codec_mod.train(sample, len(base.codec.centroids), nbits, centroids=base.codec.centroids)
+            cod = codec_mod.train_named(name, sample, len(base.codec.centroids), centroids=base.codec.centroids)
             tmp, final = store.new_generation(path)
             writer = Writer(tmp / segment_name(1), cod)
             for i in range(base.n_slots):  # slot order: slot i here is slot i there (all live after a build)
@@ -961,22 +1009,23 @@ def sweep_prepare(work: Path, vec_of: dict, device: bool = False, nbits_extra: t
         t_write = time.perf_counter() - t
         t = time.perf_counter()
         full = _decompressed_scores(index, q, q_off, device)
-        np.save(work / f"decompressed_{nbits}bit.npy", full)
-        out[str(nbits)] = {
-            "nbits": nbits, "write_s": t_write if path != work / "index" else None,
+        np.save(work / f"decompressed_{name}.npy", full)
+        out[name] = {
+            "codec": name, "write_s": t_write if path != work / "index" else None,
             "bytes_per_function": _dir_bytes(store.current(path)) / index.n_docs,
+            "bytes_per_token": index.codec.code_bytes + np.dtype(codec_mod.centroid_dtype(len(index.codec.centroids))).itemsize,
             "mrr_decompressed_full": _mrr(_ranks_of(full, positives)),
             "mrr_drop_quantisation": mrr_exact - _mrr(_ranks_of(full, positives)),
             "top10_overlap_with_exact": _overlap_at_10(full, exact),
             "decompressed_scoring_s": time.perf_counter() - t}
-        print(f"sweep prep: {nbits}-bit: decompressed-full MRR {out[str(nbits)]['mrr_decompressed_full']:.4f} "
+        print(f"sweep prep: {name}: decompressed-full MRR {out[name]['mrr_decompressed_full']:.4f} "
               f"(exact {mrr_exact:.4f})", file=sys.stderr, flush=True)
         del index
     return out
 
 
 def phase_pinned_sweep(cache: Path, work: Path, budget_s: float = SWEEP_BUDGET_S) -> dict:
-    """In this (pinned) process, for each SWEEP setting on the index of its nbits: per query, the
+    """In this (pinned) process, for each SWEEP setting on the index of its codec: per query, the
     candidates (Index.generate) and their MaxSim re-rank (Index.maxsim) timed - what
     Index.search does in semantic mode; and, to tell candidate generation from residual
     quantisation: the recall of the exact top 10 among the candidates, whether the positive is
@@ -989,21 +1038,23 @@ def phase_pinned_sweep(cache: Path, work: Path, budget_s: float = SWEEP_BUDGET_S
     q, q_off, positives = saved["tokens"], saved["offsets"], saved["positives"]
     mrr_exact = _mrr(_ranks_of(exact, positives))
     exact_top = np.argsort(-exact, axis=1, kind="stable")[:, :10]
-    indexes: dict[int, Index] = {}
+    indexes: dict[str, Index] = {}
     rows, started = [], time.perf_counter()
-    for nbits, nprobe, candidates in SWEEP:
-        setting = {"nbits": nbits, "nprobe": nprobe, "candidates": candidates}
-        path = work / "index" if nbits == 1 else work / f"index_{nbits}bit"
+    own = Index(work / "index").codec.name
+    for name, nprobe, candidates in SWEEP:
+        name = name or own
+        setting = {"codec": name, "nprobe": nprobe, "candidates": candidates}
+        path = work / "index" if name == own else work / f"index_{name}"
         if not path.exists():
             continue
         if time.perf_counter() - started > budget_s:
             rows.append({**setting, "skipped": f"sweep budget of {budget_s:.0f} s spent"})
             continue
-        if nbits not in indexes:
-            indexes[nbits] = Index(path)
+        if name not in indexes:
+            indexes[name] = Index(path)
             for i in range(min(20, len(q_off) - 1)):  # warm-up: page cache
-                indexes[nbits].search("warm", q[q_off[i]:q_off[i + 1]], "semantic")
-        index = indexes[nbits]
+                indexes[name].search("warm", q[q_off[i]:q_off[i + 1]], "semantic")
+        index = indexes[name]
         gen_ms, rerank_ms, ranks, pool_ranks, recall, in_pool, pool_size = [], [], [], [], [], [], []
         cpu = time.process_time()
         for i in range(len(q_off) - 1):
@@ -1037,15 +1088,15 @@ def phase_pinned_sweep(cache: Path, work: Path, budget_s: float = SWEEP_BUDGET_S
                      "p50_generate_ms": float(np.median(gen_ms)), "p50_rerank_ms": float(np.median(rerank_ms)),
                      "search_cpu_ms_mean": cpu_ms})
         r = rows[-1]
-        print(f"sweep {nbits} bit nprobe {nprobe} candidates {candidates}: mrr {mrr_index:.4f} "
+        print(f"sweep {name} nprobe {nprobe} candidates {candidates}: mrr {mrr_index:.4f} "
               f"(drop {r['mrr_drop']:.4f}: candidates {r['mrr_drop_candidates']:.4f}, quantisation "
               f"{r['mrr_drop_quantisation_in_candidates']:.4f}; top-10 recall {r['exact_top10_recall_in_candidates']:.3f}) "
               f"p50 {r['p50_search_ms']:.1f} ms", file=sys.stderr, flush=True)
-    for nbits, _ in indexes.items():  # compression-only MRR over every document, for each nbits
-        full = work / f"decompressed_{nbits}bit.npy"
+    for name in indexes:  # compression-only MRR over every document, for each codec
+        full = work / f"decompressed_{name}.npy"
         if full.exists():
             for r in rows:
-                if r["nbits"] == nbits and "skipped" not in r:
+                if r["codec"] == name and "skipped" not in r:
                     r["mrr_decompressed_full"] = _mrr(_ranks_of(np.load(full), positives))
     return {"mrr_exact": mrr_exact, "settings": rows, "cores": sorted(os.sched_getaffinity(0)),
             "wall_s": time.perf_counter() - started}
@@ -1203,6 +1254,9 @@ def main(argv=None) -> None:
                     help="embedding dtype (default: float16 on a GPU, float32 on the CPU)")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--limit", type=int, default=None, help="--corpus: at most this many functions")
+    ap.add_argument("--embeddings", type=Path, default=None,
+                    help="--corpus stdlib: token vectors from benchmarks.search_scale_embed's cache (DIR) "
+                         "instead of embedding here (the CPU: embed once, nice'd); the functions it holds")
     ap.add_argument("--query-cores", type=int, default=2)
     ap.add_argument("--sweep", action="store_true",
                     help="--corpus stdlib: after the build, also measure the SWEEP search settings (and a "

@@ -13,10 +13,12 @@
         Q.jsonl lines: {"id": str, "query": str}; R.jsonl lines: {"query_id", "doc_ids"} (best first).
     python -m recipes.code_search verify --index INDEX_DIR     (full SHA-256 check of every file)
 
-The index is compressed (ColBERTv2-style centroid + 1-bit residual per token dimension),
-memory-mapped, and searched PLAID-style: centroid inverted lists give candidates, MaxSim over
-their decompressed vectors ranks them (see mlxio/search). Modes: semantic, bm25 (code-aware
-terms, sparse inverted index), hybrid: min-max score interpolation with the semantic weight
+The index is compressed (ColBERTv2-style centroid + a product-quantised, PCA-rotated residual:
+66 bytes per 384-dim token; --codec 1bit/2bit/4bit for the scalar residual), memory-mapped, and
+searched PLAID-style: centroid inverted lists give candidates, MaxSim over their decompressed
+vectors ranks them (see mlxio/search). Modes: semantic, bm25 (code-aware terms, plurals
+stemmed, English function words dropped from queries, as the training run's evaluation BM25;
+sparse inverted index), hybrid: min-max score interpolation with the semantic weight
 stored in the index (the `hybrid_fusion` chosen on dev queries in the training run's eval.json
 beside MODEL_DIR, or --alpha at index time; without one, hybrid ranks by the semantic score),
 `--alpha A` to override it, `--fusion rrf` for reciprocal-rank fusion (k=60).
@@ -74,7 +76,7 @@ def _progress_bar(desc: str):
 
 
 def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 256, batch_size: int = 32,
-                max_query_len: int = 32, nbits: int = 1, rebuild: bool = False, alpha: float | None = None,
+                max_query_len: int = 32, codec: str = search_build.DEFAULT_CODEC, rebuild: bool = False, alpha: float | None = None,
                 fusion_from: Path | None = None, progress: bool = True, compact: bool = False
                 ) -> search_build.Report:
     """Index (or update the index of) `source` (`compact`: merge its segments into one);
@@ -100,7 +102,7 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
     meta = {"model": model_id, "max_doc_len": max_doc_len, "max_query_len": max_query_len,
             "dim": embedder.dim}
     on_gpu = mx.default_device() == mx.gpu
-    return search_build.update(source, index_dir, embed, meta, nbits=nbits, rebuild=rebuild, compact=compact,
+    return search_build.update(source, index_dir, embed, meta, codec=codec, rebuild=rebuild, compact=compact,
                                fusion=fusion, progress=_progress_bar("embedding") if progress else None,
                                assign=assign_on_device if on_gpu else None)
 
@@ -180,7 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     index.add_argument("--max-doc-len", type=at_least_one(), default=256)
     index.add_argument("--max-query-len", type=at_least_one(), default=32)
     index.add_argument("--batch-size", type=at_least_one(), default=32)
-    index.add_argument("--nbits", type=int, choices=(1, 2, 4), default=1, help="residual bits per dimension")
+    index.add_argument("--codec", default=search_build.DEFAULT_CODEC,
+                       help="residual code: pq (PQ, D/6 bytes per token: pq64 at 384 dims; default), pqM "
+                            "(M bytes per token), or 1bit / 2bit / 4bit (scalar, per dimension)")
     index.add_argument("--rebuild", action="store_true", help="re-embed everything and retrain the codec")
     index.add_argument("--compact", action="store_true",
                        help="also merge every segment into one (updates add small segments and tombstones)")
@@ -205,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if args.command == "index":
         report = build_index(args.source, args.model, args.index, args.max_doc_len, args.batch_size,
-                             args.max_query_len, args.nbits, args.rebuild, args.alpha, args.fusion_from,
+                             args.max_query_len, args.codec, args.rebuild, args.alpha, args.fusion_from,
                              progress=not args.no_progress, compact=args.compact)
         print(f"indexed {report.documents} documents into {args.index} ({report.embedded} embedded, "
               f"{report.units_changed} new/changed and {report.units_removed} removed of "

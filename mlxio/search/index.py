@@ -9,7 +9,9 @@ Search (PLAID-style, in NumPy, on memory maps), over every segment of the live g
    of all segments go on;
 2. re-rank: MaxSim (mean over query tokens of the max over document tokens) against the
    candidates' decompressed token vectors;
-3. BM25 from sparse inverted indexes (CSR postings of term counts per segment; weights from
+3. BM25 from sparse inverted indexes (CSR postings of term counts per segment; documents'
+   terms are `ranking.doc_terms`, a query's `ranking.query_terms` - stemmed plurals, no English
+   function words -, the terms the retriever's evaluation BM25 and its fusion weight use; weights from
    the live documents' df and mean length, so segments and tombstones change no score);
    hybrid = the semantic pool plus BM25's top documents, fused over that pool by min-max
    interpolation with the stored weight, or reciprocal-rank fusion on request.
@@ -27,8 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from mlxcore import ranking
+from mlxio.search import codec as codec_mod
 from mlxio.search import store
-from mlxio.search.codec import Codec, centroid_dtype
+from mlxio.search.codec import Codec, PQCodec, centroid_dtype
 from mlxio.search.store import IndexError_
 
 FUSIONS = ("interp", "rrf")
@@ -96,7 +99,7 @@ class Writer:
     BM25 postings (`finish`, which returns the segment's manifest entry). Documents must each
     have >= 1 token."""
 
-    def __init__(self, seg_dir: Path, codec: Codec):
+    def __init__(self, seg_dir: Path, codec: Codec | PQCodec):
         self.dir, self.codec = Path(seg_dir), codec
         self.dir.mkdir()
         self._cids = (self.dir / "cids.bin").open("wb")
@@ -116,7 +119,7 @@ class Writer:
     def add(self, record: dict, cids: np.ndarray, packed: np.ndarray,
             record_blob: bytes | None = None, term_counts: Counter | None = None) -> None:
         """One document: its record {"id", "code", ...} and compressed tokens. `record_blob`
-        (the record already compressed) and `term_counts` (Counter(code_terms(code))) save
+        (the record already compressed) and `term_counts` (Counter(ranking.doc_terms(code))) save
         recomputing them when the caller has them."""
         if len(cids) == 0 or len(cids) != len(packed):
             raise ValueError(f"document {record.get('id')!r}: {len(cids)} token ids, {len(packed)} codes")
@@ -129,7 +132,7 @@ class Writer:
         self._records.write(blob)
         self.record_lengths.append(len(blob))
         self.doc_lengths.append(len(cids))
-        counts = term_counts if term_counts is not None else Counter(ranking.code_terms(record["code"]))
+        counts = term_counts if term_counts is not None else Counter(ranking.doc_terms(record["code"]))
         self._terms.append(np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in counts),
                                        np.int32, len(counts)))
         self._tfs.append(np.fromiter(counts.values(), np.int64, len(counts)))
@@ -172,15 +175,15 @@ class Writer:
         return int(len(terms))
 
 
-def write_generation(tmp: Path, final: Path, codec: Codec, segments: list[dict], units: dict,
+def write_generation(tmp: Path, final: Path, codec: Codec | PQCodec, segments: list[dict], units: dict,
                      manifest: dict, deleted: dict[str, np.ndarray] | None = None,
                      known: dict | None = None, next_segment: int | None = None) -> dict:
     """Complete the generation in `tmp` (its segment folders written or linked already): codec,
     tombstones, units, manifest; then commit it (`store.commit`). `deleted`: {segment name:
     local ids}; `known`: manifest entries of linked files (hashes reused)."""
     store.save_npy(tmp, "centroids.npy", codec.centroids.astype(np.float16))
-    store.save_npy(tmp, "codec_cutoffs.npy", codec.cutoffs)
-    store.save_npy(tmp, "codec_weights.npy", codec.weights)
+    for stem, array in codec.arrays().items():
+        store.save_npy(tmp, f"{stem}.npy", array)
     (tmp / "units.json").write_text(json.dumps(units, separators=(",", ":")))
     segs = []
     for seg in segments:
@@ -191,7 +194,7 @@ def write_generation(tmp: Path, final: Path, codec: Codec, segments: list[dict],
     numbers = [int(s["name"].split("-")[1]) for s in segs]
     manifest = {**manifest, "documents": sum(s["documents"] - s["deleted"] for s in segs),
                 "slots": sum(s["documents"] for s in segs), "tokens": sum(s["tokens"] for s in segs),
-                "dim": codec.dim, "nbits": codec.nbits, "centroids": len(codec.centroids),
+                "dim": codec.dim, "codec": codec.name, "centroids": len(codec.centroids),
                 "segments": segs, "next_segment": max(next_segment or 0, max(numbers, default=0) + 1)}
     store.commit(tmp, final, manifest, known)
     return manifest
@@ -232,7 +235,7 @@ def _inverted_lists(cids: np.ndarray, offsets: np.ndarray, k: int,
 class Segment:
     """One segment of a loaded generation (local document ids 0..n-1), memory-mapped."""
 
-    def __init__(self, gen: Path, info: dict, codec: Codec):
+    def __init__(self, gen: Path, info: dict, codec: Codec | PQCodec):
         try:
             name, n, n_tok = str(info["name"]), int(info["documents"]), int(info["tokens"])
         except (KeyError, TypeError, ValueError):
@@ -276,10 +279,12 @@ class Segment:
         positions = np.repeat(lo - starts, lengths) + np.arange(int(lengths.sum()))
         return positions, starts
 
-    def decode(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Decompressed float32 token vectors of local `docs` and each document's start row."""
+    def decode(self, docs: np.ndarray, rotated: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Decompressed float32 token vectors of local `docs` and each document's start row;
+        `rotated`: in the codec's rotated basis (score them against `codec.rotate(q)`)."""
         positions, starts = self.tokens(np.asarray(docs, np.int64))
-        return self.codec.decode(self.cids[positions], self.residuals[positions]), starts
+        decode = self.codec.decode_rotated if rotated else self.codec.decode
+        return decode(self.cids[positions], self.residuals[positions]), starts
 
     def record_blob(self, i: int) -> bytes:
         return bytes(self.records[self.record_offsets[i]:self.record_offsets[i + 1]])
@@ -330,15 +335,15 @@ class Index:
         self.gen = gen
         self.manifest = m = store.read_manifest(gen, full_hashes)
         try:
-            dim, k, nbits = (int(m[key]) for key in ("dim", "centroids", "nbits"))
-            infos = list(m["segments"])
+            dim, k = (int(m[key]) for key in ("dim", "centroids"))
+            name, infos = str(m["codec"]), list(m["segments"])
+            shapes = codec_mod.array_shapes(name, dim)
         except (KeyError, TypeError, ValueError):
-            raise IndexError_(f"{gen / 'manifest.json'}: lacks dim/centroids/nbits/segments; "
-                              "rebuild with `index --rebuild`") from None
-        self.codec = Codec(centroids=store.load_npy(gen, "centroids.npy", (k, dim)).astype(np.float32),
-                           cutoffs=store.load_npy(gen, "codec_cutoffs.npy", (dim, 2 ** nbits - 1)),
-                           weights=store.load_npy(gen, "codec_weights.npy", (dim, 2 ** nbits)),
-                           nbits=nbits)
+            raise IndexError_(f"{gen / 'manifest.json'}: lacks dim/centroids/codec/segments or names an "
+                              "unknown codec; rebuild with `index --rebuild`") from None
+        centroids = store.load_npy(gen, "centroids.npy", (k, dim)).astype(np.float32)
+        self.codec = codec_mod.from_arrays(name, centroids, {stem: store.load_npy(gen, f"{stem}.npy", shape)
+                                                             for stem, shape in shapes.items()})
         self.segments = [Segment(gen, info, self.codec) for info in infos]
         self.bases = np.zeros(len(self.segments) + 1, np.int64)  # first slot of each segment
         self.bases[1:] = np.cumsum([s.n for s in self.segments])
@@ -393,9 +398,9 @@ class Index:
         """MaxSim float32 [len(docs)] of query tokens q [Tq, D] against decompressed documents."""
         docs = np.asarray(docs, np.int64)
         out = np.zeros(len(docs), np.float32)
-        q = np.asarray(q, np.float32)
+        q = self.codec.rotate(q)  # the stored vectors' basis: no rotation of every decoded token
         for seg, _, where, local in self._by_segment(docs):
-            vectors, starts = seg.decode(local)
+            vectors, starts = seg.decode(local, rotated=True)
             sims = q @ vectors.T  # [Tq, tokens]
             out[where] = np.maximum.reduceat(sims, starts, axis=1).mean(axis=0)
         return out
@@ -419,7 +424,7 @@ class Index:
         """BM25 scores float32 [n_slots] of a query (sparse postings, one pass per term and
         segment; df and mean length over the live documents; tombstoned slots score 0)."""
         out = np.zeros(self.n_slots, np.float32)
-        for term, qtf in Counter(ranking.code_terms(query)).items():
+        for term, qtf in Counter(ranking.query_terms(query)).items():
             parts = []
             for seg, base in zip(self.segments, self.bases, strict=False):
                 t = seg.bm25_vocab.get(term)

@@ -16,13 +16,15 @@ A generation's files (arrays are raw little-endian binaries, memory-mapped at lo
 index is never read whole):
   manifest.json       format version, documents, segments, dim, codec, model, fusion weight,
                       search defaults, and every file's byte size and SHA-256
-  centroids.npy       float16 [K, D]               codec_cutoffs.npy / codec_weights.npy
+  centroids.npy       float16 [K, D]; the residual code's arrays: codec_rotation.npy float32 [D, D]
+                      + codec_codebooks.npy float32 [m, 256, D / m] (PQ, the default), or
+                      codec_cutoffs.npy / codec_weights.npy (scalar 1/2/4-bit)
   units.json          {"kind", "units": {file or id: [sha256, size, mtime_ns, segment, first, count]}}
   seg-NNNNNN.deleted.npy   int32: tombstoned documents of segment NNNNNN (absent: none)
   seg-NNNNNN/         one segment:
     doc_offsets.npy   int64 [n + 1] token offsets
     cids.bin          uint16 [n_tokens] centroid id per token
-    residuals.bin     uint8 [n_tokens, D * nbits / 8] packed residual buckets
+    residuals.bin     uint8 [n_tokens, code bytes]: PQ codes (m) or packed residual buckets (D * nbits / 8)
     ivf_indptr.npy    int64 [K + 1]; ivf_docs.bin int32: documents having a token at centroid c
     bm25_vocab.json   term -> id; bm25_indptr.npy int64 [V + 1]; bm25_docs.bin int32,
                       bm25_tf.bin uint16 (term counts); bm25_doclen.npy int32 [n] (BM25 weights
@@ -46,7 +48,7 @@ from mlxio.run import checkpoint
 from mlxio.run.checkpoint import pid_alive
 
 FORMAT = "mlx-code-search-index"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the codec named in the manifest ("pq64", "1bit", ...), BM25 doc/query terms
 FULL_HASH_LIMIT = 64 << 20  # files above this are checked by size + head/tail hash on load; `verify` hashes all
 _GEN = re.compile(r"^gen-(\d{6})$")
 _TMP = re.compile(r"^\.tmp-gen-(\d{6})-(\d+)$")
