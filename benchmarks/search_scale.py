@@ -770,7 +770,7 @@ def run_stdlib(args) -> dict:
         t = time.perf_counter()
         sweep_prep = sweep_prepare(work, vec_of if cache is None else cache, device=gpu)
         vec_of = None
-        say(f"sweep prepared (2-bit index, decompressed-full scores) in {time.perf_counter() - t:.0f} s")
+        say(f"sweep prepared ({', '.join(SWEEP_CODECS)} re-encodings, decompressed-full scores) in {time.perf_counter() - t:.0f} s")
     else:
         del index, exact
     say(f"exact MRR@10 {mrr_exact:.4f}; measuring queries pinned to {args.query_cores} cores")
@@ -895,8 +895,8 @@ def phase_pinned_queries(cache: Path, work: Path, model: str) -> dict:
 # sample); the split of the loss needs no large setting (variants' decompressed-full MRR gives
 # the compression-only loss, each setting its candidate-only loss)
 # codec None: the index's own (the default codec); a name: sweep_prepare's re-encoding with it
-SWEEP = ((None, 4, 128), (None, 8, 256), (None, 8, 512), (None, 16, 512), ("1bit", 8, 256), ("2bit", 8, 256),
-         (None, 16, 1024), (None, 32, 2048))
+SWEEP = ((None, 4, 128), (None, 8, 256), ("1bit", 4, 128), ("2bit", 4, 128), (None, 8, 512), (None, 16, 512),
+         ("1bit", 8, 256), ("2bit", 8, 256), (None, 16, 1024))
 SWEEP_CODECS = ("1bit", "2bit")  # re-encoded for comparison (same centroids and centroid ids)
 SWEEP_BUDGET_S = 150.0
 SWEEP_NOTE = ("sweep: every setting searched with the same saved query vectors as the main entry, "

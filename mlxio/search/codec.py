@@ -118,8 +118,11 @@ class Codec:
         """Queries in the basis `decode_rotated` returns (the identity here)."""
         return np.asarray(q, np.float32)
 
-    def decode_rotated(self, ids: np.ndarray, packed: np.ndarray) -> np.ndarray:
-        return self.decode(ids, packed)
+    def decode_rotated(self, ids: np.ndarray, packed: np.ndarray, normalise: bool = True
+                       ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """`decode` (the basis is not rotated); normalise=False: (vectors, norms of 1)."""
+        out = self.decode(ids, packed)
+        return out if normalise else (out, np.ones(len(out), np.float32))
 
     def encode(self, x: np.ndarray, chunk: int = 32768, cids: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -270,8 +273,8 @@ class PQCodec:
         return f"pq{self.subspaces}"
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"codec_rotation": np.asarray(self.rotation, np.float32),
-                "codec_codebooks": np.asarray(self.codebooks, np.float32)}
+        return {"codec_rotation": np.asarray(self.rotation, np.float16),
+                "codec_codebooks": np.asarray(self.codebooks, np.float16)}
 
     def rotate(self, q: np.ndarray) -> np.ndarray:
         """Queries in the basis `decode_rotated` returns: q @ rotation (inner products kept)."""
@@ -296,14 +299,19 @@ class PQCodec:
             ids[lo:lo + chunk] = cid
         return ids, codes
 
-    def decode_rotated(self, ids: np.ndarray, codes: np.ndarray) -> np.ndarray:
-        """Unit-norm float32 [n, D] approximations in the rotated basis (pair with `rotate`)."""
+    def decode_rotated(self, ids: np.ndarray, codes: np.ndarray, normalise: bool = True
+                       ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Unit-norm float32 [n, D] approximations in the rotated basis (pair with `rotate`);
+        normalise=False: (the unnormalised vectors, their norms) - a caller that scores them
+        divides its [queries, n] scores by the norms instead of scaling [n, D] vectors."""
         codes = np.asarray(codes)
         flat = codes.astype(np.intp) + (np.arange(self.subspaces, dtype=np.intp) * KSUB)[None, :]
         out = np.take(self._flat, flat, axis=0).reshape(len(codes), self.dim)
-        out += self._rot_centroids[np.asarray(ids, np.intp)]
-        norms = np.sqrt(np.einsum("ij,ij->i", out, out))
-        out /= np.maximum(norms, 1e-12)[:, None]
+        out += np.take(self._rot_centroids, np.asarray(ids, np.intp), axis=0)  # take: ~3x fancy indexing
+        norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", out, out)), 1e-12)
+        if not normalise:
+            return out, norms
+        out /= norms[:, None]
         return out
 
     def decode(self, ids: np.ndarray, codes: np.ndarray) -> np.ndarray:
@@ -350,7 +358,13 @@ def train_pq(sample: np.ndarray, n_centroids: int, subspaces: int, seed: int = 0
     rotated = resid @ rotation
     books = np.stack([kmeans_l2(np.ascontiguousarray(rotated[:, j * ds:(j + 1) * ds]), KSUB, 10, seed + j)
                       for j in range(subspaces)])
-    return PQCodec(centroids=centroids, rotation=rotation, codebooks=books.astype(np.float32))
+    # stored as float16 (as the centroids): the codec that encodes is the one a loaded index decodes with
+    return PQCodec(centroids=_f16(centroids), rotation=_f16(rotation), codebooks=_f16(books))
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    """float32 copy of x rounded to float16 (the precision the index files keep)."""
+    return np.asarray(x, np.float16).astype(np.float32)
 
 
 def train_named(name: str, sample: np.ndarray, n_centroids: int, seed: int = 0,
@@ -370,7 +384,8 @@ def from_arrays(name: str, centroids: np.ndarray, arrays: dict[str, np.ndarray])
     """A codec from its stored arrays (`arrays()` of a trained one, + centroids)."""
     kind, value = parse_name(name, centroids.shape[1])
     if kind == "pq":
-        return PQCodec(centroids=centroids, rotation=arrays["codec_rotation"], codebooks=arrays["codec_codebooks"])
+        return PQCodec(centroids=centroids, rotation=np.asarray(arrays["codec_rotation"], np.float32),
+                       codebooks=np.asarray(arrays["codec_codebooks"], np.float32))
     return Codec(centroids=centroids, cutoffs=arrays["codec_cutoffs"], weights=arrays["codec_weights"], nbits=value)
 
 

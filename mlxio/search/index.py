@@ -184,7 +184,8 @@ def write_generation(tmp: Path, final: Path, codec: Codec | PQCodec, segments: l
     store.save_npy(tmp, "centroids.npy", codec.centroids.astype(np.float16))
     for stem, array in codec.arrays().items():
         store.save_npy(tmp, f"{stem}.npy", array)
-    (tmp / "units.json").write_text(json.dumps(units, separators=(",", ":")))
+    # zlib: a corpus JSONL's units are one per document (id + SHA-256: ~200 B/function as JSON)
+    (tmp / "units.json.z").write_bytes(zlib.compress(json.dumps(units, separators=(",", ":")).encode(), 6))
     segs = []
     for seg in segments:
         dead = np.unique(np.asarray((deleted or {}).get(seg["name"], ()), np.int32))
@@ -400,8 +401,10 @@ class Index:
         out = np.zeros(len(docs), np.float32)
         q = self.codec.rotate(q)  # the stored vectors' basis: no rotation of every decoded token
         for seg, _, where, local in self._by_segment(docs):
-            vectors, starts = seg.decode(local, rotated=True)
+            positions, starts = seg.tokens(local)
+            vectors, norms = self.codec.decode_rotated(seg.cids[positions], seg.residuals[positions], normalise=False)
             sims = q @ vectors.T  # [Tq, tokens]
+            sims /= norms  # = q . normalised vectors, without scaling [tokens, D]
             out[where] = np.maximum.reduceat(sims, starts, axis=1).mean(axis=0)
         return out
 
@@ -488,10 +491,10 @@ class Index:
         if self._units is not None:
             return self._units
         try:
-            self._units = json.loads((self.gen / "units.json").read_text())
+            self._units = json.loads(zlib.decompress((self.gen / "units.json.z").read_bytes()))
             return self._units
-        except (OSError, ValueError) as err:
-            raise IndexError_(f"{self.gen / 'units.json'}: unreadable ({err}); rebuild with `index --rebuild`") from None
+        except (OSError, ValueError, zlib.error) as err:
+            raise IndexError_(f"{self.gen / 'units.json.z'}: unreadable ({err}); rebuild with `index --rebuild`") from None
 
 
 def _top(docs: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[int, float]]:

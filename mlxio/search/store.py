@@ -16,10 +16,10 @@ A generation's files (arrays are raw little-endian binaries, memory-mapped at lo
 index is never read whole):
   manifest.json       format version, documents, segments, dim, codec, model, fusion weight,
                       search defaults, and every file's byte size and SHA-256
-  centroids.npy       float16 [K, D]; the residual code's arrays: codec_rotation.npy float32 [D, D]
-                      + codec_codebooks.npy float32 [m, 256, D / m] (PQ, the default), or
+  centroids.npy       float16 [K, D]; the residual code's arrays: codec_rotation.npy float16 [D, D]
+                      + codec_codebooks.npy float16 [m, 256, D / m] (PQ, the default), or
                       codec_cutoffs.npy / codec_weights.npy (scalar 1/2/4-bit)
-  units.json          {"kind", "units": {file or id: [sha256, size, mtime_ns, segment, first, count]}}
+  units.json.z        zlib(JSON {"kind", "units": {file or id: [sha256, size, mtime_ns, segment, first, count]}})
   seg-NNNNNN.deleted.npy   int32: tombstoned documents of segment NNNNNN (absent: none)
   seg-NNNNNN/         one segment:
     doc_offsets.npy   int64 [n + 1] token offsets
