@@ -599,18 +599,18 @@ def test_device_paths_match_the_cpu_ones(minilm):
 def test_search_defaults_scale_with_size(tmp_path, monkeypatch):
     from mlxio.search import index as index_mod
 
-    assert index_mod.search_defaults(10) == index_mod.search_defaults(10**7) == (4, 128)  # fixed by default
-    assert index_mod.search_defaults(12_631, candidates_per_doc=0.02) == (8, 253)
+    assert index_mod.search_defaults(10) == index_mod.search_defaults(10**7) == (8, 256)  # fixed by default
+    assert index_mod.search_defaults(12_631, candidates_per_doc=0.04) == (16, 506)
     assert index_mod.search_defaults(10**7, candidates_per_doc=0.02) == (16, 1024)  # capped
-    assert index_mod.search_defaults(12_631, 4096, nprobe_per_centroid=1 / 512) == (8, 128)
-    assert index_mod.search_defaults(10**6, 8192, 0.0, 1 / 256) == (16, 128)
+    assert index_mod.search_defaults(12_631, 4096, nprobe_per_centroid=1 / 512) == (8, 256)
+    assert index_mod.search_defaults(10**6, 8192, 0.0, 1 / 256) == (16, 256)
     src = tmp_path / "src"
     _write_sources(src)
     build.update(src, tmp_path / "idx", FakeEmbed(), META)
     # an index that pins nothing follows the size-aware defaults
-    assert (Index(tmp_path / "idx").nprobe, Index(tmp_path / "idx").candidates) == (4, 128)
-    monkeypatch.setattr(index_mod, "CANDIDATES_PER_DOC", 10.0)
-    assert (Index(tmp_path / "idx").nprobe, Index(tmp_path / "idx").candidates) == (6, 200)
+    assert (Index(tmp_path / "idx").nprobe, Index(tmp_path / "idx").candidates) == (8, 256)
+    monkeypatch.setattr(index_mod, "CANDIDATES_PER_DOC", 20.0)
+    assert (Index(tmp_path / "idx").nprobe, Index(tmp_path / "idx").candidates) == (12, 400)
 
 
 def test_sweep_separates_candidates_from_quantisation(tmp_path, monkeypatch):

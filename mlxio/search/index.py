@@ -35,18 +35,16 @@ from mlxio.search.codec import Codec, PQCodec, centroid_dtype
 from mlxio.search.store import IndexError_
 
 FUSIONS = ("interp", "rrf")
-DEFAULT_NPROBE = 4
-DEFAULT_CANDIDATES = 128
+DEFAULT_NPROBE = 8
+DEFAULT_CANDIDATES = 256
+# On 14,080 stdlib functions (benchmarks/results/cpu/search_scale_stdlib.json, pq64 codec) nprobe 4 /
+# 128 candidates lost 0.0098 MRR@10 to candidate generation alone (exact top-10 recall 0.870;
+# drop 0.0103 in all), 8 / 256 0.0025 (recall 0.959; drop 0.0024) at 65 vs 38 ms p50 search on 2
+# pinned cores; 8 / 512 and 16 / 512 gained nothing more (drop 0.0024 / 0.0030) at ~2x the time.
 # Size-aware defaults (search_defaults): candidates grow with the number of live documents,
-# nprobe with candidates, within caps. CANDIDATES_PER_DOC = 0 keeps the fixed 4 / 128 above: on
-# the 4,096-function CPU sample (benchmarks/results/cpu/search_scale_sweep_4096.json) the 1-bit
-# drop (0.0096 of exact 0.5248) is residual quantisation - 0.0090 with every function scored
-# decompressed, still 0.0090 at 16 / 1024 candidates, at ~10x the re-rank time -; candidates
-# alone lose 0.0052 at 4 / 128, 0.0032 at 8 / 256 (matters with 2 bits: drop 0.0033 -> 0.0007).
-# NPROBE_PER_CENTROID = 0 keeps nprobe 4 at any centroid count; the same sample re-indexed with
-# 4,096 centroids (the whole stdlib's count) had exact top-10 recall 0.918 among 128 candidates
-# at nprobe 4, 0.966 at nprobe 8 (+3 ms), MRR@10 unchanged (0.5140 / 0.5142): 1 / 512 would
-# give 8 there. Set these from `benchmarks.search_scale --corpus stdlib --sweep` on the whole stdlib.
+# nprobe with candidates, within caps. CANDIDATES_PER_DOC = 0 keeps the fixed 8 / 256 above;
+# NPROBE_PER_CENTROID = 0 keeps nprobe 8 at any centroid count. Set these from
+# `benchmarks.search_scale --corpus stdlib --sweep`.
 CANDIDATES_PER_DOC = 0.0
 NPROBE_PER_CENTROID = 0.0
 MAX_CANDIDATES = 1024
