@@ -2,6 +2,8 @@
 setting and flag names still work with a warning, an older checkpoint's tree name is read as
 the current one, and a refused resume says which settings changed."""
 
+import json
+
 import attrs
 import mlx.core as mx
 import pytest
@@ -101,7 +103,7 @@ def test_divergence_guard_and_cadence():
     assert context.last_step(10, None, 6, 2) == 8 and context.last_step(10, 7, 6, 2) == 7
 
 
-def test_schedule_length_follows_steps_unless_given():
+def test_schedule_length_follows_steps_unless_given(tmp_path):
     def parse(argv):
         return parse_args(argv, rlaif_config.PRESETS, prog="t", description="", default_preset="smoke")[0]
     assert parse(["--train.steps", "30"]).optim.total_steps == 30
@@ -111,6 +113,15 @@ def test_schedule_length_follows_steps_unless_given():
         assert parse(["--steps", "30"]).optim.total_steps == 30
     xtr = parse_args(["--train.steps", "7"], xtr_lora.PRESETS, prog="t", description="", default_preset="smoke")[0]
     assert xtr.optim.total_steps == 7
+    # a preset that states only train.steps (xtr quick: 80) gets the schedule of that length, while a
+    # config file keeps what it holds (a run's config.json has both, as they were run)
+    presets = {"p": attrs.evolve(xtr_lora.PRESETS["smoke"], train=attrs.evolve(xtr_lora.PRESETS["smoke"].train, steps=11))}
+    assert parse_args([], presets, prog="t", description="", default_preset="p")[0].optim.total_steps == 11
+    assert parse_args([], xtr_lora.PRESETS, prog="t", description="", default_preset="quick")[0].optim.total_steps == 80
+    run = tmp_path / "config.json"
+    run.write_text(json.dumps(to_dict(attrs.evolve(presets["p"], optim=attrs.evolve(presets["p"].optim,
+                                                                                           total_steps=20)))))
+    assert parse_args(["--config", str(run)], presets, prog="t", description="", default_preset="p")[0].optim.total_steps == 20
 
 
 def test_phase_clock_laps_wall_and_cpu():

@@ -239,10 +239,11 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
     given = {key[4:] for key in vars(args) if key.startswith("cfg:")}
     for name in given:
         set_path(data, name, parse_value(getattr(args, f"cfg:{name}"), fields[name], name))
-    # a value derived from another (optim.total_steps from steps) follows it unless given itself
+    # a value derived from another (optim.total_steps from steps) follows it unless given itself: by a
+    # flag, or by a config file (which holds both as they were run); a preset states only the source
     flat = flat_dict(data)
     for target, source in getattr(cls, "DERIVED", {}).items():
-        if source in given and target not in given:
+        if target not in given and (source in given or args.config is None):
             set_path(data, target, flat[source])
     cfg = from_dict(data, cls, "command line", prefer=given)
     extras = argparse.Namespace(**{k: v for k, v in vars(args).items() if not k.startswith("cfg:")})
