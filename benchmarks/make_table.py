@@ -76,16 +76,23 @@ def retriever_section(machine: str, data: dict, bars: list, name: str = "retriev
 
 def generation_section(machine: str, data: dict, bars: list) -> list[str]:
     """Rollout generation: mlx-lm's BatchGenerator ("batch", the old path) vs the static engine
-    (mlxio.rl.decode) vs transformers generate, in one run on the same weights."""
+    (mlxio.rl.decode with mlxio.rl.decode_fused's step; "static-generic": the same engine with the
+    mlx-lm forward, the static engine before the fused step) vs transformers generate, in one run
+    on the same weights."""
+    def ratio(x):
+        return "-" if x is None else f"{fmt(x, 2)}x"
+
     out = [f"### Rollout generation, {machine} (bf16, random weights of the shape; benchmarks/generation.py)", "",
-           "| model shape | batch | MLX static tok/s | MLX batch (mlx-lm) tok/s | static / batch "
-           "| transformers generate tok/s | static / torch | bandwidth bound tok/s | static share of bound "
-           "| greedy check |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| model shape | batch | MLX static tok/s | MLX static, generic step tok/s | MLX batch (mlx-lm) tok/s "
+           "| static / batch | static / generic step | transformers generate tok/s | static / torch "
+           "| bandwidth bound tok/s | static share of bound | greedy check |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["runs"]:
-        out.append(f"| {r['shape']} | {r['batch']} | {fmt(r['static_median'])} | {fmt(r['batch_median'])} "
-                   f"| {fmt(r['static_over_batch'], 2)}x | {fmt(r.get('torch_median'))} "
-                   f"| {fmt(r.get('static_over_torch'), 2)}x | {fmt(r['bandwidth_bound_tokens_per_s'])} "
-                   f"| {fmt(r['static_share_of_bound'] * 100, 1)}% | {'valid' if r.get('valid') else 'INVALID'} |")
+        out.append(f"| {r['shape']} | {r['batch']} | {fmt(r['static_median'])} | {fmt(r.get('static-generic_median'))} "
+                   f"| {fmt(r['batch_median'])} | {ratio(r['static_over_batch'])} | {ratio(r.get('static_over_generic'))} "
+                   f"| {fmt(r.get('torch_median'))} | {ratio(r.get('static_over_torch'))} "
+                   f"| {fmt(r['bandwidth_bound_tokens_per_s'])} | {fmt(r['static_share_of_bound'] * 100, 1)}% "
+                   f"| {'valid' if r.get('valid') else 'INVALID'} |")
         if r.get("static_over_torch"):
             bars.append((f"{machine} gen {r['shape']} b{r['batch']}", r["static_over_torch"]))
     r = data["runs"][0]
