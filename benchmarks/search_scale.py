@@ -775,8 +775,11 @@ def run_stdlib(args) -> dict:
         del index, exact
     say(f"exact MRR@10 {mrr_exact:.4f}; measuring queries pinned to {args.query_cores} cores")
     cores = sorted(os.sched_getaffinity(0))[:args.query_cores]
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(len(cores)), "OMP_NUM_THREADS": str(len(cores)),
-           "MKL_NUM_THREADS": str(len(cores)), "PYTHONPATH": str(ROOT)}
+    # one BLAS thread per library by default: with 2 OpenBLAS threads beside MLX's own, the two
+    # pools contended on 2 cores (query encoding p50 107 vs 14 ms, search 140 vs 63 ms, alternating)
+    threads = str(args.blas_threads or len(cores))
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads,
+           "MKL_NUM_THREADS": threads, "PYTHONPATH": str(ROOT)}
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "benchmarks.search_scale", "--phase", "pinned_queries",
                     "--work", str(work), "--model", str(model)], check=True, cwd=ROOT, env=env,
@@ -833,13 +836,14 @@ def run_stdlib(args) -> dict:
                  "mrr_exact: brute-force MaxSim of the same query vectors over every function's "
                  f"{dtype_name} token vectors (computed on the device while embedding); latency: one "
                  f"query at a time in a child process pinned with os.sched_setaffinity to {len(cores)} "
-                 f"cores {cores} ({len(cores)} BLAS threads): MiniLM float32 query encoding on the CPU "
+                 f"cores {cores} ({threads} BLAS thread(s) per library): MiniLM float32 query encoding on the CPU "
                  "+ index search (p50_ms_device_encode: the query encoded on the device instead, one "
                  "at a time, + the same pinned search); build_s excludes the exact scoring"),
         "command": f"PYTHONPATH=. python3 -m benchmarks.search_scale --corpus stdlib --machine {args.machine} "
                    f"--model {args.model or '(embedded MiniLM)'} --out {args.out}"
                    + (f" --limit {args.limit}" if args.limit else "") + (" --sweep" if args.sweep else "")
-                   + (f" --embeddings {args.embeddings}" if cache is not None else ""),
+                   + (f" --embeddings {args.embeddings}" if cache is not None else "")
+                   + f" --blas-threads {args.blas_threads}",
     }
     if sweep is not None:
         entry["sweep"] = sweep
@@ -1258,6 +1262,8 @@ def main(argv=None) -> None:
                     help="--corpus stdlib: token vectors from benchmarks.search_scale_embed's cache (DIR) "
                          "instead of embedding here (the CPU: embed once, nice'd); the functions it holds")
     ap.add_argument("--query-cores", type=int, default=2)
+    ap.add_argument("--blas-threads", type=int, default=1,
+                    help="BLAS threads of the pinned latency child (0: one per core)")
     ap.add_argument("--sweep", action="store_true",
                     help="--corpus stdlib: after the build, also measure the SWEEP search settings (and a "
                          "2-bit re-encoding) against the same exact scores; recorded under \"sweep\"")
