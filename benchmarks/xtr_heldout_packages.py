@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machine", default="cpu")
     parser.add_argument("--runs", default="runs/bench_heldout_packages")
     parser.add_argument("--cache_dir", default="runs/.cache")
-    parser.add_argument("--hard_negatives", type=int, default=0, help="K of the hn variant (0: the preset's)")
+    parser.add_argument("--hard_negatives", type=int, default=0, help="K hard negatives per query of the hn variant (0: 1; the presets themselves train with none)")
     parser.add_argument("--budget_s", type=float, default=0, help="stop (exit 75) after this many seconds (0: never)")
     parser.add_argument("--min_start_s", type=float, default=90, help="start no run with less budget left")
     parser.add_argument("--pypi_tarball", type=Path, help="scripts/pack_pypi_cache.sh's tarball: unpacked into --cache_dir")
@@ -278,10 +278,12 @@ def main(argv: list[str] | None = None) -> int:
         if budget.left() < args.min_start_s:
             finished = False
             break
-        k = ["--data.hard_negatives", str(args.hard_negatives)] if hard and args.hard_negatives else []
+        # Always explicit: the presets train with in-batch negatives only (hard_negatives=0), so an
+        # "hn" run that left K to the preset would silently be an in-batch run labelled hn.
+        k = (args.hard_negatives or 1) if hard else 0
         command = [sys.executable, "-m", "recipes.xtr_lora", "--preset", preset, flag, str(seed),
                    "--out_dir", f"{args.runs}/{run.name}", "--cache_dir", args.cache_dir, "--export", "false",
-                   *(k if hard else ["--data.hard_negatives", "0"]), *extra]
+                   "--data.hard_negatives", str(k), *extra]
         resume = ["--resume"] if (run / "checkpoints" / "LATEST").exists() else []
         attempts = json.loads((run / "attempts.json").read_text()) if (run / "attempts.json").exists() else []
         started = time.perf_counter()
@@ -292,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         write_json(run / "attempts.json", attempts)
         if done:
             evaluation = json.loads((run / "eval.json").read_text())
+            mined = (evaluation.get("data", {}).get("hard_negatives") or {}).get("k", 0)
+            if hard != (mined > 0):
+                raise SystemExit(f"{run}/eval.json: the {variant} variant trained with {mined} hard negatives per "
+                                 "query; check the recipe flags (--data.hard_negatives) and extra arguments")
             new = entry(preset, seed, hard, ["python", *command[1:]], round(sum(attempts), 1), evaluation)
             write_json(run / "entry.json", new)
             record(results, new)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import tarfile
 
+import pytest
+
 from benchmarks import xtr_heldout_packages as bench
 
 
@@ -28,7 +30,7 @@ def test_runs_resume_budget_state_and_summary(tmp_path, monkeypatch):
     def fake_run(command, budget):
         out = tmp_path / command[command.index("--out_dir") + 1]
         calls.append(command)
-        hard = command[command.index("--data.hard_negatives") + 1] != "0" if "--data.hard_negatives" in command else True
+        hard = int(command[command.index("--data.hard_negatives") + 1])
         seed = int(command[command.index("--train.seed") + 1])
         if seed == 1 and not hard and "--resume" not in command:  # the budget stops this one mid-run
             (out / "checkpoints" / "step-00000002").mkdir(parents=True)
@@ -36,7 +38,9 @@ def test_runs_resume_budget_state_and_summary(tmp_path, monkeypatch):
             (out / "checkpoints" / "LATEST").write_text("step-00000002")
             return False
         out.mkdir(parents=True, exist_ok=True)
-        (out / "eval.json").write_text(json.dumps(_eval(0.6 + 0.02 * hard, 0.7 + 0.015 * hard + 0.001 * seed)))
+        evaluation = _eval(0.6 + 0.02 * bool(hard), 0.7 + 0.015 * bool(hard) + 0.001 * seed)
+        evaluation["data"] |= {"hard_negatives": {"k": hard, "miners": ["bm25"]}} if hard else {}
+        (out / "eval.json").write_text(json.dumps(evaluation))
         return True
 
     monkeypatch.setattr(bench, "run_one", fake_run)
@@ -45,7 +49,8 @@ def test_runs_resume_budget_state_and_summary(tmp_path, monkeypatch):
     results, out = tmp_path / "results.json", tmp_path / "out"
     argv = ["--runs", str(tmp_path / "runs"), "--results", str(results), "--seeds", "0,1", "--out", str(out)]
     assert bench.main(argv + ["--only", "seed=0,hn=1"]) == 0
-    assert len(calls) == 1 and "--data.hard_negatives" not in calls[0]  # hn=1: the preset's own K
+    # hn: K always explicit (the presets train with none), 1 unless --hard_negatives says otherwise
+    assert len(calls) == 1 and calls[0][calls[0].index("--data.hard_negatives") + 1] == "1"
     assert bench.main(argv) == bench.EX_TEMPFAIL  # seed 0 in-batch runs, then seed 1 in-batch is stopped
     assert len(calls) == 3 and calls[-1][calls[-1].index("--data.hard_negatives") + 1] == "0"
     with tarfile.open(out / "state.tar.gz") as tar:  # what a device call carries back
@@ -65,6 +70,24 @@ def test_runs_resume_budget_state_and_summary(tmp_path, monkeypatch):
     block = bench.summary(rows)["quick"]["heldout_packages"]
     assert block["seeds"] == [0, 1] and block["mean_hn_minus_inbatch"] == 0.015
     assert bench.summary(rows)["quick"]["heldout_files"]["mean_hn_minus_inbatch"] == 0.02
+
+
+def test_an_hn_run_without_hard_negatives_is_refused(tmp_path, monkeypatch):
+    """A run labelled hn whose eval.json shows no mined hard negatives (e.g. an extra
+    `--data.hard_negatives 0`) stops the benchmark instead of being recorded as hn."""
+
+    def fake_run(command, budget):
+        out = tmp_path / command[command.index("--out_dir") + 1]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval.json").write_text(json.dumps(_eval(0.6, 0.7)))  # no data.hard_negatives block
+        return True
+
+    monkeypatch.setattr(bench, "run_one", fake_run)
+    monkeypatch.setattr(bench, "seed_flag", lambda: "--train.seed")
+    results = tmp_path / "results.json"
+    with pytest.raises(SystemExit, match="hn variant trained with 0 hard negatives"):
+        bench.main(["--runs", str(tmp_path / "runs"), "--results", str(results), "--seeds", "0", "--variants", "hn"])
+    assert not results.exists() or json.loads(results.read_text()) == []
 
 
 def test_only_is_checked():
