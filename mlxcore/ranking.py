@@ -188,8 +188,13 @@ def interpolate(dense: np.ndarray, sparse: np.ndarray, alpha: float) -> np.ndarr
 
 
 RRF_K = 60.0  # reciprocal-rank fusion constant (Cormack et al. 2009)
-ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99)  # candidate weights of the semantic side
+# candidate weights of the semantic side; 1.0 is semantic alone, so a hybrid whose dev queries show
+# no gain from BM25 ranks as semantic does
+ALPHAS = (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.99, 1.0)
 MIN_DEV_QUERIES = 50  # fewer dev queries than this: no weight is tuned, RRF is used
+# the one-standard-error rule's multiple (`one_se_choice`); 0 = the weight with the best dev MRR@10
+SE_MULTIPLE = 1.0
+_TIE = 1e-12  # mean MRRs closer than this are equal (summation order must not decide a choice)
 
 
 def bm25_text_matrix(queries: Sequence[str], docs: Sequence[str]) -> np.ndarray:
@@ -204,28 +209,83 @@ def hybrid(semantic: np.ndarray, bm25: np.ndarray, alpha: float | None = None) -
     return interpolate(semantic, bm25, alpha)
 
 
-def choose_alpha(devs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> float | None:
-    """The ALPHAS weight with the best mean dev MRR@10 over tasks, each task weighing the same.
+def reciprocal_ranks(scores: np.ndarray, positives: np.ndarray, k: int = 10) -> np.ndarray:
+    """Each query's reciprocal rank @k (1 / rank of its positive, 0 beyond k): float64 [n_queries];
+    its mean is `ranking_metrics`' MRR@k."""
+    ranks = positive_ranks(scores, positives).astype(np.float64)
+    return np.where(ranks <= k, 1.0 / ranks, 0.0)
+
+
+def dev_scores(rr: Sequence[np.ndarray]) -> tuple[np.ndarray, int, np.ndarray]:
+    """(score [n_weights], best, se [n_weights]) of per-query dev results, as `one_se_choice`
+    defines them: score = the mean over tasks of each task's mean; best = the top score's index
+    (ties, to within rounding: the larger); se[w] = the standard error of score[best] - score[w] from the paired
+    per-query differences, sqrt(sum_t var_t(rr_t[best] - rr_t[w]) / n_t) / n_tasks (se[best] = 0)."""
+    rr = [np.asarray(r, np.float64) for r in rr]
+    n_weights = rr[0].shape[0] if rr else 0
+    if not rr or any(r.ndim != 2 or r.shape[0] != n_weights or r.shape[1] < 2 for r in rr) or n_weights < 1:
+        raise ValueError(f"rr: [n_weights >= 1, n_queries >= 2] per task, got {[np.shape(r) for r in rr]}")
+    score = np.mean([r.mean(axis=1) for r in rr], axis=0)
+    best = int(np.flatnonzero(score >= score.max() - _TIE)[-1])
+    var = np.sum([np.var(r[best] - r, axis=1, ddof=1) / r.shape[1] for r in rr], axis=0)
+    return score, best, np.sqrt(var) / len(rr)
+
+
+def one_se_choice(rr: Sequence[np.ndarray], se_multiple: float = SE_MULTIPLE) -> int:
+    """Index of the weight the one-standard-error rule picks from per-query dev results.
+
+    rr: one float array [n_weights, n_queries_t] per task: query q's reciprocal rank under weight
+    w (weights in ascending order of the semantic share, the same for every task; the last is
+    the most semantic). With `dev_scores`' score, best and se: the largest index w with
+    score[best] - score[w] <= se_multiple * se[w] and score[w] >= score[-1], i.e. the most
+    semantic weight whose dev MRR is within `se_multiple` standard errors of the best's and not
+    below the last weight's ("prefer the more semantic model unless the dev queries show the
+    gain"). se_multiple=0: the best weight. Needs >= 2 queries per task.
+    """
+    score, best, se = dev_scores(rr)
+    ok = (score[best] - score <= se_multiple * se + _TIE) & (score >= score[-1] - _TIE)
+    ok[best] = True
+    return int(np.flatnonzero(ok)[-1])
+
+
+def fusion_choice(devs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                  se_multiple: float = SE_MULTIPLE) -> dict | None:
+    """The ALPHAS weight (1.0: semantic alone) the one-standard-error rule picks on dev queries,
+    with what it was picked from: {"alpha", "best_alpha" (the top dev MRR@10), "se_multiple",
+    "dev_queries" [per task], "dev_mrr@10" {"%g" weight: mean over tasks}, "se_vs_best" {...}}.
 
     devs: one (semantic [n_dev, n_docs], bm25 [n_dev, n_docs], positives [n_dev]) per task
     (e.g. dev queries of held-out files and of held-out packages: one weight that serves both,
-    so that the weight an index stores is not tuned to one kind of code). Tasks with fewer than
-    MIN_DEV_QUERIES dev queries are left out; None (RRF) when none is left. Ties: the larger
-    semantic weight.
+    so that the weight an index stores is not tuned to one kind of code). Each task's per-query
+    reciprocal ranks @10 under every weight go to `one_se_choice`: the most semantic weight whose
+    mean dev MRR@10 (tasks weighing the same) is within `se_multiple` standard errors of the best
+    weight's and not below semantic alone's. Tasks with fewer than MIN_DEV_QUERIES dev queries are
+    left out; None (RRF) when none is left.
     """
     usable = [d for d in devs if len(d[2]) >= MIN_DEV_QUERIES]
     if not usable:
         return None
-    mrr = np.mean([[ranking_metrics(interpolate(s, b, a), p)["mrr@10"] for a in ALPHAS] for s, b, p in usable], axis=0)
-    return ALPHAS[len(ALPHAS) - 1 - int(np.argmax(mrr[::-1]))]
+    rr = [np.stack([reciprocal_ranks(interpolate(s, b, a), p) for a in ALPHAS]) for s, b, p in usable]
+    score, best, se = dev_scores(rr)
+    return {"alpha": ALPHAS[one_se_choice(rr, se_multiple)], "best_alpha": ALPHAS[best], "se_multiple": se_multiple,
+            "dev_queries": [len(d[2]) for d in usable],
+            "dev_mrr@10": {f"{a:g}": round(float(v), 5) for a, v in zip(ALPHAS, score, strict=True)},
+            "se_vs_best": {f"{a:g}": round(float(v), 5) for a, v in zip(ALPHAS, se, strict=True)}}
+
+
+def choose_alpha(devs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                 se_multiple: float = SE_MULTIPLE) -> float | None:
+    """`fusion_choice`'s weight alone (None: RRF, too few dev queries)."""
+    choice = fusion_choice(devs, se_multiple)
+    return None if choice is None else choice["alpha"]
 
 
 def evaluate_modes(semantic: np.ndarray, bm25: np.ndarray, positives: np.ndarray, alpha: float | None) -> dict:
     """{"semantic", "hybrid", "hybrid_fusion", "fusion": {variant: metrics}} on the test queries.
 
-    hybrid = score interpolation at `alpha` (chosen on dev queries, never on these), or RRF
-    (k=60) when alpha is None. "fusion" lists every variant for comparison. Metrics: P@1,
-    MRR@10, Recall@10, nDCG@10.
+    hybrid = score interpolation at `alpha` (chosen on dev queries, never on these; "interp@1"
+    ranks as semantic does), or RRF (k=60) when alpha is None. "fusion" lists every variant for
+    comparison. Metrics: P@1, MRR@10, Recall@10, nDCG@10.
     """
     fusion = {"rrf": ranking_metrics(hybrid(semantic, bm25), positives)}
     fusion |= {f"interp@{a:g}": ranking_metrics(interpolate(semantic, bm25, a), positives) for a in ALPHAS}

@@ -168,11 +168,116 @@ def test_choose_alpha_over_tasks():
     sem_b = np.tile([1.0, 0.95, 0.0], (n, 1))
     bm_b = np.tile([0.0, 10.0, 0.0], (n, 1))
     alone_a, alone_b = choose_alpha([(sem_a, bm_a, pos)]), choose_alpha([(sem_b, bm_b, pos)])
-    assert alone_a < alone_b and alone_b == max(a for a in ALPHAS if a < 1)  # ties: the larger weight
+    assert ALPHAS[-1] == 1.0  # semantic alone is a candidate
+    assert alone_a < alone_b and alone_b == 1.0  # BM25 gains nothing on B: semantic alone
     both = choose_alpha([(sem_a, bm_a, pos), (sem_b, bm_b, pos)])
     mrr = lambda a, s, b: ranking_metrics(interpolate(s, b, a), pos)["mrr@10"]  # noqa: E731
     best = max(mrr(a, sem_a, bm_a) + mrr(a, sem_b, bm_b) for a in ALPHAS)
+    # every query alike: no spread, so the rule keeps the best weight (the most semantic of ties)
     assert mrr(both, sem_a, bm_a) + mrr(both, sem_b, bm_b) == best
+    assert both == max(a for a in ALPHAS if mrr(a, sem_a, bm_a) + mrr(a, sem_b, bm_b) == best)
     # a task with too few dev queries does not vote; none left: None (RRF)
     assert choose_alpha([(sem_a, bm_a, pos), (sem_b[:3], bm_b[:3], pos[:3])]) == alone_a
     assert choose_alpha([(sem_b[:3], bm_b[:3], pos[:3])]) is None
+
+
+def test_choose_alpha_noisy_gain_stays_semantic():
+    """A fused weight that rescues two dev queries in a hundred and loses one is ahead of
+    semantic alone by 0.005 MRR, within one standard error (0.009): the rule keeps semantic;
+    the plain best (se_multiple=0) takes the fusion."""
+    from mlxcore.ranking import choose_alpha
+
+    n = 100
+    pos = np.zeros(n, np.int64)
+    sem = np.tile([1.0, 0.9, 0.0], (n, 1))
+    bm = np.tile([0.0, 0.0, 10.0], (n, 1))
+    sem[:2], bm[:2] = [0.9, 1.0, 0.0], [10.0, 0.0, 0.0]  # BM25 rescues the positive (weights < 0.909)
+    sem[2], bm[2] = [1.0, 0.95, 0.0], [0.0, 10.0, 0.0]  # BM25 demotes it (weights < 0.952)
+    assert choose_alpha([(sem, bm, pos)], se_multiple=0.0) < 1.0
+    assert choose_alpha([(sem, bm, pos)]) == 1.0
+
+
+def test_reciprocal_ranks_mean_is_mrr():
+    from mlxcore.ranking import reciprocal_ranks
+
+    rng = np.random.default_rng(0)
+    scores, pos = rng.normal(size=(40, 30)), rng.integers(0, 30, 40)
+    rr = reciprocal_ranks(scores, pos)
+    assert rr.shape == (40,) and math.isclose(rr.mean(), ranking_metrics(scores, pos)["mrr@10"])
+    assert set(np.round(1 / rr[rr > 0]).astype(int)) <= set(range(1, 11))
+
+
+def test_one_se_choice_hand_cases():
+    from mlxcore.ranking import one_se_choice
+
+    # weight 0 wins every query: far beyond one standard error (zero spread) -> 0
+    assert one_se_choice([np.array([[1.0, 1.0, 1.0], [0.5, 0.5, 0.5]])]) == 0
+    # weight 0 ahead by 0.25 on average, but on one query of four: SE of the difference 0.25 -> 1
+    rr = np.array([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0]])
+    assert one_se_choice([rr]) == 1 and one_se_choice([rr], se_multiple=0.0) == 0
+    assert one_se_choice([rr], se_multiple=0.99) == 0  # 0.25 > 0.99 * 0.25
+    # all weights alike: the last (most semantic)
+    assert one_se_choice([np.full((4, 5), 0.5), np.full((4, 3), 0.2)]) == 3
+    # within one SE of the best but below the last weight: not picked
+    rr = np.array([[0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [0.0, 0.5, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5]])
+    assert one_se_choice([rr], se_multiple=10.0) == 3
+    with pytest.raises(ValueError):
+        one_se_choice([np.zeros((3, 1))])
+    with pytest.raises(ValueError):
+        one_se_choice([np.zeros((3, 4)), np.zeros((2, 4))])
+
+
+_RR = st.sampled_from([0.0] + [1.0 / r for r in range(1, 11)])
+
+
+@st.composite
+def _dev_results(draw):
+    """Per-task reciprocal ranks [n_weights, n_queries] with one n_weights for all tasks."""
+    n_weights = draw(st.integers(1, 6))
+    return [draw(hnp.arrays(np.float64, (n_weights, draw(st.integers(2, 12))), elements=_RR))
+            for _ in range(draw(st.integers(1, 3)))]
+
+
+def _score_and_se(rr, best):
+    score = np.mean([r.mean(1) for r in rr], axis=0)
+    se = np.sqrt(np.sum([np.var(r[best] - r, axis=1, ddof=1) / r.shape[1] for r in rr], axis=0)) / len(rr)
+    return score, se
+
+
+@given(_dev_results(), st.sampled_from([0.0, 0.5, 1.0, 2.0]))
+def test_one_se_choice_properties(rr, c):
+    from mlxcore.ranking import one_se_choice
+
+    pick = one_se_choice(rr, c)
+    eps = 1e-12  # rounding of the means
+    score = np.mean([r.mean(1) for r in rr], axis=0)
+    best = max(w for w in range(len(score)) if score[w] >= score.max() - eps)  # ties: the larger
+    _, se = _score_and_se(rr, best)
+    assert 0 <= pick < len(score) and pick >= best  # never less semantic than the plain best
+    assert score[pick] >= score[-1] - eps  # never worse on dev than the most semantic weight
+    assert score[best] - score[pick] <= c * se[pick] + eps  # within c standard errors
+    # the most semantic such weight: no later one qualifies
+    assert not any(score[best] - score[w] <= c * se[w] + eps and score[w] >= score[-1] - eps
+                   for w in range(pick + 1, len(score)))
+    assert one_se_choice([r.copy() for r in rr], c) == pick  # deterministic
+    assert one_se_choice([r[:, ::-1] for r in rr], c) == pick  # the order of queries does not matter
+    assert one_se_choice(rr, c + 1.0) >= pick  # a wider band is never less semantic
+    if c == 0.0:
+        assert pick == best
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(0, 60))
+def test_choose_alpha_properties(seed, n):
+    from mlxcore.ranking import ALPHAS, MIN_DEV_QUERIES, choose_alpha, reciprocal_ranks
+
+    rng = np.random.default_rng(seed)
+    sem, bm = rng.normal(size=(n, 12)), rng.exponential(size=(n, 12)) * (rng.random((n, 12)) < 0.5)
+    pos = rng.integers(0, 12, n)
+    alpha = choose_alpha([(sem, bm, pos)])
+    if n < MIN_DEV_QUERIES:
+        assert alpha is None
+        return
+    assert alpha in ALPHAS and alpha == choose_alpha([(sem, bm, pos)])
+    mrr = {a: reciprocal_ranks(interpolate(sem, bm, a), pos).mean() for a in ALPHAS}
+    assert mrr[alpha] >= mrr[1.0] - 1e-12  # never below semantic alone on the dev queries
+    assert alpha >= choose_alpha([(sem, bm, pos)], se_multiple=0.0)

@@ -320,6 +320,9 @@ def test_fusion_weight_from_eval_json(tmp_path):
     assert build.fusion_from_eval(path)["alpha"] == 0.8
     path.write_text(json.dumps({"fine-tuned": {"hybrid_fusion": "rrf"}}))
     assert build.fusion_from_eval(path)["alpha"] is None
+    # the dev queries showed no gain from BM25: semantic alone (`ranking.ALPHAS` ends at 1.0)
+    path.write_text(json.dumps({"fine-tuned": {"hybrid_fusion": "interp@1"}}))
+    assert build.fusion_from_eval(path)["alpha"] == 1.0
     model = tmp_path / "merged"
     model.mkdir()
     path.write_text(json.dumps({"fine-tuned": {"hybrid_fusion": "interp@0.7"}}))

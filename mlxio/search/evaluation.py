@@ -37,8 +37,10 @@ class Evaluator:
 
     def tasks(self, params, tasks: list[xtr_data.Task], bm25: list[np.ndarray], single_vector: bool = False) -> list[dict]:
         """Semantic and hybrid metrics of `params` on each task's test queries, with one hybrid
-        weight chosen on the dev queries of all the tasks together (`ranking.choose_alpha`: held-out
-        files and held-out packages, never a test query). bm25[i]: [test + dev queries, candidates].
+        weight chosen on the dev queries of all the tasks together (`ranking.fusion_choice`: held-out
+        files and held-out packages, never a test query; the one-standard-error rule, 1.0 =
+        semantic alone among the weights; each task's dict holds it as "fusion_dev").
+        bm25[i]: [test + dev queries, candidates].
         single_vector (an encoder without a projection): the first task's dict also holds the
         "single-vector view" (mean pooling, cosine: what merged/ gives sentence-transformers),
         computed from the same forward passes."""
@@ -56,10 +58,14 @@ class Evaluator:
             else:
                 queries, docs = embedded
             semantic.append(embeddings.maxsim_matrix(queries, docs))
-        alpha = ranking.choose_alpha([(s[len(t.queries):], b[len(t.queries):], t.dev_positives)
-                                      for s, b, t in zip(semantic, bm25, tasks, strict=True)])
+        choice = ranking.fusion_choice([(s[len(t.queries):], b[len(t.queries):], t.dev_positives)
+                                        for s, b, t in zip(semantic, bm25, tasks, strict=True)])
+        alpha = None if choice is None else choice["alpha"]
         out = [ranking.evaluate_modes(s[:len(t.queries)], b[:len(t.queries)], t.positives, alpha)
                for s, b, t in zip(semantic, bm25, tasks, strict=True)]
+        if choice is not None:  # how the weight was chosen (the dev curve), beside each task's results
+            for entry in out:
+                entry["fusion_dev"] = choice
         if pooled is not None:
             out[0]["single-vector view"] = {"semantic": pooled}
         return out
@@ -99,7 +105,8 @@ def baselines(evaluate: Evaluator, untrained_params, data: xtr_data.Data, cache_
     bm25 = [ranking.bm25_text_matrix(t.queries + t.dev_queries, t.candidates) for t in tasks]
     results = {"bm25": ranking.ranking_metrics(bm25[0][:len(data.task.queries)], data.task.positives)}
     untrained = xtr_data.cached_eval(
-        cache_dir, {"v": 3, **cache_key, "tasks": [t.digest for t in tasks], "alphas": ranking.ALPHAS},
+        cache_dir, {"v": 4, **cache_key, "tasks": [t.digest for t in tasks], "alphas": ranking.ALPHAS,
+                    "se_multiple": ranking.SE_MULTIPLE},
         lambda: evaluate.tasks(untrained_params, tasks, bm25))
     results["untrained"] = untrained[0]
     out = Baselines(results, tasks, bm25)
