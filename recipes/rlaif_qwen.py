@@ -92,8 +92,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     fns = rewards.from_config(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
+    jit = grpo.use_compile(cfg)
     step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg), world), optimizer,
-                              clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, jit=cfg.compile,
+                              clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, jit=jit,
                               reduce_grads=distributed.grad_reducer(world),
                               eval_micro_batches=cfg.memory.eval_micro_batches)
     params = llm_lora.lora_tree(model)  # what trains: the LoRA tree, bound to the frozen model in the loss
@@ -128,7 +129,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
                 cfg.top_p, cfg.max_new_tokens,
                 distributed.rank_seed(step_seed(cfg.train.seed, step), world),
-                stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine)
+                stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit)
         rew = rewards.combine_rewards(fns, [problems[i] for i in ro.prompt_index], ro.texts, cache)
         adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
                                 cfg.advantage, world)

@@ -104,3 +104,35 @@ def test_cli_info_runs_once_without_runpy_warning(tmp_path):
     assert json.loads(out.stdout) == {"folder": str(tmp_path / "k"), "files": 1, "bytes": 5}
     assert "RuntimeWarning" not in out.stderr
     assert kernel_cache.contents(tmp_path / "missing") == {"files": 0, "bytes": 0}
+
+
+def test_rlaif_compiles_except_on_cuda_unless_asked(monkeypatch):
+    """The RLAIF recipe's `compile` None (auto): compiled on the CPU / Metal, eager on CUDA
+    (a fresh machine's NVRTC compilation of the fused kernels: minutes); true / false as given."""
+    from mlxio.rl import grpo
+    from recipes.rlaif_config import PRESETS, Config
+
+    assert Config().compile is None and PRESETS["gpu"].compile is True and PRESETS["full"].compile is True
+    monkeypatch.setattr(kernel_cache, "on_gpu", lambda: False)
+    assert grpo.use_compile(Config()) is True
+    monkeypatch.setattr(kernel_cache, "on_gpu", lambda: True)
+    assert grpo.use_compile(Config()) is False
+    assert grpo.use_compile(PRESETS["gpu"]) is True
+    assert grpo.use_compile(Config(compile=False)) is False
+
+
+def test_retriever_compile_setting_leaves_the_trajectory_hash(monkeypatch):
+    """`train.compile` (None: eager on CUDA) changes no trained value beyond rounding: resume
+    accepts a checkpoint written with either setting (the hash leaves it out)."""
+    import attrs
+
+    from mlxio.run import config
+    from recipes import xtr_lora
+
+    cfg = xtr_lora.PRESETS["quick"]
+    assert cfg.train.compile is None
+    hashes = {xtr_lora.trajectory_hash(config.to_dict(attrs.evolve(cfg, train=attrs.evolve(cfg.train, compile=c))))
+              for c in (None, True, False)}
+    assert len(hashes) == 1
+    monkeypatch.setattr(kernel_cache, "on_gpu", lambda: True)
+    assert kernel_cache.use_compile(None) is False and kernel_cache.use_compile(True) is True

@@ -146,13 +146,14 @@ def cache_length(prompt_len: int, new_tokens: int, step: int = LENGTH_STEP) -> i
     return -(-(prompt_len + new_tokens) // step) * step
 
 
-def make_step(model, sampler: Callable[[mx.array], mx.array]) -> Callable:
+def make_step(model, sampler: Callable[[mx.array], mx.array], compiled: bool = True) -> Callable:
     """The compiled decode step `(tokens [B] uint32, state) -> (next [B] uint32, logprob [B]
     float32, state)`: feeds `tokens` at each row's next slot, samples from the log-softmax of
     the last logits (temperature-1 log-probabilities, as mlx-lm's BatchGenerator) with `sampler`
     and returns the sampled tokens' log-probabilities. state: `decode_state`.
     The model's parameters and MLX's PRNG state are captured inputs, so a policy whose weights
-    change between calls (LoRA) is read afresh, and each call draws new random numbers."""
+    change between calls (LoRA) is read afresh, and each call draws new random numbers.
+    `compiled` False: the same step, run eagerly (see `decode`)."""
 
     def step(tokens, state):
         kv, left_padding, idx = state
@@ -163,23 +164,25 @@ def make_step(model, sampler: Callable[[mx.array], mx.array]) -> Callable:
         picked = mx.take_along_axis(logprobs, nxt[:, None].astype(mx.int32), axis=-1)[:, 0]
         return nxt, picked.astype(mx.float32), ([(c.keys, c.values) for c in caches], left_padding, idx + 1)
 
+    if not compiled:
+        return step
     state = [model.state, mx.random.state]
     return mx.compile(step, inputs=state, outputs=[mx.random.state])
 
 
-def compiled_step(model, sampler, sampler_key=None) -> Callable:
+def compiled_step(model, sampler, sampler_key=None, compiled: bool = True) -> Callable:
     """`make_step(model, sampler)`, kept on the model (outside its parameter tree) under
     `sampler_key` (e.g. (temperature, top_p)) when one is given, so later calls with the same
     model skip tracing and compiling again (~50 ms for 24 layers); None: a new one."""
     if sampler_key is None:
-        return make_step(model, sampler)
+        return make_step(model, sampler, compiled)
     steps = model.__dict__.setdefault("_static_decode_steps", {})
-    if sampler_key not in steps:
-        steps[sampler_key] = make_step(model, sampler)
-    return steps[sampler_key]
+    if (sampler_key, compiled) not in steps:
+        steps[sampler_key, compiled] = make_step(model, sampler, compiled)
+    return steps[sampler_key, compiled]
 
 
-_FUSED_STEPS: dict = {}  # (decode_fused.Spec, sampler_key) -> compiled fused step
+_FUSED_STEPS: dict = {}  # (decode_fused.Spec, sampler_key, compiled) -> fused step
 # Devices whose static step is the fused one by default: a GPU, where the step is host-bound and
 # the attention is MLX's fused kernel. On the CPU MLX lowers attention to matmuls, and the fused
 # step's mask-in-the-cache attention over 2 x 96-dim rows (`Spec.wide_attention`) is ~3x the
@@ -187,19 +190,20 @@ _FUSED_STEPS: dict = {}  # (decode_fused.Spec, sampler_key) -> compiled fused st
 FUSED_DEVICES = {mx.gpu}
 
 
-def fused_step(spec: decode_fused.Spec, sampler, sampler_key=None) -> Callable:
+def fused_step(spec: decode_fused.Spec, sampler, sampler_key=None, compiled: bool = True) -> Callable:
     """`decode_fused.make_fused_step(spec, sampler)`, kept per (spec, sampler_key) when a key is
     given: the weights are an argument, so every policy with the same architecture and RoPE
     module (a model and all its LoRA `bind`s) shares one trace."""
     if sampler_key is None:
-        return decode_fused.make_fused_step(spec, sampler)
-    key = (spec, sampler_key)
+        return decode_fused.make_fused_step(spec, sampler, compiled)
+    key = (spec, sampler_key, compiled)
     if key not in _FUSED_STEPS:
-        _FUSED_STEPS[key] = decode_fused.make_fused_step(spec, sampler)
+        _FUSED_STEPS[key] = decode_fused.make_fused_step(spec, sampler, compiled)
     return _FUSED_STEPS[key]
 
 
-def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None, fused: bool | None = None):
+def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None, fused: bool | None = None,
+                   compiled: bool = True):
     """(step(tokens, state) -> (next, logprob, state), state) for decoding from `caches`: the
     fused step over the model's decode weights (`decode_fused`) where it applies and `fused`
     (None: on `FUSED_DEVICES`), else the compiled mlx-lm forward (`make_step`)."""
@@ -208,24 +212,27 @@ def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None
     spec = decode_fused.spec_of(model) if fused else None
     weights = decode_fused.decode_weights(model, spec) if spec is not None else None
     if weights is None:
-        return compiled_step(model, sampler, sampler_key), decode_state(caches)
+        return compiled_step(model, sampler, sampler_key, compiled), decode_state(caches)
     first = caches[0]
     kv = [decode_fused.decode_cache(c.keys, c.values, first.left_padding, first.idx, spec) for c in caches]
     state = (kv, first.idx - first.left_padding, first.idx)
     mx.eval(weights, state)  # (once: the steps' graphs then start from evaluated arrays)
-    step = fused_step(spec, sampler, sampler_key)
+    step = fused_step(spec, sampler, sampler_key, compiled)
     return (lambda tokens, s: step(weights, tokens, s)), state
 
 
 def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache], max_new_tokens: int,
            is_done: Callable[[int, list[int]], int | None], sync_every: int = SYNC_EVERY,
-           sampler_key=None, fused: bool | None = None) -> tuple:
+           sampler_key=None, fused: bool | None = None, compiled: bool = True) -> tuple:
     """Decode up to `max_new_tokens` tokens for each row of the batch that `caches` hold
     (consumed: the list is emptied, so the step's in-place cache updates can take the buffers).
 
     first_tokens: [B] the token each row feeds first (its prompt's last token).
     sampler_key: identifies `sampler`'s settings, to reuse a compiled step (`fused_step`,
         `compiled_step`); None compiles a new one.
+    compiled: `mx.compile` the step (True), or run the same step eagerly: no fused kernels, so
+        nothing to compile on a fresh CUDA machine (NVRTC takes ~4 s a kernel there, see
+        `mlxio.kernel_cache`), at more host time per step.
     fused: decode with `decode_fused`'s step where the model allows; None: on a GPU
         (`step_and_state`).
     is_done(row, new_tokens) -> the number of `new_tokens` (this block's tokens of a live row)
@@ -236,7 +243,7 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
     step's calls: building each step's graph), queue_s (in `mx.async_eval`: dispatching the
     step's kernels, and waiting where the device's queue is full), read_s (reading blocks and
     checking stops, waiting for the device included)."""
-    step, states = step_and_state(model, sampler, caches, sampler_key, fused)
+    step, states = step_and_state(model, sampler, caches, sampler_key, fused, compiled)
     n = len(first_tokens)
     tokens_out: list[list[int]] = [[] for _ in range(n)]
     logprobs_out: list[list[float]] = [[] for _ in range(n)]

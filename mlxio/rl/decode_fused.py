@@ -204,11 +204,12 @@ def forward(spec: Spec, weights: dict, tokens: mx.array, kv: list, positions: mx
     return x @ weights["head"], out
 
 
-def make_fused_step(spec: Spec, sampler: Callable[[mx.array], mx.array]) -> Callable:
+def make_fused_step(spec: Spec, sampler: Callable[[mx.array], mx.array], compiled: bool = True) -> Callable:
     """The compiled step `(weights, tokens [B] uint32, state) -> (next [B] uint32, logprob [B]
     float32, state)`, state = ([KV cache] per layer, positions [B] int32, idx [1] int32);
     sampling as `mlxio.rl.decode.make_step` (log-softmax of the logits, `sampler`, the picked
-    token's log-probability). MLX's PRNG state is a captured input and output."""
+    token's log-probability). MLX's PRNG state is a captured input and output. `compiled`
+    False: the same function, run eagerly (no fused kernels to compile on a fresh GPU)."""
 
     def step(weights, tokens, state):
         kv, positions, idx = state
@@ -218,4 +219,4 @@ def make_fused_step(spec: Spec, sampler: Callable[[mx.array], mx.array]) -> Call
         picked = mx.take_along_axis(logprobs, nxt[:, None].astype(mx.int32), axis=-1)[:, 0]
         return nxt, picked.astype(mx.float32), (kv, positions + 1, idx + 1)
 
-    return mx.compile(step, inputs=[mx.random.state], outputs=[mx.random.state])
+    return mx.compile(step, inputs=[mx.random.state], outputs=[mx.random.state]) if compiled else step

@@ -44,6 +44,16 @@ def load_model(cfg) -> llm.Policy:
     return policy
 
 
+def use_compile(cfg) -> bool:
+    """Whether the update step and the rollout's decode step are `mx.compile`d: `cfg.compile`,
+    None (auto) everywhere but on a CUDA device (`mlxio.kernel_cache.use_compile`: there a fresh
+    machine's NVRTC compilation of the fused kernels took minutes). Long runs, where the fused
+    decode step pays back its compilation, set it true (the gpu and full presets)."""
+    from mlxio import kernel_cache
+
+    return kernel_cache.use_compile(cfg.compile)
+
+
 def config_hash(config: dict) -> str:
     """The hash of a config (as a dict: `to_dict(cfg)`) over the fields that change the
     training: not the output dir nor the logging."""

@@ -261,7 +261,7 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
                    top_p: float = 1.0, max_new_tokens: int = 256, seed: int = 0,
                    use_chat_template: bool = True, stop_at_code_end: bool = False,
                    stop: tuple[str, ...] = (), bucket_decode: bool | None = None,
-                   engine: str = "auto") -> Rollouts:
+                   engine: str = "auto", compiled: bool = True) -> Rollouts:
     """Sample `group_size` completions per prompt, all N = len(prompts) * group_size decoded
     together; deterministic for a given `seed` (mlx-lm's samplers draw from MLX's global PRNG,
     which is seeded here). temperature 0 is greedy. `stop_at_code_end`: a sequence also ends
@@ -274,6 +274,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
     "auto": "static" on a GPU (where "batch" is launch- and host-bound), "batch" on the CPU
     (where the step's compute dominates, and "batch" drops ended rows and attends over the
     filled slots only).
+    `compiled` ("static" only): `mx.compile` the decode step; False runs the same step eagerly
+    (same distributions; on a fresh CUDA machine no fused kernels to compile first).
     `bucket_decode` ("batch" only): keep the decode batch at a few sizes (see the module doc);
     None: on when the default device is a GPU (where each new size compiles kernels), off on the
     CPU (where the ended rows would only cost time). The texts and tokens are the same either way."""
@@ -303,7 +305,7 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         if engine == "static":
             completions, logprobs, finished, stats = _decode_static(
                 model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
-                (float(temperature), float(top_p)))
+                (float(temperature), float(top_p)), compiled)
             decode_sizes = None
         else:
             stats = None
@@ -329,7 +331,7 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
 
 
 def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
-                   sampler_key):
+                   sampler_key, compiled: bool = True):
     """`generate_group`'s "static" engine: (completions, logprobs, finished, stats) of N sequences."""
     n = len(prompt_tokens) * group_size
     prefilled = prefill_batch(model, [t[:-1] for t in prompt_tokens], mx.default_device().type == mx.gpu)
@@ -349,7 +351,8 @@ def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new
         return last if at_eos.size else None
 
     first = [prompt_tokens[i // group_size][-1] for i in range(n)]
-    return decode.decode(model, sampler, first, caches, max_new_tokens, is_done, sampler_key=sampler_key)
+    return decode.decode(model, sampler, first, caches, max_new_tokens, is_done, sampler_key=sampler_key,
+                         compiled=compiled)
 
 
 def _decode_batch(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,

@@ -218,7 +218,7 @@ class _Session:
         optimizer = make_optimizer(cfg.optim)
         self.step_fn = make_train_step(grpo.make_loss(self.model, cfg), optimizer,
                                        clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
-                                       jit=cfg.compile, eval_micro_batches=cfg.memory.eval_micro_batches)
+                                       jit=grpo.use_compile(cfg), eval_micro_batches=cfg.memory.eval_micro_batches)
         self.params = llm_lora.lora_tree(self.model)  # the trained LoRA tree; the model never changes
         self.state = init_state(optimizer, self.params)
         self.step = 0
@@ -316,7 +316,7 @@ class Worker:
             params.get("seed", grpo.step_seed(cfg.train.seed, s.step)),
             use_chat_template=params.get("chat_template", True),
             stop_at_code_end=params.get("stop_at_code_end", cfg.stop_at_code_end),
-            stop=tuple(params.get("stop", ())))
+            stop=tuple(params.get("stop", ())), compiled=grpo.use_compile(cfg))
         return {"texts": ro.texts, "prompt_tokens": ro.prompt_tokens,
                 "completion_tokens": [[int(t) for t in c] for c in ro.completion_tokens],
                 "logprobs": [lp.tolist() for lp in ro.logprobs],

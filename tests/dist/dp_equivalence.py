@@ -100,7 +100,7 @@ def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
     optimizer = make_optimizer(cfg.optim)
     step = make_train_step(distributed.data_parallel_loss(grpo.make_loss(model, cfg), world), optimizer,
                            clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, reduce_grads=distributed.grad_reducer(world),
-                           jit=cfg.compile)
+                           jit=grpo.use_compile(cfg))
     state = init_state(optimizer, params)
     n_local = distributed.local_size(GLOBAL_MICRO, world, "completions")
     mine = slice(world.rank * n_local, (world.rank + 1) * n_local)
