@@ -34,7 +34,7 @@ import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
-from mlxio import kernel_cache
+from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import TrainingDiverged  # noqa: F401  (what run raises)
 from mlxio.rl import grpo, rewards, rollout
 from mlxio.rl.evaluation import (
@@ -84,6 +84,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     t_start = time.perf_counter()
     out = config.check_out_dir(cfg.out_dir, "out_dir")
     require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
+    jit = grpo.use_compile(cfg)
+    # MLXIO_KERNEL_PREWARM=1 on CUDA: child processes compile the first step's kernels meanwhile
+    kernel_warm.for_rlaif(cfg, jit)
     train, eval_sets = load_problems(cfg.data)  # cheap: a bad file fails before the model loads
     world = context.start(out, to_dict(cfg), cfg.train.seed, resume)  # out holds every rank's reward cache
     prompt_share, local_group = rank_share(cfg, world)
@@ -92,7 +95,6 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     fns = rewards.from_config(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
-    jit = grpo.use_compile(cfg)
     step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg), world), optimizer,
                               clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, jit=jit,
                               reduce_grads=distributed.grad_reducer(world),

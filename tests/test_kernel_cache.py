@@ -136,3 +136,44 @@ def test_retriever_compile_setting_leaves_the_trajectory_hash(monkeypatch):
     assert len(hashes) == 1
     monkeypatch.setattr(kernel_cache, "on_gpu", lambda: True)
     assert kernel_cache.use_compile(None) is False and kernel_cache.use_compile(True) is True
+
+
+def test_prewarm_moves_only_finished_modules(tmp_path):
+    """A module moves once MLX wrote its `.cu` (last of its three files); the cache's own
+    modules are kept; long names (nested folders) keep their layout."""
+    from mlxio import kernel_warm
+
+    staging, dest = tmp_path / "staging", tmp_path / "cache"
+    for name, suffixes in (("done", ".ptx .txt .cu"), ("writing", ".ptx .txt"), ("deep/sub/done2", ".ptx .txt .cu"),
+                           ("there", ".ptx .txt .cu")):
+        for suffix in suffixes.split():
+            path = staging / (name + suffix)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"new {suffix}")
+    dest.mkdir()
+    (dest / "there.ptx").write_text("old")
+    assert kernel_warm.move_finished(staging, dest) == 2
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == [
+        "deep/sub/done2.cu", "deep/sub/done2.ptx", "deep/sub/done2.txt", "done.cu", "done.ptx", "done.txt", "there.ptx"]
+    assert (dest / "done.txt").read_text() == "new .txt" and (dest / "there.ptx").read_text() == "old"
+
+
+def test_prewarm_jobs_run(tmp_path, monkeypatch):
+    """The RLAIF prewarm's child jobs run to the end (here on the CPU, where they compile nothing
+    to move); off unless MLXIO_KERNEL_PREWARM=1 and on a CUDA device."""
+    from mlxio import kernel_warm
+    from recipes.rlaif_config import PRESETS
+
+    cfg = PRESETS["quick"]
+    monkeypatch.delenv(kernel_warm.ENV, raising=False)
+    assert kernel_warm.for_rlaif(cfg, jit=False) is None
+    monkeypatch.setenv(kernel_warm.ENV, "1")
+    monkeypatch.setattr(kernel_cache, "on_gpu", lambda: False)
+    assert kernel_warm.for_rlaif(cfg, jit=False) is None
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    warm = kernel_warm.start(kernel_warm.rlaif_jobs(cfg), tmp_path / "cache")
+    warm.wait(timeout=600)
+    logs = {p.parent.name: p.read_text()[-500:] for p in warm.root.glob("*/log.txt")}
+    assert warm.codes == {"decode": 0, "sampler": 0, "update": 0, "prefill": 0}, logs
+    assert warm.moved == 0
+    warm.stop()
