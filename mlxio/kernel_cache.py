@@ -87,8 +87,8 @@ def on_gpu() -> bool:
 def use_compile(setting: bool | None) -> bool:
     """A recipe's `compile` setting: True / False as given; None (auto) compiles everywhere but on
     a CUDA device. There a fresh machine compiles each of a step's fused kernels with NVRTC, one
-    after another (H100: ~4 s each; the RLAIF quick run's compiled update step has ~35 distinct
-    ones, 135-144 s for its first step against 11 s eager), while an eager step needs only its
+    after another (H100: 3-4 s each; the RLAIF quick run's compiled update step has ~35 distinct
+    ones, 97-144 s for its first step against 11 s eager), while an eager step needs only its
     few gather / scatter kernels and runs about as fast once they are cached."""
     return bool(setting) if setting is not None else not on_gpu()
 

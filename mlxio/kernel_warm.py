@@ -1,7 +1,7 @@
 """Parallel warm-up of MLX's CUDA kernel cache for the RLAIF recipe's first step (issue 19 item 2).
 
 MLX's CUDA backend compiles a kernel module with NVRTC the first time it is used, one after
-another (a process-wide lock), ~4 s each on the lent H100's host, and keeps it on disk
+another (a process-wide lock), 3-4 s each on the lent H100's host, and keeps it on disk
 (`mlxio.kernel_cache`). Modules are named by what they compute and their dtypes, not by array
 shapes: `gather_float32_uint32_1`, `gather_axis_float32_int32`, `scatter_axis_float32_int32_Sum`,
 or a fused kernel's graph and constants. So a tiny model of the same family and dtype, sampling

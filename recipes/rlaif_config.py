@@ -131,8 +131,8 @@ class Config:
     clip_eps: float | None = bounded(None, gt=0)  # PPO ratio clipping; set it when inner_epochs > 1
     inner_epochs: int = bounded(1, ge=1)
     # mx.compile the update step and the rollout's decode step. None (auto): yes, except on a
-    # CUDA device, where each fused kernel costs ~4 s of NVRTC compilation on a fresh machine
-    # (H100, quick preset: first update step 135-144 s compiled, 11 s eager; later steps 2.5-3.9
+    # CUDA device, where each fused kernel costs 3-4 s of NVRTC compilation on a fresh machine
+    # (H100, quick preset: first update step 97-144 s compiled, 11 s eager; later steps 2.5-3.9
     # s either way) - there both run eagerly unless set true (the gpu and full presets do)
     compile: bool | None = None
     rewards: RewardConfig = RewardConfig()

@@ -92,7 +92,7 @@ class TrainConfig:
     eval_interval: int = bounded(1, ge=1)  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
     seed: int = 0
     # mx.compile the training step. None (auto): yes, except on a CUDA device, where a fresh
-    # machine compiles each fused kernel with NVRTC (~4 s each: the quick run's first step took
+    # machine compiles each fused kernel with NVRTC (3-4 s each: the quick run's first step took
     # 204 s on an H100) and an eager step needs only a few gather kernels
     compile: bool | None = None
 
