@@ -136,7 +136,8 @@ def run_one(recipe: str, work: Path, kcache: Path, args, label: str, timeout: in
             row["error"] = (proc.stderr or proc.stdout)[-2000:]
         else:
             row.update(json.loads(lines[-1][7:]))
-            row["compile_log"] = [x[-300:] for x in proc.stderr.splitlines() if "first " in x and "shape" in x][:20]
+            row["compile_log"] = [x[-300:] for x in proc.stderr.splitlines()
+                                  if ("first " in x and "shape" in x) or "kernel prewarm" in x][:20]
     except subprocess.TimeoutExpired as err:
         row["error"] = f"timeout {timeout}s"
         row["stderr_tail"] = (err.stderr or b"")[-1500:].decode(errors="replace") if isinstance(
