@@ -26,7 +26,7 @@ import numpy as np
 
 from benchmarks.common import write_result
 from mlxio.rl.evaluation import instruction
-from mlxio.rl.rewards import load_humaneval
+from mlxio.rl.problems import load_humaneval
 from mlxio.rl.rollout import encode_prompt, generate_group
 from mlxio.weights import llm
 

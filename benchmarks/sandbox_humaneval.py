@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import mlxio  # noqa: F401  (first, as everywhere)
 from benchmarks.common import write_result
-from mlxio.rl.rewards import ExecutionReward, load_humaneval
+from mlxio.rl.problems import load_humaneval
+from mlxio.rl.rewards import ExecutionReward
 from mlxio.sandbox import SandboxLimits, sandbox_backend
 
 

@@ -35,12 +35,8 @@ import numpy as np
 
 from benchmarks.common import write_result
 from mlxio.rl.local_teacher import MlxLmServer
-from mlxio.rl.rewards import (
-    AIFeedbackReward,
-    ExecutionReward,
-    Problem,
-    load_humaneval,
-)
+from mlxio.rl.problems import Problem, load_humaneval
+from mlxio.rl.rewards import AIFeedbackReward, ExecutionReward
 from mlxio.rl.teacher import HttpJudge, parse_score, rubric_messages
 
 # (pattern, replacement), tried in order on the canonical solution; the first that fails wins

@@ -12,16 +12,13 @@ from hypothesis import strategies as st
 
 from mlxio import sandbox
 from mlxio.errors import ConfigError, DataError
+from mlxio.rl.problems import Problem, extract_code, load_humaneval, load_problems_jsonl
 from mlxio.rl.rewards import (
     AIFeedbackReward,
     ExecutionReward,
     FormatReward,
-    Problem,
     RewardCache,
     combine_rewards,
-    extract_code,
-    load_humaneval,
-    load_problems_jsonl,
 )
 from mlxio.sandbox import SandboxLimits
 

@@ -13,7 +13,8 @@ from mlxio.errors import ConfigError
 from mlxio.rl import tasks
 from mlxio.rl.evaluation import load_problems
 from mlxio.rl.families import FAMILIES
-from mlxio.rl.rewards import ExecutionReward, FormatReward, PrintableReward, extract_code
+from mlxio.rl.problems import extract_code
+from mlxio.rl.rewards import ExecutionReward, FormatReward, PrintableReward
 from recipes import rlaif_qwen as rq  # the recipe's command line (its data checks)
 from recipes.rlaif_config import DataConfig, validate_data
 

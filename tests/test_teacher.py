@@ -20,7 +20,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlxio.rl.local_teacher import LocalJudge
-from mlxio.rl.rewards import AIFeedbackReward, Problem, RewardCache, combine_rewards
+from mlxio.rl.problems import Problem
+from mlxio.rl.rewards import AIFeedbackReward, RewardCache, combine_rewards
 from mlxio.rl.teacher import HttpJudge, parse_score, rubric_messages
 
 REPLY = "Correctness: 8/10\nStyle: 6/10\nEfficiency: 7/10\nScore: 7/10"

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from mlxio.rl.local_teacher import MlxLmServer
-from mlxio.rl.rewards import AIFeedbackReward, Problem, RewardCache, combine_rewards
+from mlxio.rl.problems import Problem
+from mlxio.rl.rewards import AIFeedbackReward, RewardCache, combine_rewards
 from mlxio.rl.teacher import HttpJudge
 
 pytestmark = pytest.mark.slow

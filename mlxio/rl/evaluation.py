@@ -30,13 +30,8 @@ from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl import tasks
-from mlxio.rl.rewards import (
-    Problem,
-    combine_rewards,
-    extract_code,
-    load_humaneval,
-    load_problems_jsonl,
-)
+from mlxio.rl.problems import Problem, extract_code, load_humaneval, load_problems_jsonl
+from mlxio.rl.rewards import combine_rewards
 from mlxio.run.runlog import write_json_atomic
 from mlxio.sandbox.backend import (
     launcher_argv,

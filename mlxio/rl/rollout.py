@@ -38,7 +38,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from mlxcore.policy import sequence_logprobs
 from mlxio.rl import decode
-from mlxio.rl.rewards import code_block_end
+from mlxio.rl.problems import code_block_end
 
 PAD_MULTIPLE = 32  # packed widths are bucket multiples of this (`bucket_width`): few shapes
 PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass (bounds activation memory)

@@ -25,7 +25,7 @@ import attrs
 
 from mlxio.digest import hashed_int
 from mlxio.rl.families import FAMILIES, Spec
-from mlxio.rl.rewards import Problem
+from mlxio.rl.problems import Problem
 
 LEVELS = (1, 2, 3)
 SPLITS = ("train", "heldout")
