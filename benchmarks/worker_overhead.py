@@ -45,7 +45,8 @@ import numpy as np
 from benchmarks.common import median, write_result
 from mlxio import rpc
 from mlxio.rl import grpo, rollout
-from mlxio.rl.worker import SCHEMAS, Worker, _padded
+from mlxio.rl.worker import Worker, _padded
+from mlxio.rl.worker_protocol import SCHEMAS
 from mlxio.run.config import to_dict
 from recipes.rlaif_config import PRESETS, validate
 

@@ -18,7 +18,8 @@ import mlxio  # noqa: F401  (conftest loads it first; kept for running this file
 from mlxio import rpc
 from mlxio.rl import grpo
 from mlxio.rl.evaluation import EvalConfig, instruction, load_problems
-from mlxio.rl.worker import PROTOCOL_VERSION, SCHEMAS, Worker
+from mlxio.rl.worker import Worker
+from mlxio.rl.worker_protocol import PROTOCOL_VERSION, SCHEMAS
 from mlxio.run import checkpoint
 from mlxio.run.config import to_dict
 from recipes import rlaif_qwen as rq
