@@ -36,7 +36,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import TrainingDiverged  # noqa: F401  (what run raises)
-from mlxio.rl import grpo, rewards, rollout
+from mlxio.rl import grpo, packing, rewards, rollout
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,
@@ -135,7 +135,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         rew = rewards.combine_rewards(fns, [problems[i] for i in ro.prompt_index], ro.texts, cache)
         adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
                                 cfg.advantage, world)
-        packed = rollout.pack(ro, pad_id=0)
+        packed = packing.pack(ro, pad_id=0)
         t1 = time.perf_counter()
         with context.region(loop.profiler, "update"), kernel_cache.compile_notice("update step",
                                                                                  packed["tokens"].shape):

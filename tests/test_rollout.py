@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxcore.lora import LoraConfig
-from mlxio.rl.rollout import completion_logprobs, generate_group, pack, pack_tokens
+from mlxio.rl.packing import completion_logprobs, pack, pack_tokens
+from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm, llm_lora
 
 PROMPTS = ["Write add(a, b).", "hi", "Reverse a string in Python, please."]

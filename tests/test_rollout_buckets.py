@@ -63,7 +63,7 @@ def test_buckets_with_code_block_stop():
 
 
 def test_bucket_width_buckets():
-    from mlxio.rl.rollout import bucket_width
+    from mlxio.rl.packing import bucket_width
 
     widths = {bucket_width(n) for n in range(1, 4097)}
     assert sorted(widths) == [32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]

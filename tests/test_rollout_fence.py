@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from mlxio.rl import rollout
 from mlxio.rl.evaluation import human_eval_completion
+from mlxio.rl.packing import completion_logprobs
 from mlxio.rl.problems import Problem, code_block_end, extract_code, fenced_blocks
-from mlxio.rl.rollout import code_block_stop_index, completion_logprobs, generate_group
+from mlxio.rl.rollout import code_block_stop_index, generate_group
 from mlxio.weights import llm
 
 ANSWER = "```python\ndef add(a, b):\n    return a + b\n```"

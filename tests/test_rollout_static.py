@@ -13,7 +13,8 @@ from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxcore.lora import LoraConfig
 from mlxio.rl import decode, decode_fused
-from mlxio.rl.rollout import completion_logprobs, generate_group
+from mlxio.rl.packing import completion_logprobs
+from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm, llm_lora
 
 PROMPTS = ["Write add(a, b).", "hi", "Reverse a string in Python, please."]  # 3 prompt lengths

@@ -197,7 +197,7 @@ def step_record(rew, ro, packed: dict, metrics: dict, state: dict, inner_epochs:
                 world: distributed.World) -> dict:
     """A step's step-wide figures for metrics.jsonl: rewards gathered from every rank (mean, std,
     per component, execution pass rate), counts and throughputs summed over ranks, the update's
-    metrics. rew: `rewards.combine_rewards`'s result; ro: the rollouts; packed: `rollout.pack`."""
+    metrics. rew: `rewards.combine_rewards`'s result; ro: the rollouts; packed: `packing.pack`."""
     ntok = int(packed["lengths"].sum()) * inner_epochs  # real (unpadded) tokens trained
     total = distributed.gather_np(rew.total, world)
     exec_scores = rew.per_reward.get("execution")

@@ -34,7 +34,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import rpc
 from mlxio.errors import CheckpointError, ConfigError
-from mlxio.rl import grpo, rollout
+from mlxio.rl import grpo, packing, rollout
 from mlxio.rl.worker_protocol import PROTOCOL_VERSION, SCHEMAS
 from mlxio.run import checkpoint, context
 from mlxio.run.config import from_dict, to_dict
@@ -187,7 +187,7 @@ class Worker:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {n} sequences is not a multiple "
                                f"of the config's train.accum={cfg.train.accum}",
                                {"field": "params.tokens"})
-        width = rollout.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
+        width = packing.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
         packed = {"tokens": _padded(rows, width, np.int32, PAD_ID),
                   "completion_mask": _padded(mask_rows, width, np.float32)}
         given = {}
@@ -214,10 +214,10 @@ class Worker:
         """Per-token log-probs of given sequences under the policy (or the LoRA-off reference)."""
         s = self._session()
         rows, lengths = self._tokens(s, params)
-        width = rollout.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
+        width = packing.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
         tokens = mx.array(_padded(rows, width, np.int32, PAD_ID))
         weights = pg.reference_params(s.params) if params.get("reference") else s.params
-        micro = max(1, rollout.LOGITS_BUDGET // (width * s.vocab))
+        micro = max(1, packing.LOGITS_BUDGET // (width * s.vocab))
         logp = np.array(grpo.frozen_logprobs(s.model, weights, tokens, micro))
         return {"logprobs": [logp[i, :k - 1].tolist() for i, k in enumerate(lengths)]}
 

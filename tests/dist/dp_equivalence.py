@@ -87,7 +87,7 @@ def _xtr_steps(world, params, spec, loss_cfg, contrastive_loss_fn, vocab_size):
 def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
     """Final LoRA weights and per-step losses of the RLAIF recipe's loss, batch and step."""
     from mlxcore.lora import LoraConfig
-    from mlxio.rl import grpo, rollout
+    from mlxio.rl import grpo, packing, rollout
     from mlxio.weights import llm, llm_lora
     from recipes import rlaif_qwen as rq
     from recipes.rlaif_config import TrainConfig
@@ -116,7 +116,7 @@ def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
         missing[5] = True  # a completion whose reward failed: masked out, its own group
         # each rank scores only its completions; the group statistics see all of them
         adv = grpo.shared_advantages(rewards[mine], missing[mine], prompt_index[mine], cfg.advantage, world)
-        packed = rollout.pack_tokens([prompts[p] for p in prompt_index[mine]], completions[mine])
+        packed = packing.pack_tokens([prompts[p] for p in prompt_index[mine]], completions[mine])
         batch = grpo.build_batch(model, params, packed, adv, ~missing[mine], cfg)
         params, state, metrics = step(params, state, batch, mx.array(i))
         mx.eval(params, state, metrics)

@@ -1,0 +1,95 @@
+"""Rollouts as training batches: right-padded prompt + completion rows at a few bucket widths
+(`pack_tokens`, `pack`), and the completions' log-probabilities under a model by teacher forcing
+(`completion_logprobs`). Used by the RLAIF recipe, its worker and the evaluation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from mlxcore.policy import sequence_logprobs
+
+if TYPE_CHECKING:
+    from mlxio.rl.rollout import Rollouts
+
+PAD_MULTIPLE = 32  # packed widths are bucket multiples of this (`bucket_width`): few shapes
+LOGITS_BUDGET = 1 << 26  # floats of [rows, T, vocab] logits per teacher-forced chunk (256 MiB)
+
+
+def _per_sequence(prompt_tokens: list[list[int]], n: int) -> list[list[int]]:
+    if len(prompt_tokens) == n:
+        return prompt_tokens
+    if not prompt_tokens or n % len(prompt_tokens):
+        raise ValueError(f"{len(prompt_tokens)} prompts do not group {n} completions")
+    group = n // len(prompt_tokens)
+    return [prompt_tokens[i // group] for i in range(n)]
+
+
+def bucket_width(length: int, multiple: int = PAD_MULTIPLE) -> int:
+    """The packed width for `length` tokens: the smallest of `multiple` x (1, 2, 3, 4, 6, 8, 12,
+    16, 24, ...) that holds it - multiples of 32 up to 128, then steps of 1.5x / 2x - so a run's
+    compiled steps (and, on a GPU, its kernels) see a handful of widths, not one per 32 tokens
+    (at most 2x the tokens of the longest row; padded positions are masked out)."""
+    units = max(1, -(-length // multiple))
+    if units <= 4:
+        return units * multiple
+    power = 1 << ((units - 1).bit_length() - 1)  # the largest power of two below units
+    return (power * 3 // 2 if units <= power * 3 // 2 else power * 2) * multiple
+
+
+def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int]],
+                pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded prompt + completion rows.
+
+    prompt_tokens: N lists (or P lists, one per group of N / P prompt-major completions).
+    Returns tokens [N, T] int32, completion_mask [N, T] float32 (1 where the token is a
+    completion token, i.e. a target), lengths [N] and prompt_lengths [N] int32;
+    T = `bucket_width` of the longest row (a multiple of 32 from a few bucket widths).
+    """
+    n = len(completion_tokens)
+    prompts = _per_sequence(prompt_tokens, n)
+    lengths = np.array([len(p) + len(c) for p, c in zip(prompts, completion_tokens, strict=True)],
+                       np.int32)
+    width = bucket_width(int(lengths.max()) if n else 1)
+    tokens = np.full((n, width), pad_id, np.int32)
+    mask = np.zeros((n, width), np.float32)
+    for i, (p, c) in enumerate(zip(prompts, completion_tokens, strict=True)):
+        tokens[i, : len(p) + len(c)] = p + c
+        mask[i, len(p): len(p) + len(c)] = 1.0
+    return {"tokens": tokens, "completion_mask": mask, "lengths": lengths,
+            "prompt_lengths": np.array([len(p) for p in prompts], np.int32)}
+
+
+def pack(rollouts: Rollouts, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Training arrays of `pack_tokens`, plus the sampling-time `logprobs` [N, T] float32 at the
+    completion positions (0 elsewhere) and `prompt_index` [N]."""
+    packed = pack_tokens(rollouts.prompt_tokens, rollouts.completion_tokens, pad_id)
+    logprobs = np.zeros_like(packed["completion_mask"])
+    for i, lp in enumerate(rollouts.logprobs):
+        start = packed["prompt_lengths"][i]
+        logprobs[i, start: start + len(lp)] = lp
+    packed["logprobs"] = logprobs
+    packed["prompt_index"] = np.asarray(rollouts.prompt_index, np.int32)
+    return packed
+
+
+def completion_logprobs(model, prompt_tokens: list[list[int]],
+                        completion_tokens: list[list[int]]) -> list[np.ndarray]:
+    """Per-token log-probabilities of each completion under `model`, by one teacher-forced
+    forward pass per chunk of rows (chunks bound the [rows, T, vocab] logits)."""
+    packed = pack_tokens(prompt_tokens, completion_tokens)
+    tokens, width = packed["tokens"], packed["tokens"].shape[1]
+    vocab = model.args.vocab_size
+    rows = max(1, LOGITS_BUDGET // (width * vocab))
+    out = []
+    for start in range(0, len(tokens), rows):
+        batch = mx.array(tokens[start: start + rows])
+        lp = np.array(sequence_logprobs(model, batch))
+        for j in range(batch.shape[0]):
+            i = start + j
+            first = packed["prompt_lengths"][i] - 1  # logit at t - 1 predicts token t
+            out.append(lp[j, first: first + len(completion_tokens[i])].astype(np.float32))
+    return out
