@@ -15,8 +15,17 @@ Two steps:
            were not kept: which weights would have been safe). Writes
            benchmarks/results/<machine>/fusion_weight.json.
 
+    # the CPU default run (make train of session 5; its cache holds the mined sources)
     nice -n 10 python benchmarks/fusion_weight.py dump --run /tmp/qs5/runs/xtr_lora --name cpu_quick_s0
-    python benchmarks/fusion_weight.py analyse --eval runs/*/eval.json
+    # two session-4 quick runs (same tasks; only their fine-tuned model differs)
+    nice -n 10 python benchmarks/fusion_weight.py dump --run /tmp/qs/runs/xtr_lora \
+        --cache_dir /tmp/qs5/runs/.cache --name cpu_quick_s0_session4_default --models fine-tuned
+    nice -n 10 python benchmarks/fusion_weight.py dump --run /tmp/retr4/after \
+        --cache_dir /tmp/qs5/runs/.cache --name cpu_quick_s0_session4_hn --models fine-tuned
+    python benchmarks/fusion_weight.py analyse --splits 2000 --dev_sizes 400 --eval \
+        /tmp/h100full/full_s{0,1,2}_inbatch/eval.json /tmp/h100full/full_s0_hn/eval.json
+
+A run on another machine: `dump --machine h100 ...`, then `analyse --machine h100`.
 """
 
 from __future__ import annotations
