@@ -614,19 +614,47 @@ def pack_model_f16(out: Path, src: Path | None = None) -> Path:
     return out
 
 
-def _stdlib_docs(work: Path, limit: int | None):
-    """(docs, queries, positives) of the running Python's standard library; `limit`: the
-    queries' positives plus a seeded sample, `limit` functions in all."""
+def export_corpus_file(path: Path, work: Path) -> dict:
+    """Write the running Python's stdlib corpus (search_scale_embed.stdlib_corpus: every function,
+    the 200 queries, their positives) to `path` (xz-compressed JSON, ~4.4 MB for 52,892
+    functions), so a machine with another Python (the GPU machine's has no test suite) indexes
+    this one's standard library (`--corpus-file`)."""
+    import lzma
+
     from benchmarks.search_scale_embed import stdlib_corpus
 
     docs, queries, positives = stdlib_corpus(work)
+    data = {"python": sys.version.split()[0], "docs": docs, "queries": queries, "positives": positives.tolist()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(lzma.compress(json.dumps(data).encode(), preset=6))
+    return {"path": str(path), "functions": len(docs), "queries": len(queries), "bytes": path.stat().st_size}
+
+
+def load_corpus_file(path: Path) -> tuple[list[dict], list[str], np.ndarray, str]:
+    """(docs, queries, positives, python version) of an `export_corpus_file` file."""
+    import lzma
+
+    data = json.loads(lzma.decompress(Path(path).read_bytes()))
+    return data["docs"], data["queries"], np.asarray(data["positives"], np.int64), data["python"]
+
+
+def _stdlib_docs(work: Path, limit: int | None, corpus_file: Path | None = None):
+    """(docs, queries, positives, total, python) of the running Python's standard library, or
+    of the one `corpus_file` holds; `limit`: the queries' positives plus a seeded sample,
+    `limit` functions in all."""
+    from benchmarks.search_scale_embed import stdlib_corpus
+
+    if corpus_file is not None:
+        docs, queries, positives, python = load_corpus_file(corpus_file)
+    else:
+        (docs, queries, positives), python = stdlib_corpus(work), sys.version.split()[0]
     total = len(docs)
     if limit is not None and limit < len(docs):
         rest = np.setdiff1d(np.arange(len(docs)), positives)
         keep = np.concatenate([positives, np.random.default_rng(0).permutation(rest)[:max(limit - len(positives), 0)]])
         docs = [docs[i] for i in keep]
         positives = np.arange(len(positives))
-    return docs, queries, positives, total
+    return docs, queries, positives, total, python
 
 
 class EmbeddingCache:
@@ -671,115 +699,133 @@ def run_stdlib(args) -> dict:
     from mlxcore import ranking
     from mlxio import blas
     from mlxio.search import build
-    from mlxio.search.embed import Embedder, assign_on_device
+    from mlxio.search.embed import Embedder, assign_on_device, encode_on_device
     from mlxio.weights.encoders import default_encoder_path, load_encoder
 
     t_start = time.perf_counter()
     work = args.work
-    shutil.rmtree(work / "index", ignore_errors=True)
 
     def say(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
-    docs, queries, positives, total = _stdlib_docs(work, args.limit)
-    cache = None
-    if args.embeddings is not None:  # vectors from search_scale_embed's cache: no embedding here
-        if args.limit is not None:
-            raise SystemExit("--embeddings and --limit: the cache decides which functions are embedded")
-        cache = EmbeddingCache(args.embeddings, docs, positives)
-        docs, positives = cache.docs, cache.positives
-    mine_s = time.perf_counter() - t_start
-    say(f"{len(docs)} of {total} stdlib functions, {len(queries)} queries (mined in {mine_s:.0f} s)"
-        + (f"; vectors from {args.embeddings}" if cache is not None else ""))
-    gpu = mx.default_device() == mx.gpu
-    dtype_name = args.dtype or ("float16" if gpu else "float32")
-    model = Path(args.model) if args.model else default_encoder_path()
-    t = time.perf_counter()
-    encoder = load_encoder(model, dtype=getattr(mx, dtype_name))
-    emb = Embedder(encoder, 256, batch_size=args.batch_size, compiled=not gpu, pad_last=gpu)
-    q_vecs = emb.embed(queries, 32)
-    load_s = time.perf_counter() - t
-    q = np.concatenate(q_vecs).astype(np.float32)
-    q_off = np.zeros(len(q_vecs) + 1, np.int64)
-    q_off[1:] = np.cumsum([len(v) for v in q_vecs])
-    average = np.zeros((len(q), len(q_vecs)), np.float32)  # mean over each query's tokens
-    for i in range(len(q_vecs)):
-        average[q_off[i]:q_off[i + 1], i] = 1.0 / (q_off[i + 1] - q_off[i])
-    q_mx, avg_mx = mx.array(q), mx.array(average)
-    exact_of: dict[str, np.ndarray] = {}
-    vec_of: dict[str, np.ndarray] | None = {} if args.sweep and cache is None else None  # --sweep: kept
-    timers = {"embed": 0.0, "exact": 0.0, "done": 0}
-
-    def embed(texts, progress=None):
-        t = time.perf_counter()
-        vecs = emb.embed(texts) if cache is None else [cache[text] for text in texts]
-        timers["embed"] += time.perf_counter() - t
-        if vec_of is not None:
-            vec_of.update((text, np.asarray(v, np.float16)) for text, v in zip(texts, vecs, strict=True))
-        t = time.perf_counter()
-        for lo in range(0, len(vecs), 64):  # exact MaxSim of every query against these texts
-            part = vecs[lo:lo + 64]
-            width = max(len(v) for v in part)
-            pad = np.zeros((len(part), width, q.shape[1]), np.float32)
-            mask = np.zeros((len(part), width), np.bool_)
-            for i, v in enumerate(part):
-                pad[i, :len(v)], mask[i, :len(v)] = v, True
-            sims = mx.array(pad) @ q_mx.T  # [texts, width, query tokens]
-            sims = mx.where(mx.array(mask)[..., None], sims, -mx.inf).max(axis=1)
-            scores = np.array(sims @ avg_mx)  # [texts, queries]
-            for text, row in zip(texts[lo:lo + 64], scores, strict=True):
-                exact_of[text] = row
-        timers["exact"] += time.perf_counter() - t
-        timers["done"] += len(texts)
-        say(f"embedded {timers['done']}/{len(docs)} ({timers['done'] / max(timers['embed'], 1e-9):.0f} fn/s)")
-        return vecs
-
-    corpus = work / "stdlib.jsonl"
-    corpus.write_text("".join(json.dumps({"id": d["id"], "code": d["code"]}) + "\n" for d in docs))
-    t = time.perf_counter()
-    meta = {"model": str(model), "max_doc_len": 256, "max_query_len": 32, "dim": emb.dim}
-    report = build.update(corpus, work / "index", embed, meta, assign=assign_on_device if gpu else None)
-    build_wall = time.perf_counter() - t
-    build_peak = _rss_gb()
-    say(f"index built: {report.documents} documents in {build_wall:.0f} s "
-        f"({timers['embed']:.0f} s embedding, {timers['exact']:.0f} s exact scoring)")
-    index = Index(work / "index")
-    slot = {key: entry[4] for key, entry in index.units()["units"].items()}
-    exact = np.full((len(queries), index.n_slots), -np.inf, np.float32)
-    for d in docs:
-        exact[:, slot[d["id"]]] = exact_of[d["code"]]
-    pos_slots = np.array([slot[docs[i]["id"]] for i in positives], np.int64)
-    mrr_exact = _mrr(ranking.positive_ranks(exact, pos_slots).astype(np.float64))
-    gen = store.current(work / "index")
-    size = _dir_bytes(gen)
-    baseline = 128 + index.n_tokens * emb.dim * 2 + 128 + 8 * (len(docs) + 1) + 200 + \
-        sum(len(json.dumps(d)) + 1 for d in docs)
-    device_ms = []  # per-query encoding on this process's device (the GPU on a GPU machine)
-    for text in queries[:20]:
-        emb.embed([text], 32)
-    for text in queries:
-        t = time.perf_counter()
-        emb.embed([text], 32)
-        device_ms.append((time.perf_counter() - t) * 1e3)
-    np.savez(work / "queries_dev.npz", tokens=q, offsets=q_off, positives=pos_slots)
-    (work / "queries.json").write_text(json.dumps(queries))
-    sweep_prep = None
-    if args.sweep:
-        np.save(work / "exact.npy", exact)
-        del index, exact
-        t = time.perf_counter()
-        sweep_prep = sweep_prepare(work, vec_of if cache is None else cache, device=gpu)
-        vec_of = None
-        say(f"sweep prepared ({', '.join(SWEEP_CODECS)} re-encodings, decompressed-full scores) in {time.perf_counter() - t:.0f} s")
+    pre_path = work / "stdlib_pre.json"
+    if args.resume and pre_path.exists() and (work / "index").is_dir():
+        pre = json.loads(pre_path.read_text())  # built by an earlier call: measure latency only
+        say(f"resuming after the build of {pre['functions']} functions ({pre_path})")
     else:
-        del index, exact
+        pre_path.unlink(missing_ok=True)
+        shutil.rmtree(work / "index", ignore_errors=True)
+        docs, queries, positives, total, corpus_python = _stdlib_docs(work, args.limit, args.corpus_file)
+        cache = None
+        if args.embeddings is not None:  # vectors from search_scale_embed's cache: no embedding here
+            if args.limit is not None:
+                raise SystemExit("--embeddings and --limit: the cache decides which functions are embedded")
+            cache = EmbeddingCache(args.embeddings, docs, positives)
+            docs, positives = cache.docs, cache.positives
+        mine_s = time.perf_counter() - t_start
+        say(f"{len(docs)} of {total} stdlib functions, {len(queries)} queries (mined in {mine_s:.0f} s)"
+            + (f"; vectors from {args.embeddings}" if cache is not None else ""))
+        gpu = mx.default_device() == mx.gpu
+        dtype_name = args.dtype or ("float16" if gpu else "float32")
+        model = Path(args.model) if args.model else default_encoder_path()
+        t = time.perf_counter()
+        encoder = load_encoder(model, dtype=getattr(mx, dtype_name))
+        emb = Embedder(encoder, 256, batch_size=args.batch_size, compiled=not gpu, pad_last=gpu)
+        q_vecs = emb.embed(queries, 32)
+        load_s = time.perf_counter() - t
+        q = np.concatenate(q_vecs).astype(np.float32)
+        q_off = np.zeros(len(q_vecs) + 1, np.int64)
+        q_off[1:] = np.cumsum([len(v) for v in q_vecs])
+        average = np.zeros((len(q), len(q_vecs)), np.float32)  # mean over each query's tokens
+        for i in range(len(q_vecs)):
+            average[q_off[i]:q_off[i + 1], i] = 1.0 / (q_off[i + 1] - q_off[i])
+        q_mx, avg_mx = mx.array(q), mx.array(average)
+        exact_of: dict[str, np.ndarray] = {}
+        vec_of: dict[str, np.ndarray] | None = {} if args.sweep and cache is None else None  # --sweep: kept
+        timers = {"embed": 0.0, "exact": 0.0, "done": 0}
+
+        def embed(texts, progress=None):
+            t = time.perf_counter()
+            vecs = emb.embed(texts) if cache is None else [cache[text] for text in texts]
+            timers["embed"] += time.perf_counter() - t
+            if vec_of is not None:
+                vec_of.update((text, np.asarray(v, np.float16)) for text, v in zip(texts, vecs, strict=True))
+            t = time.perf_counter()
+            for lo in range(0, len(vecs), 64):  # exact MaxSim of every query against these texts
+                part = vecs[lo:lo + 64]
+                width = max(len(v) for v in part)
+                pad = np.zeros((len(part), width, q.shape[1]), np.float32)
+                mask = np.zeros((len(part), width), np.bool_)
+                for i, v in enumerate(part):
+                    pad[i, :len(v)], mask[i, :len(v)] = v, True
+                sims = mx.array(pad) @ q_mx.T  # [texts, width, query tokens]
+                sims = mx.where(mx.array(mask)[..., None], sims, -mx.inf).max(axis=1)
+                scores = np.array(sims @ avg_mx)  # [texts, queries]
+                for text, row in zip(texts[lo:lo + 64], scores, strict=True):
+                    exact_of[text] = row
+            timers["exact"] += time.perf_counter() - t
+            timers["done"] += len(texts)
+            say(f"embedded {timers['done']}/{len(docs)} ({timers['done'] / max(timers['embed'], 1e-9):.0f} fn/s)")
+            return vecs
+
+        corpus = work / "stdlib.jsonl"
+        corpus.write_text("".join(json.dumps({"id": d["id"], "code": d["code"]}) + "\n" for d in docs))
+        t = time.perf_counter()
+        meta = {"model": str(model), "max_doc_len": 256, "max_query_len": 32, "dim": emb.dim}
+        report = build.update(corpus, work / "index", embed, meta, assign=assign_on_device if gpu else None,
+                              encode=encode_on_device if gpu else None)
+        build_wall = time.perf_counter() - t
+        build_peak = _rss_gb()
+        say(f"index built: {report.documents} documents in {build_wall:.0f} s "
+            f"({timers['embed']:.0f} s embedding, {timers['exact']:.0f} s exact scoring)")
+        index = Index(work / "index")
+        slot = {key: entry[4] for key, entry in index.units()["units"].items()}
+        exact = np.full((len(queries), index.n_slots), -np.inf, np.float32)
+        for d in docs:
+            exact[:, slot[d["id"]]] = exact_of[d["code"]]
+        pos_slots = np.array([slot[docs[i]["id"]] for i in positives], np.int64)
+        mrr_exact = _mrr(ranking.positive_ranks(exact, pos_slots).astype(np.float64))
+        gen = store.current(work / "index")
+        size = _dir_bytes(gen)
+        baseline = 128 + index.n_tokens * emb.dim * 2 + 128 + 8 * (len(docs) + 1) + 200 + \
+            sum(len(json.dumps(d)) + 1 for d in docs)
+        device_ms = []  # per-query encoding on this process's device (the GPU on a GPU machine)
+        for text in queries[:20]:
+            emb.embed([text], 32)
+        for text in queries:
+            t = time.perf_counter()
+            emb.embed([text], 32)
+            device_ms.append((time.perf_counter() - t) * 1e3)
+        np.savez(work / "queries_dev.npz", tokens=q, offsets=q_off, positives=pos_slots)
+        (work / "queries.json").write_text(json.dumps(queries))
+        sweep_prep = None
+        if args.sweep:
+            np.save(work / "exact.npy", exact)
+            del index, exact
+            t = time.perf_counter()
+            sweep_prep = sweep_prepare(work, vec_of if cache is None else cache, device=gpu)
+            vec_of = None
+            say(f"sweep prepared ({', '.join(SWEEP_CODECS)} re-encodings, decompressed-full scores) in {time.perf_counter() - t:.0f} s")
+        else:
+            del index, exact
+        pre = {"functions": len(docs), "total": total, "corpus_python": corpus_python, "model": str(model),
+               "dtype": dtype_name, "device": str(mx.default_device()), "mine_s": mine_s, "load_s": load_s,
+               "embed_s": timers["embed"], "exact_s": timers["exact"], "build_wall": build_wall,
+               "build_peak": build_peak, "cache_embed_s": cache.embed_s if cache is not None else None,
+               "mrr_exact": mrr_exact, "size": size, "baseline": baseline, "device_ms": device_ms,
+               "queries": len(queries), "sweep_prep": sweep_prep, "blas": blas.status,
+               "build_total_s": time.perf_counter() - t_start}
+        pre_path.write_text(json.dumps(pre))
+    mrr_exact, model, dtype_name = pre["mrr_exact"], Path(pre["model"]), pre["dtype"]
+    cached = pre["cache_embed_s"] is not None
     say(f"exact MRR@10 {mrr_exact:.4f}; measuring queries pinned to {args.query_cores} cores")
     cores = sorted(os.sched_getaffinity(0))[:args.query_cores]
     # one BLAS thread per library by default: with 2 OpenBLAS threads beside MLX's own, the two
     # pools contended on 2 cores (query encoding p50 107 vs 14 ms, search 140 vs 63 ms, alternating)
     threads = str(args.blas_threads or len(cores))
     env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads,
-           "MKL_NUM_THREADS": threads, "PYTHONPATH": str(ROOT)}
+           "MKL_NUM_THREADS": threads,
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "benchmarks.search_scale", "--phase", "pinned_queries",
                     "--work", str(work), "--model", str(model)], check=True, cwd=ROOT, env=env,
@@ -793,46 +839,48 @@ def run_stdlib(args) -> dict:
                         "--work", str(work), "--sweep-budget", str(args.sweep_budget)], check=True, cwd=ROOT,
                        env=env, preexec_fn=lambda: os.sched_setaffinity(0, cores))
         sweep = json.loads((work / "pinned_sweep.json").read_text())
-        sweep["variants"] = sweep_prep
+        sweep["variants"] = pre["sweep_prep"]
         sweep["note"] = SWEEP_NOTE
         say(f"sweep measured in {time.perf_counter() - t:.0f} s")
     total_ms = np.array(pinned["encode_ms"]) + np.array(pinned["search_ms"])
     entry = {
-        "corpus": "stdlib" if args.limit is None and len(docs) == total else
-                  f"stdlib ({len(docs)} of {total} functions: " + (f"--limit {args.limit})" if args.limit else
+        "corpus": "stdlib" if args.limit is None and pre["functions"] == pre["total"] else
+                  f"stdlib ({pre['functions']} of {pre['total']} functions: " + (f"--limit {args.limit})" if args.limit else
                                                                   "the part of the --embeddings cache done)"),
-        "functions": len(docs), "stdlib_functions": total,
-        "python": sys.version.split()[0], "machine": args.machine,
-        "device": str(mx.default_device()), "embedding_dtype": dtype_name,
-        "bytes_per_function": size / len(docs), "baseline_bytes_per_function": baseline / len(docs),
-        "size_vs_baseline": size / baseline,
-        "build_s": build_wall - timers["exact"] - (timers["embed"] if cache is not None else 0.0)
-                   + (cache.embed_s if cache is not None else 0.0),
-        "build_embed_s": timers["embed"] if cache is None else cache.embed_s,
-        "build_index_s": build_wall - timers["exact"] - timers["embed"], "build_peak_ram_gb": build_peak,
+        "functions": pre["functions"], "stdlib_functions": pre["total"],
+        "python": sys.version.split()[0], "corpus_python": pre["corpus_python"], "machine": args.machine,
+        "mlx_enable_tf32": os.environ.get("MLX_ENABLE_TF32", "default (1)"),
+        "device": pre["device"], "embedding_dtype": dtype_name,
+        "bytes_per_function": pre["size"] / pre["functions"],
+        "baseline_bytes_per_function": pre["baseline"] / pre["functions"], "size_vs_baseline": pre["size"] / pre["baseline"],
+        "build_s": pre["build_wall"] - pre["exact_s"] - (pre["embed_s"] if cached else 0.0)
+                   + (pre["cache_embed_s"] if cached else 0.0),
+        "build_embed_s": pre["cache_embed_s"] if cached else pre["embed_s"],
+        "build_index_s": pre["build_wall"] - pre["exact_s"] - pre["embed_s"], "build_peak_ram_gb": pre["build_peak"],
         "peak_ram_gb": pinned["peak_ram_gb"],
         "p50_ms": float(np.median(total_ms)), "p95_ms": _pct(total_ms, 95),
         "p50_search_ms": float(np.median(pinned["search_ms"])), "p95_search_ms": _pct(pinned["search_ms"], 95),
         "p50_query_encode_ms": float(np.median(pinned["encode_ms"])),
-        "p50_query_encode_device_ms": float(np.median(device_ms)),
-        "p50_ms_device_encode": float(np.median(np.array(device_ms) + np.array(pinned["search_ms"]))),
+        "p50_query_encode_device_ms": float(np.median(pre["device_ms"])),
+        "p50_ms_device_encode": float(np.median(np.array(pre["device_ms"]) + np.array(pinned["search_ms"]))),
         "search_cpu_ms_mean": pinned["search_cpu_ms_mean"],
         "p50_hybrid_search_ms": float(np.median(pinned["hybrid_search_ms"])),
         "latency_cores": pinned["cores"], "latency_blas": pinned["blas"],
         "mrr_exact": mrr_exact, "mrr_index": pinned["mrr_index"], "mrr_drop": mrr_exact - pinned["mrr_index"],
-        "queries": len(queries), "tokens": pinned["tokens"],
+        "queries": pre["queries"], "tokens": pinned["tokens"],
         "centroids": pinned["centroids"], "codec": pinned["codec"], "bytes_per_token": pinned["bytes_per_token"],
         "nprobe": pinned["nprobe"], "candidates": pinned["candidates"],
-        "mine_s": mine_s, "model_load_s": load_s, "exact_scoring_s": timers["exact"],
-        "total_s": time.perf_counter() - t_start, "build_blas": blas.status,
+        "mine_s": pre["mine_s"], "model_load_s": pre["load_s"], "exact_scoring_s": pre["exact_s"],
+        "total_s": time.perf_counter() - t_start, "build_blas": pre["blas"],
         "note": (f"every function mine_corpus finds in this Python's standard library (documented and "
                  f"undocumented, test code included), embedded by {model.name} ({dtype_name}) on "
-                 f"{mx.default_device()} through mlxio.search.build.update (the code_search index path: "
+                 f"{pre['device']} through mlxio.search.build.update (the code_search index path: "
                  f"the default codec, {pinned['codec']}: centroids by k-means on up to 262,144 sample tokens, "
-                 "the residual code on 65,536 others; centroids assigned on the device); "
+                 "the residual code on 65,536 others; centroids and codes computed on the device: "
+                 "embed.encode_on_device on a GPU); "
                  + ("the vectors come from benchmarks.search_scale_embed's cache (--embeddings: embedded "
                     "once on this CPU, float16; build_embed_s is that run's embedding time, build_index_s "
-                    "this run's codec training, compression and writing); " if cache is not None else "") +
+                    "this run's codec training, compression and writing); " if cached else "") +
                  "mrr_exact: brute-force MaxSim of the same query vectors over every function's "
                  f"{dtype_name} token vectors (computed on the device while embedding); latency: one "
                  f"query at a time in a child process pinned with os.sched_setaffinity to {len(cores)} "
@@ -842,7 +890,8 @@ def run_stdlib(args) -> dict:
         "command": f"PYTHONPATH=. python3 -m benchmarks.search_scale --corpus stdlib --machine {args.machine} "
                    f"--model {args.model or '(embedded MiniLM)'} --out {args.out}"
                    + (f" --limit {args.limit}" if args.limit else "") + (" --sweep" if args.sweep else "")
-                   + (f" --embeddings {args.embeddings}" if cache is not None else "")
+                   + (f" --embeddings {args.embeddings}" if cached else "")
+                   + (f" --corpus-file {args.corpus_file}" if args.corpus_file else "")
                    + f" --blas-threads {args.blas_threads}",
     }
     if sweep is not None:
@@ -1269,17 +1318,28 @@ def main(argv=None) -> None:
                          "2-bit re-encoding) against the same exact scores; recorded under \"sweep\"")
     ap.add_argument("--sweep-budget", type=float, default=SWEEP_BUDGET_S,
                     help="seconds of pinned sweep measurement; later settings are skipped")
+    ap.add_argument("--corpus-file", type=Path, default=None,
+                    help="--corpus stdlib: index the stdlib corpus in this file (--export-corpus) instead of "
+                         "mining the running Python's")
+    ap.add_argument("--resume", action="store_true",
+                    help="--corpus stdlib: when WORK holds a finished build (stdlib_pre.json), measure only")
+    ap.add_argument("--export-corpus", type=Path, default=None,
+                    help="write the running Python's stdlib corpus to this file (xz JSON) and exit")
     ap.add_argument("--pack-model", type=Path, default=None,
                     help="write the embedded MiniLM with float16 weights to this folder and exit")
     args = ap.parse_args(argv)
     if args.pack_model is not None:
         print(pack_model_f16(args.pack_model))
         return
+    if args.export_corpus is not None:
+        print(export_corpus_file(args.export_corpus, args.work or Path("/tmp/search_scale_stdlib")))
+        return
     if args.corpus == "stdlib":
         args.work = args.work or Path("/tmp/search_scale_stdlib")
         args.work.mkdir(parents=True, exist_ok=True)
         args.out = args.out or ROOT / "benchmarks" / "results" / args.machine / "search_scale_stdlib.json"
         entry = run_stdlib(args)
+        (args.work / "stdlib_entry.json").write_text(json.dumps(entry, indent=1) + "\n")
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(entry, indent=1) + "\n")
         print(json.dumps(entry, indent=1))

@@ -39,7 +39,7 @@ import numpy as np
 from mlxio.data.lines import object_lines
 from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
 from mlxio.search import build as search_build
-from mlxio.search.embed import Embedder, assign_on_device
+from mlxio.search.embed import Embedder, assign_on_device, encode_on_device
 from mlxio.search.index import FUSIONS, Index, SearchArgumentError, check_args
 from mlxio.weights.encoders import load_encoder
 
@@ -104,7 +104,8 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
     on_gpu = mx.default_device() == mx.gpu
     return search_build.update(source, index_dir, embed, meta, codec=codec, rebuild=rebuild, compact=compact,
                                fusion=fusion, progress=_progress_bar("embedding") if progress else None,
-                               assign=assign_on_device if on_gpu else None)
+                               assign=assign_on_device if on_gpu else None,
+                               encode=encode_on_device if on_gpu else None)
 
 
 class Searcher:

@@ -42,3 +42,22 @@ def test_opt_out_and_log_line():
     assert out.returncode == 0, out.stderr
     if sys.platform == "linux" and not blas._has_cuda_build():
         assert out.stdout.strip() == "reference" and "BLAS:" in out.stderr
+
+
+
+def test_explicit_path_on_cuda_build(monkeypatch):
+    """A CUDA build keeps its bundled (reference) BLAS by default but loads a library named by
+    MLXIO_BLAS (its CPU stream uses the same cblas calls)."""
+    monkeypatch.setattr(blas, "_has_cuda_build", lambda: True)
+    monkeypatch.setattr(blas.platform, "system", lambda: "Linux")
+    monkeypatch.delitem(sys.modules, "mlx.core", raising=False)  # restored after the test
+    for wanted, expected in (("auto", "not-needed:cuda"), ("off", "not-needed:cuda"),
+                             ("/nonexistent/libopenblas.so.0", "reference")):
+        monkeypatch.setattr(blas, "status", "unset")
+        monkeypatch.setenv("MLXIO_BLAS", wanted)
+        assert blas.ensure_fast_blas() == expected
+    path = blas.find_openblas()
+    if path is not None:
+        monkeypatch.setattr(blas, "status", "unset")
+        monkeypatch.setenv("MLXIO_BLAS", path)
+        assert blas.ensure_fast_blas() == "openblas:" + path

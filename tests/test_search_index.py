@@ -599,6 +599,43 @@ def test_device_paths_match_the_cpu_ones(minilm):
     np.testing.assert_array_equal(assign_on_device(x, c, chunk=128), codec.assign(x, c))
 
 
+@pytest.mark.parametrize("name", ["pq16", "pq8", "1bit"])
+def test_encode_on_device_matches_numpy(name):
+    """The build's GPU compression (embed.encode_on_device) gives PQCodec.encode's / Codec.encode's
+    codes (float rounding may flip a rare near-tie), and build.update takes it as `encode`."""
+    from mlxio.search.embed import encode_on_device
+
+    rng = np.random.default_rng(1)
+    x = _unit(rng.standard_normal((3000, DIM)))
+    c = codec.train_named(name, x[:1500], 24, 0, residual_sample=x[1500:])
+    want_ids, want_codes = c.encode(x[1500:])
+    got_ids, got_codes = encode_on_device(c, x[1500:], chunk=512)
+    assert got_ids.dtype == want_ids.dtype and got_codes.dtype == want_codes.dtype
+    assert got_codes.shape == want_codes.shape
+    assert np.mean(got_ids == want_ids) > 0.995 and np.mean(got_codes == want_codes) > 0.995
+
+
+def test_build_with_device_encode_matches_numpy_build(tmp_path):
+    """build.update(encode=embed.encode_on_device) - what a GPU build uses - writes the index the
+    NumPy path writes (same codes here; at most a rare near-tie could differ)."""
+    from mlxio.search.embed import encode_on_device
+
+    src = tmp_path / "src"
+    _write_sources(src)
+    build.update(src, tmp_path / "cpu", FakeEmbed(), META)
+    seen = []
+
+    def encode(c, x):
+        seen.append(len(x))
+        return encode_on_device(c, x)
+
+    build.update(src, tmp_path / "dev", FakeEmbed(), META, encode=encode)
+    a, b = Index(tmp_path / "cpu"), Index(tmp_path / "dev")
+    assert seen and a.n_docs == b.n_docs == 20
+    same = [np.array_equal(x, y) for i in range(a.n_docs) for x, y in zip(a.codes(i), b.codes(i), strict=True)]
+    assert np.mean(same) > 0.9
+
+
 def test_search_defaults_scale_with_size(tmp_path, monkeypatch):
     from mlxio.search import index as index_mod
 

@@ -48,6 +48,8 @@ log = logging.getLogger("mlxio.search")
 # embed(texts, progress) -> float16/float32 [n_tokens_i, D] per text, unit norm
 EmbedFn = Callable[[list[str], Callable[[int, int, float], None] | None], list[np.ndarray]]
 AssignFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (vectors, centroids) -> nearest centroid ids
+# (codec, vectors) -> (centroid ids, codes), as codec.encode (e.g. embed.encode_on_device)
+EncodeFn = Callable[[object, np.ndarray], tuple[np.ndarray, np.ndarray]]
 SAMPLE_TOKENS = 65536      # residual-code training sample (tokens), held out from k-means
 SAMPLE_DOCS_MAX = 4096     # documents embedded up front for the samples
 # k-means sees up to KMEANS_TOKENS_PER_CENTROID x K tokens (at most KMEANS_TOKENS_MAX): trained on
@@ -166,13 +168,15 @@ def default_fusion(model: str) -> dict:
 
 def update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, codec: str = DEFAULT_CODEC,
            rebuild: bool = False, compact: bool = False, fusion: dict | None = None, seed: int = 0,
-           progress: Callable[[int, int, float], None] | None = None, assign: AssignFn | None = None) -> Report:
+           progress: Callable[[int, int, float], None] | None = None, assign: AssignFn | None = None,
+           encode: EncodeFn | None = None) -> Report:
     """Build the index of `source` in `index_dir`, or bring an existing one up to date
     (`compact`: also merge every segment into one).
 
     meta: {"model", "max_doc_len", "max_query_len", "dim"} - an existing index built with other
     values is rebuilt from scratch (its vectors are not comparable). `assign`: nearest-centroid
-    search to use (e.g. `embed.assign_on_device` on a GPU; default NumPy).
+    search to use (e.g. `embed.assign_on_device` on a GPU; default NumPy); `encode`: the whole
+    compression (e.g. `embed.encode_on_device`: centroids and PQ codes on the GPU), instead.
     """
     started = time.perf_counter()
     index_dir = Path(index_dir)
@@ -191,7 +195,7 @@ def update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, codec: 
     _, units = scan(source, old.units()["units"] if old is not None else None)
     return apply_units(kind, units, index_dir, embed, meta, old=old, source=str(source), codec=codec,
                        compact=compact, fusion=fusion, seed=seed, progress=progress, started=started,
-                       assign=assign)
+                       assign=assign, encode=encode)
 
 
 def open_compatible(index_dir: Path, meta: dict, codec: str, kind: str) -> Index | None:
@@ -228,7 +232,8 @@ def apply_units(kind: str, units: list[Unit], index_dir: Path, embed: EmbedFn, m
                 old: Index | None, source: str, codec: str = DEFAULT_CODEC, compact: bool = False,
                 fusion: dict | None = None, seed: int = 0,
                 progress: Callable[[int, int, float], None] | None = None,
-                started: float | None = None, assign: AssignFn | None = None) -> Report:
+                started: float | None = None, assign: AssignFn | None = None,
+                encode: EncodeFn | None = None) -> Report:
     """Write the generation that indexes exactly `units` (sorted by key), reusing `old`'s
     segments for the units whose digest it already holds."""
     started = time.perf_counter() if started is None else started
@@ -266,7 +271,7 @@ def apply_units(kind: str, units: list[Unit], index_dir: Path, embed: EmbedFn, m
             trained = old.codec
         else:
             trained, cached = _train_codec(flat, embed, codec, seed, meta["dim"], progress)
-        encoded = _embed_encode(flat, embed, trained, progress, cached, assign=assign)
+        encoded = _embed_encode(flat, embed, trained, progress, cached, assign=assign, encode=encode)
         known = {}
         for seg in linked:
             store.link_segment(old.gen, seg.name, tmp)
@@ -365,7 +370,8 @@ def _train_codec(docs: list[dict], embed: EmbedFn, codec: str, seed: int, dim: i
 def _embed_encode(docs: list[dict], embed: EmbedFn, codec: codec_mod.Codec,
                   progress: Callable[[int, int, float], None] | None,
                   cached: dict[int, np.ndarray] | None = None,
-                  chunk: int = 512, assign: AssignFn | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+                  chunk: int = 512, assign: AssignFn | None = None,
+                  encode: EncodeFn | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """Compressed tokens (centroid ids, packed residuals) of every document, in order. Vectors
     are embedded chunk by chunk and compressed at once, so only codes stay in memory;
     `cached` documents' vectors are compressed without embedding them again."""
@@ -373,7 +379,10 @@ def _embed_encode(docs: list[dict], embed: EmbedFn, codec: codec_mod.Codec,
 
     def compress(rows: list[int], vectors: list[np.ndarray]) -> None:
         x = np.concatenate(vectors)
-        cids, packed = codec.encode(x, cids=None if assign is None else assign(x, codec.centroids))
+        if encode is not None:
+            cids, packed = encode(codec, x)
+        else:
+            cids, packed = codec.encode(x, cids=None if assign is None else assign(x, codec.centroids))
         bounds = np.cumsum([0, *(len(v) for v in vectors)])
         for i, a, b in zip(rows, bounds[:-1], bounds[1:], strict=True):
             codes[i] = (cids[a:b], packed[a:b])

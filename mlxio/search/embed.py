@@ -73,3 +73,30 @@ def assign_on_device(x: np.ndarray, centroids: np.ndarray, chunk: int = 65536) -
         block = mx.array(np.asarray(x[lo:lo + chunk], np.float32))
         out[lo:lo + chunk] = np.array(mx.argmax(block @ c.T, axis=1))
     return out
+
+
+def encode_on_device(codec, x: np.ndarray, chunk: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+    """`codec.encode(x)` with the arithmetic in MLX on its default device (the GPU where there
+    is one): nearest centroid, then for a PQCodec the rotated residual's nearest codeword in
+    every subspace (max of r.c - |c|^2 / 2, as PQCodec.encode); a scalar Codec gets its
+    centroids here and its residual buckets from NumPy. Float rounding may flip a near-tie."""
+    from mlxio.search.codec import PQCodec, centroid_dtype
+
+    if not isinstance(codec, PQCodec):
+        return codec.encode(x, cids=assign_on_device(x, codec.centroids, chunk))
+    m, dim = codec.subspaces, codec.dim
+    ds = dim // m
+    c = mx.array(np.asarray(codec.centroids, np.float32))
+    rot = mx.array(np.asarray(codec.rotation, np.float32))
+    books = mx.array(np.asarray(codec.codebooks, np.float32)).transpose(0, 2, 1)  # [m, ds, KSUB]
+    half = mx.array(np.asarray(codec._half_norms, np.float32))[:, None, :]  # [m, 1, KSUB]
+    ids = np.empty(len(x), centroid_dtype(len(codec.centroids)))
+    codes = np.empty((len(x), m), np.uint8)
+    for lo in range(0, len(x), chunk):
+        block = mx.array(np.asarray(x[lo:lo + chunk], np.float32))
+        cid = mx.argmax(block @ c.T, axis=1)
+        resid = ((block - c[cid]) @ rot).reshape(-1, m, ds).transpose(1, 0, 2)  # [m, n, ds]
+        best = mx.argmax(resid @ books - half, axis=2).T  # [n, m]
+        ids[lo:lo + chunk] = np.array(cid)
+        codes[lo:lo + chunk] = np.array(best.astype(mx.uint8))
+    return ids, codes
