@@ -173,6 +173,15 @@ def _mrr(ranks: np.ndarray, k: int = 10) -> float:
     return float(np.mean(np.where(ranks <= k, 1.0 / ranks, 0.0)))
 
 
+def _paired_se(ranks_a, ranks_b, k: int = 10) -> float | None:
+    """Standard error of the mean of per-query RR@k differences (a - b) over the same queries."""
+    if ranks_a is None or ranks_b is None or len(ranks_a) != len(ranks_b) or len(ranks_a) < 2:
+        return None
+    a, b = np.asarray(ranks_a, np.float64), np.asarray(ranks_b, np.float64)
+    diff = np.where(a <= k, 1.0 / a, 0.0) - np.where(b <= k, 1.0 / b, 0.0)
+    return float(diff.std(ddof=1) / np.sqrt(len(diff)))
+
+
 def _index_runs(index: Index, c, nprobe: int, candidates: int, mode: str = "semantic",
                 family: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(rank of the positive, 1..10 or 11 = not in top 10; seconds per query). `family`: also
@@ -784,7 +793,8 @@ def run_stdlib(args) -> dict:
         for d in docs:
             exact[:, slot[d["id"]]] = exact_of[d["code"]]
         pos_slots = np.array([slot[docs[i]["id"]] for i in positives], np.int64)
-        mrr_exact = _mrr(ranking.positive_ranks(exact, pos_slots).astype(np.float64))
+        exact_ranks = ranking.positive_ranks(exact, pos_slots).astype(np.float64)
+        mrr_exact = _mrr(exact_ranks)
         gen = store.current(work / "index")
         size = _dir_bytes(gen)
         baseline = 128 + index.n_tokens * emb.dim * 2 + 128 + 8 * (len(docs) + 1) + 200 + \
@@ -812,7 +822,7 @@ def run_stdlib(args) -> dict:
                "dtype": dtype_name, "device": str(mx.default_device()), "mine_s": mine_s, "load_s": load_s,
                "embed_s": timers["embed"], "exact_s": timers["exact"], "build_wall": build_wall,
                "build_peak": build_peak, "cache_embed_s": cache.embed_s if cache is not None else None,
-               "mrr_exact": mrr_exact, "size": size, "baseline": baseline, "device_ms": device_ms,
+               "mrr_exact": mrr_exact, "exact_ranks": exact_ranks.tolist(), "size": size, "baseline": baseline, "device_ms": device_ms,
                "queries": len(queries), "sweep_prep": sweep_prep, "blas": blas.status,
                "build_total_s": time.perf_counter() - t_start}
         pre_path.write_text(json.dumps(pre))
@@ -867,6 +877,7 @@ def run_stdlib(args) -> dict:
         "p50_hybrid_search_ms": float(np.median(pinned["hybrid_search_ms"])),
         "latency_cores": pinned["cores"], "latency_blas": pinned["blas"],
         "mrr_exact": mrr_exact, "mrr_index": pinned["mrr_index"], "mrr_drop": mrr_exact - pinned["mrr_index"],
+        "mrr_drop_se": _paired_se(pre.get("exact_ranks"), pinned.get("ranks")),
         "queries": pre["queries"], "tokens": pinned["tokens"],
         "centroids": pinned["centroids"], "codec": pinned["codec"], "bytes_per_token": pinned["bytes_per_token"],
         "nprobe": pinned["nprobe"], "candidates": pinned["candidates"],
@@ -934,7 +945,7 @@ def phase_pinned_queries(cache: Path, work: Path, model: str) -> dict:
         index.search(text, q[q_off[i]:q_off[i + 1]], "hybrid", top_k=10)
         hybrid_ms.append((time.perf_counter() - t) * 1e3)
     return {"encode_ms": encode_ms, "search_ms": search_ms, "hybrid_search_ms": hybrid_ms,
-            "search_cpu_ms_mean": cpu_ms, "mrr_index": _mrr(np.array(ranks, np.float64)),
+            "search_cpu_ms_mean": cpu_ms, "mrr_index": _mrr(np.array(ranks, np.float64)), "ranks": ranks,
             "cores": sorted(os.sched_getaffinity(0)), "blas": blas.status, "tokens": int(index.n_tokens),
             "centroids": len(index.codec.centroids), "peak_ram_gb": _rss_gb(), "codec": index.codec.name,
             "bytes_per_token": index.codec.code_bytes + np.dtype(codec_mod.centroid_dtype(len(index.codec.centroids))).itemsize,

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 import mlxio  # noqa: F401  (fast BLAS before mlx)
-from benchmarks.search_scale import _dir_bytes, _files_bytes, _mrr, _pct, _rss_gb
+from benchmarks.search_scale import _dir_bytes, _files_bytes, _mrr, _paired_se, _pct, _rss_gb
 from mlxio.search import store
 from mlxio.search.index import (
     Index,
@@ -74,12 +74,14 @@ def batch_bounds(n_real: int, functions: int) -> list[tuple[int, int]]:
     return out
 
 
-def batch_tokens(seg, b: int, first: int, end: int):
-    """(bases [n]: the real function each copies, starts [n], cids, codes) of batch `b`."""
+def batch_tokens(seg, b: int, first: int, end: int, sources: bool = False):
+    """(bases [n]: the real function each copies, starts [n], cids, codes) of batch `b`;
+    `sources`: also (source: the real token each token copies, noisy: tokens whose code was altered)."""
     if b == 0:
         bases = np.arange(end - first)
         positions, starts = seg.tokens(bases)
-        return bases, starts, np.asarray(seg.cids[positions]), np.asarray(seg.residuals[positions])
+        out = bases, starts, np.asarray(seg.cids[positions]), np.asarray(seg.residuals[positions])
+        return (*out, positions, np.zeros(0, np.int64)) if sources else out
     rng = np.random.default_rng([SEED, b])
     bases = rng.integers(0, seg.n, end - first)
     positions, starts = seg.tokens(bases)
@@ -90,7 +92,11 @@ def batch_tokens(seg, b: int, first: int, end: int):
     cids[swap], codes[swap] = seg.cids[donor], seg.residuals[donor]
     noisy = np.flatnonzero(rng.random(len(positions)) < NOISY)
     codes[noisy, rng.integers(0, codes.shape[1], len(noisy))] ^= rng.integers(1, 256, len(noisy)).astype(np.uint8)
-    return bases, starts, cids, codes
+    if not sources:
+        return bases, starts, cids, codes
+    source = positions.copy()
+    source[swap] = donor
+    return bases, starts, cids, codes, source, noisy
 
 
 # ----------------------------------------------------------------------------- build workers
@@ -199,6 +205,91 @@ class ExactScorer:
         best = np.maximum.reduceat(sims, starts[:n], axis=0)
         ref = np.add.reduceat(best, self.q_off[:-1], axis=1) / np.diff(self.q_off)[None, :]
         return float(np.abs(ref - scores[:n]).max())
+
+
+# ----------------------------------------------------------------------------- exact scores on the CPU
+
+_E: dict = {}  # per exact-scoring worker: the real tokens' similarities and the query group
+
+
+def _exact_batch(job: tuple[int, int, int]) -> tuple[int, np.ndarray]:
+    """Batch `b`'s MaxSim [queries of the group, functions]: every token that copies a real token
+    takes that token's row of S = decode(real tokens) @ Q.T; altered tokens are decoded."""
+    b, first, end = job
+    seg, codec, sims, q, q_off = _E["seg"], _E["codec"], _E["sims"], _E["q"], _E["q_off"]
+    _, starts, cids, codes, source, noisy = batch_tokens(seg, b, first, end, sources=True)
+    tok = sims[source]  # [tokens, query tokens]
+    if len(noisy):
+        tok[noisy] = codec.decode_rotated(cids[noisy], codes[noisy]) @ q.T
+    best = np.maximum.reduceat(tok, starts, axis=0)  # [functions, query tokens]
+    return b, (np.add.reduceat(best, q_off[:-1], axis=1) / np.diff(q_off)[None, :]).T
+
+
+def phase_exact(work: Path, functions: int, workers: int, n_queries: int, max_gb: float,
+                max_minutes: float | None = None) -> dict:
+    """Brute-force MaxSim of the first `n_queries` queries over every function of the synthetic
+    corpus (regenerated batch by batch: the vectors are the decompressed codes), on the CPU in
+    `workers` forked processes, in groups of queries whose real-token similarities S fit
+    `max_gb`. Checked against decode + matmul, and the regenerated codes against the index's.
+    `max_minutes`: no new group starts after that; the result (written after every group to
+    work/synth_exact.json) holds the queries done."""
+    base, index = Index(work / "index"), Index(work / "synthetic")
+    seg, codec = base.segments[0], base.codec
+    _, q, q_off, positives = _queries(work)
+    q_off = q_off[:n_queries + 1]
+    q = codec.rotate(q[:q_off[-1]])
+    per_token = seg.n_tokens * 4
+    groups, g0 = [], 0
+    while g0 < n_queries:  # queries per group: S [real tokens, group's query tokens] <= max_gb
+        g1 = g0 + 1
+        while g1 < n_queries and (q_off[g1 + 1] - q_off[g0]) * per_token <= max_gb * 2**30:
+            g1 += 1
+        groups.append((g0, g1))
+        g0 = g1
+    bounds = batch_bounds(seg.n, functions)
+    jobs = [(b, lo, hi) for b, (lo, hi) in enumerate(bounds)]
+    scores = np.zeros((n_queries, functions), np.float32)
+    t0 = time.perf_counter()
+    err, done = None, 0
+
+    def result() -> dict:
+        ranks, family = _ranks(index, scores[:done], positives[:done])
+        return {"queries": done, "queries_wanted": n_queries, "query_groups": len(groups), "workers": workers,
+                "exact_s": time.perf_counter() - t0, "mrr_exact": _mrr(ranks), "mrr_exact_family": _mrr(family),
+                "exact_check_max_abs_err": err, "exact_device": "cpu (NumPy)", "exact_ranks": ranks.tolist(),
+                "exact_family_ranks": family.tolist(), "peak_ram_gb": _rss_gb()}
+
+    for g0, g1 in groups:
+        if max_minutes is not None and time.perf_counter() - t0 > max_minutes * 60:
+            say(f"exact: time cap reached after {done} queries")
+            break
+        qg = q[q_off[g0]:q_off[g1]]
+        off = q_off[g0:g1 + 1] - q_off[g0]
+        sims = np.empty((seg.n_tokens, len(qg)), np.float32)
+        for lo in range(0, seg.n_tokens, 65536):
+            hi = min(lo + 65536, seg.n_tokens)
+            sims[lo:hi] = codec.decode_rotated(seg.cids[lo:hi], seg.residuals[lo:hi]) @ qg.T
+        _E.update(seg=seg, codec=codec, sims=sims, q=qg, q_off=off)
+        if err is None:  # check one synthetic batch against decode + matmul, and the index's codes
+            _, got = _exact_batch(jobs[1])
+            _, starts, cids, codes = batch_tokens(seg, *jobs[1])
+            n = min(32, len(starts))
+            end = starts[n] if n < len(starts) else len(cids)
+            direct = np.maximum.reduceat(codec.decode_rotated(cids[:end], codes[:end]) @ qg.T, starts[:n], axis=0)
+            ref = (np.add.reduceat(direct, off[:-1], axis=1) / np.diff(off)[None, :]).T
+            err = float(np.abs(ref - got[:, :n]).max())
+            stored = index.codes(jobs[1][1])
+            if err > 1e-4 or not (np.array_equal(stored[0], cids[:starts[1]]) and np.array_equal(stored[1], codes[:starts[1]])):
+                raise SystemExit(f"exact scores differ from decode @ Q by {err}, or the codes from the index's")
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            for b, part in pool.imap_unordered(_exact_batch, jobs, chunksize=1):
+                scores[g0:g1, bounds[b][0]:bounds[b][1]] = part
+        del sims
+        _E.clear()
+        done = g1
+        (work / "synth_exact.json").write_text(json.dumps(result()) + "\n")
+        say(f"exact: queries {g0}-{g1} of {n_queries} done, {time.perf_counter() - t0:.0f} s, peak RSS {_rss_gb():.2f} GB")
+    return result()
 
 
 # ----------------------------------------------------------------------------- phases
@@ -320,7 +411,7 @@ def _ranks(index: Index, scores: np.ndarray, positives: np.ndarray) -> tuple[np.
     return np.array(ranks, np.float64), np.array(family, np.float64)
 
 
-def phase_search(work: Path, model: str | None, budget_s: float) -> dict:
+def phase_search(work: Path, model: str | None, budget_s: float, n_queries: int | None = None) -> dict:
     """In this (pinned) process: per query, MiniLM float32 encoding on the CPU + search of the
     synthetic index with the saved query vectors, at the index's defaults, then GRID."""
     import mlx.core as mx
@@ -333,6 +424,8 @@ def phase_search(work: Path, model: str | None, budget_s: float) -> dict:
     started = time.perf_counter()
     index = Index(work / "synthetic")
     queries, q, q_off, positives = _queries(work)
+    if n_queries is not None:
+        queries, q_off, positives = queries[:n_queries], q_off[:n_queries + 1], positives[:n_queries]
     emb = Embedder(load_encoder(Path(model) if model else default_encoder_path(), dtype=mx.float32), 32, batch_size=1)
     for i, text in enumerate(queries[:20]):  # warm-up: compiled shapes, page cache
         emb.embed([text])
@@ -362,6 +455,7 @@ def phase_search(work: Path, model: str | None, budget_s: float) -> dict:
         cpu_ms = (time.process_time() - cpu) * 1e3 / len(queries)
         grid.append({"nprobe": nprobe, "candidates": candidates, "mrr_index": _mrr(np.array(ranks, np.float64)),
                      "mrr_index_family": _mrr(np.array(family, np.float64)), "search_ms": ms,
+                     "ranks": ranks, "family_ranks": family,
                      "search_cpu_ms_mean": cpu_ms, "peak_ram_gb": _rss_gb()})
         say(f"synthetic search {nprobe}/{candidates}: mrr {grid[-1]['mrr_index']:.4f} family "
             f"{grid[-1]['mrr_index_family']:.4f}, p50 {np.median(ms):.0f} ms, {time.perf_counter() - started:.0f} s")
@@ -446,7 +540,7 @@ def phase_edit(work: Path, model: str | None, corpus_file: Path | None) -> dict:
 # ----------------------------------------------------------------------------- the record
 
 
-def record(src: Path, machine: str) -> list[dict]:
+def record(src: Path, machine: str, command: str | None = None) -> list[dict]:
     """Issue 20's entries from the files a run left in `src` (stdlib_entry.json from
     `search_scale --corpus stdlib`, synth_build.json, synth_search.json, synth_edit.json)."""
     entries = []
@@ -458,6 +552,10 @@ def record(src: Path, machine: str) -> list[dict]:
     yb = json.loads((src / "synth_build.json").read_text())
     ys = json.loads((src / "synth_search.json").read_text()) if (src / "synth_search.json").exists() else None
     yd = json.loads((src / "synth_edit.json").read_text()) if (src / "synth_edit.json").exists() else None
+    if (src / "synth_exact.json").exists():  # the exact scores of a separate (CPU) pass
+        ye = json.loads((src / "synth_exact.json").read_text())
+        yb |= {k: ye[k] for k in ("mrr_exact", "mrr_exact_family", "exact_s", "exact_device", "queries",
+                                  "exact_check_max_abs_err", "exact_ranks", "exact_family_ranks")}
     entry = {"corpus": f"synthetic near-duplicates of the stdlib ({yb['functions']:,} functions, synthetic vectors)",
              "functions": yb["functions"], "real_functions": yb["real_functions"], "tokens": yb["tokens"],
              "units": yb["units"], "segments": yb["segments"], "machine": machine, "codec": yb["codec"],
@@ -469,19 +567,32 @@ def record(src: Path, machine: str) -> list[dict]:
              "queries": yb["queries"],
              "files_bytes": yb["files"]}
     if ys is not None:
+        n_e = len(yb.get("exact_ranks") or []) or yb["queries"]
+        if n_e < ys["queries"]:  # exact scores for the first n_e queries only: the index on the same ones
+            if "ranks" not in ys["grid"][0]:
+                raise SystemExit("synth_search.json has no per-query ranks: re-run --phase search")
+            for g in ys["grid"]:
+                if "ranks" in g:
+                    g |= {"mrr_index_all_queries": g["mrr_index"], "mrr_index_family_all_queries": g["mrr_index_family"],
+                          "ranks": g["ranks"][:n_e], "family_ranks": g["family_ranks"][:n_e],
+                          "mrr_index": _mrr(np.array(g["ranks"][:n_e], np.float64)),
+                          "mrr_index_family": _mrr(np.array(g["family_ranks"][:n_e], np.float64))}
         main = ys["grid"][0]
         enc = np.array(ys["encode_ms"])
         total = enc + np.array(main["search_ms"])
         entry |= {"peak_ram_gb": main["peak_ram_gb"], "p50_ms": float(np.median(total)), "p95_ms": _pct(total, 95),
                   "p50_search_ms": float(np.median(main["search_ms"])), "p95_search_ms": _pct(main["search_ms"], 95),
                   "p50_query_encode_ms": float(np.median(enc)), "search_cpu_ms_mean": main["search_cpu_ms_mean"],
+                  "latency_queries": ys["queries"], "mrr_queries": n_e,
                   "p50_hybrid_search_ms": float(np.median(ys["hybrid_search_ms"])),
                   "mrr_index": main["mrr_index"], "mrr_drop": yb["mrr_exact"] - main["mrr_index"],
                   "mrr_index_family": main["mrr_index_family"],
                   "mrr_drop_family": yb["mrr_exact_family"] - main["mrr_index_family"],
+                  "mrr_drop_se": _paired_se(yb.get("exact_ranks"), main.get("ranks")),
+                  "mrr_drop_family_se": _paired_se(yb.get("exact_family_ranks"), main.get("family_ranks")),
                   "nprobe": main["nprobe"], "candidates": main["candidates"],
                   "latency_cores": ys["cores"], "latency_blas": ys["blas"],
-                  "grid": [{k: v for k, v in g.items() if k != "search_ms"} | (
+                  "grid": [{k: v for k, v in g.items() if k not in ("search_ms", "ranks", "family_ranks")} | (
                       {} if "skipped" in g else {"p50_search_ms": float(np.median(g["search_ms"])),
                                                  "p95_search_ms": _pct(g["search_ms"], 95),
                                                  "mrr_drop": yb["mrr_exact"] - g["mrr_index"],
@@ -511,7 +622,7 @@ def record(src: Path, machine: str) -> list[dict]:
                 "one 20-function synthetic file replaced by 20 real stdlib functions through "
                 "build.apply_units (index load, units diff, MiniLM embedding on edit_device, compression, a new "
                 "segment, tombstones, hashing, atomic commit); edits: that, a second edit and a deletion",
-        "command": "bash .gpu/search/run.sh (python -m benchmarks.search_scale_synth --work W --phase build "
+        "command": command or "bash .gpu/search/run.sh (python -m benchmarks.search_scale_synth --work W --phase build "
                    f"--synthetic {yb['functions']}; --phase search (pinned); --phase edit) after "
                    "python -m benchmarks.search_scale --corpus stdlib --work W; then "
                    "python -m benchmarks.search_scale_synth --record DIR",
@@ -523,7 +634,10 @@ def record(src: Path, machine: str) -> list[dict]:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, default=Path("/tmp/search_scale_stdlib"))
-    ap.add_argument("--phase", choices=("build", "search", "edit"))
+    ap.add_argument("--phase", choices=("build", "exact", "search", "edit"))
+    ap.add_argument("--queries", type=int, default=None, help="exact / search: the first N queries (default all)")
+    ap.add_argument("--max-minutes", type=float, default=None, help="exact: start no query group after this")
+    ap.add_argument("--exact-gb", type=float, default=2.0, help="exact: GB of real-token similarities per query group")
     ap.add_argument("--synthetic", type=int, default=1_000_000)
     ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--no-exact", action="store_true", help="build: skip the exact scores (timing runs)")
@@ -535,10 +649,11 @@ def main(argv=None) -> None:
     ap.add_argument("--pinned", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--record", type=Path, default=None, help="folder of a run's JSON files: write the entries")
     ap.add_argument("--machine", default="h100")
+    ap.add_argument("--command", default=None, help="--record: the command line to record")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.record is not None:
-        entries = record(args.record, args.machine)
+        entries = record(args.record, args.machine, args.command)
         out = args.out or ROOT / "benchmarks" / "results" / args.machine / "search_scale.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(entries, indent=1) + "\n")
@@ -547,10 +662,13 @@ def main(argv=None) -> None:
         return
     if args.phase == "build":
         result = phase_build(args.work, args.synthetic, args.workers, not args.no_exact)
+    elif args.phase == "exact":
+        result = phase_exact(args.work, args.synthetic, args.workers, args.queries or len(_queries(args.work)[0]),
+                             args.exact_gb, args.max_minutes)
     elif args.phase == "edit":
         result = phase_edit(args.work, args.model, args.corpus_file)
     elif args.pinned:
-        result = phase_search(args.work, args.model, args.search_budget)
+        result = phase_search(args.work, args.model, args.search_budget, args.queries)
     else:  # re-run pinned to the first --query-cores cores with --blas-threads BLAS threads
         cores = sorted(os.sched_getaffinity(0))[:args.query_cores]
         threads = str(args.blas_threads or len(cores))
