@@ -218,7 +218,10 @@ def _exact_batch(job: tuple[int, int, int]) -> tuple[int, np.ndarray]:
     b, first, end = job
     seg, codec, sims, q, q_off = _E["seg"], _E["codec"], _E["sims"], _E["q"], _E["q_off"]
     _, starts, cids, codes, source, noisy = batch_tokens(seg, b, first, end, sources=True)
-    tok = sims[source]  # [tokens, query tokens]
+    buf = _E.get("buf")
+    if buf is None or len(buf) < len(source):  # reused: a fresh [tokens, query tokens] array per batch page-faults
+        buf = _E["buf"] = np.empty((int(len(source) * 1.25), sims.shape[1]), np.float32)
+    tok = np.take(sims, source, axis=0, out=buf[:len(source)])  # [tokens, query tokens]
     if len(noisy):
         tok[noisy] = codec.decode_rotated(cids[noisy], codes[noisy]) @ q.T
     best = np.maximum.reduceat(tok, starts, axis=0)  # [functions, query tokens]
