@@ -56,7 +56,7 @@ from mlxio.search.index import (
 ROOT = Path(__file__).resolve().parent.parent
 SYNTH_BATCH, UNIT_DOCS, SEED = 4096, 20, 1
 SWAP, NOISY, RENAMES = 0.15, 0.05, 3
-GRID = ((4, 128), (16, 512), (2, 256))  # after the default (nprobe, candidates), while the budget lasts
+GRID = ((8, 256), (4, 128), (16, 512), (2, 256))  # after the default (nprobe, candidates), while the budget lasts
 _IDENT = re.compile(r"\b[a-z_][a-z0-9_]{2,}\b")
 _KEEP = frozenset("def return self none true false and not for while with class import from lambda "
                   "yield async await pass raise try except finally else elif print len range".split())
@@ -440,7 +440,8 @@ def phase_search(work: Path, model: str | None, budget_s: float, n_queries: int 
         encode_ms.append((time.perf_counter() - t) * 1e3)
     wants = [index.record(int(p))["id"] for p in positives]
     grid = []
-    for nprobe, candidates in ((index.nprobe, index.candidates), *GRID):
+    settings = [(index.nprobe, index.candidates)] + [g for g in GRID if g != (index.nprobe, index.candidates)]
+    for nprobe, candidates in settings:
         if grid and time.perf_counter() - started > budget_s:
             grid.append({"nprobe": nprobe, "candidates": candidates, "skipped": f"budget {budget_s:.0f} s spent"})
             continue

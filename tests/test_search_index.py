@@ -639,7 +639,11 @@ def test_build_with_device_encode_matches_numpy_build(tmp_path):
 def test_search_defaults_scale_with_size(tmp_path, monkeypatch):
     from mlxio.search import index as index_mod
 
-    assert index_mod.search_defaults(10) == index_mod.search_defaults(10**7) == (8, 256)  # fixed by default
+    # by default: 8 / 256 up to 500,000 documents (the stdlib's 14,080 or 52,892), 16 / 512 at a million
+    assert index_mod.search_defaults(10) == index_mod.search_defaults(52_892) == index_mod.search_defaults(500_000) == (8, 256)
+    assert index_mod.search_defaults(10**6) == (16, 512)
+    assert index_mod.search_defaults(10**7) == (16, 1024)  # capped
+    assert index_mod.search_defaults(10**7, candidates_per_doc=0.0) == (8, 256)  # fixed
     assert index_mod.search_defaults(12_631, candidates_per_doc=0.04) == (16, 506)
     assert index_mod.search_defaults(10**7, candidates_per_doc=0.02) == (16, 1024)  # capped
     assert index_mod.search_defaults(12_631, 4096, nprobe_per_centroid=1 / 512) == (8, 256)

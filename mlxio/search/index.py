@@ -44,8 +44,11 @@ DEFAULT_CANDIDATES = 256
 # Size-aware defaults (search_defaults): candidates grow with the number of live documents,
 # nprobe with candidates, within caps. CANDIDATES_PER_DOC = 0 keeps the fixed 8 / 256 above;
 # NPROBE_PER_CENTROID = 0 keeps nprobe 8 at any centroid count. Set these from
-# `benchmarks.search_scale --corpus stdlib --sweep`.
-CANDIDATES_PER_DOC = 0.0
+# `benchmarks.search_scale --corpus stdlib --sweep`. At 1,000,000 functions
+# (benchmarks/results/cpu/search_scale.json, pq64) 8 / 256 lost 0.019 MRR@10 (SE 0.012) and 16 / 512
+# 0.002, at p50 189 vs 346 ms on 2 idle pinned cores: 512 candidates per million documents gives
+# 16 / 512 there and keeps 8 / 256 up to 500,000.
+CANDIDATES_PER_DOC = 512 / 1_000_000
 NPROBE_PER_CENTROID = 0.0
 MAX_CANDIDATES = 1024
 MAX_NPROBE = 16
