@@ -91,9 +91,9 @@ class TrainConfig:
     max_consecutive_skips: int = bounded(10, ge=1)  # non-finite steps in a row before the run stops
     eval_interval: int = bounded(1, ge=1)  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
     seed: int = 0
-    # mx.compile the training step. None (auto): yes, except on a CUDA device, where a fresh
-    # machine compiles each fused kernel with NVRTC (3-4 s each: the quick run's first step took
-    # 204 s on an H100) and an eager step needs only a few gather kernels
+    # mx.compile the training step and the evaluation's forward + MaxSim. None (auto): yes, except
+    # on a CUDA device, where a fresh machine compiles each fused kernel with NVRTC (3-4 s each:
+    # the quick run's first step took 204 s on an H100) and an eager step needs only a few gather kernels
     compile: bool | None = None
 
 
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
     encoder, params, trainable = model.encoder, model.params, model.trainable
     distributed.check_replicated(partition(params, trainable)[0], world, "initial trainable weights")
     evaluate = Evaluator(encoder=encoder, query_len=cfg.data.max_query_len, doc_len=cfg.data.max_doc_len,
-                         batch=cfg.train.eval_batch)
+                         batch=cfg.train.eval_batch, compiled=cfg.train.compile)
     clock.lap("load_model")
 
     # ---- data: pairs (+ hard negatives, the "model" miner uses the untrained model), held-out tasks, token cache

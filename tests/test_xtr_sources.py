@@ -279,3 +279,31 @@ def test_one_forward_gives_token_embeddings_and_the_single_vector_view():
         np.testing.assert_allclose(np.array(emb), np.array(want_emb), atol=1e-5)
     np.testing.assert_allclose(pooled, embeddings.embed_pooled(*args), atol=1e-5)
     np.testing.assert_allclose(embeddings.maxsim_matrix(tokens, tokens), embeddings.maxsim_matrix(want, want), atol=1e-5)
+
+
+def test_eager_evaluation_embeds_and_scores_as_the_compiled_one(monkeypatch):
+    """The evaluation's forward and MaxSim run eagerly on CUDA (no fused kernels to compile on a
+    fresh GPU): eager and compiled give the same embeddings and scores, and auto follows
+    `kernel_cache.use_compile` (compiled off the GPU, eager on it)."""
+    import mlx.core as mx
+
+    from mlxio import kernel_cache
+    from mlxio.search import embeddings
+    from mlxio.weights.encoders import default_encoder_path, load_encoder
+
+    encoder = load_encoder(str(default_encoder_path()))
+    texts = ["def add(a, b):\n    return a + b", "Parse a date string.", "x = [i * i for i in range(10)]"] * 3
+    args = (encoder.params, encoder.spec, encoder.tokenizer, texts, 32, 4)
+    eager, jit = (embeddings.embed_texts(*args, compiled=c) for c in (False, True))
+    for (rows, emb, _), (jit_rows, jit_emb, _) in zip(eager.blocks, jit.blocks, strict=True):
+        np.testing.assert_array_equal(rows, jit_rows)
+        np.testing.assert_allclose(np.array(emb), np.array(jit_emb), atol=1e-5)
+    np.testing.assert_allclose(embeddings.maxsim_matrix(eager, eager, compiled=False),
+                               embeddings.maxsim_matrix(jit, jit, compiled=True), atol=1e-5)
+    compiled_calls = []
+    monkeypatch.setattr(mx, "compile", lambda fn: compiled_calls.append(fn) or fn)
+    for on_gpu, want in ((False, 1), (True, 0)):
+        compiled_calls.clear()
+        monkeypatch.setattr(kernel_cache, "on_gpu", lambda on_gpu=on_gpu: on_gpu)
+        embeddings.embed_texts(*args)
+        assert len(compiled_calls) == want

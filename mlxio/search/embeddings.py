@@ -16,6 +16,7 @@ import numpy as np
 
 from mlxcore import retrieval
 from mlxcore.encoder import EncoderSpec, hidden_states, token_embeddings
+from mlxio import kernel_cache
 from mlxio.data.token_cache import hf_tokenize, length_sorted_batches
 
 
@@ -47,16 +48,23 @@ def embed_pooled(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str
     return out
 
 
+def _maybe_compile(fn, compiled: bool | None):
+    """`fn` under `mx.compile` when `kernel_cache.use_compile(compiled)` says so, else `fn`."""
+    return mx.compile(fn) if kernel_cache.use_compile(compiled) else fn
+
+
 def embed_texts(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str], max_length: int,
                 batch_size: int = 64, bucket: int = 16, desc: str = "embedding",
-                encode_fn=None) -> Embedded:
+                encode_fn=None, compiled: bool | None = None) -> Embedded:
     """Unit-norm token embeddings of `texts`, computed in length-sorted, bucket-padded batches
-    (progress shown as `desc`: a bar on a terminal, periodic log lines otherwise)."""
+    (progress shown as `desc`: a bar on a terminal, periodic log lines otherwise).
+    compiled: `mx.compile` the forward; None (auto, `kernel_cache.use_compile`): everywhere but
+    on a CUDA device, where each fused kernel costs NVRTC seconds on a fresh machine."""
     from mlxio.run.reporting import progress
 
     token_ids = hf_tokenize(tokenizer)(list(texts), max_length)
     encode_fn = encode_fn or token_embeddings
-    encode = mx.compile(lambda p, ids, mask: encode_fn(p, ids, mask, spec))
+    encode = _maybe_compile(lambda p, ids, mask: encode_fn(p, ids, mask, spec), compiled)
     blocks = []
     batches = length_sorted_batches(token_ids, batch_size, bucket)
     # the last, partial batch is padded to batch_size rows (one token each, sliced off after), so
@@ -94,10 +102,11 @@ def tokens_and_pooled(hidden: Embedded) -> tuple[Embedded, np.ndarray]:
     return Embedded(blocks=blocks, n=hidden.n), pooled
 
 
-def maxsim_matrix(queries: Embedded, docs: Embedded) -> np.ndarray:
-    """MaxSim scores float32 [n_queries, n_docs] of every query against every document."""
+def maxsim_matrix(queries: Embedded, docs: Embedded, compiled: bool | None = None) -> np.ndarray:
+    """MaxSim scores float32 [n_queries, n_docs] of every query against every document
+    (`compiled` as in `embed_texts`)."""
     scores = np.zeros((queries.n, docs.n), np.float32)
-    score = mx.compile(retrieval.maxsim)
+    score = _maybe_compile(retrieval.maxsim, compiled)
     for q_rows, q_emb, q_mask in queries.blocks:
         for d_rows, d_emb, d_mask in docs.blocks:
             block = score(q_emb, q_mask, d_emb, d_mask)

@@ -23,12 +23,14 @@ from mlxio.search import embeddings
 @attrs.frozen(kw_only=True)
 class Evaluator:
     """How texts are embedded for evaluation: the encoder, the query / document token
-    lengths (as in training) and the texts embedded together."""
+    lengths (as in training), the texts embedded together, and whether the forward and MaxSim
+    are `mx.compile`d (None: auto, as the training step: not on a CUDA device)."""
 
     encoder: object  # mlxio.weights.encoders.LoadedEncoder
     query_len: int
     doc_len: int
     batch: int
+    compiled: bool | None = None
 
     def __call__(self, params, task: xtr_data.Task, bm25: np.ndarray) -> dict:
         """Semantic and hybrid metrics of `params` on one task's test queries, the hybrid weight
@@ -49,7 +51,8 @@ class Evaluator:
         for i, task in enumerate(tasks):
             both = single_vector and i == 0
             embedded = [embeddings.embed_texts(params, enc.spec, enc.tokenizer, texts, length, self.batch,
-                                               desc=f"eval: {what}", encode_fn=hidden_states if both else None)
+                                               desc=f"eval: {what}", encode_fn=hidden_states if both else None,
+                                               compiled=self.compiled)
                         for texts, length, what in ((task.queries + task.dev_queries, self.query_len, "queries"),
                                                     (task.candidates, self.doc_len, "documents"))]
             if both:
@@ -57,7 +60,7 @@ class Evaluator:
                 pooled = ranking.ranking_metrics(q_pooled[:len(task.queries)] @ d_pooled.T, task.positives)
             else:
                 queries, docs = embedded
-            semantic.append(embeddings.maxsim_matrix(queries, docs))
+            semantic.append(embeddings.maxsim_matrix(queries, docs, self.compiled))
         choice = ranking.fusion_choice([(s[len(t.queries):], b[len(t.queries):], t.dev_positives)
                                         for s, b, t in zip(semantic, bm25, tasks, strict=True)])
         alpha = None if choice is None else choice["alpha"]
