@@ -65,3 +65,33 @@ def write_result(name: str, payload: dict, machine_name: str = "cpu") -> Path:
               "machine": machine(), "versions": versions(), **payload}
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+# Relative tolerances of the agreement check, per compute dtype: the first step's loss and
+# pre-clip gradient norm (same weights, same batch), and the loss at the last checked step
+# (after check_steps - 1 identical updates). float32 is measured at ~1e-6 on the CPU (tiny T5 /
+# BERT, tests/test_bench_agreement.py); bf16 keeps 8 mantissa bits (2^-8 = 3.9e-3 per rounding).
+TOLERANCE = {"float32": {"loss": 1e-4, "grad_norm": 1e-3, "loss_after": 1e-3},
+             "bfloat16": {"loss": 2e-2, "grad_norm": 5e-2, "loss_after": 5e-2}}
+
+
+def agreement(ref: dict, peer: dict, dtype: str) -> dict:
+    """Does `peer` do the same work as `ref` (the MLX row)? Compares their pre-timing checks:
+    each side's "check" is {"steps": N, "loss": [N], "grad_norm": [N]} from N identical steps
+    taken from the same weights on the same batches (benchmarks/retriever.py, rlaif_step.py)."""
+    tol = TOLERANCE[dtype]
+    a, b = ref.get("check"), peer.get("check")
+    if not a or not b or a["steps"] != b["steps"] or not a["steps"]:
+        return {"ok": False, "reason": "no comparable pre-timing check on both sides", "tolerance": tol}
+    rel = lambda x, y: abs(x - y) / max(abs(x), abs(y), 1e-12)  # noqa: E731
+    diffs = {"loss": rel(a["loss"][0], b["loss"][0]), "grad_norm": rel(a["grad_norm"][0], b["grad_norm"][0]),
+             "loss_after": rel(a["loss"][-1], b["loss"][-1])}
+    bad = [k for k, v in diffs.items() if not v <= tol[k]]  # NaN fails too
+    out = {"ok": not bad, "rel_diff": diffs, "tolerance": tol, "check_steps": a["steps"],
+           "first": {"loss": [a["loss"][0], b["loss"][0]], "grad_norm": [a["grad_norm"][0], b["grad_norm"][0]]},
+           "after": [a["loss"][-1], b["loss"][-1]]}
+    if bad:
+        out["reason"] = "outside tolerance: " + ", ".join(bad)
+    if "last_loss" in ref and "last_loss" in peer and ref.get("total_steps") == peer.get("total_steps"):
+        out["last_loss_rel_diff"] = rel(ref["last_loss"], peer["last_loss"])  # after the timed steps (info)
+    return out

@@ -33,6 +33,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks.common import TOLERANCE, agreement
+
 FRAMEWORKS = ("mlx", "torch", "torch_compile")
 WARMUP_S: list[float] = []
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16 datasheet (SXM)
@@ -339,34 +341,6 @@ def save(rows: list[dict], args, name: str | None, load_before) -> dict:
     payload["ratios"] = ratios(rows)
     write("retriever", payload, args.machine, args.out)
     return payload
-
-
-# Relative tolerances of the agreement check, per compute dtype: the first step's loss and
-# pre-clip gradient norm (same weights, same batch), and the loss at the last checked step
-# (after check_steps - 1 identical updates). float32 is measured at ~1e-6 on the CPU (tiny T5 /
-# BERT, tests/test_bench_agreement.py); bf16 keeps 8 mantissa bits (2^-8 = 3.9e-3 per rounding).
-TOLERANCE = {"float32": {"loss": 1e-4, "grad_norm": 1e-3, "loss_after": 1e-3},
-             "bfloat16": {"loss": 2e-2, "grad_norm": 5e-2, "loss_after": 5e-2}}
-
-
-def agreement(ref: dict, peer: dict, dtype: str) -> dict:
-    """Does `peer` do the same work as `ref` (the MLX row)? Compares their pre-timing checks."""
-    tol = TOLERANCE[dtype]
-    a, b = ref.get("check"), peer.get("check")
-    if not a or not b or a["steps"] != b["steps"] or not a["steps"]:
-        return {"ok": False, "reason": "no comparable pre-timing check on both sides", "tolerance": tol}
-    rel = lambda x, y: abs(x - y) / max(abs(x), abs(y), 1e-12)  # noqa: E731
-    diffs = {"loss": rel(a["loss"][0], b["loss"][0]), "grad_norm": rel(a["grad_norm"][0], b["grad_norm"][0]),
-             "loss_after": rel(a["loss"][-1], b["loss"][-1])}
-    bad = [k for k, v in diffs.items() if not v <= tol[k]]  # NaN fails too
-    out = {"ok": not bad, "rel_diff": diffs, "tolerance": tol, "check_steps": a["steps"],
-           "first": {"loss": [a["loss"][0], b["loss"][0]], "grad_norm": [a["grad_norm"][0], b["grad_norm"][0]]},
-           "after": [a["loss"][-1], b["loss"][-1]]}
-    if bad:
-        out["reason"] = "outside tolerance: " + ", ".join(bad)
-    if "last_loss" in ref and "last_loss" in peer and ref.get("total_steps") == peer.get("total_steps"):
-        out["last_loss_rel_diff"] = rel(ref["last_loss"], peer["last_loss"])  # after the timed steps (info)
-    return out
 
 
 def mark_agreement(rows: list[dict], dtype: str) -> None:

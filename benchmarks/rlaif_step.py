@@ -8,6 +8,14 @@ PyTorch: the same formula, the same micro-batching (backward per micro-batch, th
 fused AdamW). Model: a random-weight causal LM of the Qwen2.5-0.5B or SmolLM2-135M shape, bf16.
 A step trains `--rows` sequences (8 prompts x 8 completions) of prompt + completion tokens.
 
+Same work on both sides (issue 19 item 1): PEFT's adapters are set to MLX's initial LoRA tree
+(A transposed, B = 0), and `torch.optim.AdamW` gets the per-step lr / eps that make its update
+MLX's (no bias correction, warm-up from 0: `benchmarks.retriever_models.torch_adamw_groups`).
+Before timing, each side runs `--check-steps` steps from those weights on the same batch and
+records the loss and pre-clip gradient norm; a PyTorch variant whose first loss, first gradient
+norm or last checked loss is off MLX's by more than the dtype's tolerance
+(`benchmarks.common.TOLERANCE`) is marked `"invalid": true` and left out of the ratios.
+
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b
 """
 
@@ -24,6 +32,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from benchmarks.common import TOLERANCE, agreement
 from benchmarks.generation import SHAPES, mlx_model, torch_model
 
 
@@ -39,31 +48,54 @@ def batch_arrays(rows: int, prompt: int, completion: int, vocab: int, seed: int 
             "ref_logp": (-np.log(vocab) + 0.1 * rng.standard_normal((rows, t - 1))).astype(np.float32)}
 
 
+def mlx_policy(shape: str, tm, dtype: str):
+    """mlx-lm's model of `shape` with `tm`'s weights and the full preset's LoRA (seed 0), and
+    its LoRA tree (`model.`-rooted paths: ...q_proj.lora_a [in, r], .lora_b [r, out])."""
+    from mlxio.weights import llm_lora
+    from recipes.rlaif_config import PRESETS
+
+    model = mlx_model(tm, shape, dtype)
+    return model, llm_lora.apply_lora(model, PRESETS["full"].lora, None, mx.random.key(0))
+
+
+def peft_lora_state(lora_tree) -> dict[str, np.ndarray]:
+    """MLX's LoRA tree as PEFT state-dict entries: `model.layers.0.self_attn.q_proj.lora_a` [in, r]
+    -> `base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight` [r, in] (B likewise,
+    [r, out] -> [out, r]), float32."""
+    from mlxcore.tree import flatten
+
+    names = {"lora_a": "lora_A", "lora_b": "lora_B"}
+    return {f"base_model.model.{path.rsplit('.', 1)[0]}.{names[path.rsplit('.', 1)[1]]}.default.weight":
+            np.array(leaf.astype(mx.float32)).T for path, leaf in flatten(lora_tree).items()}
+
+
 def run_mlx(shape, tm, data, micro, args, eval_micro_batches: bool = False) -> dict:
     from mlxcore.optim import make_optimizer
     from mlxcore.step import init_state, make_train_step
     from mlxio.rl.grpo import make_loss
-    from mlxio.weights import llm_lora
     from recipes.rlaif_config import PRESETS
 
     cfg = PRESETS["full"]
-    model = mlx_model(tm, shape)
-    params = llm_lora.apply_lora(model, cfg.lora, None, mx.random.key(0))
+    model, params = mlx_policy(shape, tm, args.dtype)
     opt = make_optimizer(cfg.optim)
     step = make_train_step(make_loss(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
                            eval_micro_batches=eval_micro_batches)
     state = init_state(opt, params)
     accum = len(data["tokens"]) // micro
     batch = {k: mx.array(v.reshape(accum, micro, *v.shape[1:])) for k, v in data.items()}
-    times = []
+    times, check = [], {"steps": args.check_steps, "loss": [], "grad_norm": []}
     mx.reset_peak_memory()
-    for n in range(args.warmup + args.steps):
+    for n in range(args.check_steps + args.warmup + args.steps):
         start = time.perf_counter()
         params, state, metrics = step(params, state, batch, mx.array(n))
         mx.eval(params, state, metrics)
         times.append(time.perf_counter() - start)
-    return {"step_s": times[args.warmup:], "peak_bytes": mx.get_peak_memory(),
-            "loss": metrics["loss"].item()}
+        if n < args.check_steps:
+            check["loss"].append(metrics["loss"].item())
+            check["grad_norm"].append(metrics["grad_norm"].item())
+    check["seconds"] = sum(times[:args.check_steps])
+    return {"step_s": times[args.check_steps + args.warmup:], "peak_bytes": mx.get_peak_memory(),
+            "loss": metrics["loss"].item(), "check": check}
 
 
 def torch_loss(model, mb, beta, clip_eps):
@@ -85,28 +117,42 @@ def torch_loss(model, mb, beta, clip_eps):
     return seq_mean(per_token) + beta * seq_mean(kl)
 
 
-def run_torch(tm, data, micro, args, compiled: bool) -> dict:
+def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.ndarray]) -> dict:
+    """The PyTorch step from the same base weights and, through `lora_state` (`peft_lora_state`),
+    the same adapters; AdamW takes MLX's steps (per-step lr / eps of `torch_adamw_groups`)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
+    from benchmarks.retriever_models import torch_adamw_groups
     from recipes.rlaif_config import PRESETS
 
     cfg = PRESETS["full"]
+    if cfg.optim.weight_decay:
+        raise ValueError("torch_adamw_groups matches AdamW without weight decay only")
     model = get_peft_model(tm, LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=0.0,
                                           target_modules=list(cfg.lora.targets)))
     dev = next(model.parameters()).device
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in lora_state.items():
+            named[name].copy_(torch.from_numpy(value))
     trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=cfg.optim.lr, weight_decay=0.0, fused=dev.type == "cuda")
+    if len(trainable) != len(lora_state):
+        raise ValueError(f"PEFT has {len(trainable)} trainable tensors, MLX's LoRA tree {len(lora_state)}")
+    total_steps = args.check_steps + args.warmup + args.steps
+    schedule = torch_adamw_groups(cfg.optim, total_steps)
+    opt = torch.optim.AdamW(trainable, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
+                            eps=cfg.optim.eps, weight_decay=0.0, fused=dev.type == "cuda")
     loss_fn = torch.compile(torch_loss) if compiled else torch_loss
     rows = len(data["tokens"])
     mbs = [{k: torch.from_numpy(v[i:i + micro]).to(dev).long() if k == "tokens"
             else torch.from_numpy(v[i:i + micro]).to(dev) for k, v in data.items()}
            for i in range(0, rows, micro)]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    times = []
+    times, check = [], {"steps": args.check_steps, "loss": [], "grad_norm": []}
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    for _ in range(args.warmup + args.steps):
+    for n, (lr, eps) in enumerate(schedule):
         sync()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
@@ -115,13 +161,37 @@ def run_torch(tm, data, micro, args, compiled: bool) -> dict:
             loss = loss_fn(model, mb, cfg.beta, cfg.clip_eps) / len(mbs)
             loss.backward()
             total += loss.detach()
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.clip_norm)
+        norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.clip_norm)
+        for group in opt.param_groups:
+            group["lr"], group["eps"] = lr, eps
         opt.step()
         sync()
         times.append(time.perf_counter() - start)
+        if n < args.check_steps:
+            check["loss"].append(float(total))
+            check["grad_norm"].append(float(norm))
+    check["seconds"] = sum(times[:args.check_steps])
     model.unload()  # take the adapters out again: the next variant starts from the base model
-    return {"step_s": times[args.warmup:], "loss": float(total),
+    return {"step_s": times[args.check_steps + args.warmup:], "loss": float(total), "check": check,
             "peak_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else None}
+
+
+def mark_agreement(runs: dict[str, dict], dtype: str) -> None:
+    """Each PyTorch variant gets its "agreement" with the MLX run (`benchmarks.common.agreement`)
+    and "invalid": true when it does not do the same work."""
+    ref = runs.get("mlx", {})
+    for fw, r in runs.items():
+        if fw.startswith("torch") and "error" not in r:
+            r["agreement"] = (agreement(ref, r, dtype) if "error" not in ref and "check" in ref
+                              else {"ok": False, "reason": "no MLX run to compare"})
+            r["invalid"] = not r["agreement"]["ok"]
+
+
+def ratios(runs: dict[str, dict]) -> dict[str, float]:
+    """MLX's tokens/s over each PyTorch variant's that agreed with it."""
+    mlx = runs.get("mlx", {})
+    return {f"mlx_over_{p}": mlx["tokens_per_s"] / runs[p]["tokens_per_s"] for p in ("torch", "torch_compile")
+            if "tokens_per_s" in mlx and "tokens_per_s" in runs.get(p, {}) and not runs[p].get("invalid")}
 
 
 def main(argv=None) -> dict:
@@ -138,20 +208,24 @@ def main(argv=None) -> dict:
     ap.add_argument("--completion-len", type=int, default=256)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--check-steps", type=int, default=3,
+                    help="identical steps run and compared across frameworks before timing")
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(TOLERANCE), help="the base model's dtype")
     # mlx_eval_micro: the same step with one graph per micro-batch (make_train_step's
     # eval_micro_batches): peak memory of one micro-batch instead of all of them
     ap.add_argument("--frameworks", nargs="+", default=["mlx", "mlx_eval_micro", "torch", "torch_compile"])
     ap.add_argument("--suffix", default="", help="appended to the result file's name")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tm = torch_model(args.shape, device)
+    tm = torch_model(args.shape, device, args.dtype)
     data = batch_arrays(args.rows, args.prompt_len, args.completion_len, SHAPES[args.shape]["vocab_size"])
     tokens = args.rows * (args.prompt_len + args.completion_len)
+    lora_state = peft_lora_state(mlx_policy(args.shape, tm, args.dtype)[1])  # both sides start here
     runs = {}
     for fw in args.frameworks:
         try:
             r = (run_mlx(args.shape, tm, data, args.micro, args, fw == "mlx_eval_micro") if fw.startswith("mlx")
-                 else run_torch(tm, data, args.micro, args, fw == "torch_compile"))
+                 else run_torch(tm, data, args.micro, args, fw == "torch_compile", lora_state))
             r["median_s"] = statistics.median(r["step_s"])
             r["tokens_per_s"] = tokens / r["median_s"]
         except Exception as err:  # record and go on with the other variants
@@ -159,20 +233,16 @@ def main(argv=None) -> dict:
         runs[fw] = r
         mx.clear_cache()
         print(fw, {k: v for k, v in r.items() if k != "step_s"}, flush=True)
-    ratios = {f"mlx_over_{p}": runs["mlx"]["tokens_per_s"] / runs[p]["tokens_per_s"]
-              for p in ("torch", "torch_compile")
-              if "tokens_per_s" in runs.get(p, {}) and "tokens_per_s" in runs.get("mlx", {})}
-    payload = {"settings": {"shape": args.shape, "weights": "random (shape only)", "dtype": "bfloat16 base, "
+    mark_agreement(runs, args.dtype)
+    payload = {"settings": {"shape": args.shape, "weights": "random (shape only)", "dtype": f"{args.dtype} base, "
                             "float32 LoRA", "rows": args.rows, "micro_batch": args.micro,
                             "prompt_len": args.prompt_len, "completion_len": args.completion_len,
                             "tokens_per_step": tokens, "lora": "r=16 alpha=32 q,k,v,o (full preset)",
                             "loss": "PPO-clip 0.2 + 0.04 k3 KL", "mlx_device": str(mx.default_device()),
-                            # unlike benchmarks/retriever.py, no pre-timing agreement check yet: the
-                            # sides' LoRA A inits (mlxcore U(+-1/sqrt(in)) vs PEFT's) and optimizers
-                            # (MLX AdamW with the full preset's warm-up, no bias correction, vs torch
-                            # AdamW at a constant lr) differ, so the losses after step 1 differ
-                            "agreement": "not checked: LoRA init and optimizer differ between the sides"},
-               "runs": runs, "ratios": ratios}
+                            "check_steps": args.check_steps, "tolerance": TOLERANCE[args.dtype],
+                            "agreement": "PEFT adapters set to MLX's initial LoRA; torch AdamW given MLX's "
+                                         "per-step lr / eps (torch_adamw_groups); checked before timing"},
+               "runs": runs, "ratios": ratios(runs)}
     write(f"rlaif_step_{args.shape}{args.suffix}", payload, args.machine)
     return payload
 

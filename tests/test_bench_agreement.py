@@ -85,3 +85,35 @@ def test_torch_adamw_groups_match_mlx_schedule():
         c1, c2 = 1 - cfg.beta1 ** (n + 1), 1 - cfg.beta2 ** (n + 1)
         assert lr * math.sqrt(c2) / c1 == pytest.approx(lr_at(mx.array(n)).item(), rel=1e-6, abs=1e-12)
         assert eps * math.sqrt(c2) == pytest.approx(cfg.eps)
+
+
+def test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged():
+    """benchmarks/rlaif_step.py: PEFT's adapters set to MLX's LoRA init and torch AdamW given MLX's
+    per-step lr / eps: loss and gradient norm agree to float32 rounding over the checked steps;
+    with PEFT's own LoRA A the gradient norm differs and the row is invalid (no ratio)."""
+    import numpy as np
+
+    from benchmarks import rlaif_step as rs
+    from benchmarks.generation import SHAPES, torch_model
+
+    args = argparse.Namespace(check_steps=4, warmup=1, steps=1, dtype="float32")
+    tm = torch_model("llama-tiny", "cpu", "float32")
+    data = rs.batch_arrays(4, 8, 8, SHAPES["llama-tiny"]["vocab_size"])
+    lora_state = rs.peft_lora_state(rs.mlx_policy("llama-tiny", tm, "float32")[1])
+    runs = {"mlx": rs.run_mlx("llama-tiny", tm, data, 2, args),
+            "torch": rs.run_torch(tm, data, 2, args, False, lora_state)}
+    rng = np.random.default_rng(1)
+    other = {k: (rng.uniform(-0.1, 0.1, v.shape).astype(np.float32) if ".lora_A." in k else v)
+             for k, v in lora_state.items()}
+    runs["torch_compile"] = rs.run_torch(tm, data, 2, args, False, other)  # labelled so: a second peer
+    for r in runs.values():
+        r["tokens_per_s"] = 1.0
+    rs.mark_agreement(runs, "float32")
+    same = runs["torch"]["agreement"]
+    assert same["ok"], same
+    assert same["rel_diff"]["loss"] < 1e-5 and same["rel_diff"]["grad_norm"] < 1e-5
+    assert same["rel_diff"]["loss_after"] < 1e-5
+    check = runs["mlx"]["check"]["loss"]
+    assert check[0] == pytest.approx(check[1]) and check[-1] != pytest.approx(check[0], abs=1e-7)  # lr 0, then > 0
+    assert runs["torch_compile"]["invalid"] and "grad_norm" in runs["torch_compile"]["agreement"]["reason"]
+    assert list(rs.ratios(runs)) == ["mlx_over_torch"]
