@@ -217,3 +217,51 @@ def import_cache(archive: str | os.PathLike, folder: str | None = None, check: b
                     os.replace(src, target)  # same file system: each kernel appears whole or not at all
                     added += 1
     return {**manifest, "added": added, "folder": str(dest)}
+
+
+# ---- which kernel modules a step needs (CUDA JIT-compiles one per op and dtypes, ~3.5 s each
+# on the lent H100's host, e.g. `gather_float32_int32_1` and `gather_float32_uint32_1` apart)
+
+INDEXED_OPS = ("Gather", "GatherAxis", "Scatter", "ScatterAxis")  # input 1: the index array
+_REDUCE_NONE = 4  # SliceUpdate's first argument: its reduction (mx.slice_update: none; .at[].add: 2)
+
+
+def traced_ops(fun, *args) -> list[tuple[str, tuple[str, ...], list]]:
+    """[(primitive name, its inputs' dtype names, its arguments)] of the graph `fun(*args)`
+    builds, in order (MLX's export tracer: nothing is evaluated; `mx.compile`d functions inside
+    appear as their primitives). What a CUDA run would JIT-compile can be read off it on the CPU."""
+    import mlx.core as mx
+
+    ops = []
+
+    def record(node: dict) -> None:
+        if node["type"] == "primitive":
+            ops.append((node["name"], tuple(str(x[2]).rsplit(".", 1)[-1] for x in node["inputs"]),
+                        node["arguments"]))
+
+    mx.export_function(record, fun, *args)
+    return ops
+
+
+def reducing_updates(ops: list) -> int:
+    """How many of `traced_ops`' primitives are reducing slice updates (`x.at[i:j].add(v)`: on
+    CUDA a `slice_update_Add_<dtype>` module of its own; a plain slice update is a copy)."""
+    return sum(name == "SliceUpdate" and args[0] != _REDUCE_NONE for name, _, args in ops)
+
+
+@contextmanager
+def unfused(active: bool):
+    """Run `mx.compile`d functions (mlx-lm's swiglu and sampler) as their plain ops inside, when
+    `active`: an eager step on a fresh CUDA machine then compiles no fused kernel modules (each
+    one a new NVRTC compilation) and uses MLX's precompiled elementwise kernels; same values
+    (see tests/test_kernel_modules.py). Left alone when MLX_DISABLE_COMPILE is set."""
+    import mlx.core as mx
+
+    if not active or os.environ.get("MLX_DISABLE_COMPILE"):
+        yield
+        return
+    mx.disable_compile()
+    try:
+        yield
+    finally:
+        mx.enable_compile()

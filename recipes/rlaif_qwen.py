@@ -125,8 +125,10 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         t0 = time.perf_counter()
         idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.train.seed)
         problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
+        # eager (`jit` False, CUDA's default): mlx-lm's compiled swiglu / sampler run unfused too,
+        # so a fresh machine compiles no fused kernel modules (kernel_cache.unfused)
         with context.region(loop.profiler, "rollout"), kernel_cache.compile_notice(
-                "rollout generation", (len(problems), local_group, cfg.max_new_tokens)):
+                "rollout generation", (len(problems), local_group, cfg.max_new_tokens)), kernel_cache.unfused(not jit):
             ro = rollout.generate_group(
                 llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
                 cfg.top_p, cfg.max_new_tokens,
@@ -137,8 +139,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                                 cfg.advantage, world)
         packed = packing.pack(ro, pad_id=0)
         t1 = time.perf_counter()
-        with context.region(loop.profiler, "update"), kernel_cache.compile_notice("update step",
-                                                                                 packed["tokens"].shape):
+        with context.region(loop.profiler, "update"), kernel_cache.compile_notice(
+                "update step", packed["tokens"].shape), kernel_cache.unfused(not jit):
             batch = build_batch(model, params, packed, adv, ~rew.missing, cfg)
             for epoch in range(cfg.inner_epochs):
                 params, state, m = step_fn(params, state, batch,

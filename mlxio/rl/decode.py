@@ -146,8 +146,15 @@ def cache_length(prompt_len: int, new_tokens: int, step: int = LENGTH_STEP) -> i
     return -(-(prompt_len + new_tokens) // step) * step
 
 
+def token_array(tokens: list[int]) -> mx.array:
+    """The decode step's first input [B]: int32, the dtype of the prompt ids and of the tokens the
+    step returns (one trace for every step; on CUDA one gather module for every embedding
+    lookup, where uint32 sampled ids would need a second)."""
+    return mx.array(tokens, mx.int32)
+
+
 def make_step(model, sampler: Callable[[mx.array], mx.array], compiled: bool = True) -> Callable:
-    """The compiled decode step `(tokens [B] uint32, state) -> (next [B] uint32, logprob [B]
+    """The compiled decode step `(tokens [B] int32, state) -> (next [B] int32, logprob [B]
     float32, state)`: feeds `tokens` at each row's next slot, samples from the log-softmax of
     the last logits (temperature-1 log-probabilities, as mlx-lm's BatchGenerator) with `sampler`
     and returns the sampled tokens' log-probabilities. state: `decode_state`.
@@ -160,8 +167,8 @@ def make_step(model, sampler: Callable[[mx.array], mx.array], compiled: bool = T
         caches = [StaticKVCache(k, v, left_padding, idx) for k, v in kv]
         logits = model(tokens[:, None], cache=caches)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        nxt = sampler(logprobs)
-        picked = mx.take_along_axis(logprobs, nxt[:, None].astype(mx.int32), axis=-1)[:, 0]
+        nxt = sampler(logprobs).astype(mx.int32)  # (the sampler's uint32: see token_array)
+        picked = mx.take_along_axis(logprobs, nxt[:, None], axis=-1)[:, 0]
         return nxt, picked.astype(mx.float32), ([(c.keys, c.values) for c in caches], left_padding, idx + 1)
 
     if not compiled:
@@ -249,7 +256,7 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
     logprobs_out: list[list[float]] = [[] for _ in range(n)]
     ended = np.zeros(n, bool)
     live = np.ones(n, bool)
-    x = mx.array(first_tokens, mx.uint32)  # the samplers' dtype: one trace for every step
+    x = token_array(first_tokens)
     caches.clear()  # (the caller's references too: the buffers are donated to the step's updates)
 
     def absorb(block_tokens, block_logprobs) -> None:

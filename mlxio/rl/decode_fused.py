@@ -144,7 +144,8 @@ def decode_weights(model, spec: Spec) -> dict | None:
         qkv = mx.concatenate([_pad_heads(wq, nq, d, 2 * dp, 0), _kv_heads(wk, wv, nkv, d, dp)])
         bq, bk, bv = (b if b is not None else mx.zeros((w.shape[0],), w.dtype) for b, w in
                       ((bq, wq), (bk, wk), (bv, wv)))
-        q_one = mx.zeros((nq, 2 * dp), wq.dtype).at[:, d].add(1).reshape(-1)  # q's 1 in the mask dim
+        # q's 1 in the mask dim (a comparison, not `.at[:, d].add(1)`: on CUDA that is a module of its own)
+        q_one = mx.broadcast_to((mx.arange(2 * dp) == d).astype(wq.dtype), (nq, 2 * dp)).reshape(-1)
         bias = mx.concatenate([_pad_heads(bq, nq, d, 2 * dp, 0) + q_one, _kv_heads(bk, bv, nkv, d, dp)])
         layer = {"in_norm": block.input_layernorm.weight, "post_norm": block.post_attention_layernorm.weight,
                  "qkv": qkv.T, "qkv_bias": bias,
@@ -205,7 +206,7 @@ def forward(spec: Spec, weights: dict, tokens: mx.array, kv: list, positions: mx
 
 
 def make_fused_step(spec: Spec, sampler: Callable[[mx.array], mx.array], compiled: bool = True) -> Callable:
-    """The compiled step `(weights, tokens [B] uint32, state) -> (next [B] uint32, logprob [B]
+    """The compiled step `(weights, tokens [B] int32, state) -> (next [B] int32, logprob [B]
     float32, state)`, state = ([KV cache] per layer, positions [B] int32, idx [1] int32);
     sampling as `mlxio.rl.decode.make_step` (log-softmax of the logits, `sampler`, the picked
     token's log-probability). MLX's PRNG state is a captured input and output. `compiled`
@@ -215,8 +216,8 @@ def make_fused_step(spec: Spec, sampler: Callable[[mx.array], mx.array], compile
         kv, positions, idx = state
         logits, kv = forward(spec, weights, tokens, kv, positions, idx)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        nxt = sampler(logprobs)
-        picked = mx.take_along_axis(logprobs, nxt[:, None].astype(mx.int32), axis=-1)[:, 0]
+        nxt = sampler(logprobs).astype(mx.int32)  # (one index dtype: `decode.token_array`)
+        picked = mx.take_along_axis(logprobs, nxt[:, None], axis=-1)[:, 0]
         return nxt, picked.astype(mx.float32), (kv, positions + 1, idx + 1)
 
     return mx.compile(step, inputs=[mx.random.state], outputs=[mx.random.state]) if compiled else step
