@@ -30,7 +30,7 @@ import numpy as np
 
 from mlxcore import ranking
 from mlxio.search import codec as codec_mod
-from mlxio.search import store
+from mlxio.search import scoring, store
 from mlxio.search.codec import Codec, PQCodec, centroid_dtype
 from mlxio.search.store import IndexError_
 
@@ -54,7 +54,6 @@ MAX_CANDIDATES = 1024
 MAX_NPROBE = 16
 BM25_POOL = 64
 BM25_K1, BM25_B = 1.2, 0.75
-DENSE_LIMIT = 1 << 25  # query tokens x documents below which candidates use a dense array
 
 
 class SearchArgumentError(store.MlxioError, ValueError):
@@ -252,6 +251,7 @@ class Segment:
         self.residuals = store.memmap(gen, f"{name}/residuals.bin", np.uint8, (n_tok, codec.code_bytes))
         self.ivf_indptr = store.load_npy(gen, f"{name}/ivf_indptr.npy", (k + 1,))
         self.ivf_docs = store.memmap(gen, f"{name}/ivf_docs.bin", np.int32, (int(self.ivf_indptr[-1]),))
+        self._ivf_docs = self.ivf_docs.view(np.ndarray)  # slicing a plain view: no memmap object per list
         self.bm25_vocab = json.loads((gen / name / "bm25_vocab.json").read_text())
         self.bm25_indptr = store.load_npy(gen, f"{name}/bm25_indptr.npy", (len(self.bm25_vocab) + 1,))
         n_post = int(self.bm25_indptr[-1])
@@ -293,33 +293,7 @@ class Segment:
 
     def approx(self, probes: np.ndarray, probe_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(live local documents on the probed lists, their centroid-level MaxSim estimate)."""
-        n_q, nprobe = probes.shape
-        lo, hi = self.ivf_indptr[probes.ravel()], self.ivf_indptr[probes.ravel() + 1]
-        lengths = hi - lo
-        if lengths.sum() == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        starts = np.zeros(len(lengths), np.int64)
-        starts[1:] = np.cumsum(lengths)[:-1]
-        docs = np.asarray(self.ivf_docs[np.repeat(lo - starts, lengths) + np.arange(int(lengths.sum()))])
-        token = np.repeat(np.repeat(np.arange(n_q), nprobe), lengths)
-        value = np.repeat(probe_scores.ravel(), lengths)
-        if self.deleted is not None:
-            keep = ~self.deleted[docs]
-            docs, token, value = docs[keep], token[keep], value[keep]
-            if len(docs) == 0:
-                return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        floor = probe_scores.min(axis=1)  # a token that probed none of a document's centroids
-        if n_q * self.n <= DENSE_LIMIT:  # dense accumulator: no sort of the postings
-            best = np.repeat(floor[:, None], self.n, axis=1)
-            np.maximum.at(best.reshape(-1), token * self.n + docs, value)
-            seen = np.zeros(self.n, np.bool_)
-            seen[docs] = True
-            uniq = np.flatnonzero(seen)
-            return uniq, best[:, uniq].mean(axis=0)
-        uniq, col = np.unique(docs, return_inverse=True)
-        best = np.repeat(floor[:, None], len(uniq), axis=1)
-        np.maximum.at(best, (token, col), value)
-        return uniq.astype(np.int64), best.mean(axis=0)
+        return scoring.probe_estimate(self.ivf_indptr, self._ivf_docs, self.n, probes, probe_scores, self.deleted)
 
 
 class Index:
@@ -397,16 +371,18 @@ class Index:
     # -- scoring
 
     def maxsim(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
-        """MaxSim float32 [len(docs)] of query tokens q [Tq, D] against decompressed documents."""
+        """MaxSim float32 [len(docs)] of query tokens q [Tq, D] against decompressed documents
+        (decoded `scoring.CHUNK_TOKENS` tokens at a time: the block stays in the CPU cache)."""
         docs = np.asarray(docs, np.int64)
         out = np.zeros(len(docs), np.float32)
         q = self.codec.rotate(q)  # the stored vectors' basis: no rotation of every decoded token
         for seg, _, where, local in self._by_segment(docs):
             positions, starts = seg.tokens(local)
-            vectors, norms = self.codec.decode_rotated(seg.cids[positions], seg.residuals[positions], normalise=False)
-            sims = q @ vectors.T  # [Tq, tokens]
-            sims /= norms  # = q . normalised vectors, without scaling [tokens, D]
-            out[where] = np.maximum.reduceat(sims, starts, axis=1).mean(axis=0)
+            ends = np.r_[starts[1:], len(positions)]
+            for lo, hi in scoring.doc_chunks(ends - starts):
+                rows = positions[starts[lo]:ends[hi - 1]]
+                vectors, norms = self.codec.decode_rotated(seg.cids[rows], seg.residuals[rows], normalise=False)
+                out[where[lo:hi]] = scoring.chunk_maxsim(q, vectors, norms, starts[lo:hi] - starts[lo])
         return out
 
     def generate(self, q: np.ndarray, nprobe: int, candidates: int) -> np.ndarray:
