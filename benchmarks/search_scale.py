@@ -1,6 +1,6 @@
-"""Search at scale: the compressed multi-vector index (mlxio/search) on the standard library and
-on a synthetic corpus of >= 1,000,000 near-duplicate functions; writes
-benchmarks/results/cpu/search_scale.json, one entry per corpus:
+"""Search at scale: the compressed multi-vector index (mlxio/search) on the standard library;
+writes benchmarks/results/<machine>/search_scale_stdlib.json (`--corpus stdlib`) or, from the
+older phases, benchmarks/results/cpu/search_scale.json, one entry per corpus:
 {"corpus", "functions", "bytes_per_function", "build_s", "peak_ram_gb", "p50_ms", "p95_ms",
  "mrr_exact", "mrr_index", "mrr_drop", "command", ...}.
 
@@ -17,24 +17,16 @@ float16 vectors of every function; mrr_index: the index's search (candidates + M
 decompressed vectors). Latency: one query at a time, query encoding (MiniLM, measured per
 query) + index search, on this shared 2-core CPU.
 
-Synthetic corpus: its VECTORS are synthetic too - embedding 1M functions with a real encoder on
-this CPU is impossible in a session. Each synthetic function is a near-duplicate of a real
-stdlib function: its compressed tokens are the real function's codes with ~15% of the token
-positions replaced by other real tokens (renamed identifiers) and a residual byte of 5% of the
-tokens altered; its text (for BM25 and display) is the real code with its function name and up
-to two identifiers renamed. What is measured there is what the index does at that size: bytes,
-build time from compressed codes, peak RAM, latency and MRR of the same queries (the original
-functions are in the corpus, with their near-duplicates); exact brute-force MaxSim over
-~1e8 tokens per query is out of reach here, so mrr_exact is null for it.
+The >= 1,000,000-function synthetic corpus is benchmarks/search_scale_synth.py (built from the
+codes of this script's stdlib index); the 1-bit synthetic records of session 4 came from phases
+of this script that it replaced (git history before session 7).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -182,11 +174,9 @@ def _paired_se(ranks_a, ranks_b, k: int = 10) -> float | None:
     return float(diff.std(ddof=1) / np.sqrt(len(diff)))
 
 
-def _index_runs(index: Index, c, nprobe: int, candidates: int, mode: str = "semantic",
-                family: list | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(rank of the positive, 1..10 or 11 = not in top 10; seconds per query). `family`: also
-    record in family[...] the rank of the first hit that is the positive or a near-duplicate
-    of it (synthetic ids "synthetic/<n>/<original id>")."""
+def _index_runs(index: Index, c, nprobe: int, candidates: int, mode: str = "semantic"
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(rank of the positive, 1..10 or 11 = not in top 10; seconds per query)."""
     ranks, secs = [], []
     cpu = time.process_time()
     for i, text in enumerate(c["queries"]):
@@ -196,11 +186,6 @@ def _index_runs(index: Index, c, nprobe: int, candidates: int, mode: str = "sema
         secs.append(time.perf_counter() - t)
         found = [d for d, _ in hits]
         ranks.append(found.index(c["positives"][i]) + 1 if c["positives"][i] in found else 11)
-        if family is not None:
-            want = index.record(int(c["positives"][i]))["id"]
-            ids = [index.record(d)["id"] for d in found]
-            fam = [i == want or (i.startswith("synthetic/") and i.split("/", 2)[2] == want) for i in ids]
-            family.append(fam.index(True) + 1 if any(fam) else 11)
     _LAST_CPU_MS[0] = (time.process_time() - cpu) / len(c["queries"]) * 1e3
     return np.array(ranks, np.float64), np.array(secs)
 
@@ -249,278 +234,6 @@ def phase_stdlib_search(cache: Path, work: Path) -> dict:
         if "bm25" not in out:
             ranks, secs = _index_runs(index, c, 8, 256, mode="bm25")
             out["bm25"] = {"mrr": _mrr(ranks), "p50_ms": float(np.median(secs) * 1e3)}
-    out["peak_ram_gb"] = _rss_gb()
-    return out
-
-
-_IDENT = re.compile(r"\b[a-z_][a-z0-9_]{2,}\b")
-_KEEP = frozenset("def return self none true false and not for while with class import from lambda "
-                  "yield async await pass raise try except finally else elif print len range".split())
-
-
-def _rename(code: str, idents: list[str], rng: np.random.Generator, words: list[str]) -> tuple[str, dict]:
-    """`code` with up to 3 of its lower-case identifiers renamed to WORD_name; (text, mapping)."""
-    if not idents:
-        return code, {}
-    chosen = [idents[i] for i in rng.choice(len(idents), min(3, len(idents)), replace=False)]
-    mapping = {n: words[int(rng.integers(len(words)))] for n in chosen}
-    text = re.sub(r"\b(" + "|".join(map(re.escape, chosen)) + r")\b",
-                  lambda m: f"{mapping[m.group(1)]}_{m.group(1)}", code)
-    return text, mapping
-
-
-SYNTH_BATCH, UNIT_DOCS = 4096, 20  # functions generated per batch; functions per synthetic "file"
-
-
-def _synth_tokens(base: Index, functions: int, seed: int = 1):
-    """The synthetic corpus's compressed tokens, batch by batch, deterministically (its own RNG,
-    so the exact-search phase regenerates the same stream without the texts): yields (first
-    function, real function each copies, starts [b], cids, residuals, source token of each
-    token (the real token it copies), noisy: tokens whose residual was altered)."""
-    seg = base.segments[0]
-    rng = np.random.default_rng(seed)
-    n_real, n_tok = seg.n, seg.n_tokens
-    all_real = np.arange(n_real)
-    positions, starts = seg.tokens(all_real)
-    yield 0, all_real, starts, np.asarray(seg.cids[positions]), np.asarray(seg.residuals[positions]), \
-        positions, np.zeros(0, np.int64)
-    made = n_real
-    while made < functions:
-        b = min(SYNTH_BATCH, functions - made)
-        bases = rng.integers(0, n_real, b)
-        positions, starts = seg.tokens(bases)
-        cids = np.asarray(seg.cids[positions]).copy()
-        res = np.asarray(seg.residuals[positions]).copy()
-        swap = np.flatnonzero(rng.random(len(positions)) < 0.15)
-        donor = rng.integers(0, n_tok, len(swap))
-        cids[swap], res[swap] = seg.cids[donor], seg.residuals[donor]
-        source = positions.copy()
-        source[swap] = donor
-        noisy = np.flatnonzero(rng.random(len(positions)) < 0.05)
-        res[noisy, rng.integers(0, res.shape[1], len(noisy))] ^= rng.integers(1, 256, len(noisy)).astype(np.uint8)
-        yield made, bases, starts, cids, res, source, noisy
-        made += b
-
-
-def _unit_entries(ids_first: list[tuple[int, str]], n: int, seg: str) -> dict:
-    """Synthetic "files" of UNIT_DOCS consecutive functions: {key: [sha256, None, None, seg, first, count]}."""
-    out = {}
-    for u, lo in enumerate(range(0, n, UNIT_DOCS)):
-        count = min(UNIT_DOCS, n - lo)
-        digest = hashlib.sha256(f"{u}:{lo}:{count}:{ids_first[u]}".encode()).hexdigest()
-        out[f"block/{u:06d}"] = [digest, None, None, seg, lo, count]
-    return out
-
-
-def phase_synth_build(cache: Path, work: Path, functions: int) -> dict:
-    base = Index(work / "stdlib_1bit")
-    seg = base.segments[0]
-    rng = np.random.default_rng(2)  # texts; the tokens come from _synth_tokens' own stream
-    n_real = seg.n
-    from collections import Counter
-
-    from mlxcore.ranking import code_terms
-
-    records = [base.record(i) for i in range(n_real)]
-    words = sorted({w for r in records[:2000] for w in _IDENT.findall(r["code"]) if len(w) < 12 and "_" not in w})
-    word_terms = {w: Counter(code_terms(w)) for w in words}
-    terms = [Counter(code_terms(r["code"])) for r in records]
-    ident_counts = [Counter(m for m in _IDENT.findall(r["code"]) if m not in _KEEP) for r in records]
-    idents = [list(c) for c in ident_counts]
-    out_dir = work / "synthetic"
-    if out_dir.exists():
-        import shutil
-        shutil.rmtree(out_dir)
-    t0 = time.perf_counter()
-    tmp, final = store.new_generation(out_dir)
-    writer = Writer(tmp / segment_name(1), base.codec)
-    unit_first: list[str] = []
-    for first, bases, starts, cids, res, _, _ in _synth_tokens(base, functions):
-        ends = np.r_[starts[1:], len(cids)]
-        for j in range(len(bases)):
-            k = int(bases[j])
-            r = records[k]
-            if first == 0:  # the real functions (queries' positives among them)
-                rec, blob, counts = r, seg.record_blob(k), terms[k]
-            else:
-                text, mapping = _rename(r["code"], idents[k], rng, words)
-                counts = terms[k].copy()  # WORD_name splits into WORD's terms + name's terms
-                for name, word in mapping.items():
-                    for term, tf in word_terms[word].items():
-                        counts[term] += tf * ident_counts[k][name]
-                rec = {"id": f"synthetic/{first + j}/{r['id']}", "code": text,
-                       "path": r["path"], "line": r["line"], "name": r["name"]}
-                blob = None
-            if (first + j) % UNIT_DOCS == 0:
-                unit_first.append(rec["id"])
-            writer.add(rec, cids[starts[j]:ends[j]], res[starts[j]:ends[j]], record_blob=blob, term_counts=counts)
-        made = first + len(bases)
-        if made % (SYNTH_BATCH * 25) < SYNTH_BATCH:
-            print(f"synthetic: {made}/{functions} functions, {time.perf_counter() - t0:.0f} s, "
-                  f"peak RSS {_rss_gb():.2f} GB", file=sys.stderr, flush=True)
-    t_add = time.perf_counter() - t0
-    units = {"kind": "records", "units": _unit_entries(unit_first, writer.n_docs, segment_name(1))}
-    write_generation(tmp, final, base.codec, [writer.finish()], units,
-                     {"model": "synthetic (near-duplicates of all-MiniLM-L6-v2 stdlib codes)", "max_doc_len": 256,
-                      "max_query_len": 32, "units_kind": "records", "source": "synthetic",
-                      "search": {"nprobe": DEFAULT_NPROBE, "candidates": DEFAULT_CANDIDATES}})
-    gen = store.current(out_dir)
-    return {"n": functions, "n_real": n_real, "add_s": t_add, "build_s": time.perf_counter() - t0,
-            "bytes": _dir_bytes(gen), "files": _files_bytes(gen), "units": len(units["units"]),
-            "tokens": int(Index(out_dir).n_tokens), "peak_ram_gb": _rss_gb()}
-
-
-def phase_synth_exact(cache: Path, work: Path, functions: int) -> dict:
-    """Exact brute-force MaxSim of the synthetic-corpus queries against all 1M functions'
-    vectors, streamed: the synthetic vectors ARE the decompressed codes, and every token not
-    marked noisy is a copy of a real token, so its similarity to each query token is a row of
-    S = decode(real tokens) @ Q.T; noisy tokens are decoded and multiplied. Checked against
-    decode + matmul on the first synthetic batch, and the regenerated codes against the index's."""
-    base = Index(work / "stdlib_1bit")
-    index = Index(work / "synthetic")
-    c = _load_cache(cache)
-    n_q = int(os.environ.get("SYNTH_QUERIES", "100"))
-    q_off = c["q_offsets"][:n_q + 1]
-    q_all = c["q_tokens"][:q_off[-1]]
-    t0 = time.perf_counter()
-    seg = base.segments[0]
-    group = max(1, int(os.environ.get("EXACT_QUERY_GROUP", "50")))  # queries per pass (bounds S's size)
-    scores = np.zeros((n_q, functions), np.float32)
-    checked = False
-    for g0 in range(0, n_q, group):
-        g1 = min(g0 + group, n_q)
-        q = q_all[q_off[g0]:q_off[g1]]
-        q_starts = q_off[g0:g1] - q_off[g0]
-        q_len = np.diff(q_off[g0:g1 + 1]).astype(np.float32)
-        sims = np.empty((seg.n_tokens, len(q)), np.float32)
-        for lo in range(0, seg.n_tokens, 65536):
-            hi = min(lo + 65536, seg.n_tokens)
-            sims[lo:hi] = base.codec.decode(seg.cids[lo:hi], seg.residuals[lo:hi]) @ q.T
-        for first, _, starts, cids, res, source, noisy in _synth_tokens(base, functions):
-            lengths = np.diff(np.r_[starts, len(cids)])
-            is_noisy = np.zeros(len(cids), np.bool_)
-            is_noisy[noisy] = True
-            order = np.argsort(lengths, kind="stable")  # similar lengths together: little padding
-            for a in range(0, len(order), 256):  # 256 functions at a time: [256, L, Tq] floats
-                docs = order[a:a + 256]
-                n_len = lengths[docs]
-                col = np.arange(int(n_len.max()))
-                # token positions, padded by repeating each document's last token (max unchanged)
-                pos = starts[docs][:, None] + np.minimum(col[None, :], n_len[:, None] - 1)
-                tok = sims[source[pos]]  # [docs, L, Tq]: rows of S for copied tokens
-                nz = is_noisy[pos]
-                if nz.any():
-                    tok[nz] = base.codec.decode(cids[pos[nz]], res[pos[nz]]) @ q.T
-                if not checked and first > 0:
-                    direct = base.codec.decode(cids[pos.ravel()], res[pos.ravel()]) @ q.T
-                    err = float(np.abs(direct - tok.reshape(direct.shape)).max())
-                    assert err < 1e-4, f"streamed similarities differ from decode @ Q by {err}"
-                    d = int(docs[0])
-                    got = index.codes(first + d)
-                    assert np.array_equal(got[0], cids[starts[d]:starts[d] + lengths[d]]) and \
-                        np.array_equal(got[1], res[starts[d]:starts[d] + lengths[d]]), \
-                        "regenerated codes differ from the index's"
-                    checked = True
-                best = tok.max(axis=1)  # [docs, Tq]
-                scores[g0:g1, first + docs] = (np.add.reduceat(best, q_starts, axis=1) / q_len).T
-            if first % (SYNTH_BATCH * 25) < SYNTH_BATCH:
-                print(f"exact: queries {g0}-{g1}, {first}/{functions}, {time.perf_counter() - t0:.0f} s",
-                      file=sys.stderr, flush=True)
-        del sims
-    exact_s = time.perf_counter() - t0
-    top = np.argsort(-scores, axis=1, kind="stable")[:, :10]  # ties: lower id first, as the index
-    ranks, family = [], []
-    for i in range(n_q):
-        found = top[i].tolist()
-        ranks.append(found.index(i) + 1 if i in found else 11)  # positives: the real functions come first
-        want = index.record(i)["id"]
-        ids = [index.record(d)["id"] for d in found]
-        fam = [x == want or (x.startswith("synthetic/") and x.split("/", 2)[2] == want) for x in ids]
-        family.append(fam.index(True) + 1 if any(fam) else 11)
-    np.save(work / "synth_exact_top10.npy", top)
-    return {"queries": n_q, "exact_s": exact_s, "mrr_exact": _mrr(np.array(ranks, np.float64)),
-            "mrr_exact_family": _mrr(np.array(family, np.float64)), "checked": checked,
-            "peak_ram_gb": _rss_gb()}
-
-
-def phase_synth_edit(cache: Path, work: Path) -> dict:
-    """Edit one file of the 1M index: a synthetic "file" (20 functions) gets new content (20 real
-    stdlib functions), embedded with the real MiniLM on this CPU and indexed as a new segment
-    (build.apply_units, as `code_search index` does after its scan); then delete a file; then
-    search the edited index. Times: the whole update (index load, units diff, embedding, codec
-    encoding, segment write, tombstones, hashing, commit) and its embedding part."""
-    from benchmarks.search_scale_embed import stdlib_corpus
-    from mlxio.search import build
-    from mlxio.search.embed import Embedder
-    from mlxio.weights.encoders import default_encoder_path, load_encoder
-
-    t = time.perf_counter()
-    embedder = Embedder(load_encoder(default_encoder_path()), 256, batch_size=32)
-    model_load_s = time.perf_counter() - t
-    embed_s = [0.0]
-
-    def embed(texts, progress=None):
-        t = time.perf_counter()
-        out = embedder.embed(texts, progress=progress)
-        embed_s[0] += time.perf_counter() - t
-        return out
-
-    docs, _, _ = stdlib_corpus(cache)
-    idx_dir = work / "synthetic"
-    out = {"model_load_s": model_load_s, "edits": []}
-    for step, action in enumerate(("edit", "edit", "delete")):
-        embed_s[0] = 0.0
-        t = time.perf_counter()
-        old = Index(idx_dir)
-        units = old.units()["units"]
-        load_s = time.perf_counter() - t
-        keys = sorted(units)
-        target = keys[len(keys) // 2 + step]
-        new = [{**d, "id": f"edit{step}/{d['id']}"} for d in docs[-UNIT_DOCS * (step + 1):][:UNIT_DOCS]]
-        unit_list = []
-        for key in keys:
-            sha = units[key][0]
-            if key == target and action == "delete":
-                continue
-            if key == target:
-                unit_list.append(build.Unit(key=key, digest=hashlib.sha256(f"{step}".encode()).hexdigest(),
-                                            load=lambda new=new: new))
-            else:
-                unit_list.append(build.Unit(key=key, digest=sha, load=list))
-        report = build.apply_units("records", unit_list, idx_dir, embed, {k: old.manifest[k] for k in (
-            "model", "max_doc_len", "max_query_len", "dim")}, old=old, source="synthetic", codec=old.codec.name,
-            started=t)
-        del old
-        total = time.perf_counter() - t
-        after = Index(idx_dir)
-        out["edits"].append({"action": action, "functions": 0 if action == "delete" else len(new),
-                             "seconds": total, "embed_s": embed_s[0], "index_load_s": load_s,
-                             "index_s": total - embed_s[0], "segments": len(after.segments),
-                             "merged": report.merged, "documents": after.n_docs,
-                             "new_segment_bytes": _dir_bytes(after.gen / after.segments[-1].name)})
-        print(f"{action}: {total:.2f} s ({embed_s[0]:.2f} s embedding), {len(after.segments)} segments",
-              file=sys.stderr, flush=True)
-        del after
-    out["peak_ram_gb"] = _rss_gb()
-    return out
-
-
-def phase_synth_search(cache: Path, work: Path) -> dict:
-    c = _load_cache(cache)
-    index = Index(work / "synthetic")
-    n_q = int(os.environ.get("SYNTH_QUERIES", "100"))  # 1M-corpus queries are slow on the shared CPU
-    c["queries"], c["q_offsets"] = c["queries"][:n_q], c["q_offsets"][:n_q + 1]
-    c["positives"] = np.arange(n_q)  # the real functions come first
-    out = {"grid": [], "queries": n_q}
-    for nprobe, candidates in ((2, 256), (DEFAULT_NPROBE, DEFAULT_CANDIDATES), (8, 256)):
-        family: list = []
-        ranks, secs = _index_runs(index, c, nprobe, candidates, family=family)
-        out["grid"].append({"nprobe": nprobe, "candidates": candidates, "mrr_index": _mrr(ranks),
-                            "mrr_index_family": _mrr(np.array(family, np.float64)),
-                            "search_ms": (secs * 1e3).tolist(), "cpu_ms_mean": _LAST_CPU_MS[0]})
-        print(f"synthetic search nprobe {nprobe}: mrr {_mrr(ranks):.3f} family mrr "
-              f"{_mrr(np.array(family, np.float64)):.3f} p50 {np.median(secs) * 1e3:.0f} ms",
-              file=sys.stderr, flush=True)
     out["peak_ram_gb"] = _rss_gb()
     return out
 
@@ -1166,18 +879,16 @@ def phase_pinned_sweep(cache: Path, work: Path, budget_s: float = SWEEP_BUDGET_S
             "wall_s": time.perf_counter() - started}
 
 
-PHASES = {"stdlib_build": phase_stdlib_build, "stdlib_search": phase_stdlib_search,
-          "synth_build": phase_synth_build, "synth_exact": phase_synth_exact, "synth_search": phase_synth_search,
-          "synth_edit": phase_synth_edit, "faiss": phase_faiss, "stdlib_latency": phase_stdlib_latency,
-          "pinned_queries": phase_pinned_queries, "pinned_sweep": phase_pinned_sweep}
-TAKES_N = ("synth_build", "synth_exact")
+PHASES = {"stdlib_build": phase_stdlib_build, "stdlib_search": phase_stdlib_search, "faiss": phase_faiss,
+          "stdlib_latency": phase_stdlib_latency, "pinned_queries": phase_pinned_queries,
+          "pinned_sweep": phase_pinned_sweep}
 
 
 def _run_phase(name: str, args, extra: list[str] = ()) -> dict:
     """Each phase in its own process, so its peak RSS is its own."""
     out = args.work / f"{name}.json"
     cmd = [sys.executable, "-m", "benchmarks.search_scale", "--phase", name, "--cache", str(args.cache),
-           "--work", str(args.work), "--synthetic", str(args.synthetic), *extra]
+           "--work", str(args.work), *extra]
     t = time.perf_counter()
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     print(f"{name}: {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
@@ -1241,65 +952,6 @@ def summarise(args) -> list[dict]:
     }]
     if (w / "faiss.json").exists():
         entries[0]["libraries"] = [json.loads((w / "faiss.json").read_text())]
-    if (w / "synth_search.json").exists():
-        yb = json.loads((w / "synth_build.json").read_text())
-        ys = json.loads((w / "synth_search.json").read_text())
-        ye = json.loads((w / "synth_exact.json").read_text()) if (w / "synth_exact.json").exists() else None
-        yd = json.loads((w / "synth_edit.json").read_text()) if (w / "synth_edit.json").exists() else None
-        top = max(x["mrr_index_family"] for x in ys["grid"])
-        best = min(ys["grid"], key=lambda g: np.median(g["search_ms"]) if g["mrr_index_family"] >= top - 0.01 else 1e9)
-        total = enc[:len(best["search_ms"])] + np.array(best["search_ms"])
-        entry = {
-            "corpus": "synthetic near-duplicates (synthetic vectors)",
-            "functions": yb["n"], "real_functions": yb["n_real"], "tokens": yb["tokens"],
-            "units": yb.get("units"), "bytes_per_function": yb["bytes"] / yb["n"],
-            "build_s": yb["build_s"], "build_peak_ram_gb": yb["peak_ram_gb"],
-            "peak_ram_gb": max(ys["peak_ram_gb"], ye["peak_ram_gb"] if ye else 0.0),
-            "search_peak_ram_gb": ys["peak_ram_gb"],
-            "p50_ms": float(np.median(total)), "p95_ms": _pct(total, 95),
-            "p50_search_ms": float(np.median(best["search_ms"])),
-            "search_cpu_ms_mean": best.get("cpu_ms_mean"), "queries": ys.get("queries"),
-            "mrr_exact": ye["mrr_exact"] if ye else None, "mrr_index": best["mrr_index"],
-            "mrr_drop": ye["mrr_exact"] - best["mrr_index"] if ye else None,
-            "mrr_exact_family": ye["mrr_exact_family"] if ye else None,
-            "mrr_index_family": best["mrr_index_family"],
-            "mrr_drop_family": ye["mrr_exact_family"] - best["mrr_index_family"] if ye else None,
-            "exact_bruteforce_s": ye["exact_s"] if ye else None, "exact_peak_ram_gb": ye["peak_ram_gb"] if ye else None,
-            "nprobe": best["nprobe"], "candidates": best["candidates"],
-            "grid": [{k: v for k, v in g.items() if k != "search_ms"} | {
-                "p50_search_ms": float(np.median(g["search_ms"])), "p95_search_ms": _pct(g["search_ms"], 95),
-                "mrr_drop": ye["mrr_exact"] - g["mrr_index"] if ye else None} for g in ys["grid"]],
-            "files_bytes": yb["files"],
-        }
-        if yd is not None:
-            first = yd["edits"][0]
-            entry |= {"edit_one_file_s": first["seconds"], "edit_one_file_embed_s": first["embed_s"],
-                      "edit_one_file_index_s": first["index_s"], "edit_functions": first["functions"],
-                      "edit_model_load_s": yd["model_load_s"], "edits": yd["edits"],
-                      "edit_peak_ram_gb": yd["peak_ram_gb"]}
-        entry |= {
-            "note": "VECTORS ARE SYNTHETIC: each function is a near-duplicate of a real stdlib function "
-                    "(its compressed codes with 15% of token positions swapped for other real tokens and "
-                    "5% of tokens' residual bytes altered; text with 3 identifiers renamed); build_s is "
-                    "from compressed codes (no embedding); latency adds the stdlib run's measured MiniLM "
-                    "query encoding; the wall times are on the shared 2-core CPU under load "
-                    "(search_cpu_ms_mean is the CPU time per query). mrr_exact: brute-force MaxSim of the "
-                    "same query vectors over every function's vectors (for synthetic functions the "
-                    "vectors ARE their decompressed codes, so mrr_drop measures candidate generation "
-                    "only; the stdlib entry measures compression + candidates against float16), streamed "
-                    "over the regenerated token stream (synth_exact). mrr_* counts only the original "
-                    "function as relevant, and each original has ~240 near-duplicates that score "
-                    "almost alike; *_family counts the original or any near-duplicate as a hit. "
-                    "edit_one_file_s: one 20-function synthetic file replaced by 20 real stdlib functions "
-                    "in the 1M index - index load, units diff, MiniLM embedding on this CPU "
-                    "(edit_one_file_embed_s), codec encoding, a new segment, tombstones, hashing, atomic "
-                    "commit; edits: that, a second edit and a file deletion in a row",
-            "command": f"nice -n 10 python -m benchmarks.search_scale --cache /tmp/search_scale --synthetic {yb['n']} "
-                       "--phase P for P in synth_build synth_exact synth_search synth_edit (SYNTH_QUERIES=100 "
-                       "EXACT_QUERY_GROUP=50), after --phase stdlib_build; then python -m "
-                       "benchmarks.search_scale --only (summarise)",
-        }
-        entries.append(entry)
     return entries
 
 
@@ -1307,7 +959,6 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cache", type=Path, default=Path("/tmp/search_scale"))
     ap.add_argument("--work", type=Path, default=None)
-    ap.add_argument("--synthetic", type=int, default=1_000_000)
     ap.add_argument("--phase", choices=sorted(PHASES))
     ap.add_argument("--only", nargs="*", default=None, help="phases to run (default: all)")
     ap.add_argument("--out", type=Path, default=None)
@@ -1360,9 +1011,7 @@ def main(argv=None) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     if args.phase:
         fn = PHASES[args.phase]
-        if args.phase in TAKES_N:
-            result = fn(args.cache, args.work, args.synthetic)
-        elif args.phase == "pinned_queries":
+        if args.phase == "pinned_queries":
             result = fn(args.cache, args.work, str(args.model))
         elif args.phase == "pinned_sweep":
             result = fn(args.cache, args.work, args.sweep_budget)

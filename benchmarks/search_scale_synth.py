@@ -45,8 +45,6 @@ import numpy as np
 
 import mlxio  # noqa: F401  (fast BLAS before mlx)
 from benchmarks.search_scale import (
-    _IDENT,
-    _KEEP,
     _dir_bytes,
     _files_bytes,
     _mrr,
@@ -65,6 +63,9 @@ from mlxio.search.index import (
 ROOT = Path(__file__).resolve().parent.parent
 SYNTH_BATCH, UNIT_DOCS, SEED = 4096, 20, 1
 SWAP, NOISY, RENAMES = 0.15, 0.05, 3
+_IDENT = re.compile(r"\b[a-z_][a-z0-9_]{2,}\b")  # identifiers that may be renamed, unless in _KEEP
+_KEEP = frozenset("def return self none true false and not for while with class import from lambda "
+                  "yield async await pass raise try except finally else elif print len range".split())
 GRID = ((8, 256), (4, 128), (16, 512), (2, 256))  # after the default (nprobe, candidates), while the budget lasts
 
 
