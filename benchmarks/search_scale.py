@@ -42,10 +42,8 @@ from mlxio.search.index import (
     DEFAULT_CANDIDATES,
     DEFAULT_NPROBE,
     Index,
-    Writer,
-    segment_name,
-    write_generation,
 )
+from mlxio.search.writer import Writer, segment_name, write_generation
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "cpu" / "search_scale.json"

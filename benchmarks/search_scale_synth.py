@@ -55,10 +55,8 @@ from benchmarks.search_scale import (
 from mlxio.search import store
 from mlxio.search.index import (
     Index,
-    Writer,
-    segment_name,
-    write_generation,
 )
+from mlxio.search.writer import Writer, segment_name, write_generation
 
 ROOT = Path(__file__).resolve().parent.parent
 SYNTH_BATCH, UNIT_DOCS, SEED = 4096, 20, 1

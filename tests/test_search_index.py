@@ -19,12 +19,10 @@ from mlxio.search import build, codec, store
 from mlxio.search.index import (
     Index,
     SearchArgumentError,
-    Writer,
     check_args,
-    segment_name,
-    write_generation,
 )
 from mlxio.search.store import IndexError_
+from mlxio.search.writer import Writer, segment_name, write_generation
 
 DIM = 64
 

@@ -37,11 +37,9 @@ from mlxio.search import codec as codec_mod
 from mlxio.search import store
 from mlxio.search.index import (
     Index,
-    Writer,
-    segment_name,
-    write_generation,
 )
 from mlxio.search.store import IndexError_
+from mlxio.search.writer import Writer, segment_name, write_generation
 
 log = logging.getLogger("mlxio.search")
 
