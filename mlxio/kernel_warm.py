@@ -1,25 +1,33 @@
 """Parallel warm-up of MLX's CUDA kernel cache for the RLAIF recipe's first step (issue 19 item 2).
 
 MLX's CUDA backend compiles a kernel module with NVRTC the first time it is used, one after
-another (a process-wide lock), 3-4 s each on the lent H100's host, and keeps it on disk
+another (a process-wide lock), ~3.5 s each on the lent H100's host, and keeps it on disk
 (`mlxio.kernel_cache`). Modules are named by what they compute and their dtypes, not by array
-shapes: `gather_float32_uint32_1`, `gather_axis_float32_int32`, `scatter_axis_float32_int32_Sum`,
-or a fused kernel's graph and constants. So a tiny model of the same family and dtype, sampling
-with the same settings, needs the same modules as the real policy - and separate processes
-compile in parallel. `start(jobs)` launches one child process per job (`python -m
-mlxio.kernel_warm JOB ARGS`), each with its own empty staging folder as MLX's cache; when a
-child ends, its finished modules move into the run's cache folder, where the recipe's process
-finds them when it first needs them (it compiles any it needs sooner itself: the same bytes).
+shapes: `gather_float32_int32_1` holds that gather for every index rank and size. So a graph
+of a few tiny arrays compiles the same module as the real step - and separate processes
+compile in parallel. `start(jobs)` launches one child process per module (`python -m
+mlxio.kernel_warm KEY`: imports MLX alone, builds `module_graph(KEY)`, evaluates it, exits),
+each with its own empty staging folder as MLX's cache; when a child ends, its module moves into
+the run's cache folder, where the recipe's process finds it when it first needs it (it compiles
+any it needs sooner itself: the same bytes).
+
+Why one child per module (session 7's H100 run of the first design, one child per step - the
+sampler, decode, prefill, update - took 60.8 s against 74.0 s without, its rollout generation
+43.4 s against 42.5 s): each such child imported the whole stack (mlx-lm, transformers, torch)
+as the recipe does, built a tiny model and then compiled the same shared modules (gathers, the
+sampler's) one after another in the order the recipe needs them, so it was never ahead of the
+recipe's own serial compilation, and its modules moved only when the whole job ended (the
+update job: after 41.4 s, 2 modules still new). Per module, the children finish in about
+start-up + one compilation, in parallel, during the recipe's ~16 s of loading.
 
 A module is moved once complete: MLX writes `.ptx` (the cubin), `.txt` (kernel names), then
 the `.cu` source; the `.txt` goes first and the `.ptx` last, each with an atomic rename, so a
 reader that finds the `.ptx` finds both whole.
 
-Jobs (the eager steps of the RLAIF recipe on CUDA, `compile` auto): "sampler" (mlx-lm's
-sampler at the run's temperature / top-p and the picked log-probability), "decode" (decode
-steps of the static engine on a zero cache), "prefill" (a greedy rollout: the batched prefill
-and the static cache rows), "update" (one eager policy-gradient step with LoRA). Off unless
-MLXIO_KERNEL_PREWARM=1 (the recipe calls `for_rlaif`); only on a CUDA device.
+A module key (`module_keys` reads them off `kernel_cache.traced_ops`): ("gather", data dtype,
+index dtype, index arrays), ("gather_axis", data, index), ("scatter_axis", data, index,
+reduction), ("dynamic_offset", offset dtype, axes). Off unless MLXIO_KERNEL_PREWARM=1 (the
+recipe calls `for_rlaif`); only on a CUDA device, for the eager steps.
 """
 
 from __future__ import annotations
@@ -44,87 +52,72 @@ def enabled() -> bool:
     return os.environ.get(ENV, "") not in ("", "0", "false", "off")
 
 
-# ---- the jobs (run in the child process)
-
-def _tiny(lora: dict | None = None):
-    from mlxio.weights import llm
-
-    policy = llm.tiny_policy("llama", seed=0)
-    if lora:
-        import mlx.core as mx
-
-        from mlxcore.lora import LoraConfig
-        from mlxio.weights import llm_lora
-
-        llm_lora.apply_lora(policy.model, LoraConfig(**lora), None, mx.random.key(0))
-    return policy
-
-
-def job_sampler(temperature: float, top_p: float) -> None:
-    import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
-
-    logits = mx.random.normal((4, 300))
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    nxt = make_sampler(temp=temperature, top_p=top_p)(logprobs)
-    picked = mx.take_along_axis(logprobs, nxt[:, None].astype(mx.int32), axis=-1)[:, 0]
-    mx.eval(nxt, picked.astype(mx.float32))
+def module_keys(ops: list) -> set[tuple]:
+    """The CUDA kernel modules (keys, see the module doc) that `kernel_cache.traced_ops`' gathers,
+    scatters and dynamic slice updates need; other primitives use MLX's precompiled kernels,
+    except `mx.compile`d fusions and reducing slice updates (`kernel_cache.unfused`,
+    `kernel_cache.reducing_updates`)."""
+    keys = set()
+    for name, dtypes, args in ops:
+        if name == "Gather":
+            keys.add(("gather", dtypes[0], dtypes[1] if len(dtypes) > 1 else "int32", len(dtypes) - 1))
+        elif name == "GatherAxis":
+            keys.add(("gather_axis", dtypes[0], dtypes[1]))
+        elif name == "ScatterAxis":
+            keys.add(("scatter_axis", dtypes[0], dtypes[1], args[0]))
+        elif name == "Scatter":
+            keys.add(("scatter", dtypes[0], dtypes[1], len(dtypes) - 2, args[0]))
+        elif name == "DynamicSliceUpdate":
+            keys.add(("dynamic_offset", dtypes[2], len(args[0])))
+        elif name == "DynamicSlice":
+            keys.add(("dynamic_offset", dtypes[1], len(args[0])))
+    return keys
 
 
-def job_decode(temperature: float, top_p: float) -> None:
-    import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
-
-    from mlxio.rl import decode
-
-    model = _tiny().model
-    args = model.args
-    heads, dim = args.num_key_value_heads, args.hidden_size // args.num_attention_heads
-    n, size = 4, decode.LENGTH_STEP
-    caches = [decode.StaticKVCache(mx.zeros((n, heads, size, dim)), mx.zeros((n, heads, size, dim)),
-                                   mx.zeros((n,), mx.int32), mx.array([3], mx.int32)) for _ in model.layers]
-    decode.decode(model, make_sampler(temp=temperature, top_p=top_p), [1] * n, caches, 3,
-                  lambda i, new: None, sampler_key=None, compiled=False)
+_SUM = 0  # ScatterAxis' reduction in a traced graph: 0 sums (a take_along_axis' gradient)
 
 
-def job_prefill() -> None:
-    from mlxio.rl.rollout import generate_group
-
-    generate_group(_tiny(), ["def add(a, b):", "x"], group_size=2, temperature=0.0, max_new_tokens=2,
-                   engine="static", compiled=False)
-
-
-def job_update(lora: dict, beta: float, accum: int) -> None:
+def module_graph(key) -> list:
+    """Tiny arrays whose evaluation compiles the CUDA module `key` (and nothing but precompiled
+    kernels besides)."""
     import mlx.core as mx
 
-    from mlxcore import policy as pg
-    from mlxcore.optim import OptimConfig, make_optimizer
-    from mlxcore.step import init_state, make_train_step
-    from mlxio.weights import llm_lora
-
-    model = _tiny(lora).model
-    params = llm_lora.lora_tree(model)
-    optimizer = make_optimizer(OptimConfig(name="adamw", lr=1e-4, weight_decay=0.0, warmup_steps=0, total_steps=2))
-    step = make_train_step(pg.policy_loss_fn(llm_lora.forward(model), beta, None), optimizer, jit=False,
-                           eval_micro_batches=True)
-    micro, t = 2, 12
-    tokens = mx.random.randint(0, model.args.vocab_size, (accum, micro, t)).astype(mx.int32)
-    batch = {"tokens": tokens, "mask": mx.ones((accum, micro, t - 1)), "advantages": mx.ones((accum, micro)),
-             "old_logp": mx.zeros((accum, micro, t - 1)), "ref_logp": mx.zeros((accum, micro, t - 1))}
-    out = step(params, init_state(optimizer, params), batch, mx.array(0))
-    mx.eval(out)
-
-
-JOBS = {"sampler": job_sampler, "decode": job_decode, "prefill": job_prefill, "update": job_update}
+    kind, *rest = key
+    if kind == "gather":
+        data, index, n = rest
+        return [mx.zeros((2,) * n, getattr(mx, data))[tuple(mx.zeros((1,), getattr(mx, index)) for _ in range(n))]]
+    if kind == "gather_axis":
+        data, index = rest
+        return [mx.take_along_axis(mx.zeros((2, 2), getattr(mx, data)), mx.zeros((2, 1), getattr(mx, index)), axis=-1)]
+    if kind == "scatter_axis" and rest[2] == _SUM:
+        data, index, _ = rest
+        idx = mx.zeros((2, 1), getattr(mx, index))
+        return [mx.grad(lambda x: mx.take_along_axis(x, idx, axis=-1).sum())(mx.zeros((2, 2), getattr(mx, data)))]
+    if kind == "dynamic_offset":
+        index, n = rest
+        return [mx.slice_update(mx.zeros((2,) * n), mx.ones((1,) * n), mx.zeros((n,), getattr(mx, index)),
+                                axes=tuple(range(n)))]
+    raise ValueError(f"no warm-up graph for kernel module {key}")
 
 
-def rlaif_jobs(cfg) -> list[tuple[str, dict]]:
-    """The jobs for the RLAIF recipe's first step under `cfg` (recipes.rlaif_config.Config)."""
-    lora = {"rank": cfg.lora.rank, "alpha": cfg.lora.alpha, "targets": list(cfg.lora.targets)}
-    sampling = {"temperature": cfg.temperature, "top_p": cfg.top_p}
-    return [("decode", sampling), ("sampler", sampling), ("update", {"lora": lora, "beta": cfg.beta,
-                                                                     "accum": cfg.train.accum}),
-            ("prefill", {})]
+def rlaif_modules(dtype: str = "float32") -> list[tuple]:
+    """The modules of the RLAIF recipe's eager rollout and update for a `dtype` policy (the
+    dequantised GGUF default: float32), as the H100's fresh cache listed them (session 7) less
+    those the recipe no longer needs (tests/test_kernel_modules.py checks the traced steps need
+    no other)."""
+    return [("gather", dtype, "int32", 1),  # embedding lookups, the static cache's rows
+            ("gather", "int32", "int32", 1),  # the rows' left padding
+            ("gather", "int32", "uint32", 1),  # in the H100 run's cache; its op is not in the CPU graphs
+            ("gather_axis", dtype, "int32"),  # picked log-probs, the top-p threshold
+            ("scatter_axis", dtype, "int32", _SUM),  # the gradient of the picked log-probs
+            ("dynamic_offset", "int32", 1)]  # the KV cache written at a position array
+
+
+def rlaif_jobs(cfg) -> list[tuple]:
+    """The modules to warm for the RLAIF recipe's first step under `cfg` (recipes.rlaif_config.
+    Config): a dequantised policy's are float32 ones; a quantised policy (QLoRA) needs more,
+    which it compiles itself."""
+    return rlaif_modules("float32")
 
 
 # ---- the parent side
@@ -183,20 +176,20 @@ class Prewarm:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start(jobs: list[tuple[str, dict]], dest: str | os.PathLike) -> Prewarm:
-    """Launch one child per (job, kwargs); their modules move into `dest` (MLX's cache folder)."""
+def start(jobs: list[tuple], dest: str | os.PathLike) -> Prewarm:
+    """Launch one child per module key; their modules move into `dest` (MLX's cache folder)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix=".prewarm-", dir=dest.parent))  # same file system as dest
     procs = []
-    for name, kwargs in jobs:
-        staging = root / name
+    for i, key in enumerate(jobs):
+        staging = root / str(i)
         staging.mkdir()
         env = {**os.environ, "MLX_PTX_CACHE_DIR": str(staging), "MLXIO_KERNEL_CACHE": str(staging)}
         env.pop(ENV, None)
-        proc = subprocess.Popen([sys.executable, "-m", "mlxio.kernel_warm", name, json.dumps(kwargs)], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "mlxio.kernel_warm", json.dumps(key)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=open(staging / "log.txt", "w"))
-        procs.append((name, proc, staging, time.perf_counter()))
+        procs.append(("_".join(map(str, key)), proc, staging, time.perf_counter()))
     warm = Prewarm(procs, dest, root)
     atexit.register(warm.stop)
     return warm
@@ -210,16 +203,16 @@ def for_rlaif(cfg, jit: bool) -> Prewarm | None:
     if not enabled() or jit or not kernel_cache.on_gpu():
         return None
     jobs = rlaif_jobs(cfg)
-    log.info("kernel prewarm: %d child processes compile the first step's kernels into %s",
+    log.info("kernel prewarm: %d child processes compile the first step's kernel modules into %s",
              len(jobs), kernel_cache.cache_dir())
     return start(jobs, kernel_cache.cache_dir())
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    import mlxio  # noqa: F401  (BLAS; the cache folder comes from MLX_PTX_CACHE_DIR, set by the parent)
+    import mlx.core as mx  # (MLX alone: the cache folder comes from MLX_PTX_CACHE_DIR, set by the parent)
 
-    JOBS[argv[0]](**json.loads(argv[1] if len(argv) > 1 else "{}"))
+    mx.eval(module_graph(tuple(json.loads(argv[0]))))
 
 
 if __name__ == "__main__":

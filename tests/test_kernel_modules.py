@@ -114,3 +114,37 @@ def test_unfused_sampling_draws_the_same_tokens():
             return mx.stack([sampler(logprobs) for _ in range(10)])
 
     assert mx.array_equal(draws(False), draws(True))
+
+
+def _rlaif_step_ops(model) -> list:
+    """Traced ops of the eager decode steps (fused and mlx-lm's forward), the prefill's
+    embedding, the static cache rows and the LoRA policy gradient of a tiny float32 llama."""
+    prefilled = rollout.prefill_batch(model, [[5, 6, 7], [8, 9]])
+    ops = []
+    for fused in (True, False):
+        caches = decode.static_cache_rows(prefilled, [0, 0, 1, 1], 256)
+        step, state = decode.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
+                                            compiled=False)
+        ops += kernel_cache.traced_ops(lambda x: list(step(x, state)[:2]), decode.token_array([7, 7, 9, 9]))
+    ops += kernel_cache.traced_ops(lambda ids: model.model.embed_tokens(ids), mx.array([[0, 5, 6]], mx.int32))
+    ops += kernel_cache.traced_ops(lambda: [decode.static_cache_rows(prefilled, [0, 1], 256)[0].keys,
+                                            decode.static_cache_rows(prefilled, [0, 1], 256)[0].left_padding])
+    llm_lora.apply_lora(model, LoraConfig(rank=4, alpha=8, targets=["q_proj", "v_proj"]), None, mx.random.key(0))
+    loss = pg.policy_loss_fn(llm_lora.forward(model), 0.04, None)
+    batch = {"mask": mx.ones((1, 3)), "advantages": mx.ones((1,)), "old_logp": mx.zeros((1, 3)),
+             "ref_logp": mx.zeros((1, 3))}
+    grad = mx.grad(lambda p, tokens: loss(p, {**batch, "tokens": tokens}, mx.random.key(0))[0])
+    ops += kernel_cache.traced_ops(lambda t: [v for _, v in tree_flatten(grad(llm_lora.lora_tree(model), t))],
+                                   mx.array([[1, 2, 3, 4]], mx.int32))
+    return ops
+
+
+def test_prewarm_covers_every_module_of_the_rlaif_steps():
+    """`kernel_warm.rlaif_modules` lists every gather / scatter / dynamic-offset module the eager
+    rollout and update trace to, and each warm-up graph traces to its own module."""
+    from mlxio import kernel_warm
+
+    needed = kernel_warm.module_keys(_rlaif_step_ops(llm.tiny_policy("llama", seed=0).model))
+    assert needed and needed <= set(kernel_warm.rlaif_modules()), needed - set(kernel_warm.rlaif_modules())
+    for key in kernel_warm.rlaif_modules():
+        assert kernel_warm.module_keys(kernel_cache.traced_ops(lambda k=key: kernel_warm.module_graph(k))) == {key}
