@@ -125,7 +125,7 @@ def _rlaif_step_ops(model) -> list:
         caches = decode.static_cache_rows(prefilled, [0, 0, 1, 1], 256)
         step, state = decode.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
                                             compiled=False)
-        ops += kernel_cache.traced_ops(lambda x: list(step(x, state)[:2]), decode.token_array([7, 7, 9, 9]))
+        ops += kernel_cache.traced_ops(lambda x, step=step, state=state: list(step(x, state)[:2]), decode.token_array([7, 7, 9, 9]))
     ops += kernel_cache.traced_ops(lambda ids: model.model.embed_tokens(ids), mx.array([[0, 5, 6]], mx.int32))
     ops += kernel_cache.traced_ops(lambda: [decode.static_cache_rows(prefilled, [0, 1], 256)[0].keys,
                                             decode.static_cache_rows(prefilled, [0, 1], 256)[0].left_padding])
