@@ -103,6 +103,7 @@ def child(recipe: str, work: Path, steps: int, extra: list[str]) -> dict:
         from recipes.xtr_lora import main
     else:
         from recipes.rlaif_qwen import main
+    marks["recipe_imported_s"] = time.perf_counter() - T0  # MLX, mlx-lm, transformers (and torch)
     try:
         main(argv)
     except _Stop:
@@ -137,7 +138,8 @@ def run_one(recipe: str, work: Path, kcache: Path, args, label: str, timeout: in
         else:
             row.update(json.loads(lines[-1][7:]))
             row["compile_log"] = [x[-300:] for x in proc.stderr.splitlines()
-                                  if ("first " in x and "shape" in x) or "kernel prewarm" in x][:20]
+                                  if ("first " in x and "shape" in x) or "kernel prewarm" in x
+                                  or "mlxio.phases" in x][:30]
     except subprocess.TimeoutExpired as err:
         row["error"] = f"timeout {timeout}s"
         row["stderr_tail"] = (err.stderr or b"")[-1500:].decode(errors="replace") if isinstance(

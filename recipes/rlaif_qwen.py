@@ -60,6 +60,7 @@ from mlxio.run import config, context, distributed
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
+from mlxio.run.phases import PhaseClock
 from mlxio.run.reporting import WindowMean
 from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.sandbox import require_isolation
@@ -82,15 +83,19 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     "update"), written to memory.json + memory.png in `out_dir` when the loop ends."""
     validate(cfg)
     t_start = time.perf_counter()
+    clock = PhaseClock()  # the setup's phases in the log (mlxio.phases): what a cold start waits for
     out = config.check_out_dir(cfg.out_dir, "out_dir")
     require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
     jit = grpo.use_compile(cfg)
     # MLXIO_KERNEL_PREWARM=1 on CUDA: child processes compile the first step's kernels meanwhile
     kernel_warm.for_rlaif(cfg, jit)
     train, eval_sets = load_problems(cfg.data)  # cheap: a bad file fails before the model loads
+    clock.lap("setup: checks, prewarm, problems")
     world = context.start(out, to_dict(cfg), cfg.train.seed, resume)  # out holds every rank's reward cache
     prompt_share, local_group = rank_share(cfg, world)
+    clock.lap("setup: run context")
     policy = load_model(cfg)
+    clock.lap("setup: policy (load, dequantise, LoRA)")
     model = policy.model
     fns = rewards.from_config(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
@@ -114,12 +119,14 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         record_phase(results["eval"], "before",
                      evaluate_all(llm_lora.bound_policy(policy, pg.reference_params(params)), "before"), cfg.eval)
 
+    clock.lap("setup: rewards, step, resume" + (", evaluation before" if cfg.eval.before else ""))
     loop = TrainLoop.open(out, world, run_id=run_id, config=to_dict(cfg), train=cfg.train, start=start_step,
                           end=context.last_step(cfg.train.steps, stop_after, start_step, more_steps),
                           resumed=found is not None, opt_state=state, project="rlaif_qwen", desc="rlaif",
                           report_to=cfg.report_to, headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"),
                           hint="Lower optim.lr or beta, or check the rewards.", profile_memory=profile_memory,
                           keep_last=cfg.train.keep_checkpoints, every_s=600.0, logger=logger)
+    clock.lap("setup: train loop")
     window = WindowMean()  # a logged record holds the means over the steps since the last one
     for step in range(loop.start, loop.end):
         t0 = time.perf_counter()
