@@ -6,7 +6,9 @@ and stops once the N-th step's metrics record is written (no final evaluation or
 child times, from its own start (before MLX is imported): `setup_s` (to the start of the first
 step: imports, weights, data, compilation of nothing yet), `first_step_s` (the first step alone:
 mx.compile tracing and, on a GPU, NVRTC kernel compilation for its shapes) and `steps_s` (the end
-of each of the first N steps). The kernel cache (`MLXIO_KERNEL_CACHE`, see mlxio.kernel_cache)
+of each of the first N steps); `recipe_imported_s` (the recipe module imported: MLX, mlx-lm,
+transformers) and, in `compile_log`, the setup's phases as the recipe logs them (mlxio.phases).
+The kernel cache (`MLXIO_KERNEL_CACHE`, see mlxio.kernel_cache)
 is a new empty folder for the "fresh" run and the same folder again for the "warm" run; a
 "prime" run with its own throw-away kernel cache fills the data caches first (mined pairs,
 token cache, the retriever's untrained baseline), so fresh and warm differ only in kernels.
