@@ -2,8 +2,10 @@
 
 Both sides encode the same batches (sorted by length, each padded to a multiple of `bucket`
 tokens, so MLX compiles one graph per bucket) into L2-normalised token embeddings, with the
-same number of threads; tokens/s counts real (unpadded) tokens. Writes JSON to
-benchmarks/results/cpu/encode.json.
+same number of threads; tokens/s counts real (unpadded) tokens. Before timing, both sides'
+embeddings of the first batches are compared on the real tokens ("agreement": max abs
+difference within TOLERANCE); if they differ the run is marked invalid and has no ratio.
+Writes JSON to benchmarks/results/cpu/encode.json.
 
     python -m benchmarks.encode --n 2000 --repeats 3
 """
@@ -103,16 +105,40 @@ def run_mlx(encode, params, data) -> float:
     return time.perf_counter() - start
 
 
+def torch_embeddings(model, ids: np.ndarray, mask: np.ndarray):
+    """PyTorch's L2-normalised token embeddings [b, t, d] of one batch."""
+    import torch
+
+    hidden = model(input_ids=torch.from_numpy(ids.astype(np.int64)),
+                   attention_mask=torch.from_numpy(mask.astype(np.int64))).last_hidden_state
+    return torch.nn.functional.normalize(hidden, dim=-1)
+
+
 def run_torch(model, data) -> float:
     import torch
 
     start = time.perf_counter()
     with torch.inference_mode():
         for ids, mask in data:
-            hidden = model(input_ids=torch.from_numpy(ids.astype(np.int64)),
-                           attention_mask=torch.from_numpy(mask.astype(np.int64))).last_hidden_state
-            torch.nn.functional.normalize(hidden, dim=-1)
+            torch_embeddings(model, ids, mask)
     return time.perf_counter() - start
+
+
+TOLERANCE = 1e-4  # max abs difference of unit-norm float32 token embeddings (measured ~1e-6)
+
+
+def agreement(encode, params, model, data) -> dict:
+    """Do both sides compute the same embeddings? Max abs difference over the real tokens of
+    `data`'s batches, against TOLERANCE."""
+    import torch
+
+    worst = 0.0
+    with torch.inference_mode():
+        for ids, mask in data:
+            ours = np.array(encode(params, mx.array(ids), mx.array(mask)))
+            theirs = torch_embeddings(model, ids, mask).numpy()
+            worst = max(worst, float(np.abs(ours - theirs)[mask.astype(bool)].max()))
+    return {"ok": worst <= TOLERANCE, "max_abs_diff": worst, "tolerance": TOLERANCE, "batches": len(data)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -148,6 +174,8 @@ def main(argv: list[str] | None = None) -> dict:
     shapes = {ids.shape: (ids, m) for ids, m in data}
     run_mlx(encode, encoder.params, list(shapes.values()))  # warm-up: compile each shape once
     run_torch(model, list(shapes.values()))
+    agree = agreement(encode, encoder.params, model, data[:2] + data[-2:])
+    print(json.dumps({"agreement": agree}), flush=True)
     figures = {"mlx": [], "torch": []}
     for repeat in range(args.repeats):  # interleaved, so load changes hit both alike
         figures["mlx"].append(tokens / run_mlx(encode, encoder.params, data))
@@ -168,7 +196,9 @@ def main(argv: list[str] | None = None) -> dict:
             "repeats_done": repeat + 1,
             "tokens_per_s": figures,
             "median_tokens_per_s": medians,
-            "mlx_over_torch": medians["mlx"] / medians["torch"],
+            "agreement": agree,
+            "invalid": not agree["ok"],
+            "mlx_over_torch": medians["mlx"] / medians["torch"] if agree["ok"] else None,
         }
         # Written after every repeat: a run cut short still leaves its figures.
         args.out.parent.mkdir(parents=True, exist_ok=True)

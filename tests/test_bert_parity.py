@@ -146,3 +146,21 @@ def test_minilm_code_embeddings_match_transformers(minilm):
         a, b = mean_pool(np.array(out), batch_mask), mean_pool(ref.last_hidden_state.numpy(), batch_mask)
         cosines += list((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1))
     assert len(cosines) == 50 and min(cosines) >= 0.99999, min(cosines)
+
+
+def test_encode_benchmark_checks_both_sides_compute_the_same_embeddings(minilm):
+    """benchmarks/encode.py times MLX against PyTorch only after their token embeddings agree;
+    a changed weight on one side is caught (invalid run, no ratio)."""
+    from benchmarks import encode as bench
+    from mlxcore.encoder import token_embeddings
+
+    path = str(default_encoder_path())
+    ids, mask = tokenize(minilm.tokenizer, stdlib_snippets(8, seed=5), max_length=64)
+    data = batches(ids, mask, batch_size=4, bucket=32)
+    model = transformers.BertModel.from_pretrained(path).eval()
+    encode = mx.compile(lambda p, i, m: token_embeddings(p, i, m, minilm.spec))
+    same = bench.agreement(encode, minilm.params, model, data)
+    assert same["ok"] and same["max_abs_diff"] < 1e-5 and same["batches"] == 2
+    with torch.no_grad():
+        model.encoder.layer[5].output.dense.weight[:8].mul_(1.5)  # a few output features change
+    assert not bench.agreement(encode, minilm.params, model, data)["ok"]
