@@ -146,10 +146,21 @@ def encoder_spec(model):
     return EncoderSpec(kind="bert", model=bert.BertConfig.from_hf(cfg), lora_scale=LORA_ALPHA / LORA_RANK)
 
 
+def copy_adapters_into_peft(wrapped, adapters_flat: dict[str, np.ndarray]) -> None:
+    """Set a PEFT model's adapters to MLX's ({layer.lora_a [in, r], layer.lora_b [r, out]},
+    layer paths as in the base model): lora_A = a.T [r, in], lora_B = b.T [out, r]."""
+    import torch
+
+    with torch.no_grad():
+        for layer in {k.rsplit(".", 1)[0] for k in adapters_flat}:
+            module = wrapped.base_model.model.get_submodule(layer)
+            module.lora_A["default"].weight.copy_(torch.from_numpy(adapters_flat[f"{layer}.lora_a"].T))
+            module.lora_B["default"].weight.copy_(torch.from_numpy(adapters_flat[f"{layer}.lora_b"].T))
+
+
 def add_lora(name: str, model, adapters_flat: dict[str, np.ndarray]):
     """Wrap `model` with LoRA on the targets (PEFT if importable, else hand LoRA), copying the
     MLX adapters ({layer.lora_a [in, r], layer.lora_b [r, out]}). Returns (model, how)."""
-    import torch
 
     targets = TARGETS[name]
     try:
@@ -157,11 +168,7 @@ def add_lora(name: str, model, adapters_flat: dict[str, np.ndarray]):
 
         wrapped = get_peft_model(model, LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
                                                    target_modules=list(targets), bias="none"))
-        with torch.no_grad():
-            for layer in {k.rsplit(".", 1)[0] for k in adapters_flat}:
-                module = wrapped.base_model.model.get_submodule(layer)
-                module.lora_A["default"].weight.copy_(torch.from_numpy(adapters_flat[f"{layer}.lora_a"].T))
-                module.lora_B["default"].weight.copy_(torch.from_numpy(adapters_flat[f"{layer}.lora_b"].T))
+        copy_adapters_into_peft(wrapped, adapters_flat)
         return wrapped, f"peft {__import__('peft').__version__}"
     except ImportError:
         pass

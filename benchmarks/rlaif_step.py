@@ -58,15 +58,12 @@ def mlx_policy(shape: str, tm, dtype: str):
     return model, llm_lora.apply_lora(model, PRESETS["full"].lora, None, mx.random.key(0))
 
 
-def peft_lora_state(lora_tree) -> dict[str, np.ndarray]:
-    """MLX's LoRA tree as PEFT state-dict entries: `model.layers.0.self_attn.q_proj.lora_a` [in, r]
-    -> `base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight` [r, in] (B likewise,
-    [r, out] -> [out, r]), float32."""
+def lora_arrays(lora_tree) -> dict[str, np.ndarray]:
+    """MLX's LoRA tree as float32 numpy arrays by path (`model.layers.0.self_attn.q_proj.lora_a`
+    [in, r], `.lora_b` [r, out]): what `retriever_models.copy_adapters_into_peft` copies."""
     from mlxcore.tree import flatten
 
-    names = {"lora_a": "lora_A", "lora_b": "lora_B"}
-    return {f"base_model.model.{path.rsplit('.', 1)[0]}.{names[path.rsplit('.', 1)[1]]}.default.weight":
-            np.array(leaf.astype(mx.float32)).T for path, leaf in flatten(lora_tree).items()}
+    return {path: np.array(leaf.astype(mx.float32)) for path, leaf in flatten(lora_tree).items()}
 
 
 def run_mlx(shape, tm, data, micro, args, eval_micro_batches: bool = False) -> dict:
@@ -118,12 +115,12 @@ def torch_loss(model, mb, beta, clip_eps):
 
 
 def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.ndarray]) -> dict:
-    """The PyTorch step from the same base weights and, through `lora_state` (`peft_lora_state`),
+    """The PyTorch step from the same base weights and, through `lora_state` (`lora_arrays`),
     the same adapters; AdamW takes MLX's steps (per-step lr / eps of `torch_adamw_groups`)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from benchmarks.retriever_models import torch_adamw_groups
+    from benchmarks.retriever_models import copy_adapters_into_peft, torch_adamw_groups
     from recipes.rlaif_config import PRESETS
 
     cfg = PRESETS["full"]
@@ -132,10 +129,7 @@ def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.nd
     model = get_peft_model(tm, LoraConfig(r=cfg.lora.rank, lora_alpha=cfg.lora.alpha, lora_dropout=0.0,
                                           target_modules=list(cfg.lora.targets)))
     dev = next(model.parameters()).device
-    named = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in lora_state.items():
-            named[name].copy_(torch.from_numpy(value))
+    copy_adapters_into_peft(model, lora_state)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if len(trainable) != len(lora_state):
         raise ValueError(f"PEFT has {len(trainable)} trainable tensors, MLX's LoRA tree {len(lora_state)}")
@@ -220,7 +214,7 @@ def main(argv=None) -> dict:
     tm = torch_model(args.shape, device, args.dtype)
     data = batch_arrays(args.rows, args.prompt_len, args.completion_len, SHAPES[args.shape]["vocab_size"])
     tokens = args.rows * (args.prompt_len + args.completion_len)
-    lora_state = peft_lora_state(mlx_policy(args.shape, tm, args.dtype)[1])  # both sides start here
+    lora_state = lora_arrays(mlx_policy(args.shape, tm, args.dtype)[1])  # both sides start here
     runs = {}
     for fw in args.frameworks:
         try:

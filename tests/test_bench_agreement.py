@@ -99,11 +99,11 @@ def test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged():
     args = argparse.Namespace(check_steps=4, warmup=1, steps=1, dtype="float32")
     tm = torch_model("llama-tiny", "cpu", "float32")
     data = rs.batch_arrays(4, 8, 8, SHAPES["llama-tiny"]["vocab_size"])
-    lora_state = rs.peft_lora_state(rs.mlx_policy("llama-tiny", tm, "float32")[1])
+    lora_state = rs.lora_arrays(rs.mlx_policy("llama-tiny", tm, "float32")[1])
     runs = {"mlx": rs.run_mlx("llama-tiny", tm, data, 2, args),
             "torch": rs.run_torch(tm, data, 2, args, False, lora_state)}
     rng = np.random.default_rng(1)
-    other = {k: (rng.uniform(-0.1, 0.1, v.shape).astype(np.float32) if ".lora_A." in k else v)
+    other = {k: (rng.uniform(-0.1, 0.1, v.shape).astype(np.float32) if k.endswith(".lora_a") else v)
              for k, v in lora_state.items()}
     runs["torch_compile"] = rs.run_torch(tm, data, 2, args, False, other)  # labelled so: a second peer
     for r in runs.values():
