@@ -127,6 +127,10 @@ def run_mlx(name: str, batch: int, args) -> dict:
     mx.reset_peak_memory()
     out["step_s"] = _timed(one, lambda: None, args.steps, args.repeats, STEP_WARMUP)
     out["step_peak_bytes"] = mx.get_peak_memory()
+    if args.profile:
+        from benchmarks.kernel_profile import profile
+
+        out["kernel_profile"] = profile(one, args.profile, lambda: None)
     out["last_loss"] = state["loss"]
     out["total_steps"] = state["n"]
     out["device"] = str(mx.default_device())
@@ -195,7 +199,7 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
     out["lora"] = how
     trainable = [p for p in model.parameters() if p.requires_grad]
     cfg = rm.optim_config()
-    total = args.check_steps + STEP_WARMUP + args.steps * args.repeats
+    total = args.check_steps + STEP_WARMUP + args.steps * args.repeats + (args.profile + 1 if args.profile else 0)
     groups = rm.torch_adamw_groups(cfg, total)  # MLX's AdamW steps, computed before timing
     opt = torch.optim.AdamW(trainable, lr=groups[0][0], betas=(cfg.beta1, cfg.beta2), eps=groups[0][1],
                             weight_decay=cfg.weight_decay, fused=args.gpu)
@@ -226,6 +230,10 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
     if args.gpu:
         out["step_peak_bytes"] = torch.cuda.max_memory_allocated()
         out["device"] = torch.cuda.get_device_name()
+    if args.profile:
+        from benchmarks.kernel_profile import profile
+
+        out["kernel_profile"] = profile(one, args.profile, sync)
     out["last_loss"] = float(state["loss_t"].detach())
     out["total_steps"] = state["n"]
     return out
@@ -280,12 +288,16 @@ def main(argv=None) -> dict:
                     help="identical steps run and compared across frameworks before timing")
     ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                     help="compute dtype (default: float32 on the CPU, bfloat16 on a GPU)")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="after timing, N more steps under the CUDA kernel profiler (benchmarks.kernel_profile)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: default)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per child run")
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<machine>/retriever.json)")
     ap.add_argument("--child", nargs=3, metavar=("MODEL", "FRAMEWORK", "BATCH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.gpu = args.machine != "cpu"
+    if args.profile and not args.gpu:
+        ap.error("--profile: the kernel profiler records CUDA kernels; run it with a GPU --machine")
     if args.child:
         args.model, args.framework, args.batch = args.child[0], args.child[1], int(args.child[2])
         child(args)
@@ -301,7 +313,7 @@ def main(argv=None) -> dict:
                 cmd = [sys.executable, "-m", "benchmarks.retriever", "--machine", args.machine,
                        "--steps", str(args.steps), "--repeats", str(args.repeats),
                        "--distinct", str(args.distinct), "--threads", str(args.threads),
-                       "--check-steps", str(args.check_steps), *(["--dtype", args.dtype] if args.dtype else []),
+                       "--check-steps", str(args.check_steps), "--profile", str(args.profile), *(["--dtype", args.dtype] if args.dtype else []),
                        *([] if args.encode else ["--no-encode"]), "--child", model, fw, str(batch)]
                 start = time.time()
                 try:
