@@ -127,7 +127,7 @@ def run_mlx(name: str, batch: int, args) -> dict:
     mx.reset_peak_memory()
     out["step_s"] = _timed(one, lambda: None, args.steps, args.repeats, STEP_WARMUP)
     out["step_peak_bytes"] = mx.get_peak_memory()
-    if args.profile:
+    if getattr(args, "profile", 0):
         from benchmarks.kernel_profile import profile
 
         out["kernel_profile"] = profile(one, args.profile, lambda: None)
@@ -199,7 +199,7 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
     out["lora"] = how
     trainable = [p for p in model.parameters() if p.requires_grad]
     cfg = rm.optim_config()
-    total = args.check_steps + STEP_WARMUP + args.steps * args.repeats + (args.profile + 1 if args.profile else 0)
+    total = args.check_steps + STEP_WARMUP + args.steps * args.repeats + (args.profile + 1 if getattr(args, "profile", 0) else 0)
     groups = rm.torch_adamw_groups(cfg, total)  # MLX's AdamW steps, computed before timing
     opt = torch.optim.AdamW(trainable, lr=groups[0][0], betas=(cfg.beta1, cfg.beta2), eps=groups[0][1],
                             weight_decay=cfg.weight_decay, fused=args.gpu)
@@ -230,7 +230,7 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
     if args.gpu:
         out["step_peak_bytes"] = torch.cuda.max_memory_allocated()
         out["device"] = torch.cuda.get_device_name()
-    if args.profile:
+    if getattr(args, "profile", 0):
         from benchmarks.kernel_profile import profile
 
         out["kernel_profile"] = profile(one, args.profile, sync)

@@ -16,7 +16,7 @@ from typing import ClassVar
 import attrs
 import mlx.core as mx
 
-from mlxcore import quant
+from mlxcore import norm, quant
 from mlxcore.hf_config import HFConfig, choice
 from mlxcore.t5 import attention, gelu_new, layer_keys, merge_heads, padding_bias, split_heads
 
@@ -78,7 +78,7 @@ def param_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _layer_norm(p: dict, x: mx.array, eps: float) -> mx.array:
-    return mx.fast.layer_norm(x, p["weight"], p["bias"], eps)
+    return norm.layer_norm(x, p["weight"], p["bias"], eps)
 
 
 # Abramowitz & Stegun 7.1.28: erf(a) = 1 - (1 + a1 a + ... + a6 a^6)^-16 for a >= 0, |error| <= 3e-7.

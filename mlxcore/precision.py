@@ -4,8 +4,9 @@ float32.
 bf16 mixed precision here means: the frozen base weights are stored and computed in bfloat16
 (half the memory, half the bandwidth), the LoRA parameters and the optimizer state stay float32
 (`lora.delta` casts A and B to the activations' dtype on the way in, so their gradients come
-back float32), and the token embeddings are cast to float32 before MaxSim and the loss
-(`mlxcore.retriever.contrastive_loss_fn`), whose temperature magnifies rounding.
+back float32), and MaxSim's per-token maxima are cast to float32 before their mean and the
+loss (`mlxcore.retrieval.maxsim`), whose temperature magnifies rounding; the similarities
+themselves are computed in bfloat16, as PyTorch autocast does.
 """
 
 from __future__ import annotations

@@ -42,8 +42,10 @@ def contrastive_loss_fn(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gathe
     micro_batch: query_ids / query_mask [n, Tq], doc_ids / doc_mask [n, Td]; query i's positive
     is document i; optional neg_ids / neg_mask [n, K, Tn] are K hard negatives per query, which
     every query of the micro-batch scores beside the documents (`retrieval.hard_negative_loss`;
-    without them the loss is the in-batch one exactly). Embeddings are cast to float32 before scoring whatever the compute dtype
-    (the temperature magnifies rounding; a no-op in float32).
+    without them the loss is the in-batch one exactly). Similarities are computed in the
+    embeddings' dtype and their per-token maxima cast to float32 before the mean and the loss
+    (`retrieval.maxsim`; XTR scoring casts the embeddings first), since the temperature
+    magnifies rounding; in float32 nothing is cast.
 
     gather_docs (data-parallel, `mlxio.run.distributed.document_gather`): each rank holds a
     share of the global micro-batch; its queries are scored against every rank's documents
@@ -54,17 +56,17 @@ def contrastive_loss_fn(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gathe
 
     def loss_fn(params, batch, key):
         q_key, d_key = mx.random.split(key)
-        q = token_embeddings(params, batch["query_ids"], batch["query_mask"], spec, q_key).astype(mx.float32)
-        d = token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key).astype(mx.float32)
+        q = token_embeddings(params, batch["query_ids"], batch["query_mask"], spec, q_key)
+        d = token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key)
         d_mask, positives = batch["doc_mask"], None
         if gather_docs is not None:
             d, d_mask, positives = gather_docs(d, d_mask, q.shape[0])
         if "neg_ids" in batch:  # hard negatives [n, K, Tn]: scored by every query beside the documents
             n, k, tn = batch["neg_ids"].shape
             neg_ids, neg_mask = batch["neg_ids"].reshape(n * k, tn), batch["neg_mask"].reshape(n * k, tn)
-            neg = token_embeddings(params, neg_ids, neg_mask, spec, mx.random.split(d_key)[1]).astype(mx.float32)
+            neg = token_embeddings(params, neg_ids, neg_mask, spec, mx.random.split(d_key)[1])
         else:
-            neg, neg_mask = mx.zeros((0, 1, q.shape[-1]), mx.float32), mx.zeros((0, 1), mx.bool_)
+            neg, neg_mask = mx.zeros((0, 1, q.shape[-1]), d.dtype), mx.zeros((0, 1), mx.bool_)
         return retrieval.hard_negative_loss(q, batch["query_mask"], d, d_mask, neg, neg_mask, cfg.temperature,
                                             cfg.margin, cfg.margin_weight, cfg.xtr_k_train, positives)
 

@@ -20,7 +20,7 @@ from typing import ClassVar
 import attrs
 import mlx.core as mx
 
-from mlxcore import quant
+from mlxcore import norm, quant
 from mlxcore.hf_config import HFConfig, choice
 
 # Additive mask for padded keys: finite (not -inf) so an all-padding row gives a uniform softmax
@@ -141,13 +141,13 @@ def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float
     att, ff = block["layer"]
     keys = layer_keys(key, 7)
     sa = att["SelfAttention"]
-    x = mx.fast.rms_norm(h, att["layer_norm"]["weight"], cfg.layer_norm_epsilon)
+    x = norm.rms_norm(h, att["layer_norm"]["weight"], cfg.layer_norm_epsilon)
     q, k, v = (split_heads(quant.linear(sa[n], x, scale, dropout, kk), cfg.num_heads)
                for n, kk in zip("qkv", keys[:3], strict=True))
     h = h + quant.linear(sa["o"], merge_heads(attention(q, k, v, bias, 1.0)), scale, dropout,
                         keys[3])
     dense = ff["DenseReluDense"]
-    x = mx.fast.rms_norm(h, ff["layer_norm"]["weight"], cfg.layer_norm_epsilon)
+    x = norm.rms_norm(h, ff["layer_norm"]["weight"], cfg.layer_norm_epsilon)
     if cfg.feed_forward_proj == "gated-gelu":
         inner = (gelu_new(quant.linear(dense["wi_0"], x, scale, dropout, keys[4]))
                  * quant.linear(dense["wi_1"], x, scale, dropout, keys[6]))
@@ -175,4 +175,4 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,
             return _block(block, h, bias, cfg, lora_scale, lora_dropout, block_key)
 
         h = (mx.checkpoint(run) if cfg.gradient_checkpointing else run)(block, h, bias)
-    return mx.fast.rms_norm(h, enc["final_layer_norm"]["weight"], cfg.layer_norm_epsilon)
+    return norm.rms_norm(h, enc["final_layer_norm"]["weight"], cfg.layer_norm_epsilon)
