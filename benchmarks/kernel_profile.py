@@ -37,7 +37,7 @@ def categorise(name: str) -> str:
     return "other"
 
 
-def summarise(events: list[tuple[str, int, float]], steps: int, wall_s: float, top: int = 30) -> dict:
+def summarise(events: list[tuple[str, int, float]], steps: int, wall_s: float, top: int = 60) -> dict:
     """events: (kernel name, calls, device seconds in all) over `steps` steps of `wall_s` seconds."""
     total = sum(e[2] for e in events)
     cats: dict[str, dict] = {}

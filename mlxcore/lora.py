@@ -98,15 +98,24 @@ def delta(x: mx.array, lora_a: mx.array, lora_b: mx.array, scale: float,
             raise ValueError("LoRA dropout needs an explicit PRNG key")
         keep = mx.random.bernoulli(1.0 - dropout, x.shape, key=key)
         x = mx.where(keep, x / (1.0 - dropout), mx.zeros_like(x))
-    return scale * ((x @ lora_a.astype(x.dtype)) @ lora_b.astype(x.dtype))
+    # scale applied to the rank-r intermediate [..., r], not to the [..., out] result: the
+    # backward then scales a [..., r] gradient instead of a full-width one (on the H100 the
+    # full-width multiplies were 20 unfused kernels, 0.8 ms of the MiniLM b128 step)
+    return ((x @ lora_a.astype(x.dtype)) * scale) @ lora_b.astype(x.dtype)
 
 
 def linear(layer: dict, x: mx.array, scale: float = 1.0, dropout: float = 0.0,
            key: mx.array | None = None) -> mx.array:
     """Linear layer `{"weight": [out, in], "bias"?: [out], "lora_a"?, "lora_b"?}`: [..., in] -> [..., out]."""
-    y = x @ layer["weight"].T
-    if "bias" in layer:
-        y = y + layer["bias"]
+    if "bias" in layer and mx.default_device() != mx.cpu:
+        # the bias in the GEMM's epilogue (MLX's AddMM on CUDA), no separate pass over [..., out];
+        # on the CPU, AddMM copies the bias into the output first and ran ~20% slower than x @ W.T + b
+        w = layer["weight"]
+        y = mx.addmm(layer["bias"], x.reshape(-1, x.shape[-1]), w.T).reshape(*x.shape[:-1], w.shape[0])
+    else:
+        y = x @ layer["weight"].T
+        if "bias" in layer:
+            y = y + layer["bias"]
     if "lora_a" in layer:
         y = y + delta(x, layer["lora_a"], layer["lora_b"], scale, dropout, key)
     return y
