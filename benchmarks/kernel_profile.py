@@ -24,7 +24,8 @@ CATEGORIES = (
     ("reduce", r"reduce|Reduce|argmax|arg_reduce|all_reduce|row_reduce|col_reduce"),
     ("gather/scatter", r"gather|scatter|index|embedding"),
     ("copy", r"copy|Copy|transpose|cat_|concat"),
-    ("fused elementwise", r"Compiled|compiled|fused|triton_"),
+    # mx.compile's kernels are named after their graph (inputs "...V2I...", outputs "...V2O...")
+    ("fused elementwise", r"Compiled|compiled|fused|triton_|V2O|V2I|_contiguous<|_strided<"),
     ("elementwise", r"binary|unary|ternary|elementwise|vectorized|Binary|Unary|Ternary"),
 )
 

@@ -11,6 +11,8 @@ def test_categories_of_real_kernel_names():
     assert categorise("mlx::core::cu::layer_norm<__nv_bfloat16, 4, 8>") == "norm"
     assert categorise("triton_poi_fused_add_gelu_3") == "fused elementwise"
     assert categorise("mlx::core::cu::copy_gg<__nv_bfloat16>") == "copy"
+    assert categorise("void mlx::core::cu::CV2IErfADV2IBroadcastBEV2OAddCD_VC_V2_1015_contiguous<unsigned int, 8>") \
+        == "fused elementwise"
     assert categorise("something_else") == "other"
 
 
