@@ -30,8 +30,10 @@ def _same(a, b):
     assert a.completion_tokens == b.completion_tokens
     assert a.texts == b.texts
     np.testing.assert_array_equal(a.finished, b.finished)
+    # float32 sums in another order (fused q/k/v and gate/up matmuls, BLAS blocking by machine):
+    # 1.4e-4 seen on a logprob of -1.30 (qwen2, session 8's box); a wrong position or mask is >> 1e-3
     for x, y in zip(a.logprobs, b.logprobs, strict=True):
-        np.testing.assert_allclose(x, y, atol=1e-4)
+        np.testing.assert_allclose(x, y, atol=5e-4)
 
 
 def _policy(kind: str):

@@ -630,8 +630,13 @@ def test_build_with_device_encode_matches_numpy_build(tmp_path):
     build.update(src, tmp_path / "dev", FakeEmbed(), META, encode=encode)
     a, b = Index(tmp_path / "cpu"), Index(tmp_path / "dev")
     assert seen and a.n_docs == b.n_docs == 20
-    same = [np.array_equal(x, y) for i in range(a.n_docs) for x, y in zip(a.codes(i), b.codes(i), strict=True)]
-    assert np.mean(same) > 0.9
+    pairs = [(x, y) for i in range(a.n_docs) for x, y in zip(a.codes(i), b.codes(i), strict=True)]
+    assert all(x.shape == y.shape for x, y in pairs)
+    # per code, as in test_encode_on_device_matches_numpy: MLX's and NumPy's BLAS round
+    # differently, so a near-tie can flip one byte of a document's codes (whole documents
+    # compared equal on 55-100% of them, by machine; per code 99.1% here)
+    same = np.concatenate([(x == y).ravel() for x, y in pairs])
+    assert same.mean() > 0.97  # 0.991 on this session's box; a wrong encoding agrees on ~1/256
 
 
 def test_search_defaults_scale_with_size(tmp_path, monkeypatch):
