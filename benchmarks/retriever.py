@@ -199,7 +199,8 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
     out["lora"] = how
     trainable = [p for p in model.parameters() if p.requires_grad]
     cfg = rm.optim_config()
-    total = args.check_steps + STEP_WARMUP + args.steps * args.repeats + (args.profile + 1 if getattr(args, "profile", 0) else 0)
+    profiled = getattr(args, "profile", 0)  # kernel_profile.profile runs one untraced step first
+    total = args.check_steps + STEP_WARMUP + args.steps * args.repeats + (profiled + 1 if profiled else 0)
     groups = rm.torch_adamw_groups(cfg, total)  # MLX's AdamW steps, computed before timing
     opt = torch.optim.AdamW(trainable, lr=groups[0][0], betas=(cfg.beta1, cfg.beta2), eps=groups[0][1],
                             weight_decay=cfg.weight_decay, fused=args.gpu)
