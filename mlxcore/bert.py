@@ -105,6 +105,28 @@ def gelu_erf(x: mx.array) -> mx.array:
     return 0.5 * (x + mx.abs(x) * (1.0 - 1.0 / p))
 
 
+@mx.custom_function
+def gelu_recomputed(x: mx.array) -> mx.array:
+    """Exact GELU x * Phi(x) through `mx.erf`, in float32 inside, whose backward recomputes
+    Phi(x) + x phi(x) from x: forward and backward are one fused pass each under `mx.compile`.
+
+    Autodiff of the written-out form keeps the intermediates its vjp needs, which splits the
+    forward into three kernels and the backward into several (on the H100 the MiniLM b128 step
+    spent 2.8 ms in them, 4 [rows, 1536] passes more than these two).
+    """
+    xf = x.astype(mx.float32)
+    return (xf * (0.5 + 0.5 * mx.erf(xf * (1.0 / math.sqrt(2.0))))).astype(x.dtype)
+
+
+@gelu_recomputed.vjp
+def _gelu_recomputed_vjp(x, cotangent, output):
+    # (a one-input custom function gets its primal and cotangent as arrays, not tuples)
+    xf = x.astype(mx.float32)
+    cdf = 0.5 + 0.5 * mx.erf(xf * (1.0 / math.sqrt(2.0)))
+    pdf = mx.exp(-0.5 * xf * xf) * (1.0 / math.sqrt(2.0 * math.pi))
+    return (cotangent.astype(mx.float32) * (cdf + xf * pdf)).astype(x.dtype)
+
+
 def _activation(x: mx.array, name: str) -> mx.array:
     if name == "gelu":
         # The polynomial pays off only where erf is scalar code (the CPU build); on a GPU,
@@ -112,7 +134,7 @@ def _activation(x: mx.array, name: str) -> mx.array:
         # batch 128 x 256, benchmarks/results/h100/profile_encode.json: 7.70 vs 5.99 ms).
         if mx.default_device() == mx.cpu:
             return gelu_erf(x)
-        return 0.5 * x * (1.0 + mx.erf(x * (1.0 / math.sqrt(2.0))))
+        return gelu_recomputed(x)
     if name == "gelu_new":
         return gelu_new(x)
     return mx.maximum(x, 0.0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import cache
 
 import attrs
 import mlx.core as mx
@@ -104,21 +105,69 @@ def delta(x: mx.array, lora_a: mx.array, lora_b: mx.array, scale: float,
     return ((x @ lora_a.astype(x.dtype)) * scale) @ lora_b.astype(x.dtype)
 
 
+def fuse_epilogues() -> bool:
+    """Whether `linear` puts its adds into GEMM epilogues (`mx.addmm`): off the CPU only. On the
+    CPU, AddMM copies C into the output first and ran ~20% slower than x @ W.T + b."""
+    return mx.default_device() != mx.cpu
+
+
 def linear(layer: dict, x: mx.array, scale: float = 1.0, dropout: float = 0.0,
-           key: mx.array | None = None) -> mx.array:
-    """Linear layer `{"weight": [out, in], "bias"?: [out], "lora_a"?, "lora_b"?}`: [..., in] -> [..., out]."""
-    if "bias" in layer and mx.default_device() != mx.cpu:
-        # the bias in the GEMM's epilogue (MLX's AddMM on CUDA), no separate pass over [..., out];
-        # on the CPU, AddMM copies the bias into the output first and ran ~20% slower than x @ W.T + b
-        w = layer["weight"]
-        y = mx.addmm(layer["bias"], x.reshape(-1, x.shape[-1]), w.T).reshape(*x.shape[:-1], w.shape[0])
-    else:
+           key: mx.array | None = None, residual: mx.array | None = None) -> mx.array:
+    """Linear layer `{"weight": [out, in], "bias"?: [out], "lora_a"?, "lora_b"?}`: [..., in] -> [..., out],
+    plus `residual` [..., out] when given (a pre-norm block's `h + linear(...)`).
+
+    Where `fuse_epilogues()`, every add rides in a GEMM's epilogue (MLX's AddMM on CUDA): bias
+    and residual in the base GEMM's, the LoRA update in the rank-r GEMM's, and in the backward
+    pass the LoRA path's input gradient in the base's (`_lora_gemm`) - no separate pass over
+    [..., out] or [..., in]. Elsewhere it is the plain composition.
+    """
+    lead, d_out = x.shape[:-1], layer["weight"].shape[0]
+    if not fuse_epilogues():
         y = x @ layer["weight"].T
         if "bias" in layer:
             y = y + layer["bias"]
+        if "lora_a" in layer:
+            y = y + delta(x, layer["lora_a"], layer["lora_b"], scale, dropout, key)
+        return y if residual is None else residual + y
+    x2 = x.reshape(-1, x.shape[-1])
+    c = layer.get("bias")
+    if residual is not None:
+        r = residual.reshape(-1, d_out)
+        c = r if c is None else r + c
+    if "lora_a" in layer and dropout == 0.0:
+        a, b = (layer[k].astype(x.dtype) for k in LORA_KEYS)
+        args = (x2, layer["weight"], a, b) + (() if c is None else (c,))
+        return _lora_gemm(float(scale), c is not None)(*args).reshape(*lead, d_out)
+    y = x2 @ layer["weight"].T if c is None else mx.addmm(c, x2, layer["weight"].T)
     if "lora_a" in layer:
-        y = y + delta(x, layer["lora_a"], layer["lora_b"], scale, dropout, key)
-    return y
+        y = y + delta(x, layer["lora_a"], layer["lora_b"], scale, dropout, key).reshape(-1, d_out)
+    return y.reshape(*lead, d_out)
+
+
+@cache
+def _lora_gemm(scale: float, has_c: bool):
+    """f(x [n, in], w [out, in], a [in, r], b [r, out][, c [n, out] | [out]]) =
+    (c +) x @ w.T + scale * (x @ a) @ b, as two GEMMs whose epilogues do the adds; its vjp
+    gives x's gradient as g @ w + (scale * g @ b.T) @ a.T through one AddMM, so the base and
+    LoRA paths meet in the epilogue instead of a separate [n, in] add. w's (and c's) gradients
+    are lazy expressions, computed only if asked for (frozen bases never are)."""
+
+    def forward(x, w, a, b, *c):
+        y = mx.addmm(c[0], x, w.T) if has_c else x @ w.T
+        return mx.addmm(y, (x @ a) * scale, b)
+
+    def backward(primals, g, _output):
+        x, w, a, b, *c = primals
+        z = (x @ a) * scale  # [n, r], recomputed: cheaper than keeping it
+        gz = (g @ b.T) * scale  # [n, r]
+        grads = [mx.addmm(g @ w, gz, a.T), g.T @ x, x.T @ gz, z.T @ g]
+        if has_c:
+            grads.append(g if c[0].ndim == 2 else g.sum(0))
+        return tuple(grads)
+
+    f = mx.custom_function(forward)
+    f.vjp(backward)
+    return f
 
 
 def _fold(params: Tree, scale: float, sign: float, lora: Tree | None) -> tuple[Tree, int]:

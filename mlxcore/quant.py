@@ -155,14 +155,14 @@ def dequantize_layer(layer: dict, in_dim: int) -> mx.array:
 
 
 def linear(layer: dict, x: mx.array, scale: float = 1.0, dropout: float = 0.0,
-           key: mx.array | None = None) -> mx.array:
-    """`lora.linear` that also runs quantised layers: x [..., in] -> [..., out].
+           key: mx.array | None = None, residual: mx.array | None = None) -> mx.array:
+    """`lora.linear` that also runs quantised layers: x [..., in] -> [..., out] (+ residual).
 
     A quantised base goes through `mx.quantized_matmul` (differentiable in x, so LoRA adapters
     on a quantised base train: QLoRA); float layers are exactly `lora.linear`.
     """
     if not is_quantized(layer):
-        return lora.linear(layer, x, scale, dropout, key)
+        return lora.linear(layer, x, scale, dropout, key, residual)
     bits, group_size = layer_format(layer, x.shape[-1])
     # The quantised base is frozen; stop_gradient keeps transforms that differentiate every
     # input (mx.checkpoint) from asking QuantizedMatmul for a weight gradient it has not got.
@@ -172,7 +172,7 @@ def linear(layer: dict, x: mx.array, scale: float = 1.0, dropout: float = 0.0,
         y = y + layer["bias"]
     if "lora_a" in layer:
         y = y + lora.delta(x, layer["lora_a"], layer["lora_b"], scale, dropout, key)
-    return y
+    return y if residual is None else residual + y
 
 
 def embed(layer: dict, ids: mx.array, dim: int) -> mx.array:

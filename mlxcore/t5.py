@@ -141,19 +141,21 @@ def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float
     att, ff = block["layer"]
     keys = layer_keys(key, 7)
     sa = att["SelfAttention"]
-    x = norm.rms_norm(h, att["layer_norm"]["weight"], cfg.layer_norm_epsilon)
+    # rms_norm_residual: h's gradients through the residual and through the norm meet in the
+    # norm's backward kernel; the residual add itself rides in the o / wo GEMM (`residual=`)
+    h, x = norm.rms_norm_residual(h, att["layer_norm"]["weight"], cfg.layer_norm_epsilon)
     q, k, v = (split_heads(quant.linear(sa[n], x, scale, dropout, kk), cfg.num_heads)
                for n, kk in zip("qkv", keys[:3], strict=True))
-    h = h + quant.linear(sa["o"], merge_heads(attention(q, k, v, bias, 1.0)), scale, dropout,
-                        keys[3])
+    h = quant.linear(sa["o"], merge_heads(attention(q, k, v, bias, 1.0)), scale, dropout,
+                     keys[3], residual=h)
     dense = ff["DenseReluDense"]
-    x = norm.rms_norm(h, ff["layer_norm"]["weight"], cfg.layer_norm_epsilon)
+    h, x = norm.rms_norm_residual(h, ff["layer_norm"]["weight"], cfg.layer_norm_epsilon)
     if cfg.feed_forward_proj == "gated-gelu":
         inner = (gelu_new(quant.linear(dense["wi_0"], x, scale, dropout, keys[4]))
                  * quant.linear(dense["wi_1"], x, scale, dropout, keys[6]))
     else:
         inner = mx.maximum(quant.linear(dense["wi"], x, scale, dropout, keys[4]), 0.0)
-    return h + quant.linear(dense["wo"], inner, scale, dropout, keys[5])
+    return quant.linear(dense["wo"], inner, scale, dropout, keys[5], residual=h)
 
 
 def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,

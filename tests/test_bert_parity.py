@@ -164,3 +164,19 @@ def test_encode_benchmark_checks_both_sides_compute_the_same_embeddings(minilm):
     with torch.no_grad():
         model.encoder.layer[5].output.dense.weight[:8].mul_(1.5)  # a few output features change
     assert not bench.agreement(encode, minilm.params, model, data)["ok"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 64), st.floats(0.1, 8.0), st.integers(0, 2**16))
+def test_gelu_recomputed_matches_the_erf_form_and_its_autodiff(n, spread, seed):
+    """bert.gelu_recomputed (the GPU activation: custom vjp recomputing Phi + x phi) against
+    0.5 x (1 + erf(x / sqrt 2)) and MLX autodiff of it: values 1e-6, gradients 1e-5 (float32)."""
+    import math
+    x = mx.random.normal((n,), key=mx.random.key(seed)) * spread
+    c = mx.random.normal((n,), key=mx.random.key(seed + 1))
+    ref = lambda x: 0.5 * x * (1.0 + mx.erf(x / math.sqrt(2.0)))  # noqa: E731
+    np.testing.assert_allclose(np.array(bert.gelu_recomputed(x)), np.array(ref(x)), atol=1e-6, rtol=1e-6)
+    for grad in (mx.grad, lambda f: mx.compile(mx.grad(f))):
+        got = grad(lambda x: (bert.gelu_recomputed(x) * c).sum())(x)
+        want = mx.grad(lambda x: (ref(x) * c).sum())(x)
+        np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-5, rtol=1e-5)

@@ -60,3 +60,21 @@ def test_frozen_weights_compiled_and_checkpointed():
     want = mx.grad(loss(mx.fast.layer_norm))(x)
     got = mx.compile(mx.grad(loss(norm.layer_norm)))(x)
     _close(got, want, 1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes, st.integers(0, 2**16), st.sampled_from([1e-6, 1e-5]))
+def test_rms_norm_residual_is_identity_plus_norm_with_summed_gradients(shape, seed, eps):
+    """(h, rms_norm(h)): values exact, and h's gradient is the sum through both outputs."""
+    x, w, _, g = _arrays(shape, seed)
+    g_h = mx.random.normal(shape, key=mx.random.key(seed + 1))
+    h, y = norm.rms_norm_residual(x, w, eps)
+    _close(h, x, 0)
+    _close(y, mx.fast.rms_norm(x, w, eps))
+    _, want = mx.vjp(lambda x, w: (x, mx.fast.rms_norm(x, w, eps)), [x, w], [g_h, g])
+    _, got = mx.vjp(lambda x, w: norm.rms_norm_residual(x, w, eps), [x, w], [g_h, g])
+    for a, r in zip(got, want, strict=True):
+        _close(a, r, 1e-4)
+    # only the norm's output used: the residual's cotangent is zero
+    only = mx.grad(lambda x: (norm.rms_norm_residual(x, w, eps)[1] * g).sum())(x)
+    _close(only, mx.grad(lambda x: (mx.fast.rms_norm(x, w, eps) * g).sum())(x), 1e-4)

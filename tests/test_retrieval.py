@@ -224,3 +224,19 @@ def test_lora_on_q_v_merges_and_drops_out():
     a, b = (np.array(token_embeddings(params, ids, mask, dropping, mx.random.key(k)))
             for k in (0, 1))
     assert np.abs(a - b).max() > 1e-4
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 9), st.integers(0, 2**16))
+def test_max_last_gradient_goes_to_the_first_maximum(rows, width, seed):
+    """max_last: values = max(-1); gradient = cotangent at the first argmax, 0 elsewhere
+    (PyTorch's max(dim) rule), also when a row is all ties."""
+    from mlxcore.retrieval import max_last
+    rng = np.random.default_rng(seed)
+    s = mx.array(rng.integers(-2, 3, (rows, width)).astype(np.float32))  # many ties
+    c = mx.array(rng.normal(size=rows).astype(np.float32))
+    np.testing.assert_array_equal(np.array(max_last(s)), np.array(s.max(-1)))
+    got = np.array(mx.grad(lambda s: (max_last(s) * c).sum())(s))
+    want = np.zeros((rows, width), np.float32)
+    want[np.arange(rows), np.argmax(np.array(s), -1)] = np.array(c)
+    np.testing.assert_array_equal(got, want)
