@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from mlxcore import maxsim_cuda
+
 # Floor for padded document tokens: finite (no inf * 0 = NaN in gradients) and far below any
 # cosine, so padding never wins a max while a document has one real token.
 NEG = -1e9
@@ -38,7 +40,8 @@ def max_last(s: mx.array) -> mx.array:
     """s.max(-1), s [..., T] -> [...], whose gradient goes to the first maximum only (PyTorch's
     `max(dim)` rule) through an argmax: one read of s and one written gradient. MLX's own max
     vjp splits it among ties (equality mask, count, divide, select: four passes over the
-    [Bq, Tq, Bd, Td] similarities, 0.8 of the MiniLM b128 step's 21 ms on the H100)."""
+    [Bq, Tq, Bd, Td] similarities, 0.8 of the MiniLM b128 step's 21 ms on the H100). Used off
+    CUDA, where `maxsim_cuda` does not run (MLX's CUDA argmax alone took 0.6 ms there)."""
     return s.max(-1)
 
 
@@ -73,10 +76,16 @@ def maxsim(q: mx.array, q_mask: mx.array, d: mx.array, d_mask: mx.array) -> mx.a
     PyTorch autocast; the maxima are cast to float32 before the mean and the loss. In bfloat16
     each similarity is rounded to 8 bits, and the mean over the query tokens averages those
     roundings out; the [Bq, Tq, Bd, Td] tensor and its gradient (the step's largest: 0.5 GB at
-    batch 128 x 32 x 256 in float32) are half the bytes. In float32 nothing changes.
+    batch 128 x 32 x 256 in float32) are half the bytes. In float32 nothing changes. Each
+    maximum's gradient goes to its first document token (PyTorch's rule): on CUDA through
+    `maxsim_cuda.masked_max` (masking, max and argmax in one pass), elsewhere `max_last`.
     """
-    sims = mx.where(d_mask.astype(mx.bool_)[None, None, :, :], _gemm_similarities(q, d), NEG)
-    best = max_last(sims).transpose(0, 2, 1).astype(mx.float32)  # [Bq, Bd, Tq]
+    sims = _gemm_similarities(q, d)
+    if maxsim_cuda.usable(sims):  # one read of sims forward, one write backward
+        best = maxsim_cuda.masked_max(sims, d_mask, NEG)
+    else:
+        best = max_last(mx.where(d_mask.astype(mx.bool_)[None, None, :, :], sims, NEG))
+    best = best.transpose(0, 2, 1).astype(mx.float32)  # [Bq, Bd, Tq]
     return _mean_over_query(best, q_mask[:, None, :])
 
 
