@@ -18,7 +18,16 @@ import mlx.core as mx
 
 from mlxcore import norm, quant
 from mlxcore.hf_config import HFConfig, choice
-from mlxcore.t5 import attention, gelu_new, layer_keys, merge_heads, padding_bias, split_heads
+from mlxcore.t5 import (
+    attention,
+    gelu_new,
+    layer_keys,
+    merge_heads,
+    pack_factor,
+    packed_bias,
+    padding_bias,
+    split_heads,
+)
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
 
@@ -177,6 +186,10 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
     h = h + quant.embed(emb["token_type_embeddings"], types, d)
     h = _layer_norm(emb["LayerNorm"], h, cfg.layer_norm_eps)
     bias = padding_bias(mask, h.dtype)
+    b, t = input_ids.shape
+    p = pack_factor(b, t)
+    if p > 1:  # every op but attention is per token: run the layers on p sequences per row
+        h, bias = h.reshape(b // p, p * t, d), packed_bias(bias, p)
 
     for layer, layer_key in zip(params["encoder"]["layer"], layer_keys(key, cfg.num_hidden_layers),
                                 strict=True):
@@ -186,4 +199,4 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
             return _layer(layer, h, bias, cfg, lora_scale, lora_dropout, layer_key)
 
         h = (mx.checkpoint(run) if cfg.gradient_checkpointing else run)(layer, h, bias)
-    return h
+    return h.reshape(b, t, d)

@@ -1,7 +1,7 @@
 """CUDA kernels for MaxSim's masked max over document tokens and its gradient.
 
 Forward: one warp per row of the similarities s [R, Td] (R = Bq * Tq * Bd, row r belongs to
-document r % Bd): each lane scans its strided share of the row with padded tokens read as NEG,
+document r % Bd): each lane scans its share of the row, 8 elements (16 bytes) a load, with padded tokens read as NEG,
 and warp shuffles give the row's max and its first index (ties go to the lowest index, as in
 PyTorch's `max(dim)`). Backward: each warp writes its row of the gradient, the cotangent at
 that index (when the token is real) and 0 elsewhere. Against MLX's ops this replaces a masked
@@ -16,7 +16,10 @@ from functools import cache
 
 import mlx.core as mx
 
+from mlxcore.norm_cuda import VEC_HEADER
+
 _FORWARD = """
+  constexpr int V = (TD % 8 == 0) ? 8 : 1;  // elements per load (16 bytes in bfloat16)
   const int lane = threadIdx.x & 31;
   const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (row >= s_shape[0]) return;
@@ -24,10 +27,14 @@ _FORWARD = """
   const T* x = s + row * TD;
   float best = __int_as_float(0xff800000);  // -inf
   int at = TD;
-  for (int j = lane; j < TD; j += 32) {
-    const float v = m[j] ? static_cast<float>(x[j]) : NEG;
-    // j rises: the first maximum of this lane is kept; a NaN wins, as in MLX's max
-    if (v > best || (v != v && best == best)) { best = v; at = j; }
+  for (int j0 = lane * V; j0 < TD; j0 += 32 * V) {
+    const Vec<T, V> xa = *reinterpret_cast<const Vec<T, V>*>(x + j0);
+    #pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float v = m[j0 + i] ? static_cast<float>(xa.v[i]) : NEG;
+      // j rises: the first maximum of this lane is kept; a NaN wins, as in MLX's max
+      if (v > best || (v != v && best == best)) { best = v; at = j0 + i; }
+    }
   }
   #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -42,6 +49,7 @@ _FORWARD = """
 """
 
 _BACKWARD = """
+  constexpr int V = (TD % 8 == 0) ? 8 : 1;
   const int lane = threadIdx.x & 31;
   const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (row >= idx_shape[0]) return;
@@ -49,7 +57,12 @@ _BACKWARD = """
   const T zero = static_cast<T>(0.0f);
   const T value = mask[(row % mask_shape[0]) * TD + at] ? g[row] : zero;
   T* dst = ds + row * TD;
-  for (int j = lane; j < TD; j += 32) dst[j] = (j == at) ? value : zero;
+  for (int j0 = lane * V; j0 < TD; j0 += 32 * V) {
+    Vec<T, V> o;
+    #pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = (j0 + i == at) ? value : zero;
+    *reinterpret_cast<Vec<T, V>*>(dst + j0) = o;
+  }
 """
 
 _WARPS_PER_BLOCK = 8
@@ -65,9 +78,9 @@ def usable(s: mx.array) -> bool:
 @cache
 def _kernels(neg: float):
     fwd = mx.fast.cuda_kernel(name="maxsim_masked_max", input_names=["s", "mask"], output_names=["out", "idx"],
-                              source=f"  constexpr float NEG = {neg!r}f;\n" + _FORWARD)
+                              header=VEC_HEADER, source=f"  constexpr float NEG = {neg!r}f;\n" + _FORWARD)
     bwd = mx.fast.cuda_kernel(name="maxsim_masked_max_vjp", input_names=["idx", "g", "mask"],
-                              output_names=["ds"], source=_BACKWARD)
+                              output_names=["ds"], header=VEC_HEADER, source=_BACKWARD)
     return fwd, bwd
 
 

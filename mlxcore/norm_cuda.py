@@ -20,10 +20,12 @@ import mlx.core as mx
 
 MAX_D = 8192
 
-_HEADER = """
+VEC_HEADER = """
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Vec { T v[N]; };
+"""
 
+_HEADER = VEC_HEADER + """
 __device__ __forceinline__ float warp_sum(float v) {
   #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);

@@ -114,6 +114,35 @@ def attention(q: mx.array, k: mx.array, v: mx.array, bias: mx.array, scale: floa
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=bias)
 
 
+# MLX's CUDA attention backward runs fused (cuDNN) only when the query length is a multiple of
+# 128 (`ScaledDotProductAttentionVJP::use_fallback`); shorter sequences get the unfused
+# softmax-and-matmuls vjp (the MiniLM b128 step's 32-token queries: ~1 ms of small kernels).
+FUSED_VJP_LENGTH = 128
+
+
+def pack_factor(batch: int, length: int) -> int:
+    """How many sequences to lay end to end (1: none) so that attention's backward runs fused:
+    FUSED_VJP_LENGTH / length when that divides evenly and divides the batch, on CUDA only."""
+    if not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
+        return 1
+    if length % FUSED_VJP_LENGTH == 0 or FUSED_VJP_LENGTH % length:
+        return 1
+    p = FUSED_VJP_LENGTH // length
+    return p if batch % p == 0 else 1
+
+
+def packed_bias(bias: mx.array, p: int) -> mx.array:
+    """Attention bias for p sequences laid end to end: bias [B, H|1, T|1, T] -> block-diagonal
+    [B/p, H|1, pT, pT], each sequence's own bias on the diagonal and NEG_INF off it, so no
+    token sees another sequence. Packed outputs equal the unpacked ones on every row that has a
+    real key (a fully padded sequence's rows, which callers mask, differ)."""
+    b, h, _, t = bias.shape
+    per_seq = mx.broadcast_to(bias, (b, h, t, t)).reshape(b // p, p, h, t, t).transpose(0, 2, 1, 3, 4)
+    same = mx.eye(p, dtype=mx.bool_)[None, None, :, None, :, None]  # [.., p_query, ., p_key, .]
+    out = mx.where(same, per_seq[:, :, :, :, None, :], mx.array(NEG_INF, bias.dtype))
+    return out.reshape(b // p, h, p * t, p * t)
+
+
 def split_heads(x: mx.array, num_heads: int) -> mx.array:
     """[B, T, H*d] -> [B, H, T, d]."""
     b, t, _ = x.shape
@@ -170,6 +199,10 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,
     h = quant.embed(params["shared"], input_ids, cfg.d_model)
     table = enc["block"][0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
     bias = position_bias(table, input_ids.shape[1], cfg).astype(h.dtype) + padding_bias(mask, h.dtype)
+    b, t = input_ids.shape
+    p = pack_factor(b, t)
+    if p > 1:  # every op but attention is per token: run the blocks on p sequences per row
+        h, bias = h.reshape(b // p, p * t, cfg.d_model), packed_bias(bias, p)
     for block, block_key in zip(enc["block"], layer_keys(key, cfg.num_layers), strict=True):
         # The dropout key is closed over, not an input: mx.checkpoint differentiates every
         # input, and random bits have no vjp.
@@ -177,4 +210,4 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,
             return _block(block, h, bias, cfg, lora_scale, lora_dropout, block_key)
 
         h = (mx.checkpoint(run) if cfg.gradient_checkpointing else run)(block, h, bias)
-    return norm.rms_norm(h, enc["final_layer_norm"]["weight"], cfg.layer_norm_epsilon)
+    return norm.rms_norm(h.reshape(b, t, cfg.d_model), enc["final_layer_norm"]["weight"], cfg.layer_norm_epsilon)
