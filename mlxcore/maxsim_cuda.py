@@ -18,24 +18,48 @@ import mlx.core as mx
 
 from mlxcore.norm_cuda import VEC_HEADER
 
-_FORWARD = """
-  constexpr int V = (TD % 8 == 0) ? 8 : 1;  // elements per load (16 bytes in bfloat16)
-  const int lane = threadIdx.x & 31;
-  const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= s_shape[0]) return;
-  const bool* m = mask + (row % mask_shape[0]) * TD;
-  const T* x = s + row * TD;
-  float best = __int_as_float(0xff800000);  // -inf
-  int at = TD;
-  for (int j0 = lane * V; j0 < TD; j0 += 32 * V) {
+_HEADER = VEC_HEADER + """
+// one lane's share of a row of s [td], V elements (V * sizeof(T) bytes) a load
+template <int V, typename T>
+__device__ __forceinline__ void scan(const T* x, const bool* m, int td, int lane, float neg,
+                                     float& best, int& at) {
+  for (int j0 = lane * V; j0 < td; j0 += 32 * V) {
     const Vec<T, V> xa = *reinterpret_cast<const Vec<T, V>*>(x + j0);
     #pragma unroll
     for (int i = 0; i < V; ++i) {
-      const float v = m[j0 + i] ? static_cast<float>(xa.v[i]) : NEG;
+      const float v = m[j0 + i] ? static_cast<float>(xa.v[i]) : neg;
       // j rises: the first maximum of this lane is kept; a NaN wins, as in MLX's max
       if (v > best || (v != v && best == best)) { best = v; at = j0 + i; }
     }
   }
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void one_hot(T* dst, int td, int lane, int at, T value) {
+  const T zero = static_cast<T>(0.0f);
+  for (int j0 = lane * V; j0 < td; j0 += 32 * V) {
+    Vec<T, V> o;
+    #pragma unroll
+    for (int i = 0; i < V; ++i) o.v[i] = (j0 + i == at) ? value : zero;
+    *reinterpret_cast<Vec<T, V>*>(dst + j0) = o;
+  }
+}
+"""
+
+# Td is read from the mask's shape at run time, not a template argument: MLX compiles custom
+# kernels with NVRTC in every process (they are not in its on-disk kernel cache), ~2 s each, and
+# evaluation meets several document lengths
+_FORWARD = """
+  const int td = mask_shape[1];
+  const int lane = threadIdx.x & 31;
+  const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (row >= s_shape[0]) return;
+  const bool* m = mask + (row % mask_shape[0]) * td;
+  const T* x = s + row * td;
+  float best = __int_as_float(0xff800000);  // -inf
+  int at = td;
+  if (td % 8 == 0) scan<8>(x, m, td, lane, NEG, best, at);
+  else scan<1>(x, m, td, lane, NEG, best, at);
   #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float b = __shfl_xor_sync(0xffffffff, best, o);
@@ -49,20 +73,14 @@ _FORWARD = """
 """
 
 _BACKWARD = """
-  constexpr int V = (TD % 8 == 0) ? 8 : 1;
+  const int td = mask_shape[1];
   const int lane = threadIdx.x & 31;
   const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (row >= idx_shape[0]) return;
   const int at = idx[row];
-  const T zero = static_cast<T>(0.0f);
-  const T value = mask[(row % mask_shape[0]) * TD + at] ? g[row] : zero;
-  T* dst = ds + row * TD;
-  for (int j0 = lane * V; j0 < TD; j0 += 32 * V) {
-    Vec<T, V> o;
-    #pragma unroll
-    for (int i = 0; i < V; ++i) o.v[i] = (j0 + i == at) ? value : zero;
-    *reinterpret_cast<Vec<T, V>*>(dst + j0) = o;
-  }
+  const T value = mask[(row % mask_shape[0]) * td + at] ? g[row] : static_cast<T>(0.0f);
+  if (td % 8 == 0) one_hot<8>(ds + row * td, td, lane, at, value);
+  else one_hot<1>(ds + row * td, td, lane, at, value);
 """
 
 _WARPS_PER_BLOCK = 8
@@ -78,9 +96,9 @@ def usable(s: mx.array) -> bool:
 @cache
 def _kernels(neg: float):
     fwd = mx.fast.cuda_kernel(name="maxsim_masked_max", input_names=["s", "mask"], output_names=["out", "idx"],
-                              header=VEC_HEADER, source=f"  constexpr float NEG = {neg!r}f;\n" + _FORWARD)
+                              header=_HEADER, source=f"  constexpr float NEG = {neg!r}f;\n" + _FORWARD)
     bwd = mx.fast.cuda_kernel(name="maxsim_masked_max_vjp", input_names=["idx", "g", "mask"],
-                              output_names=["ds"], header=VEC_HEADER, source=_BACKWARD)
+                              output_names=["ds"], header=_HEADER, source=_BACKWARD)
     return fwd, bwd
 
 
@@ -95,7 +113,7 @@ def _masked_max(neg: float):
     @mx.custom_function
     def f(s, mask):
         rows, td = s.size // s.shape[-1], s.shape[-1]
-        out, idx = fwd(inputs=[s.reshape(rows, td), mask], template=[("T", s.dtype), ("TD", td)],
+        out, idx = fwd(inputs=[s.reshape(rows, td), mask], template=[("T", s.dtype)],
                        output_shapes=[(rows,), (rows,)], output_dtypes=[s.dtype, mx.int32], **_grid(rows))
         return out.reshape(s.shape[:-1]), idx.reshape(s.shape[:-1])
 
@@ -104,7 +122,7 @@ def _masked_max(neg: float):
         s, mask = primals
         rows, td = s.size // s.shape[-1], s.shape[-1]
         (ds,) = bwd(inputs=[outputs[1].reshape(rows), cotangents[0].astype(s.dtype).reshape(rows), mask],
-                    template=[("T", s.dtype), ("TD", td)], output_shapes=[(rows, td)],
+                    template=[("T", s.dtype)], output_shapes=[(rows, td)],
                     output_dtypes=[s.dtype], **_grid(rows))
         return ds.reshape(s.shape), mx.zeros_like(mask)
 
