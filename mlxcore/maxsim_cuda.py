@@ -7,7 +7,7 @@ PyTorch's `max(dim)`). Backward: each warp writes its row of the gradient, the c
 that index (when the token is real) and 0 elsewhere. Against MLX's ops this replaces a masked
 copy, a max, and the max vjp's equality mask / tie count / divide / select - five passes over
 the step's largest tensor ([128, 32, 128, 256] at batch 128) - by one read and one write.
-Built through `mx.fast.cuda_kernel`: MLX's CUDA build only (`usable`).
+Compiled once per machine by `mlxcore.cuda_jit`: MLX's CUDA build only (`usable`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from functools import cache
 
 import mlx.core as mx
 
-from mlxcore.norm_cuda import VEC_HEADER
+from mlxcore import cuda_jit
 
-_HEADER = VEC_HEADER + """
+_SOURCE = r"""
 // one lane's share of a row of s [td], V elements (V * sizeof(T) bytes) a load
 template <int V, typename T>
 __device__ __forceinline__ void scan(const T* x, const bool* m, int td, int lane, float neg,
@@ -27,16 +27,39 @@ __device__ __forceinline__ void scan(const T* x, const bool* m, int td, int lane
     const Vec<T, V> xa = *reinterpret_cast<const Vec<T, V>*>(x + j0);
     #pragma unroll
     for (int i = 0; i < V; ++i) {
-      const float v = m[j0 + i] ? static_cast<float>(xa.v[i]) : neg;
+      const float v = m[j0 + i] ? to_f(xa.v[i]) : neg;
       // j rises: the first maximum of this lane is kept; a NaN wins, as in MLX's max
       if (v > best || (v != v && best == best)) { best = v; at = j0 + i; }
     }
   }
 }
 
+template <typename T>
+__device__ __forceinline__ void masked_max(const T* s, const bool* mask, T* out, int* idx,
+                                           int rows, int td, int bd, float neg) {
+  const int lane = threadIdx.x & 31;
+  const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (row >= rows) return;
+  const bool* m = mask + (row % bd) * td;
+  const T* x = s + row * td;
+  float best = __int_as_float(0xff800000);  // -inf
+  int at = td;
+  if (td % 8 == 0) scan<8>(x, m, td, lane, neg, best, at);
+  else scan<1>(x, m, td, lane, neg, best, at);
+  #pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float b = __shfl_xor_sync(0xffffffffu, best, o);
+    const int a = __shfl_xor_sync(0xffffffffu, at, o);
+    if (b > best || (b == best && a < at) || (b != b && (best == best || a < at))) { best = b; at = a; }
+  }
+  if (lane == 0) {
+    store(out[row], best);
+    idx[row] = at;
+  }
+}
+
 template <int V, typename T>
-__device__ __forceinline__ void one_hot(T* dst, int td, int lane, int at, T value) {
-  const T zero = static_cast<T>(0.0f);
+__device__ __forceinline__ void one_hot(T* dst, int td, int lane, int at, T value, T zero) {
   for (int j0 = lane * V; j0 < td; j0 += 32 * V) {
     Vec<T, V> o;
     #pragma unroll
@@ -44,86 +67,60 @@ __device__ __forceinline__ void one_hot(T* dst, int td, int lane, int at, T valu
     *reinterpret_cast<Vec<T, V>*>(dst + j0) = o;
   }
 }
-"""
 
-# Td is read from the mask's shape at run time, not a template argument: MLX compiles custom
-# kernels with NVRTC in every process (they are not in its on-disk kernel cache), ~2 s each, and
-# evaluation meets several document lengths
-_FORWARD = """
-  const int td = mask_shape[1];
+template <typename T>
+__device__ __forceinline__ void masked_max_vjp(const int* idx, const T* g, const bool* mask, T* ds,
+                                               int rows, int td, int bd) {
   const int lane = threadIdx.x & 31;
   const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= s_shape[0]) return;
-  const bool* m = mask + (row % mask_shape[0]) * td;
-  const T* x = s + row * td;
-  float best = __int_as_float(0xff800000);  // -inf
-  int at = td;
-  if (td % 8 == 0) scan<8>(x, m, td, lane, NEG, best, at);
-  else scan<1>(x, m, td, lane, NEG, best, at);
-  #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float b = __shfl_xor_sync(0xffffffff, best, o);
-    const int a = __shfl_xor_sync(0xffffffff, at, o);
-    if (b > best || (b == best && a < at) || (b != b && (best == best || a < at))) { best = b; at = a; }
-  }
-  if (lane == 0) {
-    out[row] = static_cast<T>(best);
-    idx[row] = at;
-  }
-"""
-
-_BACKWARD = """
-  const int td = mask_shape[1];
-  const int lane = threadIdx.x & 31;
-  const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= idx_shape[0]) return;
+  if (row >= rows) return;
   const int at = idx[row];
-  const T value = mask[(row % mask_shape[0]) * td + at] ? g[row] : static_cast<T>(0.0f);
-  if (td % 8 == 0) one_hot<8>(ds + row * td, td, lane, at, value);
-  else one_hot<1>(ds + row * td, td, lane, at, value);
+  T zero;
+  store(zero, 0.f);
+  const T value = mask[(row % bd) * td + at] ? g[row] : zero;
+  if (td % 8 == 0) one_hot<8>(ds + row * td, td, lane, at, value, zero);
+  else one_hot<1>(ds + row * td, td, lane, at, value, zero);
+}
 """
 
 _WARPS_PER_BLOCK = 8
 
 
 def usable(s: mx.array) -> bool:
-    """True when the kernels can run for similarities s [..., Td]: CUDA build, GPU stream,
-    float32 / bfloat16 / float16."""
-    return (mx.default_device() == mx.gpu and mx.cuda.is_available() and s.ndim >= 1
-            and s.dtype in (mx.float32, mx.bfloat16, mx.float16))
+    """True when the kernels can run for similarities s [..., Td]: CUDA build with NVRTC, GPU
+    stream, float32 / bfloat16."""
+    return cuda_jit.available() and s.ndim >= 1 and s.dtype in cuda_jit.STORAGE
 
 
-@cache
-def _kernels(neg: float):
-    fwd = mx.fast.cuda_kernel(name="maxsim_masked_max", input_names=["s", "mask"], output_names=["out", "idx"],
-                              header=_HEADER, source=f"  constexpr float NEG = {neg!r}f;\n" + _FORWARD)
-    bwd = mx.fast.cuda_kernel(name="maxsim_masked_max_vjp", input_names=["idx", "g", "mask"],
-                              output_names=["ds"], header=_HEADER, source=_BACKWARD)
-    return fwd, bwd
-
-
-def _grid(rows: int) -> dict:
-    return {"grid": (rows * 32, 1, 1), "threadgroup": (32 * _WARPS_PER_BLOCK, 1, 1)}
+def _entries(dtype: mx.Dtype) -> tuple[str, str, str]:
+    """(forward name, backward name, source) for similarities of `dtype`."""
+    t = cuda_jit.STORAGE[dtype]
+    fwd, bwd = f"mlxcore_masked_max_{t}", f"mlxcore_masked_max_vjp_{t}"
+    return fwd, bwd, _SOURCE + (
+        f'extern "C" __global__ void {fwd}(const {t}* s, const bool* mask, {t}* out, int* idx, '
+        f"int rows, int td, int bd, float neg) {{ masked_max<{t}>(s, mask, out, idx, rows, td, bd, neg); }}\n"
+        f'extern "C" __global__ void {bwd}(const int* idx, const {t}* g, const bool* mask, {t}* ds, '
+        f"int rows, int td, int bd) {{ masked_max_vjp<{t}>(idx, g, mask, ds, rows, td, bd); }}\n")
 
 
 @cache
 def _masked_max(neg: float):
-    fwd, bwd = _kernels(neg)
-
     @mx.custom_function
     def f(s, mask):
-        rows, td = s.size // s.shape[-1], s.shape[-1]
-        out, idx = fwd(inputs=[s.reshape(rows, td), mask], template=[("T", s.dtype)],
-                       output_shapes=[(rows,), (rows,)], output_dtypes=[s.dtype, mx.int32], **_grid(rows))
+        (bd, td), rows = mask.shape, s.size // s.shape[-1]
+        fwd, _, source = _entries(s.dtype)
+        out, idx = cuda_jit.launch(fwd, source, [s.reshape(rows, td), mask], [((rows,), s.dtype), ((rows,), mx.int32)],
+                                   [rows, td, bd, neg], threads=rows * 32, block=32 * _WARPS_PER_BLOCK)
         return out.reshape(s.shape[:-1]), idx.reshape(s.shape[:-1])
 
     @f.vjp
     def f_vjp(primals, cotangents, outputs):
         s, mask = primals
-        rows, td = s.size // s.shape[-1], s.shape[-1]
-        (ds,) = bwd(inputs=[outputs[1].reshape(rows), cotangents[0].astype(s.dtype).reshape(rows), mask],
-                    template=[("T", s.dtype)], output_shapes=[(rows, td)],
-                    output_dtypes=[s.dtype], **_grid(rows))
+        (bd, td), rows = mask.shape, s.size // s.shape[-1]
+        _, bwd, source = _entries(s.dtype)
+        (ds,) = cuda_jit.launch(bwd, source, [outputs[1].reshape(rows), cotangents[0].astype(s.dtype).reshape(rows), mask],
+                                [((rows, td), s.dtype)], [rows, td, bd], threads=rows * 32,
+                                block=32 * _WARPS_PER_BLOCK)
         return ds.reshape(s.shape), mx.zeros_like(mask)
 
     return f

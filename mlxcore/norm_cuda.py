@@ -8,49 +8,39 @@ read once (4 elements per lane per load), the mean / variance (layer norm) or me
     rms:    dx = rstd * (gw - x_hat * mean(gw * x_hat)),             x_hat = x * rstd
 
 with gw = g * w, plus `extra` (a second gradient of x, e.g. a pre-norm block's residual path)
-when given, is written once. Built through `mx.fast.cuda_kernel`, so it exists only on MLX's
-CUDA build; `usable` says when it applies (GPU stream, CUDA, D a multiple of 128 up to 8192).
+when given, is written once. Compiled once per machine by `mlxcore.cuda_jit`, so it exists only
+on MLX's CUDA build; `usable` says when it applies (GPU stream, D a multiple of 128 up to 8192).
 """
 
 from __future__ import annotations
 
-from functools import cache
-
 import mlx.core as mx
+
+from mlxcore import cuda_jit
 
 MAX_D = 8192
 
-VEC_HEADER = """
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec { T v[N]; };
-"""
-
-_HEADER = VEC_HEADER + """
-__device__ __forceinline__ float warp_sum(float v) {
-  #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-  return v;
-}
-"""
-
-_SOURCE = """
+_SOURCE = r"""
+template <typename T, int D, bool LAYER, bool EXTRA>
+__device__ __forceinline__ void norm_vjp(const T* x, const T* g, const T* w, const T* extra, T* dx,
+                                         int rows, float eps) {
   constexpr int CHUNKS = D / 128;  // 4-element chunks per lane
   const int lane = threadIdx.x & 31;
   const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (row >= x_shape[0]) return;
+  if (row >= rows) return;
   const long base = row * D;
   float xv[CHUNKS][4], gv[CHUNKS][4];
   float sum = 0.f;
   #pragma unroll
   for (int c = 0; c < CHUNKS; ++c) {
     const int col = (c * 32 + lane) * 4;
-    Vec<T, 4> xa = *reinterpret_cast<const Vec<T, 4>*>(x + base + col);
-    Vec<T, 4> ga = *reinterpret_cast<const Vec<T, 4>*>(g + base + col);
-    Vec<T, 4> wa = *reinterpret_cast<const Vec<T, 4>*>(w + col);
+    const Vec<T, 4> xa = *reinterpret_cast<const Vec<T, 4>*>(x + base + col);
+    const Vec<T, 4> ga = *reinterpret_cast<const Vec<T, 4>*>(g + base + col);
+    const Vec<T, 4> wa = *reinterpret_cast<const Vec<T, 4>*>(w + col);
     #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      xv[c][i] = static_cast<float>(xa.v[i]);
-      gv[c][i] = static_cast<float>(ga.v[i]) * static_cast<float>(wa.v[i]);
+      xv[c][i] = to_f(xa.v[i]);
+      gv[c][i] = to_f(ga.v[i]) * to_f(wa.v[i]);
       sum += xv[c][i];
     }
   }
@@ -64,7 +54,7 @@ _SOURCE = """
       sq += xv[c][i] * xv[c][i];
     }
   }
-  const float rstd = rsqrtf(warp_sum(sq) / D + EPS);
+  const float rstd = rsqrtf(warp_sum(sq) / D + eps);
   float sum_g = 0.f, sum_gx = 0.f;
   #pragma unroll
   for (int c = 0; c < CHUNKS; ++c) {
@@ -86,36 +76,32 @@ _SOURCE = """
     #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float d = rstd * (gv[c][i] - mean_g - xv[c][i] * mean_gx);
-      if (EXTRA) d += static_cast<float>(ea.v[i]);
-      out.v[i] = static_cast<T>(d);
+      if (EXTRA) d += to_f(ea.v[i]);
+      store(out.v[i], d);
     }
     *reinterpret_cast<Vec<T, 4>*>(dx + base + col) = out;
   }
+}
 """
 
 _WARPS_PER_BLOCK = 4
 
 
 def usable(x: mx.array) -> bool:
-    """True when the kernel can run for x [..., D]: CUDA build, GPU stream, 128 | D <= MAX_D,
-    float32 / bfloat16 / float16."""
+    """True when the kernel can run for x [..., D]: CUDA build with NVRTC, GPU stream,
+    128 | D <= MAX_D, float32 / bfloat16."""
     d = x.shape[-1] if x.ndim else 0
-    return (mx.default_device() == mx.gpu and mx.cuda.is_available() and d % 128 == 0
-            and 0 < d <= MAX_D and x.dtype in (mx.float32, mx.bfloat16, mx.float16))
+    return (cuda_jit.available() and d % 128 == 0 and 0 < d <= MAX_D and x.dtype in cuda_jit.STORAGE)
 
 
-@cache
-def _kernel(eps: float, extra: bool):
-    inputs = ["x", "g", "w"] + (["extra"] if extra else [])
-    # eps is a literal of the source (cuda_kernel's template arguments are int / bool / dtype);
-    # the extra input is named only when present, so one source serves both
-    source = f"  constexpr float EPS = {eps!r}f;\n" + _SOURCE
-    if not extra:
-        source = source.replace("ea = *reinterpret_cast<const Vec<T, 4>*>(extra + base + col)", "(void)0")
-    # a name per eps: a kernel is cached by name and template arguments
-    tag = f"{'e' if extra else 'n'}_{eps:.3e}".replace(".", "p").replace("-", "m").replace("+", "")
-    return mx.fast.cuda_kernel(name=f"norm_vjp_{tag}", input_names=inputs,
-                               output_names=["dx"], header=_HEADER, source=source)
+def _entry(kind: str, d: int, dtype: mx.Dtype, extra: bool) -> tuple[str, str]:
+    t = cuda_jit.STORAGE[dtype]
+    name = f"mlxcore_norm_vjp_{kind}_{t}_{d}_{'e' if extra else 'n'}"
+    params = ", ".join([f"const {t}* x", f"const {t}* g", f"const {t}* w"] + ([f"const {t}* extra"] if extra else [])
+                       + [f"{t}* dx", "int rows", "float eps"])
+    call = (f"norm_vjp<{t}, {d}, {'true' if kind == 'layer' else 'false'}, {'true' if extra else 'false'}>"
+            f"(x, g, w, {'extra' if extra else 'nullptr'}, dx, rows, eps);")
+    return name, _SOURCE + f'extern "C" __global__ void {name}({params}) {{ {call} }}\n'
 
 
 def norm_vjp(kind: str, x: mx.array, w: mx.array, g: mx.array, eps: float,
@@ -127,9 +113,7 @@ def norm_vjp(kind: str, x: mx.array, w: mx.array, g: mx.array, eps: float,
     arrays = [x.reshape(rows, d), g.astype(x.dtype).reshape(rows, d), w.astype(x.dtype)]
     if extra is not None:
         arrays.append(extra.astype(x.dtype).reshape(rows, d))
-    (dx,) = _kernel(float(eps), extra is not None)(
-        inputs=arrays, template=[("T", x.dtype), ("D", d), ("LAYER", kind == "layer"),
-                                 ("EXTRA", extra is not None)],
-        grid=(rows * 32, 1, 1), threadgroup=(32 * _WARPS_PER_BLOCK, 1, 1),
-        output_shapes=[(rows, d)], output_dtypes=[x.dtype])
+    name, source = _entry(kind, d, x.dtype, extra is not None)
+    (dx,) = cuda_jit.launch(name, source, arrays, [((rows, d), x.dtype)], [rows, float(eps)],
+                            threads=rows * 32, block=32 * _WARPS_PER_BLOCK)
     return dx.reshape(x.shape)
