@@ -16,6 +16,7 @@ import ctypes
 import glob
 import hashlib
 import os
+import struct
 import sys
 from functools import cache
 from pathlib import Path
@@ -88,7 +89,8 @@ def _compile(source: str, name: str) -> bytes:
     prog = ctypes.c_void_p()
     check = _checker(lib, prog)
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{name}.cu".encode(), 0, None, None))
-    opts = [b"--gpu-architecture=compute_70", b"--std=c++17", b"-default-device"]
+    # compute_75: the oldest target CUDA 13 NVRTC accepts; the driver JITs it for the GPU at hand
+    opts = [b"--gpu-architecture=compute_75", b"--std=c++17", b"-default-device"]
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     if rc != 0:
         size = ctypes.c_size_t()
@@ -129,6 +131,12 @@ def ptx(source: str) -> bytes:
     except OSError:
         pass  # a read-only cache: compile again next time
     return code
+
+
+def float_bits(x: float) -> int:
+    """A float32 scalar argument as its int32 bits (the kernel takes `int` and reads it with
+    `__int_as_float`): MLX 0.32.4's precompiled_cuda_kernel rejects Python float scalars."""
+    return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
 def launch(name: str, source: str, inputs: list, outputs: list[tuple[tuple[int, ...], mx.Dtype]],

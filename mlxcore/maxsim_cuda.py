@@ -36,7 +36,8 @@ __device__ __forceinline__ void scan(const T* x, const bool* m, int td, int lane
 
 template <typename T>
 __device__ __forceinline__ void masked_max(const T* s, const bool* mask, T* out, int* idx,
-                                           int rows, int td, int bd, float neg) {
+                                           int rows, int td, int bd, int neg_bits) {
+  const float neg = __int_as_float(neg_bits);
   const int lane = threadIdx.x & 31;
   const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if (row >= rows) return;
@@ -98,7 +99,7 @@ def _entries(dtype: mx.Dtype) -> tuple[str, str, str]:
     fwd, bwd = f"mlxcore_masked_max_{t}", f"mlxcore_masked_max_vjp_{t}"
     return fwd, bwd, _SOURCE + (
         f'extern "C" __global__ void {fwd}(const {t}* s, const bool* mask, {t}* out, int* idx, '
-        f"int rows, int td, int bd, float neg) {{ masked_max<{t}>(s, mask, out, idx, rows, td, bd, neg); }}\n"
+        f"int rows, int td, int bd, int neg) {{ masked_max<{t}>(s, mask, out, idx, rows, td, bd, neg); }}\n"
         f'extern "C" __global__ void {bwd}(const int* idx, const {t}* g, const bool* mask, {t}* ds, '
         f"int rows, int td, int bd) {{ masked_max_vjp<{t}>(idx, g, mask, ds, rows, td, bd); }}\n")
 
@@ -110,7 +111,7 @@ def _masked_max(neg: float):
         (bd, td), rows = mask.shape, s.size // s.shape[-1]
         fwd, _, source = _entries(s.dtype)
         out, idx = cuda_jit.launch(fwd, source, [s.reshape(rows, td), mask], [((rows,), s.dtype), ((rows,), mx.int32)],
-                                   [rows, td, bd, neg], threads=rows * 32, block=32 * _WARPS_PER_BLOCK)
+                                   [rows, td, bd, cuda_jit.float_bits(neg)], threads=rows * 32, block=32 * _WARPS_PER_BLOCK)
         return out.reshape(s.shape[:-1]), idx.reshape(s.shape[:-1])
 
     @f.vjp

@@ -23,7 +23,8 @@ MAX_D = 8192
 _SOURCE = r"""
 template <typename T, int D, bool LAYER, bool EXTRA>
 __device__ __forceinline__ void norm_vjp(const T* x, const T* g, const T* w, const T* extra, T* dx,
-                                         int rows, float eps) {
+                                         int rows, int eps_bits) {
+  const float eps = __int_as_float(eps_bits);
   constexpr int CHUNKS = D / 128;  // 4-element chunks per lane
   const int lane = threadIdx.x & 31;
   const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -98,9 +99,9 @@ def _entry(kind: str, d: int, dtype: mx.Dtype, extra: bool) -> tuple[str, str]:
     t = cuda_jit.STORAGE[dtype]
     name = f"mlxcore_norm_vjp_{kind}_{t}_{d}_{'e' if extra else 'n'}"
     params = ", ".join([f"const {t}* x", f"const {t}* g", f"const {t}* w"] + ([f"const {t}* extra"] if extra else [])
-                       + [f"{t}* dx", "int rows", "float eps"])
+                       + [f"{t}* dx", "int rows", "int eps_bits"])
     call = (f"norm_vjp<{t}, {d}, {'true' if kind == 'layer' else 'false'}, {'true' if extra else 'false'}>"
-            f"(x, g, w, {'extra' if extra else 'nullptr'}, dx, rows, eps);")
+            f"(x, g, w, {'extra' if extra else 'nullptr'}, dx, rows, eps_bits);")
     return name, _SOURCE + f'extern "C" __global__ void {name}({params}) {{ {call} }}\n'
 
 
@@ -114,6 +115,6 @@ def norm_vjp(kind: str, x: mx.array, w: mx.array, g: mx.array, eps: float,
     if extra is not None:
         arrays.append(extra.astype(x.dtype).reshape(rows, d))
     name, source = _entry(kind, d, x.dtype, extra is not None)
-    (dx,) = cuda_jit.launch(name, source, arrays, [((rows, d), x.dtype)], [rows, float(eps)],
+    (dx,) = cuda_jit.launch(name, source, arrays, [((rows, d), x.dtype)], [rows, cuda_jit.float_bits(eps)],
                             threads=rows * 32, block=32 * _WARPS_PER_BLOCK)
     return dx.reshape(x.shape)
