@@ -79,9 +79,15 @@ def nvrtc() -> ctypes.CDLL | None:
     return None
 
 
+def on_cuda() -> bool:
+    """True when the default device is a GPU of MLX's CUDA build (not Metal, not the CPU)."""
+    cuda = getattr(mx, "cuda", None)  # absent from some builds
+    return mx.default_device() == mx.gpu and cuda is not None and cuda.is_available()
+
+
 def available() -> bool:
     """True on MLX's CUDA build, GPU stream, with an NVRTC library to compile our kernels."""
-    return mx.default_device() == mx.gpu and mx.cuda.is_available() and nvrtc() is not None
+    return on_cuda() and nvrtc() is not None
 
 
 def _compile(source: str, name: str) -> bytes:

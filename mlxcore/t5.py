@@ -20,7 +20,7 @@ from typing import ClassVar
 import attrs
 import mlx.core as mx
 
-from mlxcore import norm, quant
+from mlxcore import cuda_jit, norm, quant
 from mlxcore.hf_config import HFConfig, choice
 
 # Additive mask for padded keys: finite (not -inf) so an all-padding row gives a uniform softmax
@@ -123,7 +123,7 @@ FUSED_VJP_LENGTH = 128
 def pack_factor(batch: int, length: int) -> int:
     """How many sequences to lay end to end (1: none) so that attention's backward runs fused:
     FUSED_VJP_LENGTH / length when that divides evenly and divides the batch, on CUDA only."""
-    if not (mx.default_device() == mx.gpu and mx.cuda.is_available()):
+    if not cuda_jit.on_cuda():
         return 1
     if length % FUSED_VJP_LENGTH == 0 or FUSED_VJP_LENGTH % length:
         return 1
