@@ -158,7 +158,7 @@ def _lora_gemm(scale: float, has_c: bool):
 
     def backward(primals, g, _output):
         x, w, a, b, *c = primals
-        z = (x @ a) * scale  # [n, r], recomputed: cheaper than keeping it
+        z = (x @ a) * scale  # [n, r]: under mx.compile the forward's own (merged), else a rank-r GEMM
         gz = (g @ b.T) * scale  # [n, r]
         grads = [mx.addmm(g @ w, gz, a.T), g.T @ x, x.T @ gz, z.T @ g]
         if has_c:
