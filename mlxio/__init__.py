@@ -1,7 +1,8 @@
 """All I/O of the project: checkpoints, tokenizers, datasets, caches, exports, sandbox, teacher.
 
 Importing this package first gives MLX's Linux CPU build an optimised BLAS (see `mlxio.blas`)
-and points MLX's on-disk GPU kernel cache at a persistent folder (see `mlxio.kernel_cache`).
+points MLX's on-disk GPU kernel cache at a persistent folder (see `mlxio.kernel_cache`) and
+gives mlxcore's own CUDA kernels their compiler (`mlxio.cuda_build`).
 """
 
 from mlxio.blas import ensure_fast_blas
@@ -9,3 +10,9 @@ from mlxio.kernel_cache import configure as _configure_kernel_cache
 
 ensure_fast_blas()
 _configure_kernel_cache()
+
+# after the BLAS and kernel-cache set-up: these import MLX
+from mlxcore import cuda_jit as _cuda_jit  # noqa: E402
+from mlxio.cuda_build import COMPILER as _CUDA_COMPILER  # noqa: E402
+
+_cuda_jit.register_compiler(_CUDA_COMPILER)
