@@ -23,8 +23,7 @@ from mlxcore.t5 import (
     gelu_new,
     layer_keys,
     merge_heads,
-    pack_factor,
-    packed_bias,
+    pack_sequences,
     padding_bias,
     split_heads,
 )
@@ -187,9 +186,7 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
     h = _layer_norm(emb["LayerNorm"], h, cfg.layer_norm_eps)
     bias = padding_bias(mask, h.dtype)
     b, t = input_ids.shape
-    p = pack_factor(b, t)
-    if p > 1:  # every op but attention is per token: run the layers on p sequences per row
-        h, bias = h.reshape(b // p, p * t, d), packed_bias(bias, p)
+    h, bias = pack_sequences(h, bias)
 
     for layer, layer_key in zip(params["encoder"]["layer"], layer_keys(key, cfg.num_hidden_layers),
                                 strict=True):

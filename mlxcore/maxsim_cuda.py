@@ -7,7 +7,8 @@ PyTorch's `max(dim)`). Backward: each warp writes its row of the gradient, the c
 that index (when the token is real) and 0 elsewhere. Against MLX's ops this replaces a masked
 copy, a max, and the max vjp's equality mask / tie count / divide / select - five passes over
 the step's largest tensor ([128, 32, 128, 256] at batch 128) - by one read and one write.
-Compiled once per machine by `mlxcore.cuda_jit`: MLX's CUDA build only (`usable`).
+Launched by `mlxcore.cuda_jit` (compiled once per machine by `mlxio.cuda_build`): MLX's CUDA
+build only (`usable`).
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ def usable(s: mx.array) -> bool:
     return cuda_jit.available() and s.ndim >= 1 and s.dtype in cuda_jit.STORAGE
 
 
+@cache
 def _entries(dtype: mx.Dtype) -> tuple[str, str, str]:
-    """(forward name, backward name, source) for similarities of `dtype`."""
+    """(forward name, backward name, source) for similarities of `dtype`, built once."""
     t = cuda_jit.STORAGE[dtype]
     fwd, bwd = f"mlxcore_masked_max_{t}", f"mlxcore_masked_max_vjp_{t}"
     return fwd, bwd, _SOURCE + (

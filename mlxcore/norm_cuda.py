@@ -8,11 +8,14 @@ read once (4 elements per lane per load), the mean / variance (layer norm) or me
     rms:    dx = rstd * (gw - x_hat * mean(gw * x_hat)),             x_hat = x * rstd
 
 with gw = g * w, plus `extra` (a second gradient of x, e.g. a pre-norm block's residual path)
-when given, is written once. Compiled once per machine by `mlxcore.cuda_jit`, so it exists only
-on MLX's CUDA build; `usable` says when it applies (GPU stream, D a multiple of 128 up to 8192).
+when given, is written once. Launched by `mlxcore.cuda_jit` (compiled once per machine by
+`mlxio.cuda_build`), so it exists only on MLX's CUDA build; `usable` says when it applies (GPU
+stream, D a multiple of 128 up to 8192).
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 import mlx.core as mx
 
@@ -95,7 +98,9 @@ def usable(x: mx.array) -> bool:
     return (cuda_jit.available() and d % 128 == 0 and 0 < d <= MAX_D and x.dtype in cuda_jit.STORAGE)
 
 
+@cache
 def _entry(kind: str, d: int, dtype: mx.Dtype, extra: bool) -> tuple[str, str]:
+    """(entry point name, source) of one instantiation, built once."""
     t = cuda_jit.STORAGE[dtype]
     name = f"mlxcore_norm_vjp_{kind}_{t}_{d}_{'e' if extra else 'n'}"
     params = ", ".join([f"const {t}* x", f"const {t}* g", f"const {t}* w"] + ([f"const {t}* extra"] if extra else [])

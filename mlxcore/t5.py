@@ -143,6 +143,16 @@ def packed_bias(bias: mx.array, p: int) -> mx.array:
     return out.reshape(b // p, h, p * t, p * t)
 
 
+def pack_sequences(h: mx.array, bias: mx.array) -> tuple[mx.array, mx.array]:
+    """h [B, T, D] and its attention bias [B, H|1, T|1, T] with `pack_factor(B, T)` sequences
+    per row - ([B/p, pT, D], block-diagonal [B/p, H|1, pT, pT]) - or unchanged when p is 1.
+    Every op of an encoder layer but attention is per token, so the layers run on the packed
+    rows as they are; `h.reshape(B, T, D)` unpacks."""
+    b, t, d = h.shape
+    p = pack_factor(b, t)
+    return (h, bias) if p == 1 else (h.reshape(b // p, p * t, d), packed_bias(bias, p))
+
+
 def split_heads(x: mx.array, num_heads: int) -> mx.array:
     """[B, T, H*d] -> [B, H, T, d]."""
     b, t, _ = x.shape
@@ -200,9 +210,7 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,
     table = enc["block"][0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
     bias = position_bias(table, input_ids.shape[1], cfg).astype(h.dtype) + padding_bias(mask, h.dtype)
     b, t = input_ids.shape
-    p = pack_factor(b, t)
-    if p > 1:  # every op but attention is per token: run the blocks on p sequences per row
-        h, bias = h.reshape(b // p, p * t, cfg.d_model), packed_bias(bias, p)
+    h, bias = pack_sequences(h, bias)
     for block, block_key in zip(enc["block"], layer_keys(key, cfg.num_layers), strict=True):
         # The dropout key is closed over, not an input: mx.checkpoint differentiates every
         # input, and random bits have no vjp.
