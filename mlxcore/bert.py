@@ -167,14 +167,11 @@ def _layer(layer: dict, h: mx.array, bias: mx.array, cfg: BertConfig, scale: flo
                        cfg.layer_norm_eps)
 
 
-def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
-           lora_scale: float = 1.0, lora_dropout: float = 0.0,
-           key: mx.array | None = None, token_type_ids: mx.array | None = None) -> mx.array:
-    """Last hidden states [B, T, hidden] of ids [B, T] (int32) under mask [B, T] (1 = real).
-
-    Positions are 0..T-1 and token types 0 unless given, as `BertModel` defaults; dropout of the
-    LoRA adapters needs `key`. Padded positions get finite values that callers must mask.
-    """
+def embed(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
+          token_type_ids: mx.array | None = None) -> tuple[mx.array, mx.array]:
+    """The layers' inputs for ids [B, T] under mask [B, T]: embeddings after their layer norm
+    [B, T, hidden] (positions 0..T-1, token types 0 unless given, as `BertModel` defaults) and
+    the attention bias [B, 1, 1, T] (padded keys)."""
     if input_ids.shape[1] > cfg.max_position_embeddings:
         raise ValueError(f"sequence length {input_ids.shape[1]} > max_position_embeddings "
                          f"{cfg.max_position_embeddings}")
@@ -184,10 +181,12 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
     types = mx.zeros_like(input_ids) if token_type_ids is None else token_type_ids
     h = h + quant.embed(emb["token_type_embeddings"], types, d)
     h = _layer_norm(emb["LayerNorm"], h, cfg.layer_norm_eps)
-    bias = padding_bias(mask, h.dtype)
-    b, t = input_ids.shape
-    h, bias = pack_sequences(h, bias)
+    return h, padding_bias(mask, h.dtype)
 
+
+def blocks(params: dict, h: mx.array, bias: mx.array, cfg: BertConfig, lora_scale: float = 1.0,
+           lora_dropout: float = 0.0, key: mx.array | None = None) -> mx.array:
+    """Every layer over h [B, T, hidden] under bias [B|1, 1, T|1, T] -> [B, T, hidden]."""
     for layer, layer_key in zip(params["encoder"]["layer"], layer_keys(key, cfg.num_hidden_layers),
                                 strict=True):
         # The dropout key is closed over, not an input: mx.checkpoint differentiates every
@@ -196,4 +195,23 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
             return _layer(layer, h, bias, cfg, lora_scale, lora_dropout, layer_key)
 
         h = (mx.checkpoint(run) if cfg.gradient_checkpointing else run)(layer, h, bias)
-    return h.reshape(b, t, d)
+    return h
+
+
+def finish(_params: dict, h: mx.array, _cfg: BertConfig) -> mx.array:
+    """BERT's last layer output is its hidden states (post-LN: no final norm)."""
+    return h
+
+
+def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: BertConfig,
+           lora_scale: float = 1.0, lora_dropout: float = 0.0,
+           key: mx.array | None = None, token_type_ids: mx.array | None = None) -> mx.array:
+    """Last hidden states [B, T, hidden] of ids [B, T] (int32) under mask [B, T] (1 = real).
+
+    Dropout of the LoRA adapters needs `key`. Padded positions get finite values that callers
+    must mask.
+    """
+    b, t = input_ids.shape
+    h, bias = pack_sequences(*embed(params, input_ids, mask, cfg, token_type_ids))
+    h = blocks(params, h, bias, cfg, lora_scale, lora_dropout, key)
+    return h.reshape(b, t, cfg.hidden_size)

@@ -9,13 +9,14 @@ other linear, so it can carry an adapter or be trained in full.
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 
 import attrs
 import mlx.core as mx
 
-from mlxcore import bert, quant, t5
+from mlxcore import bert, cuda_jit, quant, t5
 from mlxcore.retrieval import l2_normalize
-from mlxcore.t5 import layer_keys
+from mlxcore.t5 import FUSED_VJP_LENGTH, layer_keys
 
 KINDS = ("t5", "bert")
 
@@ -64,6 +65,53 @@ def token_embeddings(params: dict, input_ids: mx.array, mask: mx.array, spec: En
         h = quant.linear(params["projection"], h, spec.lora_scale, spec.lora_dropout,
                          projection_key)
     return l2_normalize(h)
+
+
+def joint_length(shapes: list[tuple[int, int]]) -> int | None:
+    """The row length at which batches of shapes [(B, T), ...] can share one encoder pass, or
+    None: on CUDA, for two or more batches whose lengths all divide it and whose B T tokens fill
+    whole rows: FUSED_VJP_LENGTH where the longest T is shorter and that fits (so attention's
+    backward runs fused, as `t5.pack_factor` arranges for one batch), else the longest T."""
+    if len(shapes) < 2 or not cuda_jit.on_cuda():
+        return None
+    longest = max(t for _, t in shapes)
+    for length in (max(longest, FUSED_VJP_LENGTH), longest):
+        if all(length % t == 0 and (b * t) % length == 0 for b, t in shapes):
+            return length
+    return None
+
+
+def joint_token_embeddings(params: dict, batches: list[tuple[mx.array, mx.array]],
+                           spec: EncoderSpec, keys: list[mx.array | None] | None = None) -> list[mx.array]:
+    """`token_embeddings` of several batches [(ids [B, T], mask [B, T]), ...] (queries,
+    documents, negatives), one [B, T, dim] per batch.
+
+    Where `joint_length` allows (and LoRA dropout is off), the batches run through the encoder
+    as one: each laid end to end in rows of that length under a block-diagonal attention bias
+    (no token sees another sequence), the rows concatenated, one pass, split again. The result
+    equals separate passes on every real token; the GPU runs half the kernels, and the short
+    batch's GEMMs ride in the long one's (MiniLM's 32-token queries beside 256-token documents).
+    Elsewhere each batch runs alone, with its own key from `keys`.
+    """
+    keys = keys or [None] * len(batches)
+    length = None if spec.lora_dropout else joint_length([ids.shape for ids, _ in batches])
+    if length is None:
+        return [token_embeddings(params, ids, mask, spec, k) for (ids, mask), k in zip(batches, keys, strict=True)]
+    module = t5 if spec.kind == "t5" else bert
+    rows, biases = [], []
+    for ids, mask in batches:
+        h, bias = t5.pack_to(*module.embed(params, ids, mask, spec.model), length)
+        rows.append(h)
+        biases.append(bias)
+    heads = max(b.shape[1] for b in biases)
+    bias = mx.concatenate([mx.broadcast_to(b, (b.shape[0], heads, *b.shape[2:])) for b in biases])
+    h = module.blocks(params, mx.concatenate(rows), bias, spec.model, spec.lora_scale)
+    h = module.finish(params, h, spec.model)
+    if "projection" in params:
+        h = quant.linear(params["projection"], h, spec.lora_scale)
+    # one Split (whose vjp is one concatenate), not slices (each a zero-filled scatter back)
+    parts = mx.split(l2_normalize(h), list(accumulate(r.shape[0] for r in rows[:-1])))
+    return [p.reshape(*ids.shape, p.shape[-1]) for p, (ids, _) in zip(parts, batches, strict=True)]
 
 
 def init_projection(key: mx.array, d_model: int, dim: int, dtype=mx.float32) -> dict:

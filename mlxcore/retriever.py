@@ -13,7 +13,7 @@ import attrs
 import mlx.core as mx
 
 from mlxcore import quant, retrieval
-from mlxcore.encoder import EncoderSpec, token_embeddings
+from mlxcore.encoder import EncoderSpec, joint_token_embeddings
 from mlxcore.fields import bounded
 
 # LoRA targets per encoder kind when the config names none: the attention query and value
@@ -56,15 +56,19 @@ def contrastive_loss_fn(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gathe
 
     def loss_fn(params, batch, key):
         q_key, d_key = mx.random.split(key)
-        q = token_embeddings(params, batch["query_ids"], batch["query_mask"], spec, q_key)
-        d = token_embeddings(params, batch["doc_ids"], batch["doc_mask"], spec, d_key)
+        batches = [(batch["query_ids"], batch["query_mask"]), (batch["doc_ids"], batch["doc_mask"])]
+        keys = [q_key, d_key]
+        if "neg_ids" in batch:  # hard negatives [n, K, Tn]: scored by every query beside the documents
+            n, k, tn = batch["neg_ids"].shape
+            batches.append((batch["neg_ids"].reshape(n * k, tn), batch["neg_mask"].reshape(n * k, tn)))
+            keys.append(mx.random.split(d_key)[1])
+        # one encoder pass for all of them where the shapes allow (on CUDA)
+        q, d, *neg = joint_token_embeddings(params, batches, spec, keys)
         d_mask, positives = batch["doc_mask"], None
         if gather_docs is not None:
             d, d_mask, positives = gather_docs(d, d_mask, q.shape[0])
-        if "neg_ids" in batch:  # hard negatives [n, K, Tn]: scored by every query beside the documents
-            n, k, tn = batch["neg_ids"].shape
-            neg_ids, neg_mask = batch["neg_ids"].reshape(n * k, tn), batch["neg_mask"].reshape(n * k, tn)
-            neg = token_embeddings(params, neg_ids, neg_mask, spec, mx.random.split(d_key)[1])
+        if neg:
+            neg, neg_mask = neg[0], batches[2][1]
         else:
             neg, neg_mask = mx.zeros((0, 1, q.shape[-1]), d.dtype), mx.zeros((0, 1), mx.bool_)
         return retrieval.hard_negative_loss(q, batch["query_mask"], d, d_mask, neg, neg_mask, cfg.temperature,

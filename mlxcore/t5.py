@@ -153,6 +153,16 @@ def pack_sequences(h: mx.array, bias: mx.array) -> tuple[mx.array, mx.array]:
     return (h, bias) if p == 1 else (h.reshape(b // p, p * t, d), packed_bias(bias, p))
 
 
+def pack_to(h: mx.array, bias: mx.array, length: int) -> tuple[mx.array, mx.array]:
+    """h [B, T, D] and its bias [B, H|1, T|1, T] in rows of `length` tokens (a multiple of T
+    with B T / length whole): ([B T / length, length, D], [B T / length, H|1, length, length]),
+    block-diagonal when several sequences share a row (`packed_bias`)."""
+    b, t, d = h.shape
+    p = length // t
+    full = mx.broadcast_to(bias, (b, bias.shape[1], t, t))
+    return h.reshape(b * t // length, length, d), (full if p == 1 else packed_bias(full, p))
+
+
 def split_heads(x: mx.array, num_heads: int) -> mx.array:
     """[B, T, H*d] -> [B, H, T, d]."""
     b, t, _ = x.shape
@@ -197,6 +207,33 @@ def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float
     return quant.linear(dense["wo"], inner, scale, dropout, keys[5], residual=h)
 
 
+def embed(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config) -> tuple[mx.array, mx.array]:
+    """The blocks' inputs for ids [B, T] under mask [B, T]: token embeddings [B, T, d_model] and
+    the attention bias [B, H, T, T] (relative positions + padded keys)."""
+    h = quant.embed(params["shared"], input_ids, cfg.d_model)
+    table = params["encoder"]["block"][0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
+    bias = position_bias(table, input_ids.shape[1], cfg).astype(h.dtype) + padding_bias(mask, h.dtype)
+    return h, bias
+
+
+def blocks(params: dict, h: mx.array, bias: mx.array, cfg: T5Config, lora_scale: float = 1.0,
+           lora_dropout: float = 0.0, key: mx.array | None = None) -> mx.array:
+    """Every block over h [B, T, d_model] under bias [B|1, H, T, T] -> [B, T, d_model]."""
+    for block, block_key in zip(params["encoder"]["block"], layer_keys(key, cfg.num_layers), strict=True):
+        # The dropout key is closed over, not an input: mx.checkpoint differentiates every
+        # input, and random bits have no vjp.
+        def run(block, h, bias, block_key=block_key):
+            return _block(block, h, bias, cfg, lora_scale, lora_dropout, block_key)
+
+        h = (mx.checkpoint(run) if cfg.gradient_checkpointing else run)(block, h, bias)
+    return h
+
+
+def finish(params: dict, h: mx.array, cfg: T5Config) -> mx.array:
+    """The final RMS norm of the blocks' output [..., d_model] (per token)."""
+    return norm.rms_norm(h, params["encoder"]["final_layer_norm"]["weight"], cfg.layer_norm_epsilon)
+
+
 def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,
            lora_scale: float = 1.0, lora_dropout: float = 0.0,
            key: mx.array | None = None) -> mx.array:
@@ -205,17 +242,7 @@ def encode(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config,
     lora_scale / lora_dropout apply to every adapter in the tree (none: plain T5); dropout needs
     `key`. Padded positions get finite values that callers must mask.
     """
-    enc = params["encoder"]
-    h = quant.embed(params["shared"], input_ids, cfg.d_model)
-    table = enc["block"][0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
-    bias = position_bias(table, input_ids.shape[1], cfg).astype(h.dtype) + padding_bias(mask, h.dtype)
     b, t = input_ids.shape
-    h, bias = pack_sequences(h, bias)
-    for block, block_key in zip(enc["block"], layer_keys(key, cfg.num_layers), strict=True):
-        # The dropout key is closed over, not an input: mx.checkpoint differentiates every
-        # input, and random bits have no vjp.
-        def run(block, h, bias, block_key=block_key):
-            return _block(block, h, bias, cfg, lora_scale, lora_dropout, block_key)
-
-        h = (mx.checkpoint(run) if cfg.gradient_checkpointing else run)(block, h, bias)
-    return norm.rms_norm(h.reshape(b, t, cfg.d_model), enc["final_layer_norm"]["weight"], cfg.layer_norm_epsilon)
+    h, bias = pack_sequences(*embed(params, input_ids, mask, cfg))
+    h = blocks(params, h, bias, cfg, lora_scale, lora_dropout, key)
+    return finish(params, h.reshape(b, t, cfg.d_model), cfg)
