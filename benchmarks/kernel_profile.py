@@ -5,7 +5,7 @@ only. Kineto records every kernel the process launches through CUPTI, whichever 
 it, so MLX's kernels are timed by the same clock as PyTorch's (nsys is not on the lent machine).
 The summary gives the kernels' device time per step, the wall time per step (their ratio is how
 busy the GPU was: well under 1 means the host, not the GPU, sets the pace), time by category and
-the most expensive kernels.
+the most expensive kernels, and the last step's kernels in launch order (`last_step`).
 
     python -m benchmarks.retriever --machine h100 --models minilm --batch-sizes 128 --profile 10
 """
@@ -75,10 +75,21 @@ def profile(fn, steps: int, sync) -> dict:
         sync()
         wall = time.perf_counter() - start
     events = []
+    try:
+        kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    except (AttributeError, RuntimeError):  # a torch whose events differ: no trace, the summary stands
+        kernels = []
     for evt in prof.key_averages():
         us = getattr(evt, "self_device_time_total", None)
         if us is None:
             us = getattr(evt, "self_cuda_time_total", 0.0)
         if us and evt.count:
             events.append((evt.key, int(evt.count), us / 1e6))
-    return summarise(events, steps, wall)
+    out = summarise(events, steps, wall)
+    # the last step's kernels in launch order: name, start and duration (us), to see which
+    # instance of a kernel is slow and what ran before it
+    last = kernels[-round(out["kernels_per_step"]):] if kernels else []
+    t0 = last[0].time_range.start if last else 0
+    out["last_step"] = [[e.name[:80], round(e.time_range.start - t0, 1), round(e.time_range.elapsed_us(), 1)]
+                        for e in last]
+    return out

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import attrs
 import mlx.core as mx
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxcore.fields import bounded
 from mlxcore.tree import Tree, map_leaves
@@ -190,3 +190,56 @@ def skip_if_non_finite(inner: Transform) -> Transform:
         return select_tree(finite, new_params, params), new_state, {**info, "skipped": skipped}
 
     return Transform(init, update, MERGED)
+
+
+FLAT = "flat"  # the one key of a flattened tree
+
+
+def _pack(leaves: list[mx.array]) -> mx.array:
+    return mx.concatenate([x.reshape(-1) for x in leaves])
+
+
+def _unpack(flat: mx.array, like: list[mx.array]) -> list[mx.array]:
+    """flat [sum of sizes] -> arrays shaped like `like` (views of one Split: no copies)."""
+    bounds, total = [], 0
+    for x in like[:-1]:
+        total += x.size
+        bounds.append(total)
+    return [part.reshape(x.shape) for part, x in zip(mx.split(flat, bounds), like, strict=True)]
+
+
+def flat_update(inner: Transform) -> Transform:
+    """`inner` (a chain whose optimizer state sits under "optim", as `apply_optimizer` keeps it)
+    run on one vector instead of leaf by leaf: gradients, parameters and the optimizer's
+    per-parameter moments are concatenated, updated by one pass of each elementwise step, and
+    split back. The state keeps its per-leaf layout (checkpoints are unchanged); the math is
+    the same elementwise, and the global norm is one sum instead of a sum of per-leaf sums.
+
+    Why: leaf by leaf, the finiteness check, the norm, clipping, the moments, the update and the
+    non-finite guard's select cost ~12 small kernels per leaf - on the H100, ~1.2 ms of the
+    MiniLM b128 step's ~16 (24 LoRA leaves) - where PyTorch's multi-tensor AdamW runs a handful.
+    Leaves of different dtypes (or a single leaf) take the leaf-by-leaf path."""
+
+    def update(grads, state, params, **extra):
+        named = tree_flatten(params)
+        paths, leaves = [p for p, _ in named], [x for _, x in named]
+        if len(leaves) < 2 or len({x.dtype for x in leaves}) > 1:
+            return inner.update(grads, state, params, **extra)
+        grad_of = dict(tree_flatten(grads))
+        opt = state["optim"]
+        scalars = {k: v for k, v in opt.items() if isinstance(v, mx.array)}
+        moments: dict[str, dict[str, mx.array]] = {}
+        for path, x in tree_flatten({k: v for k, v in opt.items() if k not in scalars}):
+            param, name = path.rsplit(".", 1)
+            moments.setdefault(name, {})[param] = x
+        flat_opt = {**scalars, FLAT: {name: _pack([by[p] for p in paths]) for name, by in moments.items()}}
+        new_p, new_state, info = inner.update({FLAT: _pack([grad_of[p] for p in paths])},
+                                              {**state, "optim": flat_opt}, {FLAT: _pack(leaves)}, **extra)
+        new_opt = new_state["optim"]
+        split = {name: _unpack(flat, leaves) for name, flat in new_opt[FLAT].items()}
+        moment_tree = tree_unflatten([(f"{p}.{name}", split[name][i]) for i, p in enumerate(paths) for name in split])
+        opt_tree = {k: new_opt[k] if k in scalars else moment_tree[k] for k in opt}  # the state's own order
+        return (tree_unflatten(list(zip(paths, _unpack(new_p[FLAT], leaves), strict=True))),
+                {**new_state, "optim": opt_tree}, info)
+
+    return Transform(inner.init, update, inner.name)
