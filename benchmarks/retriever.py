@@ -15,6 +15,10 @@ and reports their loss and gradient norm; a PyTorch row whose first loss / gradi
 checked loss differs from MLX's beyond TOLERANCE (fp32: 1e-4 / 1e-3 / 1e-3 relative; bf16:
 2e-2 / 5e-2 / 5e-2) is kept but marked "invalid": true and left out of the ratios. Every side
 runs the same number of untimed and timed steps, so `last_loss` is comparable too.
+Both sides are timed alike: each repeat queues its steps (or encodings) back to back and waits
+once at the end - PyTorch's CUDA launches return before the GPU finishes, and MLX's side queues
+each step with `mx.async_eval` - so on both the host prepares the next step while the GPU runs
+this one; the check steps read their loss each step.
 Samples/s count pairs (step) or documents (encode); tokens/s count padded tokens (the compute).
 MFU = counted model FLOPs (benchmarks.retriever_models.step_flops) / time / peak.
 
@@ -103,10 +107,10 @@ def run_mlx(name: str, batch: int, args) -> dict:
 
         def enc():
             b = batches[next(it) % len(batches)]
-            mx.eval(encode(base, b["doc_ids"][0], b["doc_mask"][0]))
+            mx.async_eval(encode(base, b["doc_ids"][0], b["doc_mask"][0]))
 
         mx.reset_peak_memory()
-        out["encode_s"] = _timed(enc, lambda: None, args.steps, args.repeats, 2)
+        out["encode_s"] = _timed(enc, mx.synchronize, args.steps, args.repeats, 2)
         out["encode_peak_bytes"] = mx.get_peak_memory()
 
     params = combine(base, adapters)
@@ -116,22 +120,26 @@ def run_mlx(name: str, batch: int, args) -> dict:
     state = {"params": params, "opt": init_state(opt, params), "n": 0}
 
     def one():
+        """One step queued, not waited for (as PyTorch's side: CUDA launches are asynchronous)."""
         n = state["n"]
-        state["params"], state["opt"], metrics = step(state["params"], state["opt"],
-                                                       batches[n % len(batches)], mx.array(n))
-        mx.eval(state["params"], state["opt"], metrics)
+        state["params"], state["opt"], state["metrics"] = step(state["params"], state["opt"],
+                                                                batches[n % len(batches)], mx.array(n))
+        mx.async_eval(state["params"], state["opt"], state["metrics"])
         state["n"] = n + 1
-        state["loss"], state["grad_norm"] = metrics["loss"].item(), metrics["grad_norm"].item()
 
-    out["check"] = _check(one, state, args.check_steps)
+    def checked():
+        one()
+        state["loss"], state["grad_norm"] = (state["metrics"][k].item() for k in ("loss", "grad_norm"))
+
+    out["check"] = _check(checked, state, args.check_steps)
     mx.reset_peak_memory()
-    out["step_s"] = _timed(one, lambda: None, args.steps, args.repeats, STEP_WARMUP)
+    out["step_s"] = _timed(one, mx.synchronize, args.steps, args.repeats, STEP_WARMUP)
     out["step_peak_bytes"] = mx.get_peak_memory()
     if getattr(args, "profile", 0):
         from benchmarks.kernel_profile import profile
 
-        out["kernel_profile"] = profile(one, args.profile, lambda: None)
-    out["last_loss"] = state["loss"]
+        out["kernel_profile"] = profile(one, args.profile, mx.synchronize)
+    out["last_loss"] = state["metrics"]["loss"].item()
     out["total_steps"] = state["n"]
     out["device"] = str(mx.default_device())
     return out
