@@ -147,20 +147,22 @@ def linear(layer: dict, x: mx.array, scale: float = 1.0, dropout: float = 0.0,
 @cache
 def _lora_gemm(scale: float, has_c: bool):
     """f(x [n, in], w [out, in], a [in, r], b [r, out][, c [n, out] | [out]]) =
-    (c +) x @ w.T + scale * (x @ a) @ b, as two GEMMs whose epilogues do the adds; its vjp
+    (c +) x @ w.T + (x @ a) @ (scale * b), as two GEMMs whose epilogues do the adds; its vjp
     gives x's gradient as g @ w + (scale * g @ b.T) @ a.T through one AddMM, so the base and
     LoRA paths meet in the epilogue instead of a separate [n, in] add. w's (and c's) gradients
     are lazy expressions, computed only if asked for (frozen bases never are)."""
 
+    # The scale multiplies b ([r, out]), not a [n, r] activation: one tiny kernel a layer, which
+    # the forward and the backward share under mx.compile, instead of two passes over [n, r].
     def forward(x, w, a, b, *c):
         y = mx.addmm(c[0], x, w.T) if has_c else x @ w.T
-        return mx.addmm(y, (x @ a) * scale, b)
+        return mx.addmm(y, x @ a, b * scale)
 
     def backward(primals, g, _output):
         x, w, a, b, *c = primals
-        z = (x @ a) * scale  # [n, r]: under mx.compile the forward's own (merged), else a rank-r GEMM
-        gz = (g @ b.T) * scale  # [n, r]
-        grads = [mx.addmm(g @ w, gz, a.T), g.T @ x, x.T @ gz, z.T @ g]
+        z = x @ a  # [n, r]: under mx.compile the forward's own (merged), else a rank-r GEMM
+        gz = g @ (b * scale).T  # [n, r]
+        grads = [mx.addmm(g @ w, gz, a.T), g.T @ x, x.T @ gz, (z.T @ g) * scale]
         if has_c:
             grads.append(g if c[0].ndim == 2 else g.sum(0))
         return tuple(grads)

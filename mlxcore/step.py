@@ -56,7 +56,7 @@ def accumulate(grad_fn: Callable, params: Tree, batch: Tree, keys: mx.array,
             total = map_leaves(mx.add, total, (loss, aux, grads))
         if eval_each:
             mx.eval(total)
-    return map_leaves(lambda x: x / k, total)
+    return total if k == 1 else map_leaves(lambda x: x / k, total)  # (/ 1 would be a kernel a leaf)
 
 
 def update_chain(optimizer: Optimizer, clip_norm: float = 1.0,

@@ -1,7 +1,8 @@
 """Queries, documents and negatives through one encoder pass (encoder.joint_token_embeddings, what
 the contrastive loss does on CUDA) give the separate passes' embeddings on real tokens and the same
 loss and LoRA gradients (float32: 1e-5 / 1e-4), for BERT and T5, padded batches, with and without
-a projection. The joint path is switched on here by standing in for the CUDA check."""
+a projection (the loss within 1e-4: the temperature magnifies). The joint path is switched on
+here by standing in for the CUDA check."""
 
 import types
 
@@ -86,7 +87,8 @@ def test_joint_pass_equals_separate_passes(joint_on, kind, lengths, projection, 
         assert len(joint_on) == (5 if negatives else 4)
     np.testing.assert_allclose(np.array(q1)[q_real], np.array(q0)[q_real], atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(np.array(d1)[d_real], np.array(d0)[d_real], atol=1e-5, rtol=1e-5)
-    np.testing.assert_allclose(float(loss1), float(loss0), atol=1e-5, rtol=1e-5)
+    # the loss divides scores by the temperature (0.05): 1e-5 on embeddings is ~2e-4 here on a GPU
+    np.testing.assert_allclose(float(loss1), float(loss0), atol=1e-4, rtol=1e-4)
     for (path, a), (_, b) in zip(flatten(g1).items(), flatten(g0).items(), strict=True):
         np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-4, rtol=1e-4, err_msg=path)
 
