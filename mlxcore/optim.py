@@ -9,6 +9,7 @@ MLX's; this module only makes it functional.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 from typing import NamedTuple
 
 import attrs
@@ -201,10 +202,7 @@ def _pack(leaves: list[mx.array]) -> mx.array:
 
 def _unpack(flat: mx.array, like: list[mx.array]) -> list[mx.array]:
     """flat [sum of sizes] -> arrays shaped like `like` (views of one Split: no copies)."""
-    bounds, total = [], 0
-    for x in like[:-1]:
-        total += x.size
-        bounds.append(total)
+    bounds = list(accumulate(x.size for x in like[:-1]))
     return [part.reshape(x.shape) for part, x in zip(mx.split(flat, bounds), like, strict=True)]
 
 
