@@ -148,9 +148,9 @@ def pack_sequences(h: mx.array, bias: mx.array) -> tuple[mx.array, mx.array]:
     per row - ([B/p, pT, D], block-diagonal [B/p, H|1, pT, pT]) - or unchanged when p is 1.
     Every op of an encoder layer but attention is per token, so the layers run on the packed
     rows as they are; `h.reshape(B, T, D)` unpacks."""
-    b, t, d = h.shape
+    b, t, _ = h.shape
     p = pack_factor(b, t)
-    return (h, bias) if p == 1 else (h.reshape(b // p, p * t, d), packed_bias(bias, p))
+    return (h, bias) if p == 1 else pack_to(h, bias, p * t)
 
 
 def pack_to(h: mx.array, bias: mx.array, length: int) -> tuple[mx.array, mx.array]:
@@ -159,8 +159,8 @@ def pack_to(h: mx.array, bias: mx.array, length: int) -> tuple[mx.array, mx.arra
     block-diagonal when several sequences share a row (`packed_bias`)."""
     b, t, d = h.shape
     p = length // t
-    full = mx.broadcast_to(bias, (b, bias.shape[1], t, t))
-    return h.reshape(b * t // length, length, d), (full if p == 1 else packed_bias(full, p))
+    packed = mx.broadcast_to(bias, (b, bias.shape[1], t, t)) if p == 1 else packed_bias(bias, p)
+    return h.reshape(b * t // length, length, d), packed
 
 
 def split_heads(x: mx.array, num_heads: int) -> mx.array:

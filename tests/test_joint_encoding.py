@@ -125,6 +125,6 @@ def test_block_diagonal_bias_is_what_keeps_sequences_apart(joint_on, monkeypatch
     di, dm, _ = _batch(rng, 8, 8)
     q1, _ = encoder.joint_token_embeddings(params, [(qi, qm), (di, dm)], spec)
     monkeypatch.setattr(t5, "packed_bias", lambda bias, p: mx.zeros((bias.shape[0] // p, bias.shape[1],
-                                                                      p * bias.shape[2], p * bias.shape[3])))
+                                                                      p * bias.shape[3], p * bias.shape[3])))
     q2, _ = encoder.joint_token_embeddings(params, [(qi, qm), (di, dm)], spec)
     assert not np.allclose(np.array(q1)[q_real], np.array(q2)[q_real], atol=1e-3)
