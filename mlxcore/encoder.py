@@ -60,10 +60,15 @@ def token_embeddings(params: dict, input_ids: mx.array, mask: mx.array, spec: En
     that `retrieval.maxsim` ignores through the mask.
     """
     encoder_key, projection_key = layer_keys(key, 2)
-    h = hidden_states(params, input_ids, mask, spec, encoder_key)
+    return _project_normalize(params, hidden_states(params, input_ids, mask, spec, encoder_key), spec,
+                              projection_key)
+
+
+def _project_normalize(params: dict, h: mx.array, spec: EncoderSpec, key: mx.array | None = None) -> mx.array:
+    """Hidden states [..., d_model] -> unit-norm embeddings [..., dim] (through the projection
+    when the params hold one); per token."""
     if "projection" in params:
-        h = quant.linear(params["projection"], h, spec.lora_scale, spec.lora_dropout,
-                         projection_key)
+        h = quant.linear(params["projection"], h, spec.lora_scale, spec.lora_dropout, key)
     return l2_normalize(h)
 
 
@@ -105,14 +110,11 @@ def joint_token_embeddings(params: dict, batches: list[tuple[mx.array, mx.array]
         h, bias = t5.pack_to(*module.embed(params, ids, mask, spec.model), length)
         rows.append(h)
         biases.append(bias)
-    heads = max(b.shape[1] for b in biases)
-    bias = mx.concatenate([mx.broadcast_to(b, (b.shape[0], heads, *b.shape[2:])) for b in biases])
-    h = module.blocks(params, mx.concatenate(rows), bias, spec.model, spec.lora_scale)
-    h = module.finish(params, h, spec.model)
-    if "projection" in params:
-        h = quant.linear(params["projection"], h, spec.lora_scale)
+    # every batch's bias has the model's own head axis (BERT's 1, T5's H): they concatenate as they are
+    h = module.blocks(params, mx.concatenate(rows), mx.concatenate(biases), spec.model, spec.lora_scale)
+    h = _project_normalize(params, module.finish(params, h, spec.model), spec)
     # one Split (whose vjp is one concatenate), not slices (each a zero-filled scatter back)
-    parts = mx.split(l2_normalize(h), list(accumulate(r.shape[0] for r in rows[:-1])))
+    parts = mx.split(h, list(accumulate(r.shape[0] for r in rows[:-1])))
     return [p.reshape(*ids.shape, p.shape[-1]) for p, (ids, _) in zip(parts, batches, strict=True)]
 
 
