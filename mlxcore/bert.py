@@ -154,8 +154,8 @@ def _layer(layer: dict, h: mx.array, bias: mx.array, cfg: BertConfig, scale: flo
     keys = layer_keys(key, 6)
     sa = layer["attention"]["self"]
     heads = cfg.num_attention_heads
-    q, k, v = (split_heads(quant.linear(sa[n], h, scale, dropout, kk), heads)
-               for n, kk in zip(("query", "key", "value"), keys[:3], strict=True))
+    q, k, v = (split_heads(y, heads) for y in quant.linears([sa[n] for n in ("query", "key", "value")],
+                                                            h, scale, dropout, keys[:3]))
     ctx = merge_heads(attention(q, k, v, bias, 1.0 / math.sqrt(q.shape[-1])))
     out = layer["attention"]["output"]
     h = _layer_norm(out["LayerNorm"], h + quant.linear(out["dense"], ctx, scale, dropout, keys[3]),

@@ -175,6 +175,16 @@ def linear(layer: dict, x: mx.array, scale: float = 1.0, dropout: float = 0.0,
     return y if residual is None else residual + y
 
 
+def linears(layers: list[dict], x: mx.array, scale: float = 1.0, dropout: float = 0.0,
+            keys: list[mx.array | None] | None = None) -> list[mx.array]:
+    """`linear` of several layers over one input x [..., in] (attention's q, k, v): one GEMM
+    where `lora.fusable` (`lora.shared_input_linears`), else a call per layer with its key."""
+    if lora.fusable(layers, dropout):
+        return lora.shared_input_linears(layers, x, scale)
+    keys = keys or [None] * len(layers)
+    return [linear(layer, x, scale, dropout, key) for layer, key in zip(layers, keys, strict=True)]
+
+
 def embed(layer: dict, ids: mx.array, dim: int) -> mx.array:
     """Rows of an embedding table {"weight": [vocab, dim]} (float or quantised) for int ids -> [..., dim].
 

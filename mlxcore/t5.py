@@ -193,8 +193,8 @@ def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float
     # rms_norm_residual: h's gradients through the residual and through the norm meet in the
     # norm's backward kernel; the residual add itself rides in the o / wo GEMM (`residual=`)
     h, x = norm.rms_norm_residual(h, att["layer_norm"]["weight"], cfg.layer_norm_epsilon)
-    q, k, v = (split_heads(quant.linear(sa[n], x, scale, dropout, kk), cfg.num_heads)
-               for n, kk in zip("qkv", keys[:3], strict=True))
+    q, k, v = (split_heads(y, cfg.num_heads)
+               for y in quant.linears([sa[n] for n in "qkv"], x, scale, dropout, keys[:3]))
     h = quant.linear(sa["o"], merge_heads(attention(q, k, v, bias, 1.0)), scale, dropout,
                      keys[3], residual=h)
     dense = ff["DenseReluDense"]
