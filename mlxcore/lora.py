@@ -176,9 +176,10 @@ def _lora_gemm(scale: float, has_c: bool):
 def fusable(layers: list[dict], dropout: float) -> bool:
     """Whether `shared_input_linears` runs `layers` as one GEMM: off the CPU (`fuse_epilogues`),
     no LoRA dropout, float weights of one dtype, and a bias on every layer or on none."""
-    return (fuse_epilogues() and dropout == 0.0 and len({l["weight"].dtype for l in layers}) == 1
-            and all(mx.issubdtype(l["weight"].dtype, mx.floating) for l in layers)
-            and len({"bias" in l for l in layers}) == 1)
+    weights = [layer["weight"] for layer in layers]
+    return (fuse_epilogues() and dropout == 0.0 and len({w.dtype for w in weights}) == 1
+            and mx.issubdtype(weights[0].dtype, mx.floating)
+            and len({"bias" in layer for layer in layers}) == 1)
 
 
 def shared_input_linears(layers: list[dict], x: mx.array, scale: float = 1.0) -> list[mx.array]:
