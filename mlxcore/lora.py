@@ -186,19 +186,20 @@ def shared_input_linears(layers: list[dict], x: mx.array, scale: float = 1.0) ->
     """Several linear layers of one input (attention's q, k, v) as one GEMM: x [..., in] ->
     one [..., out_i] per layer, each `linear(layer, x, scale)` (no dropout; see `fusable`).
 
-    Each adapter is merged into its weight for the step, W + scale * (A @ B).T (float32, then
-    the weights' dtype), the weights concatenated, and x multiplied once; the outputs are column
-    views of that one product, which attention reads with their strides (no copy). The vjp
-    (`_merged_gemm`) sums the input gradients through AddMM epilogues and takes each adapter's
-    gradients from its merged weight's, x.T @ g: one dense GEMM instead of the rank-r GEMMs'
-    passes over [n, in] and [n, out] (on the H100's t5-base b128 step, 36,864 tokens, those
-    were bandwidth-bound). At LoRA's usual token counts the dense GEMM is the cheaper.
+    Each adapter is merged into its weight for the step, W + scale * (A @ B).T (one AddMM), the
+    weights concatenated, and x multiplied once; the outputs are column views of that one
+    product, which attention reads with their strides (no copy). The vjp (`_merged_gemm`) sums
+    the input gradients through AddMM epilogues and takes each adapter's gradients from its
+    merged weight's, g.T @ x: one dense GEMM instead of the rank-r GEMMs' passes over [n, in]
+    and [n, out] (on the H100's t5-base b128 step, 36,864 tokens, those were bandwidth-bound).
+    As in `linear`, A and B enter in x's dtype and their gradients return in their own.
     """
     lead = x.shape[:-1]
     structure = tuple(("lora_a" in layer, "bias" in layer) for layer in layers)
     args = [x.reshape(-1, x.shape[-1])]
     for layer in layers:
-        args += [layer[k] for k in ("weight", *LORA_KEYS, "bias") if k in layer]
+        args += [layer[k].astype(x.dtype) if k in LORA_KEYS else layer[k]
+                 for k in ("weight", *LORA_KEYS, "bias") if k in layer]
     outs = _merged_gemm(float(scale), structure)(*args)
     return [y.reshape(*lead, y.shape[-1]) for y in outs]
 
@@ -219,20 +220,17 @@ def _merged_gemm(scale: float, structure: tuple[tuple[bool, bool], ...]):
             layers.append((w, a, b, bias))
         return layers
 
-    def merged_t(w, a, b):
-        """The weight the step multiplies by, transposed: [in, out] in w's dtype."""
-        if a is None:
-            return w.T
-        f32 = mx.float32
-        return (w.T.astype(f32) + scale * (a.astype(f32) @ b.astype(f32))).astype(w.dtype)
+    def merged(w, a, b):
+        """The weight the step multiplies by, [out, in]: w + scale * b.T @ a.T in one GEMM."""
+        return w if a is None else mx.addmm(w, b.T, a.T, alpha=scale)
 
     def forward(x, *params):
         layers = unpack(params)
-        w_cat = mx.concatenate([merged_t(w, a, b) for w, a, b, _ in layers], axis=1)
+        w_cat = mx.concatenate([merged(w, a, b) for w, a, b, _ in layers])
         if structure[0][1]:
-            y = mx.addmm(mx.concatenate([bias for *_, bias in layers]), x, w_cat)
+            y = mx.addmm(mx.concatenate([bias for *_, bias in layers]), x, w_cat.T)
         else:
-            y = x @ w_cat
+            y = x @ w_cat.T
         return tuple(mx.split(y, list(accumulate(w.shape[0] for w, *_ in layers[:-1])), axis=1))
 
     def backward(primals, cotangents, _outputs):
@@ -240,14 +238,12 @@ def _merged_gemm(scale: float, structure: tuple[tuple[bool, bool], ...]):
         layers = unpack(params)
         dx, grads = None, []
         for (w, a, b, bias), g in zip(layers, cotangents, strict=True):
-            w_t = merged_t(w, a, b)
-            dx = g @ w_t.T if dx is None else mx.addmm(dx, g, w_t.T)
-            dw_t = x.T @ g  # [in, out]; a frozen weight's gradient stays a lazy expression
-            grads.append(dw_t.T)
+            w_step = merged(w, a, b)
+            dx = g @ w_step if dx is None else mx.addmm(dx, g, w_step)
+            dw = g.T @ x  # [out, in]; a frozen weight's gradient stays a lazy expression
+            grads.append(dw)
             if a is not None:
-                dw32 = dw_t.astype(mx.float32)
-                grads += [(scale * (dw32 @ b.astype(mx.float32).T)).astype(a.dtype),
-                          (scale * (a.astype(mx.float32).T @ dw32)).astype(b.dtype)]
+                grads += [dw.T @ (b.T * scale), (dw @ (a * scale)).T]
             if bias is not None:
                 grads.append(g.sum(0))
         return (dx, *grads)
