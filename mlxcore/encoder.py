@@ -110,7 +110,7 @@ def joint_token_embeddings(params: dict, batches: list[tuple[mx.array, mx.array]
         h, bias = t5.pack_to(*module.embed(params, ids, mask, spec.model), length)
         rows.append(h)
         biases.append(bias)
-    # every batch's bias has the model's own head axis (BERT's 1, T5's H): they concatenate as they are
+    # every batch's bias is [rows, 1, length, length] (T5's blocks add the positions' heads once)
     h = module.blocks(params, mx.concatenate(rows), mx.concatenate(biases), spec.model, spec.lora_scale)
     h = _project_normalize(params, module.finish(params, h, spec.model), spec)
     # one Split (whose vjp is one concatenate), not slices (each a zero-filled scatter back)
