@@ -243,7 +243,7 @@ def _merged_gemm(scale: float, structure: tuple[tuple[bool, bool], ...]):
             dw = g.T @ x  # [out, in]; a frozen weight's gradient stays a lazy expression
             grads.append(dw)
             if a is not None:
-                grads += [dw.T @ (b.T * scale), (a * scale).T @ dw.T]  # both written row-major
+                grads += [dw.T @ (b.T * scale), (dw @ (a * scale)).T]
             if bias is not None:
                 grads.append(g.sum(0))
         return (dx, *grads)

@@ -20,7 +20,7 @@ from typing import ClassVar
 import attrs
 import mlx.core as mx
 
-from mlxcore import cuda_jit, norm, quant
+from mlxcore import bias_cuda, cuda_jit, norm, quant
 from mlxcore.hf_config import HFConfig, choice
 
 # Additive mask for padded keys: finite (not -inf) so an all-padding row gives a uniform softmax
@@ -226,7 +226,8 @@ def blocks(params: dict, h: mx.array, bias: mx.array, cfg: T5Config, lora_scale:
     packed and unpacked rows alike (off the diagonal the bias is NEG_INF either way).
     """
     table = params["encoder"]["block"][0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
-    bias = position_bias(table, h.shape[1], cfg).astype(h.dtype) + bias
+    pos = position_bias(table, h.shape[1], cfg).astype(h.dtype)
+    bias = bias_cuda.add_heads(pos, bias) if bias_cuda.usable(pos, bias) else pos + bias
     for block, block_key in zip(params["encoder"]["block"], layer_keys(key, cfg.num_layers), strict=True):
         # The dropout key is closed over, not an input: mx.checkpoint differentiates every
         # input, and random bits have no vjp.
