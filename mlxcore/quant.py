@@ -25,7 +25,7 @@ import re
 import attrs
 import mlx.core as mx
 
-from mlxcore import lora
+from mlxcore import lora, rows_cuda
 from mlxcore.tree import Tree, flatten, unflatten
 
 MODES = ("affine", "symmetric")
@@ -192,6 +192,8 @@ def embed(layer: dict, ids: mx.array, dim: int) -> mx.array:
     dequantised, so the float table never exists.
     """
     if not is_quantized(layer):
+        if rows_cuda.usable(layer["weight"], ids):
+            return rows_cuda.take_rows(layer["weight"], ids)
         return layer["weight"][ids]
     bits, group_size = layer_format(layer, dim)
     flat = ids.reshape(-1)
