@@ -108,3 +108,15 @@ def test_quant_linears_falls_back_per_layer(monkeypatch, dropout):
     want = [quant.linear(layer, x, 2.0, dropout, key) for layer, key in zip(layers, keys, strict=True)]
     for g, w in zip(got, want, strict=True):
         _close(g, w, 1e-5)
+
+
+@pytest.mark.parametrize("n, out_dim, in_dim", [(4096, 16, 16), (4100, 16, 16), (8192, 384, 130), (3000, 5, 7)])
+def test_weight_grad_in_token_chunks_equals_one_gemm(n, out_dim, in_dim):
+    """lora._weight_grad (a batch of token chunks, summed, where the GPU would be under-filled)
+    equals g.T @ x to float32 rounding; 4100 and 3000 tokens take the one-GEMM form."""
+    g = mx.random.normal((n, out_dim), key=mx.random.key(n))
+    x = mx.random.normal((n, in_dim), key=mx.random.key(n + 1))
+    want = g.T @ x
+    got = lora._weight_grad(g, x)
+    assert got.shape == (out_dim, in_dim)
+    _close(got / float(mx.abs(want).max()), want / float(mx.abs(want).max()), 1e-5)
