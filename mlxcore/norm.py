@@ -65,7 +65,7 @@ def _layer_norm(eps: float):
 def _rms_norm(eps: float, residual: bool):
     @mx.custom_function
     def f(x, w):
-        y = mx.fast.rms_norm(x, w, eps)
+        y = norm_cuda.rms_norm(x, w, eps) if norm_cuda.usable(x) else mx.fast.rms_norm(x, w, eps)
         return (x, y) if residual else y
 
     @f.vjp

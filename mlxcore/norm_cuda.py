@@ -1,4 +1,5 @@
-"""CUDA kernel for the input gradient of layer norm / RMS norm with a frozen weight.
+"""CUDA kernels for the input gradient of layer norm / RMS norm with a frozen weight, and for
+the RMS norm's forward (`rms_norm`: one warp a row, like the gradient's).
 
 One warp per row of x [rows, D]: the row's x, the incoming gradient g and the weight w are
 read once (up to 16 bytes per lane per load), the mean / variance (layer norm) or mean square
@@ -86,6 +87,38 @@ __device__ __forceinline__ void norm_vjp(const T* x, const T* g, const T* w, con
     *reinterpret_cast<Vec<T, V>*>(dx + base + col) = out;
   }
 }
+
+// y = x * rsqrt(mean(x^2) + eps) * w, one warp per row (the RMS norm's forward)
+template <typename T, int D, int V>
+__device__ __forceinline__ void rms_forward(const T* x, const T* w, T* y, int rows, int eps_bits) {
+  const float eps = __int_as_float(eps_bits);
+  constexpr int CHUNKS = D / (32 * V);
+  const int lane = threadIdx.x & 31;
+  const long row = (long(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (row >= rows) return;
+  const long base = row * D;
+  float xv[CHUNKS][V];
+  float sq = 0.f;
+  #pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const Vec<T, V> xa = *reinterpret_cast<const Vec<T, V>*>(x + base + (c * 32 + lane) * V);
+    #pragma unroll
+    for (int i = 0; i < V; ++i) {
+      xv[c][i] = to_f(xa.v[i]);
+      sq += xv[c][i] * xv[c][i];
+    }
+  }
+  const float rstd = rsqrtf(warp_sum(sq) / D + eps);
+  #pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    const int col = (c * 32 + lane) * V;
+    const Vec<T, V> wa = *reinterpret_cast<const Vec<T, V>*>(w + col);
+    Vec<T, V> out;
+    #pragma unroll
+    for (int i = 0; i < V; ++i) store(out.v[i], xv[c][i] * rstd * to_f(wa.v[i]));
+    *reinterpret_cast<Vec<T, V>*>(y + base + col) = out;
+  }
+}
 """
 
 _WARPS_PER_BLOCK = 4
@@ -115,6 +148,26 @@ def _entry(kind: str, d: int, dtype: mx.Dtype, extra: bool) -> tuple[str, str]:
     call = (f"norm_vjp<{t}, {d}, {v}, {'true' if kind == 'layer' else 'false'}, {'true' if extra else 'false'}>"
             f"(x, g, w, {'extra' if extra else 'nullptr'}, dx, rows, eps_bits);")
     return name, _SOURCE + f'extern "C" __global__ void {name}({params}) {{ {call} }}\n'
+
+
+@cache
+def _forward_entry(d: int, dtype: mx.Dtype) -> tuple[str, str]:
+    t, v = cuda_jit.STORAGE[dtype], _vector(d, dtype)
+    name = f"mlxcore_rms_forward_{t}_{d}_v{v}"
+    return name, _SOURCE + (f'extern "C" __global__ void {name}(const {t}* x, const {t}* w, {t}* y, int rows, '
+                            f"int eps_bits) {{ rms_forward<{t}, {d}, {v}>(x, w, y, rows, eps_bits); }}\n")
+
+
+def rms_norm(x: mx.array, w: mx.array, eps: float) -> mx.array:
+    """`mx.fast.rms_norm(x, w, eps)` forward only (callers give the vjp): x [..., D], w [D] ->
+    [..., D] in x's dtype. MLX's kernel runs D = 768 rows in 128-thread blocks, a quarter of
+    them idle (2.4 TB/s on the H100); here a warp reads a row in 16-byte loads."""
+    d = x.shape[-1]
+    rows = x.size // d
+    name, source = _forward_entry(d, x.dtype)
+    (y,) = cuda_jit.launch(name, source, [x.reshape(rows, d), w.astype(x.dtype)], [((rows, d), x.dtype)],
+                           [rows, cuda_jit.float_bits(eps)], threads=rows * 32, block=32 * _WARPS_PER_BLOCK)
+    return y.reshape(x.shape)
 
 
 def norm_vjp(kind: str, x: mx.array, w: mx.array, g: mx.array, eps: float,

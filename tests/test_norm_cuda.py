@@ -41,3 +41,23 @@ def test_kernel_matches_reference(kind, lead, d, with_extra, dtype, eps, compile
     scale = float(mx.abs(want).max())
     tol = 2e-5 if dtype == mx.float32 else 1e-2
     np.testing.assert_allclose(np.array(got.astype(mx.float32)), np.array(want), atol=tol * scale, rtol=tol)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([(1,), (3,), (4, 33)]), st.sampled_from([128, 384, 768, 1024]),
+       st.sampled_from([mx.float32, mx.bfloat16]), st.sampled_from([1e-12, 1e-6]), st.booleans(), st.integers(0, 999))
+def test_rms_forward_matches_mlx(lead, d, dtype, eps, compiled, seed):
+    """norm_cuda.rms_norm against mx.fast.rms_norm: float32 rounding, or one bf16 rounding."""
+    k = mx.random.split(mx.random.key(seed), 2)
+    x = (mx.random.normal((*lead, d), key=k[0]) * 2 + 0.5).astype(dtype)
+    w = mx.random.normal((d,), key=k[1]).astype(dtype)
+
+    def f(x, w):
+        return norm_cuda.rms_norm(x, w, eps)
+
+    got = (mx.compile(f) if compiled else f)(x, w)
+    want = mx.fast.rms_norm(x.astype(mx.float32), w.astype(mx.float32), eps)
+    assert got.shape == x.shape and got.dtype == dtype
+    tol = 1e-5 if dtype == mx.float32 else 1e-2
+    np.testing.assert_allclose(np.array(got.astype(mx.float32)), np.array(want),
+                               atol=tol * float(mx.abs(want).max()), rtol=tol)
