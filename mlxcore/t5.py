@@ -89,9 +89,8 @@ def relative_position_bucket(relative_position: mx.array, num_buckets: int,
 
 
 def position_bias(table: mx.array, length: int, cfg: T5Config) -> mx.array:
-    """Relative-attention bias [1, H, T, T] from block 0's table [num_buckets, H], row-contiguous
-    (gathered head-major: the add that broadcasts it over a batch then reads it in order; the
-    transposed gather ran that [B, H, T, T] add at a fifth of memory bandwidth on the H100)."""
+    """Relative-attention bias [1, H, T, T] from block 0's table [num_buckets, H], gathered
+    head-major (row-contiguous, as `bias_cuda.add_heads` reads it)."""
     positions = mx.arange(length, dtype=mx.int32)
     relative = positions[None, :] - positions[:, None]  # memory - query, [T, T]
     buckets = relative_position_bucket(relative, cfg.relative_attention_num_buckets,
