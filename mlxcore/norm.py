@@ -65,7 +65,9 @@ def _layer_norm(eps: float):
 def _rms_norm(eps: float, residual: bool):
     @mx.custom_function
     def f(x, w):
-        y = norm_cuda.rms_norm(x, w, eps) if norm_cuda.usable(x) else mx.fast.rms_norm(x, w, eps)
+        # ours writes x's dtype; MLX's promotes x with w, so a weight of another dtype goes there
+        y = (norm_cuda.rms_norm(x, w, eps) if norm_cuda.usable(x) and w.dtype == x.dtype
+             else mx.fast.rms_norm(x, w, eps))
         return (x, y) if residual else y
 
     @f.vjp
