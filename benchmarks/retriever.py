@@ -44,8 +44,11 @@ WARMUP_S: list[float] = []
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}  # dense bf16 datasheet (SXM)
 
 
-def _timed(fn, sync, steps: int, repeats: int, warmup: int) -> list[float]:
-    """Seconds per call of fn, one figure per repeat of `steps` calls, after warm-up."""
+def _timed(fn, sync, steps: int, repeats: int, warmup: int, host: list | None = None) -> list[float]:
+    """Seconds per call of fn, one figure per repeat of `steps` calls, after warm-up. `host`, if
+    given, gets per repeat the seconds per call until the last call returned, before the wait
+    for the device: the host's own cost of queueing a step (the step is host-bound where it is
+    the larger)."""
     start = time.perf_counter()
     for _ in range(warmup):
         fn()
@@ -56,6 +59,8 @@ def _timed(fn, sync, steps: int, repeats: int, warmup: int) -> list[float]:
         start = time.perf_counter()
         for _ in range(steps):
             fn()
+        if host is not None:
+            host.append((time.perf_counter() - start) / steps)
         sync()
         out.append((time.perf_counter() - start) / steps)
     return out
@@ -141,7 +146,8 @@ def run_mlx(name: str, batch: int, args) -> dict:
     out["check"] = _check(checked, state, args.check_steps)
     out["step_peak_bytes"] = mx.get_peak_memory()  # steps waited for one by one (queued ones hold more)
     mx.reset_peak_memory()
-    out["step_s"] = _timed(one, mx.synchronize, args.steps, args.repeats, STEP_WARMUP)
+    out["step_host_s"] = []
+    out["step_s"] = _timed(one, mx.synchronize, args.steps, args.repeats, STEP_WARMUP, out["step_host_s"])
     out["step_queued_peak_bytes"] = mx.get_peak_memory()
     if getattr(args, "profile", 0):
         from benchmarks.kernel_profile import profile
@@ -243,7 +249,8 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
     out["check"] = _check(checked, state, args.check_steps)
     if args.gpu:
         torch.cuda.reset_peak_memory_stats()
-    out["step_s"] = _timed(one, sync, args.steps, args.repeats, STEP_WARMUP)
+    out["step_host_s"] = []
+    out["step_s"] = _timed(one, sync, args.steps, args.repeats, STEP_WARMUP, out["step_host_s"])
     if args.gpu:
         out["step_peak_bytes"] = torch.cuda.max_memory_allocated()
         out["device"] = torch.cuda.get_device_name()

@@ -20,7 +20,7 @@ from typing import ClassVar
 import attrs
 import mlx.core as mx
 
-from mlxcore import bias_cuda, cuda_jit, norm, quant
+from mlxcore import bias_cuda, cuda_jit, norm, quant, relu_cuda
 from mlxcore.hf_config import HFConfig, choice
 
 # Additive mask for padded keys: finite (not -inf) so an all-padding row gives a uniform softmax
@@ -186,6 +186,11 @@ def gelu_new(x: mx.array) -> mx.array:
     return 0.5 * x * (1.0 + mx.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+def relu(x: mx.array) -> mx.array:
+    """max(x, 0); on MLX's CUDA build `relu_cuda`'s, whose backward reads a bitmask, not x."""
+    return relu_cuda.relu(x) if relu_cuda.usable(x) else mx.maximum(x, 0.0)
+
+
 def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float,
            dropout: float, key: mx.array | None) -> mx.array:
     att, ff = block["layer"]
@@ -204,7 +209,7 @@ def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float
         inner = (gelu_new(quant.linear(dense["wi_0"], x, scale, dropout, keys[4]))
                  * quant.linear(dense["wi_1"], x, scale, dropout, keys[6]))
     else:
-        inner = mx.maximum(quant.linear(dense["wi"], x, scale, dropout, keys[4]), 0.0)
+        inner = relu(quant.linear(dense["wi"], x, scale, dropout, keys[4]))
     return quant.linear(dense["wo"], inner, scale, dropout, keys[5], residual=h)
 
 
