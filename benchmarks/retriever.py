@@ -67,12 +67,15 @@ def _timed(fn, sync, steps: int, repeats: int, warmup: int, host: list | None = 
 
 
 def _data(name: str, batch: int, args) -> dict:
-    """The cycled batches as numpy (both sides draw the same rows in the same order)."""
+    """The cycled batches as numpy (both sides draw the same rows in the same order). Tiny
+    models get synthetic ids: the mined pairs' ids exceed their 512-token vocabulary."""
     from benchmarks import retriever_models as rm
 
-    if getattr(args, "synthetic", False):
-        return rm.synthetic_pairs(batch * args.distinct, rm.shape_config(name).vocab_size,
-                                  args.query_len, args.doc_len)
+    if getattr(args, "synthetic", False) or name in rm.TINY:
+        cfg = rm.shape_config(name)
+        doc_len = min(rm.DOC_LEN, getattr(cfg, "max_position_embeddings", rm.DOC_LEN))
+        return rm.synthetic_pairs(batch * args.distinct, cfg.vocab_size, getattr(args, "query_len", rm.QUERY_LEN),
+                                  getattr(args, "doc_len", doc_len))
     return rm.pair_batches(batch * args.distinct)
 
 

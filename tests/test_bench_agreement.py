@@ -117,3 +117,13 @@ def test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged():
     assert check[0] == pytest.approx(check[1]) and check[-1] != pytest.approx(check[0], abs=1e-7)  # lr 0, then > 0
     assert runs["torch_compile"]["invalid"] and "grad_norm" in runs["torch_compile"]["agreement"]["reason"]
     assert list(rs.ratios(runs)) == ["mlx_over_torch"]
+
+
+@pytest.mark.parametrize("name", sorted(rm.TINY))
+def test_tiny_models_get_ids_their_vocabulary_has(name):
+    """From the command line (no --synthetic), a tiny model must not be fed the mined pairs:
+    their ids pass its 512-token vocabulary, which MLX's CPU gather reads out of bounds."""
+    cfg = rm.shape_config(name)
+    data = bench._data(name, BATCH, argparse.Namespace(distinct=2))
+    assert all(data[k].max() < cfg.vocab_size for k in ("query_ids", "doc_ids"))
+    assert data["doc_ids"].shape[1] <= getattr(cfg, "max_position_embeddings", rm.DOC_LEN)
