@@ -249,6 +249,7 @@ def targets() -> list[str]:
         ("H100 retriever step t5-base b128 vs PyTorch eager", _ratio(h, "t5-base", 128, "step", "torch"), 1.5),
         ("H100 retriever step t5-base b128 vs torch.compile", _ratio(h, "t5-base", 128, "step", "torch_compile"), 1.0),
         ("H100 retriever step t5-base b128 MFU", _mfu(h, "t5-base", 128), 0.35),
+        ("H100 retriever step t5-base b128 MFU, the issue's second goal", _mfu(h, "t5-base", 128), 0.45),
         ("H100 retriever step minilm b128 vs torch.compile (agreement-checked run)",
          _ratio(checked, "minilm", 128, "step", "torch_compile"), 1.0),
         ("H100 encoding t5-base b128 vs PyTorch SDPA", _ratio(h, "t5-base", 128, "encode", "torch"), 1.0),
@@ -271,7 +272,8 @@ def targets() -> list[str]:
         short = None if val is None else (1 - val / goal) * 100
         status = ("not measured" if val is None else "reached" if val >= goal
                   else f"missed by {short:.2g}% (parity)" if short < 1 else f"missed by {short:.0f}%")
-        out.append(f"| {name} | {fmt(val, 2) if val is not None else '-'} | {goal} | {status} |")
+        digits = 3 if goal < 1 else 2  # shares (MFU 0.355) need the third digit
+        out.append(f"| {name} | {fmt(val, digits) if val is not None else '-'} | {goal} | {status} |")
     return out + [""]
 
 
