@@ -1,15 +1,17 @@
 """CUDA kernels for a ReLU whose backward reads one bit per element instead of the activation.
 
 T5's feed-forward ReLU runs on [tokens, d_ff] (t5-base b128: 36,864 x 3,072 bfloat16, 226 MB).
-MLX's forward `maximum(x, 0)` reads x and writes y; its backward `g * (x > 0)` reads g and x
-and writes the input gradient: 678 MB a layer, 2.7 ms of the H100 step over 12 layers, at
-memory bandwidth. Here the forward also writes the sign bits (x > 0), eight to a byte (1/16 of
-x), and the backward reads those in place of x: 466 MB. The activation x need not outlive the
-forward either (the frozen `wo` needs no weight gradient), which frees 226 MB a layer.
+MLX's forward `maximum(x, 0)` reads x and writes y (452 MB a layer); its backward
+`g * (x > 0)` reads g and x and writes the input gradient (678 MB): 1.8 + 2.7 ms of the H100
+step over 12 layers, at memory bandwidth. Here the forward also writes the sign bits (x > 0),
+eight to a byte (1/16 of x), and the backward reads those in place of x (466 MB): 1.87 + 1.86
+ms (benchmarks/results/h100/session12/1_*). The activation x need not outlive the forward either
+(the frozen `wo` needs no weight gradient), which frees 226 MB a layer.
 
-Values are MLX's bit for bit: y = x where x > 0 or x is NaN (MLX's maximum propagates NaN),
-+0 elsewhere; dx = g * (x > 0) as a float multiply (so -0 and NaN products as MLX's). Each
-thread handles 8 elements. Launched by `mlxcore.cuda_jit`: MLX's CUDA build only (`usable`).
+Values are MLX's bit for bit, except a NaN's payload: y = x where x > 0, NaN where x is NaN (as
+MLX's maximum), +0 elsewhere; dx = g * (x > 0) as a float multiply (so -0 and NaN products as
+MLX's). Each thread handles 8 elements. Launched by `mlxcore.cuda_jit`: MLX's CUDA build only
+(`usable`).
 """
 
 from __future__ import annotations
