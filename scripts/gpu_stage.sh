@@ -20,14 +20,15 @@
 # Each call stashes its folder's parts in /tmp/gpu-stage and installs whatever is complete, so
 # work that needs only MLX + MiniLM can run from the fourth call on, RLAIF from the sixth. The
 # working tree travels with every call and counts toward the 64 MiB: MLX's parts (~38 MB each)
-# leave room for it, a model part beside them no longer did (session 11: tree 8 MB).
+# leave room for it, a model part beside them no longer did (session 11: tree 8 MB), and a
+# 58 MB part 4 no longer fit beside the 12 MB tree of session 12, hence 45 MB.
 # Whatever a run needs beyond the tree (a script under .gpu/run, 4.6 MB) fits beside .gpu/f.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PART_A=${PART_A:-22}  # MB of the model tar in .gpu/f (parts 1 and 2, alone in their call)
 PART_B=${PART_B:-21}
 PART_C=${PART_C:-41}  # beside the extras (~11 MB)
-PART_D=${PART_D:-58}
+PART_D=${PART_D:-45}  # the rest (~40 MB) in .gpu/e: each beside a 12 MB tree
 
 bash ../shared/gpu/prepare-mlx-cuda.sh cattrs
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
