@@ -69,7 +69,9 @@ def _mlx_gemm(g: dict, mx):
     w = (mx.random.normal((g["n"], g["k"]) if g["layout"] == "nt" else (g["k"], g["n"])) * 0.03).astype(mx.bfloat16)
     mx.eval(a, w)
     wt = w.T if g["layout"] == "nt" else w
-    return a, w, (lambda: mx.eval([a @ wt for _ in range(g["count"])]))
+    # one eval per GEMM: calls queued together run as parallel branches of MLX's CUDA graph, and
+    # overlapping kernels' durations would add up to more than the GPU spent
+    return a, w, (lambda: [mx.eval(a @ wt) for _ in range(g["count"])])
 
 
 def _torch_gemm(a_np, w_np, g: dict, torch):
@@ -171,7 +173,7 @@ def _attention_rows(shape: dict, rng, steps: int) -> list[dict]:
         try:
             if variant == "bias_full":
                 ref = [np.array(x.astype(mx.float32)) for x in mlx_step(mask)]
-            _time(row, lambda mask=mask: mx.eval([mlx_step(mask) for _ in range(count)]), mx.synchronize, steps)
+            _time(row, lambda mask=mask: [mx.eval(mlx_step(mask)) for _ in range(count)], mx.synchronize, steps)
         except Exception as e:  # noqa: BLE001 - a variant MLX cannot run is recorded, not fatal
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         print(row["name"], variant, row.get("s"), row.get("error", ""), flush=True)
@@ -183,7 +185,7 @@ def _attention_rows(shape: dict, rng, steps: int) -> list[dict]:
                "computes_step": with_bias}
         try:
             if with_bias and ref is not None:
-                got = [x.float().cpu().numpy() for x in torch_step(backend, mask)]
+                got = [x.detach().float().cpu().numpy() for x in torch_step(backend, mask)]
                 row["agreement"] = max(_agree(g, r) for g, r in zip(got, ref, strict=True))
             _time(row, lambda b=backend, m=mask: [torch_step(b, m) for _ in range(count)],
                   torch.cuda.synchronize, steps)

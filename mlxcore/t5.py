@@ -20,7 +20,7 @@ from typing import ClassVar
 import attrs
 import mlx.core as mx
 
-from mlxcore import bias_cuda, cuda_jit, norm, quant, relu_cuda
+from mlxcore import bias_cuda, cuda_jit, ffn_cuda, norm, quant, relu_cuda
 from mlxcore.hf_config import HFConfig, choice
 
 # Additive mask for padded keys: finite (not -inf) so an all-padding row gives a uniform softmax
@@ -208,6 +208,8 @@ def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float
     if cfg.feed_forward_proj == "gated-gelu":
         inner = (gelu_new(quant.linear(dense["wi_0"], x, scale, dropout, keys[4]))
                  * quant.linear(dense["wi_1"], x, scale, dropout, keys[6]))
+    elif ffn_cuda.usable(dense["wi"], dense["wo"], x, dropout):  # the ReLU in the GEMMs' epilogues
+        return ffn_cuda.relu_ffn(x, dense["wi"]["weight"], dense["wo"]["weight"], h)
     else:
         inner = relu(quant.linear(dense["wi"], x, scale, dropout, keys[4]))
     return quant.linear(dense["wo"], inner, scale, dropout, keys[5], residual=h)

@@ -1,0 +1,32 @@
+"""An optional compiled extension for MLX's CUDA build: cuBLASLt GEMMs with ReLU epilogues.
+
+`gemm_epilogue.cpp` defines two MLX primitives (`matmul_relu_aux`, `matmul_drelu`) that
+`mlxcore.ffn_cuda` pairs into T5's ReLU feed-forward. Build it once on a machine with MLX's CUDA
+build, the CUDA toolkit, CMake and nanobind (`pip install nanobind==2.13.0`, MLX 0.32's):
+
+    python -m mlxcore.cuda_ext          # -> mlxcore/cuda_ext/_gemm_epilogue.*.so
+
+Without it (or with MLXCORE_GEMM_EPILOGUE=0) everything runs as before: `load()` is None.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+
+@cache
+def load():
+    """The built extension module, or None: not built, not MLX's CUDA build, or switched off by
+    MLXCORE_GEMM_EPILOGUE=0 (read once per process)."""
+    if os.environ.get("MLXCORE_GEMM_EPILOGUE", "1") == "0":
+        return None
+    from mlxcore import cuda_jit
+
+    if not cuda_jit.on_cuda():
+        return None
+    try:
+        from mlxcore.cuda_ext import _gemm_epilogue
+    except ImportError:
+        return None
+    return _gemm_epilogue
