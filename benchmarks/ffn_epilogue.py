@@ -19,6 +19,7 @@ def run(steps: int) -> list[dict]:
     import mlx.core as mx
     import numpy as np
 
+    import mlxio  # noqa: F401  (registers the kernel compiler: the composed side's relu_cuda)
     from benchmarks.kernel_profile import profile
     from mlxcore import cuda_ext, ffn_cuda, lora, t5
 
