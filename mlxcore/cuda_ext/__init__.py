@@ -2,7 +2,7 @@
 
 `gemm_epilogue.cpp` defines two MLX primitives (`matmul_relu_aux`, `matmul_drelu`) that
 `mlxcore.ffn_cuda` pairs into T5's ReLU feed-forward. Build it once on a machine with MLX's CUDA
-build, the CUDA toolkit, CMake and nanobind (`pip install nanobind==2.13.0`, MLX 0.32's):
+build, the CUDA toolkit, CMake, fmt's headers and nanobind 3.0 (`pip install "nanobind>=3.0,<3.2"`, MLX 0.32.4's ABI):
 
     python -m mlxcore.cuda_ext          # -> mlxcore/cuda_ext/_gemm_epilogue.*.so
 

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import nanobind  # noqa: F401
     except ImportError:
-        print("mlxcore.cuda_ext: nanobind not found; pip install nanobind==2.13.0", file=sys.stderr)
+        print('mlxcore.cuda_ext: nanobind not found; pip install "nanobind>=3.0,<3.2" (the ABI of MLX 0.32.4)', file=sys.stderr)
         return 2
     build = Path(args.build_dir or tempfile.mkdtemp(prefix="mlxcore-cuda-ext-"))
     cuda = "/usr/local/cuda" if Path("/usr/local/cuda").exists() else None
