@@ -16,6 +16,8 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -129,6 +131,11 @@ class EpilogueMatmul : public mx::Primitive {
         (drelu_ && !inputs[2].flags().row_contiguous)) {
       throw std::runtime_error("[gemm_epilogue] inputs must be row-contiguous");
     }
+    for (auto& in : inputs) {
+      if (reinterpret_cast<uintptr_t>(mx::gpu_ptr<void>(in)) % 16 != 0) {
+        throw std::runtime_error("[gemm_epilogue] inputs must be 16-byte aligned (a sliced view is not)");
+      }
+    }
     auto& encoder = mx::cu::get_command_encoder(stream());
     int64_t m = a.shape(0), k = a.shape(1), n = outputs[0].shape(1);
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -141,8 +148,11 @@ class EpilogueMatmul : public mx::Primitive {
           "AUX_POINTER");
     void* workspace = nullptr;
     if (p.workspace > 0) {
-      mx::array ws({int(p.workspace)}, mx::uint8, nullptr, {});
-      ws.set_data(mx::allocator::malloc(p.workspace));
+      // at least a page: MLX serves a few bytes from a pool with 8-byte alignment, and
+      // cuBLASLt wants its workspace 256-byte aligned
+      int bytes = int(std::max<size_t>(p.workspace, 4096));
+      mx::array ws({bytes}, mx::uint8, nullptr, {});
+      ws.set_data(mx::allocator::malloc(bytes));
       encoder.add_temporary(ws);
       workspace = mx::gpu_ptr<void>(ws);
     }
