@@ -88,3 +88,15 @@ def test_usable_only_for_plain_weights():
     assert not ffn_cuda.usable(wi, wo, x, dropout=0.1)
     assert not ffn_cuda.usable(wi, wo, x.astype(mx.float32))
     assert not ffn_cuda.usable({"weight": mx.zeros((200, 64), mx.bfloat16)}, {"weight": mx.zeros((64, 200), mx.bfloat16)}, x)
+
+
+def test_t5_base_shapes_queued_together():
+    """A workspace-using GEMM (t5-base's FFN at 4,096 tokens), several queued in one eval."""
+    rng = np.random.default_rng(1)
+    x = mx.array(rng.normal(size=(4096, 768)).astype(np.float32)).astype(mx.bfloat16)
+    wi = mx.array(rng.normal(size=(3072, 768)).astype(np.float32) / 28).astype(mx.bfloat16)
+    wo = mx.array(rng.normal(size=(768, 3072)).astype(np.float32) / 55).astype(mx.bfloat16)
+    outs = [mx.grad(lambda x: ffn_cuda.relu_ffn(x, wi, wo, x).astype(mx.float32).sum())(x + i) for i in range(3)]
+    mx.eval(outs)
+    want = mx.grad(lambda x: reference(x, wi, wo, x).sum())((x + 2).astype(mx.float32))
+    assert rel_err(outs[2], want) < TOL[mx.bfloat16]
