@@ -87,10 +87,15 @@ def _relu(x: mx.array) -> tuple[mx.array, mx.array]:
 
 @_relu.vjp
 def _relu_vjp(x, cotangents, outputs):
-    g, bits = cotangents[0], outputs[1]  # one primal comes as the array itself
-    vectors = x.size // 8
-    _, backward, source = _entries(x.dtype)
-    (dx,) = cuda_jit.launch(backward, source, [g.astype(x.dtype), bits], [(x.shape, x.dtype)], [vectors],
+    return masked_grad(cotangents[0].astype(x.dtype), outputs[1])  # one primal comes as the array itself
+
+
+def masked_grad(g: mx.array, bits: mx.array) -> mx.array:
+    """g * (bit set) for g [..., F] (`usable`) and its sign bits [g.size / 8] or [..., F / 8]
+    uint8, element 8 v + i in bit i of byte v (`relu`'s, and cuBLASLt's RELU_AUX bitmask)."""
+    vectors = g.size // 8
+    _, backward, source = _entries(g.dtype)
+    (dx,) = cuda_jit.launch(backward, source, [g, bits.reshape(-1)], [(g.shape, g.dtype)], [vectors],
                             threads=vectors, block=_BLOCK)
     return dx
 

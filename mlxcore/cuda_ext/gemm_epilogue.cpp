@@ -72,10 +72,10 @@ cublasLtHandle_t handle() {
 
 std::mutex plans_mutex;
 
-Plan& plan(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, bool drelu, void* aux) {
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool>;
+Plan& plan(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, bool drelu, bool w_t, void* aux) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, bool>;
   static std::map<Key, Plan> plans;
-  Key key{m, n, k, int(cuda_type(dtype)), drelu};
+  Key key{m, n, k, int(cuda_type(dtype)), drelu, w_t};
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   Plan p;
@@ -84,17 +84,17 @@ Plan& plan(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, bool drelu, void* a
   // Row-major out [M, N] is column-major [N, M] = W' [N, K] x A' [K, M], where A' is a row-major
   // [M, K] read column-major (no transpose) and W' is w: row-major [N, K] (forward, read
   // transposed) or [K, N] (backward, not).
-  cublasOperation_t op_w = drelu ? CUBLAS_OP_N : CUBLAS_OP_T;
+  cublasOperation_t op_w = w_t ? CUBLAS_OP_T : CUBLAS_OP_N;
   check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)), "TRANSA");
   cublasLtEpilogue_t epilogue = drelu ? CUBLASLT_EPILOGUE_DRELU : CUBLASLT_EPILOGUE_RELU_AUX;
   check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "EPILOGUE");
   int64_t aux_ld = n;
   check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)), "AUX_LD");
   check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)), "AUX_POINTER");
-  if (drelu) {
-    check(cublasLtMatrixLayoutCreate(&p.w, type, n, k, n), "layout w");
-  } else {
+  if (w_t) {
     check(cublasLtMatrixLayoutCreate(&p.w, type, k, n, k), "layout w");
+  } else {
+    check(cublasLtMatrixLayoutCreate(&p.w, type, n, k, n), "layout w");
   }
   check(cublasLtMatrixLayoutCreate(&p.a, type, k, m, k), "layout a");
   check(cublasLtMatrixLayoutCreate(&p.d, type, n, m, n), "layout d");
@@ -118,7 +118,7 @@ Plan& plan(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, bool drelu, void* a
 
 class EpilogueMatmul : public mx::Primitive {
  public:
-  EpilogueMatmul(mx::Stream stream, bool drelu) : mx::Primitive(stream), drelu_(drelu) {}
+  EpilogueMatmul(mx::Stream stream, bool drelu, bool w_t) : mx::Primitive(stream), drelu_(drelu), w_t_(w_t) {}
 
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("[gemm_epilogue] runs on MLX's CUDA build only");
@@ -143,7 +143,7 @@ class EpilogueMatmul : public mx::Primitive {
     for (auto& in : inputs) encoder.set_input_array(in);
     for (auto& out : outputs) encoder.set_output_array(out);
     std::lock_guard<std::mutex> lock(plans_mutex);
-    Plan& p = plan(m, n, k, a.dtype(), drelu_, aux);
+    Plan& p = plan(m, n, k, a.dtype(), drelu_, w_t_, aux);
     check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
           "AUX_POINTER");
     void* workspace = nullptr;
@@ -168,11 +168,12 @@ class EpilogueMatmul : public mx::Primitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto* o = dynamic_cast<const EpilogueMatmul*>(&other);
-    return o != nullptr && o->drelu_ == drelu_;
+    return o != nullptr && o->drelu_ == drelu_ && o->w_t_ == w_t_;
   }
 
  private:
   bool drelu_;
+  bool w_t_;  // w is [N, K] (the product is a @ w^T), else [K, N]
 };
 
 void check_args(const mx::array& a, const mx::array& w, int64_t k, int64_t n, const char* fn) {
@@ -188,18 +189,19 @@ std::vector<mx::array> matmul_relu_aux(const mx::array& a, const mx::array& w) {
   int m = a.shape(0), n = w.shape(0);
   auto s = mx::default_stream(mx::default_device());
   return mx::array::make_arrays({{m, n}, {m, n / 8}}, {a.dtype(), mx::uint8},
-                                std::make_shared<EpilogueMatmul>(s, false),
+                                std::make_shared<EpilogueMatmul>(s, false, true),
                                 {mx::contiguous(a, false, s), mx::contiguous(w, false, s)});
 }
 
-mx::array matmul_drelu(const mx::array& g, const mx::array& w, const mx::array& bits) {
-  check_args(g, w, w.shape(0), w.shape(1), "matmul_drelu");
-  int m = g.shape(0), n = w.shape(1);
+mx::array matmul_drelu(const mx::array& g, const mx::array& w, const mx::array& bits, bool transposed) {
+  int64_t k = transposed ? w.shape(1) : w.shape(0), n = transposed ? w.shape(0) : w.shape(1);
+  check_args(g, w, k, n, "matmul_drelu");
+  int m = g.shape(0);
   if (bits.dtype() != mx::uint8 || bits.ndim() != 2 || bits.shape(0) != m || bits.shape(1) != n / 8) {
     throw std::invalid_argument("matmul_drelu: bits must be uint8 [M, N / 8] from matmul_relu_aux");
   }
   auto s = mx::default_stream(mx::default_device());
-  return mx::array({m, n}, g.dtype(), std::make_shared<EpilogueMatmul>(s, true),
+  return mx::array({m, n}, g.dtype(), std::make_shared<EpilogueMatmul>(s, true, transposed),
                    {mx::contiguous(g, false, s), mx::contiguous(w, false, s), mx::contiguous(bits, false, s)});
 }
 
@@ -209,6 +211,6 @@ NB_MODULE(_gemm_epilogue, m) {
   m.doc() = "cuBLASLt GEMMs with ReLU epilogues as MLX primitives (MLX's CUDA build)";
   m.def("matmul_relu_aux", &matmul_relu_aux, nb::arg("a"), nb::arg("w"),
         "[relu(a @ w.T), sign bits [M, N / 8] uint8] for a [M, K], w [N, K]");
-  m.def("matmul_drelu", &matmul_drelu, nb::arg("g"), nb::arg("w"), nb::arg("bits"),
-        "(g @ w) * (bits set) for g [M, K], w [K, N] and matmul_relu_aux's bits");
+  m.def("matmul_drelu", &matmul_drelu, nb::arg("g"), nb::arg("w"), nb::arg("bits"), nb::arg("transposed") = false,
+        "(g @ w) * (bits set) for g [M, K], w [K, N] (transposed: g @ w.T, w [N, K]) and matmul_relu_aux's bits");
 }
