@@ -1,6 +1,7 @@
-"""T5's ReLU feed-forward, forward + input gradient, with the ReLU in cuBLASLt's epilogues
-(`mlxcore.ffn_cuda`) against the path it replaces (MLX GEMMs + `relu_cuda`'s bit-mask ReLU), at
-the t5-base b128 step's shapes, on MLX's CUDA build with the compiled `mlxcore.cuda_ext`.
+"""T5's ReLU feed-forward, forward + input gradient, with the ReLU in the wi GEMM's cuBLASLt
+epilogue (`mlxcore.ffn_cuda`) against the path it replaces (MLX's GEMMs + `relu_cuda`'s bit-mask
+ReLU; both share that backward), at the t5-base b128 step's shapes, on MLX's CUDA build with the
+compiled `mlxcore.cuda_ext`.
 
 Both sides compute the same function of the same bfloat16 inputs (their agreement is recorded
 before timing); the time is the kernels' device time per step (12 layers, `kernel_profile`).

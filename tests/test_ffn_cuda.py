@@ -1,8 +1,8 @@
 """mlxcore.ffn_cuda (CUDA build with the compiled mlxcore.cuda_ext only) against the composition it
 replaces, residual + maximum(x @ wi.T, 0) @ wo.T: values and every gradient (x, wi, wo, residual),
-eager and compiled, within GEMM rounding (the fused GEMMs may pick other cuBLASLt kernels: a
-float32 reference of the same inputs bounds both). Plus the extension's argument checks and
-t5's use of it."""
+eager and compiled, within GEMM rounding (the fused GEMM may pick another cuBLASLt kernel: a
+float32 reference of the same inputs bounds both), and the sign bits exactly. Plus the
+extension's argument checks and `usable`."""
 
 import mlx.core as mx
 import numpy as np
@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import mlxio  # noqa: F401  (registers the kernel compiler: relu_cuda's backward)
 from mlxcore import cuda_ext, ffn_cuda
 
 pytestmark = pytest.mark.skipif(cuda_ext.load() is None, reason="needs the built mlxcore.cuda_ext (CUDA)")
@@ -76,8 +77,6 @@ def test_argument_errors_name_the_problem():
         ext.matmul_relu_aux(x, mx.zeros((128, 16)))
     with pytest.raises(ValueError, match="share a dtype"):
         ext.matmul_relu_aux(x, mx.zeros((128, 32), mx.bfloat16))
-    with pytest.raises(ValueError, match="bits must be"):
-        ext.matmul_drelu(mx.zeros((4, 32)), mx.zeros((32, 128)), mx.zeros((4, 8), mx.uint8))
 
 
 def test_usable_only_for_plain_weights():
@@ -87,6 +86,7 @@ def test_usable_only_for_plain_weights():
     assert not ffn_cuda.usable({**wi, "lora_a": mx.zeros((64, 8))}, wo, x)
     assert not ffn_cuda.usable(wi, wo, x, dropout=0.1)
     assert not ffn_cuda.usable(wi, wo, x.astype(mx.float32))
+    assert not ffn_cuda.usable(wi, wo, x.astype(mx.float16))  # relu_cuda stores bfloat16 / float32
     assert not ffn_cuda.usable({"weight": mx.zeros((200, 64), mx.bfloat16)}, {"weight": mx.zeros((64, 200), mx.bfloat16)}, x)
 
 

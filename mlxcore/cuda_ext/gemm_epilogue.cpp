@@ -1,14 +1,15 @@
-// GEMMs whose cuBLASLt epilogue applies a ReLU (writing its sign bits) or the ReLU's gradient
-// (reading them), as MLX primitives for MLX's CUDA build.
+// A GEMM whose cuBLASLt epilogue applies a ReLU and writes its sign bits, as an MLX primitive
+// for MLX's CUDA build:
 //
 //   matmul_relu_aux(a [M, K], w [N, K]) -> [relu(a @ w^T) [M, N], bits [M, N / 8] uint8]
-//   matmul_drelu(g [M, K], w [K, N], bits) -> (g @ w) * (bits set) [M, N]
 //
-// T5's feed-forward is wo(relu(wi(x))): the forward's wi GEMM writes relu(.) and the bits in one
-// pass, and the backward's g @ wo GEMM writes the pre-activation gradient directly, so neither
-// ReLU pass exists (`mlxcore.ffn_cuda` pairs them under an mx.custom_function). The bits are
-// cuBLASLt's (CUBLASLT_EPILOGUE_RELU_AUX): one per element of the column-major N x M result,
-// i.e. row-major [M, N] with 8 per byte, N a multiple of 128.
+// T5's feed-forward is wo(relu(wi(x))): its wi GEMM writes relu(.) and the bits in one pass, in
+// place of a GEMM and a ReLU kernel (`mlxcore.ffn_cuda`). The bits are cuBLASLt's
+// (CUBLASLT_EPILOGUE_RELU_AUX): one per element of the column-major N x M result, i.e.
+// row-major [M, N] with element 8 v + i in bit i of byte v, N a multiple of 128 - the layout of
+// `mlxcore.relu_cuda`'s bits, whose backward kernel reads them. (cuBLASLt's DRELU epilogue for
+// the backward GEMM was measured and dropped: on the H100 it runs as a separate 640 us kernel
+// after the GEMM, against 138 us for relu_cuda's; benchmarks/results/h100/session13.)
 //
 // Only MLX's exported CUDA API is used: the stream's command encoder (inputs, outputs, graph
 // capture) and its allocator. Outputs and workspace come from `allocator::malloc`.
@@ -72,30 +73,25 @@ cublasLtHandle_t handle() {
 
 std::mutex plans_mutex;
 
-Plan& plan(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, bool drelu, bool w_t, void* aux) {
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, bool, bool>;
+Plan& plan(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, void* aux) {
+  using Key = std::tuple<int64_t, int64_t, int64_t, int>;
   static std::map<Key, Plan> plans;
-  Key key{m, n, k, int(cuda_type(dtype)), drelu, w_t};
+  Key key{m, n, k, int(cuda_type(dtype))};
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   Plan p;
   auto type = cuda_type(dtype);
   check(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
-  // Row-major out [M, N] is column-major [N, M] = W' [N, K] x A' [K, M], where A' is a row-major
-  // [M, K] read column-major (no transpose) and W' is w: row-major [N, K] (forward, read
-  // transposed) or [K, N] (backward, not).
-  cublasOperation_t op_w = w_t ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // Row-major out [M, N] is column-major [N, M] = W' [N, K] x A' [K, M]: A' is a row-major
+  // [M, K] read column-major (no transpose), W' the row-major [N, K] w read transposed.
+  cublasOperation_t op_w = CUBLAS_OP_T;
   check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)), "TRANSA");
-  cublasLtEpilogue_t epilogue = drelu ? CUBLASLT_EPILOGUE_DRELU : CUBLASLT_EPILOGUE_RELU_AUX;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_RELU_AUX;
   check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)), "EPILOGUE");
   int64_t aux_ld = n;
   check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)), "AUX_LD");
   check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)), "AUX_POINTER");
-  if (w_t) {
-    check(cublasLtMatrixLayoutCreate(&p.w, type, k, n, k), "layout w");
-  } else {
-    check(cublasLtMatrixLayoutCreate(&p.w, type, n, k, n), "layout w");
-  }
+  check(cublasLtMatrixLayoutCreate(&p.w, type, k, n, k), "layout w");
   check(cublasLtMatrixLayoutCreate(&p.a, type, k, m, k), "layout a");
   check(cublasLtMatrixLayoutCreate(&p.d, type, n, m, n), "layout d");
   cublasLtMatmulPreference_t pref;
@@ -116,9 +112,9 @@ Plan& plan(int64_t m, int64_t n, int64_t k, mx::Dtype dtype, bool drelu, bool w_
   return plans.emplace(key, p).first->second;
 }
 
-class EpilogueMatmul : public mx::Primitive {
+class MatmulReluAux : public mx::Primitive {
  public:
-  EpilogueMatmul(mx::Stream stream, bool drelu, bool w_t) : mx::Primitive(stream), drelu_(drelu), w_t_(w_t) {}
+  explicit MatmulReluAux(mx::Stream stream) : mx::Primitive(stream) {}
 
   void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
     throw std::runtime_error("[gemm_epilogue] runs on MLX's CUDA build only");
@@ -127,8 +123,7 @@ class EpilogueMatmul : public mx::Primitive {
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& a = inputs[0];
     const mx::array& w = inputs[1];
-    if (!a.flags().row_contiguous || !w.flags().row_contiguous ||
-        (drelu_ && !inputs[2].flags().row_contiguous)) {
+    if (!a.flags().row_contiguous || !w.flags().row_contiguous) {
       throw std::runtime_error("[gemm_epilogue] inputs must be row-contiguous");
     }
     for (auto& in : inputs) {
@@ -139,11 +134,11 @@ class EpilogueMatmul : public mx::Primitive {
     auto& encoder = mx::cu::get_command_encoder(stream());
     int64_t m = a.shape(0), k = a.shape(1), n = outputs[0].shape(1);
     for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
-    void* aux = drelu_ ? mx::gpu_ptr<void>(inputs[2]) : mx::gpu_ptr<void>(outputs[1]);
+    void* aux = mx::gpu_ptr<void>(outputs[1]);
     for (auto& in : inputs) encoder.set_input_array(in);
     for (auto& out : outputs) encoder.set_output_array(out);
     std::lock_guard<std::mutex> lock(plans_mutex);
-    Plan& p = plan(m, n, k, a.dtype(), drelu_, w_t_, aux);
+    Plan& p = plan(m, n, k, a.dtype(), aux);
     check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)),
           "AUX_POINTER");
     void* workspace = nullptr;
@@ -164,16 +159,11 @@ class EpilogueMatmul : public mx::Primitive {
           "cublasLtMatmul");
   }
 
-  const char* name() const override { return drelu_ ? "MatmulDrelu" : "MatmulReluAux"; }
+  const char* name() const override { return "MatmulReluAux"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
-    auto* o = dynamic_cast<const EpilogueMatmul*>(&other);
-    return o != nullptr && o->drelu_ == drelu_ && o->w_t_ == w_t_;
+    return dynamic_cast<const MatmulReluAux*>(&other) != nullptr;
   }
-
- private:
-  bool drelu_;
-  bool w_t_;  // w is [N, K] (the product is a @ w^T), else [K, N]
 };
 
 void check_args(const mx::array& a, const mx::array& w, int64_t k, int64_t n, const char* fn) {
@@ -189,28 +179,14 @@ std::vector<mx::array> matmul_relu_aux(const mx::array& a, const mx::array& w) {
   int m = a.shape(0), n = w.shape(0);
   auto s = mx::default_stream(mx::default_device());
   return mx::array::make_arrays({{m, n}, {m, n / 8}}, {a.dtype(), mx::uint8},
-                                std::make_shared<EpilogueMatmul>(s, false, true),
+                                std::make_shared<MatmulReluAux>(s),
                                 {mx::contiguous(a, false, s), mx::contiguous(w, false, s)});
-}
-
-mx::array matmul_drelu(const mx::array& g, const mx::array& w, const mx::array& bits, bool transposed) {
-  int64_t k = transposed ? w.shape(1) : w.shape(0), n = transposed ? w.shape(0) : w.shape(1);
-  check_args(g, w, k, n, "matmul_drelu");
-  int m = g.shape(0);
-  if (bits.dtype() != mx::uint8 || bits.ndim() != 2 || bits.shape(0) != m || bits.shape(1) != n / 8) {
-    throw std::invalid_argument("matmul_drelu: bits must be uint8 [M, N / 8] from matmul_relu_aux");
-  }
-  auto s = mx::default_stream(mx::default_device());
-  return mx::array({m, n}, g.dtype(), std::make_shared<EpilogueMatmul>(s, true, transposed),
-                   {mx::contiguous(g, false, s), mx::contiguous(w, false, s), mx::contiguous(bits, false, s)});
 }
 
 }  // namespace
 
 NB_MODULE(_gemm_epilogue, m) {
-  m.doc() = "cuBLASLt GEMMs with ReLU epilogues as MLX primitives (MLX's CUDA build)";
+  m.doc() = "A cuBLASLt GEMM with a ReLU epilogue as an MLX primitive (MLX's CUDA build)";
   m.def("matmul_relu_aux", &matmul_relu_aux, nb::arg("a"), nb::arg("w"),
         "[relu(a @ w.T), sign bits [M, N / 8] uint8] for a [M, K], w [N, K]");
-  m.def("matmul_drelu", &matmul_drelu, nb::arg("g"), nb::arg("w"), nb::arg("bits"), nb::arg("transposed") = false,
-        "(g @ w) * (bits set) for g [M, K], w [K, N] (transposed: g @ w.T, w [N, K]) and matmul_relu_aux's bits");
 }
