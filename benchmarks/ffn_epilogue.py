@@ -11,7 +11,7 @@ before timing); the time is the kernels' device time per step (12 layers, `kerne
 
 from __future__ import annotations
 
-import argparse
+from benchmarks.gpu_common import kernel_bench_args
 
 LAYERS, D_MODEL, D_FF = 12, 768, 3072
 
@@ -62,11 +62,7 @@ def run(steps: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--machine", default="h100")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = kernel_bench_args(__doc__, argv)
     from benchmarks.gpu_common import write
 
     write("ffn_epilogue", {"rows": run(args.steps)}, args.machine, args.out)

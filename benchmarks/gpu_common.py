@@ -43,5 +43,16 @@ def write(name: str, payload: dict, machine: str, out: str | None = None) -> Pat
     return path
 
 
+def kernel_bench_args(doc: str, argv: list[str] | None = None, steps: int = 3):
+    """--machine, --steps (profiled repeats) and --out of a kernel-time benchmark, parsed."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--machine", default="h100")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--out", default=None)
+    return ap.parse_args(argv)
+
+
 def dump(obj) -> str:
     return json.dumps(obj, indent=2)

@@ -16,10 +16,10 @@ norms, ReLU, LoRA, MaxSim, the optimizer and the host's gaps only add to it.
 
 from __future__ import annotations
 
-import argparse
 import math
 
 from benchmarks import retriever_models as rm
+from benchmarks.gpu_common import kernel_bench_args
 
 # t5-base's encoder
 LAYERS, D_MODEL, HEADS, D_KV, D_FF = 12, 768, 12, 64, 3072
@@ -221,11 +221,7 @@ def summarise(res: dict, step_flops: float, peak: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--machine", default="h100")
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = kernel_bench_args(__doc__, argv)
     from benchmarks.gpu_common import gpu_name, write
     from benchmarks.retriever import PEAK_BF16
 
