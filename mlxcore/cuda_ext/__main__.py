@@ -17,6 +17,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-dir", default=None, help="CMake's build directory (default: a temporary one)")
     ap.add_argument("--fmt-root", default=None, help="a directory holding fmt/format.h (default: the system's)")
     args = ap.parse_args(argv)
+    import mlx.core as mx
+
+    cuda = getattr(mx, "cuda", None)
+    if cuda is None or not cuda.is_available():
+        print("mlxcore.cuda_ext: needs MLX's CUDA build (pip install 'mlx[cuda]') on a machine with an NVIDIA GPU",
+              file=sys.stderr)
+        return 2
     for tool, hint in (("cmake", "pip install cmake"), ("nvcc", "the CUDA toolkit (for cuBLASLt's headers)")):
         if shutil.which(tool) is None and not (tool == "nvcc" and Path("/usr/local/cuda/bin/nvcc").exists()):
             print(f"mlxcore.cuda_ext: {tool} not found; install {hint}", file=sys.stderr)
