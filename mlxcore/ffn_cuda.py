@@ -27,12 +27,12 @@ FLOATS = (mx.bfloat16, mx.float32)  # relu_cuda's storage types
 def usable(wi: dict, wo: dict, x: mx.array, dropout: float = 0.0) -> bool:
     """True when the fused feed-forward can run: the extension is built and loaded and
     `relu_cuda` can compile (CUDA build), wi and wo are plain weights (no bias, LoRA or
-    quantisation) of x's dtype (bfloat16 or float32), no dropout, and F (wi's rows) is a
-    multiple of 128 (cuBLASLt's bitmask rows)."""
+    quantisation) of x's dtype (bfloat16 or float32), x not empty, no dropout, and F (wi's rows)
+    is a multiple of 128 (cuBLASLt's bitmask rows)."""
     if dropout or cuda_ext.load() is None or set(wi) != {"weight"} or set(wo) != {"weight"}:
         return False
     w_in, w_out = wi["weight"], wo["weight"]
-    return (x.dtype in FLOATS and w_in.dtype == x.dtype and w_out.dtype == x.dtype and w_in.ndim == 2
+    return (x.size > 0 and x.dtype in FLOATS and w_in.dtype == x.dtype and w_out.dtype == x.dtype and w_in.ndim == 2
             and w_out.shape == (w_in.shape[1], w_in.shape[0]) and x.shape[-1] == w_in.shape[1]
             and w_in.shape[0] % 128 == 0 and relu_cuda.usable(x))
 

@@ -51,7 +51,7 @@ cudaDataType_t cuda_type(mx::Dtype dtype) {
   throw std::invalid_argument("[gemm_epilogue] needs bfloat16, float16 or float32 inputs");
 }
 
-// One cached cuBLASLt plan per (M, N, K, dtype, epilogue): descriptors and the heuristic's
+// One cached cuBLASLt plan per (M, N, K, dtype): descriptors and the heuristic's
 // algorithm. Only the aux pointer changes between calls.
 struct Plan {
   cublasLtMatmulDesc_t desc{nullptr};
