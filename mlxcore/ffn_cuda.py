@@ -3,7 +3,7 @@
     out = residual + relu(x @ wi.T) @ wo.T         x [..., d], wi [F, d], wo [d, F]
 
 The forward's wi GEMM writes relu(.) and its sign bits (1/16 of the activation) in one pass
-(`mlxcore.cuda_ext`'s `matmul_relu_aux`), in place of a GEMM and `relu_cuda`'s ReLU kernel:
+(`matmul_relu_aux`, the compiled `mlxio.cuda_ext`, which `import mlxio` registers here), in place of a GEMM and `relu_cuda`'s ReLU kernel:
 t5-base b128, 32,768 x 768 x 3,072 on the H100, 270.6 us against 219.2 + 138.6 us. The
 backward is `relu_cuda`'s: MLX's GEMM for g @ wo, then the bit-mask kernel (cuBLASLt's DRELU
 epilogue runs as a slower separate kernel). `usable` says when it runs.
@@ -19,17 +19,25 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxcore import cuda_ext, relu_cuda
+from mlxcore import relu_cuda
 
 FLOATS = (mx.bfloat16, mx.float32)  # relu_cuda's storage types
 
+_extension: list = []  # the loaded extension module, once registered
+
+
+def register_extension(module) -> None:
+    """Use `module.matmul_relu_aux` (the I/O layer loads it: `mlxio.cuda_ext`)."""
+    _extension[:] = [module]
+
+
 
 def usable(wi: dict, wo: dict, x: mx.array, dropout: float = 0.0) -> bool:
-    """True when the fused feed-forward can run: the extension is built and loaded and
+    """True when the fused feed-forward can run: the extension is registered and
     `relu_cuda` can compile (CUDA build), wi and wo are plain weights (no bias, LoRA or
     quantisation) of x's dtype (bfloat16 or float32), x not empty, no dropout, and F (wi's rows)
     is a multiple of 128 (cuBLASLt's bitmask rows)."""
-    if dropout or cuda_ext.load() is None or set(wi) != {"weight"} or set(wo) != {"weight"}:
+    if dropout or not _extension or set(wi) != {"weight"} or set(wo) != {"weight"}:
         return False
     w_in, w_out = wi["weight"], wo["weight"]
     return (x.size > 0 and x.dtype in FLOATS and w_in.dtype == x.dtype and w_out.dtype == x.dtype and w_in.ndim == 2
@@ -39,7 +47,7 @@ def usable(wi: dict, wo: dict, x: mx.array, dropout: float = 0.0) -> bool:
 
 @mx.custom_function
 def _ffn(x: mx.array, wi: mx.array, wo: mx.array, residual: mx.array) -> tuple[mx.array, mx.array]:
-    h, bits = cuda_ext.load().matmul_relu_aux(x, wi)
+    h, bits = _extension[0].matmul_relu_aux(x, wi)
     return mx.addmm(residual, h, wo.T), bits
 
 

@@ -1,19 +1,20 @@
-"""`python -m mlxcore.cuda_ext` refuses, in one line, where it cannot build; `load()` is None off CUDA."""
+"""`python -m mlxio.cuda_ext` refuses, in one line, where it cannot build; `load()` is None off CUDA."""
 
 import subprocess
 import sys
 
 import pytest
 
-from mlxcore import cuda_ext, cuda_jit
+from mlxcore import cuda_jit
+from mlxio import cuda_ext
 
 
 @pytest.mark.skipif(cuda_jit.on_cuda(), reason="the refusal is for machines without MLX's CUDA build")
 def test_build_refuses_without_cuda():
-    run = subprocess.run([sys.executable, "-m", "mlxcore.cuda_ext"], capture_output=True, text=True, timeout=120)
+    run = subprocess.run([sys.executable, "-m", "mlxio.cuda_ext"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "mlxcore.cuda_ext: needs MLX's CUDA build (pip install 'mlx[cuda]') on a machine with an NVIDIA GPU"]
+        "mlxio.cuda_ext: needs MLX's CUDA build (pip install 'mlx[cuda]') on a machine with an NVIDIA GPU"]
 
 
 def test_switched_off_by_environment(monkeypatch):

@@ -1,4 +1,4 @@
-"""mlxcore.ffn_cuda (CUDA build with the compiled mlxcore.cuda_ext only) against the composition it
+"""mlxcore.ffn_cuda (CUDA build with the compiled mlxio.cuda_ext only) against the composition it
 replaces, residual + maximum(x @ wi.T, 0) @ wo.T: values and every gradient (x, wi, wo, residual),
 eager and compiled, within GEMM rounding (the fused GEMM may pick another cuBLASLt kernel: a
 float32 reference of the same inputs bounds both), and the sign bits exactly. Plus the
@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import mlxio  # noqa: F401  (registers the kernel compiler: relu_cuda's backward)
-from mlxcore import cuda_ext, ffn_cuda
+import mlxio  # noqa: F401  (registers the kernel compiler and the extension)
+from mlxcore import ffn_cuda
+from mlxio import cuda_ext
 
-pytestmark = pytest.mark.skipif(cuda_ext.load() is None, reason="needs the built mlxcore.cuda_ext (CUDA)")
+pytestmark = pytest.mark.skipif(cuda_ext.load() is None, reason="needs the built mlxio.cuda_ext (CUDA)")
 
 TOL = {mx.float32: 2e-3, mx.bfloat16: 3e-2}
 

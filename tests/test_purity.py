@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).parent.parent
 FORBIDDEN = {"mlxio", "recipes", "transformers", "safetensors", "pathlib", "json", "os",
              "requests", "urllib", "socket", "subprocess", "io", "shutil", "tokenizers", "torch"}
-CORE = sorted((ROOT / "mlxcore").glob("*.py"))
+CORE = sorted((ROOT / "mlxcore").rglob("*.py"))  # subpackages too
 IO = sorted((ROOT / "mlxio").rglob("*.py"))
 # a recipe's module path as a whole string: what `python -m`, importlib or runpy would be given
 # ("recipes.batch_probe"); prose that names a command (`python -m recipes.x` in a model card) is
@@ -28,7 +28,7 @@ def imported_modules(module: Path) -> set[str]:
     return imported
 
 
-@pytest.mark.parametrize("module", CORE, ids=lambda p: p.name)
+@pytest.mark.parametrize("module", CORE, ids=lambda p: str(p.relative_to(ROOT)))
 def test_mlxcore_module_imports_no_io(module):
     imported = imported_modules(module)
     assert not imported & FORBIDDEN, f"{module.name} imports {sorted(imported & FORBIDDEN)}"

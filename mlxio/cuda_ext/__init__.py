@@ -1,10 +1,11 @@
-"""An optional compiled extension for MLX's CUDA build: cuBLASLt GEMMs with ReLU epilogues.
+"""An optional compiled extension for MLX's CUDA build: a cuBLASLt GEMM with a ReLU epilogue.
 
-`gemm_epilogue.cpp` defines two MLX primitives (`matmul_relu_aux`, `matmul_drelu`) that
-`mlxcore.ffn_cuda` pairs into T5's ReLU feed-forward. Build it once on a machine with MLX's CUDA
-build, the CUDA toolkit, CMake, fmt's headers and nanobind 3.0 (`pip install "nanobind>=3.0,<3.2"`, MLX 0.32.4's ABI):
+`gemm_epilogue.cpp` defines the MLX primitive `matmul_relu_aux` that `mlxcore.ffn_cuda` uses in
+T5's ReLU feed-forward; `import mlxio` registers it there when it loads. Build it once on a
+machine with MLX's CUDA build, the CUDA toolkit, CMake, fmt's headers and nanobind 3.0
+(`pip install "nanobind>=3.0,<3.2"`, MLX 0.32.4's ABI):
 
-    python -m mlxcore.cuda_ext          # -> mlxcore/cuda_ext/_gemm_epilogue.*.so
+    python -m mlxio.cuda_ext          # -> mlxio/cuda_ext/_gemm_epilogue.*.so
 
 Without it (or with MLXCORE_GEMM_EPILOGUE=0) everything runs as before: `load()` is None.
 """
@@ -26,7 +27,7 @@ def load():
     if not cuda_jit.on_cuda():
         return None
     try:
-        from mlxcore.cuda_ext import _gemm_epilogue
+        from mlxio.cuda_ext import _gemm_epilogue
     except ImportError:
         return None
     return _gemm_epilogue
