@@ -21,15 +21,12 @@ import mlx.core as mx
 
 from mlxcore import relu_cuda
 
-FLOATS = (mx.bfloat16, mx.float32)  # relu_cuda's storage types
-
 _extension: list = []  # the loaded extension module, once registered
 
 
 def register_extension(module) -> None:
     """Use `module.matmul_relu_aux` (the I/O layer loads it: `mlxio.cuda_ext`)."""
     _extension[:] = [module]
-
 
 
 def usable(wi: dict, wo: dict, x: mx.array, dropout: float = 0.0) -> bool:
@@ -40,9 +37,12 @@ def usable(wi: dict, wo: dict, x: mx.array, dropout: float = 0.0) -> bool:
     if dropout or not _extension or set(wi) != {"weight"} or set(wo) != {"weight"}:
         return False
     w_in, w_out = wi["weight"], wo["weight"]
-    return (x.size > 0 and x.dtype in FLOATS and w_in.dtype == x.dtype and w_out.dtype == x.dtype and w_in.ndim == 2
+    # relu_cuda.usable(x): its storage dtypes (bfloat16, float32), a CUDA build that can compile;
+    # its backward runs on the [tokens, F] activation, whose bytes of bits must index as int
+    return (x.size > 0 and w_in.dtype == x.dtype and w_out.dtype == x.dtype and w_in.ndim == 2
             and w_out.shape == (w_in.shape[1], w_in.shape[0]) and x.shape[-1] == w_in.shape[1]
-            and w_in.shape[0] % 128 == 0 and relu_cuda.usable(x))
+            and w_in.shape[0] % 128 == 0 and relu_cuda.usable(x)
+            and x.size // x.shape[-1] * w_in.shape[0] // 8 < 2**31)
 
 
 @mx.custom_function
