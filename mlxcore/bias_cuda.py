@@ -53,8 +53,8 @@ def usable(pos: mx.array, keys: mx.array) -> bool:
 def _entry(dtype: mx.Dtype) -> tuple[str, str]:
     t = cuda_jit.STORAGE[dtype]
     name = f"mlxcore_head_bias_{t}"
-    return name, _SOURCE + (f'extern "C" __global__ void {name}(const {t}* pos, const {t}* keys, {t}* out, '
-                            f"int vectors, int heads, int n8) {{ head_bias<{t}>(pos, keys, out, vectors, heads, n8); }}\n")
+    return name, _SOURCE + cuda_jit.entry(name, f"const {t}* pos, const {t}* keys, {t}* out, int vectors, int heads, int n8",
+                                          f"head_bias<{t}>(pos, keys, out, vectors, heads, n8);")
 
 
 @mx.custom_function

@@ -72,6 +72,12 @@ def float_bits(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
+def entry(name: str, params: str, call: str) -> str:
+    """The line declaring kernel `name(params)` as an `extern "C"` entry point whose body is the
+    statement `call` (typically a template instantiation: `relu_bits<bf16>(x, y, bits, n);`)."""
+    return f'extern "C" __global__ void {name}({params}) {{ {call} }}\n'
+
+
 def launch(name: str, source: str, inputs: list, outputs: list[tuple[tuple[int, ...], mx.Dtype]],
            scalars: list, threads: int, block: int = 128) -> list[mx.array]:
     """Run entry point `name` of `PRELUDE + source` over `threads` threads in blocks of `block`;

@@ -99,11 +99,12 @@ def _entries(dtype: mx.Dtype) -> tuple[str, str, str]:
     """(forward name, backward name, source) for similarities of `dtype`, built once."""
     t = cuda_jit.STORAGE[dtype]
     fwd, bwd = f"mlxcore_masked_max_{t}", f"mlxcore_masked_max_vjp_{t}"
-    return fwd, bwd, _SOURCE + (
-        f'extern "C" __global__ void {fwd}(const {t}* s, const bool* mask, {t}* out, int* idx, '
-        f"int rows, int td, int bd, int neg) {{ masked_max<{t}>(s, mask, out, idx, rows, td, bd, neg); }}\n"
-        f'extern "C" __global__ void {bwd}(const int* idx, const {t}* g, const bool* mask, {t}* ds, '
-        f"int rows, int td, int bd) {{ masked_max_vjp<{t}>(idx, g, mask, ds, rows, td, bd); }}\n")
+    return fwd, bwd, (
+        _SOURCE
+        + cuda_jit.entry(fwd, f"const {t}* s, const bool* mask, {t}* out, int* idx, int rows, int td, int bd, int neg",
+                         f"masked_max<{t}>(s, mask, out, idx, rows, td, bd, neg);")
+        + cuda_jit.entry(bwd, f"const int* idx, const {t}* g, const bool* mask, {t}* ds, int rows, int td, int bd",
+                         f"masked_max_vjp<{t}>(idx, g, mask, ds, rows, td, bd);"))
 
 
 @cache

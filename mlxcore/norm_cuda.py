@@ -147,15 +147,15 @@ def _entry(kind: str, d: int, dtype: mx.Dtype, extra: bool) -> tuple[str, str]:
                        + [f"{t}* dx", "int rows", "int eps_bits"])
     call = (f"norm_vjp<{t}, {d}, {v}, {'true' if kind == 'layer' else 'false'}, {'true' if extra else 'false'}>"
             f"(x, g, w, {'extra' if extra else 'nullptr'}, dx, rows, eps_bits);")
-    return name, _SOURCE + f'extern "C" __global__ void {name}({params}) {{ {call} }}\n'
+    return name, _SOURCE + cuda_jit.entry(name, params, call)
 
 
 @cache
 def _forward_entry(d: int, dtype: mx.Dtype) -> tuple[str, str]:
     t, v = cuda_jit.STORAGE[dtype], _vector(d, dtype)
     name = f"mlxcore_rms_forward_{t}_{d}_v{v}"
-    return name, _SOURCE + (f'extern "C" __global__ void {name}(const {t}* x, const {t}* w, {t}* y, int rows, '
-                            f"int eps_bits) {{ rms_forward<{t}, {d}, {v}>(x, w, y, rows, eps_bits); }}\n")
+    return name, _SOURCE + cuda_jit.entry(name, f"const {t}* x, const {t}* w, {t}* y, int rows, int eps_bits",
+                                          f"rms_forward<{t}, {d}, {v}>(x, w, y, rows, eps_bits);")
 
 
 def rms_norm(x: mx.array, w: mx.array, eps: float) -> mx.array:

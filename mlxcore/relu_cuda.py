@@ -69,11 +69,12 @@ def usable(x: mx.array) -> bool:
 def _entries(dtype: mx.Dtype) -> tuple[str, str, str]:
     t = cuda_jit.STORAGE[dtype]
     forward, backward = f"mlxcore_relu_bits_{t}", f"mlxcore_relu_bits_vjp_{t}"
-    return forward, backward, _SOURCE + (
-        f'extern "C" __global__ void {forward}(const {t}* x, {t}* y, unsigned char* bits, int vectors) '
-        f"{{ relu_bits<{t}>(x, y, bits, vectors); }}\n"
-        f'extern "C" __global__ void {backward}(const {t}* g, const unsigned char* bits, {t}* dx, int vectors) '
-        f"{{ relu_bits_vjp<{t}>(g, bits, dx, vectors); }}\n")
+    return forward, backward, (
+        _SOURCE
+        + cuda_jit.entry(forward, f"const {t}* x, {t}* y, unsigned char* bits, int vectors",
+                         f"relu_bits<{t}>(x, y, bits, vectors);")
+        + cuda_jit.entry(backward, f"const {t}* g, const unsigned char* bits, {t}* dx, int vectors",
+                         f"relu_bits_vjp<{t}>(g, bits, dx, vectors);"))
 
 
 @mx.custom_function

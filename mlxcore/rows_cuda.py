@@ -52,9 +52,9 @@ def usable(table: mx.array, ids: mx.array) -> bool:
 def _entry(dtype: mx.Dtype) -> tuple[str, str]:
     t, v = cuda_jit.STORAGE[dtype], _width(dtype)
     name = f"mlxcore_take_rows_{t}"
-    return name, _SOURCE + (f'extern "C" __global__ void {name}(const {t}* table, const int* ids, {t}* out, '
-                            f"int vectors, int vocab, int row_vectors) "
-                            f"{{ take_rows<{t}, {v}>(table, ids, out, vectors, vocab, row_vectors); }}\n")
+    return name, _SOURCE + cuda_jit.entry(
+        name, f"const {t}* table, const int* ids, {t}* out, int vectors, int vocab, int row_vectors",
+        f"take_rows<{t}, {v}>(table, ids, out, vectors, vocab, row_vectors);")
 
 
 @mx.custom_function
