@@ -208,7 +208,7 @@ def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float
     if cfg.feed_forward_proj == "gated-gelu":
         inner = (gelu_new(quant.linear(dense["wi_0"], x, scale, dropout, keys[4]))
                  * quant.linear(dense["wi_1"], x, scale, dropout, keys[6]))
-    elif ffn_cuda.usable(dense["wi"], dense["wo"], x, dropout):  # the ReLU in the GEMMs' epilogues
+    elif ffn_cuda.usable(dense["wi"], dense["wo"], x, dropout):  # the ReLU in the wi GEMM's epilogue
         return ffn_cuda.relu_ffn(x, dense["wi"]["weight"], dense["wo"]["weight"], h)
     else:
         inner = relu(quant.linear(dense["wi"], x, scale, dropout, keys[4]))
