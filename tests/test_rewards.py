@@ -126,7 +126,7 @@ def test_execution_reward_on_humaneval(humaneval):
 
 
 def test_execution_reward_infra_is_missing(monkeypatch):
-    monkeypatch.setattr(sandbox, "launcher_argv", lambda backend, writable: ["/nonexistent/bwrap"])
+    monkeypatch.setattr(sandbox, "launcher_argv", lambda backend, workdir, **kw: ["/nonexistent/bwrap"])
     assert ExecutionReward(LIMITS).score([ADD], ["    return a + b\n"]) == [None]
 
 

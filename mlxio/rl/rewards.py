@@ -23,8 +23,9 @@ import attrs
 import numpy as np
 
 from mlxio.errors import ConfigError, DataError
-from mlxio.rl.problems import Problem, defines, extract_code, fenced_blocks, parses
-from mlxio.sandbox import SandboxLimits, Verdict, run_check
+from mlxio.rl.judge import CodeJudge
+from mlxio.rl.problems import Problem, defines, fenced_blocks, parses
+from mlxio.sandbox import SandboxLimits, Verdict
 
 # ---------------------------------------------------------------- reward functions
 
@@ -69,22 +70,22 @@ class _OfEachCompletion:
 @attrs.frozen
 class ExecutionReward:
     """1.0 when the extracted code passes the problem's tests in the sandbox, 0.0 when it
-    fails / times out / errors, None when the sandbox itself broke (status "infra")."""
+    fails / times out / errors, None when the judge itself failed (`mlxio.rl.judge`: the
+    sandbox broke, or the problem's own tests misbehaved and its reference does not pass)."""
 
     limits: SandboxLimits = SandboxLimits()
     workers: int = 2
     name: str = "execution"
+    judge: CodeJudge = attrs.field(eq=False, repr=False,
+                                   default=attrs.Factory(lambda s: CodeJudge(s.limits, s.workers), takes_self=True))
 
     def config_key(self) -> str:
-        return "exec-v1:" + json.dumps(attrs.asdict(self.limits), sort_keys=True)
+        # v2: the judge tells its own failures (missing) from the candidate's (0.0)
+        return "exec-v2:" + json.dumps(attrs.asdict(self.limits), sort_keys=True)
 
     def verdicts(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
         """One sandbox Verdict per completion, `workers` sandboxes at a time."""
-        def one(p: Problem, completion: str) -> Verdict:
-            prelude = p.prompt if parses(p.prompt) else ""  # trusted helpers (e.g. `poly`)
-            return run_check(extract_code(completion, p), p.test, p.entry_point, self.limits, prelude=prelude)
-
-        return _per_completion(problems, completions, one, self.workers)
+        return self.judge.verdicts(problems, completions)
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]
               ) -> list[float | None]:

@@ -68,6 +68,7 @@ import attrs
 
 from mlxio import pyparse
 from mlxio.errors import MlxioError
+from mlxio.sandbox import seccomp
 from mlxio.sandbox.backend import (
     STRONG_BACKENDS,
     dir_bytes,
@@ -80,7 +81,6 @@ from mlxio.sandbox.backend import (
     sandbox_env,
     sweep_cgroup,
     unmount_quota,
-    with_tmpfs_size,
 )
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,13 @@ class Verdict:
     detail: str = ""
     run_id: str = ""  # also in MLXIO_SANDBOX=<run_id> in every sandboxed process's environment
     backend: str = ""
+    # "infra" because the problem's own test code misbehaved after the candidate answered
+    # (hung, flooded its output, raised something other than an assertion or the
+    # candidate's exception): possibly provoked by the candidate's answers. `fault_status` is
+    # the candidate's status should the tests prove sound (`mlxio.rl.judge` runs the
+    # problem's reference solution to tell).
+    judge_fault: bool = False
+    fault_status: str = ""
 
     @property
     def passed(self) -> bool:
@@ -230,22 +237,24 @@ class _Capture:
 
 
 def _spawn(backend: str, role: str, args: dict, fds: tuple[int, ...], workdir: str | None,
-           run_id: str, cgroups: list[str], tmpfs_mb: int | None = None) -> subprocess.Popen:
-    launcher = launcher_argv(backend, None if tmpfs_mb and backend == "bwrap" else workdir)
-    if tmpfs_mb and backend == "bwrap":  # the private /tmp is the only writable place: cap it
-        launcher = with_tmpfs_size(launcher, tmpfs_mb)
-    argv = launcher + ["-I", "-S", "-B", "-c", _CHILD_SOURCE, role, json.dumps(args)]
-    if len(cgroups) == 1:  # the shell joins the cgroup, then becomes the sandbox: no window to escape it
-        argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', cgroups[0]] + argv
-    elif len(cgroups) == 2:
-        argv = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && echo $$ > "$1/cgroup.procs" && shift && '
-                'exec "$@"', *cgroups] + argv
-    env = sandbox_env(run_id)
-    if backend != "bwrap":
-        env["HOME"] = workdir or tempfile.gettempdir()
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, pass_fds=fds, start_new_session=True,
-                            env=env, cwd=workdir or tempfile.gettempdir())
+           run_id: str, cgroups: list[str], disk_mb: int) -> subprocess.Popen:
+    seccomp_fd = seccomp.filter_fd() if backend == "bwrap" else None
+    try:
+        launcher = launcher_argv(backend, workdir, disk_mb=disk_mb, seccomp_fd=seccomp_fd)
+        argv = launcher + ["-I", "-S", "-B", "-c", _CHILD_SOURCE, role, json.dumps(args)]
+        if cgroups:  # the shell joins the cgroups, then becomes the sandbox: no window to escape them
+            joins = " && ".join(f'echo $$ > "${i}/cgroup.procs"' for i in range(len(cgroups)))
+            argv = ["/bin/sh", "-c", f'{joins} && shift {len(cgroups) - 1} && exec "$@"', *cgroups] + argv
+        env = sandbox_env(run_id)
+        if backend != "bwrap":
+            env["HOME"] = workdir or tempfile.gettempdir()
+        extra = (seccomp_fd,) if seccomp_fd is not None else ()
+        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, pass_fds=fds + extra, start_new_session=True,
+                                env=env, cwd=workdir or tempfile.gettempdir())
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -255,39 +264,48 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def _confine(name: str, limits: SandboxLimits) -> list[str]:
+    """Cgroups bounding one sandboxed process and all it starts: pids (+3: bwrap, its init,
+    the shell) and memory, where this user can make them."""
+    cgroup = make_pids_cgroup(name, limits.max_processes + 3)
+    memory_cgroup = None
+    if not limit_memory_v2(cgroup, limits.memory_mb):
+        memory_cgroup = make_memory_cgroup(name, limits.memory_mb)
+    return [c for c in (cgroup, memory_cgroup) if c]
+
+
 def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = SandboxLimits(),
               *, prelude: str = "") -> Verdict:
     """Run the problem's `check(entry_point)` against the candidate `code`, sandboxed.
 
     `code` (untrusted) runs in the worker; `prelude` (e.g. the problem's prompt, for helpers
-    such as HumanEval's `poly`) and `test` (trusted) run in the judge. See the module docstring.
+    such as HumanEval's `poly`) and `test` (trusted) run in the judge. Both processes get the
+    same limits. See the module docstring.
     """
     backend = sandbox_backend()
     run_id, nonce = secrets.token_hex(8), secrets.token_hex(16)
     start = time.monotonic()
     workdir = tempfile.mkdtemp(prefix=f"mlxio-sandbox-{run_id}-")
-    # disk: bwrap's /tmp tmpfs has --size; a weaker backend's host work dir gets a tmpfs (root)
+    # disk: bwrap's tmpfs have --size; a weaker backend's host work dir gets a tmpfs (root)
     # or a polled quota
     mounted = backend != "bwrap" and mount_quota(workdir, limits.disk_mb)
     polled_quota = None if backend == "bwrap" or mounted else limits.disk_mb << 20
-    cgroup = make_pids_cgroup(run_id, limits.max_processes + 3)  # + bwrap, its init, shell
-    memory_cgroup = None
-    if not limit_memory_v2(cgroup, limits.memory_mb):
-        memory_cgroup = make_memory_cgroup(run_id, limits.memory_mb)
-    cgroups = [c for c in (cgroup, memory_cgroup) if c]
+    worker_cgroups = _confine(f"{run_id}-worker", limits)
+    judge_cgroups = _confine(f"{run_id}-judge", limits)
+    cgroups = worker_cgroups + judge_cgroups
     req_r, req_w = os.pipe()  # judge -> worker calls
     rep_r, rep_w = os.pipe()  # worker -> judge replies
-    res_r, res_w = os.pipe()  # judge -> us: the verdict
+    res_r, res_w = os.pipe()  # judge -> us: its progress, then the verdict
     lim = attrs.asdict(limits)
     procs: list[subprocess.Popen] = []
     try:  # run_id in argv too: lets tests find strays by /proc/*/cmdline or environ
         procs.append(_spawn(backend, "worker", {"req": req_r, "rep": rep_w, "limits": lim,
                                                  "run_id": run_id},
-                            (req_r, rep_w), workdir, run_id, cgroups, limits.disk_mb))
+                            (req_r, rep_w), workdir, run_id, worker_cgroups, limits.disk_mb))
         procs.append(_spawn(backend, "judge", {"req": req_w, "rep": rep_r, "res": res_w,
                                                 "limits": lim, "run_id": run_id},
-                            (req_w, rep_r, res_w), None, run_id, []))
-    except OSError as err:
+                            (req_w, rep_r, res_w), None, run_id, judge_cgroups, limits.disk_mb))
+    except (OSError, seccomp.SeccompUnavailable) as err:
         for p in procs:
             _kill_group(p)
             p.wait()
@@ -308,7 +326,7 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
     if polled_quota is not None:
         out.quota = (workdir, polled_quota)
     try:
-        timed_out = out.pump(start + limits.timeout_s, limits.max_output_bytes, worker)
+        timed_out = out.pump(start + limits.timeout_s, limits.max_output_bytes, worker, judge)
     finally:
         for p in reversed(procs):  # the judge first: it must not judge the killed worker
             _kill_group(p)
@@ -319,7 +337,7 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 log.warning("sandbox process %d did not exit after SIGKILL", p.pid)
-        out.pump(time.monotonic() + 0.5, limits.max_output_bytes, None)  # drain after kill
+        out.pump(time.monotonic() + 0.5, limits.max_output_bytes, None, None)  # drain after kill
         out.close()
         if mounted:
             unmount_quota(workdir)
@@ -336,7 +354,10 @@ class _Outputs:
         self.captures = {k: _Capture() for k in ("worker_out", "worker_err", "judge_out",
                                                  "judge_err")}
         self.result = b""
+        self.progress = ""  # the judge's last progress mark before its verdict
+        self.in_verdict = False
         self.overflow = False
+        self.judge_overflow = False
         self.quota: tuple[str, int] | None = None  # (work dir, bytes): polled where no tmpfs caps it
         self.over_quota = False
         self._next_quota_check = 0.0
@@ -354,8 +375,10 @@ class _Outputs:
             os.set_blocking(fd, False)
             self.sel.register(fd, selectors.EVENT_WRITE, ("stdin", f))
 
-    def pump(self, deadline: float, cap: int, worker) -> bool:
-        """Moves data until the verdict pipe closes (-> False) or the deadline (-> True)."""
+    def pump(self, deadline: float, cap: int, worker, judge) -> bool:
+        """Moves data until the verdict pipe closes (-> False) or the deadline (-> True).
+        Output past `cap` kills the process that wrote it (the worker: its fault; the judge:
+        the tests' fault)."""
         while self.sel.get_map():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -380,14 +403,30 @@ class _Outputs:
                         return False
                     continue
                 if name == "result":
-                    self.result = (self.result + data)[-65536:]
+                    self._feed_result(data)
                     continue
                 self.captures[name].feed(data)
-                if (worker is not None and name.startswith("worker")
-                        and self.captures[name].total > cap and not self.overflow):
+                if self.captures[name].total <= cap:
+                    continue
+                if worker is not None and name.startswith("worker") and not self.overflow:
                     self.overflow = True
                     _kill_group(worker)
+                elif judge is not None and name.startswith("judge") and not self.judge_overflow:
+                    self.judge_overflow = True
+                    _kill_group(judge)
         return False
+
+    def _feed_result(self, data: bytes) -> None:
+        """The judge's progress marks (one byte each, see child.py), then b"V" and the
+        verdict's JSON."""
+        if not self.in_verdict:
+            head, mark, data = data.partition(b"V")
+            if head:
+                self.progress = head[-1:].decode()
+            if not mark:
+                return
+            self.in_verdict = True
+        self.result = (self.result + data)[-65536:]
 
     def _write(self, fd: int, f) -> None:
         entry = self.pending[fd]
@@ -414,12 +453,18 @@ class _Outputs:
                 pass
 
 
+# What the judge was doing (its last progress mark, child.py) when time ran out: "" and
+# "H" (candidate loading / judge loading prelude and tests), "L" (tests running their own
+# code), "C" (a call into the candidate pending), "R" (tests running after a reply).
+_CANDIDATE_TIME = ("", "C")
+
+
 def _decide(out: _Outputs, nonce: str, timed_out: bool, worker, **meta) -> Verdict:
     cap = out.captures
     common = dict(returncode=worker.returncode, stdout=cap["worker_out"].text(),
                   stderr=cap["worker_err"].text(), **meta)
     try:
-        result = json.loads(out.result.decode())
+        result = json.loads(out.result.decode()) if out.in_verdict else None
         ok = isinstance(result, dict) and result.get("nonce") == nonce
     except ValueError:
         result, ok = None, False
@@ -427,10 +472,22 @@ def _decide(out: _Outputs, nonce: str, timed_out: bool, worker, **meta) -> Verdi
         return Verdict(status="error", detail="candidate exceeded the output limit", **common)
     if out.over_quota:
         return Verdict(status="error", detail="candidate exceeded the disk quota", **common)
+    if out.judge_overflow:
+        return Verdict(status="infra", judge_fault=True,
+                       detail="the problem's tests exceeded the output limit", **common)
     if timed_out:  # a verdict drained after the kill may describe the kill itself
+        if out.progress == "H":
+            return Verdict(status="infra", detail="the problem's prelude or tests did not load "
+                           "within the wall-clock limit", **common)
+        if out.progress not in _CANDIDATE_TIME:
+            return Verdict(status="infra", judge_fault=True, fault_status="timeout",
+                           detail="wall-clock limit reached in the tests' own code (no call "
+                                  "into the candidate pending)", **common)
         return Verdict(status="timeout", detail="wall-clock limit reached", **common)
     if ok and result.get("status") in STATUSES:
-        return Verdict(status=result["status"], detail=str(result.get("detail", "")), **common)
+        fault = bool(result.get("judge_fault"))
+        return Verdict(status=result["status"], detail=str(result.get("detail", "")),
+                       judge_fault=fault, fault_status="failed" if fault else "", **common)
     why = "no verdict from the judge" if result is None else "judge verdict without valid nonce"
     return Verdict(status="infra", detail=f"{why}; judge stderr: {cap['judge_err'].text()}",
                    **common)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,8 @@ import tempfile
 import time
 from functools import cache
 from pathlib import Path
+
+from mlxio.sandbox import seccomp
 
 log = logging.getLogger("mlxio.sandbox")
 
@@ -44,27 +47,85 @@ def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
 
-def _bwrap_argv(writable: str | None) -> list[str]:
+SANDBOX_UID = 65534  # "nobody": the uid/gid inside bubblewrap when this process is not root
+# As root, each sandboxed process gets its own unprivileged host uid from this range (never a
+# real account): the host's kernel then treats it as nobody (sysctls, /proc, files) and
+# RLIMIT_NPROC counts each sandbox's processes apart.
+ROOT_UID_RANGE = (1 << 30, 1 << 20)  # (first, how many)
+_ROOT_KEEP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # only for setpriv's own drop
+
+
+def _dirs_to(path: str) -> list[str]:
+    """bwrap ops that create every ancestor of `path` world-traversable (bwrap would make them
+    0700, which an unprivileged sandbox uid cannot enter)."""
+    argv, parts = [], Path(path).parts[1:-1]
+    for i in range(1, len(parts) + 1):
+        argv += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
+    return argv
+
+
+def _bwrap_argv(disk_mb: int, uid: int | None, seccomp_fd: int | None) -> list[str]:
+    """bubblewrap argv that starts the base interpreter isolated, as an unprivileged user.
+
+    Every namespace but (as root) the user one is new; `/usr`, the interpreter and its stdlib
+    are read-only; `/`, `/proc` and `/dev` are remounted read-only; the only writable places
+    are `/tmp` and `/dev/shm`, two tmpfs whose sizes add up to `disk_mb`. Not root: a user
+    namespace maps the sandbox's uid/gid 65534 to this user. Root: bubblewrap keeps only the
+    capabilities setpriv needs to become `uid` (an unprivileged host uid, no groups, no
+    capabilities, no new privileges) before it runs the interpreter. `seccomp_fd`: a BPF
+    program (`mlxio.sandbox.seccomp`) installed before the command runs."""
     exe, prefix = _python_paths()
     stdlib = Path(prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}")
-    argv = [bwrap_path() or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev"]
+    as_root = os.geteuid() == 0
+    if as_root:
+        ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        caps = ["--cap-drop", "ALL"] + [a for c in _ROOT_KEEP_CAPS for a in ("--cap-add", c)]
+    else:
+        ns = ["--unshare-all", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
+        caps = ["--cap-drop", "ALL"]
+    argv = [bwrap_path() or "bwrap", *ns, "--die-with-parent", "--new-session", *caps,
+            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]
     for name in ("bin", "lib", "lib64", "lib32", "sbin"):  # merged-/usr symlinks or real dirs
         p = Path("/", name)
         if p.is_symlink():
             argv += ["--symlink", os.readlink(p), str(p)]
         elif p.is_dir():
             argv += ["--ro-bind", str(p), str(p)]
-    # /tmp first: an interpreter installed under /tmp is then bound on top of it, not hidden
-    argv += ["--bind", writable, "/tmp"] if writable else ["--tmpfs", "/tmp"]
-    if not prefix.startswith("/usr/"):
-        argv += ["--ro-bind", prefix, prefix]
+    shm_mb = max(1, disk_mb // 4)  # /tmp and /dev/shm share the one quota
+    argv += ["--perms", "1777", "--size", str(shm_mb << 20), "--tmpfs", "/dev/shm",
+             "--perms", "1777", "--size", str(max(1, disk_mb - shm_mb) << 20), "--tmpfs", "/tmp"]
+    if not prefix.startswith("/usr/"):  # /tmp first: an interpreter under /tmp is bound on top
+        argv += _dirs_to(prefix) + ["--ro-bind", prefix, prefix]
     exe_dir = os.path.dirname(exe)
     if not exe_dir.startswith(("/usr/", prefix + "/")):  # e.g. a copied (not symlinked) venv binary
-        argv += ["--ro-bind", exe_dir, exe_dir]
+        argv += _dirs_to(exe_dir) + ["--ro-bind", exe_dir, exe_dir]
     if (stdlib / "site-packages").is_dir():  # hide installed packages (dataset files live there)
-        argv += ["--tmpfs", str(stdlib / "site-packages")]
-    return argv + ["--chdir", "/tmp", exe]
+        site = str(stdlib / "site-packages")
+        argv += ["--size", "4096", "--tmpfs", site, "--remount-ro", site]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv += ["--chdir", "/tmp"]
+    if as_root:
+        argv += [_setpriv_path(), f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                 "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
+    return argv + [exe]
+
+
+def _setpriv_path() -> str:
+    """util-linux's setpriv (the sandbox sees the host's /usr): how a root-started sandbox
+    becomes an unprivileged user."""
+    found = shutil.which("setpriv", path="/usr/bin:/bin:/usr/sbin:/sbin")
+    return os.path.realpath(found) if found else "/usr/bin/setpriv"
+
+
+def sandbox_uid() -> int:
+    """The host uid of one sandboxed process: a fresh one from ROOT_UID_RANGE as root, else
+    this user's (seen as 65534 inside)."""
+    if os.geteuid() != 0:
+        return os.geteuid()
+    first, count = ROOT_UID_RANGE
+    return first + secrets.randbelow(count)
 
 
 def _macos_argv(writable: str) -> list[str]:
@@ -73,27 +134,47 @@ def _macos_argv(writable: str) -> list[str]:
     return ["sandbox-exec", "-p", profile, os.path.realpath(sys.executable)]
 
 
+def _probe(name: str) -> str | None:
+    """None when backend `name` runs a known program and returns its answer (and, under
+    bubblewrap, runs it as the unprivileged uid it was given); else why not. A launcher that
+    exits 0 without running anything (`MLXIO_BWRAP=/bin/true`) does not pass."""
+    a, b = secrets.randbelow(1 << 30) + 2, secrets.randbelow(1 << 30) + 2
+    uid = sandbox_uid()
+    seccomp_fd = None
+    try:
+        if name == "bwrap":
+            seccomp_fd = seccomp.filter_fd()
+        argv = launcher_argv(name, None, disk_mb=8, uid=uid, seccomp_fd=seccomp_fd)
+        code = f"import os; print({a} * {b}, os.getuid(), os.geteuid())"
+        proc = subprocess.run(argv + ["-I", "-S", "-c", code], capture_output=True, timeout=30,
+                              env=sandbox_env("probe"), pass_fds=(seccomp_fd,) if seccomp_fd else ())
+    except (OSError, subprocess.TimeoutExpired, seccomp.SeccompUnavailable) as err:
+        return str(err)
+    finally:
+        if seccomp_fd is not None:
+            os.close(seccomp_fd)
+    words = proc.stdout.decode(errors="replace").split()
+    if proc.returncode != 0 or not words or words[0] != str(a * b):
+        return (f"it did not run the probe program (exit {proc.returncode}, stdout "
+                f"{proc.stdout[-200:]!r}, stderr {proc.stderr.decode(errors='replace')[-300:]!r})")
+    if name == "bwrap":
+        inside = SANDBOX_UID if os.geteuid() != 0 else uid
+        if words[1:] != [str(inside), str(inside)]:
+            return f"the probe ran as uid {words[1:]} instead of {inside}"
+    return None
+
+
 @cache
 def sandbox_backend() -> str:
     """"bwrap" | "sandbox-exec" | "unshare" | "none": the strongest isolation that works here
-    (probed once by running the interpreter under it)."""
+    (probed once by running a known program under it and checking its answer)."""
     if sys.platform == "darwin" and shutil.which("sandbox-exec"):
         return "sandbox-exec"
-    candidates = []
-    if bwrap_path():
-        candidates.append(("bwrap", _bwrap_argv(None)))
-    if shutil.which("unshare"):
-        candidates.append(("unshare", ["unshare", "-n", os.path.realpath(sys.executable)]))
-    for name, argv in candidates:
-        try:
-            proc = subprocess.run(argv + ["-I", "-S", "-c", "pass"], capture_output=True,
-                                  timeout=30, env=sandbox_env("probe"))
-        except (OSError, subprocess.TimeoutExpired) as err:
-            log.info("sandbox backend %s unusable: %s", name, err)
-            continue
-        if proc.returncode != 0:
-            log.info("sandbox backend %s unusable: %s", name,
-                     proc.stderr.decode(errors="replace"))
+    candidates = (["bwrap"] if bwrap_path() else []) + (["unshare"] if shutil.which("unshare") else [])
+    for name in candidates:
+        why = _probe(name)
+        if why is not None:
+            log.warning("sandbox backend %s unusable: %s", name, why)
             continue
         if name == "unshare":
             log.warning("bwrap unusable here: candidate code runs under `unshare -n` (no "
@@ -109,23 +190,18 @@ def sandbox_env(run_id: str) -> dict[str, str]:
             "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def launcher_argv(backend: str, writable: str | None) -> list[str]:
+def launcher_argv(backend: str, workdir: str | None, *, disk_mb: int = 64, uid: int | None = None,
+                  seccomp_fd: int | None = None) -> list[str]:
+    """The command prefix that starts the base interpreter under `backend`. bwrap: see
+    `_bwrap_argv` (`workdir` unused: its writable space is its own tmpfs). The weaker backends
+    run in `workdir` on the host, as this user."""
     if backend == "bwrap":
-        return _bwrap_argv(writable)
+        return _bwrap_argv(disk_mb, sandbox_uid() if uid is None else uid, seccomp_fd)
     if backend == "sandbox-exec":
-        return _macos_argv(writable or tempfile.gettempdir())
+        return _macos_argv(workdir or tempfile.gettempdir())
     if backend == "unshare":
         return ["unshare", "-n", os.path.realpath(sys.executable)]
     return [os.path.realpath(sys.executable)]
-
-
-def with_tmpfs_size(argv: list[str], size_mb: int) -> list[str]:
-    """A bubblewrap argv whose private /tmp tmpfs is capped at `size_mb` (the sandbox's whole
-    writable space); other argvs unchanged."""
-    for i in range(len(argv) - 1):
-        if argv[i] == "--tmpfs" and argv[i + 1] == "/tmp":
-            return argv[:i] + ["--size", str(size_mb << 20)] + argv[i:]
-    return argv
 
 
 def mount_quota(path: str, size_mb: int) -> bool:

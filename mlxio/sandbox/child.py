@@ -178,14 +178,33 @@ def _exception_from(name, message):
     return CandidateError(f"{name}: {message}")
 
 
-def make_stub(name, req, rep):
+def mark(res, what):
+    """A progress mark for the parent: what the judge is doing should time run out."""
+    os.write(res, what.encode())
+
+
+def make_stub(name, req, rep, res, raised):
+    """A function that calls the candidate's `name` in the worker; every exception it raises
+    is recorded in `raised` (the candidate's, not the tests' own)."""
     def stub(*args, **kwargs):
-        send(req, {"call": name, "args": encode(list(args)), "kwargs": encode(kwargs)})
-        reply = recv(rep)
+        mark(res, "C")
+        try:
+            send(req, {"call": name, "args": encode(list(args)), "kwargs": encode(kwargs)})
+            reply = recv(rep)
+        except BaseException as err:
+            raised.append(err)
+            raise
+        mark(res, "R")
         if "ret" in reply:
-            return decode(reply["ret"])
+            try:
+                return decode(reply["ret"])
+            except BaseException as err:
+                raised.append(err)
+                raise
         exc_name, message = reply["exc"]
-        raise _exception_from(exc_name, message)
+        err = _exception_from(exc_name, message)
+        raised.append(err)
+        raise err
 
     stub.__name__ = stub.__qualname__ = name
     return stub
@@ -202,9 +221,10 @@ def judge(args):
     job = json.loads(sys.stdin.read())
     sys.stdin.close()
 
-    def verdict(status, detail=""):
-        data = json.dumps({"nonce": job["nonce"], "status": status, "detail": str(detail)[:2000]})
-        os.write(res, data.encode())  # small (detail capped); read to EOF by the parent
+    def verdict(status, detail="", judge_fault=False):
+        data = json.dumps({"nonce": job["nonce"], "status": status, "detail": str(detail)[:2000],
+                           "judge_fault": judge_fault})
+        os.write(res, b"V" + data.encode())  # small (detail capped); read to EOF by the parent
 
     try:
         hello = recv(rep)
@@ -214,6 +234,7 @@ def judge(args):
         return verdict("error", err)
     if "load_error" in hello or not isinstance(hello.get("names"), list):
         return verdict("error", hello.get("load_error", "malformed hello"))
+    mark(res, "H")
 
     ns = {"__name__": "__judge__", "__builtins__": builtins}
     try:
@@ -225,17 +246,24 @@ def judge(args):
     # Names the test uses but neither it nor the prelude defines (helpers the candidate
     # defines, e.g. `poly` when no prelude is given) are called through the worker too.
     candidate_names = {str(n) for n in hello["names"]}
+    raised = []  # exceptions that came from the candidate (through a stub)
     for name in free_names(job["test"]) - set(ns) - set(dir(builtins)):
         if name in candidate_names:
-            ns[name] = make_stub(name, req, rep)
-    stub = make_stub(job["entry_point"], req, rep)
+            ns[name] = make_stub(name, req, rep, res, raised)
+    stub = make_stub(job["entry_point"], req, rep, res, raised)
     ns[job["entry_point"]] = stub
+    mark(res, "L")
     try:
         check(stub)
     except PeerGone as err:
         return verdict("failed", err)
-    except BaseException as err:  # noqa: BLE001  (assertion, wrong type, candidate error)
-        return verdict("failed", f"{type(err).__name__}: {err}")
+    except AssertionError as err:
+        return verdict("failed", f"AssertionError: {err}")
+    except BaseException as err:  # noqa: BLE001
+        if any(err is e for e in raised):  # the candidate's exception, passed through
+            return verdict("failed", f"{type(err).__name__}: {err}")
+        # the tests' own code raised: a broken test, or one tripped by a wrong answer
+        return verdict("infra", f"the tests raised {type(err).__name__}: {err}", judge_fault=True)
     return verdict("passed")
 
 
