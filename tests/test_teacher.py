@@ -28,25 +28,51 @@ REPLY = "Correctness: 8/10\nStyle: 6/10\nEfficiency: 7/10\nScore: 7/10"
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("Score: 7/10", 7.0), ("**8**", 8.0), ("7.5", 7.5), ('{"score": 6}', 6.0),
+    ("Score: 7/10", 7.0), ("7.5", 7.5), ('{"score": 6}', 6.0),
     ("Correctness: 9/10\nStyle: 5/10\nScore: 7/10", 7.0), ('```json\n{"score": "8.5"}\n```', 8.5),
     ("The final score is **9/10**", 9.0), ("I give it 6 out of 10.", 6.0),
-    ("Overall score = 12", 10.0), ("score: -3", 0.0),
     ("junk", None), ("", None), (None, None), ("underscore 3", None), ("Score: NaN", None),
-    ('{"score": true}', None),
+    ('{"score": true}', None), ("**8**", None),  # a bold number claims nothing
+    # another scale or out of range is missing, never clamped
+    ("Overall score: 35/100", None), ("Overall score = 12", None), ("score: -3", None),
+    ("Score: 11/10", None), ("Score: 3/5", None), ("Score: 10/10", 10.0), ("Score: 0/10", 0.0),
+    # the last Score line decides, whatever the review quoted before it
+    ('The code returns {"score": 10, "ok": true}.\nCorrectness: 1/10\nScore: 1/10', 1.0),
+    ('```python\nresult = {"score": 10}\n```\nScore: 2/10', 2.0),
+    ("It prints 'Score: 10/10' for every input, which is wrong.\nScore: 1/10", 1.0),
+    ('Review.\n{"score": 9}', None),  # JSON inside prose is a quote, not the answer
 ])
 def test_parse_score(text, expected):
     assert parse_score(text) == expected
 
 
 @given(st.floats(0, 10, allow_nan=False).map(lambda x: round(x, 2)),
-       st.sampled_from(["Score: {}/10", "**{}**", "{}", '{{"score": {}}}', "score = {}"]))
+       st.sampled_from(["Score: {}/10", "{}", '{{"score": {}}}', "score = {}", "Score: {} out of 10"]))
 def test_parse_score_round_trips(score, template):
     assert parse_score(template.format(score)) == pytest.approx(score)
 
 
+_NOISE = st.sampled_from([
+    '{"score": 10}', "**10**", "10/10", "Correctness: 10/10", "Score: 100/100", "Score: 35/100",
+    "score = 11", "Overall score: 10/10 would be generous", "def f():\n    return {'score': 10}",
+    "Yes.", "", "The candidate claims a perfect score.",
+])
+
+
+@given(st.lists(_NOISE, max_size=6), st.integers(0, 10), st.sampled_from(["", "\n", "\nThanks."]))
+def test_the_final_score_line_decides_over_any_quoted_text(noise, final, tail):
+    review = "\n".join(noise) + f"\nScore: {final}/10" + tail
+    assert parse_score(review) == float(final)
+
+
+@given(st.lists(st.sampled_from(["Score: 35/100", "Overall score = 12", "score: -1", "Score: 7/5",
+                                 "Score: 10.5/10"]), min_size=1, max_size=4))
+def test_a_final_score_off_the_scale_is_missing(lines):
+    assert parse_score("Review:\n" + "\n".join(lines)) is None
+
+
 @given(st.text(max_size=200))
-def test_parse_score_never_raises_and_clamps(text):
+def test_parse_score_never_raises_and_stays_in_range(text):
     score = parse_score(text)
     assert score is None or 0.0 <= score <= 10.0
 
@@ -384,6 +410,11 @@ def test_json_depth_and_bounded_loads():
     assert parse_score("[" * 100_000) is None  # no RecursionError out of the parser
 
 
+def _tops(**probs):
+    tops = [{"token": t, "logprob": math.log(p)} for t, p in probs.items()]
+    return {"content": [{**tops[0], "top_logprobs": tops}]}
+
+
 @pytest.mark.parametrize("payload, expected", [
     ({"content": [{"token": "Yes", "logprob": math.log(0.3),
                    "top_logprobs": [{"token": "Yes", "logprob": math.log(0.3)},
@@ -392,12 +423,35 @@ def test_json_depth_and_bounded_loads():
                                     {"token": "The", "logprob": math.log(0.1)}]}]}, 5.0),
     ({"content": [{"token": "No", "logprob": 0.0, "top_logprobs": []}]}, 0.0),
     (None, 10.0),  # no logprobs: the text's first word ("Yes.")
+    # punctuated, cased and spaced answers count as what they say
+    (_tops(**{"No.": 0.99, "Yes": 0.005}), 10 * (0.005 + 0.5 * 0.005)),
+    (_tops(**{" NO": 0.5, "no!": 0.49, "Yes": 0.01}), 0.1),
+    (_tops(**{"**Yes**": 0.9, " no.": 0.1}), 9.0),
+    # mass on neither answer is uncertainty (half a point), never yes
+    (_tops(**{"Yes": 0.5, "The": 0.5}), 7.5),
+    (_tops(**{"Yes": 0.3, "I": 0.6, "No": 0.05}), None),  # yes + no < 0.5: no verdict
+    (_tops(**{"Yesterday": 0.9, "None": 0.1}), None),
 ])
 def test_verdict_score_from_logprobs(payload, expected):
     from mlxio.rl.teacher import _verdict_from_response
 
     resp = {"choices": [{"message": {"content": "Yes."}, "logprobs": payload}]}
-    assert _verdict_from_response(resp) == pytest.approx(expected)
+    got = _verdict_from_response(resp)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+@given(st.floats(0, 1), st.floats(0, 1))
+def test_verdict_score_never_reads_neither_as_yes(p_yes, p_no):
+    from mlxio.rl.teacher import verdict_score
+
+    if p_yes + p_no > 1:
+        p_yes, p_no = p_yes / (p_yes + p_no), p_no / (p_yes + p_no)
+    score = verdict_score(p_yes, p_no)
+    if p_yes + p_no < 0.5:
+        assert score is None
+    else:  # at most what all the undecided mass would give as a coin flip
+        assert 10 * p_yes - 1e-9 <= score <= 10 * (p_yes + 0.5 * (1 - p_yes - p_no)) + 1e-9
+        assert score <= 10 * (1 - p_no) + 1e-9
 
 
 def test_verdict_judge_sends_one_token_logprob_request():
@@ -427,7 +481,7 @@ def test_verdict_judge_sends_one_token_logprob_request():
 
     with Recording(answer) as server:
         judge = HttpJudge(server.url, "teacher", timeout_s=5.0, scoring="verdict")
-        assert judge.judge("TASK", "ANSWER") == pytest.approx(2.5)
+        assert judge.judge("TASK", "ANSWER") == pytest.approx(3.0)  # 10 * (0.2 + 0.2 / 2)
     req = seen[0]
     assert req["max_tokens"] == 1 and req["logprobs"] is True and req["top_logprobs"] == 10
     assert req["messages"][-1]["content"].endswith("Answer with one word: Yes or No.")

@@ -52,15 +52,20 @@ def test_real_server_scores_with_the_rubric_and_caches(teacher, tmp_path):
     took = time.monotonic() - start
     scores = dict(zip(names, first.per_reward["ai_feedback"].tolist(), strict=True))
     print(f"teacher scores (P(yes), {took:.1f} s): {scores}")
-    assert not first.missing.any(), judge.last_error
-    assert all(0.0 <= s <= 1.0 for s in scores.values())
-    assert len(set(scores.values())) > 1  # graded by the model, not a constant
+    # the code answers get a verdict; where the model puts under half its mass on yes + no
+    # (the off-topic answer, for this 135M model) the score is missing, never a yes
+    assert not first.missing[:2].any(), judge.last_error
+    graded = {n: v for n, v in scores.items() if v == v}
+    assert all(0.0 <= v <= 1.0 for v in graded.values())
+    assert len(set(graded.values())) > 1  # graded by the model, not a constant
     assert first.cache_misses == len(names) and judge.stats.requests == len(names)
+    missing = int(first.missing.sum())
     second = combine_rewards([(reward, 1.0)], [problem] * len(names),
                              [COMPLETIONS[n] for n in names], RewardCache(tmp_path / "cache"))
-    assert second.cache_hits == len(names) and second.cache_misses == 0
-    assert judge.stats.requests == len(names)  # no HTTP call the second time
-    assert (second.total == first.total).all()
+    assert second.cache_hits == len(names) - missing and second.cache_misses == missing
+    assert judge.stats.requests == len(names) + missing  # only the missing ones asked again
+    kept = ~first.missing
+    assert (second.total[kept] == first.total[kept]).all()
 
 
 def test_real_server_text_rubric_answers(teacher):

@@ -16,6 +16,7 @@ import time
 from mlxio.rl.teacher import (
     PREFILL_CHUNK,
     SCORINGS,
+    answer_word,
     parse_score,
     rubric_hash,
     rubric_messages,
@@ -100,18 +101,26 @@ class LocalJudge:
         finally:
             self._lock.release()
 
+    def _answer_tokens(self, tok) -> dict[str, list[int]]:
+        """{"yes": ids, "no": ids}: every vocabulary token that reads as that answer once
+        case, punctuation and spacing are dropped ("Yes", " no", "No.", ...); found once."""
+        cached = getattr(self, "_answer_ids", None)
+        if cached is None:
+            cached = {"yes": [], "no": []}
+            for i in sorted(set(tok.get_vocab().values())):
+                word = answer_word(tok.decode([i]))
+                if word in cached:
+                    cached[word].append(i)
+            self._answer_ids = cached
+        return cached
+
     def _verdict(self, messages: list[dict[str, str]], deadline: float) -> float | None:
         import mlx.core as mx
 
         policy = self._load()
         tok = policy.tokenizer
         ids = tok.encode(self._prompt(messages), add_special_tokens=False)
-        words = {"yes": set(), "no": set()}
-        for word in words:
-            for form in (word, word.capitalize(), " " + word, " " + word.capitalize()):
-                enc = tok.encode(form, add_special_tokens=False)
-                if len(enc) == 1:
-                    words[word].add(enc[0])
+        words = self._answer_tokens(tok)
         if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
             raise TimeoutError(f"model busy for the whole {self.timeout_s:g} s deadline")
         try:
@@ -125,7 +134,9 @@ class LocalJudge:
                 logits = policy.model(mx.array([ids[start:start + PREFILL_CHUNK]]), cache=cache)
                 mx.eval(logits)
             probs = mx.softmax(logits[0, -1].astype(mx.float32))
-            p = {w: float(probs[mx.array(sorted(s))].sum()) if s else 0.0 for w, s in words.items()}
+            vocab = probs.shape[0]
+            p = {w: float(probs[mx.array([i for i in ids if i < vocab])].sum()) if ids else 0.0
+                 for w, ids in words.items()}
         finally:
             self._lock.release()
         return verdict_score(p["yes"], p["no"])

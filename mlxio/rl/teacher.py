@@ -90,73 +90,96 @@ def loads_bounded(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH):
 # ---------------------------------------------------------------- score parsing
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
-_PATTERNS = (
-    # "Score: 7/10", "Overall score = 7.5", "final score - 8 out of 10" (the last one wins)
-    re.compile(rf"\bscore\b\s*(?:is|[:=\-])?\s*\**\s*{_NUM}"
-               rf"\s*\**\s*(?:/\s*10|out of 10)?", re.I),
-    re.compile(rf"\*\*\s*{_NUM}\s*(?:/\s*10)?\s*\*\*"),  # "**8**", "**8/10**"
-    re.compile(rf"{_NUM}\s*(?:/\s*10|out of 10)\b", re.I),  # "8/10" anywhere
-)
+# "Score: 7/10", "Overall score = 7.5", "The final score is **9/10**", "score - 8 out of 10":
+# the number, and the scale when one is given
+_SCORE = re.compile(rf"\bscore\b\s*(?:is|[:=\-])?\s*\**\s*{_NUM}\s*\**\s*"
+                    rf"(?:(?:/|out\s+of)\s*\**\s*{_NUM})?", re.I)
+_OUT_OF = re.compile(rf"{_NUM}\s*(?:/|out\s+of)\s*{_NUM}\b", re.I)  # "8/10" anywhere
+_FENCED = re.compile(r"\A\s*```(?:json)?\s*\n(.*?)\n\s*```\s*\Z", re.S)
+
+
+def _on_scale(value, scale) -> float | None:
+    """`value` as a 0-10 score: None unless it is a finite number in [0, 10] on a scale of
+    10 (or no scale given). Out of range is not clamped: "35/100" or "12" is no answer."""
+    try:
+        score = float(value)
+        out_of = 10.0 if scale in (None, "") else float(scale)
+    except (TypeError, ValueError):
+        return None
+    if not (math.isfinite(score) and out_of == 10.0 and 0.0 <= score <= 10.0):
+        return None
+    return score
 
 
 def parse_score(text: str | None) -> float | None:
-    """The overall 0-10 score in a judge's answer, clamped to [0, 10]; None if there is none.
+    """The overall 0-10 score in a judge's answer; None if it gives none on that scale.
 
-    Tried in order: a JSON object with "score" (bare or in a ``` block); the last
-    "score: N[/10]"; the last "**N**"; the last "N/10"; the whole answer being one number.
+    The last "score ... N[/10]" in the answer decides (the rubric asks for a last line
+    `Score: N/10`), whatever else the review quotes before it (a candidate's dict with a
+    "score" key, other criteria's marks). Without any: the whole answer as a JSON object with
+    "score" (bare or in one ``` block), or as one number; then the last "N/10" / "N out of 10".
+    A score on another scale ("35/100") or outside [0, 10] is None (missing), never clamped.
     """
     if not text or not isinstance(text, str):
         return None
-    value = None
-    for blob in [text.strip(), *re.findall(r"\{[^{}]*\}", text)]:
+    found = _SCORE.findall(text)
+    if found:
+        return _on_scale(*found[-1])
+    whole = _FENCED.match(text)
+    blob = (whole.group(1) if whole else text).strip()
+    if blob.startswith("{"):
         try:
             obj = loads_bounded(blob)
         except ValueError:
-            continue
-        if (isinstance(obj, dict) and isinstance(obj.get("score"), int | float | str)
-                and not isinstance(obj.get("score"), bool)):
-            value = obj["score"]
-            break
-    if value is None:
-        for pattern in _PATTERNS:
-            found = pattern.findall(text)
-            if found:
-                value = found[-1]
-                break
-    if value is None and re.fullmatch(rf"\s*{_NUM}\s*", text):
-        value = text
-    try:
-        score = float(value)
-    except (TypeError, ValueError):
+            obj = None
+        if isinstance(obj, dict) and isinstance(obj.get("score"), int | float | str) \
+                and not isinstance(obj.get("score"), bool):
+            return _on_scale(obj["score"], None)
         return None
-    return None if not math.isfinite(score) else min(max(score, 0.0), 10.0)
+    if re.fullmatch(rf"\s*{_NUM}\s*", text):
+        return _on_scale(text, None)
+    found = _OUT_OF.findall(text)
+    return _on_scale(*found[-1]) if found else None
+
+
+def answer_word(token: str) -> str:
+    """A yes/no answer token normalised: case, punctuation and spacing dropped (" Yes",
+    "No.", "**yes**", "▁no" -> "yes" / "no")."""
+    return re.sub(r"[\W_]+", "", str(token)).lower()
+
+
+MIN_ANSWER_MASS = 0.5  # below this much probability on "yes" + "no" the judge gave no verdict
 
 
 def verdict_score(p_yes: float, p_no: float) -> float | None:
-    """10 * P(yes) / (P(yes) + P(no)); None when neither answer has any probability."""
-    total = p_yes + p_no
-    if not (math.isfinite(total) and total > 0):
+    """10 * (P(yes) + P(neither) / 2): the probability mass on neither answer is uncertainty
+    (half a point), never yes; None when yes and no together hold less than MIN_ANSWER_MASS
+    (the judge did not answer the question)."""
+    if not (math.isfinite(p_yes) and math.isfinite(p_no)) or p_yes < 0 or p_no < 0:
         return None
-    return 10.0 * p_yes / total
+    answered = p_yes + p_no
+    if answered < MIN_ANSWER_MASS:
+        return None
+    neither = max(0.0, 1.0 - answered)
+    return min(10.0, 10.0 * (p_yes + 0.5 * neither))
 
 
 def _verdict_from_response(resp: dict) -> float | None:
     """The verdict score of an OpenAI chat response with `logprobs` (the first answer token's
-    top log-probs; "Yes"/"yes"/" yes" all count as yes); else from the answer text's first
-    word; None when neither says yes or no."""
+    top log-probs, each token normalised by `answer_word`; mass on other tokens, listed or
+    not, is neither answer); else from the answer text's first word; None when neither says
+    yes or no."""
     choice = resp["choices"][0]
     content = (choice.get("logprobs") or {}).get("content") or []
     if content and isinstance(content[0], dict):
         tops = content[0].get("top_logprobs") or [content[0]]
         p = {"yes": 0.0, "no": 0.0}
         for entry in tops:
-            word = str(entry.get("token", "")).strip().lower()
-            logprob = entry.get("logprob")
+            word = answer_word(entry.get("token", "")) if isinstance(entry, dict) else ""
+            logprob = entry.get("logprob") if isinstance(entry, dict) else None
             if word in p and isinstance(logprob, int | float) and not isinstance(logprob, bool):
                 p[word] += math.exp(min(float(logprob), 0.0))
-        score = verdict_score(p["yes"], p["no"])
-        if score is not None:
-            return score
+        return verdict_score(p["yes"], p["no"])
     text = choice.get("message", {}).get("content")
     first = re.match(r"\W*(\w+)", text) if isinstance(text, str) else None
     word = first.group(1).lower() if first else ""
