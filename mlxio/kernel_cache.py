@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mlxio.errors import DataError
+from mlxio.run.atomic import replace_file
 
 log = logging.getLogger("mlxio")
 ENV = "MLXIO_KERNEL_CACHE"
@@ -180,7 +181,7 @@ def export_cache(archive: str | os.PathLike, folder: str | None = None) -> dict:
         tar.addfile(info, io.BytesIO(data))
         for p in files:
             tar.add(p, arcname=f"ptx/{p.relative_to(folder)}")
-    os.replace(tmp, archive)
+    replace_file(tmp, archive)
     return manifest
 
 

@@ -38,6 +38,8 @@ import numpy as np
 
 from mlxio.data.lines import object_lines
 from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
+from mlxio.run.atomic import regular_target
+from mlxio.run.runlog import write_text_atomic
 from mlxio.search import build as search_build
 from mlxio.search.embed import Embedder, assign_on_device, encode_on_device
 from mlxio.search.index import FUSIONS, Index, SearchArgumentError, check_args
@@ -229,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("the query is empty")
     if args.queries is not None and args.output is not None and _same_file(args.queries, args.output):
         parser.error(f"--output {args.output} is the --queries file; it would be overwritten")
+    if args.output is not None:
+        regular_target(args.output)  # /dev/null, a FIFO, ...: refused before any work
     if args.queries is not None:
         rows = _read_queries(args.queries)
         ranked, idx = search(args.index, [r["query"] for r in rows], args.mode, args.top_k, args.alpha, args.fusion)
@@ -237,12 +241,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.output is None:
             sys.stdout.write("".join(line + "\n" for line in lines))
             return
-        tmp = args.output.with_name(f".{args.output.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text("".join(line + "\n" for line in lines))
-            os.replace(tmp, args.output)
+            write_text_atomic(args.output, "".join(line + "\n" for line in lines))
         except OSError as err:
-            tmp.unlink(missing_ok=True)
             raise DataError(f"{args.output}: cannot write ({err.strerror})") from None
         return
     ranked, idx = search(args.index, [args.query], args.mode, args.top_k, args.alpha, args.fusion)

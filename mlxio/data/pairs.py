@@ -29,6 +29,7 @@ import numpy as np
 
 from mlxio import pyparse
 from mlxio.errors import DataError
+from mlxio.run.atomic import replace_file
 
 
 @attrs.frozen(kw_only=True)
@@ -231,7 +232,7 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(attrs.asdict(corpus)))
-    os.replace(tmp, path)  # atomic: readers never see half a file
+    replace_file(tmp, path)  # atomic: readers never see half a file
     return corpus
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl.judge import CodeJudge
 from mlxio.rl.problems import Problem, defines, fenced_blocks, parses
+from mlxio.run.atomic import replace_file
 from mlxio.sandbox import SandboxLimits, Verdict
 
 # ---------------------------------------------------------------- reward functions
@@ -239,7 +240,7 @@ class RewardCache:
             f.writelines(json.dumps([k, v]) + "\n" for k, v in entries.items())
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path / name)
+        replace_file(tmp, self.path / name)
         dir_fd = os.open(self.path, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

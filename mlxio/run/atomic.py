@@ -19,6 +19,7 @@ import errno
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +52,42 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP if hasattr(errno, "ENOTSUP") else errno.EINVAL):
         return False
     raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+_KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
+          (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory"))
+
+
+def regular_target(path: str | os.PathLike) -> Path:
+    """The file an atomic write of `path` replaces: `path` (or, through symlinks, the file it
+    names) when that is a regular file or does not exist yet. Anything else (`/dev/null`,
+    `/dev/full`, a FIFO, a socket, a directory) is a DiskError: renaming over it would
+    replace the device node itself."""
+    path = Path(path)
+    real = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return real
+    except OSError:  # unreadable: let the write itself report it
+        return real
+    if stat.S_ISREG(mode):
+        return real
+    kind = next((name for test, name in _KINDS if test(mode)), "special file")
+    raise DiskError(f"{path} is a {kind}, not a regular file; an output is never written over one",
+                    where=str(path), fix="pass the path of a regular file (or a new one)")
+
+
+def replace_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """`os.replace(tmp, path)` when `path` is a regular file or absent (`regular_target`);
+    else `tmp` is removed and the DiskError raised."""
+    try:
+        target = regular_target(path)
+    except DiskError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    os.replace(tmp, target)
 
 
 def fsync_path(path: str | os.PathLike) -> None:

@@ -10,13 +10,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mlxio.run.atomic import regular_target, replace_file
+
 log = logging.getLogger(__name__)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` to a temp file beside `path`, fsync, then rename over it; on any failure
-    (disk full, ...) the temp file is removed and `path` keeps its old contents."""
-    path = Path(path)
+    (disk full, ...) the temp file is removed and `path` keeps its old contents. A `path` that
+    exists and is not a regular file (a device, FIFO, socket) is refused (DiskError)."""
+    path = regular_target(path)  # never renamed over /dev/null, a FIFO, ...
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -53,7 +56,7 @@ class MetricsLog:
                     if line.strip() and _step_of(line) <= resume_step]
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, path)
+            replace_file(tmp, path)
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as handle:
