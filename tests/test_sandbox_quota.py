@@ -114,3 +114,58 @@ def test_rlaif_refuses_weak_isolation_unless_asked(monkeypatch, tmp_path):
     assert exit_info.value.code == 1 and not loaded  # refused before the model loads
     monkeypatch.setattr(sandbox, "sandbox_backend", lambda: "bwrap")
     assert require_isolation(False, "x") == "bwrap"
+
+
+# The problem's own test code forks as many processes as it can (trusted code, but it must not
+# escape the limits the candidate has): the count it reaches is reported in its assertion.
+FORK_TEST = """
+def check(candidate):
+    import os, time
+    pids = []
+    for _ in range(200):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(5)
+            os._exit(0)
+        pids.append(pid)
+    assert False, f"forked {len(pids)}"
+"""
+
+
+@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+def test_the_tests_own_code_has_the_process_limit():
+    verdict = run_check("def f():\n    return 1\n", FORK_TEST, "f", attrs.evolve(LIMITS, timeout_s=10.0))
+    forked = int(verdict.detail.rsplit("forked ", 1)[1].split()[0])
+    assert forked <= LIMITS.max_processes, verdict.detail
+
+
+@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+def test_the_sandbox_runs_unprivileged_with_its_writable_space_in_one_quota():
+    probe = """
+def f():
+    import os
+    found = {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups()}
+    with open("/proc/self/status") as h:
+        found["caps"] = [ln.split()[1] for ln in h if ln.startswith(("CapEff", "CapPrm", "CapBnd"))]
+    with open("/proc/self/status") as h:
+        found["no_new_privs"] = [ln.split()[1] for ln in h if ln.startswith("NoNewPrivs")]
+    with open("/proc/self/status") as h:
+        found["seccomp"] = [ln.split()[1] for ln in h if ln.startswith("Seccomp:")]
+    with open("/proc/self/mountinfo") as h:
+        found["rw"] = sorted(ln.split()[4] for ln in h if ln.split()[5].startswith("rw") and ln.split()[4] not in
+                             ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/pts"))
+    return found
+"""
+    test = """
+def check(candidate):
+    found = candidate()
+    assert 0 not in (found["uid"], found["euid"], found["gid"]) and found["groups"] in ([], [found["gid"]]), found
+    assert found["caps"] == ["0000000000000000"] * 3, found
+    assert found["no_new_privs"] == ["1"] and found["seccomp"] == ["2"], found
+    assert found["rw"] == ["/dev/shm", "/tmp"], found
+"""
+    verdict = run_check(probe, test, "f", LIMITS)
+    assert verdict.status == "passed", verdict.detail
