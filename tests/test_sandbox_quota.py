@@ -169,3 +169,19 @@ def check(candidate):
 """
     verdict = run_check(probe, test, "f", LIMITS)
     assert verdict.status == "passed", verdict.detail
+
+
+@pytest.mark.parametrize("fake", ["/bin/true", "/bin/echo"])
+def test_the_probe_does_not_trust_a_program_that_runs_nothing(monkeypatch, fake):
+    """`MLXIO_BWRAP=/bin/true` exits 0 without running the interpreter: the probe asks for a
+    known program's answer, so bubblewrap is not taken to work, and the recipe's check
+    refuses the weaker backend it falls back to."""
+    monkeypatch.setenv("MLXIO_BWRAP", fake)
+    backend.sandbox_backend.cache_clear()
+    try:
+        assert backend.sandbox_backend() != "bwrap"
+        with pytest.raises(SandboxError, match="no bubblewrap"):
+            require_isolation(False, "--sandbox.allow_weak true")
+    finally:
+        monkeypatch.delenv("MLXIO_BWRAP")
+        backend.sandbox_backend.cache_clear()

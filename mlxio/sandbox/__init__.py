@@ -24,21 +24,34 @@ Design, and what each layer stops:
    token this process sends on the judge's stdin. The worker never holds the nonce or that
    pipe (separate sandboxes: it cannot read the judge's memory or fds), so it cannot forge
    a verdict; a missing or wrong nonce is "infra" (the harness broke), never "passed".
-3. Isolation per process (Linux): bubblewrap with every namespace unshared (no network,
-   private pid/ipc/uts/user namespaces), all capabilities dropped, read-only binds of /usr
-   and the interpreter's stdlib only (its site-packages is hidden, so no dataset files),
-   a per-run temp dir as the only writable place (worker), `--die-with-parent`,
-   `--new-session`. This stops network access, reading the repo, HOME or /etc, writing
-   outside the sandbox, signalling or ptracing anything outside, and orphans: when the
-   sandbox's pid 1 dies the kernel kills every process in its pid namespace.
-   Fallbacks, with a logged warning: `unshare -n` (network only) or a plain subprocess,
-   neither of which isolates files; on macOS `sandbox-exec` with a deny-network /
-   deny-file-write profile.
-4. Limits: `setrlimit` in each child before any job code runs (RLIMIT_AS, NPROC, FSIZE,
-   CPU as a backstop, CORE=0); as root (where RLIMIT_NPROC is not enforced) a pids cgroup
-   caps the worker's process count when one can be created; a wall-clock deadline after
-   which both process groups (and every pid in the cgroup) are SIGKILLed; stdout/stderr
-   read with a cap (exceeding it kills the worker: status "error").
+3. Isolation per process (Linux): bubblewrap with new pid/ipc/uts/network (and, unless
+   started as root, user) namespaces; the process runs as an unprivileged user (as root:
+   setpriv drops to a fresh uid of its own, no groups, no capabilities, no new privileges;
+   otherwise uid/gid 65534 in a user namespace mapped to this user), so the host's kernel
+   treats it as nobody (sysctls, /proc, files); `/`, `/usr`, `/proc` (with `/proc/sys`) and
+   `/dev` are read-only, the interpreter and its stdlib bound read-only (its site-packages
+   hidden: no dataset files); a seccomp filter (`mlxio.sandbox.seccomp`) denies ptrace,
+   mount, keyctl, bpf, perf, kexec, module loading, io_uring, new namespaces and every
+   socket family but AF_UNIX; `--die-with-parent`, `--new-session`. This stops network
+   access, reading the repo, HOME or /etc, writing anything outside the sandbox (the host's
+   sysctls included), signalling or ptracing anything outside, and orphans: when the
+   sandbox's pid 1 dies the kernel kills every process in its pid namespace. The backend
+   probe runs a known program and checks its answer and uid before trusting bubblewrap.
+   Fallbacks, with a logged warning and only when the user opts in: `unshare -n` (network
+   only) or a plain subprocess, neither of which isolates files nor drops privileges; on
+   macOS `sandbox-exec` with a deny-network / deny-file-write profile.
+4. Limits, the same for the worker and the judge: `setrlimit` before any job code runs
+   (RLIMIT_AS, NPROC, FSIZE, CPU as a backstop, CORE=0); as root a pids and a memory cgroup
+   per process; the writable space (`/tmp` and `/dev/shm`, two tmpfs) adds up to `disk_mb`;
+   a wall-clock deadline after which both process groups (and every pid in the cgroups) are
+   SIGKILLed; stdout/stderr read with a cap (the worker exceeding it: status "error"; the
+   judge: its own failure).
+5. The judge's own failures are "infra", never the candidate's fail: it loads the problem's
+   prelude and tests before it waits for the candidate, and marks its progress on the result
+   pipe (loaded, candidate loaded, call pending, reply received), so a timeout is charged to
+   whoever held the clock; tests that raise something other than an assertion or the
+   candidate's own exception, flood their output or hang with no call pending are
+   `judge_fault` verdicts, which `mlxio.rl.judge` settles with the problem's reference solution.
 Known limits: the judge sees return values, not side effects (a test that checks in-place
 mutation of an argument cannot pass), returned iterators/generators are refused, and
 exceptions cross as builtin types by name; these only ever turn a pass into a fail. A kernel
