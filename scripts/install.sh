@@ -4,18 +4,19 @@
 # pull PyTorch or llama.cpp). Idempotent: a second run only checks.
 #
 # System libraries (Linux): OpenBLAS (libopenblas0-pthread: MLX's CPU matmuls ~40x faster) and
-# bubblewrap (the code sandbox of the RLAIF recipe). Installed here with apt-get when this user
+# bubblewrap and libseccomp2 (the code sandbox of the RLAIF recipe and its seccomp filter). Installed here with apt-get when this user
 # is root or has password-less sudo on Debian/Ubuntu (as CI does); otherwise the script stops
 # and prints the exact command to run. SKIP_SYSTEM_DEPS=1 skips this step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-SYSTEM_PACKAGES="libopenblas0-pthread bubblewrap"
+SYSTEM_PACKAGES="libopenblas0-pthread bubblewrap libseccomp2"
 
 have_system_deps() {
   { [ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 ] \
       || [ -e /usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0 ] \
-      || ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so\.0'; } && command -v bwrap >/dev/null 2>&1
+      || ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so\.0'; } && command -v bwrap >/dev/null 2>&1 \
+    && ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2'
 }
 
 # (tests: ASSUME_NO_SYSTEM_DEPS=1 takes them as missing; SYSTEM_DEPS_ONLY=1 stops after this step)

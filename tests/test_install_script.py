@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "install.sh"
-PACKAGES = "libopenblas0-pthread bubblewrap"
+PACKAGES = "libopenblas0-pthread bubblewrap libseccomp2"
 
 
 def fake_bin(tmp_path, uid: int, sudo_ok: bool) -> Path:
