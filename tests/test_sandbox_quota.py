@@ -185,3 +185,46 @@ def test_the_probe_does_not_trust_a_program_that_runs_nothing(monkeypatch, fake)
     finally:
         monkeypatch.delenv("MLXIO_BWRAP")
         backend.sandbox_backend.cache_clear()
+
+
+@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+def test_a_killed_trainer_leaves_nothing_after_the_next_start(tmp_path):
+    """SIGKILL a process in the middle of a sandboxed check: its cgroups and work dir stay
+    behind (no cleanup ran) until the next process's first check sweeps them."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    code = ("import time\nfrom mlxio.sandbox import SandboxLimits, run_check\n"
+            "print('go', flush=True)\n"
+            "run_check('import time\\ntime.sleep(30)\\ndef f():\\n    return 1\\n',"
+            " 'def check(c):\\n    assert c() == 1\\n', 'f', SandboxLimits(timeout_s=60))\n")
+    repo = Path(__file__).resolve().parents[1]
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=repo,
+                             env={**os.environ, "PYTHONPATH": str(repo)})
+    assert child.stdout.readline().strip() == b"go"
+    tmp = Path(tempfile.gettempdir())
+
+    def leftovers():
+        dirs = [p for p in tmp.glob(f"mlxio-sandbox-{child.pid}-*")]
+        groups = [p for root in ("/sys/fs/cgroup/pids", "/sys/fs/cgroup", "/sys/fs/cgroup/memory")
+                  for p in Path(root).glob(f"mlxio-*{child.pid}-*")]
+        return dirs + groups
+
+    deadline = time.monotonic() + 20
+    while not leftovers() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert leftovers(), "the check never started"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    backend.sweep_stale.cache_clear()
+    try:
+        assert backend.sweep_stale() >= 1
+    finally:
+        backend.sweep_stale.cache_clear()
+    assert leftovers() == []

@@ -93,6 +93,7 @@ from mlxio.sandbox.backend import (
     sandbox_backend,
     sandbox_env,
     sweep_cgroup,
+    sweep_stale,
     unmount_quota,
 )
 
@@ -298,7 +299,8 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
     backend = sandbox_backend()
     run_id, nonce = secrets.token_hex(8), secrets.token_hex(16)
     start = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix=f"mlxio-sandbox-{run_id}-")
+    sweep_stale()
+    workdir = tempfile.mkdtemp(prefix=f"mlxio-sandbox-{os.getpid()}-{run_id}-")
     # disk: bwrap's tmpfs have --size; a weaker backend's host work dir gets a tmpfs (root)
     # or a polled quota
     mounted = backend != "bwrap" and mount_quota(workdir, limits.disk_mb)
@@ -318,7 +320,7 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
         procs.append(_spawn(backend, "judge", {"req": req_w, "rep": rep_r, "res": res_w,
                                                 "limits": lim, "run_id": run_id},
                             (req_w, rep_r, res_w), None, run_id, judge_cgroups, limits.disk_mb))
-    except (OSError, seccomp.SeccompUnavailable) as err:
+    except BaseException as err:  # nothing left behind, whatever broke
         for p in procs:
             _kill_group(p)
             p.wait()
@@ -329,6 +331,8 @@ def run_check(code: str, test: str, entry_point: str, limits: SandboxLimits = Sa
         if mounted:
             unmount_quota(workdir)
         shutil.rmtree(workdir, ignore_errors=True)
+        if not isinstance(err, OSError | seccomp.SeccompUnavailable):
+            raise
         return Verdict(status="infra", detail=f"cannot start sandbox ({backend}): {err}",
                        run_id=run_id, backend=backend, duration_s=time.monotonic() - start)
     for fd in (req_r, req_w, rep_r, rep_w, res_w):

@@ -248,7 +248,7 @@ def make_memory_cgroup(run_id: str, memory_mb: int) -> str | None:
         root, files = _V1_MEMORY_ROOT, (("memory.limit_in_bytes", limit), ("memory.memsw.limit_in_bytes", limit))
     else:
         return None
-    path = os.path.join(root, f"mlxio-mem-{run_id}")
+    path = os.path.join(root, f"mlxio-mem-{os.getpid()}-{run_id}")
     try:
         os.mkdir(path)
         Path(path, files[0][0]).write_text(files[0][1])
@@ -283,7 +283,7 @@ def make_pids_cgroup(run_id: str, max_pids: int) -> str | None:
     if os.geteuid() != 0:
         return None
     for root in _PIDS_CGROUP_ROOTS:
-        path = os.path.join(root, f"mlxio-{run_id}")
+        path = os.path.join(root, f"mlxio-{os.getpid()}-{run_id}")
         try:
             if not os.path.exists(os.path.join(root, "cgroup.procs")):
                 continue
@@ -317,3 +317,51 @@ def sweep_cgroup(path: str | None) -> None:
         except OSError:
             time.sleep(0.005)  # processes still exiting
     log.warning("could not remove sandbox cgroup %s", path)
+
+
+def _owner_gone(name: str, prefix: str) -> bool:
+    """Whether the process whose pid follows `prefix` in `name` no longer exists."""
+    pid = name[len(prefix):].split("-", 1)[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+@cache
+def sweep_stale() -> int:
+    """Once per process: remove what sandboxes of dead processes left (a trainer killed with
+    SIGKILL never ran its cleanup): their cgroups (killing anything still in them) and work
+    dirs (unmounting a quota tmpfs first). Returns how many were removed."""
+    removed = 0
+    for root in (*_PIDS_CGROUP_ROOTS, _V1_MEMORY_ROOT):
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        for name in names:
+            for prefix in ("mlxio-mem-", "mlxio-"):
+                if name.startswith(prefix) and _owner_gone(name, prefix):
+                    sweep_cgroup(os.path.join(root, name))
+                    removed += 1
+                    break
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith("mlxio-sandbox-") and _owner_gone(name, "mlxio-sandbox-"):
+            path = os.path.join(tmp, name)
+            if os.path.ismount(path):
+                unmount_quota(path)
+            shutil.rmtree(path, ignore_errors=True)
+            removed += 1
+    if removed:
+        log.info("removed %d sandbox leftovers of processes that no longer run", removed)
+    return removed
