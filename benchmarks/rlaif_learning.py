@@ -4,13 +4,14 @@ Runs `recipes.rlaif_qwen` with the given options (evaluation before and after on
 evaluation set: n sampled completions per problem + greedy, bootstrap CIs over problems, the
 paired difference; see mlxio/rl/evaluation.py) and, once the run is complete, appends one entry
 per evaluation set to benchmarks/results/<machine>/rlaif_learning.json:
-  {"task_set", "model", "steps", "n_samples", "before": {"pass_at_1", "ci95", "greedy",
-   "greedy_ci95"}, "after": {...}, "diff": {"mean", "ci95", "greedy_mean", "greedy_ci95"},
-   "command", "wall_s", "run"}
+  {"task_set", "model", "seed", "steps", "n_samples", "temperature", "before": {"pass_at_1",
+   "ci95", "greedy", "greedy_ci95", "problems", "missing"}, "after": {...}, "diff": {"mean",
+   "ci95", "greedy_mean", "greedy_ci95"}, "command", "wall_s", "run"}
 A run longer than one sitting (a device call) continues with the same command: each call
-passes `--resume` and `--stop-after`, and wall_s sums the calls (recorded in the run's folder).
+passes `--resume` (and `--stop_after STEP`, the step to stop at in this sitting), and wall_s
+sums the calls (recorded in the run's folder).
 
-    python -m benchmarks.rlaif_learning --machine h100 --stop-after 60 -- --out runs/learn ...
+    python -m benchmarks.rlaif_learning --machine h100 --stop_after 60 -- --preset gpu --out_dir runs/learn
 """
 
 from __future__ import annotations
@@ -23,12 +24,24 @@ import time
 from pathlib import Path
 
 import benchmarks  # noqa: F401  (fast BLAS first)
+from mlxio.run.runlog import write_text_atomic
 from recipes import rlaif_qwen
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def entries(eval_json: dict, command: str, wall_s: float, run: str) -> list[dict]:
+def _config_value(cfg: dict, *path: str):
+    """A value of the run's config: the sectioned key (e.g. train.steps) or, in results
+    written before the config had sections, the top-level one."""
+    node = cfg
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return cfg.get(path[-1])
+        node = node[key]
+    return node
+
+
+def entries(eval_json: dict, command: str, wall_s: float | None, run: str) -> list[dict]:
     """One record per evaluation set of a finished run's eval.json."""
     cfg = eval_json["config"]
     out = []
@@ -37,18 +50,22 @@ def entries(eval_json: dict, command: str, wall_s: float, run: str) -> list[dict
             continue
 
         def side(r: dict) -> dict:
-            return {"pass_at_1": r["sampled"]["pass@1"], "ci95": r["sampled"]["ci95"],
-                    "greedy": r["greedy"]["pass@1"], "greedy_ci95": r["greedy"]["ci95"],
-                    "problems": r["problems"]}
+            sampled, greedy = r.get("sampled", {}), r.get("greedy", {})
+            return {"pass_at_1": sampled.get("pass@1"), "ci95": sampled.get("ci95"),
+                    "greedy": greedy.get("pass@1"), "greedy_ci95": greedy.get("ci95"),
+                    "problems": r["problems"],
+                    "missing": sampled.get("missing", 0) + greedy.get("missing", 0)}
 
-        d = res["diff"]
+        d = res.get("diff", {})
         out.append({
-            "task_set": name, "model": cfg["model"] or "SmolLM2-135M-Instruct (embedded GGUF)",
-            "steps": cfg.get("train", cfg)["steps"],  # train.steps (top-level "steps" in older results) "n_samples": res["before"]["n"],
-            "temperature": res["before"]["sampled"]["temperature"],
+            "task_set": name, "model": cfg.get("model") or "SmolLM2-135M-Instruct (embedded GGUF)",
+            "seed": _config_value(cfg, "train", "seed"), "steps": _config_value(cfg, "train", "steps"),
+            "n_samples": res["before"].get("n"),
+            "temperature": res["before"].get("sampled", {}).get("temperature"),
             "before": side(res["before"]), "after": side(res["after"]),
-            "diff": {"mean": d["sampled"]["mean"], "ci95": d["sampled"]["ci95"],
-                     "greedy_mean": d["greedy"]["mean"], "greedy_ci95": d["greedy"]["ci95"]},
+            "diff": {"mean": d.get("sampled", {}).get("mean"), "ci95": d.get("sampled", {}).get("ci95"),
+                     "greedy_mean": d.get("greedy", {}).get("mean"),
+                     "greedy_ci95": d.get("greedy", {}).get("ci95")},
             "command": command, "wall_s": wall_s, "run": run,
         })
     return out
@@ -59,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     cut = argv.index("--") if "--" in argv else len(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--machine", required=True, help="results/<machine>/rlaif_learning.json")
-    ap.add_argument("--stop-after", type=int, default=None, help="steps in this sitting")
+    ap.add_argument("--stop_after", type=int, default=None, metavar="STEP",
+                    help="stop this sitting after this optimizer step (the run resumes next call)")
     ap.add_argument("--results", default=None, help="JSON to append to (default: results/...)")
     ap.add_argument("--from-eval", default=None, metavar="EVAL_JSON",
                     help="no run: the entries of a finished run's eval.json (e.g. one made on a "
@@ -75,9 +93,9 @@ def main(argv: list[str] | None = None) -> None:
     recipe_args = argv[cut + 1:]
     command = "python -m benchmarks.rlaif_learning --machine " + args.machine + " -- " + shlex.join(recipe_args)
     t0 = time.perf_counter()
-    extra = ["--resume"] + (["--stop-after", str(args.stop_after)] if args.stop_after else [])
+    extra = ["--resume"] + (["--stop_after", str(args.stop_after)] if args.stop_after else [])
     results = rlaif_qwen.main(recipe_args + extra)
-    out = Path(results["config"]["out"])
+    out = Path(_config_value(results["config"], "out_dir") or results["config"]["out"])
     timing = out / "wall_s.json"
     calls = json.loads(timing.read_text()) if timing.exists() else []
     calls.append(time.perf_counter() - t0)
@@ -89,13 +107,18 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def append(path: Path, new: list[dict]) -> None:
-    """Add `new` entries to the JSON list at `path` and print them."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Add `new` entries to the JSON list at `path` (written atomically) and print them."""
     old = json.loads(path.read_text()) if path.exists() else []
-    path.write_text(json.dumps(old + new, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(old + new, indent=1) + "\n")
+
+    def num(x, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
     for e in new:
-        print(f"{e['task_set']:<18} pass@1 {e['before']['pass_at_1']:.3f} -> {e['after']['pass_at_1']:.3f} "
-              f"diff {e['diff']['mean']:+.3f} [{e['diff']['ci95'][0]:+.3f}, {e['diff']['ci95'][1]:+.3f}]")
+        lo, hi = e["diff"]["ci95"] or (None, None)
+        print(f"{e['task_set']:<18} seed {e['seed']} pass@1 {num(e['before']['pass_at_1'], '.3f')} -> "
+              f"{num(e['after']['pass_at_1'], '.3f')} diff {num(e['diff']['mean'], '+.3f')} "
+              f"[{num(lo, '+.3f')}, {num(hi, '+.3f')}]")
 
 
 if __name__ == "__main__":
