@@ -1,13 +1,19 @@
-"""Data-parallel scaling of the retriever step on 1 and N GPUs (mx.distributed, NCCL backend).
+"""Data-parallel scaling of the retriever step, MLX beside PyTorch DDP, on 1, 2, 4 ... devices.
 
-Each rank runs the recipe's compiled step (`make_train_step(contrastive_loss_fn(...),
-reduce_grads=mlx.nn.average_gradients)`) on its own per-GPU batch (weak scaling: the global
-batch is per-GPU batch x GPUs); gradients are averaged with an NCCL all-reduce before clipping
-and AdamW, so every rank holds the same weights. Ranks are started here the way `mlx.launch
---backend nccl` starts them on one host (MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT,
-CUDA_VISIBLE_DEVICES per rank). Throughput = GPUs x per-GPU batch / median step time.
+Both sides run the recipe's step (LoRA r=16 on the attention projections, MaxSim InfoNCE +
+margin loss, gradients averaged over ranks, clip 1.0, AdamW) on a fixed per-rank batch (weak
+scaling: the global batch is per-rank batch x ranks), with the recipe's global in-batch
+negatives: each rank's queries are scored against every rank's documents. MLX gathers them
+with `mlxio.run.distributed.document_gather` (as `recipes.xtr_lora` does), PyTorch with the
+differentiable `torch.distributed.nn.functional.all_gather`, inside DistributedDataParallel.
+So both compute the same global loss from the same weights on the same batches; the
+agreement check compares their first steps' loss (mean over ranks) and gradient norm before
+any timing, as `benchmarks/retriever.py` does, and a side that disagrees is left out of the
+ratios. Ranks start the way users start them: `mlx.launch` (NCCL on GPUs, ring on a CPU) and
+`torch.distributed.run` (NCCL, gloo).
 
-    python -m benchmarks.scaling --machine h200x2 --gpus 1 2 --batch 64
+    python -m benchmarks.scaling --machine h100x4 --gpus 1 2 4 --model t5-base --batch 64
+    python -m benchmarks.scaling --machine cpu --gpus 1 2 --model t5-tiny --batch 8 --cpu
 """
 
 from __future__ import annotations
@@ -15,118 +21,327 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+CHECK_STEPS = 2
 
 
-def rank_main(args) -> None:
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _global_batches(args, world: int) -> list[dict]:
+    """Two distinct global batches ([batch x world] pairs each, NumPy)."""
+    from benchmarks import retriever_models as rm
+
+    vocab = rm.shape_config(args.model).vocab_size
+    data = rm.synthetic_pairs(2 * args.batch * world, vocab, rm.QUERY_LEN, rm.DOC_LEN, seed=0)
+    n = args.batch * world
+    return [{k: v[i * n:(i + 1) * n] for k, v in data.items()} for i in range(2)]
+
+
+def _report(rank: int, times: list[float], check: dict, args, extra: dict) -> None:
+    if rank == 0:
+        print("RESULT " + json.dumps({"step_s": times[args.warmup:], "check": check, **extra}), flush=True)
+
+
+# ------------------------------------------------------------------------------------ MLX rank
+
+def mlx_rank(args) -> None:
     # isort: off
     import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
     # isort: on
     import mlx.core as mx
-    import mlx.nn as nn
 
     from benchmarks import retriever_models as rm
     from mlxcore import lora
-    from mlxcore.optim import OptimConfig, make_optimizer
+    from mlxcore.optim import make_optimizer
     from mlxcore.retriever import LossConfig, contrastive_loss_fn
     from mlxcore.step import init_state, make_train_step
     from mlxcore.tree import combine, map_leaves
+    from mlxio.run import distributed
 
-    world = int(os.environ.get("MLX_WORLD_SIZE", "1"))
-    group = mx.distributed.init(backend="nccl", strict=True) if world > 1 else None
-    rank = group.rank() if group else 0
+    world = distributed.init()
     model, projection, _ = rm.torch_model(args.model)  # same seed on every rank: same weights
     base = rm.mlx_params(model, projection)
     adapters = lora.init(mx.random.key(0), lora.target_dims(base, rm.TARGETS[args.model]), rm.LORA_RANK)
-    params = map_leaves(lambda x: x.astype(mx.bfloat16), combine(base, adapters))
-    opt = make_optimizer(OptimConfig(lr=2e-4, warmup_steps=10, total_steps=1000, weight_decay=0.0))
-    reduce = (lambda g: nn.average_gradients(g, group=group)) if group else None
-    loss_fn = contrastive_loss_fn(rm.encoder_spec(model), LossConfig())
-    data = rm.pair_batches(args.batch * world * 2)
-    batches = [{k: mx.array(v[(s * world + rank) * args.batch:(s * world + rank + 1) * args.batch][None])
-                for k, v in data.items()} for s in range(2)]
-    compiled = True
-    step = make_train_step(loss_fn, opt, reduce_grads=reduce)
+    dtype = getattr(mx, args.dtype)
+    params = map_leaves(lambda x: x.astype(dtype), combine(base, adapters))
+    opt = make_optimizer(rm.optim_config())
+    loss_fn = contrastive_loss_fn(rm.encoder_spec(model), LossConfig(), distributed.document_gather(world))
+    step = make_train_step(loss_fn, opt, reduce_grads=distributed.grad_reducer(world))
+    share = slice(world.rank * args.batch, (world.rank + 1) * args.batch)
+    batches = [{k: mx.array(v[share][None]) for k, v in b.items()} for b in _global_batches(args, world.size)]
     state = init_state(opt, params)
-    try:
-        out = step(params, state, batches[0], mx.array(0))
-        mx.eval(out)
-    except Exception as err:  # all_sum inside mx.compile not supported: fall back to eager
-        print(f"rank {rank}: compiled step failed ({err!r}); running it uncompiled", flush=True)
-        compiled = False
-        step = make_train_step(loss_fn, opt, reduce_grads=reduce, jit=False)
+    check = {"steps": CHECK_STEPS, "loss": [], "grad_norm": []}
     times = []
-    for n in range(args.warmup + args.steps):
+    for n in range(CHECK_STEPS + args.warmup + args.steps):
         start = time.perf_counter()
         params, state, metrics = step(params, state, batches[n % 2], mx.array(n))
         mx.eval(params, state, metrics)
         times.append(time.perf_counter() - start)
-    # the weights must agree across ranks after the averaged updates
-    check = mx.distributed.all_sum(metrics["loss"], group=group).item() / world if group else metrics["loss"].item()
-    if rank == 0:
-        print("RESULT " + json.dumps({"world": world, "compiled": compiled, "step_s": times[args.warmup:],
-                                      "loss_mean_over_ranks": check, "device": str(mx.default_device())}),
-              flush=True)
+        if n < CHECK_STEPS:
+            loss = metrics["loss"]
+            if world.size > 1:
+                loss = mx.distributed.all_sum(loss, group=world.group) / world.size
+            check["loss"].append(loss.item())
+            check["grad_norm"].append(metrics["grad_norm"].item())
+    _report(world.rank, times[CHECK_STEPS:], check, args,
+            {"world": world.size, "device": str(mx.default_device()),
+             "peak_bytes": mx.get_peak_memory()})
 
 
-def launch(world: int, args) -> dict:
-    procs = []
-    port = str(29500 + world)
-    for rank in range(world):
-        env = dict(os.environ, MLX_RANK=str(rank), MLX_WORLD_SIZE=str(world), NCCL_HOST_IP="127.0.0.1",
-                   NCCL_PORT=port, CUDA_VISIBLE_DEVICES=str(rank), NCCL_NVLS_ENABLE="0",
-                   TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
-        cmd = [sys.executable, "-m", "benchmarks.scaling", "--rank-run", "--model", args.model,
-               "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+# ---------------------------------------------------------------------------------- torch rank
+
+def _gather_rows(x, rank: int, world: int):
+    """Every rank's rows of `x` (concatenated in rank order) with the backward the recipe's
+    `gather_rows` has: each rank gets the sum over ranks of the gradient of its own rows (an
+    all-reduce, then its slice). `torch.distributed.nn.functional.all_gather` should do the
+    same, but with gloo (its all-to-all path) the gradient norm came out 2.3% off a one-rank
+    run of the same global batch (torch 2.13, 2 ranks), so the benchmark does not rely on it."""
+    import torch
+    import torch.distributed as dist
+
+    class Gather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            parts = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(parts, t.contiguous())
+            return torch.cat(parts, 0)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.contiguous().clone()
+            dist.all_reduce(grad)
+            n = grad.shape[0] // world
+            return grad[rank * n:(rank + 1) * n]
+
+    return Gather.apply(x)
+
+
+def torch_global_loss(model, projection, batch, rank: int, world: int, temperature=0.07,
+                      margin=0.2, margin_weight=0.1):
+    """`retriever_models.torch_loss` with every rank's documents as negatives: this rank's
+    [n] queries against the [n * world] gathered documents (gradients flow back to their
+    ranks), positives at rank * n + i."""
+    import torch
+
+    from benchmarks import retriever_models as rm
+
+    q = rm.torch_embed(model, projection, batch["query_ids"], batch["query_mask"])
+    d = rm.torch_embed(model, projection, batch["doc_ids"], batch["doc_mask"])
+    d_mask = batch["doc_mask"]
+    if world > 1:
+        d = _gather_rows(d, rank, world)
+        parts = [torch.empty_like(d_mask) for _ in range(world)]
+        torch.distributed.all_gather(parts, d_mask)
+        d_mask = torch.cat(parts, 0)
+    n = q.shape[0]
+    sims = torch.einsum("qtd,bsd->qbts", q, d)
+    sims = sims.masked_fill(~d_mask.bool()[None, :, None, :], -1e9)
+    qm = batch["query_mask"].bool()[:, None, :]
+    best = sims.max(-1).values.masked_fill(~qm, 0.0)
+    scores = best.sum(-1) / qm.sum(-1).clamp(min=1).to(best.dtype)
+    pos = rank * n + torch.arange(n, device=scores.device)
+    logits = scores / temperature
+    positive = logits.gather(1, pos[:, None])[:, 0]
+    nce = (torch.logsumexp(logits, -1) - positive).mean()
+    is_pos = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, pos[:, None], True)
+    hardest = scores.masked_fill(is_pos, -1e9).max(-1).values
+    hinge = torch.clamp(margin - scores.gather(1, pos[:, None])[:, 0] + hardest, min=0.0).mean()
+    return nce + margin_weight * hinge
+
+
+def torch_rank(args) -> None:
+    # isort: off
+    import mlxio  # noqa: F401
+    # isort: on
+    import mlx.core as mx
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    from benchmarks import retriever_models as rm
+    from mlxcore import lora
+    from mlxcore.tree import flatten
+
+    gpu = not args.cpu
+    dist.init_process_group("nccl" if gpu else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if gpu else "cpu")
+    if gpu:
+        torch.cuda.set_device(dev)
+    mx.set_default_device(mx.cpu)  # MLX only draws the LoRA init (the same as the MLX side's)
+    dtype = getattr(torch, args.dtype)
+    model, projection, _ = rm.torch_model(args.model)
+    adapters = lora.init(mx.random.key(0), lora.target_dims(rm.mlx_params(model, projection),
+                                                             rm.TARGETS[args.model]), rm.LORA_RANK)
+    model, _how = rm.add_lora(args.model, model, {k: np.array(v) for k, v in flatten(adapters).items()})
+    model.to(dev, dtype)
+    if projection is not None:
+        projection.to(dev, dtype).requires_grad_(False)
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model, self.projection = model, projection
+
+        def forward(self, batch):
+            return torch_global_loss(self.model, self.projection, batch, rank, world)
+
+    ddp = torch.nn.parallel.DistributedDataParallel(Step(), device_ids=[dev.index] if gpu else None)
+    run = torch.compile(ddp) if args.torch_compile else ddp
+    trainable = [p for p in ddp.parameters() if p.requires_grad]
+    cfg = rm.optim_config()
+    total = CHECK_STEPS + args.warmup + args.steps
+    groups = rm.torch_adamw_groups(cfg, total)
+    opt = torch.optim.AdamW(trainable, lr=groups[0][0], betas=(cfg.beta1, cfg.beta2), eps=groups[0][1],
+                            weight_decay=cfg.weight_decay, fused=gpu)
+    share = slice(rank * args.batch, (rank + 1) * args.batch)
+    batches = [{k: torch.from_numpy(v[share]).long().to(dev) for k, v in b.items()}
+               for b in _global_batches(args, world)]
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    check = {"steps": CHECK_STEPS, "loss": [], "grad_norm": []}
+    times = []
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
+    for n in range(total):
+        start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = run(batches[n % 2])
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.clip_norm)
+        opt.param_groups[0]["lr"], opt.param_groups[0]["eps"] = groups[n]
+        opt.step()
+        sync()
+        times.append(time.perf_counter() - start)
+        if n < CHECK_STEPS:
+            mean = loss.detach().float().clone()
+            dist.all_reduce(mean)
+            check["loss"].append(float(mean) / world)
+            check["grad_norm"].append(float(norm))
+    _report(rank, times[CHECK_STEPS:], check, args,
+            {"world": world, "device": torch.cuda.get_device_name() if gpu else "cpu",
+             "peak_bytes": torch.cuda.max_memory_allocated() if gpu else None,
+             "compiled": bool(args.torch_compile)})
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------- driver
+
+def _rank_args(args) -> list[str]:
+    return ["--model", args.model, "--batch", str(args.batch), "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--dtype", args.dtype] + (["--cpu"] if args.cpu else [])
+
+
+def launch(framework: str, world: int, args) -> dict:
+    """Start `world` ranks of `framework` ("mlx", "torch", "torch_compile"); rank 0's result."""
+    py = [sys.executable, "-m", "benchmarks.scaling"]
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1",
+               OPENBLAS_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // world)) if args.cpu else
+               os.environ.get("OPENBLAS_NUM_THREADS", ""))
+    env = {k: v for k, v in env.items() if v != ""}
+    if framework == "mlx":
+        tail = py + ["--rank", "mlx"] + _rank_args(args)
+        if world == 1:
+            cmd = tail
+        else:
+            launcher = str(Path(sys.executable).with_name("mlx.launch"))
+            cmd = [launcher, "-n", str(world), "--backend", "ring" if args.cpu else "nccl",
+                   "--starting-port" if args.cpu else "--nccl-port", str(_port()), "--"] + tail
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
+               "--master_port", str(_port()), "-m", "benchmarks.scaling", "--rank", "torch"] + \
+            _rank_args(args) + (["--torch-compile"] if framework == "torch_compile" else [])
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     try:
-        outs = [p.communicate(timeout=args.timeout) for p in procs]
+        out, _ = proc.communicate(timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        return {"world": world, "error": f"timeout {args.timeout}s (first-call kernel JIT included)"}
-    lines = [x for x in outs[0][0].splitlines() if x.startswith("RESULT ")]
-    if any(p.returncode for p in procs) or not lines:
-        return {"world": world, "error": "\n".join(o[1][-1500:] for o in outs)}
-    res = json.loads(lines[-1][7:])
-    res["notes"] = [x for o in outs for x in o[0].splitlines() if not x.startswith("RESULT ")]
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        return {"framework": framework, "world": world, "error": f"timeout {args.timeout} s"}
+    lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        return {"framework": framework, "world": world, "error": out[-3000:]}
+    res = json.loads(lines[-1][len("RESULT "):])
     sec = statistics.median(res["step_s"])
-    res.update(median_step_s=sec, per_gpu_batch=args.batch, global_batch=args.batch * world,
-               samples_per_s=args.batch * world / sec)
+    res.update(framework=framework, median_step_s=sec, per_rank_batch=args.batch,
+               global_batch=args.batch * world, pairs_per_s=args.batch * world / sec,
+               wall_s=time.perf_counter() - start)
     return res
 
 
+def summarise(runs: list[dict], dtype: str) -> dict:
+    """Agreement of each peer run with the MLX run of the same world size; speed-ups over one
+    rank and ratios to the peers (agreeing runs only)."""
+    from benchmarks.common import agreement
+
+    ok = {(r["framework"], r["world"]): r for r in runs if "pairs_per_s" in r}
+    for r in runs:
+        ref = ok.get(("mlx", r["world"]))
+        if r["framework"] != "mlx" and "pairs_per_s" in r:
+            r["agreement"] = agreement(ref, r, dtype) if ref else {"ok": False, "reason": "no MLX run"}
+    good = {k: r for k, r in ok.items() if k[0] == "mlx" or r["agreement"]["ok"]}
+    out: dict = {"speedup": {}, "efficiency": {}, "mlx_over_peer": {}}
+    for (fw, w), r in good.items():
+        one = good.get((fw, 1))
+        if one:
+            out["speedup"].setdefault(fw, {})[str(w)] = r["pairs_per_s"] / one["pairs_per_s"]
+            out["efficiency"].setdefault(fw, {})[str(w)] = r["pairs_per_s"] / one["pairs_per_s"] / w
+        if fw != "mlx" and ("mlx", w) in good:
+            out["mlx_over_peer"].setdefault(fw, {})[str(w)] = good[("mlx", w)]["pairs_per_s"] / r["pairs_per_s"]
+    return out
+
+
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--machine", default="h200x2")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    ap.add_argument("--machine", default="cpu")
     ap.add_argument("--model", default="t5-base")
-    ap.add_argument("--gpus", nargs="+", type=int, default=[1, 2])
-    ap.add_argument("--batch", type=int, default=64, help="per-GPU pairs")
+    ap.add_argument("--gpus", nargs="+", type=int, default=[1, 2], help="rank counts to run")
+    ap.add_argument("--frameworks", nargs="+", default=["mlx", "torch", "torch_compile"],
+                    choices=["mlx", "torch", "torch_compile"])
+    ap.add_argument("--batch", type=int, default=64, help="pairs per rank")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--timeout", type=int, default=400)
-    ap.add_argument("--rank-run", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--cpu", action="store_true", help="ring / gloo on this CPU (the machinery, not a figure)")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--out", default=None, help="write the JSON here too")
+    ap.add_argument("--rank", choices=["mlx", "torch"], help=argparse.SUPPRESS)
+    ap.add_argument("--torch-compile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.rank_run:
-        rank_main(args)
+    if args.rank == "mlx":
+        mlx_rank(args)
+        return {}
+    if args.rank == "torch":
+        torch_rank(args)
         return {}
     from benchmarks.gpu_common import write
 
-    runs = [launch(w, args) for w in args.gpus]
-    for r in runs:
-        print({k: v for k, v in r.items() if k not in ("step_s", "notes")}, flush=True)
-    ok = {r["world"]: r for r in runs if "samples_per_s" in r}
-    payload = {"settings": {"model": args.model, "dtype": "bfloat16", "per_gpu_batch": args.batch,
-                            "query_len": 32, "doc_len": 256, "steps": args.steps, "warmup": args.warmup,
-                            "backend": "nccl", "reduce": "mlx.nn.average_gradients"},
-               "runs": runs, "target_speedup_2gpu": 1.8}
-    if 1 in ok:
-        payload["speedup"] = {str(w): r["samples_per_s"] / ok[1]["samples_per_s"] for w, r in ok.items()}
-        payload["efficiency"] = {str(w): r["samples_per_s"] / ok[1]["samples_per_s"] / w for w, r in ok.items()}
-    write("scaling", payload, args.machine)
+    runs = []
+    for world in args.gpus:
+        for fw in args.frameworks:
+            r = launch(fw, world, args)
+            runs.append(r)
+            print({k: v for k, v in r.items() if k not in ("step_s", "error")} | (
+                {"error": r["error"][-500:]} if "error" in r else {}), flush=True)
+    payload = {"settings": {"model": args.model, "dtype": args.dtype, "per_rank_batch": args.batch,
+                            "steps": args.steps, "warmup": args.warmup, "check_steps": CHECK_STEPS,
+                            "backend": "ring/gloo (CPU)" if args.cpu else "nccl",
+                            "negatives": "global (documents gathered across ranks)",
+                            "command": "python -m benchmarks.scaling " + " ".join(sys.argv[1:] if argv is None else argv)},
+               "runs": runs, **summarise(runs, args.dtype),
+               "targets": {"mlx_speedup_2": 1.85, "mlx_speedup_4": 3.5, "mlx_over_ddp": 1.0}}
+    write("scaling", payload, args.machine, args.out)
     return payload
 
 
