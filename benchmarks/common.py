@@ -56,9 +56,10 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def write_result(name: str, payload: dict, machine_name: str = "cpu") -> Path:
-    """Write benchmarks/results/<machine_name>/<name>.json with machine and version info."""
-    out_dir = Path(os.environ.get("BENCH_RESULTS", RESULTS)) / machine_name
+def write_result(name: str, payload: dict, machine_name: str = "cpu", root: Path = RESULTS) -> Path:
+    """Write <root>/<machine_name>/<name>.json (root: benchmarks/results, or dev/results for a
+    study; $BENCH_RESULTS overrides both) with machine and version info."""
+    out_dir = Path(os.environ.get("BENCH_RESULTS", root)) / machine_name
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     record = {"benchmark": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -21,7 +21,7 @@ decoders part ways). A row where either engine picks a token further from the ar
 pair invalid (`valid: false`), and its speeds are not comparable. `graph` counts the primitives
 one decode step queues (export_to_dot of the step's unevaluated graph; views - reshape,
 transpose, broadcast, ... - listed apart): the work the host dispatches per token
-(`benchmarks.decode_graph` counts it per layer);
+(`dev.decode_graph` counts it per layer);
 `greedy.attention_shapes_*` the distinct (query, key) shapes each engine's greedy run built
 attention with (prefill chunks included; the static step is traced once per call).
 

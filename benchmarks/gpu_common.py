@@ -26,13 +26,14 @@ def gpu_count() -> int:
     return len(out.strip().splitlines())
 
 
-def write(name: str, payload: dict, machine: str, out: str | None = None) -> Path:
-    """benchmarks/results/<machine>/<name>.json (or `out`, or $BENCH_RESULTS/<machine>/...)
-    with machine and version info (benchmarks.common) plus the load average and GPU."""
-    from benchmarks.common import write_result
+def write(name: str, payload: dict, machine: str, out: str | None = None, root: Path | None = None) -> Path:
+    """benchmarks/results/<machine>/<name>.json (or <root>/<machine>/..., or `out`, or
+    $BENCH_RESULTS/<machine>/...) with machine and version info (benchmarks.common) plus the
+    load average and GPU."""
+    from benchmarks.common import RESULTS, write_result
 
     payload = {"load_avg": os.getloadavg(), "gpu": gpu_name(), **payload}
-    path = write_result(name, payload, machine)
+    path = write_result(name, payload, machine, root or RESULTS)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(path.read_text())

@@ -18,7 +18,7 @@ still going is stopped - its last checkpoint kept - and the exit status is 75: c
 command again). For a machine that keeps nothing between calls (the lent GPU), `--state` is
 unpacked first and `--out DIR` gets, after every run, that state (the runs' entries, eval.json
 and newest checkpoints: state.tar.gz), the GPU kernel cache (kernels.tar.gz, when under 15 MiB;
-`--kernels` imports it on the next machine), the results JSON and a summary. `--pypi_tarball` (made by scripts/pack_pypi_cache.sh) is unpacked
+`--kernels` imports it on the next machine), the results JSON and a summary. `--pypi_tarball` (made by dev/gpu/pack_pypi_cache.sh) is unpacked
 into --cache_dir, so the pinned PyPI sources are mined there without internet.
 """
 
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hard_negatives", type=int, default=0, help="K hard negatives per query of the hn variant (0: 1; the presets themselves train with none)")
     parser.add_argument("--budget_s", type=float, default=0, help="stop (exit 75) after this many seconds (0: never)")
     parser.add_argument("--min_start_s", type=float, default=90, help="start no run with less budget left")
-    parser.add_argument("--pypi_tarball", type=Path, help="scripts/pack_pypi_cache.sh's tarball: unpacked into --cache_dir")
+    parser.add_argument("--pypi_tarball", type=Path, help="dev/gpu/pack_pypi_cache.sh's tarball: unpacked into --cache_dir")
     parser.add_argument("--state", type=Path, help="a state .tar.gz from an earlier call's --out: unpacked into --runs")
     parser.add_argument("--out", type=Path, help="after every run: state.tar.gz, kernels.tar.gz (GPU), the results "
                                                   "JSON and summary.json here")

@@ -140,7 +140,7 @@ def _activation(x: mx.array, name: str) -> mx.array:
     if name == "gelu":
         # The polynomial pays off only where erf is scalar code (the CPU build); on a GPU,
         # erf is one fused instruction and the polynomial cost 22% of MiniLM's forward (H100,
-        # batch 128 x 256, benchmarks/results/h100/profile_encode.json: 7.70 vs 5.99 ms).
+        # batch 128 x 256, dev/results/h100/profile_encode.json: 7.70 vs 5.99 ms).
         if mx.default_device() == mx.cpu:
             return gelu_erf(x)
         return gelu_recomputed(x)

@@ -266,8 +266,8 @@ def _weight_grad(g: mx.array, x: mx.array) -> mx.array:
     the c partial products summed: c is the largest power of two whose c x tiles fit
     WEIGHT_GRAD_TILES, with at least 1,024 tokens a chunk. Measured there: no less kernel time
     (120 + 16 us), but the batch overlaps the next layer's work and the step went 39.7 -> 39.5
-    ms (two leases, within their spread: the evidence is weak; `benchmarks/results/h100/
-    session11/5_*` and `6_*`)."""
+    ms (two leases, within their spread: the evidence is weak; the JSONs `5_*` and `6_*` of
+    commit 28a5bf8's `benchmarks/results/h100/session11/`)."""
     n, out_dim, in_dim = x.shape[0], g.shape[1], x.shape[1]
     tiles = -(-out_dim // 192) * -(-in_dim // 128)
     c = 1

@@ -35,7 +35,7 @@ class DataConfig:
     families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
     heldout_families: tuple[str, ...] = ("parsing",)
     # level 1: the embedded 135M model's base pass rate is 12-54% per family, level 2: 0-25%
-    # (benchmarks/results/cpu/task_difficulty.json); add 2,3 for larger models
+    # (dev/results/cpu/task_difficulty.json); add 2,3 for larger models
     difficulty: tuple[int, ...] = (1,)
     train_per_template: int = 32
     heldout_per_template: int = 2

@@ -140,7 +140,7 @@ class Config:
 ALL_LINEAR = ("query", "key", "value", "dense")  # every linear layer of a BERT encoder
 PRESETS = {
     # quick: 80 steps x 48 in-batch pairs (12 x 4), LoRA r16 on every linear layer, temperature
-    # 0.03. H100 sweep over 3 seeds (benchmarks/results/h100/xtr_quick_sweep*.json): MRR@10 gain on
+    # 0.03. H100 sweep over 3 seeds (dev/results/h100/xtr_quick_sweep*.json): MRR@10 gain on
     # held-out packages +0.069 at 80 steps, +0.062 at 100 (q/v only at 0.05, the previous default:
     # +0.050; every linear at 0.05: +0.057; q/v at 0.03: +0.057; lr 1e-3: +0.022). LoRA on every
     # linear layer costs ~1.28x the CPU time of q/v per step, so 80 steps keep the run's cost. One BM25

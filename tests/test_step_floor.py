@@ -1,7 +1,7 @@
 """The step floor's GEMM list is the step's counted linear work (CPU; the timing is GPU-only)."""
 
 from benchmarks import retriever_models as rm
-from benchmarks import step_floor as sf
+from dev import step_floor as sf
 
 
 def test_gemms_are_the_counted_linear_flops():

@@ -153,7 +153,7 @@ def test_split_and_ids_do_not_depend_on_where_the_sources_live(world, tmp_path):
 def test_unpacked_sources_alone_are_enough_offline(world):
     _, cache = world
     pypi_sources.fetch("alpha==1.0", cache)  # unpacks the wheel into src/
-    (cache / "pypi" / "alpha-1.0" / "alpha-1.0-py3-none-any.whl").unlink()  # as scripts/pack_pypi_cache.sh ships it
+    (cache / "pypi" / "alpha-1.0" / "alpha-1.0-py3-none-any.whl").unlink()  # as dev/gpu/pack_pypi_cache.sh ships it
     src = pypi_sources.fetch("alpha==1.0", cache)  # PIP fails (offline): the unpacked copy is used
     assert (src.version, src.licence, src.archive) == ("1.0", "BSD-3-Clause", "")
 

@@ -6,7 +6,7 @@ mining (docstring, function) pairs beyond the standard library.
 A package is fetched with `pip download --no-deps --only-binary :all:` (the wheel: no build
 step, so no build dependencies and no compiler) into `cache_dir/pypi/<name>-<version>/` and
 unpacked there; later runs reuse the unpacked copy and never touch the network (the unpacked
-`src/` alone, with its *.dist-info metadata, is enough: `scripts/pack_pypi_cache.sh` packs just
+`src/` alone, with its *.dist-info metadata, is enough: `dev/gpu/pack_pypi_cache.sh` packs just
 that - the .py files and licence metadata - for machines without internet). A package that
 is not cached and cannot be downloaded raises one `DataError` line naming it and the command
 that fetches it. Only the packages a config names are used: never whatever happens to be
