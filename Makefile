@@ -1,13 +1,19 @@
 # Two commands on a fresh machine: `make train` (the main job on the embedded default) and
-# `make test` (the test suite). Both create .venv and install everything on first use.
-.PHONY: install train rlaif test lint bench
+# `make test` (the test suite). Each creates .venv and installs what it needs on first use:
+# training needs no PyTorch; the tests' peers (PyTorch, PEFT, ...) come with `make test`.
+.PHONY: install install-test train rlaif test test-fast lint
 install:
-	@bash scripts/install.sh
+	@bash scripts/install.sh train
+install-test:
+	@bash scripts/install.sh train test
 train: install
 	.venv/bin/python -m recipes.xtr_lora
 rlaif: install
 	.venv/bin/python -m recipes.rlaif_qwen
-test: install
+test: install-test
 	.venv/bin/python -m pytest -q
-lint: install
+test-fast: install-test
+	.venv/bin/python -m pytest -q -m "not slow"
+lint:
+	@bash scripts/install.sh lint
 	.venv/bin/ruff check .

