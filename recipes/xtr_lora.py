@@ -1,11 +1,13 @@
 """LoRA fine-tuning of a multi-vector (XTR / ColBERT-style) retriever for code search.
 
-    python -m recipes.xtr_lora                        # quick preset: MiniLM on stdlib pairs
+    python -m recipes.xtr_lora                        # quick preset: all-MiniLM-L6-v2 on pairs mined
+                                                      # from the stdlib and 8 pinned PyPI packages
+    python -m recipes.xtr_lora --data.source pairs.jsonl --data.packages ""   # your {query, code} lines
     python -m recipes.xtr_lora --model DIR_OR_HUB_ID  # google/xtr-base-en or any T5/BERT encoder
     python -m recipes.xtr_lora --preset full --help   # every option with its default
     python -m recipes.xtr_lora --resume               # continue the run in --out_dir exactly
     python -m recipes.xtr_lora --profile-memory       # memory.json + memory.png in --out_dir
-    python -m recipes.xtr_lora --memory.auto_batch true --memory.gradient_checkpointing true \
+    python -m recipes.xtr_lora --memory.auto_batch true --memory.gradient_checkpointing true \\
         --memory.compute_dtype bfloat16 --quant.qat '*=4/64' --quant.ptq '*=4/64'
     mlx.launch -n 2 --backend ring -- python -m recipes.xtr_lora   # data-parallel (docs/distributed.md)
 
@@ -43,7 +45,7 @@ from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
 from mlxio.run.reporting import StepWindows
 from mlxio.run.runlog import plot_curves, write_json_atomic
-from mlxio.search.evaluation import Evaluator, baselines, results_table
+from mlxio.search.evaluation import Evaluator, baselines, eval_scalars, results_table, summary_line
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.cards import base_model_name, command_line
 from mlxio.weights.encoders import default_encoder_path
@@ -65,6 +67,8 @@ class DataConfig:
     # quick's evaluation (README, "Evaluation"): 500 test + 200 dev queries of held-out files over
     # 1,500 candidates, 800 + 200 of held-out packages over 2,500; ~4,000 documents to encode per model
     eval_queries: int = bounded(500, ge=1)  # at most; at least min_eval_queries must exist
+    # fewer held-out queries / candidates than these: an error, except on your own data (source),
+    # which is evaluated on what it holds out (at least 20 of each) with a warning
     min_eval_queries: int = bounded(500, ge=1)
     min_eval_candidates: int = bounded(1500, ge=1)
     dev_queries: int = 200  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
@@ -224,14 +228,14 @@ def main(argv: list[str] | None = None) -> dict:
     distributed.check_replicated(partition(params, trainable)[0], world, "initial trainable weights")
     evaluate = Evaluator(encoder=encoder, query_len=cfg.data.max_query_len, doc_len=cfg.data.max_doc_len,
                          batch=cfg.train.eval_batch, compiled=cfg.train.compile)
-    clock.lap("load_model")
+    clock.lap("load_model", f"{Path(model_path).name}, {model.trainable_params:,} trainable parameters")
 
     # ---- data: pairs (+ hard negatives, the "model" miner uses the untrained model), held-out tasks, token cache
     data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, lambda texts, max_length: xtr_data.pooled_vectors(
         model.untrained, encoder, texts, max_length, cfg.train.eval_batch))
-    clock.lap("data")  # mining (or its cache), splits, hard negatives
+    clock.lap("data", f"{len(data.train):,} training pairs")  # mining (or its cache), splits, hard negatives
     tokens = xtr_data.tokenise(data.train, cfg.data, encoder.tokenizer, cache_dir)
-    clock.lap("tokenise")
+    clock.lap("tokenise", f"{len(data.train):,} pairs in the token cache")
 
     # ---- loss, compiled step, resume
     optimizer = make_optimizer(cfg.optim)
@@ -253,7 +257,8 @@ def main(argv: list[str] | None = None) -> dict:
                              {"model": model_path, "q": cfg.data.max_query_len, "d": cfg.data.max_doc_len,
                               "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
                              cfg.data.heldout_packages)
-        clock.lap("untrained_eval")
+        untrained = {**baseline.results, **({"heldout_packages": baseline.packages} if baseline.packages else {})}
+        clock.lap("untrained_eval", summary_line(untrained, "untrained"))
 
     # ---- train
     plan = None  # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit
@@ -270,8 +275,12 @@ def main(argv: list[str] | None = None) -> dict:
                              DataPosition(**resumed.meta["data_position"]) if resumed else DataPosition(),
                              cfg.data.bucket, world)
     params, opt_state, train_s, micro = train(cfg, loop, step_fn, params, opt_state, batches, trainable, plan)
-    clock.lap("train")
-    if not loop.finish(opt_state, loop.end - start_step, f"xtr_lora memory: {Path(model_path).name}"):
+    records = loop.reporter.read() if world.is_main else []
+    samples_per_step, steps_run = cfg.train.micro_batch * cfg.train.accum, loop.end - start_step
+    clock.lap("train", f"{steps_run} steps at {samples_per_step * steps_run / max(train_s, 1e-9):.1f} samples/s"
+              + (f", loss {records[-1]['loss']:.4f} (last window)" if records and "loss" in records[-1] else ""))
+    # the reporter stays open for the evaluation's metrics (TensorBoard / W&B), closed after them
+    if not loop.finish(opt_state, steps_run, f"xtr_lora memory: {Path(model_path).name}", keep_reporter=True):
         return {"stopped_at": loop.end} if loop.stopped_early else {"rank": world.rank}
 
     # ---- evaluate, report, export (float32 base again), post-training quantisation
@@ -279,11 +288,12 @@ def main(argv: list[str] | None = None) -> dict:
     single_vector = cfg.export and "projection" not in params and mean_pooling_view(encoder)  # merged/ in ST
     results = {**baseline.with_fine_tuned(evaluate, params, single_vector),
                "data": {"sources": data.sources, **data.report}}
-    clock.lap("final_eval")
+    clock.lap("final_eval", summary_line(results, "fine-tuned", baseline="untrained"))
+    loop.reporter.write_summary(loop.end, eval_scalars(results))
+    loop.reporter.close()
     if cfg.quant.ptq:
         dequantized, compression = save_ptq(params, cfg.lora.scale, cfg.quant.ptq, out_dir / "quantized", model_path)
         results["quantized"] = {**evaluate(dequantized, data.task, baseline.bm25[0]), "compression": compression}
-    samples_per_step, steps_run = cfg.train.micro_batch * cfg.train.accum, cfg.train.steps - start_step
     results["run"] = {
         "wall_s": time.perf_counter() - started, "train_s": train_s, "steps": steps_run,
         "samples_per_s": samples_per_step * steps_run / max(train_s, 1e-9),
@@ -297,13 +307,14 @@ def main(argv: list[str] | None = None) -> dict:
     }
     write_json_atomic(out_dir / "eval.json", results)
     log.info("results:\n%s", results_table(results))
-    plot_curves(loop.reporter.read(), out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
+    plot_curves(records, out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
                 f"xtr_lora: {Path(model_path).name} (means over each logging window)")
     if cfg.export:
         export_retriever(encoder, params, cfg.lora, model.targets, out_dir, query_length=cfg.data.max_query_len,
                          document_length=cfg.data.max_doc_len, base=base_model_name(model_path), results=results,
                          command=command_line(argv, "recipes.xtr_lora"),
-                         data=xtr_data.training_note(cfg.data, steps_run, samples_per_step, data.task))
+                         data=xtr_data.training_note(cfg.data, steps_run, samples_per_step, data.task,
+                                                     data.package_task))
     clock.lap("export")
     results["run"]["phases"] = clock.as_dict()  # wall and CPU seconds per phase, export included
     write_json_atomic(out_dir / "eval.json", results)

@@ -36,6 +36,7 @@ def test_progress_off_a_terminal_is_log_lines(caplog, monkeypatch):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[0].startswith("mining: 1/5 file (20%)") and "ETA" in lines[0]
     assert lines[-1].startswith("mining: 5/5 file (100%)") and "done in" in lines[-1]
+    assert len(lines) == 5  # the last line, printed by the update, is not printed again at close
 
 
 def test_reporter_writes_jsonl_tensorboard_and_a_console_line(tmp_path, caplog, monkeypatch):
@@ -74,3 +75,32 @@ def test_progress_on_a_terminal_is_a_tqdm_bar(monkeypatch):
     bar.close()
     reporter = reporting.Reporter(Path(tempfile.mkdtemp()), total_steps=3)
     assert reporter.console is False  # the bar shows progress; no extra log lines
+
+
+def test_write_summary_reaches_tensorboard_not_the_jsonl(tmp_path, monkeypatch):
+    from tracking_files import tensorboard_scalars
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    reporter = reporting.Reporter(tmp_path, report_to=("tensorboard",), total_steps=10)
+    reporter.write({"step": 10, "loss": 0.5, "lr": 1e-4})
+    reporter.write_summary(10, {"eval/files/fine-tuned/semantic/mrr@10": 0.75, "eval/files/bm25/mrr@10": 0.5})
+    reporter.close()
+    assert [r["step"] for r in reporter.read()] == [10] and "eval/files/bm25/mrr@10" not in reporter.read()[0]
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
+    assert scalars["eval/files/fine-tuned/semantic/mrr@10"] == [(10, pytest.approx(0.75))]
+
+
+def test_results_table_and_scalars_name_both_tasks():
+    from mlxio.search.evaluation import eval_scalars, results_table, summary_line
+
+    m = {"p@1": 0.5, "mrr@10": 0.6, "recall@10": 0.7, "ndcg@10": 0.65}
+    entry = {"bm25": m, "untrained": {"semantic": m, "hybrid": m, "hybrid_fusion": "interp@0.8"},
+             "fine-tuned": {"semantic": {**m, "mrr@10": 0.7}, "hybrid": m}}
+    results = {**entry, "heldout_packages": {**entry, "packages": ["beta"], "queries": 3}}
+    table = results_table(results)
+    assert table.splitlines()[2].startswith("| held-out packages | BM25 |")
+    assert "| held-out files | BM25 |" in table and table.count("fine-tuned semantic") == 2
+    line = summary_line(results, "fine-tuned", baseline="untrained")
+    assert line.startswith("held-out files: fine-tuned semantic MRR@10 0.700 (+0.100)") and "held-out packages:" in line
+    scalars = eval_scalars(results)
+    assert scalars["eval/packages/fine-tuned/semantic/mrr@10"] == 0.7 and scalars["eval/files/bm25/p@1"] == 0.5

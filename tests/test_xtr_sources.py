@@ -307,3 +307,38 @@ def test_eager_evaluation_embeds_and_scores_as_the_compiled_one(monkeypatch):
         monkeypatch.setattr(kernel_cache, "on_gpu", lambda on_gpu=on_gpu: on_gpu)
         embeddings.embed_texts(*args)
         assert len(compiled_calls) == want
+
+
+def test_no_packages_means_no_held_out_packages(world):
+    """--data.packages "" alone: the default held-out packages are not asked for twice."""
+    base, cache = world
+    d = xtr_data.load_data(Data(source=str(base), heldout_packages=("networkx", "pygments")), cache, seed=0)
+    assert d.package_task is None and d.train
+
+
+def _jsonl(path, n):
+    import json
+
+    path.write_text("".join(json.dumps({"query": f"Compute quantity number {i} of the inputs.",
+                                        "code": f"def f{i}(x):\n    return x * {i} + {i * i}"}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+def test_a_small_pairs_file_is_evaluated_on_what_it_holds_out(world, tmp_path, caplog):
+    """A few hundred lines of your own pairs with the quick preset's minimums (500 queries over
+    1,500 candidates): evaluated on what the file holds out, the test / dev split in the
+    preset's proportion, with one warning line naming the options."""
+    _, cache = world
+    small = Data(source=str(_jsonl(tmp_path / "pairs.jsonl", 300)), eval_fraction=0.35, eval_queries=500,
+                 min_eval_queries=500, min_eval_candidates=1500)
+    small = attrs.evolve(small, heldout_packages=("networkx",))  # defaults with no packages mined
+    d = xtr_data.load_data(attrs.evolve(small), cache, seed=0)
+    held = len(d.task.queries) + len(d.task.dev_queries)
+    assert 60 < held < 150 and len(d.task.candidates) == held and len(d.train) == 300 - held
+    assert len(d.task.dev_queries) == 0  # Data has no dev_queries: all test
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "--data.min_eval_queries" in warnings[0]
+    with pytest.raises(DataError, match="--data.eval_fraction") as err:  # too few to evaluate at all
+        xtr_data.load_data(attrs.evolve(small, source=str(_jsonl(tmp_path / "tiny.jsonl", 30))), cache, seed=0)
+    assert "\n" not in str(err.value) and "--data.min_eval_queries" in str(err.value)

@@ -331,7 +331,7 @@ class EvalSet:
 
 def eval_set(corpus: Corpus, eval_fraction: float = EVAL_FRACTION, seed: int = 0,
              min_queries: int = 1000, min_candidates: int = 5000,
-             max_queries: int | None = None, max_candidates: int | None = None) -> EvalSet:
+             max_queries: int | None = None, max_candidates: int | None = None, strict: bool = True) -> EvalSet:
     """The held-out retrieval task of `corpus` under `split_by_file(eval_fraction, seed)`.
 
     Queries: held-out pairs whose query text is unique among them (a shared docstring would
@@ -341,7 +341,7 @@ def eval_set(corpus: Corpus, eval_fraction: float = EVAL_FRACTION, seed: int = 0
     extras. Only held-out files contribute, so no candidate is a training pair's code.
     With `max_candidates`, a larger pool keeps every chosen query's positive plus a seeded
     sample of the other candidates (in pool order). Raises DataError when fewer than `min_queries` queries or `min_candidates` candidates
-    can be had (raise eval_fraction or add roots).
+    can be had (raise eval_fraction or add roots), unless not `strict` (the caller then decides).
     """
     _, evals = split_by_file(corpus.pairs, eval_fraction, seed)
     rng = np.random.default_rng(seed)
@@ -363,7 +363,7 @@ def eval_set(corpus: Corpus, eval_fraction: float = EVAL_FRACTION, seed: int = 0
                                                              replace=False)]))
         items = [items[i] for i in keep]
         positives = np.searchsorted(keep, positives).astype(np.int64)
-    if len(chosen) < min_queries or len(items) < min_candidates:
+    if strict and (len(chosen) < min_queries or len(items) < min_candidates):
         raise DataError(f"eval set: {len(chosen)} queries / {len(items)} candidates from "
                         f"held-out files, need >= {min_queries} / {min_candidates} "
                         f"(raise eval_fraction or add source roots)")

@@ -16,6 +16,7 @@ installed (a run must not depend on its environment).
 from __future__ import annotations
 
 import email.parser
+import logging
 import os
 import re
 import shutil
@@ -29,6 +30,8 @@ from pathlib import Path
 import attrs
 
 from mlxio.errors import DataError
+
+log = logging.getLogger(__name__)
 
 # The default corpus beyond the stdlib (pure-Python sources, permissive licences). Versions
 # are pinned so that every run mines the same code.
@@ -147,6 +150,7 @@ def fetch(spec: str, cache_dir: Path | str) -> Source:
     if archive is None and not unpacked.is_dir():  # an unpacked copy alone will do (a packed cache)
         folder.mkdir(parents=True, exist_ok=True)
         command = [*PIP, "--dest", str(folder), f"{name}=={version}"]
+        log.info("downloading %s==%s's wheel with pip (once: later runs reuse %s)", name, version, folder)
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=600)
             ok = done.returncode == 0

@@ -30,6 +30,9 @@ from mlxio.run import distributed
 from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger("xtr_lora")
+# Held-out queries (and candidates) below which a user's own data cannot be evaluated at all;
+# between this and the preset's minimums the run evaluates on what there is (one warning line).
+MIN_OWN_EVAL = 20
 
 
 @attrs.frozen
@@ -170,6 +173,10 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
     source = Path(data.source) if data.source else pairs.stdlib_root()
     specs = tuple(getattr(data, "packages", ()))
     heldout = tuple(pypi_sources.canonical(n) for n in getattr(data, "heldout_packages", ()))
+    if heldout and not specs:  # no packages mined (--data.packages ""): none to hold out either
+        log.info("data.packages is empty: no held-out packages (%s not mined); the held-out files are the test",
+                 ", ".join(heldout))
+        heldout = ()
     named = {pypi_sources.parse_spec(s)[0] for s in specs}
     unknown = sorted(set(heldout) - named)
     if unknown:
@@ -203,8 +210,8 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
     ev = pairs.eval_set(train_corpus, data.eval_fraction, seed, min_queries=data.min_eval_queries,
                         min_candidates=data.min_eval_candidates,
                         max_queries=data.eval_queries + dev if dev > 0 else None,
-                        max_candidates=getattr(data, "max_eval_candidates", 0) or None)
-    task = _task(ev, data.eval_queries, seed)
+                        max_candidates=getattr(data, "max_eval_candidates", 0) or None, strict=False)
+    task = _task(ev, test_queries(ev, data, dev), seed)
     package_task = None
     if heldout:
         pkg_corpus = concat([c for label, c in corpora if label in heldout])
@@ -227,6 +234,30 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
              f"; held-out packages {len(package_task.queries)} queries over "
              f"{len(package_task.candidates)} candidates" if package_task else "")
     return Data(train=train, task=task, package_task=package_task, sources=infos, report=report)
+
+
+def test_queries(ev: pairs.EvalSet, data, dev: int) -> int:
+    """How many of the held-out files' queries `ev` are test queries (the rest are dev queries).
+
+    With the preset's minimums met (`data.min_eval_queries` queries, `data.min_eval_candidates`
+    candidates): `data.eval_queries`. A user's own data (`data.source`) with fewer, down to
+    MIN_OWN_EVAL: every query and candidate there is, split test / dev in the preset's proportion,
+    and one warning line. Otherwise a DataError naming the options that change it."""
+    n_q, n_c = len(ev.queries), len(ev.candidates)
+    if n_q >= data.min_eval_queries and n_c >= data.min_eval_candidates:
+        return data.eval_queries
+    sizes = (f"the held-out files ({data.eval_fraction:.0%} of the files: --data.eval_fraction) give {n_q} "
+             f"queries over {n_c} candidates")
+    if data.source is None or min(n_q, n_c) < MIN_OWN_EVAL:
+        floor = "" if data.source is None else f" (at least {MIN_OWN_EVAL} of each to evaluate at all)"
+        raise DataError(f"{sizes}, fewer than the {data.min_eval_queries} / {data.min_eval_candidates} asked for"
+                        f"{floor}: lower --data.min_eval_queries / --data.min_eval_candidates, raise "
+                        "--data.eval_fraction, or add data")
+    n_test = max(1, round(n_q * data.eval_queries / (data.eval_queries + dev))) if dev > 0 else n_q
+    log.warning("%s, fewer than this preset's %d / %d (--data.min_eval_queries / --data.min_eval_candidates): "
+                "evaluating on %d test + %d dev queries (fewer queries: wider uncertainty)", sizes,
+                data.min_eval_queries, data.min_eval_candidates, min(n_test, n_q), max(n_q - n_test, 0))
+    return n_test
 
 
 def with_hard_negatives(train: list, k: int, miners: tuple[str, ...], seed: int, model_vectors=None,
@@ -280,12 +311,16 @@ def pooled_vectors(params, encoder, texts, max_length: int, batch: int = 64) -> 
                                             desc="hard negatives: embedding"), texts, max_length)
 
 
-def training_note(data, steps: int, pairs_per_step: int, task: Task) -> str:
+def training_note(data, steps: int, pairs_per_step: int, task: Task, package_task: Task | None = None) -> str:
     """What the model card says the run trained and evaluated on (`data`: the DataConfig)."""
     sources = [data.source or "the Python standard library",
                *(s for s in data.packages if s.split("==")[0] not in data.heldout_packages)]
-    return (f"(docstring, code) pairs mined from {', '.join(sources)} ({steps} steps x {pairs_per_step} pairs); "
-            f"evaluated on {len(task.queries)} held-out queries over {len(task.candidates)} candidates")
+    note = (f"(docstring, code) pairs mined from {', '.join(sources)} ({steps} steps x {pairs_per_step} pairs); "
+            f"evaluated on held-out files ({len(task.queries)} queries over {len(task.candidates)} candidates)")
+    if package_task is not None:
+        note += (f" and on held-out packages never trained on, {', '.join(data.heldout_packages)} "
+                 f"({len(package_task.queries)} queries over {len(package_task.candidates)} candidates)")
+    return note
 
 
 @attrs.frozen

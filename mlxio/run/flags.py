@@ -201,6 +201,11 @@ def read_config_file(path: Path, cls: type[T], base: Any) -> T:
     return from_json(raw, cls, str(path), base)
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default shown, and the recipe's docstring as written: its example command
+    lines stay one per line."""
+
+
 def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, description: str,
                default_preset: str, extra: typing.Callable[[argparse.ArgumentParser], None] | None = None):
     """Build the recipe's config from presets, an optional JSON file and dotted flags.
@@ -209,8 +214,7 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
     """
     cls = type(presets[default_preset])
     base = presets[default_preset]
-    parser = StrictArgumentParser(prog=prog, description=description,
-                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = StrictArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter)
     parser.add_argument("--preset", choices=sorted(presets), default=default_preset,
                         help="base settings; flags below override them (defaults shown are the default preset's)")
     parser.add_argument("--config", type=Path, help="JSON config file (as written in a run's config.json); "

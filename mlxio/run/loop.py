@@ -65,8 +65,9 @@ class TrainLoop:
             reporter = Reporter(out_dir, report_to=report_to, config=config, project=project,
                                 resume_step=start if resumed else None, total_steps=end, start_step=start,
                                 headline=headline, logger=logger)
+        # off a terminal each record is already a log line (Reporter): no second progress format
         bar = progress(total=end, initial=start, desc=desc, unit="step", every_s=every_s,
-                       disable=not world.is_main)
+                       disable=reporter is None or reporter.console)
         return cls(out_dir=out_dir, world=world, run_id=run_id, config=config, start=start, end=end,
                    steps=train.steps, checkpoint_every=train.checkpoint_every,
                    max_consecutive_skips=train.max_consecutive_skips, keep_last=keep_last, hint=hint,
@@ -97,14 +98,17 @@ class TrainLoop:
         """Whether this process ends before the run's last step (--stop_after)."""
         return self.end < self.steps
 
-    def finish(self, opt_state: Tree, updates: int, title: str) -> bool:
-        """After the loop: the display and reporter closed, the memory profile written (memory.json
-        + memory.png titled `title`), RunError if none of this process's `updates` optimizer
-        updates applied, and every rank waits until the last checkpoint exists. True when the
-        run is complete and this is rank 0: evaluation and export come next."""
+    def finish(self, opt_state: Tree, updates: int, title: str, keep_reporter: bool = False) -> bool:
+        """After the loop: the display and reporter closed (the reporter left open with
+        `keep_reporter`, for the run's results: `reporter.write_summary`, then `close`), the memory
+        profile written (memory.json + memory.png titled `title`), RunError if none of this
+        process's `updates` optimizer updates applied, and every rank waits until the last
+        checkpoint exists. True when the run is complete and this is rank 0: evaluation and
+        export come next."""
         self.bar.close()
         if self.world.is_main:
-            self.reporter.close()
+            if not (keep_reporter and not self.stopped_early):
+                self.reporter.close()
             if self.profiler is not None:
                 self.profiler.write(self.out_dir, title=title)
         outcome.require_progress(opt_state, self.skips_before, updates, str(self.out_dir / "metrics.jsonl"))

@@ -31,13 +31,15 @@ class PhaseClock:
         self._wall, self._cpu = time.perf_counter(), cpu_seconds()
         self.phases: dict[str, dict[str, float]] = {}
 
-    def lap(self, name: str) -> dict[str, float]:
-        """Close the phase that just ended as `name`; returns its (accumulated) times."""
+    def lap(self, name: str, figures: str = "") -> dict[str, float]:
+        """Close the phase that just ended as `name` (its log line ends with `figures`, what
+        the phase found or made); returns its (accumulated) times."""
         wall, cpu = time.perf_counter(), cpu_seconds()
         entry = self.phases.setdefault(name, {"wall_s": 0.0, "cpu_s": 0.0})
         entry["wall_s"] = round(entry["wall_s"] + wall - self._wall, 2)
         entry["cpu_s"] = round(entry["cpu_s"] + cpu - self._cpu, 2)
-        log.info("phase %s: %.1f s wall, %.1f s CPU", name, wall - self._wall, cpu - self._cpu)
+        log.info("phase %s: %.1f s wall, %.1f s CPU%s", name, wall - self._wall, cpu - self._cpu,
+                 f": {figures}" if figures else "")
         self._wall, self._cpu = wall, cpu
         return entry
 

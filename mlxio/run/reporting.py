@@ -65,6 +65,7 @@ class LogProgress:
         self.start = self.last = time.perf_counter()
         self.postfix: dict[str, Any] = {}
         self.closed = False
+        self.printed = initial  # `n` at the last line printed: close() does not print it again
 
     def __iter__(self) -> Iterator:
         for item in self.iterable:
@@ -109,13 +110,13 @@ class LogProgress:
         self.n += n
         now = time.perf_counter()
         if now - self.last >= self.every_s:
-            self.last = now
+            self.last, self.printed = now, self.n
             self.log.info(self.line())
 
     def close(self):
         if not self.closed:
             self.closed = True
-            if self.n > self.initial:
+            if self.n > self.printed:
                 self.log.info(self.line())
 
 
@@ -326,6 +327,15 @@ class Reporter:
             self.wandb.scalars(step, scalars)
         if self.console:
             self.log.info(self.line(record))
+
+    def write_summary(self, step: int, values: dict[str, float]) -> None:
+        """A run's result (e.g. its evaluation metrics) at `step` to TensorBoard and W&B (also
+        the W&B run's summary); not to metrics.jsonl, which holds the training windows."""
+        if self.tensorboard is not None:
+            self.tensorboard.scalars(step, values)
+        if self.wandb is not None:
+            self.wandb.scalars(step, values)
+            self.wandb.run.summary.update({k: v for k, v in values.items() if v is not None})
 
     def line(self, record: dict[str, Any]) -> str:
         step = int(record["step"])

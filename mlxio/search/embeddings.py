@@ -102,12 +102,15 @@ def tokens_and_pooled(hidden: Embedded) -> tuple[Embedded, np.ndarray]:
     return Embedded(blocks=blocks, n=hidden.n), pooled
 
 
-def maxsim_matrix(queries: Embedded, docs: Embedded, compiled: bool | None = None) -> np.ndarray:
+def maxsim_matrix(queries: Embedded, docs: Embedded, compiled: bool | None = None,
+                  desc: str = "MaxSim") -> np.ndarray:
     """MaxSim scores float32 [n_queries, n_docs] of every query against every document
-    (`compiled` as in `embed_texts`)."""
+    (`compiled` as in `embed_texts`; progress shown as `desc`)."""
+    from mlxio.run.reporting import progress
+
     scores = np.zeros((queries.n, docs.n), np.float32)
     score = _maybe_compile(retrieval.maxsim, compiled)
-    for q_rows, q_emb, q_mask in queries.blocks:
+    for q_rows, q_emb, q_mask in progress(queries.blocks, desc=desc, unit="batch", every_s=15.0):
         for d_rows, d_emb, d_mask in docs.blocks:
             block = score(q_emb, q_mask, d_emb, d_mask)
             scores[np.ix_(q_rows, d_rows)] = np.array(block)

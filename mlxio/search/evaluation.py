@@ -60,7 +60,7 @@ class Evaluator:
                 pooled = ranking.ranking_metrics(q_pooled[:len(task.queries)] @ d_pooled.T, task.positives)
             else:
                 queries, docs = embedded
-            semantic.append(embeddings.maxsim_matrix(queries, docs, self.compiled))
+            semantic.append(embeddings.maxsim_matrix(queries, docs, self.compiled, desc="eval: MaxSim"))
         choice = ranking.fusion_choice([(s[len(t.queries):], b[len(t.queries):], t.dev_positives)
                                         for s, b, t in zip(semantic, bm25, tasks, strict=True)])
         alpha = None if choice is None else choice["alpha"]
@@ -122,15 +122,58 @@ def baselines(evaluate: Evaluator, untrained_params, data: xtr_data.Data, cache_
     return out
 
 
+def _rows(entry: dict) -> list[tuple[str, dict]]:
+    rows = [("BM25", entry["bm25"])]
+    for name in [n for n in ("untrained", "fine-tuned", "quantized") if n in entry]:
+        rows.append((f"{name} semantic", entry[name]["semantic"]))
+        rows.append((f"{name} hybrid ({entry[name].get('hybrid_fusion', 'rrf')})", entry[name]["hybrid"]))
+    if "single-vector view" in entry:  # merged/ in sentence-transformers (mean pooling)
+        rows.append(("single-vector view (sentence-transformers)", entry["single-vector view"]["semantic"]))
+    return rows
+
+
 def results_table(results: dict) -> str:
-    """eval.json's results as a Markdown table: one row per model and mode."""
-    rows = [("BM25", results["bm25"])]
-    for name in [n for n in ("untrained", "fine-tuned", "quantized") if n in results]:
-        rows.append((f"{name} semantic", results[name]["semantic"]))
-        rows.append((f"{name} hybrid ({results[name].get('hybrid_fusion', 'rrf')})", results[name]["hybrid"]))
-    if "single-vector view" in results:  # merged/ in sentence-transformers (mean pooling)
-        rows.append(("single-vector view (sentence-transformers)", results["single-vector view"]["semantic"]))
+    """eval.json's results as a Markdown table: one row per task, model and mode (the held-out
+    packages first when the run has them: the transfer test, then the held-out files)."""
+    tasks = [("held-out files", results)]
+    if "heldout_packages" in results:
+        tasks.insert(0, ("held-out packages", results["heldout_packages"]))
     keys = list(results["bm25"])
-    lines = [f"| model / mode | {' | '.join(keys)} |", "|---|" + "---|" * len(keys)]
-    lines += [f"| {name} | " + " | ".join(f"{m[k]:.3f}" for k in keys) + " |" for name, m in rows]
+    lines = [f"| task | model / mode | {' | '.join(keys)} |", "|---|---|" + "---|" * len(keys)]
+    for task, entry in tasks:
+        for i, (name, m) in enumerate(_rows(entry)):
+            lines.append(f"| {task if i == 0 else ''} | {name} | " + " | ".join(f"{m[k]:.3f}" for k in keys) + " |")
     return "\n".join(lines)
+
+
+def summary(entry: dict, model: str, baseline: dict | None = None) -> str:
+    """One task's figures on one line: `model`'s semantic and hybrid MRR@10 (with the gain over
+    `baseline`'s semantic when given) and BM25's."""
+    m = entry[model]
+    text = f"{model} semantic MRR@10 {m['semantic']['mrr@10']:.3f}"
+    if baseline is not None:
+        text += f" ({m['semantic']['mrr@10'] - baseline['semantic']['mrr@10']:+.3f})"
+    return f"{text}, hybrid {m['hybrid']['mrr@10']:.3f}; BM25 {entry['bm25']['mrr@10']:.3f}"
+
+
+def summary_line(results: dict, model: str, baseline: str | None = None) -> str:
+    """`summary` of both tasks (held-out files; held-out packages when the run has them)."""
+    parts = []
+    for task, entry in (("held-out files", results), ("held-out packages", results.get("heldout_packages"))):
+        if entry is not None and model in entry:
+            parts.append(f"{task}: {summary(entry, model, entry.get(baseline) if baseline else None)}")
+    return " | ".join(parts)
+
+
+def eval_scalars(results: dict) -> dict[str, float]:
+    """eval.json's metrics as flat scalars for TensorBoard / W&B:
+    `eval/<files|packages>/<model>[/<mode>]/<metric>` (e.g. `eval/packages/fine-tuned/semantic/mrr@10`)."""
+    out = {}
+    for task, entry in (("files", results), ("packages", results.get("heldout_packages"))):
+        for model, value in (entry or {}).items():
+            if model == "bm25":
+                out |= {f"eval/{task}/bm25/{k}": v for k, v in value.items()}
+            elif model in ("untrained", "fine-tuned", "quantized", "single-vector view"):
+                out |= {f"eval/{task}/{model}/{mode}/{k}": v for mode in ("semantic", "hybrid")
+                        for k, v in value.get(mode, {}).items() if isinstance(v, (int, float))}
+    return out

@@ -203,12 +203,18 @@ def _export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, tar
 def write_retriever_cards(out_dir: Path, *, base: str, results: dict, command: str, data: str) -> None:
     """README.md model cards for the exports in `out_dir`: colbert/ (the model as trained),
     merged/ (sentence-transformers' single-vector view) and peft_adapter/."""
-    def metrics_of(name: str) -> dict:
-        return {f"{name} {mode}": results[name][mode]
-                for mode in ("semantic", "hybrid") if mode in results.get(name, {})}
+    def metrics_of(task: str, entry: dict, names: tuple[str, ...]) -> dict:
+        return {f"{task}: {name} {mode}": entry[name][mode]
+                for name in names for mode in ("semantic", "hybrid") if mode in entry.get(name, {})}
 
-    metrics = {**metrics_of("untrained"), **metrics_of("fine-tuned"), **metrics_of("single-vector view"),
-               "BM25": results.get("bm25", {})}
+    # both tasks: the held-out files of the training sources, and whole held-out packages (the
+    # transfer test) when the run has them
+    metrics = {**metrics_of("held-out files", results, ("untrained", "fine-tuned", "single-vector view")),
+               "held-out files: BM25": results.get("bm25", {})}
+    if "heldout_packages" in results:
+        packages = results["heldout_packages"]
+        metrics |= {**metrics_of("held-out packages", packages, ("untrained", "fine-tuned")),
+                    "held-out packages: BM25": packages.get("bm25", {})}
     trained = ("LoRA fine-tuned for multi-vector (late-interaction) retrieval: each token is "
                "L2-normalised and a query scores a document by MaxSim.")
     if (out_dir / "colbert").is_dir():
