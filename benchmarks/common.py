@@ -71,7 +71,7 @@ def write_result(name: str, payload: dict, machine_name: str = "cpu", root: Path
 # Relative tolerances of the agreement check, per compute dtype: the first step's loss and
 # pre-clip gradient norm (same weights, same batch), and the loss at the last checked step
 # (after check_steps - 1 identical updates). float32 is measured at ~1e-6 on the CPU (tiny T5 /
-# BERT, tests/test_bench_agreement.py); bf16 keeps 8 mantissa bits (2^-8 = 3.9e-3 per rounding).
+# BERT, tests/benchmarks/test_bench_agreement.py); bf16 keeps 8 mantissa bits (2^-8 = 3.9e-3 per rounding).
 TOLERANCE = {"float32": {"loss": 1e-4, "grad_norm": 1e-3, "loss_after": 1e-3},
              "bfloat16": {"loss": 2e-2, "grad_norm": 5e-2, "loss_after": 5e-2}}
 

@@ -30,7 +30,7 @@ MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attent
               intermediate_size=1536, hidden_act="gelu", max_position_embeddings=512,
               type_vocab_size=2, layer_norm_eps=1e-12, hidden_dropout_prob=0.0,
               attention_probs_dropout_prob=0.0, pad_token_id=0)
-# Tiny shapes (random weights) for the CPU test of the agreement check (tests/test_bench_agreement.py).
+# Tiny shapes (random weights) for the CPU test of the agreement check (tests/benchmarks/test_bench_agreement.py).
 T5_TINY = dict(T5_BASE, vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)
 BERT_TINY = dict(MINILM, vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=128, max_position_embeddings=128)

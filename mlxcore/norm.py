@@ -16,7 +16,7 @@ the weight-free norm's own vjp (`mx.fast.layer_norm(x, None, None)`) applied to 
 `rms_norm_residual` is the pre-norm block's `h -> (h, rms_norm(h))`: the gradient of h that
 comes back through the residual and the one through the norm are summed inside the same
 kernel, not by a separate [rows, D] add. Values and gradients equal the fused ones up to
-rounding (tests/test_norm.py; tests/test_norm_cuda.py on a CUDA machine).
+rounding (tests/mlxcore/test_norm.py; tests/mlxcore/test_norm_cuda.py on a CUDA machine).
 """
 
 from __future__ import annotations

@@ -255,7 +255,7 @@ def unfused(active: bool):
     """Run `mx.compile`d functions (mlx-lm's swiglu and sampler) as their plain ops inside, when
     `active`: an eager step on a fresh CUDA machine then compiles no fused kernel modules (each
     one a new NVRTC compilation) and uses MLX's precompiled elementwise kernels; same values
-    (see tests/test_kernel_modules.py). Left alone when MLX_DISABLE_COMPILE is set."""
+    (see tests/mlxio/test_kernel_modules.py). Left alone when MLX_DISABLE_COMPILE is set."""
     import mlx.core as mx
 
     if not active or os.environ.get("MLX_DISABLE_COMPILE"):

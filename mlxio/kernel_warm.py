@@ -103,7 +103,7 @@ def module_graph(key) -> list:
 def rlaif_modules(dtype: str = "float32") -> list[tuple]:
     """The modules of the RLAIF recipe's eager rollout and update for a `dtype` policy (the
     dequantised GGUF default: float32), as the H100's fresh cache listed them (session 7) less
-    those the recipe no longer needs (tests/test_kernel_modules.py checks the traced steps need
+    those the recipe no longer needs (tests/mlxio/test_kernel_modules.py checks the traced steps need
     no other)."""
     return [("gather", dtype, "int32", 1),  # embedding lookups, the static cache's rows
             ("gather", "int32", "int32", 1),  # the rows' left padding

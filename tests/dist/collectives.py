@@ -1,5 +1,5 @@
 """Checks of mlxio.run.distributed's collectives on real ranks; every rank asserts, rank 0 writes
-OUT.json with what it saw (tests/test_distributed.py reads it).
+OUT.json with what it saw (tests/mlxio/run/test_distributed.py reads it).
 
     mlx.launch -n 2 --backend ring -- python tests/dist/collectives.py OUT.json
 """

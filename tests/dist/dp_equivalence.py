@@ -6,7 +6,7 @@ tiny model, over fixed global batches of 12 examples.
 
 Each rank keeps its share of every global batch (2 ranks x 6 rows, or 1 rank x 12) and rank 0
 writes the final trainable weights (and per-step losses) to OUT_DIR/MODE.npz;
-tests/test_distributed.py compares them with `run(mode, SINGLE)`. Modes:
+tests/mlxio/run/test_distributed.py compares them with `run(mode, SINGLE)`. Modes:
   xtr          retriever step, MaxSim + InfoNCE/margin, document embeddings gathered
   xtr_topk     the same with XTR in-batch token retrieval scores (top-k over all ranks' tokens)
   xtr_mlx_vjp  as xtr but gathering with MLX's own all_gather VJP (drops the other ranks'

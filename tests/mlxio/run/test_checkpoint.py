@@ -24,7 +24,7 @@ from hypothesis.extra import numpy as hnp
 from mlxio.errors import CheckpointError
 from mlxio.run import checkpoint as ck
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 DTYPES = {  # mx dtype -> numpy dtype the values are drawn in (bf16 drawn as float32, cast)
     mx.float32: np.float32, mx.bfloat16: np.float32, mx.float16: np.float16,
     mx.uint64: np.uint64, mx.int32: np.int32, mx.uint8: np.uint8, mx.int64: np.int64,

@@ -20,7 +20,7 @@ from mlxio.rl.worker import Worker
 from mlxio.run import checkpoint
 from recipes.rlaif_config import PRESETS, validate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CLIENT = ROOT / "tests" / "worker_client"
 
 pytestmark = pytest.mark.slow

@@ -25,7 +25,7 @@ from mlxio.run.config import to_dict
 from recipes import rlaif_qwen as rq
 from recipes.rlaif_config import PRESETS, RewardConfig, validate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PROBLEMS = [(f"W/{i}", f"def {name}(a, b):\n    \"\"\"{doc}\"\"\"\n", name,
              f"def check(candidate):\n    assert candidate(2, 3) == {want}\n")
             for i, (name, doc, want) in enumerate([

@@ -1,7 +1,7 @@
 """mlxcore.cuda_jit (launching, the compiler registry) and mlxio.cuda_build (NVRTC, the disk
 cache): kernels compiled once and read back from the cache, a bad source fails with NVRTC's own
 message. The compile tests need MLX's CUDA build; elsewhere `available()` is False and the norm /
-MaxSim code takes MLX's ops (tests/test_norm.py, tests/test_retrieval.py)."""
+MaxSim code takes MLX's ops (tests/mlxcore/test_norm.py, tests/mlxcore/test_retrieval.py)."""
 
 import mlx.core as mx
 import numpy as np

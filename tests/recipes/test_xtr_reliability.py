@@ -18,7 +18,7 @@ from mlxio.run import checkpoint
 from recipes import xtr_lora
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def trees_equal(a: dict, b: dict) -> list[str]:

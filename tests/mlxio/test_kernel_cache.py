@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mlxio import kernel_cache
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cache_dir_in_child(env: dict) -> str:

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from mlxio.errors import ConfigError
 from mlxio.run import distributed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DIST = ROOT / "tests" / "dist"
 TOLERANCE = 1e-4  # float32 reduction order differs between 1 x 12 and 2 x 6; measured ~3e-6
 

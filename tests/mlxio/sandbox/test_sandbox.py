@@ -14,8 +14,8 @@ import pytest
 from mlxio import sandbox
 from mlxio.sandbox import SandboxLimits, build_program, run_check, run_tests, split_program
 
-HOSTILE = sorted(Path(__file__).with_name("hostile").glob("*.py"))
-REPO = Path(__file__).resolve().parents[1]
+HOSTILE = sorted((Path(__file__).resolve().parents[2] / "hostile").glob("*.py"))
+REPO = Path(__file__).resolve().parents[3]
 TEST = """
 def check(candidate):
     assert candidate(2, 3) == 5

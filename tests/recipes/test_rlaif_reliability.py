@@ -15,7 +15,7 @@ from mlxcore.tree import flatten
 from mlxio.run import checkpoint
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 10
 
 CHILD = SLOW_FSYNC + """

@@ -35,7 +35,7 @@ from mlxio.weights.safeload import (
 )
 from mlxio.weights.safeload_gguf import parse_gguf_header, read_gguf
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 FUZZ_N = int(os.environ.get("SAFELOAD_FUZZ_N", "40"))
 U64 = st.integers(0, 2**64 - 1)
 

@@ -105,6 +105,12 @@ def test_stop_and_resume_is_bit_identical(run):
     history = [h for h in tracking_files.wandb_history(root / "resumed") if "loss" in h]
     assert [h["_step"] for h in history] == [2, 4, 6, 8]
     np.testing.assert_allclose([h["loss"] for h in history], [r["loss"] for r in windows], rtol=1e-6)
+    # the run's result, the evaluation, reaches both trackers too (at the last step)
+    evaluated = json.loads((root / "resumed" / "eval.json").read_text())
+    key = "eval/files/fine-tuned/semantic/mrr@10"
+    assert tb[key] == [(8, pytest.approx(evaluated["fine-tuned"]["semantic"]["mrr@10"]))]
+    rows = [h for h in tracking_files.wandb_history(root / "resumed") if key in h]
+    assert [h["_step"] for h in rows] == [8] and rows[0][key] == pytest.approx(evaluated["fine-tuned"]["semantic"]["mrr@10"])
 
 
 def test_resume_refuses_another_config(run):

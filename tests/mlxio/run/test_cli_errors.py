@@ -17,7 +17,7 @@ import pytest
 from mlxio.errors import ConfigError, DataError, DiskError, cli_main
 from mlxio.weights.encoders import default_encoder_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 LINE = re.compile(r"^(xtr_lora|rlaif_qwen|python -m recipes.code_search): error: [^\n]+ \([^\n]+\); [^\n]+\n$")
 
 
