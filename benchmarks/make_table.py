@@ -336,6 +336,31 @@ def default_run_sections() -> list[str]:
     return out
 
 
+def heldout_packages_section() -> list[str]:
+    """The retriever's gain over the untrained model, run by run (seeds, presets, with and
+    without hard negatives): <machine>/xtr_heldout_packages.json."""
+    rows = []
+    for machine in ("cpu", "h100"):
+        for r in load(machine, "xtr_heldout_packages") or []:
+            cells = []
+            for task in (r, r.get("heldout_files") or {}):
+                if "fine_tuned" not in task:
+                    cells.append("- | - | -")
+                    continue
+                u, t = task["untrained"]["semantic"]["mrr@10"], task["fine_tuned"]["semantic"]["mrr@10"]
+                cells.append(f"{u:.3f} -> {t:.3f} | {t - u:+.3f} | {task['fine_tuned']['hybrid']['mrr@10']:.3f}")
+            rows.append(f"| {machine} | {r['preset']} | {r['steps']} | {r.get('seed', 0)} "
+                        f"| {'1 BM25' if r['hard_negatives'] else 'none'} | {r['queries']} | {' | '.join(cells)} |")
+    if not rows:
+        return []
+    return ["### Retriever quality over seeds and presets (benchmarks/xtr_heldout_packages.py)", "",
+            "Semantic MRR@10 of the untrained -> fine-tuned model, its gain, and the fine-tuned hybrid, on the "
+            "held-out packages (never trained on) and the held-out files. Rows record the preset as it was run "
+            "(its steps here; every setting in the JSON's `command`); the current `quick` is 80 steps, `full` 1,000.", "",
+            "| machine | preset | steps | seed | hard negatives | package queries | packages: semantic | gain | hybrid "
+            "| files: semantic | gain | hybrid |", "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
 def rlaif_learning_section() -> list[str]:
     """Does RLAIF learn? (h100/rlaif_learning.json: the gpu preset, before / after training)."""
     rows = load("h100", "rlaif_learning")
@@ -492,6 +517,7 @@ def performance_sections(bars: list) -> list[str]:
     lines += cold_start_section()
     lines += worker_overhead_section()
     lines += search_scale_section()
+    lines += heldout_packages_section()
     lines += rlaif_learning_section()
     lines += targets()
     return lines

@@ -291,7 +291,7 @@ def torch_adamw_groups(cfg, steps: int) -> list[tuple[float, float]]:
     p -= lr_t * (m / c1) / (sqrt(v) / sqrt(c2) + eps_t), c1 = 1 - b1^t, c2 = 1 - b2^t, t = n + 1.
     Equal when lr_t = lr_n * c1 / sqrt(c2) and eps_t = eps / sqrt(c2). (Before this, the torch side
     ran a constant lr 2e-4 with bias correction: ~5x MLX's effective step after warm-up, and no
-    warm-up - see the README's GPU section.)"""
+    warm-up; see docs/performance.md.)"""
     import math
 
     out = []

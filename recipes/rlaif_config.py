@@ -159,10 +159,10 @@ class Config:
 
 
 PRESETS = {
-    # 2 CPU cores in <= 20 minutes: 16 steps x 2 prompts x 8 completions of level-1 tasks; the
-    # evaluation samples n = 4 per problem (the GPU preset's n = 16 takes too long on a CPU)
-    # 2 CPU cores, <= 20 minutes: the evaluation samples n = 4 per problem (the GPU preset's
-    # n = 16 takes too long on a CPU), at most 160 tokens as in training
+    # the defaults above: 12 steps x 2 prompts x 8 completions of level-1 tasks, for 2 CPU cores
+    # (26:49 measured on a shared box, ~17 minutes estimated idle: cpu/rlaif_quick.json); the
+    # evaluation samples n = 4 per problem (the GPU preset's n = 16 takes too long on a CPU), at
+    # most 160 tokens as in training
     "quick": Config(eval=EvalConfig(max_new_tokens=160, batch=8, samples=4)),
     "full": Config(compile=True, prompts_per_step=4, max_new_tokens=384,
                    train=TrainConfig(steps=200, accum=8, checkpoint_every=20, keep_checkpoints=3),
@@ -171,7 +171,7 @@ PRESETS = {
                                      total_steps=200, clip_norm=1.0),
                    clip_eps=0.2, inner_epochs=2, out_dir="runs/rlaif_full",
                    eval=EvalConfig(max_new_tokens=512, batch=16)),
-    # the H100 learning run of the README (benchmarks/results/h100/rlaif_learning.json):
+    # the H100 learning run in docs/performance.md (benchmarks/results/h100/rlaif_learning.json):
     # 100 steps x 8 prompts x 8 completions of levels 1-2, evaluated with n = 16 on 96 held-out
     # instances, 24 problems of the held-out family and HumanEval's held-out split
     "gpu": Config(compile=True, prompts_per_step=8, group_size=8, train=TrainConfig(steps=100, checkpoint_every=10, log_every=5),

@@ -64,7 +64,7 @@ class DataConfig:
     max_query_len: int = bounded(32, ge=2)
     max_doc_len: int = bounded(128, ge=2)
     bucket: int = bounded(32, ge=1)  # padded lengths are multiples of this (fewer recompiles)
-    # quick's evaluation (README, "Evaluation"): 500 test + 200 dev queries of held-out files over
+    # quick's evaluation (docs/retriever.md, "Evaluation"): 500 test + 200 dev queries of held-out files over
     # 1,500 candidates, 800 + 200 of held-out packages over 2,500; ~4,000 documents to encode per model
     eval_queries: int = bounded(500, ge=1)  # at most; at least min_eval_queries must exist
     # fewer held-out queries / candidates than these: an error, except on your own data (source),

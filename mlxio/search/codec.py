@@ -15,7 +15,7 @@ the corpus' tokens) plus a code of its residual v - c. Two residual codes:
 
 On 14,080 functions of the Python 3.11 standard library (benchmarks/results/cpu/search_scale_stdlib.json),
 MaxSim over every function's decompressed vectors lost 0.0142 MRR@10 against exact MaxSim with
-1 bit (50 bytes per token), 0.0015 with pq64 (66), -0.0005 with 2 bits (98); see the README.
+1 bit (50 bytes per token), 0.0015 with pq64 (66), -0.0005 with 2 bits (98); see dev/LOG.md.
 """
 
 from __future__ import annotations
