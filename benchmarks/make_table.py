@@ -321,7 +321,7 @@ def default_run_sections() -> list[str]:
         out += [f"**RLAIF** (`python -m recipes.rlaif_qwen`: {cfg['optim']['total_steps']} steps x "
                 f"{cfg['prompts_per_step']} prompts x {cfg['group_size']} completions; pass@1 of "
                 f"{cfg['eval']['samples']} samples per problem and of the greedy completion, 95% bootstrap "
-                "intervals over problems):", "",
+                f"intervals over problems; the run took {r['wall_s'] / 60:.1f} min on a 2-core CPU):", "",
                 "| evaluation set | decoding | before | after | after - before |", "|---|---|---|---|---|"]
         for name, label in (("heldout", "held-out instances"), ("heldout_families", "held-out family")):
             e = r["eval"].get(name)

@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
@@ -17,3 +18,70 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=25,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The fast lane (`make test-fast`: pytest -m "not slow", under 3 minutes on a shared 2-core CPU)
+# leaves out the tests marked slow in their files and these, each over ~1 s there (timed
+# with --junitxml, 2026-11-27). `make test` and CI run everything; a renamed test rejoins the lane.
+FAST_LANE_EXCLUDES = {
+    'tests/benchmarks/test_bench_agreement.py::test_old_torch_optimizer_is_flagged_invalid',
+    'tests/benchmarks/test_bench_agreement.py::test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged',
+    'tests/benchmarks/test_bench_agreement.py::test_same_steps_agree',
+    'tests/mlxcore/test_bert_parity.py::test_encode_benchmark_checks_both_sides_compute_the_same_embeddings',
+    'tests/mlxcore/test_bert_parity.py::test_gelu_recomputed_matches_the_erf_form_and_its_autodiff',
+    'tests/mlxcore/test_core.py::test_accumulation_equals_concatenated_batch',
+    'tests/mlxcore/test_core.py::test_compiled_step_equals_eager_step',
+    'tests/mlxcore/test_flat_update.py::test_flat_update_compiles_to_the_eager_result',
+    'tests/mlxcore/test_lora_linear.py::test_gpu_form_equals_cpu_form_values_and_gradients',
+    'tests/mlxcore/test_memory_options.py::test_bf16_keeps_lora_and_optimizer_state_in_float32',
+    'tests/mlxcore/test_memory_options.py::test_checkpointing_gives_the_same_gradients',
+    'tests/mlxcore/test_memory_options.py::test_qat_step_trains_through_fake_quantisation',
+    'tests/mlxcore/test_norm.py::test_frozen_weights_compiled_and_checkpointed',
+    'tests/mlxcore/test_optim_chain.py::test_chain_equals_the_old_update_bit_for_bit',
+    'tests/mlxcore/test_policy_purity.py::test_new_loss_and_training_equal_the_old_bit_for_bit',
+    'tests/mlxcore/test_policy_purity.py::test_the_loss_never_touches_the_model',
+    'tests/mlxcore/test_retrieval.py::test_token_embeddings_project_normalise_and_compile',
+    'tests/mlxcore/test_shared_input_linears.py::test_equals_one_linear_per_layer',
+    'tests/mlxio/data/test_malformed_jsonl.py::test_mixed_files',
+    'tests/mlxio/data/test_xtr_sources.py::test_eager_evaluation_embeds_and_scores_as_the_compiled_one',
+    'tests/mlxio/rl/test_rewards.py::test_execution_reward_on_humaneval',
+    'tests/mlxio/rl/test_rollout_static.py::test_greedy_is_token_identical',
+    'tests/mlxio/rl/test_rollout_static.py::test_sampling_gives_valid_tokens',
+    'tests/mlxio/rl/test_tasks.py::test_build_splits_are_disjoint',
+    'tests/mlxio/rl/test_tasks.py::test_reference_passes_in_the_sandbox_and_a_wrong_one_fails',
+    'tests/mlxio/rl/test_teacher.py::test_200_calls_under_faults_complete_or_are_missing',
+    'tests/mlxio/rl/test_teacher.py::test_cache_makes_second_run_free',
+    'tests/mlxio/rl/test_teacher.py::test_deadline_is_kept_under_concurrency_with_drip_servers',
+    'tests/mlxio/rl/test_teacher.py::test_hostile_server_cannot_stretch_the_deadline',
+    'tests/mlxio/rl/test_teacher.py::test_local_judge_deadline_cuts_generation',
+    'tests/mlxio/rl/test_worker.py::test_protocol_stdout_keeps_stray_writes_off_the_protocol',
+    'tests/mlxio/rl/test_worker.py::test_stdio_pipelined_requests_eof_and_checkpoint',
+    'tests/mlxio/rl/test_worker.py::test_train_step_equals_the_recipes_step',
+    'tests/mlxio/run/test_checkpoint.py::test_save_load_identity',
+    'tests/mlxio/run/test_cli_errors.py::test_cases_of_the_issue',
+    'tests/mlxio/run/test_config_fuzz.py::test_a_section_of_any_shape_is_named',
+    'tests/mlxio/run/test_config_fuzz.py::test_config_file_of_any_json_shape_or_bytes',
+    'tests/mlxio/run/test_config_fuzz.py::test_every_field_any_value_valid_or_config_error_naming_it',
+    'tests/mlxio/run/test_config_fuzz.py::test_every_flag_any_text_valid_or_config_error_naming_it',
+    'tests/mlxio/run/test_distributed.py::test_collectives_on_two_ranks',
+    'tests/mlxio/sandbox/test_sandbox.py::test_no_hostile_program_passes',
+    'tests/mlxio/sandbox/test_sandbox_quota.py::test_memory_is_bounded_over_all_processes_of_a_check',
+    'tests/mlxio/sandbox/test_sandbox_quota.py::test_weak_backend_polled_quota_kills_the_worker',
+    'tests/mlxio/search/test_search_index.py::test_cli_end_to_end',
+    'tests/mlxio/search/test_search_index.py::test_index_recall_matches_exact_maxsim',
+    'tests/mlxio/search/test_search_index.py::test_pq_encode_is_nearest_codeword_and_rotation_keeps_scores',
+    'tests/mlxio/search/test_search_index.py::test_pq_error_falls_with_subspaces_and_beats_1bit_per_byte',
+    'tests/mlxio/test_kernel_cache.py::test_default_env_and_user_choice',
+    'tests/mlxio/test_kernel_cache.py::test_prewarm_jobs_run',
+    'tests/mlxio/test_pyparse.py::test_parses_like_ast_from_many_threads',
+    'tests/mlxio/weights/test_llm_loading.py::test_smollm2_gguf_loads_quantised_with_its_tokenizer',
+    'tests/mlxio/weights/test_llm_loading.py::test_smollm2_predicts_code',
+    'tests/mlxio/weights/test_safeload_fuzz.py::test_batch_child_flags_one_large_allocation',
+    'tests/mlxio/weights/test_safeload_fuzz.py::test_batch_child_memory_is_its_own',
+    'tests/mlxio/weights/test_safeload_fuzz.py::test_random_corruptions_never_crash',
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.split("[")[0] in FAST_LANE_EXCLUDES:
+            item.add_marker(pytest.mark.slow)

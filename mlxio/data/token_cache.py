@@ -269,7 +269,7 @@ def iterate_batches(cache: TokenCache, micro_batch: int, accum: int, seed: int,
         plan = batch_plan(lengths, micro_batch, accum, seed, epoch)
         if not plan:
             raise DataError(f"{cache.path}: {cache.n} examples fill no step of "
-                            f"{micro_batch} x {accum}")
+                            f"{micro_batch} x {accum}: lower train.micro_batch or train.accum, or add data")
         for i in range(index, len(plan)):
             after = (DataPosition(epoch=epoch, batch_index=i + 1) if i + 1 < len(plan)
                      else DataPosition(epoch=epoch + 1, batch_index=0))
