@@ -18,7 +18,7 @@ import pytest
 
 from mlxio.run import checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 1e-4  # float32 reduction order differs between 1 x m and 2 x m/2 (as in test_distributed)
 
 

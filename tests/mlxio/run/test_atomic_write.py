@@ -16,7 +16,7 @@ from mlxio.errors import DiskError
 from mlxio.run.atomic import replace_file
 from mlxio.run.runlog import write_json_atomic, write_text_atomic
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _specials(tmp_path: Path) -> dict[str, Path]:
