@@ -135,9 +135,18 @@ def _network_error(err: BaseException) -> bool:
 
 
 def one_line(text: str, limit: int = 2000) -> str:
-    """Collapse a message to one line (newlines would break the contract), at most `limit` chars."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """Collapse a message to one line (newlines would break the contract), at most `limit` chars:
+    a long word (a deep path) is shortened in its middle first, then the message in its middle,
+    so its end - the "; <how to fix>" - always survives."""
+    words = str(text).split()
+    text = " ".join(words)
+    if len(text) <= limit:
+        return text
+    text = " ".join(w if len(w) <= 160 else f"{w[:80]}...{w[-60:]}" for w in words)
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    return text[:head] + " ... " + text[-(limit - head - 5):]
 
 
 def user_error(err: BaseException) -> tuple[str, int] | None:

@@ -141,7 +141,7 @@ def search(index_dir: Path, queries: list[str], mode: str, top_k: int = 10, alph
 
 def _read_queries(path: Path) -> list[dict]:
     rows, seen = [], {}
-    for lineno, row in object_lines(path):
+    for lineno, row in object_lines(path, "queries file"):
         if not isinstance(row.get("query"), str) or "id" not in row:
             raise DataError(f"{path}:{lineno}: needs a string 'query' and an 'id'")
         if not row["query"].strip():
@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
               f"{report.units_changed} new/changed and {report.units_removed} removed of "
               f"{report.units_changed + report.units_kept} units, {report.segments} segment"
               f"{'s' if report.segments != 1 else ''}, {report.seconds:.1f} s)")
+        if report.skipped:  # never silent: a file left out is named in the log and counted here
+            print(f"skipped {sum(report.skipped.values())} source files: "
+                  + ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())))
         return
     if args.command == "verify":
         idx = Index(args.index, full_hashes=True)

@@ -17,7 +17,8 @@ from mlxio.errors import ConfigError
 from mlxio.rl.evaluation import EvalConfig
 from mlxio.rl.grpo import TINY_PREFIX  # "tiny:llama" etc.: a tiny random model (smoke tests)
 from mlxio.rl.rollout import ENGINES
-from mlxio.run.config import check
+from mlxio.run.config import check, check_schedule, check_url
+from mlxio.weights.llm import TINY_KINDS
 
 SOURCES = ("procedural", "humaneval")
 
@@ -27,7 +28,7 @@ class DataConfig:
     # "procedural": generated problems with hidden tests (mlxio.rl.tasks; the embedded 135M
     # model passes some, so rewards vary); "humaneval": OpenAI HumanEval (164, the transfer test)
     source: str = "procedural"  # checked by validate_data
-    problems: str | None = None  # JSONL of problems with tests (overrides `source`)
+    problems: str | None = bounded(None, nonempty=True)  # JSONL of problems with tests (overrides `source`)
     heldout_fraction: float = bounded(0.2, gt=0, lt=1)  # humaneval / JSONL: fixed split by hashed task id
     max_train: int = 0  # use at most this many training problems (0 = all)
     # procedural source: training families, whole families held out (evaluated, never
@@ -56,9 +57,9 @@ class RewardConfig:
 
 @attrs.frozen(kw_only=True)
 class TeacherConfig:
-    url: str | None = None  # OpenAI-compatible endpoint, e.g. http://localhost:8080/v1
+    url: str | None = bounded(None, nonempty=True)  # OpenAI-compatible endpoint, e.g. http://localhost:8080/v1
     model: str = bounded("default", nonempty=True)  # mlx_lm.server: "default_model" (the --model it serves)
-    local: str | None = None  # or an mlx-lm model dir / GGUF judged locally
+    local: str | None = bounded(None, nonempty=True)  # or an mlx-lm model dir / GGUF judged locally
     # one deadline per judge call: connect, headers, body, retries and back-off (HTTP), or the
     # wait for the model plus generation (local); a call past it is a missing reward
     timeout_s: float = 30.0
@@ -105,7 +106,7 @@ class MemoryConfig:
 
 @attrs.frozen(kw_only=True)
 class Config:
-    model: str | None = None  # None: embedded SmolLM2-135M-Instruct GGUF; or a dir / hub id
+    model: str | None = bounded(None, nonempty=True)  # None: embedded SmolLM2-135M-Instruct GGUF; or a dir / hub id
     # MLX's CPU quantised matmul is ~30x slower than float BLAS here, so on CPU the 4-bit base
     # is dequantised (to float32: CPU float16 matmuls skip BLAS, ~3x slower) for plain LoRA;
     # keep it quantised (QLoRA, --dequantize false) on a GPU.
@@ -222,9 +223,19 @@ def validate_data(cfg: DataConfig) -> None:
         raise ConfigError(f"data.task_seed: must be >= 0, got {cfg.task_seed}")
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, source: str = "config") -> None:
     """Every field against its declared range (`mlxio.run.config.check`), then the cross-field
-    checks the field types cannot express (ConfigError names the field)."""
+    checks the field types cannot express (ConfigError names the field, and `source` where
+    the error names no place of its own)."""
+    try:
+        _validate(cfg)
+    except ConfigError as err:
+        if err.where is None:
+            err.where = source
+        raise
+
+
+def _validate(cfg: Config) -> None:
     check(cfg)
     validate_data(cfg.data)
     if cfg.advantage == "grpo" and cfg.group_size < 2:
@@ -249,9 +260,15 @@ def validate(cfg: Config) -> None:
     if cfg.teacher.scoring not in ("text", "verdict"):
         raise ConfigError(f"teacher.scoring: must be 'text' or 'verdict', got "
                           f"{cfg.teacher.scoring!r}")
-    if cfg.teacher.url is not None and not cfg.teacher.url.startswith(("http://", "https://")):
-        raise ConfigError(f"teacher.url: must start with http:// or https://, got "
-                          f"{cfg.teacher.url!r}")
+    if cfg.teacher.url is not None:
+        check_url("teacher.url", cfg.teacher.url)
+    if not cfg.lora.targets:
+        raise ConfigError("lora.targets: empty: no layer would train", fix="set --lora.targets, e.g. q_proj,v_proj")
+    if cfg.model is not None and cfg.model.startswith(TINY_PREFIX) and \
+            cfg.model[len(TINY_PREFIX):].removesuffix("-q4") not in TINY_KINDS:
+        raise ConfigError(f"model: {cfg.model!r} names no tiny model", fix="set --model to "
+                          + ", ".join(f"{TINY_PREFIX}{k}[-q4]" for k in TINY_KINDS) + ", a model folder, .gguf or hub id")
+    check_schedule(cfg.optim, cfg.train.steps)
     for name in ("prompts_per_step", "group_size", "inner_epochs", "max_new_tokens"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")

@@ -56,7 +56,7 @@ from mlxio.rl.grpo import (
     step_seed,
 )
 from mlxio.rl.rewards import RewardCache
-from mlxio.run import config, context, distributed
+from mlxio.run import budget, config, context, distributed
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
@@ -95,6 +95,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     prompt_share, local_group = rank_share(cfg, world)
     clock.lap("setup: run context")
     policy = load_model(cfg)
+    budget.check_rlaif(cfg, policy.config, world.size, where=str(policy.source or cfg.model))  # before any rollout
     clock.lap("setup: policy (load, dequantise, LoRA)")
     model = policy.model
     fns = rewards.from_config(cfg) + list(extra_rewards)

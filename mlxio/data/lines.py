@@ -71,16 +71,15 @@ def decode_json_line(raw: bytes, *, first: bool = False, max_bytes: int = MAX_LI
         raise BadLine("json", f"invalid JSON ({str(err)[:80]})") from None
 
 
-def object_lines(path: Path) -> Iterator[tuple[int, dict]]:
+def object_lines(path: Path, what: str = "JSONL file", max_bytes: int | None = None) -> Iterator[tuple[int, dict]]:
     """(line number, object) of each non-blank line of the JSONL file at `path`; DataError naming
     `path:line` for a line that is not a JSON object (the checks of `decode_json_line`), or
-    naming `path` when it cannot be read."""
+    naming `path` when it cannot be read, is not a regular file or is over `max_bytes`
+    (`mlxio.inputs.read_regular`)."""
     from mlxio.errors import DataError
+    from mlxio.inputs import MAX_QUERIES_BYTES, read_regular
 
-    try:
-        raw_lines = path.read_bytes().splitlines()
-    except OSError as err:
-        raise DataError(f"{path}: unreadable ({err.strerror})") from None
+    raw_lines = read_regular(path, what=what, max_bytes=max_bytes or MAX_QUERIES_BYTES, error=DataError).splitlines()
     for lineno, raw in enumerate(raw_lines, 1):
         if not raw.strip():
             continue

@@ -14,6 +14,7 @@ import ast
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import re
 import sys
@@ -29,7 +30,10 @@ import numpy as np
 
 from mlxio import pyparse
 from mlxio.errors import DataError
+from mlxio.inputs import MAX_SOURCE_BYTES, read_regular, regular_kind
 from mlxio.run.atomic import replace_file
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -63,10 +67,11 @@ class MineReport:
     """Counts of what mining saw: files parsed, files skipped (undecodable / syntax error)."""
 
     files: int
-    undecodable: int
+    undecodable: int  # not UTF-8 (nor the file's coding cookie), unreadable, or over MAX_SOURCE_BYTES
     syntax_errors: int
     trivial: int
     duplicates: int
+    not_regular: int = 0  # `*.py` names that are FIFOs, devices, dangling links, ...: never opened
 
 
 @attrs.frozen(kw_only=True)
@@ -98,21 +103,36 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def python_files(roots: Sequence[Path]) -> list[tuple[Path, bool]]:
-    """(path, pairs allowed) for every `*.py` under `roots`, in sorted (deterministic)
-    order; pairs are not allowed under NO_PAIR_DIRS or in `test_*.py` files."""
+def python_files(roots: Sequence[Path], skipped: Counter | None = None) -> list[tuple[Path, bool]]:
+    """(path, pairs allowed) for every regular `*.py` file under `roots`, in sorted
+    (deterministic) order; pairs are not allowed under NO_PAIR_DIRS or in `test_*.py` files.
+    A `*.py` name that is no regular file (a FIFO would block the reader, a link to /dev/zero
+    never end) is left out and counted in `skipped` by what it is; a root that is neither a
+    folder nor a regular file is a DataError naming it."""
     out: list[tuple[Path, bool]] = []
     for root in roots:
         root = Path(root)
-        if root.is_file():
+        if not root.is_dir():
+            kind = regular_kind(root)
+            if kind is not None:
+                raise DataError(f"source is {kind}, not a folder or a regular file", where=str(root),
+                                fix="pass a folder of .py files or a regular file")
             out.append((root, True))
             continue
         for folder, dirs, files in os.walk(root):
             dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
             parts = set(Path(folder).relative_to(root).parts)
             lib = not parts & NO_PAIR_DIRS
-            out.extend((Path(folder) / f, lib and not f.startswith("test_"))
-                       for f in sorted(files) if f.endswith(".py"))
+            for f in sorted(files):
+                if not f.endswith(".py"):
+                    continue
+                kind = regular_kind(Path(folder) / f)
+                if kind is not None:
+                    if skipped is not None:
+                        skipped[kind] += 1
+                    log.warning("%s: %s, not a regular file; skipped", Path(folder) / f, kind)
+                    continue
+                out.append((Path(folder) / f, lib and not f.startswith("test_")))
     return out
 
 
@@ -211,21 +231,22 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
     JSON keyed by the settings and every file's path, size and mtime, and reused (the whole
     stdlib takes ~10-20 CPU-seconds to mine; reading the cache ~1 s).
     """
-    files = python_files(list(roots) if roots is not None else [stdlib_root()])
+    odd: Counter = Counter()
+    files = python_files(list(roots) if roots is not None else [stdlib_root()], odd)
     lib_files = [f for f, lib in files if lib][:max_files]
     other = [f for f, lib in files if not lib] if extras else []
     if cache_dir is None:
-        return _mine(lib_files, other, min_body_lines)
+        return _with_odd(_mine(lib_files, other, min_body_lines), odd)
     stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in lib_files + other]
     blob = json.dumps([MINER_VERSION, sys.version, min_body_lines, len(lib_files), stats])
     path = Path(cache_dir) / f"corpus-{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
     try:
         data = json.loads(path.read_text())
-        return Corpus(pairs=tuple(Pair(**{**d, "negatives": tuple(d["negatives"])})
-                                  for d in data["pairs"]),
-                      distractors=tuple(Snippet(**d) for d in data["distractors"]),
-                      extras=tuple(Snippet(**d) for d in data["extras"]),
-                      report=MineReport(**data["report"]))
+        return _with_odd(Corpus(pairs=tuple(Pair(**{**d, "negatives": tuple(d["negatives"])})
+                                            for d in data["pairs"]),
+                                distractors=tuple(Snippet(**d) for d in data["distractors"]),
+                                extras=tuple(Snippet(**d) for d in data["extras"]),
+                                report=MineReport(**data["report"])), odd)
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or unreadable: mine again and rewrite it
     corpus = _mine(lib_files, other, min_body_lines)
@@ -233,7 +254,13 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(attrs.asdict(corpus)))
     replace_file(tmp, path)  # atomic: readers never see half a file
-    return corpus
+    return _with_odd(corpus, odd)
+
+
+def _with_odd(corpus: Corpus, odd: Counter) -> Corpus:
+    """`corpus` with the `*.py` names that were no regular file counted in its report."""
+    report = attrs.evolve(corpus.report, not_regular=sum(odd.values()))
+    return attrs.evolve(corpus, report=report)
 
 
 def _mine(lib_files: list[Path], other: list[Path], min_body_lines: int) -> Corpus:
@@ -245,8 +272,8 @@ def _mine(lib_files: list[Path], other: list[Path], min_body_lines: int) -> Corp
     todo = [(f, True) for f in lib_files] + [(f, False) for f in other]
     for path, lib in progress(todo, desc="mining", unit="file", every_s=10.0):
         try:
-            text = importlib.util.decode_source(path.read_bytes())
-        except (UnicodeDecodeError, SyntaxError, LookupError, OSError):
+            text = importlib.util.decode_source(read_regular(path, what="source file", max_bytes=MAX_SOURCE_BYTES))
+        except (UnicodeDecodeError, SyntaxError, LookupError, DataError):
             counts["undecodable"] += 1  # SyntaxError here: an unknown coding cookie
             continue
         try:

@@ -13,6 +13,7 @@ import attrs
 from mlxio.data.lines import MAX_LINE_BYTES, BadLine, check_text, decode_json_line
 from mlxio.data.pairs import Pair
 from mlxio.errors import DataError
+from mlxio.inputs import MAX_DATA_BYTES, read_regular
 
 
 @attrs.frozen(kw_only=True)
@@ -71,10 +72,8 @@ def read_jsonl(path: Path | str, lenient: bool = False,
     than `max_chars` are truncated (counted). Other keys are ignored.
     """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise DataError(f"{path}: cannot read ({err.strerror})") from None
+    data = read_regular(path, what="data file", max_bytes=MAX_DATA_BYTES,
+                        fix="pass a JSONL file of pairs to --data.source")
     raw_lines = data.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # the final newline ends the last line; it opens no new one

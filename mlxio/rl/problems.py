@@ -6,7 +6,6 @@ HumanEval loaders (errors name file:line and field), fenced-block reading and `e
 from __future__ import annotations
 
 import ast
-import gzip
 import os
 import re
 from pathlib import Path
@@ -16,6 +15,7 @@ import attrs
 from mlxio import pyparse
 from mlxio.data.lines import BadLine, check_text, decode_json_line
 from mlxio.errors import DataError
+from mlxio.inputs import MAX_PROBLEMS_BYTES, gunzip_bounded, read_regular
 
 
 @attrs.frozen(kw_only=True)
@@ -37,11 +37,10 @@ def load_problems_jsonl(path: str | os.PathLike) -> list[Problem]:
     """Problems from a JSONL file (optionally .gz), one object per line with the fields of
     `Problem`; extra keys are ignored. Errors name file:line and field."""
     path = Path(path)
-    try:
-        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError, gzip.BadGzipFile) as err:
-        raise DataError(f"cannot read ({getattr(err, 'strerror', None) or err})", where=str(path),
-                        fix="pass a readable JSONL file of problems to --data.problems") from None
+    data = read_regular(path, what="problems file", max_bytes=MAX_PROBLEMS_BYTES,
+                        fix="pass a readable JSONL file of problems to --data.problems")
+    if path.suffix == ".gz":
+        data = gunzip_bounded(data, max_bytes=MAX_PROBLEMS_BYTES, where=str(path), what="problems file")
     problems, seen = [], set()
     for lineno, raw in enumerate(data.split(b"\n"), 1):
         raw = raw.removesuffix(b"\r")

@@ -33,10 +33,10 @@ from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import rpc
-from mlxio.errors import CheckpointError, ConfigError
+from mlxio.errors import CheckpointError, ConfigError, StrictArgumentParser, one_line
 from mlxio.rl import grpo, packing, rollout
-from mlxio.rl.worker_protocol import PROTOCOL_VERSION, SCHEMAS
-from mlxio.run import checkpoint, context
+from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION, SCHEMAS
+from mlxio.run import budget, checkpoint, context
 from mlxio.run.config import from_dict, to_dict
 from mlxio.weights import llm_lora
 
@@ -55,6 +55,7 @@ class _Session:
         mx.random.seed(cfg.train.seed)
         np.random.seed(cfg.train.seed)
         self.policy = grpo.load_model(cfg)
+        budget.check_rlaif(cfg, self.policy.config, where=str(self.policy.source or cfg.model))
         self.model = self.policy.model
         optimizer = make_optimizer(cfg.optim)
         self.step_fn = make_train_step(grpo.make_loss(self.model, cfg), optimizer,
@@ -149,11 +150,12 @@ class Worker:
         """Sample n completions per prompt with the current policy (mlxio.rl.rollout)."""
         s = self._session()
         cfg = s.cfg
+        n, max_tokens = params.get("n", cfg.group_size), params.get("max_tokens", cfg.max_new_tokens)
+        _check_generate(s, len(params["prompts"]), n, max_tokens)
         t0 = time.perf_counter()
         ro = rollout.generate_group(
-            llm_lora.bound_policy(s.policy, s.params), params["prompts"], params.get("n", cfg.group_size),
-            params.get("temperature", cfg.temperature), params.get("top_p", cfg.top_p),
-            params.get("max_tokens", cfg.max_new_tokens),
+            llm_lora.bound_policy(s.policy, s.params), params["prompts"], n,
+            params.get("temperature", cfg.temperature), params.get("top_p", cfg.top_p), max_tokens,
             params.get("seed", grpo.step_seed(cfg.train.seed, s.step)),
             use_chat_template=params.get("chat_template", True),
             stop_at_code_end=params.get("stop_at_code_end", cfg.stop_at_code_end),
@@ -266,6 +268,25 @@ class Worker:
         raise rpc.Stop({"step": self.session.step if self.session else 0})
 
 
+def _check_generate(s: _Session, prompts: int, n: int, max_tokens: int) -> None:
+    """A `generate` that cannot finish is refused before it starts (INVALID_PARAMS naming the
+    field): more than MAX_GENERATE_ROWS sequences, more tokens than the model's positions, or
+    a KV cache larger than the machine's memory (`mlxio.run.budget`)."""
+    rows = prompts * n
+    if rows > MAX_GENERATE_ROWS:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.n: {prompts} prompts x n={n} = {rows} sequences, more than "
+                           f"{MAX_GENERATE_ROWS} in one request; split it into several", {"field": "params.n"})
+    limit = s.policy.config.get("max_position_embeddings")
+    if isinstance(limit, int) and 0 < limit < max_tokens:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.max_tokens: {max_tokens} is more than the model's "
+                           f"max_position_embeddings ({limit})", {"field": "params.max_tokens"})
+    try:
+        budget.require(budget.rollout_bytes(rows, max_tokens + 16, s.policy.config), "params.n", n,
+                       f"{rows} sequences x {max_tokens} tokens (KV cache)", "ask for fewer sequences or tokens")
+    except ConfigError as err:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.n"}) from None
+
+
 def _merge(base: dict, overrides: dict) -> dict:
     out = dict(base)
     for key, value in overrides.items():
@@ -300,15 +321,34 @@ def protocol_stdout():
     return proto
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+MIN_LINE_BYTES, MAX_LINE_BYTES = 1024, 1 << 30
+
+
+def _line_bytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a byte count, got {text!r}") from None
+    if not MIN_LINE_BYTES <= value <= MAX_LINE_BYTES:
+        raise argparse.ArgumentTypeError(f"expected {MIN_LINE_BYTES}..{MAX_LINE_BYTES} bytes, got {value}")
+    return value
+
+
 def serve_stdio(argv: list[str] | None, presets: dict, validate, prog: str) -> int:
     """Serve the worker on stdin/stdout until EOF or shutdown; returns the exit status."""
-    parser = argparse.ArgumentParser(prog=prog, description="RLAIF generation + training worker, "
-                                     "JSON-RPC 2.0 over stdin/stdout, one JSON object per line "
-                                     "(docs/worker-protocol.md)")
-    parser.add_argument("--max-line-bytes", type=int, default=rpc.DEFAULT_MAX_LINE_BYTES,
-                        help="longest accepted request line; longer ones get an error response")
-    parser.add_argument("--log-level", default="INFO", help="stderr log level")
-    args = parser.parse_args(argv)
+    parser = StrictArgumentParser(prog=prog, description="RLAIF generation + training worker, "
+                                  "JSON-RPC 2.0 over stdin/stdout, one JSON object per line "
+                                  "(docs/worker-protocol.md)")
+    parser.add_argument("--max-line-bytes", type=_line_bytes, default=rpc.DEFAULT_MAX_LINE_BYTES,
+                        help=f"longest accepted request line ({MIN_LINE_BYTES}..{MAX_LINE_BYTES}); longer ones "
+                             "get an error response")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="stderr log level")
+    try:
+        args = parser.parse_args(argv)
+    except ConfigError as err:  # the error contract: one line, exit 2 (before the protocol starts)
+        print(f"{prog}: error: {one_line(err.contract_line())}", file=sys.stderr)
+        return 2
     proto = protocol_stdout()
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")

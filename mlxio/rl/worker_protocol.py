@@ -6,6 +6,8 @@ describes and `mlxio.rl.worker` checks requests against.
 from __future__ import annotations
 
 PROTOCOL_VERSION = "1.0"
+# sequences one `generate` may ask for (len(prompts) x n); a memory estimate bounds it further
+MAX_GENERATE_ROWS = 4096
 
 _INT = {"type": "integer"}
 _NUM = {"type": "number"}
@@ -57,14 +59,17 @@ SCHEMAS: dict[str, dict[str, dict]] = {
         "params": {
             "type": "object", "additionalProperties": False, "required": ["prompts"],
             "properties": {
-                "prompts": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                "n": {"type": "integer", "minimum": 1, "description": "completions per prompt "
-                      "(default: config group_size)"},
-                "max_tokens": {"type": "integer", "minimum": 1,
-                               "description": "default: config max_new_tokens"},
-                "temperature": {"type": "number", "minimum": 0, "description": "0 = greedy"},
+                "prompts": {"type": "array", "minItems": 1, "maxItems": MAX_GENERATE_ROWS,
+                            "items": {"type": "string"}},
+                "n": {"type": "integer", "minimum": 1, "maximum": MAX_GENERATE_ROWS,
+                      "description": "completions per prompt (default: config group_size); "
+                                     f"len(prompts) x n <= {MAX_GENERATE_ROWS}"},
+                "max_tokens": {"type": "integer", "minimum": 1, "maximum": 1 << 20,
+                               "description": "default: config max_new_tokens; at most the "
+                                              "model's max_position_embeddings"},
+                "temperature": {"type": "number", "minimum": 0, "maximum": 100, "description": "0 = greedy"},
                 "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-                "stop": {"type": "array", "items": {"type": "string"}, "description": "stop "
+                "stop": {"type": "array", "maxItems": 64, "items": {"type": "string"}, "description": "stop "
                          "strings (text cut before them; the completing token kept)"},
                 "stop_at_code_end": {"type": "boolean", "description": "end at the close of "
                                      "the first ``` block (default: config)"},

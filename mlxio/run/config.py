@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import os
 import typing
 import warnings
 from pathlib import Path
@@ -392,11 +393,69 @@ def set_path(data: dict, dotted: str, value: Any, create: bool = False) -> None:
     data[last] = value
 
 
+MAX_PATH_BYTES = 4095  # Linux's PATH_MAX less the NUL: a longer path fails every system call
+MAX_NAME_BYTES = 255  # NAME_MAX: one component
+MAX_PATH_DEPTH = 256  # components: far past any real folder, well below Python's recursion limit
+
+
+def check_path_text(path: str | Path, name: str) -> Path:
+    """A path option's text within what the file system takes (total length, one component's
+    length, depth: `Path.mkdir(parents=True)` recurses once per missing component), else a
+    ConfigError naming the option."""
+    text = str(path)
+    fix = f"set --{name} to a shorter path"
+    if not text.strip():
+        raise ConfigError(f"{name}: must not be empty", where="command line", fix=f"set --{name} to a path")
+    raw = text.encode("utf-8", "replace")
+    if len(raw) > MAX_PATH_BYTES:
+        raise ConfigError(f"{name}: the path is {len(raw)} bytes long, more than the {MAX_PATH_BYTES} a file "
+                          "system takes", where=text[:60] + "...", fix=fix)
+    parts = Path(text).parts
+    if len(parts) > MAX_PATH_DEPTH:
+        raise ConfigError(f"{name}: the path is {len(parts)} folders deep, more than {MAX_PATH_DEPTH}",
+                          where=text[:60] + "...", fix=fix)
+    long = next((p for p in parts if len(p.encode("utf-8", "replace")) > MAX_NAME_BYTES), None)
+    if long is not None:
+        raise ConfigError(f"{name}: a path component is {len(long.encode('utf-8', 'replace'))} bytes long, more than "
+                          f"{MAX_NAME_BYTES}", where=long[:60] + "...", fix=fix)
+    return Path(text)
+
+
+def check_url(name: str, url: str, where: str | None = None) -> None:
+    """An http(s) URL with a host and, if any, a port in 1..65535 (checked before anything loads:
+    a malformed one would fail only at the first request)."""
+    import urllib.parse
+
+    fix = f"set --{name} to http://HOST[:PORT][/PATH], e.g. http://127.0.0.1:8080/v1"
+    if any(c.isspace() for c in url) or any(ord(c) < 32 for c in url):
+        raise ConfigError(f"{name}: {url[:80]!r} contains whitespace or control characters", where=where, fix=fix)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as err:  # "Invalid IPv6 URL", "Port out of range 0-65535", a non-numeric port
+        raise ConfigError(f"{name}: {url[:80]!r} is not a valid URL ({err})", where=where, fix=fix) from None
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"{name}: {url[:80]!r} must start with http:// or https://", where=where, fix=fix)
+    if not parts.hostname:
+        raise ConfigError(f"{name}: {url[:80]!r} names no host", where=where, fix=fix)
+    if port == 0:
+        raise ConfigError(f"{name}: {url[:80]!r}: port 0 is not a server's port", where=where, fix=fix)
+
+
+def check_schedule(optim: Any, steps: int, where: str | None = None) -> None:
+    """A learning-rate schedule that reaches its peak within the run: a warm-up of at least as
+    many steps as the run trains only at a fraction of `optim.lr` (1,000,000 steps of warm-up in
+    a run of 80 train at 0.008% of it: a fine-tuned model equal to the untrained one)."""
+    warmup = int(getattr(optim, "warmup_steps", 0))
+    if warmup and warmup >= steps:
+        raise ConfigError(f"optim.warmup_steps: {warmup} warm-up steps in a run of {steps} steps: the learning "
+                          f"rate never reaches optim.lr (it ends at {100 * steps / warmup:.3g}% of it)", where=where,
+                          fix=f"set --optim.warmup_steps below {steps} (e.g. {max(steps // 10, 0)}) or raise --train.steps")
+
+
 def check_out_dir(path: str | Path, name: str) -> Path:
     """An output directory that can be created and written (checked before anything loads)."""
-    import os
-
-    path = Path(path)
+    path = check_path_text(path, name)
     probe = path
     while not probe.exists():
         if probe.parent == probe:

@@ -193,11 +193,11 @@ class DeprecatedAlias(argparse.Action):
 
 def read_config_file(path: Path, cls: type[T], base: Any) -> T:
     """`--config FILE`: its settings over `base` (the preset)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"cannot read the config file: {err.strerror}", where=str(path),
-                          fix="pass an existing JSON file to --config") from None
+    from mlxio.inputs import read_regular
+    from mlxio.run.config import MAX_CONFIG_BYTES
+
+    raw = read_regular(path, what="config file", max_bytes=MAX_CONFIG_BYTES, error=ConfigError,
+                       fix="pass an existing JSON file to --config")
     return from_json(raw, cls, str(path), base)
 
 

@@ -24,6 +24,7 @@ import logging
 import shutil
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +34,7 @@ import numpy as np
 from mlxio.data import pairs
 from mlxio.data.lines import object_lines
 from mlxio.errors import DataError
+from mlxio.inputs import MAX_QUERIES_BYTES, MAX_SOURCE_BYTES, read_regular, regular_kind
 from mlxio.search import codec as codec_mod
 from mlxio.search import store
 from mlxio.search.index import (
@@ -76,8 +78,12 @@ class Unit:
     mtime_ns: int | None = None
 
 
-def _file_docs(path: Path) -> list[dict]:
+def _file_docs(path: Path, skipped: Counter | None = None) -> list[dict]:
     corpus = pairs.mine_corpus([path])
+    if corpus.report.undecodable and skipped is not None:
+        skipped["not UTF-8 or unreadable"] += 1
+        log.warning("%s: not UTF-8 (nor its coding cookie), unreadable or over %d bytes: not indexed",
+                    path, MAX_SOURCE_BYTES)
     items = [*corpus.pairs, *corpus.distractors, *corpus.extras]
     return [{"id": f"{s.source}:{s.line}:{s.name}", "code": s.code, "path": s.source,
              "line": s.line, "name": s.name} for s in sorted(items, key=lambda s: s.line)]
@@ -87,30 +93,42 @@ def source_kind(source: Path) -> str:
     return "files" if Path(source).is_dir() else "records"
 
 
-def scan(source: Path, known: dict | None = None) -> tuple[str, list[Unit]]:
+def scan(source: Path, known: dict | None = None, skipped: Counter | None = None) -> tuple[str, list[Unit]]:
     """("files" | "records", units sorted by key) of a folder of .py files or a corpus JSONL.
     `known`: an index's units ({key: [sha256, size, mtime_ns, ...]}); a file with the same size
-    and mtime keeps its recorded hash without being read."""
+    and mtime keeps its recorded hash without being read. `skipped` counts the files left out
+    by reason: `*.py` names that are no regular file (never opened), files that are not UTF-8
+    or are larger than MAX_SOURCE_BYTES (counted when loaded)."""
     known = known or {}
+    skipped = Counter() if skipped is None else skipped
     if source.is_dir():
         units = []
-        for path, _ in pairs.python_files([source]):
+        odd: Counter = Counter()
+        for path, _ in pairs.python_files([source], odd):
             try:
                 st = path.stat()
                 entry = known.get(str(path))
                 if entry is not None and entry[1] == st.st_size and entry[2] == st.st_mtime_ns:
                     digest = entry[0]
+                elif st.st_size > MAX_SOURCE_BYTES:
+                    digest = f"too-large:{st.st_size}:{st.st_mtime_ns}"
                 else:
-                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                    digest = hashlib.sha256(read_regular(path, what="source file", max_bytes=MAX_SOURCE_BYTES)).hexdigest()
             except OSError as err:
                 raise DataError(f"{path}: unreadable ({err.strerror})") from None
-            units.append(Unit(key=str(path), digest=digest, load=lambda p=path: _file_docs(p),
+            units.append(Unit(key=str(path), digest=digest, load=lambda p=path: _file_docs(p, skipped),
                               size=st.st_size, mtime_ns=st.st_mtime_ns))
+        for kind, n in odd.items():
+            skipped[f"{kind}, not a regular file"] += n
         return "files", sorted(units, key=lambda u: u.key)
     if not source.is_file():
+        kind = regular_kind(source)
+        if kind not in (None, "missing"):
+            raise DataError(f"the source is {kind}, not a folder or a regular file", where=str(source),
+                            fix="give a folder of .py files or a corpus JSONL")
         raise DataError(f"{source}: no such file or folder; give a folder of .py files or a corpus JSONL")
     units, seen = [], {}
-    for lineno, row in object_lines(source):
+    for lineno, row in object_lines(source, "corpus JSONL"):
         for field in ("id", "code"):
             if not isinstance(row.get(field), str) or not row[field].strip():
                 raise DataError(f"{source}:{lineno}: field {field!r} must be a non-empty string")
@@ -134,14 +152,15 @@ class Report:
     rebuilt: bool
     segments: int = 1      # segments of the new generation
     merged: int = 0        # old segments merged (copied) into the new one
+    skipped: dict = attrs.field(factory=dict)  # source files left out, by reason (not UTF-8, not a regular file)
 
 
 def fusion_from_eval(path: Path) -> dict:
     """{"alpha", "source"} from a training run's eval.json (the fine-tuned model's
     `hybrid_fusion`, e.g. "interp@0.8"; "rrf" or absent: no weight)."""
     try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+        results = json.loads(read_regular(path, what="eval.json", max_bytes=MAX_QUERIES_BYTES))
+    except (DataError, ValueError) as err:
         raise DataError(f"{path}: unreadable eval.json ({err})") from None
     entry = results.get("fine-tuned") if isinstance(results, dict) else None
     name = entry.get("hybrid_fusion") if isinstance(entry, dict) else None
@@ -190,10 +209,12 @@ def update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, codec: 
     except ValueError as err:
         raise DataError(str(err)) from None
     old = None if rebuild else open_compatible(index_dir, meta, codec, kind)
-    _, units = scan(source, old.units()["units"] if old is not None else None)
-    return apply_units(kind, units, index_dir, embed, meta, old=old, source=str(source), codec=codec,
-                       compact=compact, fusion=fusion, seed=seed, progress=progress, started=started,
-                       assign=assign, encode=encode)
+    skipped: Counter = Counter()
+    _, units = scan(source, old.units()["units"] if old is not None else None, skipped)
+    report = apply_units(kind, units, index_dir, embed, meta, old=old, source=str(source), codec=codec,
+                         compact=compact, fusion=fusion, seed=seed, progress=progress, started=started,
+                         assign=assign, encode=encode)
+    return attrs.evolve(report, skipped=dict(skipped))
 
 
 def open_compatible(index_dir: Path, meta: dict, codec: str, kind: str) -> Index | None:

@@ -229,10 +229,14 @@ def tiny_tokenizer():
                                    clean_up_tokenization_spaces=False)
 
 
+TINY_KINDS = ("llama", "qwen2")
+
+
 def tiny_config(kind: str = "llama") -> dict:
     """Config of a tiny random `llama` / `qwen2` (2 blocks, d=64, 4 heads, 2 KV heads)."""
-    if kind not in ("llama", "qwen2"):
-        raise ValueError(f"tiny kind must be 'llama' or 'qwen2', not {kind!r}")
+    if kind not in TINY_KINDS:
+        raise LoadError(f"tiny model kind {kind!r}: one of {', '.join(TINY_KINDS)}", where=f"tiny:{kind}",
+                        fix="set --model tiny:llama or tiny:qwen2")
     return {"model_type": kind, "hidden_size": 64, "num_hidden_layers": 2,
             "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
             "rms_norm_eps": 1e-5, "vocab_size": 256 + len(TINY_SPECIALS), "rope_theta": 10000.0,
