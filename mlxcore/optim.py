@@ -174,9 +174,11 @@ def chain(*transforms: Transform) -> Transform:
 
 
 def skip_if_non_finite(inner: Transform) -> Transform:
-    """`inner` (ending in `apply_optimizer`) unless the loss (`extra["loss"]`) or a gradient is
-    non-finite: then params and inner state come back bit-identical and the skip counters rise.
-    State: inner's plus "skips" and "consecutive_skips"; info {"skipped": 0 or 1, ...}."""
+    """`inner` (ending in `apply_optimizer`) unless the loss (`extra["loss"]`), a gradient or the
+    gradients' global norm (inner's info "grad_norm": finite elements whose squares overflow
+    float32, e.g. a loss temperature of 1e-30) is non-finite: then params and inner state come
+    back bit-identical and the skip counters rise. State: inner's plus "skips" and
+    "consecutive_skips"; info {"skipped": 0 or 1, ...}."""
 
     def init(params):
         return {**inner.init(params), "skips": mx.array(0, mx.int32), "consecutive_skips": mx.array(0, mx.int32)}
@@ -185,6 +187,8 @@ def skip_if_non_finite(inner: Transform) -> Transform:
         finite = all_finite(loss, grads)
         inner_state = {k: v for k, v in state.items() if k not in ("skips", "consecutive_skips")}
         new_params, new_inner, info = inner.update(grads, inner_state, params, loss=loss, **extra)
+        if "grad_norm" in info:
+            finite = finite & mx.isfinite(info["grad_norm"])
         skipped = (~finite).astype(mx.int32)
         new_state = {**select_tree(finite, new_inner, inner_state), "skips": state["skips"] + skipped,
                      "consecutive_skips": (state["consecutive_skips"] + 1) * skipped}

@@ -156,6 +156,28 @@ def atomic_dir(final: str | Path, what: str = "output") -> Iterator[Path]:
         raise
 
 
+def disk_error(err: BaseException, what: str, final: Path, previous: str | None = None) -> DiskError | None:
+    """The DiskError for a failed write of `what` at `final` (an OSError of the disk: ENOSPC,
+    EDQUOT, EROFS, EACCES, EIO, ...; or MLX's RuntimeError saying so), else None (a bug).
+    `previous`: what is left of the earlier output (default: said from whether `final` exists)."""
+    if previous is None:
+        previous = "the previous one is intact" if final.exists() else "nothing was written"
+    if isinstance(err, OSError) and err.errno in _DISK_ERRNOS:
+        return DiskError(f"writing the {what} failed: {err.strerror or err}{_free_space(final)} ({previous})",
+                         where=str(final), fix=_DISK_FIX.get(err.errno, "check free space and permissions of the output directory"))
+    if isinstance(err, OSError) and err.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
+        return DiskError(f"writing the {what} failed: {err.strerror or err} ({previous})", where=str(final),
+                         fix="keep the output directory in place while the run writes it")
+    if isinstance(err, RuntimeError) and _looks_like_disk(str(err)):
+        return DiskError(f"writing the {what} failed: {str(err)[:160]}{_free_space(final)} ({previous})",
+                         where=str(final), fix="free disk space, then run again")
+    return None
+
+
+_DISK_FIX = {errno.ENOSPC: "free disk space, then run again", errno.EDQUOT: "free disk space (quota), then run again",
+             errno.EROFS: "pick a writable output directory"}
+
+
 def _free_space(path: Path) -> str:
     try:
         st = os.statvfs(path.parent)

@@ -41,7 +41,7 @@ import numpy as np
 
 from mlxcore.tree import Tree, flatten, unflatten
 from mlxio.errors import CheckpointError, LoadError
-from mlxio.run.atomic import fsync_path
+from mlxio.run.atomic import disk_error, fsync_path
 from mlxio.weights.safeload import read_safetensors
 
 log = logging.getLogger(__name__)
@@ -199,8 +199,18 @@ def save(run_dir: str | Path, step: int, trees: dict[str, Tree], meta: dict,
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"save: meta is not JSON-able ({err})") from None
     flats = {name: _tree_arrays(name, tree) for name, tree in trees.items()}
-
     root = Path(run_dir) / CHECKPOINTS
+    try:
+        return _save(root, step, flats, meta_bytes, keep_last)
+    except (OSError, RuntimeError) as err:  # a full disk, a read-only or vanished folder: one clear line
+        disk = disk_error(err, f"checkpoint of step {step}", root / f"step-{step:08d}",
+                          previous="the previous checkpoint is intact" if _step_dirs(root) else "no checkpoint was written")
+        if disk is None:
+            raise
+        raise disk from None
+
+
+def _save(root: Path, step: int, flats: dict, meta_bytes: bytes, keep_last: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     clean_stale(root)
     final = root / f"step-{step:08d}"

