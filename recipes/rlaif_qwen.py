@@ -74,7 +74,7 @@ CURVES = ("reward_mean", "pass_rate", "kl", "entropy", "completion_len_mean", "c
 
 def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         extra_rewards=(), profile_memory: bool = False, command: str | None = None,
-        more_steps: int | None = None) -> dict:
+        more_steps: int | None = None, overwrite: bool = False) -> dict:
     """Train (and evaluate) per `cfg`; returns eval.json's contents. `stop_after` ends this
     process after that optimizer step (as if interrupted; resume continues); `more_steps`
     (the deprecated --stop-after N) after N steps in this process. `extra_rewards`:
@@ -91,7 +91,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     kernel_warm.for_rlaif(cfg, jit)
     train, eval_sets = load_problems(cfg.data)  # cheap: a bad file fails before the model loads
     clock.lap("setup: checks, prewarm, problems")
-    world = context.start(out, to_dict(cfg), cfg.train.seed, resume)  # out holds every rank's reward cache
+    world = context.start(out, to_dict(cfg), cfg.train.seed, resume, overwrite)  # out holds every rank's reward cache
     prompt_share, local_group = rank_share(cfg, world)
     clock.lap("setup: run context")
     policy = load_model(cfg)
@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> dict | None:
                            description=__doc__.split("\n\n")[0], default_preset="quick",
                            extra=extra)
     return run(cfg, resume=args.resume, stop_after=args.stop_after, more_steps=args.more_steps,
-               profile_memory=args.profile_memory, command=command_line(argv, "recipes.rlaif_qwen"))
+               profile_memory=args.profile_memory, command=command_line(argv, "recipes.rlaif_qwen"),
+               overwrite=args.overwrite)
 
 
 if __name__ == "__main__":

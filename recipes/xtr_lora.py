@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, flags = parse(argv)
     out_dir = config.check_out_dir(cfg.out_dir, "out_dir")
     cache_dir = config.check_out_dir(cfg.cache_dir, "cache_dir")
-    world = context.start(out_dir, config.to_dict(cfg), cfg.train.seed, flags.resume)
+    world = context.start(out_dir, config.to_dict(cfg), cfg.train.seed, flags.resume, flags.overwrite)
     distributed.local_size(cfg.train.micro_batch, world, "train.micro_batch")
     started, clock = time.perf_counter(), PhaseClock()  # clock: wall and CPU time per phase
 

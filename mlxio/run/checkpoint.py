@@ -262,6 +262,11 @@ def _step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def step_numbers(run_dir: str | Path) -> list[int]:
+    """Steps of the step dirs under `run_dir/checkpoints` (verified or not), newest first."""
+    return [step for step, _ in _step_dirs(Path(run_dir) / CHECKPOINTS)]
+
+
 def _prune(root: Path, keep: Path, keep_last: int) -> None:
     others = [d for _, d in _step_dirs(root) if d != keep]
     for old in others[keep_last - 1:]:

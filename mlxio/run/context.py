@@ -39,22 +39,81 @@ TRAINABLE, OPT_STATE = "trainable", "opt_state"
 LEGACY_TREES = {"lora": TRAINABLE}
 
 
-def start(out_dir: Path, config: dict, seed: int, resume: bool = False) -> distributed.World:
+def start(out_dir: Path, config: dict, seed: int, resume: bool = False, overwrite: bool = False) -> distributed.World:
     """Join the ranks (one unless started by `mlx.launch`), log at INFO on rank 0 only, create
-    `out_dir` (every rank: per-rank caches may live there), write config.json (rank 0; when
-    resuming, `resume` writes it once the checkpoint is accepted, so a refused resume can still
-    say what changed) and seed every global PRNG a checkpoint snapshots (Python's, NumPy's,
-    MLX's)."""
+    `out_dir` (every rank: per-rank caches may live there), claim it (rank 0: `claim_out_dir`),
+    write config.json (rank 0; when resuming, `resume` writes it once the checkpoint is
+    accepted, so a refused resume can still say what changed) and seed every global PRNG a
+    checkpoint snapshots (Python's, NumPy's, MLX's)."""
     world = distributed.init()
     logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     out_dir.mkdir(parents=True, exist_ok=True)
+    if world.is_main:
+        claim_out_dir(out_dir, resume, overwrite)
     if world.is_main and not resume:
         write_json_atomic(out_dir / "config.json", config)
     random.seed(seed)
     np.random.seed(seed)
     mx.random.seed(seed)
     return world
+
+
+LOCK_NAME = ".lock"
+_HELD: dict[str, int] = {}  # out_dir (real path) -> the lock file descriptor this process holds
+
+
+def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> None:
+    """Take `out_dir` for this run: an exclusive lock (`out_dir/.lock`, `flock`, held until the
+    process exits; re-entrant within one process) - a second run into the same folder is
+    refused, not interleaved into its metrics and checkpoints -, and, for a fresh run (not
+    `resume`), refuse a folder holding another run's results (checkpoints, metrics, eval.json)
+    unless `overwrite`, which removes them first. RunError / ConfigError (one line) otherwise."""
+    import fcntl
+    import os
+
+    from mlxio.errors import ConfigError, RunError
+
+    key = os.path.realpath(out_dir)
+    if key not in _HELD:
+        fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunError(f"another run is writing this folder (it holds {LOCK_NAME})", where=str(out_dir),
+                           fix="wait for it to finish, or pick another --out_dir") from None
+        except OSError as err:  # a file system without locks (some network mounts): go on unlocked
+            log.warning("%s: cannot lock (%s); two runs into this folder would not be stopped", out_dir, err.strerror)
+        _HELD[key] = fd  # the file stays empty: a refused run changes no byte of the folder
+    if resume:
+        return
+    found = previous_run(out_dir)
+    if found and not overwrite:
+        raise ConfigError(f"out_dir holds another run's results ({', '.join(found)})", where=str(out_dir),
+                          fix="pass --resume to continue it, --overwrite to replace it, or pick another --out_dir")
+    if found:
+        import shutil
+
+        log.warning("%s: --overwrite: removing the previous run's %s", out_dir, ", ".join(found))
+        shutil.rmtree(out_dir / checkpoint.CHECKPOINTS, ignore_errors=True)
+        for name in ("metrics.jsonl", "eval.json"):
+            (out_dir / name).unlink(missing_ok=True)
+
+
+def previous_run(out_dir: Path) -> list[str]:
+    """What of a run's results `out_dir` holds: its checkpoints, a non-empty metrics.jsonl,
+    eval.json (a config.json alone is a run that stopped before training: not counted)."""
+    found = []
+    steps = checkpoint.step_numbers(out_dir)
+    if steps:
+        found.append(f"checkpoints up to step {max(steps)}")
+    metrics = out_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size > 0:
+        found.append("metrics.jsonl")
+    if (out_dir / "eval.json").exists():
+        found.append("eval.json")
+    return found
 
 
 @attrs.frozen
@@ -223,6 +282,9 @@ def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = (), more_steps_a
                             help="deprecated: stop after N more steps in this process (use --stop_after STEP)")
 
     parser.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in out_dir")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start fresh in an out_dir that holds another run's results, removing its checkpoints, "
+                             "metrics.jsonl and eval.json (without it such a folder is refused)")
     parser.add_argument("--stop_after", *stop_after_aliases, type=step_number, default=None, action=DeprecatedAlias,
                         canonical="--stop_after", metavar="STEP",
                         help="stop (with a checkpoint) after this optimizer step; --resume continues")

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mlxio.errors import ConfigError
+from mlxio.errors import ConfigError, RunError
 from mlxio.run.runlog import MetricsLog
 
 log = logging.getLogger("mlxio.progress")
@@ -281,8 +281,14 @@ class WandbWriter:
             raise ConfigError("--report_to wandb needs the wandb package: pip install wandb "
                               "(or pip install -e '.[report]')") from None
         mode = os.environ.get("WANDB_MODE", "offline")
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", project), name=name,
-                              dir=str(out_dir), mode=mode, config=config, reinit="finish_previous")
+        try:
+            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", project), name=name,
+                                  dir=str(out_dir), mode=mode, config=config, reinit="finish_previous")
+        except Exception as err:  # noqa: BLE001 - wandb raises UsageError (no API key), CommError (network), ...
+            raise RunError(f"--report_to wandb: Weights & Biases could not start a run ({type(err).__name__}: "
+                           f"{str(err)[:200]})", where=f"WANDB_MODE={mode}",
+                           fix="run `wandb login` where the network is reachable, or set WANDB_MODE=offline "
+                               "(`wandb sync` uploads later), or drop --report_to wandb") from None
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self.run.log({k: v for k, v in values.items() if v is not None}, step=step)
