@@ -37,13 +37,15 @@ from pathlib import Path
 import numpy as np
 
 from mlxio.data.lines import object_lines
-from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
+from mlxio.errors import ConfigError, DataError, StrictArgumentParser, at_least_one, cli_main
+from mlxio.run import budget
 from mlxio.run.atomic import regular_target
 from mlxio.run.runlog import write_text_atomic
 from mlxio.search import build as search_build
 from mlxio.search.embed import Embedder, assign_on_device, encode_on_device
 from mlxio.search.index import FUSIONS, Index, SearchArgumentError, check_args
-from mlxio.weights.encoders import load_encoder
+from mlxio.search.store import IndexError_
+from mlxio.weights.encoders import load_encoder, model_digest
 
 log = logging.getLogger("code_search")
 PROG = "python -m recipes.code_search"
@@ -86,6 +88,9 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
     if not source.exists():
         raise DataError(f"{source}: no such file or folder; give a folder of .py files or a corpus JSONL")
     encoder = load_encoder(model)
+    check_lengths(encoder, {"--max-doc-len": max_doc_len, "--max-query-len": max_query_len}, model)
+    budget.check_encoder(encoder.spec.model, batch_size, max_doc_len, "max-doc-len", max_doc_len, backward=False,
+                         where=str(model), fix="lower --max-doc-len or --batch-size")
     model_id = str(Path(model).resolve()) if Path(model).is_dir() else str(model)
     embedder = Embedder(encoder, max_doc_len, batch_size)
     import mlx.core as mx  # after mlxio (fast BLAS first)
@@ -101,13 +106,41 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
         fusion = search_build.fusion_from_eval(fusion_from)
     else:
         fusion = search_build.default_fusion(model)
-    meta = {"model": model_id, "max_doc_len": max_doc_len, "max_query_len": max_query_len,
-            "dim": embedder.dim}
+    meta = {"model": model_id, "model_digest": model_digest(encoder.path), "max_doc_len": max_doc_len,
+            "max_query_len": max_query_len, "dim": embedder.dim}
     on_gpu = mx.default_device() == mx.gpu
     return search_build.update(source, index_dir, embed, meta, codec=codec, rebuild=rebuild, compact=compact,
                                fusion=fusion, progress=_progress_bar("embedding") if progress else None,
                                assign=assign_on_device if on_gpu else None,
                                encode=encode_on_device if on_gpu else None)
+
+
+def check_model(index: Index, encoder) -> None:
+    """The encoder at the index's model path is the one that embedded its documents (the same
+    weights and tokenizer: `model_digest`), else an IndexError_: queries embedded by other
+    weights than the documents rank by noise."""
+    recorded = index.manifest.get("model_digest")
+    if recorded is None:
+        log.warning("%s: built before indexes recorded their model's digest; cannot check that %s is unchanged "
+                    "(`index --rebuild` records it)", index.gen, index.manifest.get("model"))
+        return
+    now = model_digest(encoder.path)
+    if now != recorded:
+        raise IndexError_(f"the model at {index.manifest.get('model')} changed since this index was built (weights "
+                          f"or tokenizer digest {recorded[:12]} -> {now[:12]}): its queries would not match the "
+                          "documents' vectors", where=str(index.root),
+                          fix="update the index with `index SRC --model MODEL --index DIR` (it rebuilds), or "
+                              "search with the model it was built with")
+
+
+def check_lengths(encoder, lengths: dict[str, int], where: str) -> None:
+    """Token lengths within the encoder's position embeddings (BERT: max_position_embeddings;
+    T5's relative positions have none): a ConfigError naming the option, before any embedding."""
+    limit = getattr(encoder.spec.model, "max_position_embeddings", None)
+    for name, value in lengths.items():
+        if limit is not None and value > limit:
+            raise ConfigError(f"{name}: {value} tokens is more than the model's max_position_embeddings ({limit})",
+                              where=str(where), fix=f"set {name} {limit} or less")
 
 
 class Searcher:
@@ -118,7 +151,9 @@ class Searcher:
         self.embedder = None
         if need_encoder:
             m = self.index.manifest
-            self.embedder = Embedder(load_encoder(m["model"]), int(m.get("max_query_len", 32)))
+            encoder = load_encoder(m["model"])
+            check_model(self.index, encoder)
+            self.embedder = Embedder(encoder, int(m.get("max_query_len", 32)))
 
     def search(self, queries: list[str], mode: str, top_k: int = 10, alpha: float | None = None,
                fusion: str = "interp", nprobe: int | None = None, candidates: int | None = None
@@ -214,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
         report = build_index(args.source, args.model, args.index, args.max_doc_len, args.batch_size,
                              args.max_query_len, args.codec, args.rebuild, args.alpha, args.fusion_from,
                              progress=not args.no_progress, compact=args.compact)
+        if report.rebuilt_because:
+            print(f"rebuilt from scratch: {report.rebuilt_because}")
         print(f"indexed {report.documents} documents into {args.index} ({report.embedded} embedded, "
               f"{report.units_changed} new/changed and {report.units_removed} removed of "
               f"{report.units_changed + report.units_kept} units, {report.segments} segment"

@@ -40,7 +40,7 @@ from mlxio import kernel_cache
 from mlxio.data import pairs, pypi_sources, xtr_data
 from mlxio.data.token_cache import DataPosition
 from mlxio.errors import ConfigError
-from mlxio.run import batch_sizer, checkpoint, config, context, distributed
+from mlxio.run import batch_sizer, budget, checkpoint, config, context, distributed
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
@@ -232,6 +232,14 @@ def main(argv: list[str] | None = None) -> dict:
                            max_lengths={"data.max_query_len": cfg.data.max_query_len,
                                         "data.max_doc_len": cfg.data.max_doc_len})
     encoder, params, trainable = model.encoder, model.params, model.trainable
+    if not cfg.memory.auto_batch:  # settings that cannot fit, refused before any data is mined
+        docs = cfg.train.micro_batch * (1 + cfg.data.hard_negatives) // world.size  # this rank's share
+        budget.check_encoder(encoder.spec.model, docs, cfg.data.max_doc_len, "train.micro_batch", cfg.train.micro_batch,
+                             backward=True, where=model_path,
+                             fix="lower --train.micro_batch (raise --train.accum to keep the step's pairs) or "
+                                 "--data.max_doc_len, or set --memory.auto_batch true")
+    budget.check_encoder(encoder.spec.model, cfg.train.eval_batch, cfg.data.max_doc_len, "train.eval_batch",
+                         cfg.train.eval_batch, backward=False, where=model_path)
     distributed.check_replicated(partition(params, trainable)[0], world, "initial trainable weights")
     evaluate = Evaluator(encoder=encoder, query_len=cfg.data.max_query_len, doc_len=cfg.data.max_doc_len,
                          batch=cfg.train.eval_batch, compiled=cfg.train.compile)

@@ -92,6 +92,18 @@ def check_rlaif(cfg, config: dict, world_size: int = 1, where: str | None = None
             "logits", fix, where, available)
 
 
+def check_encoder(model_cfg, batch: int, tokens: int, option: str, value, backward: bool,
+                  where: str | None = None, fix: str | None = None, available: int | None = None) -> None:
+    """An encoder step over `batch` texts of `tokens` (a BERT / T5 config: hidden size, layers,
+    heads) within the machine's memory, else a ConfigError naming `option`."""
+    hidden = getattr(model_cfg, "hidden_size", None) or getattr(model_cfg, "d_model", 0)
+    layers = getattr(model_cfg, "num_hidden_layers", None) or getattr(model_cfg, "num_layers", 0)
+    heads = getattr(model_cfg, "num_attention_heads", None) or getattr(model_cfg, "num_heads", 1)
+    require(encoder_bytes(batch, tokens, int(hidden), int(layers), int(heads), backward), option, value,
+            f"{batch} texts x {tokens} tokens through {layers} layers ({'training' if backward else 'encoding'})",
+            fix or f"lower --{option}", where, available)
+
+
 def encoder_bytes(batch: int, tokens: int, hidden: int, layers: int, heads: int, backward: bool) -> int:
     """Lower bound of an encoder forward (and backward) over `batch` texts of `tokens`: a layer's
     attention scores [batch, heads, tokens, tokens] plus, for backward, every layer's hidden

@@ -153,6 +153,7 @@ class Report:
     segments: int = 1      # segments of the new generation
     merged: int = 0        # old segments merged (copied) into the new one
     skipped: dict = attrs.field(factory=dict)  # source files left out, by reason (not UTF-8, not a regular file)
+    rebuilt_because: str | None = None  # why an existing index was rebuilt whole (another model, ...)
 
 
 def fusion_from_eval(path: Path) -> dict:
@@ -199,38 +200,54 @@ def update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, codec: 
     index_dir = Path(index_dir)
     if index_dir.exists() and not index_dir.is_dir():
         raise DataError(f"{index_dir}: exists and is not a directory; choose another --index")
-    if index_dir.is_dir() and any(index_dir.iterdir()) and store.current(index_dir) is None \
+    if index_dir.is_dir() and any(p.name != store.LOCK_NAME for p in index_dir.iterdir()) \
+            and store.current(index_dir) is None \
             and not any(p.name.startswith(".tmp-gen-") for p in index_dir.iterdir()):
         raise DataError(f"{index_dir}: not empty and not a search index; choose an empty or new --index")
+    with store.writer_lock(index_dir):
+        return _update(source, index_dir, embed, meta, codec=codec, rebuild=rebuild, compact=compact, fusion=fusion,
+                       seed=seed, progress=progress, assign=assign, encode=encode, started=started)
+
+
+def _update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, codec: str, rebuild: bool, compact: bool,
+            fusion: dict | None, seed: int, progress, assign, encode, started: float) -> Report:
     store.clean_stale(index_dir)
     kind = source_kind(source)
     try:
         codec_mod.parse_name(codec, int(meta["dim"]))
     except ValueError as err:
         raise DataError(str(err)) from None
-    old = None if rebuild else open_compatible(index_dir, meta, codec, kind)
+    why: list[str] = []
+    old = None if rebuild else open_compatible(index_dir, meta, codec, kind, why)
     skipped: Counter = Counter()
     _, units = scan(source, old.units()["units"] if old is not None else None, skipped)
     report = apply_units(kind, units, index_dir, embed, meta, old=old, source=str(source), codec=codec,
                          compact=compact, fusion=fusion, seed=seed, progress=progress, started=started,
                          assign=assign, encode=encode)
-    return attrs.evolve(report, skipped=dict(skipped))
+    return attrs.evolve(report, skipped=dict(skipped), rebuilt_because="; ".join(why) or None)
 
 
-def open_compatible(index_dir: Path, meta: dict, codec: str, kind: str) -> Index | None:
-    """The live index of `index_dir` when it can be updated with these settings, else None."""
+def open_compatible(index_dir: Path, meta: dict, codec: str, kind: str, why: list[str] | None = None) -> Index | None:
+    """The live index of `index_dir` when it can be updated with these settings, else None
+    (the log says why it is rebuilt: another model - its path, or its weights' digest at the
+    same path -, max_doc_len, dim, codec or source kind)."""
     if not index_dir.is_dir() or store.current(index_dir) is None:
         return None
     try:
         old = Index(index_dir)
     except IndexError_ as err:
         log.warning("existing index unusable, rebuilding: %s", err)
+        if why is not None:
+            why.append(f"the existing index is unusable ({str(err)[:200]})")
         return None
     m = old.manifest
-    if not (all(m.get(k) == meta[k] for k in ("model", "max_doc_len", "dim"))
-            and m.get("units_kind") == kind
-            and m.get("codec") == codec_mod.canonical_name(codec, int(meta["dim"]))):
-        log.info("index built with other settings (model / max_doc_len / dim / codec / source kind): rebuilding")
+    wanted = {**{k: meta.get(k) for k in ("model", "model_digest", "max_doc_len", "dim")}, "units_kind": kind,
+              "codec": codec_mod.canonical_name(codec, int(meta["dim"]))}
+    changed = [f"{k} {str(m.get(k))[:16]!r} -> {str(v)[:16]!r}" for k, v in wanted.items() if m.get(k) != v]
+    if changed:
+        log.warning("index built with other settings (%s): rebuilding it from scratch", "; ".join(changed))
+        if why is not None:
+            why.append("built with other settings: " + "; ".join(changed))
         return None
     return old
 

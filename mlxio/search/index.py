@@ -53,6 +53,7 @@ NPROBE_PER_CENTROID = 0.0
 MAX_CANDIDATES = 1024
 MAX_NPROBE = 16
 BM25_POOL = 64
+READ_ATTEMPTS = 5  # loads retried while updates keep switching CURRENT under a reader
 BM25_K1, BM25_B = 1.2, 0.75
 
 
@@ -156,7 +157,20 @@ class Index:
 
     def __init__(self, index_dir: Path | str, full_hashes: bool = False):
         self.root = Path(index_dir)
-        gen = store.current(self.root) if self.root.is_dir() else None
+        for attempt in range(READ_ATTEMPTS):  # an update may switch CURRENT while this one loads
+            gen = store.current(self.root) if self.root.is_dir() else None
+            try:
+                self._load(gen, full_hashes)
+                return
+            except (IndexError_, OSError) as err:
+                again = store.current(self.root) if self.root.is_dir() else None
+                if again is None or again == gen or attempt + 1 == READ_ATTEMPTS:
+                    if isinstance(err, IndexError_):
+                        raise
+                    raise IndexError_(f"{gen}: unreadable ({err.strerror or err}); rebuild with `index --rebuild`") from None
+                # CURRENT moved on (an update committed): read the new generation
+
+    def _load(self, gen: Path | None, full_hashes: bool) -> None:
         if gen is None:
             raise IndexError_(f"{self.root}: no search index here (no CURRENT); build one with "
                               "code_search's `index SRC --model M --index DIR`")
@@ -294,9 +308,10 @@ class Index:
             raise SearchArgumentError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
         if self.n_docs == 0:
             return []
-        if mode == "bm25":
+        if mode == "bm25":  # documents sharing no term with the query score 0: not results
             scores = self.bm25(query)
-            return _top(self.live_ids, scores[self.live_ids], top_k)
+            hits = self.live_ids[scores[self.live_ids] > 0]
+            return _top(hits, scores[hits], top_k)
         pool = self.generate(q, nprobe or self.nprobe, max(candidates or self.candidates, top_k))
         if mode == "semantic":
             return _top(pool, self.maxsim(q, pool), top_k)

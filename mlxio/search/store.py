@@ -35,10 +35,13 @@ index is never read whole):
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -47,11 +50,15 @@ from mlxio.errors import MlxioError
 from mlxio.run import checkpoint
 from mlxio.run.checkpoint import pid_alive
 
+log = logging.getLogger(__name__)
+LOCK_NAME = ".lock"  # writers' lock (store.writer_lock); readers never take it
+RETIRED_GRACE_S = 120.0  # a generation stays this long after it stopped being live (readers mid-load)
 FORMAT = "mlx-code-search-index"
 FORMAT_VERSION = 3  # 3: the codec named in the manifest ("pq64", "1bit", ...), BM25 doc/query terms
 FULL_HASH_LIMIT = 64 << 20  # files above this are checked by size + head/tail hash on load; `verify` hashes all
 _GEN = re.compile(r"^gen-(\d{6})$")
 _TMP = re.compile(r"^\.tmp-gen-(\d{6})-(\d+)$")
+_SEGMENT = re.compile(r"^seg-\d{6}$")
 _FILE = re.compile(r"^(seg-\d{6}/)?[a-z0-9_][a-z0-9_.-]*$")  # names a manifest may list
 
 
@@ -75,17 +82,51 @@ def current(index_dir: Path) -> Path | None:
     return index_dir / name
 
 
-def clean_stale(index_dir: Path) -> None:
-    """Remove temp generations of dead writers and generations that are not live."""
+def clean_stale(index_dir: Path, grace_s: float | None = None) -> None:
+    """Remove temp generations of dead writers, and generations that stopped being live more
+    than `grace_s` seconds ago (default RETIRED_GRACE_S): a reader that resolved CURRENT just
+    before an update switched it still finds the generation it read (retired when the next
+    generation was committed: that directory's ctime)."""
     if not index_dir.is_dir():
         return
+    grace_s = RETIRED_GRACE_S if grace_s is None else grace_s
     live = current(index_dir)
+    gens = sorted((int(m.group(1)), e) for e in index_dir.iterdir() if (m := _GEN.match(e.name)))
+    now = time.time()
     for entry in index_dir.iterdir():
         tmp = _TMP.match(entry.name)
         if tmp and not pid_alive(int(tmp.group(2))):
             shutil.rmtree(entry, ignore_errors=True)
-        elif _GEN.match(entry.name) and live is not None and entry != live:
+    for i, (_, entry) in enumerate(gens):
+        if live is None or entry == live:
+            continue
+        try:
+            retired = gens[i + 1][1].stat().st_ctime if i + 1 < len(gens) else entry.stat().st_ctime
+        except OSError:
+            continue
+        if now - retired >= grace_s:
             shutil.rmtree(entry, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def writer_lock(index_dir: Path):
+    """One writer at a time per index (`INDEX/.lock`, flock): a second `index` run waits for the
+    first, then updates the index the first one left (incrementally, not from scratch)."""
+    import fcntl
+
+    index_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(index_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("%s: another process is updating this index; waiting for it to finish", index_dir)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:  # no locks on this file system: go on, as before
+            log.warning("%s: cannot lock (%s); concurrent updates are not serialised", index_dir, err.strerror)
+        yield
+    finally:
+        os.close(fd)
 
 
 def new_generation(index_dir: Path) -> tuple[Path, Path]:
@@ -173,6 +214,7 @@ def read_manifest(gen: Path, full_hashes: bool = False) -> dict:
     if manifest.get("format_version") != FORMAT_VERSION:
         raise IndexError_(f"{path}: format version {manifest.get('format_version')!r}, this code "
                           f"reads {FORMAT_VERSION}; rebuild the index with `index --rebuild`")
+    check_fields(manifest, path)
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise IndexError_(f"{path}: no file list; rebuild the index with `index --rebuild`")
@@ -191,6 +233,57 @@ def read_manifest(gen: Path, full_hashes: bool = False) -> dict:
             raise IndexError_(f"{f}: SHA-256 differs from the manifest (corrupted); rebuild with "
                               "`index --rebuild`")
     return manifest
+
+
+_INT_FIELDS = ("documents", "slots", "tokens", "dim", "centroids", "next_segment", "max_doc_len", "max_query_len")
+_SEGMENT_INTS = ("documents", "tokens", "deleted", "ivf_postings", "bm25_postings", "bm25_terms", "records_bytes")
+
+
+def check_fields(manifest: dict, path: Path) -> None:
+    """Every field a reader uses has its type (a hand-edited or foreign manifest holding a
+    string where a number belongs is one IndexError_ line, not a ValueError deep in a search)."""
+    def bad(field: str, want: str) -> IndexError_:
+        return IndexError_(f"{path}: {field} is {type(_get(manifest, field)).__name__} "
+                           f"{str(_get(manifest, field))[:40]!r}, expected {want}; rebuild with `index --rebuild`")
+
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    for key in _INT_FIELDS:
+        if key in manifest and not is_int(manifest[key]):
+            raise bad(key, "an integer >= 0")
+    for key in ("codec", "model", "source", "units_kind", "model_digest"):
+        if key in manifest and not isinstance(manifest[key], str):
+            raise bad(key, "a string")
+    segments = manifest.get("segments", [])
+    if not isinstance(segments, list):
+        raise bad("segments", "a list")
+    for i, seg in enumerate(segments):
+        if not isinstance(seg, dict) or not isinstance(seg.get("name"), str) or not _SEGMENT.match(seg["name"]):
+            raise IndexError_(f"{path}: segments[{i}] is not a segment entry; rebuild with `index --rebuild`")
+        for key in _SEGMENT_INTS:
+            if key in seg and not is_int(seg[key]):
+                raise bad(f"segments.{i}.{key}", "an integer >= 0")
+    for section, keys in (("fusion", ("alpha",)), ("search", ("nprobe", "candidates"))):
+        value = manifest.get(section, {})
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise bad(section, "an object")
+        for key in keys:
+            v = value.get(key)
+            if v is None:
+                continue
+            if key == "alpha" and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1):
+                raise bad(f"{section}.{key}", "null or a number in [0, 1]")
+            if key != "alpha" and not (is_int(v) and v >= 1):
+                raise bad(f"{section}.{key}", "null or an integer >= 1")
+
+
+def _get(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = data[int(part)] if isinstance(data, list) else data.get(part)
+    return data
 
 
 def save_npy(directory: Path, name: str, array: np.ndarray) -> None:

@@ -10,6 +10,7 @@ expected keys and shapes exactly, or a LoadError names the key (no silent partia
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import math
@@ -289,6 +290,28 @@ def tokenize(tokenizer: Tokenizer, texts: list[str], max_length: int,
         ids[row, : len(encoding.ids)] = encoding.ids
         mask[row, : len(encoding.ids)] = True
     return ids, mask
+
+
+DIGEST_SUFFIXES = (".safetensors", ".bin", ".json", ".txt", ".model")  # weights, configs, tokenizer files
+_DIGESTS: dict[tuple, str] = {}
+
+
+def model_digest(directory: str | os.PathLike) -> str:
+    """SHA-256 over the names and contents of a model folder's weights, configs and tokenizer
+    files (sub-folders too: a sentence-transformers Dense module): what a search index records,
+    so new weights at the same path are noticed. Cached per process by (path, size, mtime)."""
+    root = Path(directory)
+    files = sorted(p for p in root.rglob("*") if p.suffix in DIGEST_SUFFIXES and not p.name.startswith(".")
+                   and not any(part.startswith(".") for part in p.relative_to(root).parts) and p.is_file())
+    key = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    if key not in _DIGESTS:
+        from mlxio.run.checkpoint import file_digest
+
+        h = hashlib.sha256()
+        for p in files:
+            h.update(f"{p.relative_to(root).as_posix()}\0{file_digest(p)[0]}\n".encode())
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
 
 
 def load_encoder(path_or_hub_id: str | os.PathLike, *, dtype=mx.float32, lora_scale: float = 1.0,
