@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -90,6 +91,48 @@ def replace_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     os.replace(tmp, target)
 
 
+# `.NAME.tmp-PID-HEX` / `.NAME.old-PID-HEX`: a temporary sibling of NAME written by process PID
+_TEMP = re.compile(r"^\..+\.(?:tmp|old)-(\d+)-[0-9a-f]{8}$")
+
+
+def temp_sibling(final: Path, kind: str = "tmp") -> Path:
+    """A fresh temporary name beside `final` naming this process (`sweep_stale` knows it)."""
+    return final.with_name(f".{final.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (a lock or temp file's owner is still at work)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(folder: Path) -> list[Path]:
+    """Remove the temporary siblings (`temp_sibling`) in `folder` whose writer is gone (killed
+    mid-export: a `.colbert.tmp-*` folder, a `.eval.json.tmp-*` file); returns them. Those of a
+    live process, this one included, are left alone."""
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        found = _TEMP.match(entry.name)
+        if not found or int(found.group(1)) == os.getpid() or pid_alive(int(found.group(1))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        removed.append(entry)
+    return removed
+
+
 def fsync_path(path: str | os.PathLike) -> None:
     """fsync a file or directory (a directory's fsync makes renames inside it durable)."""
     fd = os.open(path, os.O_RDONLY)
@@ -113,7 +156,7 @@ def replace_dir(tmp: Path, final: Path) -> None:
                         fix="remove it or pick another output directory")
     if final.exists():
         if not _exchange(tmp, final):
-            old = final.with_name(f".{final.name}.old-{secrets.token_hex(4)}")
+            old = temp_sibling(final, "old")
             os.rename(final, old)
             os.rename(tmp, final)
             tmp = old
@@ -137,7 +180,8 @@ def atomic_dir(final: str | Path, what: str = "output") -> Iterator[Path]:
                         fix="remove it or pick another output directory")
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        sweep_stale(final.parent)  # what an export killed earlier left
+        tmp = temp_sibling(final)
         tmp.mkdir()
     except OSError as err:
         raise _disk_error(err, what, final) from None

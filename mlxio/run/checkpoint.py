@@ -41,7 +41,7 @@ import numpy as np
 
 from mlxcore.tree import Tree, flatten, unflatten
 from mlxio.errors import CheckpointError, LoadError
-from mlxio.run.atomic import disk_error, fsync_path
+from mlxio.run.atomic import disk_error, fsync_path, pid_alive  # noqa: F401  (pid_alive: re-exported)
 from mlxio.weights.safeload import read_safetensors
 
 log = logging.getLogger(__name__)
@@ -107,17 +107,6 @@ def _write_bytes(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists (a lock or temp file's owner is still at work)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_stale(ckpt_root: Path) -> list[Path]:

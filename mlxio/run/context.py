@@ -30,6 +30,7 @@ import numpy as np
 from mlxcore.tree import Tree, combine, partition
 from mlxio.errors import CheckpointError, TrainingDiverged, at_least_one, cli_main
 from mlxio.run import checkpoint, distributed, memprof
+from mlxio.run.atomic import sweep_stale
 from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> None:
         except OSError as err:  # a file system without locks (some network mounts): go on unlocked
             log.warning("%s: cannot lock (%s); two runs into this folder would not be stopped", out_dir, err.strerror)
         _HELD[key] = fd  # the file stays empty: a refused run changes no byte of the folder
+        for left in sweep_stale(out_dir):  # temp exports / files of a run killed mid-write
+            log.info("removed %s (left by a killed writer)", left)
     if resume:
         return
     found = previous_run(out_dir)

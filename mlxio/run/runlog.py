@@ -6,11 +6,10 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from mlxio.run.atomic import regular_target, replace_file
+from mlxio.run.atomic import regular_target, replace_file, sweep_stale, temp_sibling
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +20,10 @@ def write_text_atomic(path: Path, text: str) -> None:
     exists and is not a regular file (a device, FIFO, socket) is refused (DiskError)."""
     path = regular_target(path)  # never renamed over /dev/null, a FIFO, ...
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    sweep_stale(path.parent)  # temp files of writers killed before their rename
+    tmp = temp_sibling(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with open(tmp, "x", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
