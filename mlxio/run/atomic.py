@@ -206,14 +206,15 @@ def disk_error(err: BaseException, what: str, final: Path, previous: str | None 
     `previous`: what is left of the earlier output (default: said from whether `final` exists)."""
     if previous is None:
         previous = "the previous one is intact" if final.exists() else "nothing was written"
+    free = _free_space(final).replace("; ", ", ")  # no "; " before the fix: the contract line puts it last
     if isinstance(err, OSError) and err.errno in _DISK_ERRNOS:
-        return DiskError(f"writing the {what} failed: {err.strerror or err}{_free_space(final)} ({previous})",
+        return DiskError(f"writing the {what} failed: {err.strerror or err} ({previous}{free})",
                          where=str(final), fix=_DISK_FIX.get(err.errno, "check free space and permissions of the output directory"))
     if isinstance(err, OSError) and err.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG):
         return DiskError(f"writing the {what} failed: {err.strerror or err} ({previous})", where=str(final),
                          fix="keep the output directory in place while the run writes it")
     if isinstance(err, RuntimeError) and _looks_like_disk(str(err)):
-        return DiskError(f"writing the {what} failed: {str(err)[:160]}{_free_space(final)} ({previous})",
+        return DiskError(f"writing the {what} failed: {str(err)[:160]} ({previous}{free})",
                          where=str(final), fix="free disk space, then run again")
     return None
 
