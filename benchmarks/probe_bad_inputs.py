@@ -15,7 +15,12 @@ this process, under a per-case alarm, with stderr captured; a sample also runs a
   hang       no result within the per-case timeout
   silent     exit 0 on a bad input (a run that "worked" but means nothing)
   damaged    a previous output or input file changed or was left half-written
-Sandbox cases count `contained` (the quota held) or `escaped`. The probe fails fast on
+  handled    a case whose right answer is not an error, done as documented (odd files in an
+             indexed folder skipped and counted, readers during updates served, two writers
+             serialised, a killed export's temp folder swept)
+Sandbox cases count `contained` (the quota held) or `escaped`. Groups `inputs38` and `faults38`
+are issue 38's classes (settings refused up front, memory bounds, special files, byte caps,
+model folders, out_dir locks, the search index under updates, litter) and cases of our own. The probe fails fast on
 purpose: only a few cases train (the RLAIF smoke preset, a tiny random model, seconds).
 """
 
@@ -38,7 +43,9 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LINE = re.compile(r"^(xtr_lora|rlaif_qwen|python -m recipes.code_search): error: [^\n]+ \([^\n]*\); [^\n]+$")
+LINE = re.compile(r"^(xtr_lora|rlaif_qwen|python -m recipes.code_search|python -m recipes.rlaif_worker): error: "
+                  r"[^\n]+ \([^\n]*\); [^\n]+$")
+GOOD = ("clear", "contained", "handled")  # handled: a bad input the command copes with as documented (exit 0)
 
 
 class Hang(BaseException):
@@ -477,6 +484,525 @@ def sandbox_records() -> list[dict]:
     return records
 
 
+# ---------------------------------------------------------------- issue 38: inputs checked before the work
+
+def _model_dirs(work: Path) -> dict[str, Path]:
+    """Model folders a user gets wrong: empty tokenizer.json, another model's tokenizer, special files."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from mlxio.weights import llm
+    from mlxio.weights.encoders import default_encoder_path
+
+    enc = default_encoder_path()
+    root = work / "models38"
+    root.mkdir()
+    tiny = llm.tiny_policy("llama")
+    llm.save_model_dir(tiny.model, tiny.tokenizer._tokenizer, tiny.config, root / "tiny")
+    other = Tokenizer(models.WordLevel({f"w{i}": i for i in range(40000)}, unk_token="w0"))
+    other.pre_tokenizer = pre_tokenizers.Whitespace()
+    out = {}
+    for name, files in (("enc empty tokenizer.json", {"tokenizer.json": ""}),
+                        ("enc another model's tokenizer", {"tokenizer.json": other.to_str()}),
+                        ("enc empty vocab.txt", {"vocab.txt": ""}),
+                        ("enc FIFO tokenizer.json", {"tokenizer.json": None})):
+        d = root / name.replace(" ", "_").replace("'", "")
+        d.mkdir()
+        for f in ("config.json", "model.safetensors"):
+            (d / f).symlink_to(enc / f)
+        for f, text in files.items():
+            os.mkfifo(d / f) if text is None else (d / f).write_text(text)
+        out[name] = d
+    for name, f, text in (("llm empty tokenizer.json", "tokenizer.json", ""),
+                          ("llm another model's tokenizer", "tokenizer.json", other.to_str()),
+                          ("llm FIFO config.json", "config.json", None),
+                          ("llm FIFO tokenizer.json", "tokenizer.json", None)):
+        d = root / name.replace(" ", "_").replace("'", "")
+        shutil.copytree(root / "tiny", d)
+        (d / f).unlink()
+        os.mkfifo(d / f) if text is None else (d / f).write_text(text)
+        out[name] = d
+    return out
+
+
+def _odd_folder(folder: Path) -> Path:
+    """A source folder with a FIFO, a link to /dev/zero, a dangling link and a Latin-1 file named *.py."""
+    folder.mkdir(parents=True)
+    (folder / "good.py").write_text("def add(a, b):\n    '''Add two numbers together.'''\n    total = a + b\n"
+                                    "    return total\n")
+    (folder / "latin1.py").write_bytes(b"def f(x):\n    s = '\xe9t\xe9'\n    return s + x\n")
+    os.mkfifo(folder / "pipe.py")
+    (folder / "zero.py").symlink_to("/dev/zero")
+    (folder / "gone.py").symlink_to(folder / "nowhere")
+    return folder
+
+
+def issue38_cases(work: Path) -> list[dict]:
+    """Settings refused before anything loads, memory bounds, special files and byte caps as
+    every file option, model folders, out_dir checks, damaged index manifests."""
+    import gzip
+
+    from mlxio.weights.encoders import default_encoder_path
+
+    w = work / "i38"
+    w.mkdir()
+    sx = ["--preset", "smoke", "--cache_dir", str(work / "cache")]
+    sr = ["--preset", "smoke"]
+    cases = []
+
+    def add(cls, prog, argv, what=None, keep=None):
+        cases.append({"class": cls, "prog": prog, "argv": argv, **({"what": what} if what else {}),
+                      **({"keep": keep} if keep else {})})
+
+    # settings (tracebacks before; some only after the model loaded) and silent ones
+    for url in ("http://127.0.0.1:99999", "http://[::1", "http://", "http://h:abc/v1", "ftp://h/v1", "http://a b",
+                "http://h:0/v1", "https://", "http://:8080"):
+        add("settings (38)", "rlaif_qwen", [*sr, "--out_dir", str(w / "r-url"), "--teacher.url", url])
+    for argv in (["--lora.targets", ""], ["--model", "tiny:nope"], ["--model", "tiny:mistral-q4"], ["--model", ""],
+                 ["--teacher.local", ""], ["--data.problems", ""], ["--optim.warmup_steps", "1000000"],
+                 ["--optim.warmup_steps", "4"], ["--out_dir", str(w) + "/a" * 1500],
+                 ["--out_dir", str(w) + ("/" + "b" * 200) * 30], ["--out_dir", str(w / ("c" * 300))],
+                 ["--out_dir", "/proc/probe38"]):
+        add("settings (38)", "rlaif_qwen", [*sr, *argv], what=" ".join(argv)[:100])
+    for argv in (["--train.micro_batch", "1"], ["--model", ""], ["--data.source", ""], ["--optim.warmup_steps", "1000000"],
+                 ["--optim.warmup_steps", "8"], ["--cache_dir", str(w) + "/a" * 1500],
+                 ["--out_dir", str(w / ("d" * 300))]):
+        add("settings (38)", "xtr_lora", [*sx, "--out_dir", str(w / "x-set"), *argv] if argv[0] != "--out_dir"
+            else [*sx, *argv], what=" ".join(argv)[:100])
+    # settings that cannot fit: refused naming the option, not started and stalled
+    add("bounds (38)", "xtr_lora", [*sx, "--out_dir", str(w / "x-b1"), "--train.micro_batch", "65536", "--train.accum", "1"])
+    add("bounds (38)", "xtr_lora", [*sx, "--out_dir", str(w / "x-b2"), "--train.eval_batch", "65536"])
+    add("bounds (38)", "rlaif_qwen", ["--preset", "quick", "--out_dir", str(w / "r-b1"), "--group_size", "4096",
+                                      "--eval.before", "false"])
+    src = w / "src"
+    src.mkdir()
+    (src / "a.py").write_text("def f(x):\n    y = x + 1\n    return y\n")
+    enc = str(default_encoder_path())
+    for extra in (["--max-doc-len", "100000"], ["--max-doc-len", "512", "--batch-size", "1000000"],
+                  ["--max-query-len", "4096"]):
+        add("bounds (38)", "code_search", ["index", str(src), "--model", enc, "--index", str(w / "ix-b"), *extra])
+
+    # special files as every file option: a FIFO, /dev/zero, a link to it, a folder, a link loop
+    fifo = w / "fifo.jsonl"
+    os.mkfifo(fifo)
+    link = w / "zero.jsonl"
+    link.symlink_to("/dev/zero")
+    loop = w / "loop.json"
+    loop.symlink_to(loop)
+    odd = {"FIFO": fifo, "/dev/zero": Path("/dev/zero"), "link to /dev/zero": link, "folder": w, "link loop": loop}
+    index = w / "ix-q"
+    (index / "gen-000001").mkdir(parents=True)
+    (index / "CURRENT").write_text("gen-000001\n")
+    for kind, path in odd.items():
+        add("special files (38)", "xtr_lora", [*sx, "--config", str(path)], what=f"--config {kind}")
+        add("special files (38)", "rlaif_qwen", [*sr, "--config", str(path)], what=f"--config {kind}")
+        add("special files (38)", "rlaif_qwen", [*sr, "--out_dir", str(w / "r-sf"), "--data.problems", str(path)],
+            what=f"--data.problems {kind}")
+        add("special files (38)", "code_search", ["search", "--index", str(index), "--queries", str(path)],
+            what=f"search --queries {kind}")
+        if kind != "folder":
+            add("special files (38)", "code_search", ["index", str(path), "--model", enc, "--index", str(w / "ix-s")],
+                what=f"index SOURCE {kind}")
+    for kind in ("FIFO", "link to /dev/zero"):
+        add("special files (38)", "xtr_lora", [*sx, "--out_dir", str(w / "x-sf"), "--data.source", str(odd[kind])],
+            what=f"--data.source {kind}")
+    # byte caps: a sparse 11 MB config, a 300 MB queries file, a gzip bomb of problems
+    big = w / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(11_000_000)
+    add("byte caps (38)", "xtr_lora", [*sx, "--config", str(big)], what="--config of 11 MB")
+    huge = w / "huge.jsonl"
+    with open(huge, "wb") as f:
+        f.truncate(300 << 20)
+    add("byte caps (38)", "code_search", ["search", "--index", str(index), "--queries", str(huge)],
+        what="--queries of 300 MB")
+    bomb = w / "bomb.jsonl.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        for _ in range(40):
+            f.write(b"\n" * (16 << 20))  # 640 MiB of newlines in about 640 KiB
+    add("byte caps (38)", "rlaif_qwen", [*sr, "--out_dir", str(w / "r-bomb"), "--data.problems", str(bomb)],
+        what="--data.problems gzip bomb (640 MiB)")
+    empty = w / "empty.jsonl"
+    empty.write_text("")
+    add("byte caps (38)", "code_search", ["search", "--index", str(index), "--queries", str(empty)], what="--queries empty")
+
+    # model folders
+    for name, path in _model_dirs(work).items():
+        if name.startswith("enc"):
+            add("model folders (38)", "xtr_lora", [*sx, "--model", str(path), "--out_dir", str(w / "x-m")], what=name)
+            add("model folders (38)", "code_search", ["index", str(src), "--model", str(path), "--index", str(w / "ix-m")],
+                what=f"index: {name}")
+        else:
+            add("model folders (38)", "rlaif_qwen", [*sr, "--model", str(path), "--out_dir", str(w / "r-m")], what=name)
+
+    # out_dir: another run's results (a fresh run would replace config.json and metrics.jsonl), a FIFO
+    done = w / "finished"
+    (done / "checkpoints" / "step-00000004").mkdir(parents=True)
+    (done / "metrics.jsonl").write_text('{"step": 4, "loss": 1.0}\n')
+    (done / "config.json").write_text("{}")
+    (done / "eval.json").write_text("{}")
+    add("out_dir (38)", "rlaif_qwen", [*sr, "--out_dir", str(done)], what="fresh run into a finished run's folder",
+        keep={"metrics": done / "metrics.jsonl", "config": done / "config.json", "eval": done / "eval.json"})
+    add("out_dir (38)", "xtr_lora", [*sx, "--out_dir", str(done)], what="fresh retriever run into a finished run's folder",
+        keep={"metrics": done / "metrics.jsonl", "config": done / "config.json"})
+    add("out_dir (38)", "rlaif_qwen", [*sr, "--out_dir", str(fifo)], what="--out_dir a FIFO")
+    return cases
+
+
+def _index_with_fake_embed(root: Path, meta: dict | None = None):
+    import numpy as np
+
+    from mlxio.search import build
+
+    class Embed:
+        def __call__(self, texts, progress=None):
+            out = []
+            for t in texts:
+                rows = [np.random.default_rng(abs(hash(w)) % 2**32).standard_normal(16) for w in (t.split()[:8] or ["x"])]
+                v = np.stack(rows).astype(np.float32)
+                out.append((v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float16))
+            return out
+
+    src = root / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    for i in range(6):
+        (src / f"mod{i}.py").write_text(f"def parse_date_{i}(text):\n    day, month = text.split('/')\n"
+                                        f"    return int(day) + {i}\n\n\ndef other_{i}(x):\n    y = x * {i}\n    return y\n")
+    meta = meta or {"model": "fake", "max_doc_len": 64, "max_query_len": 16, "dim": 16}
+    build.update(src, root / "ix", Embed(), meta)
+    return src, root / "ix", Embed(), meta
+
+
+def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[dict]:
+    """Cases whose outcome needs more than an exit code: the worker, e.g., or a search index
+    updated under readers. Each record's outcome is one of the probe's."""
+    import threading
+
+    w = work / "f38"
+    w.mkdir()
+    out: list[dict] = []
+
+    def record(cls, what, fn):
+        if any(s in what for s in skip):
+            return
+        err = io.StringIO()
+        signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        start = time.perf_counter()
+        try:
+            with contextlib.redirect_stderr(err):
+                outcome, detail = fn()
+        except Hang:
+            outcome, detail = "hang", "no result within the timeout"
+        except BaseException as e:  # noqa: BLE001 - what the probe counts
+            outcome, detail = "traceback", "".join(traceback.format_exception(e))[-600:]
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        out.append({"class": cls, "what": what, "outcome": outcome, "detail": str(detail)[-400:],
+                    "s": round(time.perf_counter() - start, 2)})
+        print(f"{outcome:9s} {cls:18s} {what[:70]!r}", file=sys.stderr)
+
+    def cli(prog, argv):
+        kind, code, err, _ = run_in_process(PROGS.get(prog, prog), entry(prog), argv, timeout)
+        last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
+        return kind, last if kind in ("clear", "unclear") else err[-400:]
+
+    # the worker: strict command line (real processes), bounded requests
+    for argv in (["--log-level", "FOO"], ["--max-line-bytes", "5"], ["--max-line-bytes", "x"], ["--log"]):
+        def worker_cli(argv=argv):
+            proc = subprocess.run([sys.executable, "-m", "recipes.rlaif_worker", *argv], input=b"", capture_output=True,
+                                  timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            lines = proc.stderr.decode(errors="replace").strip().splitlines()
+            if "Traceback" in proc.stderr.decode(errors="replace"):
+                return "traceback", lines[-1] if lines else ""
+            ok = proc.returncode == 2 and len(lines) == 1 and LINE.match(lines[0])
+            return ("clear" if ok else "unclear" if proc.returncode else "silent"), (lines or [""])[-1]
+        record("worker (38)", f"rlaif_worker {' '.join(argv)}", worker_cli)
+
+    from mlxio import rpc
+    from mlxio.rl.worker import Worker
+    from mlxio.run.config import to_dict
+    from recipes.rlaif_config import PRESETS, validate
+
+    worker = Worker(PRESETS, validate)
+    server = worker.server()
+
+    def call(method, **params):
+        line = rpc.encode({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+        return json.loads(server.handle_line(line.rstrip(b"\n")))
+
+    call("initialize", preset="smoke", config={**to_dict(PRESETS["smoke"]), "out_dir": str(w / "worker")})
+    for params in ({"prompts": ["a"], "n": 100000}, {"prompts": ["a"] * 3, "n": 2048},
+                   {"prompts": ["a"], "n": 1, "max_tokens": 100000}, {"prompts": ["a"], "stop": ["x"] * 100},
+                   {"prompts": ["a"] * 5000, "n": 1}):
+        def bounded(params=params):
+            answer = call("generate", **params)
+            after = call("generate", prompts=["a"], n=1, max_tokens=2)
+            if "error" not in answer:
+                return "silent", "answered"
+            ok = answer["error"]["code"] == rpc.INVALID_PARAMS and "result" in after
+            return ("clear" if ok else "unclear"), answer["error"]["message"][:200]
+        shown = {k: (f"[{len(v)} items]" if isinstance(v, list) else v) for k, v in params.items()}
+        record("worker (38)", f"generate {shown}", bounded)
+
+    # silent runs: every gradient norm infinite (a tiny loss temperature): no step counts as applied
+    def tiny_temperature():
+        kind, detail = cli("xtr_lora", ["--preset", "smoke", "--cache_dir", str(work / "cache"), "--out_dir",
+                                        str(w / "x-temp"), "--loss.temperature", "1e-30", "--train.steps", "4",
+                                        "--optim.total_steps", "4", "--optim.warmup_steps", "0"])
+        exported = (w / "x-temp" / "merged").exists() or (w / "x-temp" / "eval.json").exists()
+        return ("silent" if exported or kind == "silent" else kind), detail
+    record("silent runs (38)", "--loss.temperature 1e-30 (xtr smoke, 4 steps)", tiny_temperature)
+
+    # two runs into one out_dir at once: the second is refused (before: both wrote every metrics step)
+    def two_runs():
+        d = w / "shared"
+        d.mkdir()
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        first = subprocess.Popen([sys.executable, "-m", "recipes.rlaif_qwen", "--preset", "smoke", "--out_dir", str(d),
+                                  "--eval.before", "false", "--eval.after", "false"], env=env, cwd=ROOT,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            t0 = time.perf_counter()
+            while not (d / "config.json").exists() and first.poll() is None and time.perf_counter() - t0 < timeout / 2:
+                time.sleep(0.2)
+            return cli("rlaif_qwen", ["--preset", "smoke", "--out_dir", str(d), "--eval.before", "false",
+                                      "--eval.after", "false", "--resume"])
+        finally:
+            first.kill()
+            first.wait()
+    record("out_dir (38)", "two runs into one out_dir at once", two_runs)
+
+    # W&B that cannot start (online, no key)
+    def wandb_online():
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            return "handled", "wandb not installed: refused by --report_to's check"
+        from mlxio.errors import user_error
+        from mlxio.run.reporting import WandbWriter
+
+        saved = {k: os.environ.get(k) for k in ("WANDB_MODE", "WANDB_API_KEY", "HOME")}
+        os.environ.update(WANDB_MODE="online", HOME=str(w))
+        os.environ.pop("WANDB_API_KEY", None)
+        try:
+            WandbWriter(w / "wb", "p", "n", {})
+            return "silent", "started"
+        except Exception as e:  # noqa: BLE001
+            found = user_error(e)
+            if found is None:
+                return "traceback", repr(e)[:300]
+            return ("clear" if LINE.match(f"xtr_lora: error: {found[0]}") else "unclear"), found[0]
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    record("run errors (38)", "--report_to wandb, WANDB_MODE=online, no API key", wandb_online)
+
+    # a full disk during a checkpoint write (real 4 MiB tmpfs as root; else simulated ENOSPC)
+    def checkpoint_disk_full():
+        import mlx.core as mx
+
+        from mlxio.errors import user_error
+        from mlxio.run import checkpoint
+
+        disk = w / "disk"
+        disk.mkdir()
+        real = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+                                                    capture_output=True).returncode == 0
+        saved = mx.save_safetensors
+        try:
+            checkpoint.save(disk, 1, {"trainable": {"w": mx.ones((64, 64))}}, {})
+            before = snapshot(disk / "checkpoints")
+            if not real:
+                def full(path, arrays, metadata=None):
+                    saved(path, arrays, metadata=metadata)
+                    raise OSError(28, "No space left on device", path)
+                mx.save_safetensors = full
+            try:
+                checkpoint.save(disk, 2, {"trainable": {"w": mx.ones((1024, 1024))}, "opt": {"m": mx.ones((1024, 1024))}}, {})
+                return "silent", "a checkpoint larger than the disk was written"
+            except Exception as e:  # noqa: BLE001
+                found = user_error(e)
+                from mlxio.errors import MlxioError
+                if snapshot(disk / "checkpoints") != before:
+                    return "damaged", repr(e)[:200]
+                if not isinstance(e, MlxioError):
+                    return ("traceback" if found is None else "unclear"), repr(e)[:300]
+                return ("clear" if "intact" in str(e) else "unclear"), str(e)
+        finally:
+            mx.save_safetensors = saved
+            if real:
+                subprocess.run(["umount", "-l", str(disk)], check=False)
+    record("damage (38)", "disk full during a checkpoint write", checkpoint_disk_full)
+
+    # odd files in an indexed / mined folder: skipped and counted, never read
+    def odd_index():
+        folder = _odd_folder(w / "odd-index")
+        from mlxio.weights.encoders import default_encoder_path
+
+        kind, code, err, _ = run_in_process(PROGS["code_search"], entry("code_search"),
+                                            ["index", str(folder), "--model", str(default_encoder_path()),
+                                             "--index", str(w / "odd-ix"), "--no-progress"], timeout)
+        if kind != "silent":  # exit 0 is right here
+            return kind, err[-300:]
+        said = "not UTF-8" in err and "FIFO" in err and "character device" in err
+        return ("handled" if said else "silent"), "skipped and named in the log" if said else "skipped without a word"
+    record("odd source files (38)", "code_search index: a FIFO, /dev/zero and a dangling link named *.py, Latin-1 file",
+           odd_index)
+
+    def odd_mining():
+        from mlxio.data import pairs
+
+        corpus = pairs.mine_corpus([_odd_folder(w / "odd-mine")])
+        counted = getattr(corpus.report, "not_regular", 0) == 3 and corpus.report.undecodable == 1
+        return ("handled" if counted else "silent"), str(corpus.report)
+    record("odd source files (38)", "mining a folder with a FIFO, /dev/zero link, Latin-1 file", odd_mining)
+
+    # the search index
+    def bm25_padding():
+        from mlxio.search.index import Index
+
+        _, idx, _, _ = _index_with_fake_embed(w / "bm25")
+        hits = Index(idx).search("parse", None, "bm25", top_k=12)
+        none = Index(idx).search("zebra", None, "bm25", top_k=5)
+        zero = [s for _, s in hits if s <= 0] + [s for _, s in none]
+        return ("silent" if zero else "handled"), f"{len(hits)} hits, {len(zero)} of score 0"
+    record("search index (38)", "bm25 top-k with fewer matching documents than k", bm25_padding)
+
+    def manifest_types():
+        from mlxio.search import store
+
+        results = []
+        for field, value in (("dim", "16"), ("centroids", None), ("segments", "x"), ("search", {"nprobe": "8"}),
+                             ("fusion", {"alpha": "0.5"}), ("max_query_len", 1.5), ("segments", [{"name": 3}])):
+            root = w / f"mt-{len(results)}"
+            _, idx, _, _ = _index_with_fake_embed(root)
+            gen = store.current(idx)
+            manifest = json.loads((gen / "manifest.json").read_text())
+            manifest[field] = value
+            (gen / "manifest.json").write_text(json.dumps(manifest))
+            results.append(cli("code_search", ["search", "--index", str(idx), "--mode", "bm25", "parse"]))
+        worst = next((r for r in results if r[0] != "clear"), results[0])
+        return worst[0], f"{sum(r[0] == 'clear' for r in results)} of {len(results)} clear; {worst[1][:200]}"
+    record("search index (38)", "manifest fields of the wrong type (7 kinds)", manifest_types)
+
+    def readers_during_updates():
+        from mlxio.search import build
+        from mlxio.search.index import Index
+
+        src, idx, embed, meta = _index_with_fake_embed(w / "readers")
+        failures, loads, stop = [], [0], threading.Event()
+
+        def read():
+            while not stop.is_set():
+                try:
+                    Index(idx).search("parse", None, "bm25", top_k=3)
+                    loads[0] += 1
+                except Exception as e:  # noqa: BLE001
+                    failures.append(repr(e)[:120])
+
+        readers = [threading.Thread(target=read) for _ in range(2)]
+        for r in readers:
+            r.start()
+        try:
+            for i in range(40):
+                (src / f"mod{i % 6}.py").write_text(f"def changed_{i}(x):\n    y = x + {i}\n    return y\n")
+                build.update(src, idx, embed, meta)
+        finally:
+            stop.set()
+            for r in readers:
+                r.join()
+        return ("handled" if not failures else "silent"), f"{loads[0]} loads during 40 updates, {len(failures)} failed" + (
+            f": {failures[0]}" if failures else "")
+    record("search index (38)", "searching during 40 updates (2 reader threads)", readers_during_updates)
+
+    def two_writers():
+        from mlxio.search import build
+
+        src, idx, embed, meta = _index_with_fake_embed(w / "writers")
+        (src / "new_a.py").write_text("def a_new(x):\n    y = x + 1\n    return y\n")
+        reports, errors = [], []
+
+        def write():
+            try:
+                reports.append(build.update(src, idx, embed, meta))
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e)[:200])
+        threads = [threading.Thread(target=write) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            return "traceback", errors[0]
+        rebuilt = [r for r in reports if r.rebuilt]
+        return ("silent" if rebuilt else "handled"), f"embedded {[r.embedded for r in reports]}, rebuilt {len(rebuilt)}"
+    record("search index (38)", "two writers updating one index at once", two_writers)
+
+    def changed_model():
+        import shutil
+
+        import mlx.core as mx
+
+        from mlxio.weights.encoders import default_encoder_path
+
+        model = w / "model"
+        model.mkdir()
+        for f in default_encoder_path().iterdir():
+            if f.is_file():
+                shutil.copy(f, model / f.name)
+        src = w / "cm-src"
+        src.mkdir()
+        (src / "a.py").write_text("def add(a, b):\n    '''Add two numbers.'''\n    total = a + b\n    return total\n")
+        (src / "b.py").write_text("def read_lines(path):\n    with open(path) as h:\n        return h.read().split()\n")
+        idx = w / "cm-ix"
+        kind, _ = cli("code_search", ["index", str(src), "--model", str(model), "--index", str(idx), "--no-progress"])
+        if kind != "silent":
+            return kind, "first build failed"
+        weights = mx.load(str(model / "model.safetensors"))
+        mx.save_safetensors(str(model / "model.safetensors"), {k: v * 1.5 if v.ndim == 2 else v for k, v in weights.items()})
+        return cli("code_search", ["search", "--index", str(idx), "--mode", "semantic", "add two numbers"])
+    record("search index (38)", "search after new weights were saved at the model's path", changed_model)
+
+    def changed_model_update():
+        idx = w / "cm-ix"
+        kind, code, err, _ = run_in_process(PROGS["code_search"], entry("code_search"),
+                                            ["index", str(w / "cm-src"), "--model", str(w / "model"), "--index", str(idx),
+                                             "--no-progress"], timeout)
+        if kind != "silent":
+            return kind, err[-300:]
+        return ("handled" if "model_digest" in err or "rebuilt" in err else "silent"), err.strip().splitlines()[-1][-200:]
+    record("search index (38)", "update after new weights at the model's path (must rebuild, naming why)",
+           changed_model_update)
+
+    # litter after a kill: a killed export's temp folder, swept at the next export
+    def litter():
+        from mlxio.run.atomic import atomic_dir
+
+        d = w / "litter"
+        d.mkdir()
+        dead = 2**22 + 12345
+        left = d / f".colbert.tmp-{dead}-deadbeef"
+        left.mkdir()
+        (left / "model.safetensors").write_bytes(b"half")
+        with atomic_dir(d / "colbert") as tmp:
+            (tmp / "x").write_text("1")
+        return ("silent" if left.exists() else "handled"), "swept" if not left.exists() else "left behind"
+    record("litter (38)", "a killed export's .colbert.tmp-* folder at the next export", litter)
+
+    def litter_run_start():
+        d = w / "litter-run"
+        d.mkdir()
+        left = d / f".merged.tmp-{2**22 + 54321}-0badf00d"
+        left.mkdir()
+        kind, detail = cli("xtr_lora", ["--preset", "smoke", "--cache_dir", str(work / "cache"), "--out_dir", str(d),
+                                        "--model", str(w / "no-such-model")])  # fails after the run started
+        return ("silent" if left.exists() else "handled"), f"{'left behind' if left.exists() else 'swept'}; {detail[:100]}"
+    record("litter (38)", "a killed run's temp export folder at the next run's start", litter_run_start)
+    return out
+
+
 # ---------------------------------------------------------------- main
 
 PROGS = {"code_search": "python -m recipes.code_search"}  # the name each entry point prints
@@ -498,7 +1024,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/cpu/probe_bad_inputs.json")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per case")
     parser.add_argument("--subprocess-cases", type=int, default=12, help="cases also run as real processes")
-    parser.add_argument("--groups", default="config,path,data,code_search,faults",
+    parser.add_argument("--skip", default="", help="comma-separated texts: cases whose description holds one are "
+                                                   "not run (to measure older code without its unbounded cases)")
+    parser.add_argument("--groups", default="config,path,data,code_search,faults,inputs38,faults38",
                         help="comma-separated case groups to run (all by default)")
     args = parser.parse_args(argv)
     import mlxio  # noqa: F401  (fast BLAS first)
@@ -507,8 +1035,12 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="probe-") as tmp:
         work = Path(tmp)
         groups = set(args.groups.split(","))
-        makers = {"config": config_cases, "path": path_cases, "data": data_cases, "code_search": code_search_cases}
+        makers = {"config": config_cases, "path": path_cases, "data": data_cases, "code_search": code_search_cases,
+                  "inputs38": issue38_cases}
         cases = [c for name, make in makers.items() if name in groups for c in make(work)]
+        skip = [s for s in args.skip.split(",") if s]
+        skipped = [c for c in cases if any(s in (c.get("what") or " ".join(c["argv"])) for s in skip)]
+        cases = [c for c in cases if c not in skipped]
         results = []
         for case in cases:
             kept = {k: snapshot(v) for k, v in case.get("keep", {}).items()}
@@ -522,6 +1054,7 @@ def main(argv: list[str] | None = None) -> dict:
                             "detail": (last if kind in ("clear", "unclear") else err[-600:])[:600]})
             print(f"{kind:9s} {code} {case['prog']:10s} {results[-1]['what'][:80]!r}", file=sys.stderr)
         faults = fault_cases(work, args.timeout) if "faults" in groups else []
+        faults += issue38_records(work, args.timeout, skip) if "faults38" in groups else []
         for r in faults:
             print(f"{r['outcome']:9s} {r['class']:10s} {r['what'][:80]!r}", file=sys.stderr)
         lenient = lenient_counts(work)
@@ -547,9 +1080,10 @@ def main(argv: list[str] | None = None) -> dict:
         "exit_codes": dict(Counter(str(r.get("exit")) for r in results)),
         "lenient_data": lenient,
         "subprocess": {"tries": len(sub), "outcomes": dict(Counter(r["outcome"] for r in sub)), "cases": sub},
-        "not_clear": [r for r in everything if r["outcome"] not in ("clear", "contained")],
+        "not_clear": [r for r in everything if r["outcome"] not in GOOD],
         "slowest_s": sorted((r["s"] for r in results), reverse=True)[:5],
         "wall_s": round(time.perf_counter() - started, 1),
+        "skipped": [c.get("what") or " ".join(c["argv"])[:160] for c in skipped] + [f"faults38: {s}" for s in skip],
         "machine": os.uname().machine, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "examples": {k: next((r["detail"] for r in everything if r["class"] == k and r["outcome"] == "clear"), "")
                      for k in by_class},

@@ -41,6 +41,7 @@ import numpy as np
 
 from mlxcore.tree import Tree, flatten, unflatten
 from mlxio.errors import CheckpointError, LoadError
+from mlxio.inputs import MiB, read_regular
 from mlxio.run.atomic import disk_error, fsync_path, pid_alive  # noqa: F401  (pid_alive: re-exported)
 from mlxio.weights.safeload import read_safetensors
 
@@ -52,6 +53,7 @@ META = "meta.json"
 MANIFEST = "manifest.json"
 TMP_PREFIX = ".tmp-"
 FORMAT = 1
+MAX_META_BYTES = 64 * MiB  # manifest.json / meta.json of one checkpoint (config, RNG state: ~100 KiB)
 _STEP_DIR = re.compile(r"step-(\d{8,})")
 _TREE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
@@ -266,10 +268,8 @@ def _prune(root: Path, keep: Path, keep_last: int) -> None:
 
 def _read_manifest(ckpt_dir: Path) -> dict:
     path = ckpt_dir / MANIFEST
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise CheckpointError(f"{path}: missing or unreadable ({err.strerror})") from None
+    raw = read_regular(path, what="checkpoint manifest", max_bytes=MAX_META_BYTES, error=CheckpointError,
+                       fix="resume from another checkpoint, or start fresh")
     try:
         manifest = json.loads(raw)
         body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
@@ -312,7 +312,8 @@ def load(ckpt_dir: str | Path) -> tuple[dict[str, Tree], dict]:
     ckpt_dir = Path(ckpt_dir)
     manifest = verify(ckpt_dir)
     try:
-        meta = json.loads((ckpt_dir / META).read_bytes())
+        meta = json.loads(read_regular(ckpt_dir / META, what="checkpoint meta", max_bytes=MAX_META_BYTES,
+                                       error=CheckpointError))
     except ValueError as err:
         raise CheckpointError(f"{ckpt_dir / META}: invalid JSON ({err})") from None
     trees = {}
@@ -349,8 +350,9 @@ def load_latest(run_dir: str | Path, expect: dict | None = None
     if not candidates:
         return None
     try:
-        target = (root / LATEST).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        target = read_regular(root / LATEST, what="LATEST pointer", max_bytes=4096,
+                              error=CheckpointError).decode("utf-8").strip()
+    except (CheckpointError, UnicodeDecodeError):
         target = ""
     if _STEP_DIR.fullmatch(target) and (root / target) in candidates:
         candidates.remove(root / target)

@@ -52,7 +52,12 @@ class MetricsLog:
         if resume_step is None:
             path.write_text("")
         elif path.exists():
-            kept = [line for line in path.read_text().splitlines()
+            from mlxio.errors import RunError
+            from mlxio.inputs import MAX_DATA_BYTES, read_regular
+
+            text = read_regular(path, what="metrics log", max_bytes=MAX_DATA_BYTES, error=RunError,
+                                fix="move it away, then resume").decode("utf-8", "replace")
+            kept = [line for line in text.splitlines()
                     if line.strip() and _step_of(line) <= resume_step]
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(line + "\n" for line in kept))

@@ -47,11 +47,13 @@ from pathlib import Path
 import numpy as np
 
 from mlxio.errors import MlxioError
+from mlxio.inputs import MiB, read_regular
 from mlxio.run import checkpoint
 from mlxio.run.checkpoint import pid_alive
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".lock"  # writers' lock (store.writer_lock); readers never take it
+MAX_MANIFEST_BYTES = 256 * MiB  # a manifest lists every file once: far below this
 RETIRED_GRACE_S = 120.0  # a generation stays this long after it stopped being live (readers mid-load)
 FORMAT = "mlx-code-search-index"
 FORMAT_VERSION = 3  # 3: the codec named in the manifest ("pq64", "1bit", ...), BM25 doc/query terms
@@ -203,11 +205,12 @@ def read_manifest(gen: Path, full_hashes: bool = False) -> dict:
     """The generation's manifest, after checking format, version and every file's size and
     hash; raises IndexError_ naming the first problem."""
     path = gen / "manifest.json"
+    if not os.path.lexists(path):
+        raise IndexError_(f"{path}: missing; rebuild the index with `index --rebuild`")
     try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise IndexError_(f"{path}: missing; rebuild the index with `index --rebuild`") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        manifest = json.loads(read_regular(path, what="index manifest", max_bytes=MAX_MANIFEST_BYTES,
+                                           error=IndexError_, fix="rebuild the index with `index --rebuild`"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise IndexError_(f"{path}: unreadable ({err}); rebuild the index with `index --rebuild`") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise IndexError_(f"{path}: not a {FORMAT} manifest; rebuild the index with `index --rebuild`")
