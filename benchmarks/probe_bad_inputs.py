@@ -76,16 +76,24 @@ def classify(code, err_text: str, exc: BaseException | None) -> str:
     return "clear" if code in (1, 2) and LINE.match(last) else "unclear"
 
 
-def run_in_process(prog: str, fn, argv: list[str], timeout: float) -> tuple[str, int | None, str, float]:
+def run_in_process(prog: str, fn, argv: list[str], timeout: float,
+                   out: io.StringIO | None = None) -> tuple[str, int | None, str, float]:
+    """(outcome, exit code, stderr, seconds); `out` collects stdout and the log's lines."""
+    import logging
+
     from mlxio.errors import cli_main
 
     err = io.StringIO()
+    handler = None
+    if out is not None:
+        handler = logging.StreamHandler(out)
+        logging.getLogger().addHandler(handler)
     code, exc = None, None
     start = time.perf_counter()
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out if out is not None else io.StringIO()):
             cli_main(prog, fn, argv)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else 1
@@ -94,6 +102,8 @@ def run_in_process(prog: str, fn, argv: list[str], timeout: float) -> tuple[str,
         err.write("".join(traceback.format_exception(e)))
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
     return classify(code, err.getvalue(), exc), code, err.getvalue(), time.perf_counter() - start
 
 
@@ -755,6 +765,19 @@ def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[di
         return ("silent" if exported or kind == "silent" else kind), detail
     record("silent runs (38)", "--loss.temperature 1e-30 (xtr smoke, 4 steps)", tiny_temperature)
 
+    def overflowing_norms():  # every gradient finite, their norm not: the update must count as skipped
+        import mlx.core as mx
+
+        from mlxcore import optim
+
+        opt = optim.make_optimizer(optim.OptimConfig(lr=0.1, warmup_steps=0, total_steps=10))
+        t = optim.skip_if_non_finite(optim.chain(optim.clip(1.0), optim.apply_optimizer(opt)))
+        params = {"w": mx.ones((4,))}
+        new, state, info = t.update({"w": mx.full((4,), 1e30)}, t.init(params), params, loss=mx.array(1.0))
+        counted = int(info["skipped"]) == 1 and bool(mx.array_equal(new["w"], params["w"]))
+        return ("handled" if counted else "silent"), f"skipped={int(info['skipped'])}"
+    record("silent runs (38)", "gradient elements finite, their global norm overflows", overflowing_norms)
+
     # two runs into one out_dir at once: the second is refused (before: both wrote every metrics step)
     def two_runs():
         d = w / "shared"
@@ -841,12 +864,14 @@ def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[di
         folder = _odd_folder(w / "odd-index")
         from mlxio.weights.encoders import default_encoder_path
 
+        said_out = io.StringIO()
         kind, code, err, _ = run_in_process(PROGS["code_search"], entry("code_search"),
                                             ["index", str(folder), "--model", str(default_encoder_path()),
-                                             "--index", str(w / "odd-ix"), "--no-progress"], timeout)
+                                             "--index", str(w / "odd-ix"), "--no-progress"], timeout, said_out)
         if kind != "silent":  # exit 0 is right here
             return kind, err[-300:]
-        said = "not UTF-8" in err and "FIFO" in err and "character device" in err
+        text = said_out.getvalue()
+        said = "not UTF-8" in text and "FIFO" in text and "character device" in text and "skipped 4" in text
         return ("handled" if said else "silent"), "skipped and named in the log" if said else "skipped without a word"
     record("odd source files (38)", "code_search index: a FIFO, /dev/zero and a dangling link named *.py, Latin-1 file",
            odd_index)
@@ -967,12 +992,15 @@ def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[di
 
     def changed_model_update():
         idx = w / "cm-ix"
+        said = io.StringIO()
         kind, code, err, _ = run_in_process(PROGS["code_search"], entry("code_search"),
                                             ["index", str(w / "cm-src"), "--model", str(w / "model"), "--index", str(idx),
-                                             "--no-progress"], timeout)
+                                             "--no-progress"], timeout, said)
         if kind != "silent":
             return kind, err[-300:]
-        return ("handled" if "model_digest" in err or "rebuilt" in err else "silent"), err.strip().splitlines()[-1][-200:]
+        text = said.getvalue()
+        line = next((ln for ln in text.splitlines() if "rebuilt from scratch" in ln), "")
+        return ("handled" if "model_digest" in line else "silent"), line[-200:] or text[-200:]
     record("search index (38)", "update after new weights at the model's path (must rebuild, naming why)",
            changed_model_update)
 

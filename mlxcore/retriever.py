@@ -25,7 +25,9 @@ DocGather = Callable[[mx.array, mx.array, int], tuple[mx.array, mx.array, mx.arr
 
 @attrs.frozen(kw_only=True)
 class LossConfig:
-    temperature: float = bounded(0.07, gt=0)
+    # cosines in [-1, 1] over the temperature: below 1e-4 the gradients scale past float32 (1e-30: every
+    # gradient norm overflows) and the softmax is a hard max; above 100 every score looks the same
+    temperature: float = bounded(0.07, ge=1e-4, le=100)
     margin: float = 0.2
     margin_weight: float = 0.1
     xtr_k_train: int = 0  # > 0: XTR in-batch token retrieval scoring with this top-k

@@ -61,7 +61,8 @@ def read_regular(path: str | os.PathLike, *, what: str, max_bytes: int, error: t
     `error` naming `path`: missing or unreadable, not a regular file (FIFO, device, directory,
     socket), or larger than `max_bytes`. Never blocks on a FIFO, never reads a device."""
     path = Path(path)
-    fix = fix or f"pass a regular {what} file"
+    noun = what if what.endswith(("file", "log", "pointer", "manifest", "meta")) else f"{what} file"
+    fix = fix or f"pass a regular {noun}"
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except OSError as err:
@@ -72,7 +73,7 @@ def read_regular(path: str | os.PathLike, *, what: str, max_bytes: int, error: t
             raise error(f"the {what} is {kind_of(st.st_mode)}, not a regular file", where=str(path), fix=fix)
         if st.st_size > max_bytes:
             raise error(f"the {what} is {st.st_size} bytes, more than the {size_text(max_bytes)} allowed",
-                        where=str(path), fix=f"pass a smaller {what} file (at most {size_text(max_bytes)})")
+                        where=str(path), fix=f"pass a smaller {noun} (at most {size_text(max_bytes)})")
         os.set_blocking(fd, True)
         chunks, total = [], 0
         while chunk := os.read(fd, min(MiB, max_bytes + 1 - total)):
@@ -80,7 +81,7 @@ def read_regular(path: str | os.PathLike, *, what: str, max_bytes: int, error: t
             total += len(chunk)
             if total > max_bytes:  # it grew while being read
                 raise error(f"the {what} is more than the {size_text(max_bytes)} allowed", where=str(path),
-                            fix=f"pass a smaller {what} file (at most {size_text(max_bytes)})")
+                            fix=f"pass a smaller {noun} (at most {size_text(max_bytes)})")
         return b"".join(chunks)
     except OSError as err:
         raise error(f"cannot read the {what}: {err.strerror}", where=str(path), fix=fix) from None

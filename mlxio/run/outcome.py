@@ -3,7 +3,11 @@ gradient) has not trained anything, and must not end as if it had."""
 
 from __future__ import annotations
 
+import logging
+
 from mlxio.errors import RunError
+
+log = logging.getLogger(__name__)
 
 
 def skips(opt_state: dict) -> int:
@@ -20,3 +24,6 @@ def require_progress(opt_state: dict, skips_before: int, updates: int, where: st
         raise RunError(f"no training step succeeded: all {updates} updates had a non-finite loss or gradient "
                        "and were skipped, so the weights are unchanged", where=where,
                        fix="lower --optim.lr, raise the loss temperature or check the data; no export was written")
+    if skipped * 2 > updates:
+        log.warning("%d of %d updates were skipped (non-finite loss or gradient norm): the run learned from few "
+                    "steps; lower --optim.lr or raise the loss temperature (%s)", skipped, updates, where)
