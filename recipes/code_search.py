@@ -40,6 +40,7 @@ from mlxio.data.lines import object_lines
 from mlxio.errors import ConfigError, DataError, StrictArgumentParser, at_least_one, cli_main
 from mlxio.run import budget
 from mlxio.run.atomic import regular_target
+from mlxio.run.config import check_path_text
 from mlxio.run.runlog import write_text_atomic
 from mlxio.search import build as search_build
 from mlxio.search.embed import Embedder, assign_on_device, encode_on_device
@@ -244,6 +245,9 @@ def main(argv: list[str] | None = None) -> None:
                            allow_abbrev=False)
     check.add_argument("--index", type=Path, required=True)
     args = parser.parse_args(argv)
+    for name in ("index", "source", "output", "queries", "fusion_from"):  # before anything loads or is created
+        if getattr(args, name, None) is not None:
+            check_path_text(getattr(args, name), name, "SOURCE" if name == "source" else "--" + name.replace("_", "-"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if args.command == "index":
         report = build_index(args.source, args.model, args.index, args.max_doc_len, args.batch_size,

@@ -168,6 +168,7 @@ class Worker:
 
     def _tokens(self, s: _Session, params: dict) -> tuple[list, list[int]]:
         rows = params["tokens"]
+        _check_rows(s, rows)
         for i, row in enumerate(rows):
             if max(row) >= s.vocab:
                 raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens[{i}]: token id {max(row)} "
@@ -285,6 +286,26 @@ def _check_generate(s: _Session, prompts: int, n: int, max_tokens: int) -> None:
                        f"{rows} sequences x {max_tokens} tokens (KV cache)", "ask for fewer sequences or tokens")
     except ConfigError as err:
         raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.n"}) from None
+
+
+def _check_rows(s: _Session, rows: list) -> None:
+    """Token rows a `train_step` / `eval_logprobs` can take: at most MAX_GENERATE_ROWS, each
+    within the model's positions, one micro-batch's logits within the machine's memory."""
+    if len(rows) > MAX_GENERATE_ROWS:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {len(rows)} sequences, more than {MAX_GENERATE_ROWS} "
+                           "in one request; split it", {"field": "params.tokens"})
+    longest = max((len(r) for r in rows), default=0)
+    limit = s.policy.config.get("max_position_embeddings")
+    if isinstance(limit, int) and 0 < limit < longest:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: a sequence of {longest} tokens, more than the model's "
+                           f"max_position_embeddings ({limit})", {"field": "params.tokens"})
+    per_micro = max(len(rows) // max(s.cfg.train.accum, 1), 1)
+    try:
+        budget.require(budget.update_bytes(per_micro, longest, s.policy.config), "params.tokens", f"{len(rows)} rows",
+                       f"micro-batches of {per_micro} sequences x {longest} tokens of logits",
+                       "send fewer or shorter sequences (or initialize with a larger train.accum)")
+    except ConfigError as err:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.tokens"}) from None
 
 
 def _merge(base: dict, overrides: dict) -> dict:

@@ -398,14 +398,15 @@ MAX_NAME_BYTES = 255  # NAME_MAX: one component
 MAX_PATH_DEPTH = 256  # components: far past any real folder, well below Python's recursion limit
 
 
-def check_path_text(path: str | Path, name: str) -> Path:
+def check_path_text(path: str | Path, name: str, flag: str | None = None) -> Path:
     """A path option's text within what the file system takes (total length, one component's
     length, depth: `Path.mkdir(parents=True)` recurses once per missing component), else a
     ConfigError naming the option."""
     text = str(path)
-    fix = f"set --{name} to a shorter path"
+    flag = flag or f"--{name}"
+    fix = f"set {flag} to a shorter path"
     if not text.strip():
-        raise ConfigError(f"{name}: must not be empty", where="command line", fix=f"set --{name} to a path")
+        raise ConfigError(f"{name}: must not be empty", where="command line", fix=f"set {flag} to a path")
     raw = text.encode("utf-8", "replace")
     if len(raw) > MAX_PATH_BYTES:
         raise ConfigError(f"{name}: the path is {len(raw)} bytes long, more than the {MAX_PATH_BYTES} a file "
