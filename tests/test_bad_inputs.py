@@ -155,6 +155,20 @@ def test_worker_generate_is_bounded(tmp_path):
         answer = call("generate", **params)
         assert answer["error"]["code"] == rpc.INVALID_PARAMS and field in answer["error"]["message"], answer
     assert "result" in call("generate", prompts=["a"], n=2, max_tokens=2)  # and it still answers
+    long_row = {"tokens": [[1] * 3000] * 2, "completion_mask": [[1] * 3000] * 2, "advantages": [1.0, -1.0]}
+    answer = call("train_step", **long_row)
+    assert answer["error"]["code"] == rpc.INVALID_PARAMS and "max_position_embeddings" in answer["error"]["message"]
+    answer = call("eval_logprobs", tokens=[[1, 2]] * 5000)
+    assert answer["error"]["code"] == rpc.INVALID_PARAMS and "split it" in answer["error"]["message"]
+
+
+def test_code_search_paths_checked_before_anything_is_created(tmp_path, capsys):
+    deep = str(tmp_path) + "/a" * 1500
+    assert_line("python -m recipes.code_search", ["index", str(tmp_path), "--model", "x", "--index", deep], capsys, 2,
+                "index", "folders deep", "set --index")
+    assert_line("python -m recipes.code_search", ["search", "--index", str(tmp_path), "--queries", deep], capsys, 2,
+                "queries", "set --queries")
+    assert not (tmp_path / "a").exists()
 
 
 # ---------------------------------------------------------------- inputs: regular files, byte caps
