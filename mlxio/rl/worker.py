@@ -37,7 +37,7 @@ from mlxio.errors import CheckpointError, ConfigError, StrictArgumentParser, one
 from mlxio.rl import grpo, packing, rollout
 from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION, SCHEMAS
 from mlxio.run import budget, checkpoint, context
-from mlxio.run.config import from_dict, to_dict
+from mlxio.run.config import check_path_text, from_dict, to_dict
 from mlxio.weights import llm_lora
 
 log = logging.getLogger("mlxio.worker")
@@ -225,7 +225,7 @@ class Worker:
         return {"logprobs": [logp[i, :k - 1].tolist() for i, k in enumerate(lengths)]}
 
     def _dir(self, s: _Session, params: dict) -> Path:
-        return Path(params.get("dir") or s.cfg.out_dir)
+        return check_path_text(params.get("dir") or s.cfg.out_dir, "params.dir", "params.dir")
 
     def save(self, params: dict) -> dict:
         """Atomic checkpoint of LoRA + optimizer state (+ RNG, run identity), as the recipe's."""
