@@ -102,6 +102,9 @@ def test_settings_that_cannot_fit_are_refused_naming_the_option():
     with pytest.raises(ConfigError, match=r"group_size: 4096 cannot fit.*this machine has 16.0 GiB") as err:
         budget.check_rlaif(attrs.evolve(cfg, group_size=4096), smol, available=16 << 30)
     assert "lower --group_size" in err.value.contract_line()
+    big_eval = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, batch=4096, samples=4096))
+    with pytest.raises(ConfigError, match=r"eval.batch: 4096 cannot fit"):
+        budget.check_rlaif(big_eval, smol, available=16 << 30)
 
 
 def test_retriever_batch_that_cannot_fit_is_refused(capsys):

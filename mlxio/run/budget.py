@@ -90,6 +90,12 @@ def check_rlaif(cfg, config: dict, world_size: int = 1, where: str | None = None
     require(update_bytes(per_micro, tokens, config), option, value,
             f"the update's micro-batches of {per_micro} sequences x {tokens} tokens x {model_dims(config)['vocab']} "
             "logits", fix, where, available)
+    ev = getattr(cfg, "eval", None)
+    if ev is not None and (ev.before or ev.after) and ev.samples:
+        rows = ev.batch * ev.samples  # the evaluation decodes `batch` prompts x `samples` completions together
+        require(rollout_bytes(rows, ev.max_new_tokens + 16, config), "eval.batch", ev.batch,
+                f"the evaluation's {ev.batch} prompts x {ev.samples} samples x {ev.max_new_tokens + 16} tokens "
+                "(KV cache)", "lower --eval.batch, --eval.samples or --eval.max_new_tokens", where, available)
 
 
 def check_encoder(model_cfg, batch: int, tokens: int, option: str, value, backward: bool,
