@@ -188,7 +188,8 @@ def test_index_and_search(run, tmp_path, capsys):
                           "--output", str(rankings), "--top-k", "3", *extra])
         rows = [json.loads(line) for line in rankings.read_text().splitlines()]
         assert [r["query_id"] for r in rows] == ["q1", "q2"]
-        assert all(len(r["doc_ids"]) == 3 for r in rows)
+        # bm25 returns only documents sharing a term with the query (no zero-score padding)
+        assert all(len(r["doc_ids"]) == 3 if mode != "bm25" else 1 <= len(r["doc_ids"]) <= 3 for r in rows)
         assert rows[0]["doc_ids"][0].endswith("add_numbers"), (mode, rows)
         assert rows[1]["doc_ids"][0].endswith("read_lines"), (mode, rows)
 

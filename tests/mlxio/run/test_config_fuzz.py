@@ -142,7 +142,7 @@ def test_missing_sections_keep_the_presets_values(tmp_path, recipe):
     ('{"train": {"checkpoint_every": 0}}', "train.checkpoint_every: must be >= 1, got 0"),
     ('{"optim": {"lr": -1}}', "optim.lr: must be > 0, got -1.0"),
     ('{"optim": {"lrr": 1}}', "unknown key 'optim.lrr'"),
-    ('{"loss": {"temperature": 0}}', "loss.temperature: must be > 0"),
+    ('{"loss": {"temperature": 0}}', "loss.temperature: must be >= 0.0001"),
     ('{"lora": {"dropout": 1.0}}', "lora.dropout: must be < 1"),
     ('{"data": {"eval_fraction": NaN}}', "data.eval_fraction: must be a finite number"),
     ('{"memory": {"compute_dtype": "int8"}}', "memory.compute_dtype: 'int8' is not one of"),
