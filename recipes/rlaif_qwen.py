@@ -72,6 +72,7 @@ logger = logging.getLogger("rlaif_qwen")
 CURVES = ("reward_mean", "pass_rate", "kl", "entropy", "completion_len_mean", "clip_frac", "loss")
 
 
+@context.releases_out_dirs
 def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         extra_rewards=(), profile_memory: bool = False, command: str | None = None,
         more_steps: int | None = None, overwrite: bool = False) -> dict:

@@ -216,6 +216,7 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     return cfg, flags
 
 
+@context.releases_out_dirs
 def main(argv: list[str] | None = None) -> dict:
     cfg, flags = parse(argv)
     out_dir = config.check_out_dir(cfg.out_dir, "out_dir")

@@ -349,6 +349,14 @@ def test_one_out_dir_one_run(tmp_path):
         holder.wait()
     context.claim_out_dir(out, resume=True)  # free once the other run is gone
 
+    @context.releases_out_dirs
+    def a_recipe(folder):
+        context.claim_out_dir(folder, resume=False)
+        assert os.path.realpath(folder) in context._HELD
+
+    a_recipe(tmp_path / "second")  # a recipe gives its lock back when it returns (ranks it launches can take it)
+    assert os.path.realpath(tmp_path / "second") not in context._HELD
+
 
 def test_a_finished_runs_folder_is_not_overwritten(tmp_path, capsys):
     out = tmp_path / "done"

@@ -104,6 +104,25 @@ def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> None:
             (out_dir / name).unlink(missing_ok=True)
 
 
+def releases_out_dirs(fn: Callable) -> Callable:
+    """A recipe's entry point that gives back the `out_dir` locks it took (`claim_out_dir`)
+    when it returns or raises: a process that runs one recipe after another (tests, a
+    notebook, the probe), or launches ranks into a folder it finished with, is not refused by
+    its own earlier run."""
+    import functools
+    import os
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        before = set(_HELD)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for key in set(_HELD) - before:
+                os.close(_HELD.pop(key))
+    return wrapper
+
+
 def previous_run(out_dir: Path) -> list[str]:
     """What of a run's results `out_dir` holds: its checkpoints, a non-empty metrics.jsonl,
     eval.json (a config.json alone is a run that stopped before training: not counted)."""
