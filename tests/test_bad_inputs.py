@@ -354,6 +354,7 @@ def test_one_out_dir_one_run(tmp_path):
         context.claim_out_dir(folder, resume=False)
         assert os.path.realpath(folder) in context._HELD
 
+    (tmp_path / "second").mkdir()
     a_recipe(tmp_path / "second")  # a recipe gives its lock back when it returns (ranks it launches can take it)
     assert os.path.realpath(tmp_path / "second") not in context._HELD
 
