@@ -24,7 +24,7 @@ from mlxio.errors import ConfigError, DataError, DiskError, MlxioError, RunError
 from mlxio.run import budget, checkpoint, context
 from recipes import code_search, rlaif_qwen, xtr_lora
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"^(xtr_lora|rlaif_qwen|python -m recipes\.\S+): error: .+ \(.*\); .+$")
 PROGS = {"xtr_lora": xtr_lora.main, "rlaif_qwen": rlaif_qwen.main, "python -m recipes.code_search": code_search.main}
 
