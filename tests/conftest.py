@@ -42,10 +42,6 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxcore/test_policy_purity.py::test_the_loss_never_touches_the_model',
     'tests/mlxcore/test_retrieval.py::test_token_embeddings_project_normalise_and_compile',
     'tests/mlxcore/test_shared_input_linears.py::test_equals_one_linear_per_layer',
-    'tests/recipes/test_bad_inputs.py::test_policy_folder_checked_at_load',
-    'tests/recipes/test_bad_inputs.py::test_readers_during_updates_never_fail',
-    'tests/recipes/test_bad_inputs.py::test_wandb_that_cannot_start_is_one_line',
-    'tests/recipes/test_bad_inputs.py::test_worker_cli_is_strict',
     'tests/mlxio/data/test_malformed_jsonl.py::test_mixed_files',
     'tests/mlxio/data/test_xtr_sources.py::test_eager_evaluation_embeds_and_scores_as_the_compiled_one',
     'tests/mlxio/rl/test_judge.py::test_a_wrong_answer_that_trips_sound_tests_fails',
@@ -85,6 +81,10 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/weights/test_safeload_fuzz.py::test_batch_child_flags_one_large_allocation',
     'tests/mlxio/weights/test_safeload_fuzz.py::test_batch_child_memory_is_its_own',
     'tests/mlxio/weights/test_safeload_fuzz.py::test_random_corruptions_never_crash',
+    'tests/recipes/test_bad_inputs.py::test_policy_folder_checked_at_load',
+    'tests/recipes/test_bad_inputs.py::test_readers_during_updates_never_fail',
+    'tests/recipes/test_bad_inputs.py::test_wandb_that_cannot_start_is_one_line',
+    'tests/recipes/test_bad_inputs.py::test_worker_cli_is_strict',
 }
 
 
