@@ -198,6 +198,10 @@ def update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, codec: 
     """
     started = time.perf_counter()
     index_dir = Path(index_dir)
+    try:  # a bad option creates nothing (the lock below makes the folder)
+        codec_mod.parse_name(codec, int(meta["dim"]))
+    except ValueError as err:
+        raise DataError(str(err)) from None
     if index_dir.exists() and not index_dir.is_dir():
         raise DataError(f"{index_dir}: exists and is not a directory; choose another --index")
     if index_dir.is_dir() and any(p.name != store.LOCK_NAME for p in index_dir.iterdir()) \
@@ -213,10 +217,6 @@ def _update(source: Path, index_dir: Path, embed: EmbedFn, meta: dict, *, codec:
             fusion: dict | None, seed: int, progress, assign, encode, started: float) -> Report:
     store.clean_stale(index_dir)
     kind = source_kind(source)
-    try:
-        codec_mod.parse_name(codec, int(meta["dim"]))
-    except ValueError as err:
-        raise DataError(str(err)) from None
     why: list[str] = []
     old = None if rebuild else open_compatible(index_dir, meta, codec, kind, why)
     skipped: Counter = Counter()

@@ -801,6 +801,7 @@ def test_codec_names():
             codec.parse_name(bad, 64)
     with pytest.raises(DataError, match="codec must be"):
         build.update(Path("."), Path("/nonexistent/idx"), FakeEmbed(), META, codec="pq5")
+    assert not Path("/nonexistent").exists()  # a refused option creates nothing
 
 
 def test_old_format_index_is_refused_with_one_line_and_rebuilt(tmp_path, caplog):
