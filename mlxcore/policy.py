@@ -1,11 +1,13 @@
 """Policy-gradient pieces for RLAIF (GRPO style), as pure functions over arrays.
 
 Shapes: N completions (G per prompt, so N = prompts * G), T token positions, V vocabulary.
-A completion's tokens are scored by `token_logprobs`; only positions where `mask` is 1 (the
-completion's own tokens, never the prompt or padding) enter the loss. Each sequence's token
-terms are averaged over its completion tokens and the sequence means are averaged over the
-batch (DeepSeekMath's GRPO normalisation): the loss of a batch is then the mean of independent
-per-sequence terms, so gradient accumulation over equal micro-batches equals one big batch.
+The training loss scores a completion's tokens from the policy's hidden states with
+`mlxcore.logprobs` (only where `mask` is 1: the completion's own tokens, never the prompt or
+padding; no [N, T, V] logits); `token_logprobs` is the plain computation from logits, the
+reference it is tested against. How token terms are averaged is `GrpoConfig.loss_type`
+(`loss_weights`); the default, "grpo", averages each sequence's token terms and then the
+sequences (DeepSeekMath). Every normaliser is taken over the whole step, so gradient
+accumulation over micro-batches equals one big batch.
 
 The KL reference is the policy's own base model with LoRA switched off: `reference_params`
 zeroes every `lora_b`, which makes each adapter's contribution `x @ A @ 0` exactly zero, so the
@@ -17,8 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 import mlx.core as mx
 
+from mlxcore.fields import bounded
+from mlxcore.logprobs import gathered_logprobs
 from mlxcore.tree import Tree, flatten, unflatten
 
 
@@ -94,71 +99,167 @@ def kl_k3(logp_policy: mx.array, logp_ref: mx.array) -> mx.array:
     return mx.exp(d) - d - 1.0
 
 
-def masked_sequence_mean(x: mx.array, mask: mx.array) -> mx.array:
-    """Mean over each sequence's masked positions, then over sequences: [N, T] -> scalar.
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
+RATIO_LEVELS = ("token", "sequence")
 
-    A sequence with no masked token contributes 0 (its count is clamped to 1).
+
+@attrs.frozen(kw_only=True)
+class GrpoConfig:
+    """The GRPO controls beside `beta` and `clip_eps` (docs/rlaif.md says when to use each).
+
+    loss_type: how token terms are averaged (`loss_weights`): "grpo" each sequence's mean,
+      then the mean over sequences (DeepSeekMath); "dr_grpo" the sum over tokens / (sequences x
+      max_new_tokens) (Dr. GRPO: no length bias); "dapo" the sum over the step's tokens /
+      their count (token-level); "bnpo" the token mean of each micro-batch, then their mean.
+    clip_eps_high: upper clipping bound of the ratio, 1 + clip_eps_high (DAPO's clip-higher);
+      None: clip_eps (symmetric).
+    importance_ratio: "token" (PPO/GRPO) or "sequence" (GSPO: the sequence's geometric-mean
+      ratio exp(mean_t(logp - old_logp)), clipped per sequence; needs clip_eps).
+    entropy_coef / entropy_target: an entropy bonus -entropy_coef * H (target None), or, with
+      a target, the penalty entropy_coef * max(target - H, 0) that acts only once the mean
+      entropy H (nats per completion token, exact: over the whole vocabulary) falls below it.
+    skip_equal_groups: groups whose rewards are all equal (advantage 0 for every member) are
+      left out of the update (DAPO's dynamic sampling, without the resampling) and counted.
+    mask_truncated: completions that hit max_new_tokens without ending are left out of the loss.
     """
-    mask = mask.astype(mx.float32)
-    per_seq = (x * mask).sum(axis=1) / mx.maximum(mask.sum(axis=1), 1.0)
-    return per_seq.mean()
+
+    loss_type: str = bounded("grpo", choices=LOSS_TYPES, validator=attrs.validators.in_(LOSS_TYPES))
+    clip_eps_high: float | None = bounded(None, gt=0, le=10)
+    importance_ratio: str = bounded("token", choices=RATIO_LEVELS, validator=attrs.validators.in_(RATIO_LEVELS))
+    entropy_coef: float = bounded(0.0, ge=0, le=10)
+    entropy_target: float | None = bounded(None, gt=0, le=20)
+    skip_equal_groups: bool = False
+    mask_truncated: bool = False
+
+
+def equal_reward_rows(rewards: mx.array, group_ids: mx.array) -> mx.array:
+    """[N] bool: True for each completion whose group's rewards are all equal (its GRPO
+    advantage is 0: the group carries no policy-gradient signal). rewards [N], group_ids [N]."""
+    same = (group_ids[:, None] == group_ids[None, :])
+    r = rewards.astype(mx.float32)[None, :]
+    hi = mx.where(same, r, -mx.inf).max(axis=1)
+    lo = mx.where(same, r, mx.inf).min(axis=1)
+    return hi == lo
+
+
+def loss_weights(mask: mx.array, loss_type: str, micro: int, max_len: int) -> mx.array:
+    """Per-token weights w [N, T] of a step's N sequences (mask [N, T], 1 on scored tokens) in
+    k = N / micro micro-batches: the step's loss is the mean over micro-batches of
+    sum(w * per_token) over each micro-batch (`mlxcore.step.accumulate`), which equals
+
+      grpo:    1/S sum_i (1/|o_i|) sum_t m_it l_it    S: sequences with a token, |o_i| = sum_t m_it
+      dr_grpo: 1/(N max_len) sum_it m_it l_it          (a constant normaliser: no length bias)
+      dapo:    sum_it m_it l_it / sum_it m_it          (every token of the step counts the same)
+      bnpo:    mean over micro-batches b of sum_(it in b) m l / sum_(it in b) m
+
+    (all-zero mask: all-zero weights). Global normalisers make accumulation exact: k micro-batches
+    give the same loss and gradient as one; bnpo is the exception by definition.
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type {loss_type!r}: expected one of {', '.join(LOSS_TYPES)}")
+    n = mask.shape[0]
+    if micro < 1 or n % micro:
+        raise ValueError(f"micro-batch {micro} must divide the {n} sequences")
+    k = n // micro
+    m = mask.astype(mx.float32)
+    if loss_type == "grpo":
+        lengths = m.sum(axis=1, keepdims=True)
+        seqs = mx.maximum((lengths > 0).sum(), 1)
+        return k * m / (mx.maximum(lengths, 1.0) * seqs)
+    if loss_type == "dr_grpo":
+        return k * m / (n * max_len)
+    if loss_type == "dapo":
+        return k * m / mx.maximum(m.sum(), 1.0)
+    per_micro = m.reshape(k, micro, -1)
+    return (per_micro / mx.maximum(per_micro.sum(axis=(1, 2), keepdims=True), 1.0)).reshape(m.shape)
 
 
 def policy_loss(logp: mx.array, old_logp: mx.array, ref_logp: mx.array, advantages: mx.array,
-                mask: mx.array, beta: float, clip_eps: float | None = None
-                ) -> tuple[mx.array, dict[str, mx.array]]:
-    """Policy-gradient loss with a k3 KL penalty; returns (scalar loss, metrics).
+                mask: mx.array, weights: mx.array, beta: float, clip_eps: float | None = None, *,
+                clip_eps_high: float | None = None, importance_ratio: str = "token",
+                entropy: mx.array | None = None, entropy_coef: float = 0.0,
+                entropy_target: float | None = None) -> tuple[mx.array, dict[str, mx.array]]:
+    """Clipped policy-gradient loss with a k3 KL penalty and an entropy term; (loss, metrics).
 
     logp [N, T]: log-probs of the sampled tokens under the policy being trained (carries the
     gradient); old_logp [N, T]: under the policy that sampled them (used only with clipping);
-    ref_logp [N, T]: under the reference (LoRA off); advantages [N]; mask [N, T] (1 on
-    completion tokens). Per token the objective is
-      clip_eps None: -(logp * A)                                     (REINFORCE with baseline)
-      clip_eps e:    -min(rho * A, clip(rho, 1 - e, 1 + e) * A),  rho = exp(logp - old_logp)
-    plus beta * k3(logp, ref_logp), averaged by `masked_sequence_mean`. On the first inner
-    epoch rho == 1 and both forms have the same gradient; later PPO epochs reuse the batch.
-    Metrics (scalars): pg_loss, kl (mean k3), entropy (-mean logp of the sampled tokens, a
-    Monte-Carlo estimate of the policy's entropy), clip_frac (share of completion tokens whose
-    ratio lies outside [1 - e, 1 + e]; 0 without clipping).
+    ref_logp [N, T]: under the reference (LoRA off); advantages [N]; mask [N, T] (1 on scored
+    completion tokens); weights [N, T]: `loss_weights` (how token terms are averaged). Per
+    token, with e_lo = clip_eps and e_hi = clip_eps_high (None: e_lo):
+      clip_eps None: -(logp * A)                                       (REINFORCE with baseline)
+      else:          -min(rho A, clip(rho, 1 - e_lo, 1 + e_hi) A)
+    rho = exp(logp - old_logp) per token, or with importance_ratio "sequence" (GSPO) the
+    sequence's exp(sum_t m (logp - old_logp) / |o_i|), the same for all its tokens. Plus
+    beta * k3(logp, ref_logp), summed with `weights`; entropy [N, T] (the exact per-token
+    entropy, `mlxcore.logprobs`) adds -entropy_coef * H, or entropy_coef * max(target - H, 0)
+    with a target, H = sum(weights * entropy). On the first inner epoch rho == 1 and the
+    clipped and unclipped forms have the same gradient.
+    Metrics (scalars): pg_loss, kl (weighted k3), entropy (weighted -logp of the sampled tokens,
+    a Monte-Carlo estimate), token_entropy (H, when given), clip_frac (share of scored tokens
+    whose ratio lies outside [1 - e_lo, 1 + e_hi]; 0 without clipping).
     """
+    if importance_ratio not in RATIO_LEVELS:
+        raise ValueError(f"importance_ratio {importance_ratio!r}: expected one of {', '.join(RATIO_LEVELS)}")
+    if importance_ratio == "sequence" and clip_eps is None:
+        raise ValueError("importance_ratio 'sequence' (GSPO) needs clip_eps")
     old_logp = mx.stop_gradient(old_logp)
     ref_logp = mx.stop_gradient(ref_logp)
     adv = mx.stop_gradient(advantages.astype(mx.float32))[:, None]
-    maskf = mask.astype(mx.float32)
+    maskf = mx.stop_gradient(mask.astype(mx.float32))
+    w = mx.stop_gradient(weights.astype(mx.float32))
+
+    def total(x):
+        return (w * x).sum()
+
     if clip_eps is None:
         per_token = -(logp * adv)
         clip_frac = mx.array(0.0)
     else:
-        ratio = mx.exp(logp - old_logp)
-        clipped = mx.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
-        per_token = -mx.minimum(ratio * adv, clipped * adv)
-        outside = (mx.abs(ratio - 1.0) > clip_eps).astype(mx.float32)
-        clip_frac = (outside * maskf).sum() / mx.maximum(maskf.sum(), 1.0)
-    pg_loss = masked_sequence_mean(per_token, maskf)
-    kl = masked_sequence_mean(kl_k3(logp, ref_logp), maskf)
+        log_ratio = (logp - old_logp) * maskf
+        if importance_ratio == "sequence":
+            log_ratio = log_ratio.sum(axis=1, keepdims=True) / mx.maximum(maskf.sum(axis=1, keepdims=True), 1.0)
+        ratio = mx.exp(log_ratio)
+        high = clip_eps if clip_eps_high is None else clip_eps_high
+        per_token = -mx.minimum(ratio * adv, mx.clip(ratio, 1.0 - clip_eps, 1.0 + high) * adv)
+        outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).astype(mx.float32) * maskf
+        clip_frac = mx.stop_gradient(outside.sum() / mx.maximum(maskf.sum(), 1.0))
+    pg_loss = total(per_token)
+    kl = total(kl_k3(logp, ref_logp))
     loss = pg_loss + beta * kl if beta else pg_loss
-    metrics = {
-        "pg_loss": pg_loss,
-        "kl": mx.stop_gradient(kl),
-        "entropy": mx.stop_gradient(masked_sequence_mean(-logp, maskf)),
-        "clip_frac": clip_frac,
-    }
+    metrics = {"pg_loss": pg_loss, "kl": mx.stop_gradient(kl), "entropy": mx.stop_gradient(total(-logp)),
+               "clip_frac": clip_frac}
+    if entropy is not None:
+        h = total(entropy)
+        bonus = -h if entropy_target is None else mx.maximum(entropy_target - h, 0.0)
+        loss = loss + entropy_coef * bonus
+        metrics["token_entropy"] = mx.stop_gradient(h)
     return loss, metrics
 
 
-def policy_loss_fn(forward: Callable[[Tree, mx.array], mx.array], beta: float, clip_eps: float | None):
+def policy_loss_fn(hidden: Callable[[Tree, mx.array], mx.array], head: Callable[[mx.array], mx.array],
+                   beta: float, clip_eps: float | None, grpo: GrpoConfig = GrpoConfig(), chunk: int = 512):
     """loss(params, micro_batch, key) -> (loss, metrics) for `mlxcore.step`: `policy_loss` of
-    the log-probs under `forward(params, ids) -> logits`, a pure function of the policy's
-    trainable tree `params` (e.g. `mlxio.weights.llm_lora.forward`: the LoRA tree bound to a
-    frozen base).
+    the log-probs of the completion tokens, from `hidden(params, ids) -> [M, T - 1, H]` (the
+    policy's last hidden states, a pure function of its trainable tree `params`, e.g.
+    `mlxio.weights.llm_lora.hidden_states`) and the frozen LM `head(h) -> logits`, scored
+    only at `positions`, `chunk` rows at a time (`mlxcore.logprobs.gathered_logprobs`: no
+    [M, T, V] logits). The exact entropy is computed only when `grpo.entropy_coef` > 0.
 
-    micro_batch: tokens [M, T], mask [M, T-1] (completion targets of valid completions),
+    micro_batch: tokens [M, T], mask [M, T-1] (scored completion targets), weights [M, T-1]
+    (`loss_weights`), positions [P] (flat indices of the mask's ones in order, then padding
+    >= M * (T-1): `mlxio.rl.packing.target_positions`),
     advantages [M], old_logp / ref_logp [M, T-1].
     """
+    with_entropy = grpo.entropy_coef > 0
 
     def loss_fn(params: Tree, mb: dict, key: mx.array):
-        logp = sequence_logprobs(lambda ids: forward(params, ids), mb["tokens"])
-        return policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["mask"], beta, clip_eps)
+        tokens = mb["tokens"]
+        logp, ent = gathered_logprobs(head, hidden(params, tokens[:, :-1]), tokens[:, 1:], mb["mask"],
+                                      mb["positions"], chunk=chunk, entropy=with_entropy)
+        return policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["mask"], mb["weights"],
+                           beta, clip_eps, clip_eps_high=grpo.clip_eps_high,
+                           importance_ratio=grpo.importance_ratio, entropy=ent, entropy_coef=grpo.entropy_coef,
+                           entropy_target=grpo.entropy_target)
 
     return loss_fn
 

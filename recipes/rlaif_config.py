@@ -13,6 +13,8 @@ import attrs
 from mlxcore.fields import bounded
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
+from mlxcore.policy import GrpoConfig
+from mlxcore.precision import COMPUTE_DTYPES
 from mlxio.errors import ConfigError
 from mlxio.rl.evaluation import EvalConfig
 from mlxio.rl.grpo import TINY_PREFIX  # "tiny:llama" etc.: a tiny random model (smoke tests)
@@ -98,10 +100,27 @@ class TrainConfig:
 @attrs.frozen(kw_only=True)
 class MemoryConfig:
     # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
-    # logits instead of `accum` of them (see mlxcore.step). Quick preset, 3 steps on 2
-    # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape): peak
-    # 58.1 -> 29.3 GB at 2.5% lower speed
+    # activations instead of `accum` of them (see mlxcore.step). Quick preset, 3 steps on 2
+    # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape, before the
+    # chunked log-probs): peak 58.1 -> 29.3 GB at 2.5% lower speed
     eval_micro_batches: bool = True
+    # log-probs are scored this many completion tokens at a time from the last hidden states
+    # (mlxcore.logprobs): [chunk, vocab] logits at once, never [rows, T, vocab]
+    logprob_chunk: int = bounded(512, ge=1, le=1 << 20)
+    # mx.checkpoint per transformer block: its activations are recomputed in the backward pass
+    # (peak memory of one block's instead of all blocks', about a third more compute)
+    gradient_checkpointing: bool = False
+    # the frozen base's dtype: "auto" keeps it as loaded (float32 once dequantised: the CPU's
+    # fast path), "bfloat16" halves its memory and bandwidth (LoRA and optimizer stay float32)
+    compute_dtype: str = bounded("auto", choices=("auto",) + tuple(COMPUTE_DTYPES),
+                                 validator=attrs.validators.in_(("auto",) + tuple(COMPUTE_DTYPES)))
+    # memory-driven train.accum: short probe steps in child processes at full-length batches
+    # (prompt + max_new_tokens) measure peak memory, and the largest micro-batch that fits
+    # budget_mb (0: budget_fraction of the device's memory) is used (mlxio.run.batch_sizer)
+    auto_batch: bool = False
+    budget_mb: float = bounded(0.0, ge=0)
+    budget_fraction: float = bounded(0.7, gt=0, le=1)
+    max_micro_batch: int = bounded(64, ge=1, le=65536)
 
 
 @attrs.frozen(kw_only=True)
@@ -131,6 +150,9 @@ class Config:
     beta: float = 0.04  # KL(policy || LoRA-off reference) weight
     clip_eps: float | None = bounded(None, gt=0)  # PPO ratio clipping; set it when inner_epochs > 1
     inner_epochs: int = bounded(1, ge=1)
+    # loss aggregation, clip-higher, GSPO ratios, entropy, dynamic sampling, truncation masking
+    # (mlxcore.policy.GrpoConfig; docs/rlaif.md says when to use each)
+    grpo: GrpoConfig = GrpoConfig()
     # mx.compile the update step and the rollout's decode step. None (auto): yes, except on a
     # CUDA device, where each fused kernel costs 3-4 s of NVRTC compilation on a fresh machine
     # (H100, quick preset: first update step 97-144 s compiled, 11 s eager; later steps 2.5-3.9
@@ -223,6 +245,20 @@ def validate_data(cfg: DataConfig) -> None:
         raise ConfigError(f"data.task_seed: must be >= 0, got {cfg.task_seed}")
 
 
+def validate_grpo(cfg: Config) -> None:
+    """The GRPO controls that need another option (ConfigError names the field)."""
+    g = cfg.grpo
+    if cfg.clip_eps is None and g.clip_eps_high is not None:
+        raise ConfigError("grpo.clip_eps_high: the upper clipping bound needs --clip_eps (the lower one)")
+    if cfg.clip_eps is None and g.importance_ratio == "sequence":
+        raise ConfigError("grpo.importance_ratio: 'sequence' (GSPO) clips sequence ratios: set --clip_eps "
+                          "(GSPO used 3e-4) and --grpo.clip_eps_high (4e-4)")
+    if cfg.clip_eps is not None and cfg.clip_eps >= 1:
+        raise ConfigError(f"clip_eps: must be < 1 (the ratio's lower bound 1 - clip_eps > 0), got {cfg.clip_eps}")
+    if g.entropy_target is not None and not g.entropy_coef:
+        raise ConfigError("grpo.entropy_target: set --grpo.entropy_coef > 0 too (the penalty's weight)")
+
+
 def validate(cfg: Config, source: str = "config") -> None:
     """Every field against its declared range (`mlxio.run.config.check`), then the cross-field
     checks the field types cannot express (ConfigError names the field, and `source` where
@@ -243,6 +279,7 @@ def _validate(cfg: Config) -> None:
                           "(nothing to learn)", fix="set --group_size 2 or more, or --advantage baseline")
     if cfg.clip_eps is None and cfg.inner_epochs > 1:
         raise ConfigError("inner_epochs > 1 reuses a batch: set --clip_eps (e.g. 0.2)")
+    validate_grpo(cfg)
     if cfg.lora.dropout:
         raise ConfigError("lora.dropout: not supported by the RLAIF policy (its forward takes no PRNG key); set 0")
     if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:

@@ -54,6 +54,7 @@ from mlxio.rl.grpo import (
     shared_advantages,
     step_record,
     step_seed,
+    update_rows,
 )
 from mlxio.rl.rewards import RewardCache
 from mlxio.run import budget, config, context, distributed
@@ -144,25 +145,29 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 distributed.rank_seed(step_seed(cfg.train.seed, step), world),
                 stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit)
         rew = rewards.combine_rewards(fns, [problems[i] for i in ro.prompt_index], ro.texts, cache)
-        adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
-                                cfg.advantage, world)
+        prompt_ids = prompt_share.start + ro.prompt_index
+        adv = shared_advantages(rew.total, rew.missing, prompt_ids, cfg.advantage, world)
+        rows, row_stats = update_rows(rew.total, rew.missing, prompt_ids, ro.finished, cfg.grpo, world)
         packed = packing.pack(ro, pad_id=0)
         t1 = time.perf_counter()
+        m = {}
         with context.region(loop.profiler, "update"), kernel_cache.compile_notice(
                 "update step", packed["tokens"].shape), kernel_cache.unfused(not jit):
-            batch = build_batch(model, params, packed, adv, ~rew.missing, cfg)
-            for epoch in range(cfg.inner_epochs):
+            # one process: micro-batches of skipped rows alone are not run (None: nothing to learn)
+            batch = (build_batch(model, params, packed, adv, rows, cfg, drop_empty=world.size == 1)
+                     if row_stats["rows_in_update"] else None)
+            for epoch in range(cfg.inner_epochs if batch is not None else 0):
                 params, state, m = step_fn(params, state, batch,
                                            mx.array(step * cfg.inner_epochs + epoch))
             mx.eval(params, state, m)
         t2 = time.perf_counter()
         record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
-                  "step_s": time.perf_counter() - t0}
+                  **row_stats, "update_skipped": int(batch is None), "step_s": time.perf_counter() - t0}
         window.add(record)
         if (step + 1) % cfg.train.log_every == 0 or step + 1 == loop.end:
             loop.write({**window.pop(), "step": step + 1})
         loop.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
-                             kl=f"{record['kl']:.4f}", loss=f"{record['loss']:.4f}",
+                             kl=f"{record.get('kl', 0.0):.4f}", loss=f"{record.get('loss', 0.0):.4f}",
                              gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
         loop.bar.update(1)
         loop.end_step(step + 1, state, params, {"prompts": (step + 1) * cfg.prompts_per_step},

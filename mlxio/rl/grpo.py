@@ -11,8 +11,11 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore import policy as pg
+from mlxcore.logprobs import gathered_logprobs
+from mlxcore.precision import COMPUTE_DTYPES
 from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError
+from mlxio.rl import packing
 from mlxio.run import checkpoint, distributed
 from mlxio.run.config import to_dict
 from mlxio.weights import llm, llm_lora
@@ -39,6 +42,8 @@ def load_model(cfg) -> llm.Policy:
         model.set_dtype(mx.float32)
         config["torch_dtype"] = "float32"
         policy = attrs.evolve(policy, model=model, config=config, quantized=False)
+    if cfg.memory.compute_dtype != "auto":  # the frozen base only: LoRA (added next) stays float32
+        policy.model.set_dtype(COMPUTE_DTYPES[cfg.memory.compute_dtype])
     check_policy(cfg, policy)
     llm_lora.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.train.seed))
     return policy
@@ -150,47 +155,103 @@ def shared_advantages(total: np.ndarray, missing: np.ndarray, prompt_ids: np.nda
 
 def make_loss(model, cfg):
     """loss_fn(lora, micro_batch, key) -> (loss, metrics) for mlxcore.step: the policy loss as a
-    pure function of the LoRA tree (`mlxcore.policy.policy_loss_fn` over `llm_lora.forward`)."""
-    return pg.policy_loss_fn(llm_lora.forward(model), cfg.beta, cfg.clip_eps)
+    pure function of the LoRA tree (`mlxcore.policy.policy_loss_fn` over the model's hidden
+    states and frozen LM head: log-probs at the batch's positions, no [rows, T, vocab] logits)."""
+    return pg.policy_loss_fn(llm_lora.hidden_states(model, cfg.memory.gradient_checkpointing),
+                             llm_lora.lm_head(model), cfg.beta, cfg.clip_eps, cfg.grpo, cfg.memory.logprob_chunk)
 
 
-def frozen_logprobs(model, lora_params, tokens: mx.array, micro: int) -> mx.array:
-    """Log-probs under `lora_params` without gradient, `micro` rows at a time: tokens [N, T] ->
-    [N, T - 1] (`mlxcore.policy.sequence_logprobs`)."""
-    logits = llm_lora.forward(model)
+def frozen_logprobs(model, lora_params, tokens: mx.array, mask: np.ndarray, positions: np.ndarray,
+                    chunk: int) -> mx.array:
+    """Log-probs under `lora_params` without gradient, one micro-batch at a time: tokens [N, T],
+    mask [N, T - 1], positions [N / micro, P] (`packing.target_positions(mask)`) -> [N, T - 1]
+    float32, 0 where mask is 0 (`mlxcore.logprobs.gathered_logprobs`)."""
+    hidden, head = llm_lora.hidden_states(model), llm_lora.lm_head(model)
+    micro = tokens.shape[0] // positions.shape[0]
     parts = []
-    for start in range(0, tokens.shape[0], micro):
-        part = pg.sequence_logprobs(lambda ids: logits(lora_params, ids), tokens[start: start + micro])
+    for b in range(positions.shape[0]):
+        ids, rows = tokens[b * micro:(b + 1) * micro], slice(b * micro, (b + 1) * micro)
+        part, _ = gathered_logprobs(head, hidden(lora_params, ids[:, :-1]), ids[:, 1:], mx.array(mask[rows]),
+                                    mx.array(positions[b]), chunk=chunk, differentiable=False)
         mx.eval(part)
         parts.append(part)
     return mx.concatenate(parts)
 
 
-def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
-                cfg, ref_logp: mx.array | None = None, old_logp: mx.array | None = None) -> dict:
-    """Arrays for the step, leaves [accum, N / accum, ...].
+def update_rows(total: np.ndarray, missing: np.ndarray, prompt_ids: np.ndarray, finished: np.ndarray,
+                grpo: pg.GrpoConfig, world: distributed.World) -> tuple[np.ndarray, dict]:
+    """Which of this rank's n completions enter the update ([n] bool), and step-wide counts
+    for the log. Out: those without a reward; with `grpo.skip_equal_groups` every member of a
+    group whose rewards are all equal (advantage 0 for all: no signal; DAPO's dynamic sampling
+    without the resampling); with `grpo.mask_truncated` those that hit max_new_tokens
+    unfinished. Groups are judged over every rank's completions (`shared_advantages`' gather)."""
+    every = [distributed.gather_np(a, world) for a in (total, missing, prompt_ids, finished)]
+    rewards, absent, ids, done = every[0], every[1].astype(bool), every[2], every[3].astype(bool)
+    keep = ~absent
+    equal = np.asarray(pg.equal_reward_rows(
+        mx.array(np.where(keep, rewards, 0.0).astype(np.float32)),
+        mx.array(np.where(keep, ids, ids.max() + 1 + np.arange(len(ids))))))  # absent: own group
+    groups = [g for g in np.unique(ids) if keep[ids == g].any()]
+    stats = {"equal_reward_groups": int(sum(equal[(ids == g) & keep].all() for g in groups)),
+             "truncated": int((~done).sum())}
+    if grpo.skip_equal_groups:
+        keep &= ~equal
+    if grpo.mask_truncated:
+        keep &= done
+    stats["rows_in_update"] = int(keep.sum())
+    n = len(total)
+    return keep[world.rank * n:(world.rank + 1) * n], stats
 
-    ref_logp / old_logp [N, T - 1]: given by the caller (e.g. an external trainer), else
-    computed here: the LoRA-off reference when `cfg.beta` > 0, the current policy when
-    `cfg.clip_eps` is set (zeros when unused).
+
+def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
+                cfg, ref_logp: mx.array | None = None, old_logp: mx.array | None = None,
+                drop_empty: bool = False) -> dict | None:
+    """Arrays for the step, leaves [k, N / accum, ...] (k = accum, or fewer with `drop_empty`).
+
+    valid [N]: rows that enter the loss (`update_rows`). ref_logp / old_logp [N, T - 1]: given
+    by the caller (e.g. an external trainer), else computed here at the scored positions: the
+    LoRA-off reference when `cfg.beta` > 0, the current policy when `cfg.clip_eps` is set
+    (zeros when unused). drop_empty (one process only: every rank must run the same number of
+    micro-batches): rows with nothing to score go last and micro-batches of them alone are not
+    run; None when no row is left (no update this step). Leaves: tokens, mask, weights
+    (`mlxcore.policy.loss_weights` over the whole step), positions [k, P]
+    (`packing.target_positions`), advantages, old_logp, ref_logp.
     """
     n = len(adv)
     if n % cfg.train.accum:
         raise ConfigError(f"train.accum={cfg.train.accum} must divide the {n} completions "
                           "per step (prompts_per_step * group_size)")
     micro = n // cfg.train.accum
-    tokens = mx.array(packed["tokens"])
-    mask = mx.array(packed["completion_mask"][:, 1:] * valid[:, None].astype(np.float32))
-    zeros = mx.zeros(mask.shape, mx.float32)
-    if ref_logp is None:
-        ref_logp = (frozen_logprobs(model, pg.reference_params(params), tokens, micro)
-                    if cfg.beta else zeros)
-    if old_logp is None:
-        old_logp = (frozen_logprobs(model, params, tokens, micro)
-                    if cfg.clip_eps is not None else zeros)
-    batch = {"tokens": tokens, "mask": mask, "advantages": mx.array(adv), "old_logp": old_logp,
-             "ref_logp": ref_logp}
-    return {k: v.reshape(cfg.train.accum, micro, *v.shape[1:]) for k, v in batch.items()}
+    mask = packed["completion_mask"][:, 1:] * np.asarray(valid)[:, None].astype(np.float32)
+    arrays = {"tokens": np.asarray(packed["tokens"]), "mask": mask, "advantages": np.asarray(adv, np.float32)}
+    given = {k: v for k, v in (("ref_logp", ref_logp), ("old_logp", old_logp)) if v is not None}
+    k = cfg.train.accum
+    if drop_empty:
+        order = np.argsort(mask.sum(axis=1) == 0, kind="stable")  # rows with scored tokens first
+        arrays = {name: a[order] for name, a in arrays.items()}
+        given = {name: a[mx.array(order)] for name, a in given.items()}
+        k = -(-int((mask.sum(axis=1) > 0).sum()) // micro)
+        if k == 0:
+            return None
+    weights = np.array(pg.loss_weights(mx.array(arrays["mask"]), cfg.grpo.loss_type, micro, cfg.max_new_tokens))
+    if cfg.grpo.loss_type != "bnpo":  # their normalisers span the step: rescale to the k run
+        weights *= k / cfg.train.accum
+    arrays = {name: a[:k * micro] for name, a in {**arrays, "weights": weights}.items()}
+    given = {name: a[:k * micro] for name, a in given.items()}
+    positions = packing.target_positions(arrays["mask"], micro, cfg.memory.logprob_chunk)
+    tokens = mx.array(arrays["tokens"])
+    zeros = mx.zeros(arrays["mask"].shape, mx.float32)
+    chunk = cfg.memory.logprob_chunk
+    if "ref_logp" not in given:
+        given["ref_logp"] = (frozen_logprobs(model, pg.reference_params(params), tokens, arrays["mask"], positions, chunk)
+                             if cfg.beta else zeros)
+    if "old_logp" not in given:
+        given["old_logp"] = (frozen_logprobs(model, params, tokens, arrays["mask"], positions, chunk)
+                             if cfg.clip_eps is not None else zeros)
+    batch = {**{name: mx.array(a) for name, a in arrays.items()}, "tokens": tokens, **given}
+    batch = {name: v.reshape(k, micro, *v.shape[1:]) for name, v in batch.items()}
+    batch["positions"] = mx.array(positions)
+    return batch
 
 
 def step_record(rew, ro, packed: dict, metrics: dict, state: dict, inner_epochs: int, update_s: float,

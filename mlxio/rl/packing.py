@@ -63,6 +63,27 @@ def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int
             "prompt_lengths": np.array([len(p) for p in prompts], np.int32)}
 
 
+def target_positions(mask: np.ndarray, micro: int, chunk: int) -> np.ndarray:
+    """Flat indices of each micro-batch's scored targets, for `mlxcore.logprobs.gathered_logprobs`.
+
+    mask [N, S] (1 on the targets to score); returns [N / micro, P] int32: row b lists the
+    indices i * S + s (i within micro-batch b) of its ones in order, padded with micro * S. P is
+    the same for every micro-batch: the largest count rounded up by `bucket_width` to a few
+    multiples of `chunk` (so the compiled step sees a handful of sizes), at most micro * S.
+    """
+    n, s = mask.shape
+    if micro < 1 or n % micro:
+        raise ValueError(f"micro-batch {micro} must divide the {n} rows")
+    flat = (np.asarray(mask) > 0).reshape(n // micro, micro * s)
+    count = int(flat.sum(axis=1).max()) if n else 0
+    width = min(bucket_width(max(count, 1), chunk), micro * s)
+    out = np.full((n // micro, width), micro * s, np.int32)
+    for b, row in enumerate(flat):
+        idx = np.flatnonzero(row)
+        out[b, :len(idx)] = idx
+    return out
+
+
 def pack(rollouts: Rollouts, pad_id: int = 0) -> dict[str, np.ndarray]:
     """Training arrays of `pack_tokens`, plus the sampling-time `logprobs` [N, T] float32 at the
     completion positions (0 elsewhere) and `prompt_index` [N]."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import platform
 import random
@@ -220,8 +221,12 @@ class Worker:
         width = packing.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
         tokens = mx.array(_padded(rows, width, np.int32, PAD_ID))
         weights = pg.reference_params(s.params) if params.get("reference") else s.params
-        micro = max(1, packing.LOGITS_BUDGET // (width * s.vocab))
-        logp = np.array(grpo.frozen_logprobs(s.model, weights, tokens, micro))
+        # every real target of each sequence, in micro-batches of the config's size (no logits)
+        targets = _padded([[1.0] * (k - 1) for k in lengths], width - 1, np.float32)
+        micro = math.gcd(len(rows), -(-len(rows) // s.cfg.train.accum))
+        positions = packing.target_positions(targets, micro, s.cfg.memory.logprob_chunk)
+        logp = np.array(grpo.frozen_logprobs(s.model, weights, tokens, targets, positions,
+                                             s.cfg.memory.logprob_chunk))
         return {"logprobs": [logp[i, :k - 1].tolist() for i, k in enumerate(lengths)]}
 
     def _dir(self, s: _Session, params: dict) -> Path:

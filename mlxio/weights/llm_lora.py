@@ -139,6 +139,71 @@ def forward(model: nn.Module):
     return logits
 
 
+# mlx-lm model types whose forward is exactly `head(model.model(ids))`: tied embeddings
+# (`embed_tokens.as_linear`) or `lm_head`, no logit scaling or soft-capping after it
+SPLIT_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def _check_split(model: nn.Module) -> None:
+    kind = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", None)
+    if kind not in SPLIT_TYPES:
+        raise ValueError(f"model type {kind!r}: the log-probs without full logits need a forward of the form "
+                         f"head(model.model(ids)); known for {', '.join(SPLIT_TYPES)}")
+
+
+def lm_head(model: nn.Module):
+    """`head(h [..., H]) -> logits [..., V]`: the model's output layer (the tied embedding's
+    `as_linear`, quantised or not, or `lm_head`). Frozen: LoRA never targets it."""
+    _check_split(model)
+    if getattr(model.args, "tie_word_embeddings", False) or "lm_head" not in model:
+        return model.model.embed_tokens.as_linear
+    return model.lm_head
+
+
+class CheckpointedBlock(nn.Module):
+    """A transformer block whose activations are recomputed in the backward pass
+    (`mx.checkpoint`); its trainable leaves (LoRA) are the checkpointed function's inputs, so
+    their gradients flow, and the frozen weights are constants of it."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+
+    def __getattr__(self, key):  # the model's loop reads block attributes (llama: use_sliding)
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "block" not in self:
+                raise
+            return getattr(self["block"], key)
+
+    def __call__(self, x, mask=None, cache=None):
+        block = self.block
+
+        def run(params, x):
+            block.update(params)  # a bound copy's block (bind): the shared model is untouched
+            return block(x, mask, cache)
+
+        return mx.checkpoint(run)(block.trainable_parameters(), x)
+
+
+def hidden_states(model: nn.Module, checkpoint_blocks: bool = False):
+    """`hidden(lora, ids [B, T]) -> [B, T, H]`: the model's last hidden states (after its final
+    norm; `lm_head(model)` of them are `forward`'s logits) under the LoRA tree `lora`.
+    checkpoint_blocks: each block's activations are recomputed in the backward pass (gradient
+    checkpointing: memory of one block's activations instead of all of them, ~1/3 more compute)."""
+    _check_split(model)
+
+    def hidden(lora_params: Tree, ids: mx.array) -> mx.array:
+        body = bind(model, lora_params).model
+        if checkpoint_blocks:
+            body = copy.copy(body)
+            body.layers = [CheckpointedBlock(block) for block in body.layers]
+        return body(ids)
+
+    return hidden
+
+
 def bound_policy(policy: Policy, lora_params: Tree) -> Policy:
     """The policy whose model is `bind(policy.model, lora_params)` (for generation / evaluation)."""
     return attrs.evolve(policy, model=bind(policy.model, lora_params))

@@ -1,4 +1,4 @@
-"""mlxcore.policy against NumPy references, and the LoRA-off reference on a real (tiny) llama."""
+"""mlxcore.policy against NumPy references (each loss type and GRPO control against its formula), and the LoRA-off reference on a real (tiny) llama."""
 
 import mlx.core as mx
 import numpy as np
@@ -66,49 +66,136 @@ def test_token_logprobs_match_numpy(logits, data):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
-def np_loss(logp, old, ref, adv, mask, beta, clip):
+def np_aggregate(x, m, kind, micro, max_len):
+    """Each loss type's formula, written out (not through weights)."""
+    n = len(x)
+    if kind == "grpo":
+        seqs = m.sum(1) > 0
+        return ((x * m).sum(1)[seqs] / m.sum(1)[seqs]).sum() / max(seqs.sum(), 1)
+    if kind == "dr_grpo":
+        return (x * m).sum() / (n * max_len)
+    if kind == "dapo":
+        return (x * m).sum() / max(m.sum(), 1)
+    parts = [(x[i:i + micro] * m[i:i + micro]).sum() / max(m[i:i + micro].sum(), 1) for i in range(0, n, micro)]
+    return np.mean(parts)
+
+
+def np_loss(logp, old, ref, adv, mask, beta, clip, clip_high, level, ent, coef, target, kind, micro, max_len):
     logp, old, ref = (a.astype(np.float64) for a in (logp, old, ref))
     a = adv.astype(np.float64)[:, None]
+    m = mask.astype(np.float64)
     if clip is None:
         per = -(logp * a)
     else:
-        ratio = np.exp(logp - old)
-        per = -np.minimum(ratio * a, np.clip(ratio, 1 - clip, 1 + clip) * a)
+        if level == "token":
+            ratio = np.exp(logp - old)
+        else:  # GSPO: exp of the mean log-ratio over the sequence's tokens
+            ratio = np.exp(((logp - old) * m).sum(1, keepdims=True) / np.maximum(m.sum(1, keepdims=True), 1))
+        high = clip if clip_high is None else clip_high
+        per = -np.minimum(ratio * a, np.clip(ratio, 1 - clip, 1 + high) * a)
     d = ref - logp
     k3 = np.exp(d) - d - 1
-    m = mask.astype(np.float64)
-    cnt = np.maximum(m.sum(1), 1)
-    seq_mean = lambda x: ((x * m).sum(1) / cnt).mean()  # noqa: E731
-    return seq_mean(per) + beta * seq_mean(k3), seq_mean(k3), seq_mean(-logp)
+
+    def agg(x):
+        return np_aggregate(np.broadcast_to(x, m.shape), m, kind, micro, max_len)
+
+    loss = agg(per) + beta * agg(k3)
+    if ent is not None:
+        if kind == "bnpo":  # the entropy term acts per micro-batch, as the step computes it
+            hs = [np_aggregate(ent[i:i + micro], m[i:i + micro], kind, micro, max_len)
+                  for i in range(0, len(m), micro)]
+        else:
+            hs = [agg(ent)] * (len(m) // micro)
+        bonus = [-h if target is None else max(target - h, 0.0) for h in hs]
+        loss += coef * np.mean(bonus)
+    return loss, agg(k3), agg(-logp)
 
 
-@given(st.data(), st.sampled_from([None, 0.2]), st.floats(0, 0.5))
-def test_policy_loss_matches_numpy(data, clip, beta):
-    n, t = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 6))
+@settings(max_examples=60)
+@given(st.data(), st.sampled_from(policy.LOSS_TYPES), st.sampled_from([None, 0.2]), st.sampled_from([None, 0.28]),
+       st.sampled_from(policy.RATIO_LEVELS), st.floats(0, 0.5), st.sampled_from([None, 0.0, 0.5]))
+def test_policy_loss_matches_each_formula(data, kind, clip, clip_high, level, beta, target):
+    """The step's loss (mean over micro-batches of `policy_loss` with `loss_weights`) equals each
+    loss type's formula with clip / clip-higher, token or sequence (GSPO) ratios, an entropy
+    bonus (target None) or target; metrics too. Tolerance 1e-4 (float32 sums of <= 24 terms)."""
+    if clip is None and (level == "sequence" or clip_high is not None):
+        return  # the recipe refuses these (tested in test_grpo_options_are_checked)
+    k, micro, t = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))
+    n = k * micro
     logp_el = st.floats(-4, 0, width=32)
     logp, old, ref = (data.draw(hnp.arrays(np.float32, (n, t), elements=logp_el)) for _ in range(3))
+    old = np.clip(logp + data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(-0.5, 0.5, width=32))), -9, 0)
     adv = data.draw(hnp.arrays(np.float32, n, elements=finite))
     mask = data.draw(hnp.arrays(np.int32, (n, t), elements=st.integers(0, 1)))
-    loss, m = policy.policy_loss(*(mx.array(a) for a in (logp, old, ref, adv, mask)), beta, clip)
-    want, kl, ent = np_loss(logp, old, ref, adv, mask, beta, clip)
-    np.testing.assert_allclose(float(loss), want, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(float(m["kl"]), kl, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(float(m["entropy"]), ent, rtol=1e-4, atol=1e-5)
-    assert float(m["kl"]) >= 0.0
+    ent = data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(0, 3, width=32)))
+    coef = 0.0 if target == 0.0 else 0.01
+    use_ent = target != 0.0
+    w = policy.loss_weights(mx.array(mask), kind, micro, max_len=t + 2)
+    losses, kls, ents = [], [], []
+    for b in range(k):
+        rows = slice(b * micro, (b + 1) * micro)
+        loss, m = policy.policy_loss(
+            *(mx.array(x[rows]) for x in (logp, old, ref, adv, mask)), w[rows], beta, clip,
+            clip_eps_high=clip_high, importance_ratio=level, entropy=mx.array(ent[rows]) if use_ent else None,
+            entropy_coef=coef, entropy_target=target)
+        losses.append(float(loss))
+        kls.append(float(m["kl"]))
+        ents.append(float(m["entropy"]))
+        assert float(m["kl"]) >= -1e-6
+    want, kl, mc_ent = np_loss(logp, old, ref, adv, mask, beta, clip, clip_high, level, ent if use_ent else None,
+                               coef, target, kind, micro, t + 2)
+    np.testing.assert_allclose(np.mean(losses), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.mean(kls), kl, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.mean(ents), mc_ent, rtol=1e-4, atol=1e-5)
 
 
-def test_clip_fraction_and_first_epoch_gradient_equal_reinforce():
-    logp = mx.array([[-1.0, -2.0, -0.5]])
-    old = mx.array([[-1.0, -1.0, -0.5]])  # middle token's ratio e^-1 is outside [0.8, 1.2]
-    mask = mx.array([[1, 1, 0]])
+@given(hnp.arrays(np.int32, st.tuples(st.integers(1, 6), st.integers(1, 5)), elements=st.integers(0, 1)),
+       st.sampled_from(["grpo", "dr_grpo", "dapo"]))
+def test_global_weights_make_accumulation_exact(mask, kind):
+    """Every micro-batch split of the step gives the same loss weights (x k / k'), so gradient
+    accumulation equals one big batch for the global loss types (not bnpo, by its definition)."""
+    n = mask.shape[0]
+    whole = np.array(policy.loss_weights(mx.array(mask), kind, n, 7))
+    for micro in (d for d in range(1, n + 1) if n % d == 0):
+        split = np.array(policy.loss_weights(mx.array(mask), kind, micro, 7))
+        np.testing.assert_allclose(split / (n // micro), whole, rtol=1e-6)
+
+
+def test_loss_weights_and_policy_loss_refuse_bad_options():
+    with pytest.raises(ValueError, match="loss_type 'ppo'"):
+        policy.loss_weights(mx.ones((2, 3)), "ppo", 1, 4)
+    with pytest.raises(ValueError, match="must divide"):
+        policy.loss_weights(mx.ones((3, 3)), "grpo", 2, 4)
+    x = mx.zeros((1, 2))
+    with pytest.raises(ValueError, match="needs clip_eps"):
+        policy.policy_loss(x, x, x, mx.zeros(1), x, x, 0.0, None, importance_ratio="sequence")
+    with pytest.raises(ValueError, match="importance_ratio 'tok'"):
+        policy.policy_loss(x, x, x, mx.zeros(1), x, x, 0.0, 0.2, importance_ratio="tok")
+
+
+def test_equal_reward_rows():
+    r = mx.array([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.5])
+    ids = mx.array([0, 0, 1, 1, 2, 2, 3])  # group 3 has one member: trivially equal
+    assert np.array(policy.equal_reward_rows(r, ids)).tolist() == [True, True, False, False, True, True, True]
+
+
+def test_clip_fraction_clip_higher_and_first_epoch_gradient_equal_reinforce():
+    logp = mx.array([[-1.0, -2.0, -0.5, -0.7]])
+    old = mx.array([[-1.0, -1.0, -0.5, -1.0]])  # ratios 1, e^-1 (below 0.8), 1, e^0.3 = 1.35
+    mask = mx.array([[1, 1, 0, 1]])
     adv = mx.array([2.0])
-    _, m = policy.policy_loss(logp, old, logp, adv, mask, 0.0, 0.2)
-    assert float(m["clip_frac"]) == pytest.approx(0.5)
+    w = policy.loss_weights(mask, "grpo", 1, 4)
+    _, m = policy.policy_loss(logp, old, logp, adv, mask, w, 0.0, 0.2)
+    assert float(m["clip_frac"]) == pytest.approx(2 / 3)
+    _, m = policy.policy_loss(logp, old, logp, adv, mask, w, 0.0, 0.2, clip_eps_high=0.4)  # 1.35 < 1.4
+    assert float(m["clip_frac"]) == pytest.approx(1 / 3)
 
-    def grad(clip):
-        f = lambda lp: policy.policy_loss(lp, mx.stop_gradient(lp), lp, adv, mask, 0.0, clip)[0]  # noqa: E731
+    def grad(clip, level="token"):
+        f = lambda lp: policy.policy_loss(lp, mx.stop_gradient(lp), lp, adv, mask, w, 0.0, clip,  # noqa: E731
+                                          importance_ratio=level)[0]
         return np.array(mx.grad(f)(logp))
     np.testing.assert_allclose(grad(0.2), grad(None), rtol=1e-6)
+    np.testing.assert_allclose(grad(0.2, "sequence"), grad(None), rtol=1e-6)  # grpo weights: 1/|o| each
 
 
 def test_kl_k3_is_nonnegative_and_zero_on_equal():
@@ -160,7 +247,8 @@ def test_reference_stays_lora_off_after_training():
 
     def loss_fn(params, batch, key):
         lp = logprobs(model, params, batch["tokens"])
-        return policy.policy_loss(lp, lp, lp, batch["adv"], batch["mask"], 0.0)
+        w = policy.loss_weights(batch["mask"], "grpo", 4, 8)
+        return policy.policy_loss(lp, lp, lp, batch["adv"], batch["mask"], w, 0.0)
 
     optimizer = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
     step = make_train_step(loss_fn, optimizer, clip_norm=1.0)

@@ -13,6 +13,7 @@ from mlxcore import policy as pg
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
+from mlxio.rl.packing import target_positions
 from mlxio.weights import llm, llm_lora
 
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
@@ -37,23 +38,36 @@ def old_model(seed=0):
 
 
 def old_loss(model, beta, clip_eps):
+    """The old model and the plain computation: full logits (`token_logprobs`)."""
     def loss_fn(params, mb, key):
         model.update(params)
         logp = pg.token_logprobs(model(mb["tokens"][:, :-1]), mb["tokens"][:, 1:])
-        return pg.policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["mask"], beta, clip_eps)
+        return pg.policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["mask"], mb["weights"],
+                              beta, clip_eps)
     return loss_fn
+
+
+def new_loss(model, beta, clip_eps):
+    """The recipe's: hidden states, frozen head, log-probs at the mask's positions only."""
+    return pg.policy_loss_fn(llm_lora.hidden_states(model), llm_lora.lm_head(model), beta, clip_eps, chunk=8)
 
 
 def batch(seed=0, n=4, t=12):
     rng = np.random.default_rng(seed)
     tokens = mx.array(rng.integers(0, 256, (n, t)).astype(np.int32))
-    mask = mx.array((np.arange(t - 1)[None] >= 4).astype(np.float32).repeat(n, 0))
-    return {"tokens": tokens, "mask": mask, "advantages": mx.array(rng.normal(size=n).astype(np.float32)),
+    mask = (np.arange(t - 1)[None] >= 4).astype(np.float32).repeat(n, 0)
+    return {"tokens": tokens, "mask": mx.array(mask), "advantages": mx.array(rng.normal(size=n).astype(np.float32)),
+            "weights": pg.loss_weights(mx.array(mask), "grpo", n, t),
+            "positions": mx.array(target_positions(mask, n, 8)[0]),
             "old_logp": mx.array(rng.normal(-5, 1, (n, t - 1)).astype(np.float32)),
             "ref_logp": mx.array(rng.normal(-5, 1, (n, t - 1)).astype(np.float32))}
 
 
-def test_new_loss_and_training_equal_the_old_bit_for_bit():
+def test_new_loss_and_training_equal_the_old():
+    """Same loss and metrics to float32 rounding (1e-5 relative), and the same adapters after 3
+    steps to 1e-5 absolute (a thousandth of the learning rate: Adam divides each gradient entry
+    by its own scale, so rounding in a near-zero entry moves its update): the chunked log-probs
+    from hidden states reorder the head's arithmetic."""
     old = old_model()
     new = llm.tiny_policy("llama", seed=0).model
     lora = llm_lora.apply_lora(new, LORA, None, mx.random.key(3))
@@ -64,7 +78,7 @@ def test_new_loss_and_training_equal_the_old_bit_for_bit():
         assert mx.array_equal(v, old_lora[k]), k
     optimizer = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10))
     old_step = make_train_step(old_loss(old, 0.04, 0.2), optimizer, clip_norm=1.0)
-    new_step = make_train_step(pg.policy_loss_fn(llm_lora.forward(new), 0.04, 0.2), optimizer, clip_norm=1.0)
+    new_step = make_train_step(new_loss(new, 0.04, 0.2), optimizer, clip_norm=1.0)
     old_state, new_state = init_state(optimizer, old_params), init_state(optimizer, lora)
     mb = {k: v[None] for k, v in batch().items()}
     for i in range(3):
@@ -73,10 +87,11 @@ def test_new_loss_and_training_equal_the_old_bit_for_bit():
         lora, new_state, new_m = new_step(lora, new_state, mb, mx.array(i))
         mx.eval(old_params, lora, old_m, new_m)
         for name in old_m:
-            assert float(old_m[name]) == float(new_m[name]), (i, name)
+            np.testing.assert_allclose(float(new_m[name]), float(old_m[name]), rtol=1e-5, atol=1e-7,
+                                       err_msg=f"step {i} {name}")
     trained = dict(tree_flatten(old_params))
     for k, v in tree_flatten(lora):
-        np.testing.assert_array_equal(np.array(v), np.array(trained[k]), err_msg=k)
+        np.testing.assert_allclose(np.array(v), np.array(trained[k]), rtol=1e-5, atol=1e-5, err_msg=k)
     assert any(float(mx.abs(v).max()) > 0 for k, v in tree_flatten(lora) if k.endswith("lora_b"))
 
 
@@ -86,7 +101,7 @@ def test_the_loss_never_touches_the_model():
     held = {k: v for k, v in tree_flatten(model.parameters())}
     other = {k: v + 1.0 for k, v in tree_flatten(lora)}
     from mlx.utils import tree_unflatten
-    loss_fn = mx.compile(pg.policy_loss_fn(llm_lora.forward(model), 0.04, None))
+    loss_fn = mx.compile(new_loss(model, 0.04, None))
     mb = batch(1)
     loss_fn(tree_unflatten(list(other.items())), mb, mx.random.key(0))[0].item()
     loss_fn(pg.reference_params(lora), mb, mx.random.key(0))[0].item()

@@ -6,6 +6,7 @@ int32, that no reducing slice update (`x.at[...].add`) is left, and that the eag
 mlx-lm's `mx.compile`d helpers (swiglu, the sampler) unfused."""
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.sample_utils import make_sampler
@@ -70,10 +71,11 @@ def test_update_step_indexes_with_int32_only():
     model = llm.tiny_policy("llama", seed=0).model
     llm_lora.apply_lora(model, LoraConfig(rank=4, alpha=8, targets=["q_proj", "v_proj"]), None, mx.random.key(0))
     params = llm_lora.lora_tree(model)
-    loss = pg.policy_loss_fn(llm_lora.forward(model), 0.04, None)
+    loss = pg.policy_loss_fn(llm_lora.hidden_states(model), llm_lora.lm_head(model), 0.04, None, chunk=4)
     t = 6
     batch = {"mask": mx.ones((2, t - 1)), "advantages": mx.ones((2,)), "old_logp": mx.zeros((2, t - 1)),
-             "ref_logp": mx.zeros((2, t - 1))}
+             "ref_logp": mx.zeros((2, t - 1)), "weights": mx.ones((2, t - 1)),
+             "positions": mx.array(np.arange(2 * (t - 1)), mx.int32)}
     grad = mx.grad(lambda p, tokens: loss(p, {**batch, "tokens": tokens}, mx.random.key(0))[0])
     ops = kernel_cache.traced_ops(lambda tokens: [v for _, v in tree_flatten(grad(params, tokens))],
                                   mx.array([[1, 2, 3, 4, 5, 6], [6, 5, 4, 3, 2, 1]], mx.int32))
@@ -130,9 +132,9 @@ def _rlaif_step_ops(model) -> list:
     ops += kernel_cache.traced_ops(lambda: [decode.static_cache_rows(prefilled, [0, 1], 256)[0].keys,
                                             decode.static_cache_rows(prefilled, [0, 1], 256)[0].left_padding])
     llm_lora.apply_lora(model, LoraConfig(rank=4, alpha=8, targets=["q_proj", "v_proj"]), None, mx.random.key(0))
-    loss = pg.policy_loss_fn(llm_lora.forward(model), 0.04, None)
+    loss = pg.policy_loss_fn(llm_lora.hidden_states(model), llm_lora.lm_head(model), 0.04, None, chunk=2)
     batch = {"mask": mx.ones((1, 3)), "advantages": mx.ones((1,)), "old_logp": mx.zeros((1, 3)),
-             "ref_logp": mx.zeros((1, 3))}
+             "ref_logp": mx.zeros((1, 3)), "weights": mx.ones((1, 3)), "positions": mx.array([0, 1, 2], mx.int32)}
     grad = mx.grad(lambda p, tokens: loss(p, {**batch, "tokens": tokens}, mx.random.key(0))[0])
     ops += kernel_cache.traced_ops(lambda t: [v for _, v in tree_flatten(grad(llm_lora.lora_tree(model), t))],
                                    mx.array([[1, 2, 3, 4]], mx.int32))
