@@ -1,22 +1,31 @@
-"""RLAIF update step: tokens/s of the recipe's compiled policy-gradient step (MLX) vs the same
-loss in PyTorch (transformers model + PEFT LoRA, eager and torch.compile).
+"""RLAIF update step: tokens/s and peak memory of the recipe's policy-gradient step (MLX) vs
+the same loss in PyTorch (transformers model + PEFT LoRA, eager and torch.compile).
 
-MLX: `mlxio.rl.grpo.make_loss` (the recipe's loss, a pure function of the LoRA tree: teacher-forced log-probs, PPO-clipped ratio, k3 KL to the
-LoRA-off reference, `mlxcore.policy.policy_loss`) inside `mlxcore.step.make_train_step` with the
-"full" preset's LoRA (r=16 on q/k/v/o) and AdamW, gradient accumulation over micro-batches.
-PyTorch: the same formula, the same micro-batching (backward per micro-batch, then clip and
-fused AdamW). Model: a random-weight causal LM of the Qwen2.5-0.5B or SmolLM2-135M shape, bf16.
-A step trains `--rows` sequences (8 prompts x 8 completions) of prompt + completion tokens.
+MLX: `mlxio.rl.grpo.make_loss` (the recipe's loss, a pure function of the LoRA tree: log-probs
+of the completion tokens from the last hidden states in chunks (`mlxcore.logprobs`: no [rows,
+T, vocab] logits), PPO-clipped ratio, k3 KL to the LoRA-off reference, `mlxcore.policy`)
+inside `mlxcore.step.make_train_step` with the "full" preset's LoRA (r=16 on q/k/v/o) and
+AdamW, gradient accumulation over micro-batches. Variants by name: `mlx` one compiled graph per
+step, `_eval_micro` one per micro-batch, `_qlora` a 4-bit group-64 base (QLoRA; no PyTorch
+peer here: bitsandbytes is not installed), `_ckpt` gradient checkpointing (mx.checkpoint per
+block). PyTorch: the same formula and micro-batching (backward per micro-batch, then clip and
+fused AdamW); `torch` / `torch_compile` score every position from full float32 logits (the
+issue's peer), `torch_compile_keep` only the completion's (transformers' `logits_to_keep`, as
+TRL's GRPOTrainer does). Model: random weights of a Qwen2.5 / Qwen2.5-Coder / SmolLM2 shape in
+the base dtype. A step trains `--rows` sequences (8 prompts x 8 completions) of prompt +
+completion tokens.
 
 Same work on both sides (issue 19 item 1): PEFT's adapters are set to MLX's initial LoRA tree
 (A transposed, B = 0), and `torch.optim.AdamW` gets the per-step lr / eps that make its update
 MLX's (no bias correction, warm-up from 0: `benchmarks.retriever_models.torch_adamw_groups`).
 Before timing, each side runs `--check-steps` steps from those weights on the same batch and
 records the loss and pre-clip gradient norm; a PyTorch variant whose first loss, first gradient
-norm or last checked loss is off MLX's by more than the dtype's tolerance
-(`benchmarks.common.TOLERANCE`) is marked `"invalid": true` and left out of the ratios.
+norm or last checked loss is off MLX's (`mlx`, or `--reference`) by more than the dtype's
+tolerance (`benchmarks.common.TOLERANCE`) is marked `"invalid": true` and left out of the ratios.
 
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b
+    python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-coder-3b --completion-len 384 \
+        --frameworks mlx mlx_qlora_ckpt torch_compile torch_compile_keep
 """
 
 from __future__ import annotations
@@ -48,13 +57,35 @@ def batch_arrays(rows: int, prompt: int, completion: int, vocab: int, seed: int 
             "ref_logp": (-np.log(vocab) + 0.1 * rng.standard_normal((rows, t - 1))).astype(np.float32)}
 
 
-def mlx_policy(shape: str, tm, dtype: str):
-    """mlx-lm's model of `shape` with `tm`'s weights and the full preset's LoRA (seed 0), and
-    its LoRA tree (`model.`-rooted paths: ...q_proj.lora_a [in, r], .lora_b [r, out])."""
+def variant(name: str) -> dict:
+    """An MLX variant's options from its name: mlx[_qlora][_ckpt][_eval_micro]."""
+    return {"qlora": "_qlora" in name, "checkpoint": "_ckpt" in name, "eval_micro": "_eval_micro" in name}
+
+
+def recipe_config(args, checkpoint: bool):
+    """The "full" preset with this run's log-prob chunk and gradient checkpointing."""
+    import attrs
+
+    from recipes.rlaif_config import PRESETS
+
+    cfg = PRESETS["full"]
+    return attrs.evolve(cfg, memory=attrs.evolve(cfg.memory, logprob_chunk=args.chunk,
+                                                 gradient_checkpointing=checkpoint))
+
+
+def mlx_policy(shape: str, tm, dtype: str, qlora: bool = False):
+    """mlx-lm's model of `shape` with `tm`'s weights (4-bit group-64 with `qlora`, embedding and
+    tied head included, as mlx_lm.convert -q does) and the full preset's LoRA (seed 0), and its
+    LoRA tree (`model.`-rooted paths: ...q_proj.lora_a [in, r], .lora_b [r, out])."""
+    import mlx.nn as nn
+
     from mlxio.weights import llm_lora
     from recipes.rlaif_config import PRESETS
 
     model = mlx_model(tm, shape, dtype)
+    if qlora:
+        nn.quantize(model, group_size=64, bits=4)
+        mx.eval(model.parameters())
     return model, llm_lora.apply_lora(model, PRESETS["full"].lora, None, mx.random.key(0))
 
 
@@ -66,20 +97,32 @@ def lora_arrays(lora_tree) -> dict[str, np.ndarray]:
     return {path: np.array(leaf.astype(mx.float32)) for path, leaf in flatten(lora_tree).items()}
 
 
-def run_mlx(shape, tm, data, micro, args, eval_micro_batches: bool = False) -> dict:
+def mlx_batch(data: dict, micro: int, cfg) -> dict:
+    """The recipe's step batch (`mlxio.rl.grpo.build_batch`'s leaves) from the arrays."""
+    from mlxcore.policy import loss_weights
+    from mlxio.rl.packing import target_positions
+
+    accum = len(data["tokens"]) // micro
+    arrays = {**data, "weights": np.array(loss_weights(mx.array(data["mask"]), cfg.grpo.loss_type, micro,
+                                                       cfg.max_new_tokens))}
+    batch = {k: mx.array(v.reshape(accum, micro, *v.shape[1:])) for k, v in arrays.items()}
+    batch["positions"] = mx.array(target_positions(data["mask"], micro, cfg.memory.logprob_chunk))
+    return batch
+
+
+def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
     from mlxcore.optim import make_optimizer
     from mlxcore.step import init_state, make_train_step
     from mlxio.rl.grpo import make_loss
-    from recipes.rlaif_config import PRESETS
 
-    cfg = PRESETS["full"]
-    model, params = mlx_policy(shape, tm, args.dtype)
+    opts = variant(name)
+    cfg = recipe_config(args, opts["checkpoint"])
+    model, params = mlx_policy(shape, tm, args.dtype, opts["qlora"])
     opt = make_optimizer(cfg.optim)
     step = make_train_step(make_loss(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
-                           eval_micro_batches=eval_micro_batches)
+                           eval_micro_batches=opts["eval_micro"])
     state = init_state(opt, params)
-    accum = len(data["tokens"]) // micro
-    batch = {k: mx.array(v.reshape(accum, micro, *v.shape[1:])) for k, v in data.items()}
+    batch = mlx_batch(data, micro, cfg)
     times, check = [], {"steps": args.check_steps, "loss": [], "grad_norm": []}
     mx.reset_peak_memory()
     for n in range(args.check_steps + args.warmup + args.steps):
@@ -92,15 +135,22 @@ def run_mlx(shape, tm, data, micro, args, eval_micro_batches: bool = False) -> d
             check["grad_norm"].append(metrics["grad_norm"].item())
     check["seconds"] = sum(times[:args.check_steps])
     return {"step_s": times[args.check_steps + args.warmup:], "peak_bytes": mx.get_peak_memory(),
-            "loss": metrics["loss"].item(), "check": check}
+            "loss": metrics["loss"].item(), "check": check, "options": opts}
 
 
-def torch_loss(model, mb, beta, clip_eps):
+def torch_loss(model, mb, beta, clip_eps, keep: int = 0):
+    """The loss from full logits, or (`keep` > 0) from the last `keep` positions' only
+    (transformers' `logits_to_keep`: the completion's, when every prompt has the same length)."""
     import torch
 
     tokens = mb["tokens"]
-    logits = model(input_ids=tokens[:, :-1]).logits.float()
-    logp = torch.gather(logits, -1, tokens[:, 1:, None])[..., 0] - torch.logsumexp(logits, -1)
+    if keep:
+        logits = model(input_ids=tokens[:, :-1], logits_to_keep=keep).logits.float()
+        mb = {k: (v[:, -keep:] if v.ndim == 2 and k != "tokens" else v) for k, v in mb.items()}
+    else:
+        logits = model(input_ids=tokens[:, :-1]).logits.float()
+    targets = tokens[:, -logits.shape[1]:]
+    logp = torch.gather(logits, -1, targets[..., None])[..., 0] - torch.logsumexp(logits, -1)
     adv = mb["advantages"][:, None]
     ratio = torch.exp(logp - mb["old_logp"])
     per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv)
@@ -114,7 +164,7 @@ def torch_loss(model, mb, beta, clip_eps):
     return seq_mean(per_token) + beta * seq_mean(kl)
 
 
-def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.ndarray]) -> dict:
+def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.ndarray], keep: int = 0) -> dict:
     """The PyTorch step from the same base weights and, through `lora_state` (`lora_arrays`),
     the same adapters; AdamW takes MLX's steps (per-step lr / eps of `torch_adamw_groups`)."""
     import torch
@@ -138,6 +188,8 @@ def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.nd
     opt = torch.optim.AdamW(trainable, lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2),
                             eps=cfg.optim.eps, weight_decay=0.0, fused=dev.type == "cuda")
     loss_fn = torch.compile(torch_loss) if compiled else torch_loss
+    if keep and not (data["mask"][:, -keep:].all() and not data["mask"][:, :-keep].any()):
+        raise ValueError(f"logits_to_keep={keep} needs every row's completion in the last {keep} positions")
     rows = len(data["tokens"])
     mbs = [{k: torch.from_numpy(v[i:i + micro]).to(dev).long() if k == "tokens"
             else torch.from_numpy(v[i:i + micro]).to(dev) for k, v in data.items()}
@@ -152,7 +204,7 @@ def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.nd
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for mb in mbs:
-            loss = loss_fn(model, mb, cfg.beta, cfg.clip_eps) / len(mbs)
+            loss = loss_fn(model, mb, cfg.beta, cfg.clip_eps, keep) / len(mbs)
             loss.backward()
             total += loss.detach()
         norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.clip_norm)
@@ -170,28 +222,58 @@ def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.nd
             "peak_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else None}
 
 
+def reference_run(runs: dict[str, dict]) -> str | None:
+    """The MLX run the PyTorch variants are checked against: the first full-precision-base one."""
+    return next((fw for fw, r in runs.items() if fw.startswith("mlx") and not variant(fw)["qlora"]
+                 and "error" not in r), None)
+
+
 def mark_agreement(runs: dict[str, dict], dtype: str) -> None:
-    """Each PyTorch variant gets its "agreement" with the MLX run (`benchmarks.common.agreement`)
-    and "invalid": true when it does not do the same work."""
-    ref = runs.get("mlx", {})
+    """Each PyTorch variant gets its "agreement" with the reference MLX run
+    (`benchmarks.common.agreement`) and "invalid": true when it does not do the same work."""
+    ref = reference_run(runs)
     for fw, r in runs.items():
         if fw.startswith("torch") and "error" not in r:
-            r["agreement"] = (agreement(ref, r, dtype) if "error" not in ref and "check" in ref
+            r["agreement"] = (agreement(runs[ref], r, dtype) if ref is not None
                               else {"ok": False, "reason": "no MLX run to compare"})
+            r["agreement"]["against"] = ref
             r["invalid"] = not r["agreement"]["ok"]
 
 
 def ratios(runs: dict[str, dict]) -> dict[str, float]:
-    """MLX's tokens/s over each PyTorch variant's that agreed with it."""
-    mlx = runs.get("mlx", {})
-    return {f"mlx_over_{p}": mlx["tokens_per_s"] / runs[p]["tokens_per_s"] for p in ("torch", "torch_compile")
-            if "tokens_per_s" in mlx and "tokens_per_s" in runs.get(p, {}) and not runs[p].get("invalid")}
+    """Each MLX variant's tokens/s over each PyTorch variant's that agreed with the reference
+    run ("<mlx>_over_<torch>"), and peak memory the other way ("<mlx>_memory_over_<torch>")."""
+    out = {}
+    for m, a in runs.items():
+        for p, b in runs.items():
+            if m.startswith("mlx") and p.startswith("torch") and "tokens_per_s" in a and "tokens_per_s" in b \
+                    and not b.get("invalid"):
+                out[f"{m}_over_{p}"] = a["tokens_per_s"] / b["tokens_per_s"]
+                if a.get("peak_bytes") and b.get("peak_bytes"):
+                    out[f"{m}_memory_over_{p}"] = a["peak_bytes"] / b["peak_bytes"]
+    return out
+
+
+def merge(out: str, parts: list[str]) -> dict:
+    """One file per machine: the sections (shape x lengths) of several runs' files, later ones
+    replacing earlier ones of the same key."""
+    import json
+    from pathlib import Path
+
+    merged = json.loads(Path(out).read_text()) if Path(out).exists() else {}
+    merged.setdefault("sections", {})
+    for part in parts:
+        data = json.loads(Path(part).read_text())
+        for key, section in data.get("sections", {}).items():
+            merged["sections"][key] = section
+        merged.update({k: v for k, v in data.items() if k != "sections"})
+    Path(out).write_text(json.dumps(merged, indent=2) + "\n")
+    return merged
 
 
 def main(argv=None) -> dict:
-    import torch
-
-    from benchmarks.gpu_common import write
+    import shlex
+    import sys
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machine", default="h100")
@@ -205,40 +287,77 @@ def main(argv=None) -> dict:
     ap.add_argument("--check-steps", type=int, default=3,
                     help="identical steps run and compared across frameworks before timing")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(TOLERANCE), help="the base model's dtype")
-    # mlx_eval_micro: the same step with one graph per micro-batch (make_train_step's
-    # eval_micro_batches): peak memory of one micro-batch instead of all of them
+    ap.add_argument("--chunk", type=int, default=512, help="MLX: completion tokens scored per log-prob chunk")
+    ap.add_argument("--layers", type=int, default=None, help="override the shape's layer count (quick CPU checks)")
+    # mlx[_qlora][_ckpt][_eval_micro]: see the module doc
     ap.add_argument("--frameworks", nargs="+", default=["mlx", "mlx_eval_micro", "torch", "torch_compile"])
-    ap.add_argument("--suffix", default="", help="appended to the result file's name")
+    ap.add_argument("--out", default=None, help="write the result here (default benchmarks/results/<machine>/)")
+    ap.add_argument("--merge", nargs="+", metavar="FILE",
+                    help="instead of running: merge these result files' sections into --out")
     args = ap.parse_args(argv)
+    if args.merge:
+        if not args.out:
+            ap.error("--merge needs --out")
+        return merge(args.out, args.merge)
+    for name in args.frameworks:
+        if not (name.startswith("torch") and name in ("torch", "torch_compile", "torch_compile_keep")
+                or name.startswith("mlx") and name == "mlx" + "".join(
+                    part for part in ("_qlora", "_ckpt", "_eval_micro") if part in name)):
+            ap.error(f"--frameworks: unknown variant {name!r} (mlx[_qlora][_ckpt][_eval_micro], torch, "
+                     "torch_compile, torch_compile_keep)")
+    if args.layers:
+        SHAPES[args.shape] = SHAPES[args.shape] | {"num_hidden_layers": args.layers}
+    return run_all(args, "python -m benchmarks.rlaif_step " + shlex.join(sys.argv[1:] if argv is None else argv))
+
+
+def run_all(args, command: str) -> dict:
+    import torch
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tm = torch_model(args.shape, device, args.dtype)
     data = batch_arrays(args.rows, args.prompt_len, args.completion_len, SHAPES[args.shape]["vocab_size"])
     tokens = args.rows * (args.prompt_len + args.completion_len)
     lora_state = lora_arrays(mlx_policy(args.shape, tm, args.dtype)[1])  # both sides start here
     runs = {}
+    section = {}
     for fw in args.frameworks:
         try:
-            r = (run_mlx(args.shape, tm, data, args.micro, args, fw == "mlx_eval_micro") if fw.startswith("mlx")
-                 else run_torch(tm, data, args.micro, args, fw == "torch_compile", lora_state))
+            r = (run_mlx(args.shape, tm, data, args.micro, args, fw) if fw.startswith("mlx")
+                 else run_torch(tm, data, args.micro, args, fw.startswith("torch_compile"), lora_state,
+                                keep=args.completion_len if fw.endswith("_keep") else 0))
             r["median_s"] = statistics.median(r["step_s"])
             r["tokens_per_s"] = tokens / r["median_s"]
         except Exception as err:  # record and go on with the other variants
             r = {"error": repr(err)[-1500:]}
         runs[fw] = r
         mx.clear_cache()
+        if device == "cuda":
+            torch.cuda.empty_cache()
         print(fw, {k: v for k, v in r.items() if k != "step_s"}, flush=True)
+        section = write_section(args, command, tokens, runs)  # after each variant: a cut-off run keeps them
+    return section
+
+
+def write_section(args, command: str, tokens: int, runs: dict) -> dict:
+    from benchmarks.gpu_common import write
+
     mark_agreement(runs, args.dtype)
-    payload = {"settings": {"shape": args.shape, "weights": "random (shape only)", "dtype": f"{args.dtype} base, "
-                            "float32 LoRA", "rows": args.rows, "micro_batch": args.micro,
-                            "prompt_len": args.prompt_len, "completion_len": args.completion_len,
-                            "tokens_per_step": tokens, "lora": "r=16 alpha=32 q,k,v,o (full preset)",
-                            "loss": "PPO-clip 0.2 + 0.04 k3 KL", "mlx_device": str(mx.default_device()),
-                            "check_steps": args.check_steps, "tolerance": TOLERANCE[args.dtype],
+    section = {"command": command,
+               "settings": {"shape": args.shape, "layers": SHAPES[args.shape]["num_hidden_layers"],
+                            "weights": "random (shape only)", "dtype": f"{args.dtype} base, float32 LoRA",
+                            "qlora": "4-bit, group 64 (mlx nn.quantize: linears, embedding and tied head)",
+                            "rows": args.rows, "micro_batch": args.micro, "prompt_len": args.prompt_len,
+                            "completion_len": args.completion_len, "tokens_per_step": tokens,
+                            "logprob_chunk": args.chunk, "lora": "r=16 alpha=32 q,k,v,o (full preset)",
+                            "loss": "PPO-clip 0.2 + 0.04 k3 KL, grpo aggregation",
+                            "mlx_device": str(mx.default_device()), "check_steps": args.check_steps,
+                            "tolerance": TOLERANCE[args.dtype],
                             "agreement": "PEFT adapters set to MLX's initial LoRA; torch AdamW given MLX's "
                                          "per-step lr / eps (torch_adamw_groups); checked before timing"},
                "runs": runs, "ratios": ratios(runs)}
-    write(f"rlaif_step_{args.shape}{args.suffix}", payload, args.machine)
-    return payload
+    key = f"{args.shape}_{args.prompt_len}+{args.completion_len}"
+    write("rlaif_step", {"sections": {key: section}}, args.machine, out=args.out)
+    return section
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ the [rows, tokens, vocab] logits never exist (issue 33).
 The plain computation (`mlxcore.policy.token_logprobs`) takes logits [N, T, V]: for a 152k
 vocabulary and 16 x 384 tokens that is 3.7 GB in float32, kept for the backward pass with its
 softmax and gradient. Here the LM head is applied to `chunk` rows of hidden states at a time
-([chunk, V] logits, then float32 log-softmax, then the token's entry) and only the rows that
-are asked for are scored (the completion's targets, not the prompt's or padding).
+([chunk, V] logits in the head's dtype, then the log-softmax's entry for the token, accumulated
+in float32: `mx.fast.cross_entropy`) and only the rows that are asked for are scored (the
+completion's targets, not the prompt's or padding).
 
 The backward needs no logits either. log p_i depends on hidden row h_i alone, and its gradient
 is J_i = head^T (onehot(t_i) - softmax(z_i)) (the entropy's likewise), an [H] vector; each
@@ -35,11 +36,15 @@ Head = Callable[[mx.array], mx.array]  # hidden [..., H] -> logits [..., V]
 def _chunk(head: Head, h: mx.array, t: mx.array, entropy: bool, jacobian: bool) -> list[mx.array]:
     """One chunk: [logp [c], (entropy [c]), (J_logp [c, H], (J_entropy [c, H]))]."""
     z = head(h)
-    z32 = z.astype(mx.float32)
-    lse = mx.logsumexp(z32, axis=-1, keepdims=True)
-    out = [mx.take_along_axis(z32, t[:, None], axis=-1)[:, 0] - lse[:, 0]]
+    # -log p(t): MLX's fused cross-entropy reads the logits once and accumulates in float32 on a
+    # GPU (Metal, CUDA); the CPU's fallback reduces in the logits' dtype, so it gets float32 ones
+    on_gpu = mx.default_device().type == mx.DeviceType.gpu
+    nll = mx.fast.cross_entropy(z if on_gpu else z.astype(mx.float32), t)
+    out = [-nll]
     if not (entropy or jacobian):
         return out
+    z32 = z.astype(mx.float32)  # fused into its consumers when the step is compiled
+    lse = mx.take_along_axis(z32, t[:, None], axis=-1) + nll[:, None]
     p = mx.exp(z32 - lse)
     if entropy:
         surprise = lse - z32  # -log p >= 0: H = E_p[-log p], a sum of non-negative terms

@@ -96,7 +96,7 @@ def test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged():
     from benchmarks import rlaif_step as rs
     from benchmarks.generation import SHAPES, torch_model
 
-    args = argparse.Namespace(check_steps=4, warmup=1, steps=1, dtype="float32")
+    args = argparse.Namespace(check_steps=4, warmup=1, steps=1, dtype="float32", chunk=8)
     tm = torch_model("llama-tiny", "cpu", "float32")
     data = rs.batch_arrays(4, 8, 8, SHAPES["llama-tiny"]["vocab_size"])
     lora_state = rs.lora_arrays(rs.mlx_policy("llama-tiny", tm, "float32")[1])
@@ -106,6 +106,9 @@ def test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged():
     other = {k: (rng.uniform(-0.1, 0.1, v.shape).astype(np.float32) if k.endswith(".lora_a") else v)
              for k, v in lora_state.items()}
     runs["torch_compile"] = rs.run_torch(tm, data, 2, args, False, other)  # labelled so: a second peer
+    runs["torch_compile_keep"] = rs.run_torch(tm, data, 2, args, False, lora_state, keep=8)  # completion logits only
+    runs["mlx_qlora_ckpt_eval_micro"] = rs.run_mlx("llama-tiny", tm, data, 2, args, "mlx_qlora_ckpt_eval_micro")
+    assert runs["mlx_qlora_ckpt_eval_micro"]["options"] == {"qlora": True, "checkpoint": True, "eval_micro": True}
     for r in runs.values():
         r["tokens_per_s"] = 1.0
     rs.mark_agreement(runs, "float32")
@@ -116,7 +119,10 @@ def test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged():
     check = runs["mlx"]["check"]["loss"]
     assert check[0] == pytest.approx(check[1]) and check[-1] != pytest.approx(check[0], abs=1e-7)  # lr 0, then > 0
     assert runs["torch_compile"]["invalid"] and "grad_norm" in runs["torch_compile"]["agreement"]["reason"]
-    assert list(rs.ratios(runs)) == ["mlx_over_torch"]
+    assert runs["torch_compile_keep"]["agreement"]["ok"], runs["torch_compile_keep"]["agreement"]
+    assert sorted(rs.ratios(runs)) == ["mlx_over_torch", "mlx_over_torch_compile_keep",
+                                       "mlx_qlora_ckpt_eval_micro_over_torch",
+                                       "mlx_qlora_ckpt_eval_micro_over_torch_compile_keep"]
 
 
 @pytest.mark.parametrize("name", sorted(rm.TINY))
