@@ -184,27 +184,28 @@ def training_sections() -> list[str]:
     """RLAIF update step (h100) and QAT vs PTQ on the retriever task (h100)."""
     out = []
     for machine in ("h100", "cpu"):
-        r = load(machine, "rlaif_step_qwen2.5-0.5b")
+        r = load(machine, "rlaif_step")
         if not r:
             continue
-        st = r["settings"]
-        out += [f"### RLAIF update step ({machine}, {st['shape']} shape, {st['dtype']}, {st['rows']} rows x "
-                f"{st['prompt_len']}+{st['completion_len']} tokens, {st['loss']}; benchmarks/rlaif_step.py)", "",
-                "| framework | step s | tokens/s | peak GB | MLX / this |", "|---|---|---|---|---|"]
-        mlx_tps = r["runs"]["mlx"]["tokens_per_s"]
-        for fw, run in r["runs"].items():
-            out.append(f"| {fw} | {run['median_s']:.3f} | {fmt(run['tokens_per_s'])} "
-                       f"| {fmt((run.get('peak_bytes') or 0) / 1e9, 1)} | {mlx_tps / run['tokens_per_s']:.2f}x |")
-        out += ["", r.get("notes", {}).get("memory", ""), ""]
-        if not any("agreement" in run for run in r["runs"].values()):
-            out += ["Measured before the agreement check: the two sides' LoRA initialisations and optimizers "
-                    "differed, so the ratios compare equal-shaped work, not the same steps.", ""]
-        e = load(machine, "rlaif_step_qwen2.5-0.5b_eval_micro")
-        if e and "peak_bytes" in e["runs"].get("mlx_eval_micro", {}):
-            a, b = e["runs"]["mlx"], e["runs"]["mlx_eval_micro"]
-            out += [f"With `eval_micro_batches` (one compiled graph per micro-batch, evaluated in turn; same machine): "
-                    f"MLX peak {a['peak_bytes'] / 1e9:.1f} -> {b['peak_bytes'] / 1e9:.1f} GB, step {a['median_s']:.3f} -> "
-                    f"{b['median_s']:.3f} s, same loss ({a['loss']:.7f} vs {b['loss']:.7f}).", ""]
+        for section in r["sections"].values():
+            st = section["settings"]
+            out += [f"### RLAIF update step ({machine}, {st['shape']} shape, {st['dtype']}, {st['rows']} rows x "
+                    f"{st['prompt_len']}+{st['completion_len']} tokens, micro-batch {st['micro_batch']}, {st['loss']}; "
+                    "rlaif_step.json)", "", f"`{section['command']}`", "",
+                    "| framework | step s | tokens/s | peak GB | same steps as MLX | MLX / this |", "|---|---|---|---|---|---|"]
+            ref = next((fw for fw, run in section["runs"].items() if fw.startswith("mlx") and "_qlora" not in fw
+                        and "error" not in run), None)
+            for fw, run in section["runs"].items():
+                if "error" in run:
+                    out.append(f"| {fw} | failed: {run['error'][:80]} | | | | |")
+                    continue
+                agreed = {True: "yes", False: "no"}.get((run.get("agreement") or {}).get("ok"), "")
+                ratio = section["ratios"].get(f"{ref}_over_{fw}")
+                out.append(f"| {fw} | {run['median_s']:.3f} | {fmt(run['tokens_per_s'])} "
+                           f"| {fmt((run.get('peak_bytes') or 0) / 1e9, 1)} | {agreed} | {times(ratio)} |")
+            out.append("")
+        for key, text in r.get("notes", {}).items():
+            out += [f"{key}: {text}", ""]
     q = load("h100", "quantization_qat")
     if q:
         out += ["### QAT vs PTQ (retriever, all-MiniLM-L6-v2, quick task, MRR@10; benchmarks/results/h100/quantization_qat.json)", "",
