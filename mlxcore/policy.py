@@ -105,31 +105,25 @@ RATIO_LEVELS = ("token", "sequence")
 
 @attrs.frozen(kw_only=True)
 class GrpoConfig:
-    """The GRPO controls beside `beta` and `clip_eps` (docs/rlaif.md says when to use each).
+    """The GRPO controls beside `beta` and `clip_eps` (docs/rlaif.md says when to use each;
+    `loss_weights` and `policy_loss` give the formulas)."""
 
-    loss_type: how token terms are averaged (`loss_weights`): "grpo" each sequence's mean,
-      then the mean over sequences (DeepSeekMath); "dr_grpo" the sum over tokens / (sequences x
-      max_new_tokens) (Dr. GRPO: no length bias); "dapo" the sum over the step's tokens /
-      their count (token-level); "bnpo" the token mean of each micro-batch, then their mean.
-    clip_eps_high: upper clipping bound of the ratio, 1 + clip_eps_high (DAPO's clip-higher);
-      None: clip_eps (symmetric).
-    importance_ratio: "token" (PPO/GRPO) or "sequence" (GSPO: the sequence's geometric-mean
-      ratio exp(mean_t(logp - old_logp)), clipped per sequence; needs clip_eps).
-    entropy_coef / entropy_target: an entropy bonus -entropy_coef * H (target None), or, with
-      a target, the penalty entropy_coef * max(target - H, 0) that acts only once the mean
-      entropy H (nats per completion token, exact: over the whole vocabulary) falls below it.
-    skip_equal_groups: groups whose rewards are all equal (advantage 0 for every member) are
-      left out of the update (DAPO's dynamic sampling, without the resampling) and counted.
-    mask_truncated: completions that hit max_new_tokens without ending are left out of the loss.
-    """
-
+    # how token terms are averaged: "grpo" each sequence's mean, then over sequences; "dr_grpo"
+    # sum / (sequences x max_new_tokens); "dapo" sum / the step's tokens; "bnpo" each
+    # micro-batch's token mean, then their mean
     loss_type: str = bounded("grpo", choices=LOSS_TYPES, validator=attrs.validators.in_(LOSS_TYPES))
+    # upper clipping bound of the ratio, 1 + clip_eps_high (DAPO's clip-higher); None: clip_eps
     clip_eps_high: float | None = bounded(None, gt=0, le=10)
+    # "token" ratios (PPO) or "sequence": exp(mean log-ratio) per completion, clipped as one (GSPO)
     importance_ratio: str = bounded("token", choices=RATIO_LEVELS, validator=attrs.validators.in_(RATIO_LEVELS))
+    # weight of the entropy term: a bonus -coef x H, or with entropy_target the penalty
+    # coef x max(target - H, 0); H: exact mean next-token entropy at completion tokens (nats)
     entropy_coef: float = bounded(0.0, ge=0, le=10)
-    entropy_target: float | None = bounded(None, gt=0, le=20)
+    entropy_target: float | None = bounded(None, gt=0, le=20)  # None: a plain bonus (see entropy_coef)
+    # leave groups whose rewards are all equal (advantage 0 for all) out of the update (DAPO's
+    # dynamic sampling without resampling); logged as equal_reward_groups / rows_in_update
     skip_equal_groups: bool = False
-    mask_truncated: bool = False
+    mask_truncated: bool = False  # leave completions that hit max_new_tokens unfinished out of the loss
 
 
 def equal_reward_rows(rewards: mx.array, group_ids: mx.array) -> mx.array:

@@ -118,9 +118,9 @@ class MemoryConfig:
     # (prompt + max_new_tokens) measure peak memory, and the largest micro-batch that fits
     # budget_mb (0: budget_fraction of the device's memory) is used (mlxio.run.batch_sizer)
     auto_batch: bool = False
-    budget_mb: float = bounded(0.0, ge=0)
-    budget_fraction: float = bounded(0.7, gt=0, le=1)
-    max_micro_batch: int = bounded(64, ge=1, le=65536)
+    budget_mb: float = bounded(0.0, ge=0)  # auto_batch's memory budget in MB; 0: budget_fraction of the device's
+    budget_fraction: float = bounded(0.7, gt=0, le=1)  # auto_batch's share of device memory (RAM on a CPU)
+    max_micro_batch: int = bounded(64, ge=1, le=65536)  # auto_batch's largest micro-batch (completions)
 
 
 @attrs.frozen(kw_only=True)

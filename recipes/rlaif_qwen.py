@@ -6,6 +6,8 @@ Run:  python -m recipes.rlaif_qwen                      # quick preset: SmolLM2-
       python -m recipes.rlaif_qwen --preset smoke        # tiny random llama, seconds
       python -m recipes.rlaif_qwen --resume ...          # continue from the run's last checkpoint
       python -m recipes.rlaif_qwen --profile-memory      # memory.json + memory.png in --out_dir
+      python -m recipes.rlaif_qwen --model DIR --dequantize false --memory.compute_dtype bfloat16 \
+          --memory.gradient_checkpointing true --memory.auto_batch true   # QLoRA on a GPU, memory-sized
       python -m recipes.rlaif_qwen --help                # every option with its default
       mlx.launch -n 2 --backend ring -- python -m recipes.rlaif_qwen   # data-parallel (docs/distributed.md)
 
@@ -28,6 +30,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+import attrs
 import mlx.core as mx
 
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
@@ -35,8 +38,8 @@ from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache, kernel_warm
-from mlxio.errors import TrainingDiverged  # noqa: F401  (what run raises)
-from mlxio.rl import grpo, packing, rewards, rollout
+from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
+from mlxio.rl import auto_batch, grpo, packing, rewards, rollout
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,
@@ -113,6 +116,19 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
                                                to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash)
     start_step = found.step if found else 0
+    # this rank's completions per step; --memory.auto_batch splits them by measured memory
+    effective = (prompt_share.stop - prompt_share.start) * local_group
+    plan = None
+    if cfg.memory.auto_batch:
+        if world.size > 1:
+            raise ConfigError("memory.auto_batch: single-process runs only (set train.accum for each rank by hand)")
+        prompt_len = max(len(rollout.encode_prompt(policy.tokenizer, instruction(p))) for p in train)
+        plan = auto_batch.plan(cfg, model, params, step_fn, state, effective, prompt_len,
+                               int(policy.config["vocab_size"]))
+        write_json_atomic(out / "auto_batch.json", plan.as_dict())
+        logger.info("auto batch: %d micro-batches of %d (budget %.0f MB, predicted peak %.0f MB)", plan.accum,
+                    plan.micro_batch, plan.budget_bytes / 2**20, plan.predicted_peak() / 2**20)
+        cfg = attrs.evolve(cfg, train=attrs.evolve(cfg.train, accum=plan.accum))  # the run's identity keeps the flag
     evaluate_all = partial(evaluate_phase, eval_sets=eval_sets, cfg=cfg, fns=fns, cache=cache, out_dir=out,
                            run_id=run_id)
     results = {"config": to_dict(cfg), "eval": {name: {} for name in eval_sets}}
@@ -153,6 +169,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         m = {}
         with context.region(loop.profiler, "update"), kernel_cache.compile_notice(
                 "update step", packed["tokens"].shape), kernel_cache.unfused(not jit):
+            if plan is not None:
+                mx.reset_peak_memory()  # the update's own peak, not the rollout's
             # one process: micro-batches of skipped rows alone are not run (None: nothing to learn)
             batch = (build_batch(model, params, packed, adv, rows, cfg, drop_empty=world.size == 1)
                      if row_stats["rows_in_update"] else None)
@@ -160,6 +178,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 params, state, m = step_fn(params, state, batch,
                                            mx.array(step * cfg.inner_epochs + epoch))
             mx.eval(params, state, m)
+        if plan is not None:
+            cfg = auto_batch.recheck(plan, cfg, effective, mx.get_peak_memory())
         t2 = time.perf_counter()
         record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
                   **row_stats, "update_skipped": int(batch is None), "step_s": time.perf_counter() - t0}
