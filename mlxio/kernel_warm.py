@@ -115,9 +115,14 @@ def rlaif_modules(dtype: str = "float32") -> list[tuple]:
 
 def rlaif_jobs(cfg) -> list[tuple]:
     """The modules to warm for the RLAIF recipe's first step under `cfg` (recipes.rlaif_config.
-    Config): a dequantised policy's are float32 ones; a quantised policy (QLoRA) needs more,
-    which it compiles itself."""
-    return rlaif_modules("float32")
+    Config): a dequantised policy's are float32 ones, a half-precision base's
+    (`memory.compute_dtype`) its dtype's as well (the log-probs stay float32); a quantised
+    policy (QLoRA) needs more, which it compiles itself."""
+    dtype = getattr(getattr(cfg, "memory", None), "compute_dtype", "auto")
+    jobs = rlaif_modules("float32")
+    if dtype in ("bfloat16", "float16"):
+        jobs += [key for key in rlaif_modules(dtype) if key not in jobs]
+    return jobs
 
 
 # ---- the parent side
