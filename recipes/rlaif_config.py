@@ -249,14 +249,16 @@ def validate_grpo(cfg: Config) -> None:
     """The GRPO controls that need another option (ConfigError names the field)."""
     g = cfg.grpo
     if cfg.clip_eps is None and g.clip_eps_high is not None:
-        raise ConfigError("grpo.clip_eps_high: the upper clipping bound needs --clip_eps (the lower one)")
+        raise ConfigError("grpo.clip_eps_high: the upper clipping bound needs the lower one",
+                          fix="set --clip_eps too (e.g. 0.2 with --grpo.clip_eps_high 0.28)")
     if cfg.clip_eps is None and g.importance_ratio == "sequence":
-        raise ConfigError("grpo.importance_ratio: 'sequence' (GSPO) clips sequence ratios: set --clip_eps "
-                          "(GSPO used 3e-4) and --grpo.clip_eps_high (4e-4)")
+        raise ConfigError("grpo.importance_ratio: 'sequence' (GSPO) clips sequence ratios",
+                          fix="set --clip_eps and --grpo.clip_eps_high (GSPO used 3e-4 and 4e-4)")
     if cfg.clip_eps is not None and cfg.clip_eps >= 1:
         raise ConfigError(f"clip_eps: must be < 1 (the ratio's lower bound 1 - clip_eps > 0), got {cfg.clip_eps}")
     if g.entropy_target is not None and not g.entropy_coef:
-        raise ConfigError("grpo.entropy_target: set --grpo.entropy_coef > 0 too (the penalty's weight)")
+        raise ConfigError("grpo.entropy_target: the penalty has no weight",
+                          fix="set --grpo.entropy_coef > 0 too (e.g. 0.01)")
 
 
 def validate(cfg: Config, source: str = "config") -> None:

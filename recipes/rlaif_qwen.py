@@ -121,7 +121,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     plan = None
     if cfg.memory.auto_batch:
         if world.size > 1:
-            raise ConfigError("memory.auto_batch: single-process runs only (set train.accum for each rank by hand)")
+            raise ConfigError("memory.auto_batch: single-process runs only",
+                              fix="set --train.accum for each rank by hand")
         prompt_len = max(len(rollout.encode_prompt(policy.tokenizer, instruction(p))) for p in train)
         plan = auto_batch.plan(cfg, model, params, step_fn, state, effective, prompt_len,
                                int(policy.config["vocab_size"]))

@@ -64,8 +64,8 @@ def plan(cfg, model, params, step_fn, opt_state, effective: int, prompt_len: int
     """The micro-batch (and accum = effective / micro) for `effective` completions per step.
     ConfigError when even one full-length completion does not fit the budget."""
     if not cfg.memory.eval_micro_batches:
-        raise ConfigError("memory.auto_batch: needs --memory.eval_micro_batches true (one graph for the "
-                          "whole step holds every micro-batch, whatever their size)")
+        raise ConfigError("memory.auto_batch: one graph for the whole step holds every micro-batch, "
+                          "whatever their size", fix="set --memory.eval_micro_batches true")
     budget = batch_sizer.memory_budget(cfg.memory.budget_mb, cfg.memory.budget_fraction)
     sizes = [s for s in PROBE_SIZES if s <= effective]
     probes = tuple(batch_sizer.Probe(s, True, peak_bytes(cfg, model, params, step_fn, opt_state, s, prompt_len,
