@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
     plot_curves(records, out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
                 f"xtr_lora: {Path(model_path).name} (means over each logging window)")
     if cfg.export:
-        export_retriever(encoder, params, cfg.lora, model.targets, out_dir, query_length=cfg.data.max_query_len,
+        export_retriever(encoder, params, cfg.lora, out_dir, query_length=cfg.data.max_query_len,
                          document_length=cfg.data.max_doc_len, base=base_model_name(model_path), results=results,
                          command=command_line(argv, "recipes.xtr_lora"),
                          data=xtr_data.training_note(cfg.data, steps_run, samples_per_step, data.task,
