@@ -1,0 +1,77 @@
+"""Dev evaluation every N steps and the best checkpoint (`train.dev_eval_every`, mlxio/run/best.py):
+the keeper saves strictly better steps only and survives a resume up to the resumed step; the
+option is range-checked; a smoke run records the dev curve (metrics.jsonl, eval.json,
+curves.png), keeps its best step and exports exactly those adapters."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxcore.tree import flatten
+from mlxio.errors import ConfigError
+from mlxio.run.best import BestKeeper
+from recipes import xtr_lora
+
+
+def tree(value: float) -> dict:
+    return {"layer": {"lora_a": mx.full((2, 3), value), "lora_b": mx.zeros((3, 2))}}
+
+
+def test_keeper_saves_strictly_better_steps(tmp_path):
+    keeper = BestKeeper.open(tmp_path, "dev_mrr@10")
+    assert keeper.load() is None
+    assert keeper.offer(2, {"dev_mrr@10": 0.30}, tree(2.0))
+    assert not keeper.offer(4, {"dev_mrr@10": 0.30}, tree(4.0))  # a tie keeps the earlier step
+    assert not keeper.offer(6, {"dev_mrr@10": float("nan")}, tree(6.0))
+    assert keeper.offer(8, {"dev_mrr@10": 0.31}, tree(8.0))
+    assert not keeper.offer(10, {"dev_mrr@10": 0.2}, tree(10.0))
+    assert (keeper.step, keeper.value) == (8, 0.31)
+    assert float(flatten(keeper.load())["layer.lora_a"][0, 0]) == 8.0
+
+
+def test_keeper_resumes_only_a_best_before_the_resumed_step(tmp_path):
+    keeper = BestKeeper.open(tmp_path, "dev_mrr@10")
+    keeper.offer(4, {"dev_mrr@10": 0.5}, tree(4.0))
+    again = BestKeeper.open(tmp_path, "dev_mrr@10", resume_step=5)
+    assert (again.step, again.value) == (4, 0.5)
+    assert float(flatten(again.load())["layer.lora_a"][0, 0]) == 4.0
+    later = BestKeeper.open(tmp_path, "dev_mrr@10", resume_step=3)  # written by steps the resume discards
+    assert later.step is None and later.load() is None and not (tmp_path / "best").exists()
+    keeper = BestKeeper.open(tmp_path, "dev_mrr@10")
+    keeper.offer(2, {"dev_mrr@10": 0.1}, tree(2.0))
+    assert BestKeeper.open(tmp_path, "dev_mrr@10").step is None  # a fresh run drops an old best
+
+
+def test_dev_eval_every_is_range_checked():
+    with pytest.raises(ConfigError, match="train.dev_eval_every"):
+        xtr_lora.parse(["--preset", "smoke", "--train.dev_eval_every", "-1"])
+    assert xtr_lora.parse(["--preset", "smoke", "--train.dev_eval_every", "3"])[0].train.dev_eval_every == 3
+
+
+@pytest.mark.slow
+def test_smoke_run_keeps_and_exports_its_best_dev_step(tmp_path):
+    pytest.importorskip("safetensors")
+    out = tmp_path / "run"
+    results = xtr_lora.main(["--preset", "smoke", "--cache_dir", str(tmp_path / "cache"), "--out_dir", str(out),
+                             "--train.dev_eval_every", "3"])
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    dev = [r for r in records if "dev_mrr@10" in r]
+    assert [r["step"] for r in dev] == [3, 6, 8]  # every 3 steps and the last (8)
+    assert all(0.0 <= r["dev_mrr@10"] <= 1.0 and "dev_mrr@10_0" in r for r in dev)
+    best = max(dev, key=lambda r: (r["dev_mrr@10"], -r["step"]))  # the first of equal values
+    evaluated = json.loads((out / "eval.json").read_text())
+    assert evaluated["dev_eval"]["best_step"] == best["step"] == results["run"]["weights_step"]
+    assert evaluated["dev_eval"]["curve"] == dev
+    assert (out / "curves.png").is_file()
+    from safetensors.numpy import load_file
+
+    kept = BestKeeper.open(out, "dev_mrr@10", resume_step=8).load()
+    exported = load_file(out / "peft_adapter" / "adapter_model.safetensors")
+    for path, leaf in flatten(kept).items():
+        layer, name = path.rsplit(".", 1)
+        key = f"base_model.model.{layer}.{'lora_A' if name == 'lora_a' else 'lora_B'}.weight"
+        np.testing.assert_array_equal(exported[key], np.array(leaf).T)
