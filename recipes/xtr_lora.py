@@ -87,10 +87,10 @@ class DataConfig:
     # margin) x its positive's score, or within the absolute margin of it, is dropped as a likely
     # false negative (NV-Retriever's TopK-PercPos 95%); the first negative_rank_min survivors are skipped
     negative_miners: tuple[str, ...] = ("bm25",)
-    negative_rank_min: int = bounded(0, ge=0, le=4096)
-    negative_rank_max: int = bounded(32, ge=1, le=4096)
-    negative_relative_margin: float = bounded(0.05, ge=0, lt=1)
-    negative_absolute_margin: float = bounded(0.0, ge=0, le=2)
+    negative_rank_min: int = bounded(0, ge=0, le=4096)  # skip this many of each miner's surviving candidates
+    negative_rank_max: int = bounded(32, ge=1, le=4096)  # each miner's top N candidates are considered
+    negative_relative_margin: float = bounded(0.05, ge=0, lt=1)  # drop a candidate above (1 - this) x its positive's MaxSim
+    negative_absolute_margin: float = bounded(0.0, ge=0, le=2)  # drop a candidate within this of its positive's MaxSim
     # the guide: a model directory or hub id (e.g. a first run's merged/: rescoring by a fine-tuned
     # model), or None: the model being trained, before training
     negative_guide: str | None = None
