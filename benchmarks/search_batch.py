@@ -14,8 +14,9 @@ it was; wall and CPU seconds both):
   (model load, query encoding in batches of 32, `Index.search_many`), per mode;
 - one at a time (the peer, what `--queries` did before): the same batch-encoded query vectors,
   `Index.search` per query; `identical`: every query's (document, score) list equal, bit for bit;
-- single-query latency: `Index.search` (per-document products) against the previous re-rank
-  (`legacy_search`: one product per ~1,024-token chunk), interleaved query by query;
+- single-query latency: `Index.search` (per-document products, one BLAS thread per worker)
+  against the previous re-rank (`legacy_search`: one product per ~1,024-token chunk), as it ran
+  (OpenBLAS's default threads) and on one BLAS thread, interleaved query by query;
 - encoding alone: how many queries rank differently when each is encoded alone (batch of 1,
   its own padding) rather than in a batch: the encoder's rounding, not the search's.
 This machine cannot measure the H100 host's figure (no GPU here); the issue's 64-79 s there
@@ -35,6 +36,7 @@ import numpy as np
 
 import mlxio  # noqa: F401  (fast BLAS before mlx)
 from benchmarks.common import machine, versions
+from mlxio import blas
 from mlxio.search import scoring
 from mlxio.search.index import Index, _top
 
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(mode, json.dumps(result["modes"][mode]), file=sys.stderr, flush=True)
     _, encode_wall, encode_cpu = timed(lambda: searcher.embedder.embed(texts))
     result["encode_batched_wall_s"], result["encode_batched_cpu_s"] = encode_wall, encode_cpu
-    new_ms, old_ms, alone_ms, differ = [], [], [], 0
+    new_ms, old_ms, old1_ms, alone_ms, differ = [], [], [], [], 0
     for i, (text, v) in enumerate(zip(texts[:args.latency_queries], vecs, strict=False)):
         t = time.perf_counter()
         alone = searcher.embedder.embed([text])[0].astype(np.float32)
@@ -139,15 +141,22 @@ def main(argv: list[str] | None = None) -> dict:
         t = time.perf_counter()
         legacy_search(index, v)
         old_ms.append((time.perf_counter() - t) * 1e3)
+        with blas.one_thread():
+            t = time.perf_counter()
+            legacy_search(index, v)
+            old1_ms.append((time.perf_counter() - t) * 1e3)
         differ += [d for d, _ in index.search(text, alone, "semantic")] != [d for d, _ in index.search(text, v, "semantic")]
         if i == 0:
-            new_ms, old_ms, alone_ms = [], [], []  # warm-up
+            new_ms, old_ms, old1_ms, alone_ms = [], [], [], []  # warm-up
     result["single_query"] = {
         "queries": len(new_ms), "p50_search_ms": float(np.median(new_ms)), "p50_legacy_search_ms": float(np.median(old_ms)),
+        "p50_legacy_one_blas_thread_ms": float(np.median(old1_ms)),
         "p95_search_ms": float(np.percentile(new_ms, 95)), "p95_legacy_search_ms": float(np.percentile(old_ms, 95)),
+        "p95_legacy_one_blas_thread_ms": float(np.percentile(old1_ms, 95)),
         "p50_encode_alone_ms": float(np.median(alone_ms)),
         "rankings_differing_when_encoded_alone": int(differ),
-        "note": "semantic mode, batch-encoded query vectors; new and legacy interleaved query by query; "
+        "note": "semantic mode, batch-encoded query vectors; new, legacy (OpenBLAS's default threads, as the "
+                "previous code ran) and legacy on one BLAS thread interleaved query by query; "
                 "rankings_differing_when_encoded_alone: top-10 ids of a query encoded alone vs in a batch",
     }
     result.update(load_avg_end=os.getloadavg(), machine=machine(), versions=versions(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,3 +102,22 @@ def test_a_planted_false_negative_is_not_mined():
                                                    relative_margin=0.05)
     assert train[1].code not in guarded[0].negatives and train[0].code not in guarded[1].negatives
     assert report["dropped"]["false_negative_margin"] >= 2
+
+
+@pytest.mark.slow
+def test_smoke_run_with_guarded_negatives_and_grad_cache(tmp_path):
+    """The recipe end to end with both miners guarded by the untrained model's MaxSim and the
+    cached contrastive loss; the mined negatives are cached for the next run of the same seed."""
+    import json
+
+    from recipes import xtr_lora
+
+    args = ["--preset", "smoke", "--cache_dir", str(tmp_path / "cache"), "--export", "false", "--train.steps", "4",
+            "--data.hard_negatives", "2", "--data.negative_miners", "bm25,model", "--train.grad_cache", "true"]
+    results = xtr_lora.main([*args, "--out_dir", str(tmp_path / "a")])
+    report = results["data"]["hard_negatives"]
+    assert report["k"] == 2 and report["mined"] > 0 and report["dropped"]["candidates"] > 0
+    records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4] and all(np.isfinite(r["loss"]) for r in records)
+    again = xtr_lora.main([*args, "--out_dir", str(tmp_path / "b"), "--train.steps", "1"])
+    assert "cached" in again["data"]["hard_negatives"]
