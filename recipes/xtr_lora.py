@@ -39,7 +39,7 @@ from mlxcore.tree import combine, partition
 from mlxio import kernel_cache
 from mlxio.data import pairs, pypi_sources, xtr_data
 from mlxio.data.token_cache import DataPosition
-from mlxio.errors import ConfigError
+from mlxio.errors import ConfigError, LoadError
 from mlxio.run import batch_sizer, checkpoint, config, context, distributed
 from mlxio.run.best import BestKeeper
 from mlxio.run.flags import parse_args
@@ -260,7 +260,10 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- data: pairs (+ hard negatives, mined and guarded by the guide's MaxSim), held-out tasks, token cache
     guide, guide_params, guide_id = encoder, model.untrained, f"{model_path} untrained seed {cfg.train.seed}"
     if cfg.data.negative_guide:
-        guide = load_encoder(cfg.data.negative_guide)
+        try:
+            guide = load_encoder(cfg.data.negative_guide)
+        except LoadError as err:
+            raise ConfigError(f"data.negative_guide does not load: {err}") from None
         guide_params, guide_id = guide.params, str(Path(cfg.data.negative_guide).resolve())
     data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, lambda texts, max_length: xtr_data.token_embeddings(
         guide_params, guide, texts, max_length, cfg.train.eval_batch), guide_id)
