@@ -397,7 +397,8 @@ def cpu_blas_section() -> list[str]:
 
 FLAGS = {"gradient_checkpointing": "--memory.gradient_checkpointing true",
          "bf16": "--memory.compute_dtype bfloat16", "eval_interval": "--train.eval_interval 4",
-         "eval_micro_batches": "--memory.eval_micro_batches true", "profile_memory": "--profile-memory"}
+         "eval_micro_batches": "--memory.eval_micro_batches true", "profile_memory": "--profile-memory",
+         "grad_cache": "--train.grad_cache true"}
 
 
 def memory_options_section() -> list[str]:
@@ -409,7 +410,9 @@ def memory_options_section() -> list[str]:
         for model, features in m["results"].items():
             for name, v in features.items():
                 a, b = v["without"], v["with"]
-                rows.append(f"| `{FLAGS.get(name, name)}` | {model}, {a['micro']} x {a['accum']}, documents of {a['doc_len']} "
+                shape = f"{a['micro']} x {a['accum']}" if (a["micro"], a["accum"]) == (b["micro"], b["accum"]) else \
+                    f"{a['micro']} x {a['accum']} -> {b['micro']} x {b['accum']} as one contrastive batch"
+                rows.append(f"| `{FLAGS.get(name, name)}` | {model}, {shape}, documents of {a['doc_len']} "
                             f"| {a['peak_mb']:,.0f} -> {b['peak_mb']:,.0f} | {a['activation_peak_mb']:,.0f} -> "
                             f"{b['activation_peak_mb']:,.0f} | {a['samples_per_s']:.1f} -> {b['samples_per_s']:.1f}"
                             f"{' (shared CPU: noisy)' if busy else ''} |")
@@ -487,6 +490,27 @@ def search_scale_section() -> list[str]:
                   "alone).", ""]
 
 
+def search_batch_section() -> list[str]:
+    """`code_search search --queries`: batched against one query at a time (cpu/search_batch.json)."""
+    b = load("cpu", "search_batch")
+    if not b:
+        return []
+    out = [f"### Batched search: {b['queries']:,} queries over {b['functions']:,} functions (cpu, "
+           "benchmarks/search_batch.py)", "",
+           "| mode | CLI end to end s (wall / CPU) | re-rank batched s | one at a time s | same results |",
+           "|---|---|---|---|---|"]
+    for mode, m in b["modes"].items():
+        out.append(f"| {mode} | {m['cli_wall_s']:.1f} / {m['cli_cpu_s']:.1f} | {m['search_many_wall_s']:.1f} "
+                   f"| {m['one_at_a_time_wall_s']:.1f} | {'yes, bit for bit' if m['identical'] else 'NO'} |")
+    s = b["single_query"]
+    legacy1 = s.get("p50_legacy_one_blas_thread_ms")
+    return out + ["", f"One query at a time (semantic, p50): {s['p50_search_ms']:.0f} ms, against "
+                  f"{s['p50_legacy_search_ms']:.0f} ms for the previous re-rank with OpenBLAS's default threads"
+                  + (f" and {legacy1:.0f} ms on one BLAS thread" if legacy1 else "") +
+                  f". {b['cores']} cores shared with other jobs (load {b['load_avg_start'][0]:.1f} at the start): "
+                  "wall times are inflated; CPU seconds are this process's.", ""]
+
+
 ROOT = RESULTS.parent.parent
 BEGIN, END = "<!-- GENERATED:BEGIN (python -m benchmarks.make_table) -->", "<!-- GENERATED:END -->"
 
@@ -518,6 +542,7 @@ def performance_sections(bars: list) -> list[str]:
     lines += cold_start_section()
     lines += worker_overhead_section()
     lines += search_scale_section()
+    lines += search_batch_section()
     lines += heldout_packages_section()
     lines += rlaif_learning_section()
     lines += targets()

@@ -1,7 +1,9 @@
 """Speed and memory features of the retriever's training step, each with and without, on the
 same run settings: gradient checkpointing, bf16 mixed precision, the lazy evaluation interval,
-the memory profiler's own overhead, and evaluating each accumulated micro-batch on its own
-(`eval_micro_batches`: peak memory of one micro-batch instead of all of them).
+the memory profiler's own overhead, evaluating each accumulated micro-batch on its own
+(`eval_micro_batches`: peak memory of one micro-batch instead of all of them), and the cached
+contrastive loss (`grad_cache`: one micro-batch, plain, against --grad-cache MICROxACCUM pairs
+as ONE contrastive batch computed micro-batch by micro-batch, e.g. 16x16 = 256).
 
 Each configuration runs in its own child process (so peak memory and allocator caches belong
 to one configuration), on the recipe's step: `mlxcore.retriever.contrastive_loss_fn` in
@@ -56,7 +58,8 @@ def measure(cfg: dict) -> dict:
     params = precision.cast_frozen(params, lora.is_lora_path, cfg["dtype"])
     optimizer = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=2, total_steps=1000))
     step = make_train_step(retriever.contrastive_loss_fn(spec), optimizer,
-                           eval_micro_batches=cfg.get("eval_micro_batches", False))
+                           eval_micro_batches=cfg.get("eval_micro_batches", False),
+                           grad_cache=retriever.contrastive_parts(spec) if cfg.get("grad_cache") else None)
     opt_state = init_state(optimizer, params)
     batches = [synthetic_batch(model.vocab_size, cfg["micro"], cfg["accum"], cfg["query_len"], cfg["doc_len"], seed=i)
                for i in range(2)]
@@ -100,7 +103,7 @@ def child(cfg: dict) -> dict:
 
 
 def pairs_for(model: str, batch: int, doc_len: int, steps: int, repeats: int, warmup: int,
-              split: tuple[int, int] = (12, 4)) -> dict[str, list[dict]]:
+              split: tuple[int, int] = (12, 4), cached: tuple[int, int] = (16, 16)) -> dict[str, list[dict]]:
     """{feature: [without, with]} configurations that differ only in the feature."""
     base = {"model": model, "micro": batch, "accum": 1, "query_len": 32, "doc_len": doc_len, "dtype": "float32",
             "checkpointing": False, "steps": steps, "repeats": repeats, "warmup": warmup}
@@ -111,6 +114,8 @@ def pairs_for(model: str, batch: int, doc_len: int, steps: int, repeats: int, wa
         "eval_interval": [{**quick, "eval_interval": 1}, {**quick, "eval_interval": 4}],
         "eval_micro_batches": [quick, {**quick, "eval_micro_batches": True}],
         "profile_memory": [base, {**base, "profile": True}],
+        "grad_cache": [{**base, "micro": cached[0]},
+                       {**base, "micro": cached[0], "accum": cached[1], "grad_cache": True}],
     }
 
 
@@ -134,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--split", default="12x4", help="MICROxACCUM of the eval_interval runs (quick: 12x4, smoke: 4x2)")
+    parser.add_argument("--grad-cache", default="16x16",
+                        help="MICROxACCUM of the grad_cache run (its plain peer: one MICRO micro-batch)")
     parser.add_argument("--features", nargs="+", default=None)
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<machine>/...)")
     args = parser.parse_args(argv)
@@ -142,9 +149,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     load_before, results = os.getloadavg(), {}
     split = tuple(int(x) for x in args.split.split("x"))
+    cached = tuple(int(x) for x in args.grad_cache.split("x"))
+    if len(split) != 2 or len(cached) != 2 or min(*split, *cached) < 1:
+        parser.error("--split and --grad-cache take MICROxACCUM with both >= 1")
     for model in args.model:
         for feature, configs in pairs_for(model, args.batch, args.doc_len, args.steps, args.repeats,
-                                                    args.warmup, split).items():
+                                                    args.warmup, split, cached).items():
             if args.features and feature not in args.features:
                 continue
             rows = [child(c) for c in configs]
@@ -156,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     suffix = "_".join(args.features) if args.features else "all"
     write(f"memory_features_b{args.batch}_d{args.doc_len}_{suffix}", {
         "settings": {"batch": args.batch, "query_len": 32, "doc_len": args.doc_len, "steps": args.steps,
-                     "repeats": args.repeats, "warmup": args.warmup, "eval_interval_split": args.split, "lora": "r=16 on query,value", "weights": "random, real shapes"},
+                     "repeats": args.repeats, "warmup": args.warmup, "eval_interval_split": args.split,
+                     "grad_cache": args.grad_cache, "lora": "r=16 on query,value", "weights": "random, real shapes"},
         "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "results": results,
     }, args.machine, args.out)
 

@@ -396,7 +396,7 @@ def disk_full_records(work: Path) -> list[dict]:
             "merged model": lambda d, s: export.export_merged(encoder, combine(encoder.params, lora.init(
                 mx.random.key(s), dims, 4)), cfg.scale, d),
             "PEFT adapter": lambda d, s: export.export_peft(encoder, combine(encoder.params, lora.init(
-                mx.random.key(s), dims, 4)), cfg, cfg.targets, d, "base"),
+                mx.random.key(s), dims, 4)), cfg, d, "base"),
             "mlx-lm adapters": lambda d, s: llm_lora.save_adapters(policy.model, lora_tree, LoraConfig(
                 rank=4, alpha=8.0, targets=("q_proj", "v_proj")), None, d),
             "fused model": lambda d, s: llm_lora.fuse(policy, lora_tree, d),

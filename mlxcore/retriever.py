@@ -56,7 +56,22 @@ def contrastive_loss_fn(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gathe
     micro-batch.
     """
 
+    embed, loss_on = contrastive_parts(spec, cfg, gather_docs)
+
     def loss_fn(params, batch, key):
+        return loss_on(embed(params, batch, key), batch)
+
+    return loss_fn
+
+
+def contrastive_parts(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gather_docs: DocGather | None = None):
+    """`contrastive_loss_fn` as its two halves, (embed, loss_on), for `mlxcore.grad_cache`:
+    embed(params, batch, key) -> (q [n, Tq, D], d [n, Td, D]) or (q, d, neg [n * K, Tn, D]): the
+    encoder's part, row i of each output depending on row i of the batch alone;
+    loss_on(embeddings, batch) -> (loss, {"info_nce", "margin"}): the scoring and the loss, from
+    the embeddings and the batch's masks (neg_mask [n, K, Tn] when there are negatives)."""
+
+    def embed(params, batch, key):
         q_key, d_key = mx.random.split(key)
         batches = [(batch["query_ids"], batch["query_mask"]), (batch["doc_ids"], batch["doc_mask"])]
         keys = [q_key, d_key]
@@ -65,18 +80,21 @@ def contrastive_loss_fn(spec: EncoderSpec, cfg: LossConfig = LossConfig(), gathe
             batches.append((batch["neg_ids"].reshape(n * k, tn), batch["neg_mask"].reshape(n * k, tn)))
             keys.append(mx.random.split(d_key)[1])
         # one encoder pass for all of them where the shapes allow (on CUDA)
-        q, d, *neg = joint_token_embeddings(params, batches, spec, keys)
+        return tuple(joint_token_embeddings(params, batches, spec, keys))
+
+    def loss_on(embeddings, batch):
+        q, d, *neg = embeddings
         d_mask, positives = batch["doc_mask"], None
         if gather_docs is not None:
             d, d_mask, positives = gather_docs(d, d_mask, q.shape[0])
         if neg:
-            neg, neg_mask = neg[0], batches[2][1]
+            neg, neg_mask = neg[0], batch["neg_mask"].reshape(neg[0].shape[:2])
         else:
             neg, neg_mask = mx.zeros((0, 1, q.shape[-1]), d.dtype), mx.zeros((0, 1), mx.bool_)
         return retrieval.hard_negative_loss(q, batch["query_mask"], d, d_mask, neg, neg_mask, cfg.temperature,
                                             cfg.margin, cfg.margin_weight, cfg.xtr_k_train, positives)
 
-    return loss_fn
+    return embed, loss_on
 
 
 def training_loss(spec: EncoderSpec, cfg: LossConfig, qat_rules: tuple[quant.QuantRule, ...] = (),
@@ -85,6 +103,13 @@ def training_loss(spec: EncoderSpec, cfg: LossConfig, qat_rules: tuple[quant.Qua
     model when there are QAT rules (so it learns the model post-training quantisation makes)."""
     loss_fn = contrastive_loss_fn(spec, cfg, gather_docs)
     return with_fake_quant(loss_fn, qat_rules, lora_scale) if qat_rules else loss_fn
+
+
+def training_parts(spec: EncoderSpec, cfg: LossConfig, qat_rules: tuple[quant.QuantRule, ...] = (),
+                   lora_scale: float = 1.0):
+    """`training_loss` as (embed, loss_on) for `mlxcore.grad_cache` (one process: no document gather)."""
+    embed, loss_on = contrastive_parts(spec, cfg)
+    return (with_fake_quant(embed, qat_rules, lora_scale) if qat_rules else embed), loss_on
 
 
 def with_fake_quant(loss_fn, rules: tuple[quant.QuantRule, ...], lora_scale: float):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from mlxcore.grad_cache import EmbedFn, LossOnFn, cached_value_and_grad
 from mlxcore.lora import is_lora_path
 from mlxcore.optim import (
     Optimizer,
@@ -87,6 +88,7 @@ def make_train_step(
     reduce_grads: Callable[[Tree], Tree] | None = None,
     jit: bool = True,
     eval_micro_batches: bool = False,
+    grad_cache: tuple[EmbedFn, LossOnFn] | None = None,
 ):
     """Build `step(params, opt_state, batch, step_no) -> (params, opt_state, metrics)`.
 
@@ -100,6 +102,11 @@ def make_train_step(
     instead of one graph for the whole step: peak memory holds one micro-batch's activations
     (not `accum` of them) at the cost of a host sync per micro-batch. Same sums in the same
     order, so the same update up to kernel rounding.
+
+    grad_cache: (embed, loss_on) (`mlxcore.retriever.contrastive_parts`): the accum x micro
+    pairs of a step are ONE contrastive batch (every query against all their documents),
+    computed micro-batch by micro-batch (`mlxcore.grad_cache`): peak memory of one micro-batch,
+    one host sync per micro-batch; `loss_fn` is not used.
     """
 
     def grad_of_trainable(train: Tree, frozen: Tree, micro: Tree, key: mx.array):
@@ -127,6 +134,15 @@ def make_train_step(
         )
         return apply(train, frozen, opt_state, loss, aux, grads)
 
+    if grad_cache is not None:
+        cached, apply_fn = cached_value_and_grad(*grad_cache, jit=jit), mx.compile(apply) if jit else apply
+
+        def cached_step(params: Tree, opt_state: Tree, batch: Tree, step_no: mx.array):
+            train, frozen = partition(params, trainable)
+            loss, aux, grads = cached(train, frozen, batch, step_keys(batch, step_no))
+            return apply_fn(train, frozen, opt_state, loss, aux, grads)
+
+        return cached_step
     if not eval_micro_batches:
         return mx.compile(step) if jit else step
 

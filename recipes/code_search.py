@@ -159,13 +159,15 @@ class Searcher:
     def search(self, queries: list[str], mode: str, top_k: int = 10, alpha: float | None = None,
                fusion: str = "interp", nprobe: int | None = None, candidates: int | None = None
                ) -> list[list[tuple[int, float]]]:
+        """Ranked (document, score) lists, one per query: the queries encoded in batches and
+        re-ranked together (`Index.search_many`: the results of one-at-a-time search)."""
         check_args(top_k, alpha, nprobe, candidates)
         for i, q in enumerate(queries):
             if not isinstance(q, str) or not q.strip():
                 raise SearchArgumentError(f"query {i + 1} is empty")
         embs = self.embedder.embed(queries) if mode != "bm25" else [None] * len(queries)
-        return [self.index.search(q, None if e is None else e.astype(np.float32), mode, top_k, alpha, fusion,
-                                  nprobe, candidates) for q, e in zip(queries, embs, strict=True)]
+        return self.index.search_many(queries, [None if e is None else e.astype(np.float32) for e in embs], mode,
+                                      top_k, alpha, fusion, nprobe, candidates)
 
 
 def search(index_dir: Path, queries: list[str], mode: str, top_k: int = 10, alpha: float | None = None,

@@ -35,12 +35,13 @@ from mlxcore.fields import bounded
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
-from mlxcore.tree import partition
+from mlxcore.tree import combine, partition
 from mlxio import kernel_cache
 from mlxio.data import pairs, pypi_sources, xtr_data
 from mlxio.data.token_cache import DataPosition
-from mlxio.errors import ConfigError
+from mlxio.errors import ConfigError, LoadError
 from mlxio.run import batch_sizer, budget, checkpoint, config, context, distributed
+from mlxio.run.best import BestKeeper
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
@@ -49,7 +50,7 @@ from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.search.evaluation import Evaluator, baselines, eval_scalars, results_table, summary_line
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.cards import base_model_name, command_line
-from mlxio.weights.encoders import default_encoder_path
+from mlxio.weights.encoders import default_encoder_path, load_encoder
 from mlxio.weights.export import export_retriever, mean_pooling_view
 from mlxio.weights.quantize import save_ptq
 from mlxio.weights.retriever import load_trainable
@@ -80,8 +81,19 @@ class DataConfig:
     # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
     packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
     heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
-    hard_negatives: int = 1  # K hard negatives per query beside the in-batch ones (0: in-batch only)
-    negative_miners: tuple[str, ...] = ("bm25",)  # "bm25" and/or "model" (the current model); JSONL negatives first
+    hard_negatives: int = bounded(1, ge=0, le=64)  # K hard negatives per query beside the in-batch ones (0: in-batch only)
+    # "bm25" and/or "model" (the guide's MaxSim); JSONL negatives first. Every miner's top
+    # negative_rank_max candidates are scored by the guide's MaxSim: one above (1 - relative
+    # margin) x its positive's score, or within the absolute margin of it, is dropped as a likely
+    # false negative (NV-Retriever's TopK-PercPos 95%); the first negative_rank_min survivors are skipped
+    negative_miners: tuple[str, ...] = ("bm25",)
+    negative_rank_min: int = bounded(0, ge=0, le=4096)  # skip this many of each miner's surviving candidates
+    negative_rank_max: int = bounded(32, ge=1, le=4096)  # each miner's top N candidates are considered
+    negative_relative_margin: float = bounded(0.05, ge=0, lt=1)  # drop a candidate above (1 - this) x its positive's MaxSim
+    negative_absolute_margin: float = bounded(0.0, ge=0, le=2)  # drop a candidate within this of its positive's MaxSim
+    # the guide: a model directory or hub id (e.g. a first run's merged/: rescoring by a fine-tuned
+    # model), or None: the model being trained, before training
+    negative_guide: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -95,6 +107,13 @@ class TrainConfig:
     projection_dim: int = 0  # > 0: add a trainable projection when the encoder has none
     max_consecutive_skips: int = bounded(10, ge=1)  # non-finite steps in a row before the run stops
     eval_interval: int = bounded(1, ge=1)  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
+    # > 0: semantic metrics on the dev queries (held out for the fusion weight) every N optimizer
+    # steps and at the last; the best step by dev MRR@10 is kept (out_dir/best/), evaluated and exported
+    dev_eval_every: int = bounded(0, ge=0)
+    # all micro_batch x accum pairs of a step form ONE contrastive batch (every query against all
+    # their documents), computed micro-batch by micro-batch (mlxcore.grad_cache: GradCache): the
+    # in-batch negatives of a large batch in the memory of one micro-batch; ~1.3x a plain step's time
+    grad_cache: bool = False
     seed: int = 0
     # mx.compile the training step and the evaluation's forward + MaxSim. None (auto): yes, except
     # on a CUDA device, where a fresh machine compiles each fused kernel with NVRTC (3-4 s each:
@@ -183,6 +202,12 @@ def validate(cfg: Config, source: str = "config") -> None:
     """Every field against its declared range, and the settings parsed from strings (quant
     rules): ConfigError naming the field, before anything loads."""
     config.check(cfg, source)
+    if cfg.data.negative_rank_min >= cfg.data.negative_rank_max:
+        raise ConfigError(f"data.negative_rank_min ({cfg.data.negative_rank_min}) must be below "
+                          f"data.negative_rank_max ({cfg.data.negative_rank_max})", where=source)
+    unknown = sorted(set(cfg.data.negative_miners) - {"bm25", "model"})
+    if unknown:
+        raise ConfigError(f"data.negative_miners: unknown {unknown} (choose from 'bm25', 'model')", where=source)
     quant_io.parse_rules(cfg.quant.qat, "quant.qat")
     quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
     if cfg.data.hard_negatives == 0 and cfg.train.micro_batch < 2:
@@ -197,7 +222,8 @@ def trajectory_hash(d: dict) -> str:
     """The hash of the settings (of a config as a dict, `config.to_dict(cfg)`) that decide the
     trained weights: resume refuses a checkpoint whose hash differs."""
     d = {**d, "train": {k: v for k, v in d["train"].items()
-                        if k not in ("log_every", "checkpoint_every", "eval_batch", "eval_interval", "compile")},
+                        if k not in ("log_every", "checkpoint_every", "eval_batch", "eval_interval", "compile",
+                                     "dev_eval_every")},
          "quant": {k: v for k, v in d["quant"].items() if k != "ptq"}}
     return checkpoint.config_hash({k: v for k, v in d.items() if k not in ("out_dir", "cache_dir", "export", "report_to")})
 
@@ -246,21 +272,32 @@ def main(argv: list[str] | None = None) -> dict:
                          batch=cfg.train.eval_batch, compiled=cfg.train.compile)
     clock.lap("load_model", f"{Path(model_path).name}, {model.trainable_params:,} trainable parameters")
 
-    # ---- data: pairs (+ hard negatives, the "model" miner uses the untrained model), held-out tasks, token cache
-    data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, lambda texts, max_length: xtr_data.pooled_vectors(
-        model.untrained, encoder, texts, max_length, cfg.train.eval_batch))
+    # ---- data: pairs (+ hard negatives, mined and guarded by the guide's MaxSim), held-out tasks, token cache
+    guide, guide_params, guide_id = encoder, model.untrained, f"{model_path} untrained seed {cfg.train.seed}"
+    if cfg.data.negative_guide:
+        try:
+            guide = load_encoder(cfg.data.negative_guide)
+        except LoadError as err:
+            raise ConfigError(f"data.negative_guide does not load: {err}") from None
+        guide_params, guide_id = guide.params, str(Path(cfg.data.negative_guide).resolve())
+    data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, lambda texts, max_length: xtr_data.token_embeddings(
+        guide_params, guide, texts, max_length, cfg.train.eval_batch), guide_id)
     clock.lap("data", f"{len(data.train):,} training pairs")  # mining (or its cache), splits, hard negatives
     tokens = xtr_data.tokenise(data.train, cfg.data, encoder.tokenizer, cache_dir)
     clock.lap("tokenise", f"{len(data.train):,} pairs in the token cache")
 
     # ---- loss, compiled step, resume
     optimizer = make_optimizer(cfg.optim)
+    if cfg.train.grad_cache and world.size > 1:
+        raise ConfigError("train.grad_cache runs on one process (its documents are not gathered across ranks)")
+    grad_cache = retriever.training_parts(model.spec, cfg.loss, quant_io.parse_rules(cfg.quant.qat, "quant.qat"),
+                                          cfg.lora.scale) if cfg.train.grad_cache else None
     loss_fn = retriever.training_loss(model.spec, cfg.loss, quant_io.parse_rules(cfg.quant.qat, "quant.qat"),
                                       cfg.lora.scale, distributed.document_gather(world))
     step_fn = make_train_step(distributed.data_parallel_loss(loss_fn, world),
                               optimizer, trainable=trainable, clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
                               reduce_grads=distributed.grad_reducer(world), jit=kernel_cache.use_compile(cfg.train.compile),
-                              eval_micro_batches=cfg.memory.eval_micro_batches)
+                              eval_micro_batches=cfg.memory.eval_micro_batches, grad_cache=grad_cache)
     run_id = {"config_hash": trajectory_hash(config.to_dict(cfg)), "base_model": model_path}
     params, opt_state, resumed = context.resume_into(
         flags.resume, out_dir, run_id, params, init_state(optimizer, params, trainable), world, config.to_dict(cfg),
@@ -276,6 +313,20 @@ def main(argv: list[str] | None = None) -> dict:
         untrained = {**baseline.results, **({"heldout_packages": baseline.packages} if baseline.packages else {})}
         clock.lap("untrained_eval", summary_line(untrained, "untrained"))
 
+    # ---- dev evaluation every N steps: the best step is what the run evaluates and exports
+    on_dev, keeper = None, None
+    if cfg.train.dev_eval_every and world.is_main:
+        if not any(t.dev_queries for t in baseline.tasks):
+            raise ConfigError("train.dev_eval_every needs dev queries; this run's held-out sets left none "
+                              "(raise data.eval_fraction or set data.dev_queries)")
+        keeper = BestKeeper.open(out_dir, "dev_mrr@10", resume_step=start_step if resumed else None)
+
+        def on_dev(step: int, trained) -> None:
+            metrics = evaluate.dev(precision.restore_frozen(trained, model.untrained, trainable), baseline.tasks)
+            loop.write({"step": step, **metrics})
+            if keeper.offer(step, metrics, partition(trained, trainable)[0]):
+                log.info("step %d: dev MRR@10 %.4f, the best so far (kept in %s)", step, keeper.value, keeper.root)
+
     # ---- train
     plan = None  # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit
     if cfg.memory.auto_batch:
@@ -290,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict:
     batches = tokens.batches(cfg.train.micro_batch, cfg.train.accum, cfg.train.seed,
                              DataPosition(**resumed.meta["data_position"]) if resumed else DataPosition(),
                              cfg.data.bucket, world)
-    params, opt_state, train_s, micro = train(cfg, loop, step_fn, params, opt_state, batches, trainable, plan)
+    params, opt_state, train_s, micro = train(cfg, loop, step_fn, params, opt_state, batches, trainable, plan, on_dev)
     records = loop.reporter.read() if world.is_main else []
     samples_per_step, steps_run = cfg.train.micro_batch * cfg.train.accum, loop.end - start_step
     clock.lap("train", f"{steps_run} steps at {samples_per_step * steps_run / max(train_s, 1e-9):.1f} samples/s"
@@ -301,6 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---- evaluate, report, export (float32 base again), post-training quantisation
     params = precision.restore_frozen(params, model.untrained, trainable)
+    if keeper is not None and keeper.step is not None and keeper.step != cfg.train.steps:
+        params = combine(partition(params, trainable)[1], keeper.load())  # the best dev step's adapters
     single_vector = cfg.export and "projection" not in params and mean_pooling_view(encoder)  # merged/ in ST
     results = {**baseline.with_fine_tuned(evaluate, params, single_vector),
                "data": {"sources": data.sources, **data.report}}
@@ -321,12 +374,19 @@ def main(argv: list[str] | None = None) -> dict:
                   "of held-out files and held-out packages together by the one-standard-error rule (the most "
                   "semantic weight within one SE of the best dev MRR@10; fusion_dev); RRF k=60 when too few",
     }
+    if keeper is not None:
+        results["dev_eval"] = {
+            "every": cfg.train.dev_eval_every, "metric": "semantic mrr@10 over the dev queries of every held-out set "
+            "(dev_<metric>_0: held-out files, _1: held-out packages)", "best_step": keeper.step, "best": keeper.value,
+            "curve": [r for r in records if "dev_mrr@10" in r]}
+    # the step whose weights were evaluated above and are exported below
+    results["run"]["weights_step"] = keeper.step if keeper is not None and keeper.step else cfg.train.steps
     write_json_atomic(out_dir / "eval.json", results)
     log.info("results:\n%s", results_table(results))
-    plot_curves(records, out_dir / "curves.png", ("loss", "info_nce", "margin", "lr", "samples_per_s"),
+    plot_curves(records, out_dir / "curves.png", ("loss", "info_nce", "margin", "dev_mrr@10", "lr", "samples_per_s"),
                 f"xtr_lora: {Path(model_path).name} (means over each logging window)")
     if cfg.export:
-        export_retriever(encoder, params, cfg.lora, model.targets, out_dir, query_length=cfg.data.max_query_len,
+        export_retriever(encoder, params, cfg.lora, out_dir, query_length=cfg.data.max_query_len,
                          document_length=cfg.data.max_doc_len, base=base_model_name(model_path), results=results,
                          command=command_line(argv, "recipes.xtr_lora"),
                          data=xtr_data.training_note(cfg.data, steps_run, samples_per_step, data.task,
@@ -338,9 +398,10 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
-def train(cfg: Config, loop: TrainLoop, step_fn, params, opt_state, batches, trainable, plan):
+def train(cfg: Config, loop: TrainLoop, step_fn, params, opt_state, batches, trainable, plan, on_dev=None):
     """Optimizer steps loop.start .. loop.end - 1, evaluated lazily every `train.eval_interval`
-    steps (and at checkpoints); a metrics record every `train.log_every`. Returns (params,
+    steps (and at checkpoints and dev evaluations); a metrics record every `train.log_every`;
+    `on_dev(step, params)` every `train.dev_eval_every` steps and at the run's last. Returns (params,
     opt_state, seconds in training steps (data waits included, evaluation and checkpoints
     not), the micro-batch the run ended with (auto_batch may shrink it))."""
     samples_per_step = cfg.train.micro_batch * cfg.train.accum
@@ -358,7 +419,9 @@ def train(cfg: Config, loop: TrainLoop, step_fn, params, opt_state, batches, tra
                 if first and kernel_cache.on_gpu():  # wait here, so the notice names the shape
                     mx.eval(params, opt_state, metrics)
             pending.append((step_no + 1, metrics))
-            if (step_no + 1) % cfg.train.eval_interval and not loop.checkpoint_due(step_no + 1):
+            every = cfg.train.dev_eval_every
+            dev_due = on_dev is not None and ((step_no + 1) % every == 0 or step_no + 1 == cfg.train.steps)
+            if (step_no + 1) % cfg.train.eval_interval and not loop.checkpoint_due(step_no + 1) and not dev_due:
                 continue  # stay lazy: the next step builds on this one's unevaluated outputs
             mx.eval(params, opt_state, [m for _, m in pending])
             elapsed = time.perf_counter() - tic
@@ -374,6 +437,8 @@ def train(cfg: Config, loop: TrainLoop, step_fn, params, opt_state, batches, tra
             if plan is not None:  # a longer bucket than probed may need a smaller split
                 micro = batch_sizer.recheck(plan, micro, samples_per_step, peak, min_micro=2)
                 mx.reset_peak_memory()
+            if dev_due:  # not in train_s: tic restarts below
+                on_dev(step_no + 1, params)
             pending, tic = [], time.perf_counter()
     return params, opt_state, train_s, micro
 

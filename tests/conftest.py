@@ -70,15 +70,18 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/sandbox/test_sandbox.py::test_no_hostile_program_passes',
     'tests/mlxio/sandbox/test_sandbox_quota.py::test_memory_is_bounded_over_all_processes_of_a_check',
     'tests/mlxio/sandbox/test_sandbox_quota.py::test_weak_backend_polled_quota_kills_the_worker',
+    'tests/mlxio/search/test_search_batch.py::test_batched_equals_one_at_a_time',
     'tests/mlxio/search/test_search_index.py::test_cli_end_to_end',
     'tests/mlxio/search/test_search_index.py::test_index_recall_matches_exact_maxsim',
     'tests/mlxio/search/test_search_index.py::test_pq_encode_is_nearest_codeword_and_rotation_keeps_scores',
     'tests/mlxio/search/test_search_index.py::test_pq_error_falls_with_subspaces_and_beats_1bit_per_byte',
+    'tests/mlxio/search/test_search_scoring.py::test_docs_maxsim_bits_do_not_depend_on_the_neighbours',
     'tests/mlxio/test_kernel_cache.py::test_default_env_and_user_choice',
     'tests/mlxio/test_kernel_cache.py::test_prewarm_jobs_run',
     'tests/mlxio/test_pyparse.py::test_parses_like_ast_from_many_threads',
     'tests/mlxio/weights/test_llm_loading.py::test_smollm2_gguf_loads_quantised_with_its_tokenizer',
     'tests/mlxio/weights/test_llm_loading.py::test_smollm2_predicts_code',
+    'tests/mlxio/weights/test_peft_export.py::test_peft_loads_the_export_without_warnings',
     'tests/mlxio/weights/test_safeload_fuzz.py::test_batch_child_flags_one_large_allocation',
     'tests/mlxio/weights/test_safeload_fuzz.py::test_batch_child_memory_is_its_own',
     'tests/mlxio/weights/test_safeload_fuzz.py::test_random_corruptions_never_crash',
@@ -86,6 +89,7 @@ FAST_LANE_EXCLUDES = {
     'tests/recipes/test_bad_inputs.py::test_readers_during_updates_never_fail',
     'tests/recipes/test_bad_inputs.py::test_wandb_that_cannot_start_is_one_line',
     'tests/recipes/test_bad_inputs.py::test_worker_cli_is_strict',
+    'tests/recipes/test_xtr_dev_eval.py::test_dev_eval_every_is_range_checked',
 }
 
 

@@ -2,20 +2,30 @@
 retriever ranks high but that is not the answer.
 
 Two miners, each over the training pairs' own code: BM25 (lexical overlap of the query with the
-code) and the current model (cosine of mean-pooled token embeddings). A candidate is never the
-query's positive, nor a near-duplicate of it (same normalised code, or code-term Jaccard
-similarity >= `near_dup`), nor code whose own docstring query is the same sentence (two
-functions documented alike are not negatives of each other). Negatives a JSONL line gives
-(`"negatives"`) come first; the miners fill the rest, alternating; a query with fewer than `k`
-mined candidates is topped up with seeded random training code (plain extra negatives), so
-every pair has exactly `k` and the batches have one shape.
+code) and a model (`mine_maxsim`: the candidates of its mean-pooled vectors re-ranked by its own
+MaxSim, the score the retriever trains). A candidate is never the query's positive, nor a
+near-duplicate of it (same normalised code, or code-term Jaccard similarity >= `near_dup`), nor
+code whose own docstring query is the same sentence (two functions documented alike are not
+negatives of each other).
+
+False negatives (code that answers the query as well as its positive: the reason one BM25
+negative per pair lowered quality here) are guarded against as sentence-transformers'
+`mine_hard_negatives` and NV-Retriever's "TopK-PercPos" do (`guard`): each miner's top
+`rank_max` candidates are scored by a model's MaxSim - the model being trained, or a guide such
+as a first run's fine-tuned export (GISTEmbed's guide) - and a candidate scoring above
+(1 - relative margin) x its positive's score, or within the absolute margin of it, is dropped;
+the first `rank_min` survivors are skipped (the rank window); up to k are kept per miner.
+
+Negatives a JSONL line gives (`"negatives"`) come first; the miners fill the rest, alternating;
+a query with fewer than `k` mined candidates is topped up with seeded random training code
+(plain extra negatives), so every pair has exactly `k` and the batches have one shape.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
@@ -95,32 +105,90 @@ def mine_bm25(pairs: Sequence[Pair], k: int, excluder: Excluder, pool: int = 32)
     return out
 
 
-def mine_dense(query_vecs: np.ndarray, code_vecs: np.ndarray, k: int, excluder: Excluder,
-               pool: int = 32, block: int = 1024) -> list[list[int]]:
-    """Per query i (unit vectors [n, D], codes [n, D], pairs indexed alike), up to `k`
-    allowed code indices with the highest cosine, best first."""
+@attrs.frozen
+class Tokens:
+    """Token embeddings of n texts, padded: vectors float16 [n, T, D] (unit rows; zeros past a
+    text's length) and lengths int [n] >= 1."""
+
+    vectors: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, embedded) -> Tokens:
+        """From `mlxio.search.embeddings.Embedded` (length-sorted blocks) in text order."""
+        width = max((int(np.asarray(mask).shape[1]) for _, _, mask in embedded.blocks), default=1)
+        dim = next((int(emb.shape[-1]) for _, emb, _ in embedded.blocks), 1)
+        vectors = np.zeros((embedded.n, width, dim), np.float16)
+        lengths = np.ones(embedded.n, np.int64)
+        for rows, emb, mask in embedded.blocks:
+            m = np.asarray(mask, bool)
+            e = np.asarray(emb, np.float32) * m[..., None]
+            vectors[np.asarray(rows), :e.shape[1]] = e
+            lengths[np.asarray(rows)] = np.maximum(m.sum(1), 1)
+        return cls(vectors, lengths)
+
+    def pooled(self) -> np.ndarray:
+        """Unit mean-pooled vectors float32 [n, D] (padding is zeros, so the sum is the real tokens')."""
+        v = self.vectors.astype(np.float32).sum(1) / self.lengths[:, None]
+        return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+
+def maxsim(queries: Tokens, i: int, docs: Tokens, cands: Sequence[int]) -> np.ndarray:
+    """MaxSim float32 [len(cands)] of query i against documents `cands`: for each real query
+    token the best cosine over the document's real tokens, averaged (`mlxcore.retrieval.maxsim`)."""
+    cands = np.asarray(cands, np.int64)
+    if len(cands) == 0:
+        return np.zeros(0, np.float32)
+    q = queries.vectors[i, :queries.lengths[i]].astype(np.float32)  # [Tq, D]
+    width = int(docs.lengths[cands].max())
+    d = docs.vectors[cands, :width].astype(np.float32)  # [c, T, D]
+    sims = (d.reshape(-1, d.shape[-1]) @ q.T).reshape(len(cands), width, len(q))
+    sims[np.arange(width)[None, :] >= docs.lengths[cands][:, None]] = -np.inf
+    return sims.max(axis=1).mean(axis=1)
+
+
+def mine_maxsim(queries: Tokens, docs: Tokens, rank_max: int, pool_factor: int = 4) -> list[np.ndarray]:
+    """Per query i (pairs indexed alike: doc i is its positive), the `rank_max` other documents
+    with the highest MaxSim, best first, among the `pool_factor * rank_max` nearest by
+    mean-pooled cosine (MaxSim over every document would cost n^2 x Tq x Td)."""
+    qv, dv = queries.pooled(), docs.pooled()
     out = []
-    for start in range(0, len(query_vecs), block):
-        sims = query_vecs[start:start + block] @ code_vecs.T
-        for r, row in enumerate(sims):
-            out.append(_pick(_top(row, pool), start + r, k, excluder))
+    for i in range(len(qv)):
+        cosine = dv @ qv[i]
+        cosine[i] = -np.inf
+        pool = _top(cosine, min(pool_factor * rank_max, len(cosine) - 1)) if len(cosine) > 1 else np.zeros(0, int)
+        scores = maxsim(queries, i, docs, pool)
+        out.append(pool[np.argsort(-scores, kind="stable")][:rank_max])
     return out
 
 
-def pooled_vectors(embed: Callable[[list[str], int], object], texts: Sequence[str], max_length: int) -> np.ndarray:
-    """Unit mean-pooled vectors float32 [n, D] of `texts` from `embed(texts, max_length)` ->
-    `mlxio.search.embeddings.Embedded` (per-token unit embeddings in blocks)."""
-    embedded = embed(list(texts), max_length)
-    out = None
-    for rows, emb, mask in embedded.blocks:
-        e, m = np.asarray(emb, np.float32), np.asarray(mask, np.float32)[..., None]
-        v = (e * m).sum(1) / np.maximum(m.sum(1), 1.0)
-        if out is None:
-            out = np.zeros((embedded.n, v.shape[-1]), np.float32)
-        out[np.asarray(rows)] = v
-    if out is None:
-        return np.zeros((0, 0), np.float32)
-    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+def guard(ranked: Sequence[Sequence[Sequence[int]]], k: int, excluder: Excluder, scores, *,
+          rank_min: int = 0, relative_margin: float = 0.0, absolute_margin: float = 0.0
+          ) -> tuple[list[list[list[int]]], dict]:
+    """Each miner's ranked candidates (`ranked[m][i]`, best first) with likely false negatives
+    removed: per query i, `scores(i, cands)` -> the guide's scores float [len(cands)] of its
+    positive (cands[0] = i) and candidates; candidate j goes when excluded (`excluder`) or when
+    s_j > (1 - relative_margin) * s_i or s_j > s_i - absolute_margin; the first `rank_min`
+    survivors are skipped and up to k kept. Returns (kept[m][i], counts of what was dropped)."""
+    counts = {"candidates": 0, "excluded": 0, "false_negative_margin": 0, "rank_window": 0}
+    kept: list[list[list[int]]] = [[] for _ in ranked]
+    for i in range(len(ranked[0]) if ranked else 0):
+        cands = list(dict.fromkeys(int(j) for miner in ranked for j in miner[i]))
+        s = dict(zip([i, *cands], np.asarray(scores(i, [i, *cands]), np.float64).tolist(), strict=True))
+        ceiling = min((1.0 - relative_margin) * s[i], s[i] - absolute_margin)
+        for m, miner in enumerate(ranked):
+            survivors = []
+            for j in (int(j) for j in miner[i]):
+                counts["candidates"] += 1
+                if not excluder.allowed(i, j):
+                    counts["excluded"] += 1
+                elif s[j] > ceiling:
+                    counts["false_negative_margin"] += 1
+                else:
+                    survivors.append(j)
+            counts["rank_window"] += min(rank_min, len(survivors))
+            kept[m].append(survivors[rank_min:rank_min + k])
+    return kept, counts
 
 
 def attach(pairs: Sequence[Pair], k: int, mined: Sequence[Sequence[Sequence[int]]], seed: int,

@@ -155,7 +155,7 @@ def drop_eval_queries(train: list, tasks: list[Task]) -> tuple[list, int]:
     return kept, len(train) - len(kept)
 
 
-def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
+def load_data(data, cache_dir: Path, seed: int, model_tokens=None, model_id: str | None = None) -> Data:
     """Pairs and held-out tasks for a DataConfig (see `Data`).
 
     Sources: `data.source` (the stdlib when None; a folder; or a .jsonl) plus every pinned
@@ -167,8 +167,9 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
     file (`pairs.split_by_file`). Training
     queries equal to any evaluation query are dropped. With `data.hard_negatives` = K > 0,
     every training pair gets K negatives (`hard_negatives.attach`): its JSONL negatives, then
-    the `data.negative_miners` ("bm25", "model"; "model" needs `model_vectors(texts,
-    max_length) -> unit [n, D]`).
+    the `data.negative_miners` ("bm25", "model"), guarded against false negatives by
+    `model_tokens(texts, max_length) -> Embedded` (`with_hard_negatives`); cached in cache_dir
+    under `model_id` (what model_tokens embeds with) and everything else they depend on.
     """
     source = Path(data.source) if data.source else pairs.stdlib_root()
     specs = tuple(getattr(data, "packages", ()))
@@ -227,8 +228,23 @@ def load_data(data, cache_dir: Path, seed: int, model_vectors=None) -> Data:
               "cross_source_duplicates": sum(removed.values())}
     k = getattr(data, "hard_negatives", 0)
     if k > 0:
-        train, report["hard_negatives"] = with_hard_negatives(train, k, tuple(data.negative_miners), seed,
-                                                              model_vectors, data.max_query_len, data.max_doc_len)
+        window = (getattr(data, "negative_rank_min", 0), getattr(data, "negative_rank_max", 32))
+        margins = (getattr(data, "negative_relative_margin", 0.0), getattr(data, "negative_absolute_margin", 0.0))
+        key = {"v": 1, "pairs": _digest([(p.query, p.code, p.negatives) for p in train]), "k": k, "seed": seed,
+               "miners": list(data.negative_miners), "window": window, "margins": margins, "model": model_id,
+               "lengths": (data.max_query_len, data.max_doc_len)}
+        path = cache_dir / f"negatives-{_digest(key)[:24]}.json"
+        if model_id is not None and path.exists():
+            cached = json.loads(path.read_text())
+            train = [attrs.evolve(p, negatives=tuple(n)) for p, n in zip(train, cached["negatives"], strict=True)]
+            report["hard_negatives"] = {**cached["report"], "cached": str(path)}
+        else:
+            train, report["hard_negatives"] = with_hard_negatives(
+                train, k, tuple(data.negative_miners), seed, model_tokens, data.max_query_len, data.max_doc_len,
+                window, *margins)
+            if model_id is not None:
+                write_json_atomic(path, {"negatives": [list(p.negatives) for p in train],
+                                         "report": report["hard_negatives"]})
     log.info("data: %d training pairs; eval %d queries (+%d dev) over %d candidates%s", len(train),
              len(task.queries), len(task.dev_queries), len(task.candidates),
              f"; held-out packages {len(package_task.queries)} queries over "
@@ -260,29 +276,53 @@ def test_queries(ev: pairs.EvalSet, data, dev: int) -> int:
     return n_test
 
 
-def with_hard_negatives(train: list, k: int, miners: tuple[str, ...], seed: int, model_vectors=None,
-                        max_query_len: int = 32, max_doc_len: int = 128) -> tuple[list, dict]:
-    """`train` with k negatives per pair from the named miners (see `hard_negatives`)."""
+def with_hard_negatives(train: list, k: int, miners: tuple[str, ...], seed: int, model_tokens=None,
+                        max_query_len: int = 32, max_doc_len: int = 128, window: tuple[int, int] = (0, 32),
+                        relative_margin: float = 0.0, absolute_margin: float = 0.0) -> tuple[list, dict]:
+    """`train` with k negatives per pair from the named miners (see `hard_negatives`).
+
+    model_tokens(texts, max_length) -> `mlxio.search.embeddings.Embedded` (a model's token
+    embeddings: the model being trained, or a guide): with it, the "model" miner ranks by its
+    MaxSim and every miner's candidates pass `hard_negatives.guard` (the rank window
+    [window[0], window[1]) and the false-negative margins, scored by its MaxSim); without it only
+    "bm25" can run, unguarded."""
     bad = sorted(set(miners) - {"bm25", "model"})
     if bad:
         raise DataError(f"data.negative_miners: unknown {bad} (choose from bm25, model)")
+    if "model" in miners and model_tokens is None:
+        raise DataError("data.negative_miners 'model' needs a model (model_tokens)")
+    rank_min, rank_max = window
     excluder = hard_negatives.Excluder.of(train)
-    mined, timing = [], {}
+    ranked, timing, report = [], {}, {}
     if "bm25" in miners:
         t = time.perf_counter()
-        mined.append(hard_negatives.mine_bm25(train, k, excluder))
+        ranked.append(hard_negatives.mine_bm25(train, rank_max if model_tokens is not None else k, excluder
+                                               if model_tokens is None else _AllowAll(), pool=max(32, rank_max)))
         timing["bm25_s"] = round(time.perf_counter() - t, 1)
-    if "model" in miners:
-        if model_vectors is None:
-            raise DataError("data.negative_miners 'model' needs the current model (model_vectors)")
+    if model_tokens is not None:
         t = time.perf_counter()
-        qv = model_vectors([p.query for p in train], max_query_len)
-        cv = model_vectors([p.code for p in train], max_doc_len)
-        mined.append(hard_negatives.mine_dense(qv, cv, k, excluder))
+        queries = hard_negatives.Tokens.of(model_tokens([p.query for p in train], max_query_len))
+        codes = hard_negatives.Tokens.of(model_tokens([p.code for p in train], max_doc_len))
+        timing["embed_s"] = round(time.perf_counter() - t, 1)
+        t = time.perf_counter()
+        if "model" in miners:
+            ranked.append([list(r) for r in hard_negatives.mine_maxsim(queries, codes, rank_max)])
+        ranked, report = hard_negatives.guard(ranked, k, excluder,
+                                              lambda i, cands: hard_negatives.maxsim(queries, i, codes, cands),
+                                              rank_min=rank_min, relative_margin=relative_margin,
+                                              absolute_margin=absolute_margin)
         timing["model_s"] = round(time.perf_counter() - t, 1)
-    out, counts = hard_negatives.attach(train, k, mined, seed, excluder)
-    log.info("hard negatives: %d per pair (%s) %s in %s", k, "+".join(miners) or "given only", counts, timing)
-    return out, {"k": k, "miners": list(miners), **counts, **timing}
+    out, counts = hard_negatives.attach(train, k, ranked, seed, excluder)
+    log.info("hard negatives: %d per pair (%s) %s, dropped %s in %s", k, "+".join(miners) or "given only", counts,
+             report, timing)
+    return out, {"k": k, "miners": list(miners), **counts, "dropped": report, **timing}
+
+
+class _AllowAll:
+    """An excluder that keeps everything (`guard` applies the real one, counting what it drops)."""
+
+    def allowed(self, i: int, j: int) -> bool:
+        return i != j
 
 
 def load_task(data, cache_dir: Path, seed: int) -> tuple[list[pairs.Pair], Task]:
@@ -302,13 +342,12 @@ def cached_eval(cache_dir: Path, key: dict, compute: Callable[[], dict]) -> dict
     return result
 
 
-def pooled_vectors(params, encoder, texts, max_length: int, batch: int = 64) -> np.ndarray:
-    """Unit mean-pooled vectors [n, D] of `texts` under `params` (for mining negatives)."""
+def token_embeddings(params, encoder, texts, max_length: int, batch: int = 64):
+    """`mlxio.search.embeddings.Embedded` of `texts` under `params` (for mining negatives)."""
     from mlxio.search import embeddings
 
-    return hard_negatives.pooled_vectors(
-        lambda t, m: embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, t, m, batch,
-                                            desc="hard negatives: embedding"), texts, max_length)
+    return embeddings.embed_texts(params, encoder.spec, encoder.tokenizer, texts, max_length, batch,
+                                  desc="hard negatives: embedding")
 
 
 def training_note(data, steps: int, pairs_per_step: int, task: Task, package_task: Task | None = None) -> str:

@@ -74,6 +74,28 @@ class Evaluator:
         return out
 
 
+    def dev(self, params, tasks: list[xtr_data.Task]) -> dict:
+        """Semantic metrics of `params` on the dev queries of `tasks` (the queries held out for the
+        fusion weight; never a test query), over each task's candidates: {"dev_<metric>": mean over
+        every dev query of all the tasks} plus each task's own ("dev_<metric>_<i>", i = 0: held-out
+        files, 1: held-out packages). What a run's dev evaluation every N steps records and picks
+        its best checkpoint by."""
+        enc, out, weighted = self.encoder, {}, {}
+        n = sum(len(t.dev_queries) for t in tasks)
+        for i, task in enumerate(tasks):
+            if not task.dev_queries:
+                continue
+            queries, docs = (embeddings.embed_texts(params, enc.spec, enc.tokenizer, texts, length, self.batch,
+                                                    desc=f"dev eval: {what}", compiled=self.compiled)
+                             for texts, length, what in ((task.dev_queries, self.query_len, "queries"),
+                                                         (task.candidates, self.doc_len, "documents")))
+            metrics = ranking.ranking_metrics(embeddings.maxsim_matrix(queries, docs, self.compiled), task.dev_positives)
+            for key, value in metrics.items():
+                out[f"dev_{key}_{i}"] = value
+                weighted[key] = weighted.get(key, 0.0) + value * len(task.dev_queries) / n
+        return {**{f"dev_{k}": v for k, v in weighted.items()}, **out}
+
+
 @attrs.define
 class Baselines:
     """What the fine-tuned model is compared with: `results` (eval.json's "bm25" and

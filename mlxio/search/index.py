@@ -22,13 +22,16 @@ are never returned.
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from mlxcore import ranking
+from mlxio import blas
 from mlxio.search import codec as codec_mod
 from mlxio.search import scoring, store
 from mlxio.search.codec import Codec, PQCodec, centroid_dtype
@@ -54,6 +57,10 @@ MAX_CANDIDATES = 1024
 MAX_NPROBE = 16
 BM25_POOL = 64
 READ_ATTEMPTS = 5  # loads retried while updates keep switching CURRENT under a reader
+# search_many decodes the union of a batch's candidates this many tokens at a time (each block
+# is then scored against every query that needs it; benchmarks/search_batch.py)
+BATCH_BLOCK_TOKENS = 8192
+BATCH_QUERIES = 1024  # queries per batch: bounds the (query, candidate) bookkeeping
 BM25_K1, BM25_B = 1.2, 0.75
 
 
@@ -241,16 +248,64 @@ class Index:
     def maxsim(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
         """MaxSim float32 [len(docs)] of query tokens q [Tq, D] against decompressed documents
         (decoded `scoring.CHUNK_TOKENS` tokens at a time: the block stays in the CPU cache)."""
-        docs = np.asarray(docs, np.int64)
-        out = np.zeros(len(docs), np.float32)
-        q = self.codec.rotate(q)  # the stored vectors' basis: no rotation of every decoded token
-        for seg, _, where, local in self._by_segment(docs):
+        return self.maxsim_many([q], [docs], scoring.CHUNK_TOKENS)[0]
+
+    def maxsim_many(self, qs: list[np.ndarray], pools: list[np.ndarray],
+                    block_tokens: int = BATCH_BLOCK_TOKENS, workers: int | None = None) -> list[np.ndarray]:
+        """MaxSim float32 [len(pools[i])] of each query qs[i] [Tq_i, D] against its documents
+        pools[i], decoding each document once for all the queries that need it: the union of the
+        pools is decoded in blocks of about `block_tokens` tokens, and each block is scored
+        against every query that needs any of its documents (`scoring.docs_maxsim`, one product
+        per document), so a query's scores are the same bits in any batch. Blocks run on
+        `workers` threads (default: one per usable core), BLAS on one thread each."""
+        q_ts = [np.ascontiguousarray(self.codec.rotate(q).T) for q in qs]
+        out = [np.zeros(len(p), np.float32) for p in pools]
+        owner = np.repeat(np.arange(len(pools)), [len(p) for p in pools])  # one row per (query, pool slot)
+        slot = np.concatenate([np.arange(len(p)) for p in pools] or [np.zeros(0, np.int64)])
+        wanted = np.concatenate([np.asarray(p, np.int64) for p in pools] or [np.zeros(0, np.int64)])
+        union, which = np.unique(wanted, return_inverse=True)
+        order = np.argsort(which, kind="stable")  # pairs grouped by document, queries ascending
+        first = np.searchsorted(which[order], np.arange(len(union) + 1))  # pairs of union[u]: order[first[u]:first[u + 1]]
+        blocks = []  # (segment, token positions, document bounds in them, first and last + 1 union index)
+        for seg, _, where, local in self._by_segment(union):
             positions, starts = seg.tokens(local)
             ends = np.r_[starts[1:], len(positions)]
-            for lo, hi in scoring.doc_chunks(ends - starts):
-                rows = positions[starts[lo]:ends[hi - 1]]
-                vectors, norms = self.codec.decode_rotated(seg.cids[rows], seg.residuals[rows], normalise=False)
-                out[where[lo:hi]] = scoring.chunk_maxsim(q, vectors, norms, starts[lo:hi] - starts[lo])
+            for lo, hi in scoring.doc_chunks(ends - starts, block_tokens):
+                blocks.append((seg, positions[starts[lo]:ends[hi - 1]], starts[lo:hi] - starts[lo],
+                               ends[lo:hi] - starts[lo], int(where[lo]), int(where[hi - 1]) + 1))
+
+        def score(block) -> None:
+            seg, rows, doc_starts, doc_ends, u0, u1 = block
+            vectors, norms = self.codec.decode_rotated(seg.cids[rows], seg.residuals[rows], normalise=False)
+            pairs = order[first[u0]:first[u1]]  # a segment's documents are a run of `union`; by document, then query
+            doc, query = which[pairs] - u0, owner[pairs]
+            length = (doc_ends - doc_starts)[doc]
+            by_query = np.argsort(query, kind="stable")  # each query's documents ascending, as `maxsim` has them
+            cuts = np.flatnonzero(np.diff(query[by_query])) + 1
+            row = np.empty(len(pairs), np.int64)  # first row of each pair in its query's products
+            products = {}
+            for part in np.split(by_query, cuts):
+                ends = np.cumsum(length[part])
+                row[part] = ends - length[part]
+                i = int(query[part[0]])
+                products[i] = (np.empty((int(ends[-1]), q_ts[i].shape[1]), np.float32), part)
+            # document-major: a document's decoded vectors stay in the cache across its queries (~2x
+            # faster than query-major here); each product is `scoring.docs_maxsim`'s, so the same bits
+            a_of, b_of = doc_starts.tolist(), doc_ends.tolist()
+            for d, i, r, n in zip(doc.tolist(), query.tolist(), row.tolist(), length.tolist(), strict=True):
+                np.matmul(vectors[a_of[d]:b_of[d]], q_ts[i], out=products[i][0][r:r + n])
+            for i, (sims, part) in products.items():
+                doc_norms = np.concatenate([norms[a_of[d]:b_of[d]] for d in doc[part].tolist()])
+                out[i][slot[pairs[part]]] = scoring.maxsim_of_products(sims, doc_norms, row[part])
+
+        workers = min(workers or len(os.sched_getaffinity(0)), len(blocks))
+        with blas.one_thread():
+            if workers <= 1:
+                for block in blocks:
+                    score(block)
+            else:
+                with ThreadPoolExecutor(workers) as pool:
+                    list(pool.map(score, blocks))
         return out
 
     def generate(self, q: np.ndarray, nprobe: int, candidates: int) -> np.ndarray:
@@ -299,33 +354,63 @@ class Index:
         """[(document, score)] best first, at most top_k. q: query token embeddings [Tq, D]
         (unit norm; not needed for mode "bm25"). Hybrid: `fusion` "interp" with semantic
         weight `alpha` (default: the weight stored in the index) or "rrf"."""
+        return self.search_many([query], [q], mode, top_k, alpha, fusion, nprobe, candidates)[0]
+
+    def search_many(self, queries: list[str], qs: list[np.ndarray | None], mode: str, top_k: int = 10,
+                    alpha: float | None = None, fusion: str = "interp", nprobe: int | None = None,
+                    candidates: int | None = None, block_tokens: int | None = None
+                    ) -> list[list[tuple[int, float]]]:
+        """`search` of every query (qs[i]: queries[i]'s token embeddings), the same results bit
+        for bit, with the exact re-rank shared: `BATCH_QUERIES` queries at a time, each candidate
+        decoded once per batch (`maxsim_many`, in blocks of `block_tokens`; default
+        `BATCH_BLOCK_TOKENS`, or `scoring.CHUNK_TOKENS` for a single query)."""
         check_args(top_k, alpha, nprobe, candidates)
-        if not query.strip():
-            raise SearchArgumentError("the query is empty")
+        if block_tokens is not None and (not isinstance(block_tokens, int) or isinstance(block_tokens, bool)
+                                         or block_tokens < 1):
+            raise SearchArgumentError(f"block_tokens must be an integer >= 1, got {block_tokens!r}")
+        if len(queries) != len(qs):
+            raise SearchArgumentError(f"{len(queries)} queries but {len(qs)} query embeddings")
+        for i, query in enumerate(queries):
+            if not isinstance(query, str) or not query.strip():
+                raise SearchArgumentError("the query is empty" if len(queries) == 1 else f"query {i + 1} is empty")
         if mode not in ("semantic", "bm25", "hybrid"):
             raise SearchArgumentError(f"mode must be semantic, bm25 or hybrid, got {mode!r}")
         if fusion not in FUSIONS:
             raise SearchArgumentError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
         if self.n_docs == 0:
-            return []
+            return [[] for _ in queries]
         if mode == "bm25":  # documents sharing no term with the query score 0: not results
-            scores = self.bm25(query)
-            hits = self.live_ids[scores[self.live_ids] > 0]
-            return _top(hits, scores[hits], top_k)
-        pool = self.generate(q, nprobe or self.nprobe, max(candidates or self.candidates, top_k))
-        if mode == "semantic":
-            return _top(pool, self.maxsim(q, pool), top_k)
-        lexical = self.bm25(query)
-        k = min(BM25_POOL, self.n_slots)
-        bm25_top = np.argpartition(-lexical, k - 1)[:k] if k < self.n_slots else np.arange(self.n_slots)
-        pool = np.union1d(pool, bm25_top[lexical[bm25_top] > 0])  # a tombstoned slot scores 0
-        semantic = self.maxsim(q, pool)
-        if fusion == "rrf":
-            fused = ranking.reciprocal_rank_fusion([semantic[None], lexical[pool][None]])[0]
-        else:
-            weight = self.fusion_alpha() if alpha is None else alpha
-            fused = ranking.interpolate(semantic[None], lexical[pool][None], weight)[0]
-        return _top(pool, fused, top_k)
+            out = []
+            for query in queries:
+                scores = self.bm25(query)
+                hits = self.live_ids[scores[self.live_ids] > 0]
+                out.append(_top(hits, scores[hits], top_k))
+            return out
+        out = []
+        for lo in range(0, len(queries), BATCH_QUERIES):
+            batch = range(lo, min(lo + BATCH_QUERIES, len(queries)))
+            pools, lexical = [], []
+            for i in batch:
+                pool = self.generate(qs[i], nprobe or self.nprobe, max(candidates or self.candidates, top_k))
+                if mode == "hybrid":
+                    scores = self.bm25(queries[i])
+                    k = min(BM25_POOL, self.n_slots)
+                    bm25_top = np.argpartition(-scores, k - 1)[:k] if k < self.n_slots else np.arange(self.n_slots)
+                    pool = np.union1d(pool, bm25_top[scores[bm25_top] > 0])  # a tombstoned slot scores 0
+                    lexical.append(scores[pool])
+                pools.append(pool)
+            block = block_tokens or (scoring.CHUNK_TOKENS if len(batch) == 1 else BATCH_BLOCK_TOKENS)
+            semantic = self.maxsim_many([qs[i] for i in batch], pools, block)
+            if mode == "semantic":
+                out += [_top(pool, sem, top_k) for pool, sem in zip(pools, semantic, strict=True)]
+                continue
+            for pool, sem, lex in zip(pools, semantic, lexical, strict=True):
+                if fusion == "rrf":
+                    fused = ranking.reciprocal_rank_fusion([sem[None], lex[None]])[0]
+                else:
+                    fused = ranking.interpolate(sem[None], lex[None], self.fusion_alpha() if alpha is None else alpha)[0]
+                out.append(_top(pool, fused, top_k))
+        return out
 
     def fusion_alpha(self) -> float:
         """The stored semantic weight of hybrid interpolation (1.0: semantic ranking)."""

@@ -5,7 +5,9 @@ written as `model.safetensors` with the HF names transformers expects, beside th
 config, tokenizer and sentence-transformers files; a projection (XTR / ColBERT) goes to a
 sentence-transformers `2_Dense/` module (`linear.weight`, bias-free, identity activation).
 PEFT: `adapter_config.json` + `adapter_model.safetensors` with PEFT's key names
-(`base_model.model.<module>.lora_A.weight` [r, in], `lora_B.weight` [out, r]).
+(`base_model.model.<module>.lora_A.weight` [r, in], `lora_B.weight` [out, r]); its
+`target_modules` lists the adapted modules by full path, so PEFT adapts exactly those (a suffix
+such as "dense" would also match BERT's `pooler.dense`, which has no adapter here).
 """
 
 from __future__ import annotations
@@ -168,19 +170,27 @@ def _export_multivector(encoder: LoadedEncoder, params: dict, scale: float, out_
     (out_dir / "config_sentence_transformers.json").write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, targets: tuple[str, ...],
-                out_dir: Path, base_model: str) -> Path:
+def export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, out_dir: Path,
+                base_model: str) -> Path:
     """Write the adapter in PEFT's LoRA format (loadable by `peft.PeftModel.from_pretrained`),
     atomically as `export_merged`."""
     if not _lora_layers(params):
         raise MlxioError("export: no LoRA adapters in params")
     with atomic_dir(out_dir, "PEFT adapter") as tmp:
-        _export_peft(encoder, params, cfg, targets, tmp, base_model)
+        _export_peft(encoder, params, cfg, tmp, base_model)
     return Path(out_dir)
 
 
-def _export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, targets: tuple[str, ...],
-                 out_dir: Path, base_model: str) -> None:
+def peft_target_modules(params: dict) -> list[str]:
+    """PEFT's `target_modules` for the adapters in `params`: every adapted layer's full module
+    path (PEFT matches a list entry by equality or as a dotted suffix, so a full path selects that
+    module alone). The configured targets are not used: "dense" also names BERT's pooler, which
+    the encoder does not load, and a `re:` target is this project's syntax, not PEFT's."""
+    return _lora_layers(params)
+
+
+def _export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, out_dir: Path,
+                 base_model: str) -> None:
     flat = flatten(params)
     layers = _lora_layers(params)
     tensors = {}
@@ -194,7 +204,7 @@ def _export_peft(encoder: LoadedEncoder, params: dict, cfg: lora.LoraConfig, tar
     config = {
         "peft_type": "LORA", "task_type": "FEATURE_EXTRACTION", "base_model_name_or_path": base_model,
         "r": cfg.rank, "lora_alpha": cfg.alpha, "lora_dropout": cfg.dropout, "use_rslora": cfg.rslora,
-        "target_modules": list(targets), "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+        "target_modules": peft_target_modules(params), "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
         "modules_to_save": None, "init_lora_weights": True,
     }
     (out_dir / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
@@ -264,8 +274,7 @@ model = PeftModel.from_pretrained(AutoModel.from_pretrained("{base}"), "peft_ada
 ```""")
 
 
-def export_retriever(encoder: LoadedEncoder, params: dict, lora_cfg: lora.LoraConfig, targets: tuple[str, ...],
-                     out_dir: Path, *, query_length: int, document_length: int, base: str, results: dict,
+def export_retriever(encoder: LoadedEncoder, params: dict, lora_cfg: lora.LoraConfig, out_dir: Path, *, query_length: int, document_length: int, base: str, results: dict,
                      command: str, data: str) -> None:
     """Every export of a trained retriever in `out_dir`: colbert/ (PyLate, the model as
     trained), merged/ (sentence-transformers' single-vector view), peft_adapter/, each with
@@ -273,7 +282,7 @@ def export_retriever(encoder: LoadedEncoder, params: dict, lora_cfg: lora.LoraCo
     export_merged(encoder, params, lora_cfg.scale, out_dir / "merged")
     export_multivector(encoder, params, lora_cfg.scale, out_dir / "colbert",
                        query_length=query_length, document_length=document_length)
-    export_peft(encoder, params, lora_cfg, targets, out_dir / "peft_adapter", base)
+    export_peft(encoder, params, lora_cfg, out_dir / "peft_adapter", base)
     write_retriever_cards(out_dir, base=base, results=results, command=command, data=data)
     log.info("exported %s (PyLate, multi-vector), %s (sentence-transformers, single-vector view) and %s (PEFT)",
              out_dir / "colbert", out_dir / "merged", out_dir / "peft_adapter")

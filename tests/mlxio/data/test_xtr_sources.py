@@ -182,9 +182,11 @@ def test_mining_excludes_positive_and_near_duplicates():
     excluder = hard_negatives.Excluder.of(train)
     bm25 = hard_negatives.mine_bm25(train, 2, excluder)
     assert 0 not in bm25[0] and 1 not in bm25[0] and bm25[0][0] == 2
-    vecs = np.eye(4, dtype=np.float32)
+    vecs = np.eye(4, dtype=np.float16)[:, None, :]  # one token each
     vecs[1] = vecs[0]  # the near-duplicate is the model's nearest: still excluded
-    dense = hard_negatives.mine_dense(vecs, vecs, 3, excluder)
+    tokens = hard_negatives.Tokens(vecs, np.ones(4, np.int64))
+    ranked = hard_negatives.mine_maxsim(tokens, tokens, 3)
+    (dense,), _ = hard_negatives.guard([ranked], 3, excluder, lambda i, c: np.zeros(len(c)))
     assert 0 not in dense[0] and 1 not in dense[0]
     out, counts = hard_negatives.attach(train, 2, [bm25, dense], seed=0, excluder=excluder)
     assert all(len(p.negatives) == 2 and p.code not in p.negatives for p in out)
@@ -252,14 +254,15 @@ def test_eval_set_candidate_cap_keeps_every_positive():
     assert [capped.candidates[j] for j in capped.positives] == [full.candidates[j] for j in full.positives]
 
 
-def test_pooled_vectors_mean_pool_real_tokens_in_text_order():
+def test_tokens_in_text_order_and_pooled_over_real_tokens():
     class Embedded:
         n = 2
         blocks = [(np.array([1, 0]), np.array([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 2.0], [5.0, 5.0]]]),
                    np.array([[True, True], [True, False]]))]
 
-    vecs = hard_negatives.pooled_vectors(lambda texts, n: Embedded(), ["a", "b"], 8)
-    np.testing.assert_allclose(vecs, [[0.0, 1.0], [2 ** -0.5, 2 ** -0.5]], atol=1e-6)
+    tokens = hard_negatives.Tokens.of(Embedded())
+    assert tokens.lengths.tolist() == [1, 2] and tokens.vectors[0, 1].tolist() == [0.0, 0.0]  # padding zeroed
+    np.testing.assert_allclose(tokens.pooled(), [[0.0, 1.0], [2 ** -0.5, 2 ** -0.5]], atol=1e-6)
 
 
 def test_one_forward_gives_token_embeddings_and_the_single_vector_view():

@@ -101,14 +101,14 @@ def test_simulated_enospc_in_merged_and_peft_export(encoder, tmp_path, monkeypat
     params = combine(encoder.params, lora.init(mx.random.key(0), dims, 4))
     cfg = LoraConfig(rank=4, alpha=8.0, targets=("query", "value"))
     export.export_merged(encoder, params, cfg.scale, tmp_path / "merged")
-    export.export_peft(encoder, params, cfg, cfg.targets, tmp_path / "peft", "base")
+    export.export_peft(encoder, params, cfg, tmp_path / "peft", "base")
     before = {name: snapshot(tmp_path / name) for name in ("merged", "peft")}
     monkeypatch.setattr(mx, "save_safetensors", _half_then_enospc(mx.save_safetensors))
     params2 = combine(encoder.params, lora.init(mx.random.key(1), dims, 4))
     with pytest.raises(DiskError, match=r"merged model failed: No space left on device \(the previous one is intact\)"):
         export.export_merged(encoder, params2, cfg.scale, tmp_path / "merged")
     with pytest.raises(DiskError, match="PEFT adapter failed"):
-        export.export_peft(encoder, params2, cfg, cfg.targets, tmp_path / "peft", "base")
+        export.export_peft(encoder, params2, cfg, tmp_path / "peft", "base")
     with pytest.raises(DiskError, match=r"nothing was written"):
         export.export_merged(encoder, params2, cfg.scale, tmp_path / "fresh")
     assert {name: snapshot(tmp_path / name) for name in ("merged", "peft")} == before

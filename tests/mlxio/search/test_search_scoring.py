@@ -73,17 +73,43 @@ def test_doc_chunks_cover_in_order_within_the_limit(lengths, limit):
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), n_docs=st.integers(1, 12), n_q=st.integers(1, 5), limit=st.integers(1, 40))
 def test_chunked_maxsim_equals_whole(seed, n_docs, n_q, limit):
-    """MaxSim over chunks of documents (scaled vectors + their norms) == per-document MaxSim
-    of the normalised vectors."""
+    """MaxSim over chunks of documents (scaled vectors + their norms) == per-document MaxSim of
+    the normalised vectors in float64 (float32 rounding: rtol 1e-5, atol 1e-6)."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 10, n_docs)
     vectors = rng.standard_normal((int(lengths.sum()), 8)).astype(np.float32)
     norms = np.linalg.norm(vectors, axis=1)
     q = rng.standard_normal((n_q, 8)).astype(np.float32)
+    q_t = np.ascontiguousarray(q.T)
     starts = np.r_[0, np.cumsum(lengths)[:-1]]
     got = np.zeros(n_docs, np.float32)
     for lo, hi in scoring.doc_chunks(lengths, limit):
-        rows = slice(starts[lo], starts[lo] + lengths[lo:hi].sum())
-        got[lo:hi] = scoring.chunk_maxsim(q, vectors[rows], norms[rows], starts[lo:hi] - starts[lo])
-    want = [(q @ (vectors[s:s + n] / norms[s:s + n, None]).T).max(axis=1).mean() for s, n in zip(starts, lengths, strict=True)]
+        base = starts[lo]
+        views = [vectors[starts[d]:starts[d] + lengths[d]] for d in range(lo, hi)]
+        got[lo:hi] = scoring.docs_maxsim(q_t, views, norms[base:base + lengths[lo:hi].sum()])
+    want = [(q.astype(np.float64) @ (vectors[s:s + n] / norms[s:s + n, None]).T.astype(np.float64)).max(axis=1).mean()
+            for s, n in zip(starts, lengths, strict=True)]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n_docs=st.integers(1, 30), n_q=st.integers(1, 32),
+       dim=st.sampled_from([8, 64, 384]))
+def test_docs_maxsim_bits_do_not_depend_on_the_neighbours(seed, n_docs, n_q, dim):
+    """A document's score is the same bits scored alone, in any subset, in any order (what makes
+    batched search equal one-at-a-time search), at shapes where BLAS changes kernels (one query
+    token to 32, one document token to 300, dims up to 384)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 300, n_docs)
+    docs = [rng.standard_normal((int(n), dim)).astype(np.float32) for n in lengths]
+    norms = [np.linalg.norm(d, axis=1) for d in docs]
+    q_t = np.ascontiguousarray(rng.standard_normal((n_q, dim)).astype(np.float32).T)
+    alone = np.array([scoring.docs_maxsim(q_t, [d], n)[0] for d, n in zip(docs, norms, strict=True)])
+    pick = rng.permutation(n_docs)[:int(rng.integers(1, n_docs + 1))]
+    together = scoring.docs_maxsim(q_t, [docs[i] for i in pick], np.concatenate([norms[i] for i in pick]))
+    np.testing.assert_array_equal(together, alone[pick])
+    assert together.dtype == np.float32
+
+
+def test_docs_maxsim_of_no_documents():
+    assert scoring.docs_maxsim(np.zeros((4, 3), np.float32), [], np.zeros(0, np.float32)).shape == (0,)
