@@ -16,7 +16,7 @@ compiled, accumulating, clipping, non-finite-guarded step of mlxcore.step. The K
 the same model with every lora_b zeroed (LoRA off), so no second model is held in memory. The
 loss is a pure function of the LoRA tree: `mlxio.weights.llm_lora.bind` lays it over the frozen
 model, which is never re-pointed after loading.
-Outputs in `out_dir`: metrics.jsonl, checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
+Outputs in `out_dir`: metrics.jsonl, rollouts.jsonl (each judged completion), checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
 Options and presets: recipes/rlaif_config.py; prompts and evaluation: mlxio/rl/evaluation.py;
 loss, batch and policy loading: mlxio/rl/grpo.py (shared with the worker, recipes.rlaif_worker).
 """
@@ -56,6 +56,7 @@ from mlxio.rl.grpo import (
     step_seed,
 )
 from mlxio.rl.rewards import RewardCache
+from mlxio.rl.rollout_log import RolloutLog
 from mlxio.run import config, context, distributed
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
@@ -110,6 +111,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
                                                to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash)
     start_step = found.step if found else 0
+    # every judged rollout of rank 0 (problem, completion, verdict): a verdict judge's data (recipes.rlaif_judge)
+    rollout_log = RolloutLog(out, resume_step=start_step if found else None) if world.is_main else None
     evaluate_all = partial(evaluate_phase, eval_sets=eval_sets, cfg=cfg, fns=fns, cache=cache, out_dir=out,
                            run_id=run_id)
     results = {"config": to_dict(cfg), "eval": {name: {} for name in eval_sets}}
@@ -141,7 +144,10 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 cfg.top_p, cfg.max_new_tokens,
                 distributed.rank_seed(step_seed(cfg.train.seed, step), world),
                 stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit)
-        rew = rewards.combine_rewards(fns, [problems[i] for i in ro.prompt_index], ro.texts, cache)
+        answered = [problems[i] for i in ro.prompt_index]
+        rew = rewards.combine_rewards(fns, answered, ro.texts, cache)
+        if rollout_log is not None:
+            rollout_log.write_step(step + 1, answered, ro.texts, rew.per_reward)
         adv = shared_advantages(rew.total, rew.missing, prompt_share.start + ro.prompt_index,
                                 cfg.advantage, world)
         packed = packing.pack(ro, pad_id=0)

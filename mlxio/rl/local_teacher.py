@@ -27,6 +27,17 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- local judge
 
+def answer_token_ids(tokenizer) -> dict[str, list[int]]:
+    """{"yes": ids, "no": ids}: every vocabulary token that reads as that answer once case,
+    punctuation and spacing are dropped ("Yes", " no", "No.", ...; `answer_word`)."""
+    out: dict[str, list[int]] = {"yes": [], "no": []}
+    for i in sorted(set(tokenizer.get_vocab().values())):
+        word = answer_word(tokenizer.decode([i]))
+        if word in out:
+            out[word].append(i)
+    return out
+
+
 class LocalJudge:
     """Judge with a local causal LM (mlx-lm model definitions and generation).
 
@@ -49,6 +60,7 @@ class LocalJudge:
         self.timeout_s, self.scoring, self.dequantize = timeout_s, scoring, dequantize
         self.last_error: str | None = None
         self._policy = None
+        self._answer_ids: dict[str, list[int]] | None = None
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
 
@@ -101,26 +113,15 @@ class LocalJudge:
         finally:
             self._lock.release()
 
-    def _answer_tokens(self, tok) -> dict[str, list[int]]:
-        """{"yes": ids, "no": ids}: every vocabulary token that reads as that answer once
-        case, punctuation and spacing are dropped ("Yes", " no", "No.", ...); found once."""
-        cached = getattr(self, "_answer_ids", None)
-        if cached is None:
-            cached = {"yes": [], "no": []}
-            for i in sorted(set(tok.get_vocab().values())):
-                word = answer_word(tok.decode([i]))
-                if word in cached:
-                    cached[word].append(i)
-            self._answer_ids = cached
-        return cached
-
     def _verdict(self, messages: list[dict[str, str]], deadline: float) -> float | None:
         import mlx.core as mx
 
         policy = self._load()
         tok = policy.tokenizer
         ids = tok.encode(self._prompt(messages), add_special_tokens=False)
-        words = self._answer_tokens(tok)
+        if self._answer_ids is None:
+            self._answer_ids = answer_token_ids(tok)
+        words = self._answer_ids
         if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
             raise TimeoutError(f"model busy for the whole {self.timeout_s:g} s deadline")
         try:
