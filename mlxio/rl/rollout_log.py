@@ -28,6 +28,7 @@ from mlxio.run.runlog import MetricsLog
 
 LOG_NAME = "rollouts.jsonl"
 SPLITS = ("train", "heldout", "heldout_family")
+FIX = "fix or delete that line of the log"
 
 
 @attrs.frozen(kw_only=True)
@@ -83,7 +84,7 @@ def log_path(path: str | Path) -> Path:
 def _field(row: dict, name: str, kind: type, where: str):
     value = row.get(name)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise DataError(f"{where}: {name!r} must be a {kind.__name__}, got {type(value).__name__}")
+        raise DataError(f"{name!r} must be a {kind.__name__}, got {type(value).__name__}", where=where, fix=FIX)
     return value
 
 
@@ -101,9 +102,9 @@ def read_rows(path: str | Path) -> list[dict]:
         except ValueError as err:
             if lineno == len(lines):  # the last line of a writer killed mid-write
                 continue
-            raise DataError(f"{path}:{lineno}: not JSON ({err})") from None
+            raise DataError(f"not JSON ({err})", where=f"{path}:{lineno}", fix=FIX) from None
         if not isinstance(row, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            raise DataError(f"expected a JSON object, got {type(row).__name__}", where=f"{path}:{lineno}", fix=FIX)
         out.append({**row, "_where": f"{path}:{lineno}"})
     return out
 

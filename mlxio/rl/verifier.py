@@ -53,11 +53,12 @@ def answer_ids(tokenizer, where: str = "model") -> Answers:
 
 @attrs.frozen(kw_only=True)
 class Encoded:
-    """Judged completions as verdict prompts: rows (token lists), labels [N] bool (passed),
-    groups [N] (task ids: a problem's completions are resampled together), how many were left
-    out as longer than the limit, and (`with_states`) each row's hidden states [T_i, H] at the
-    input of the first LoRA block."""
+    """Judged completions (`items`) as verdict prompts: rows (token lists), labels [N] bool
+    (passed), groups [N] (task ids: a problem's completions are resampled together), how many
+    were left out as longer than the limit, and (`with_states`) each row's hidden states
+    [T_i, H] at the input of the first LoRA block."""
 
+    items: list[rollout_log.Judged]
     rows: list[list[int]]
     labels: np.ndarray
     groups: np.ndarray
@@ -81,15 +82,14 @@ def verdict_prompt(tokenizer, prompt: str, completion: str) -> list[int]:
 
 def encode(tokenizer, judged: Sequence[rollout_log.Judged], max_tokens: int) -> Encoded:
     """`judged` as verdict prompts, those over `max_tokens` left out (counted)."""
-    rows, labels, groups = [], [], []
+    kept, rows = [], []
     for j in judged:
         ids = verdict_prompt(tokenizer, j.prompt, j.completion)
         if len(ids) <= max_tokens:
+            kept.append(j)
             rows.append(ids)
-            labels.append(j.passed)
-            groups.append(j.task_id)
-    return Encoded(rows=rows, labels=np.array(labels, bool), groups=np.array(groups, object),
-                   too_long=len(judged) - len(rows))
+    return Encoded(items=kept, rows=rows, labels=np.array([j.passed for j in kept], bool),
+                   groups=np.array([j.task_id for j in kept], object), too_long=len(judged) - len(rows))
 
 
 def padded_width(length: int) -> int:
