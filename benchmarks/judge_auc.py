@@ -4,7 +4,8 @@ score (P(yes) + P(neither) / 2) for pass vs fail, with 95% bootstrap intervals o
 
 Sets: the recipe's held-out instances (other problems of the training templates) and held-out
 family (never trained on), and the HumanEval canonical / mutant pairs of
-`benchmarks.teacher_effect` (where the untrained judge served over HTTP scored AUC 0.49). Then
+`mlxio.rl.mutants` (where the untrained judge served over HTTP scored AUC 0.49:
+dev/results/cpu/teacher_effect.json). Then
 the trained adapters are served by a real `mlx_lm.server --adapter-path` and a sample of the
 held-out completions is scored over HTTP (`HttpJudge(scoring="verdict")`, what the RLAIF recipe's
 teacher reads), beside the in-process scores of the same completions.
@@ -49,7 +50,7 @@ TARGET = 0.75
 def humaneval_pairs(cfg, out: Path, n: int, seed: int) -> dict:
     """The teacher_effect set: the `n` shortest HumanEval problems, canonical solution (passes)
     and first failing mutant each, scored in-process by the untrained and the trained judge."""
-    from benchmarks.teacher_effect import build_pairs
+    from mlxio.rl.mutants import build_pairs
     from mlxio.rl.problems import load_humaneval
     from mlxio.rl.rewards import ExecutionReward
 
