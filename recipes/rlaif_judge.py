@@ -83,10 +83,10 @@ def sample_own(cfg: Config, policy: llm.Policy, out: Path, resume: bool) -> None
     verifier.sample_rollouts(policy, problems, cfg.sample, CodeJudge(limits, cfg.sandbox.workers), log, done)
 
 
-def load_sets(cfg: Config, logs: list[Path], tokenizer) -> dict[str, verifier.Encoded]:
-    """{"train", "heldout", "heldout_family"}: every judged completion of the logs, once per
-    (prompt, completion), split by task id and encoded as verdict prompts."""
-    judged = rollout_log.unique([j for path in logs for j in rollout_log.read_log(path)])
+def load_sets(cfg: Config, judged: list[rollout_log.Judged], tokenizer, where: str) -> dict[str, verifier.Encoded]:
+    """{"train", "heldout", "heldout_family"}: the judged completions, once per (prompt,
+    completion), split by task id and encoded as verdict prompts."""
+    judged = rollout_log.unique(judged)
     parts: dict[str, list] = {name: [] for name in rollout_log.SPLITS}
     for j in judged:
         parts[rollout_log.split_of(j.task_id, cfg.data.heldout_families, cfg.data.heldout_fraction)].append(j)
@@ -95,7 +95,7 @@ def load_sets(cfg: Config, logs: list[Path], tokenizer) -> dict[str, verifier.En
     if not train.labels.any() or train.labels.all():
         raise DataError(f"the training completions hold {int(train.labels.sum())} passing and "
                         f"{int((~train.labels).sum())} failing ones; a balanced judge needs both",
-                        where=", ".join(map(str, logs)), fix="add logs or sample more (--sample.train_per_template)")
+                        where=where, fix="add logs or sample more (--sample.train_per_template)")
     return sets
 
 
@@ -133,7 +133,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
     validate(cfg)
     t_start = time.perf_counter()
     out = config.check_out_dir(cfg.out_dir, "out_dir")
-    logs = [rollout_log.log_path(p) for p in cfg.data.logs]  # a missing log fails before the model loads
+    logs = [rollout_log.log_path(p) for p in cfg.data.logs]
+    logged = [j for path in logs for j in rollout_log.read_log(path)]  # a bad log fails before the model loads
     if cfg.sample.train_per_template or cfg.sample.heldout_per_template or cfg.sample.family_per_template:
         require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
     world = context.start(out, to_dict(cfg), cfg.train.seed, resume)
@@ -157,7 +158,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
 
     # ---- data: rollouts of its own (sampled with LoRA still off), then every log
     sample_own(cfg, policy, out, resume)
-    sets = load_sets(cfg, [*logs, out / rollout_log.LOG_NAME], policy.tokenizer)
+    sampled = out / rollout_log.LOG_NAME
+    sets = load_sets(cfg, logged + rollout_log.read_log(sampled), policy.tokenizer,
+                     ", ".join(map(str, [*logs, sampled])))
     trunk = llm_lora.trunk(model, cut)
     logger.info("frozen blocks 0-%d: hidden states of %d verdict prompts", cut - 1, sum(map(len, sets.values())))
     sets = {name: verifier.with_states(data, trunk, cfg.eval.batch) for name, data in sets.items()}

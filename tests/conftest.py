@@ -56,6 +56,7 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/rl/test_teacher.py::test_deadline_is_kept_under_concurrency_with_drip_servers',
     'tests/mlxio/rl/test_teacher.py::test_hostile_server_cannot_stretch_the_deadline',
     'tests/mlxio/rl/test_teacher.py::test_local_judge_deadline_cuts_generation',
+    'tests/mlxio/rl/test_verifier.py::test_answer_tokens_must_be_single_tokens',
     'tests/mlxio/rl/test_worker.py::test_protocol_stdout_keeps_stray_writes_off_the_protocol',
     'tests/mlxio/rl/test_worker.py::test_stdio_pipelined_requests_eof_and_checkpoint',
     'tests/mlxio/rl/test_worker.py::test_train_step_equals_the_recipes_step',
@@ -81,6 +82,7 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/weights/test_safeload_fuzz.py::test_batch_child_flags_one_large_allocation',
     'tests/mlxio/weights/test_safeload_fuzz.py::test_batch_child_memory_is_its_own',
     'tests/mlxio/weights/test_safeload_fuzz.py::test_random_corruptions_never_crash',
+    'tests/recipes/test_rlaif_judge_inputs.py::test_one_class_logs_are_refused',
 }
 
 

@@ -106,8 +106,10 @@ def by_length(data: Encoded, batch: int) -> list[np.ndarray]:
 def with_states(data: Encoded, trunk: Callable[[mx.array], mx.array], batch: int) -> Encoded:
     """`data` with each row's hidden states from `trunk` (`mlxio.weights.llm_lora.trunk`:
     the frozen blocks before the first LoRA block), computed once, `batch` rows at a time."""
+    from mlxio.run.reporting import progress
+
     states: list[mx.array | None] = [None] * len(data)
-    for chunk in by_length(data, batch):
+    for chunk in progress(by_length(data, batch), desc="frozen blocks", unit="batch", every_s=60.0):
         width = padded_width(max(len(data.rows[i]) for i in chunk))
         ids = np.zeros((len(chunk), width), np.int32)
         for j, i in enumerate(chunk):
