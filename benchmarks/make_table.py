@@ -381,6 +381,30 @@ def rlaif_learning_section() -> list[str]:
                   "the run's own variance. Curves: `benchmarks/results/h100/rlaif_runs/gpu_seed0/curves.png`.", ""]
 
 
+def judge_auc_section() -> list[str]:
+    """Does the verdict judge carry signal? (cpu/judge_auc.json: untrained beside trained)."""
+    r = load("cpu", "judge_auc")
+    if not r:
+        return []
+    names = {"heldout": "held-out instances", "heldout_family": "held-out family",
+             "humaneval_mutants": "HumanEval canonical vs mutant"}
+    out = [f"### Verdict judge: ROC AUC of P(yes), pass vs fail (cpu, {r['seeds']} seed; `{r['command']}`)", "",
+           "| held-out set | completions (pass) / problems | untrained | trained | trained - untrained |",
+           "|---|---|---|---|---|"]
+    for name, e in r["sets"].items():
+        if "trained" not in e:
+            continue
+        u, t = e["untrained"], e["trained"]
+        out.append(f"| {names.get(name, name)} | {e['n']} ({e['n_pass']}) / {e['problems']} | {u['auc']:.3f} "
+                   f"{ci(u['ci95'])} | {t['auc']:.3f} {ci(t['ci95'])} | {e['diff']['auc']:+.3f} {ci(e['diff']['ci95'])} |")
+    served = r.get("served")
+    note = (f" Served by `mlx_lm.server --adapter-path` and read by `HttpJudge(scoring=\"verdict\")`, {served['rows']} "
+            f"held-out completions score within {served['max_abs_diff']:.3f} of the in-process score."
+            if served and served.get("max_abs_diff") is not None else "")
+    return out + ["", f"Target AUC >= {r['target_auc']}. {r['scale']}: the intervals (bootstrap over problems) "
+                  f"cover the choice of problems, not the run's own variance.{note}", ""]
+
+
 def cpu_blas_section() -> list[str]:
     b = load("cpu", "cpu_blas")
     if not b:
@@ -545,6 +569,7 @@ def performance_sections(bars: list) -> list[str]:
     lines += search_batch_section()
     lines += heldout_packages_section()
     lines += rlaif_learning_section()
+    lines += judge_auc_section()
     lines += targets()
     return lines
 

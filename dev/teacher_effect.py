@@ -25,7 +25,6 @@ import mlxio  # noqa: F401  (first: OpenBLAS for MLX's CPU build)
 import argparse
 import json
 import random
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -35,32 +34,12 @@ import numpy as np
 
 from benchmarks.common import write_result
 from dev import RESULTS
+from mlxcore.verdict import roc_auc
 from mlxio.rl.local_teacher import MlxLmServer
+from mlxio.rl.mutants import as_completion, build_pairs
 from mlxio.rl.problems import Problem, load_humaneval
 from mlxio.rl.rewards import AIFeedbackReward, ExecutionReward
 from mlxio.rl.teacher import HttpJudge, parse_score, rubric_messages
-
-# (pattern, replacement), tried in order on the canonical solution; the first that fails wins
-MUTATIONS = [
-    (r" < ", " > "), (r" > ", " < "), (r"<=", ">"), (r">=", "<"), (r" == ", " != "),
-    (r" != ", " == "), (r" \+ ", " - "), (r" - ", " + "), (r"\bTrue\b", "False"),
-    (r"\bFalse\b", "True"), (r"\band\b", "or"), (r"\bor\b", "and"), (r"\b1\b", "2"),
-    (r"\b0\b", "1"), (r"\[0\]", "[-1]"), (r"\breturn (?!None)", "return None and "),
-]
-
-
-def as_completion(problem: Problem, body: str) -> str:
-    """A full-function answer in the format the policy is asked for."""
-    return "```python\n" + problem.prompt + body.rstrip("\n") + "\n```"
-
-
-def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
-    """P(score of a random passing solution > that of a random failing one), ties count 1/2."""
-    pos, neg = scores[labels], scores[~labels]
-    if not len(pos) or not len(neg):
-        return None
-    greater = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
-    return float(greater / (len(pos) * len(neg)))
 
 
 def agreement_stats(scores, labels) -> dict:
@@ -75,31 +54,6 @@ def agreement_stats(scores, labels) -> dict:
         "mean_score_pass": float(s[y].mean()) if y.any() else None,
         "mean_score_fail": float(s[~y].mean()) if (~y).any() else None,
     }
-
-
-def build_pairs(problems: list[Problem], execution: ExecutionReward) -> list[dict]:
-    """[{task_id, kind, completion, passed}] : canonical + first failing mutant per problem."""
-    rows = []
-    for p in problems:
-        variants = []
-        for pattern, repl in MUTATIONS:
-            mutated = re.sub(pattern, repl, p.canonical_solution, count=1)
-            if mutated != p.canonical_solution:
-                variants.append((f"{pattern} -> {repl}", mutated))
-            if len(variants) == 3:
-                break
-        variants.append(("return None", "    return None\n"))
-        bodies = [("canonical", p.canonical_solution), *variants]
-        completions = [as_completion(p, b) for _, b in bodies]
-        passed = execution.score([p] * len(completions), completions)
-        rows.append({"task_id": p.task_id, "kind": "canonical", "mutation": None,
-                     "completion": completions[0], "passed": passed[0] == 1.0})
-        for (name, _), comp, ok in zip(bodies[1:], completions[1:], passed[1:], strict=True):
-            if ok == 0.0:
-                rows.append({"task_id": p.task_id, "kind": "mutant", "mutation": name,
-                             "completion": comp, "passed": False})
-                break
-    return rows
 
 
 def judge_agreement(server: MlxLmServer, problems: list[Problem], workers: int) -> dict:

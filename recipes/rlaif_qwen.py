@@ -18,7 +18,7 @@ compiled, accumulating, clipping, non-finite-guarded step of mlxcore.step. The K
 the same model with every lora_b zeroed (LoRA off), so no second model is held in memory. The
 loss is a pure function of the LoRA tree: `mlxio.weights.llm_lora.bind` lays it over the frozen
 model, which is never re-pointed after loading.
-Outputs in `out_dir`: metrics.jsonl, checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
+Outputs in `out_dir`: metrics.jsonl, rollouts.jsonl (each judged completion), checkpoints/, adapters/ (mlx-lm format), fused/, eval.json.
 Options and presets: recipes/rlaif_config.py; prompts and evaluation: mlxio/rl/evaluation.py;
 loss, batch and policy loading: mlxio/rl/grpo.py (shared with the worker, recipes.rlaif_worker).
 """
@@ -60,6 +60,7 @@ from mlxio.rl.grpo import (
     update_rows,
 )
 from mlxio.rl.rewards import RewardCache
+from mlxio.rl.rollout_log import RolloutLog
 from mlxio.run import budget, config, context, distributed
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
@@ -130,6 +131,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         logger.info("auto batch: %d micro-batches of %d (budget %.0f MB, predicted peak %.0f MB)", plan.accum,
                     plan.micro_batch, plan.budget_bytes / 2**20, plan.predicted_peak() / 2**20)
         cfg = attrs.evolve(cfg, train=attrs.evolve(cfg.train, accum=plan.accum))  # the run's identity keeps the flag
+    # every judged rollout of rank 0 (problem, completion, verdict): a verdict judge's data (recipes.rlaif_judge)
+    rollout_log = RolloutLog(out, resume_step=start_step if found else None) if world.is_main else None
     evaluate_all = partial(evaluate_phase, eval_sets=eval_sets, cfg=cfg, fns=fns, cache=cache, out_dir=out,
                            run_id=run_id)
     results = {"config": to_dict(cfg), "eval": {name: {} for name in eval_sets}}
@@ -161,7 +164,10 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 cfg.top_p, cfg.max_new_tokens,
                 distributed.rank_seed(step_seed(cfg.train.seed, step), world),
                 stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit)
-        rew = rewards.combine_rewards(fns, [problems[i] for i in ro.prompt_index], ro.texts, cache)
+        answered = [problems[i] for i in ro.prompt_index]
+        rew = rewards.combine_rewards(fns, answered, ro.texts, cache)
+        if rollout_log is not None:
+            rollout_log.write_step(step + 1, answered, ro.texts, rew.per_reward)
         prompt_ids = prompt_share.start + ro.prompt_index
         adv = shared_advantages(rew.total, rew.missing, prompt_ids, cfg.advantage, world)
         rows, row_stats = update_rows(rew.total, rew.missing, prompt_ids, ro.finished, cfg.grpo, world)

@@ -57,6 +57,7 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/rl/test_teacher.py::test_deadline_is_kept_under_concurrency_with_drip_servers',
     'tests/mlxio/rl/test_teacher.py::test_hostile_server_cannot_stretch_the_deadline',
     'tests/mlxio/rl/test_teacher.py::test_local_judge_deadline_cuts_generation',
+    'tests/mlxio/rl/test_verifier.py::test_answer_tokens_must_be_single_tokens',
     'tests/mlxio/rl/test_worker.py::test_protocol_stdout_keeps_stray_writes_off_the_protocol',
     'tests/mlxio/rl/test_worker.py::test_stdio_pipelined_requests_eof_and_checkpoint',
     'tests/mlxio/rl/test_worker.py::test_train_step_equals_the_recipes_step',
@@ -90,6 +91,7 @@ FAST_LANE_EXCLUDES = {
     'tests/recipes/test_bad_inputs.py::test_wandb_that_cannot_start_is_one_line',
     'tests/recipes/test_bad_inputs.py::test_worker_cli_is_strict',
     'tests/recipes/test_xtr_dev_eval.py::test_dev_eval_every_is_range_checked',
+    'tests/recipes/test_rlaif_judge_inputs.py::test_one_class_logs_are_refused',
 }
 
 

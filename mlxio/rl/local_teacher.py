@@ -27,6 +27,17 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------- local judge
 
+def answer_token_ids(tokenizer) -> dict[str, list[int]]:
+    """{"yes": ids, "no": ids}: every vocabulary token that reads as that answer once case,
+    punctuation and spacing are dropped ("Yes", " no", "No.", ...; `answer_word`)."""
+    out: dict[str, list[int]] = {"yes": [], "no": []}
+    for i in sorted(set(tokenizer.get_vocab().values())):
+        word = answer_word(tokenizer.decode([i]))
+        if word in out:
+            out[word].append(i)
+    return out
+
+
 class LocalJudge:
     """Judge with a local causal LM (mlx-lm model definitions and generation).
 
@@ -49,6 +60,7 @@ class LocalJudge:
         self.timeout_s, self.scoring, self.dequantize = timeout_s, scoring, dequantize
         self.last_error: str | None = None
         self._policy = None
+        self._answer_ids: dict[str, list[int]] | None = None
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
 
@@ -101,26 +113,15 @@ class LocalJudge:
         finally:
             self._lock.release()
 
-    def _answer_tokens(self, tok) -> dict[str, list[int]]:
-        """{"yes": ids, "no": ids}: every vocabulary token that reads as that answer once
-        case, punctuation and spacing are dropped ("Yes", " no", "No.", ...); found once."""
-        cached = getattr(self, "_answer_ids", None)
-        if cached is None:
-            cached = {"yes": [], "no": []}
-            for i in sorted(set(tok.get_vocab().values())):
-                word = answer_word(tok.decode([i]))
-                if word in cached:
-                    cached[word].append(i)
-            self._answer_ids = cached
-        return cached
-
     def _verdict(self, messages: list[dict[str, str]], deadline: float) -> float | None:
         import mlx.core as mx
 
         policy = self._load()
         tok = policy.tokenizer
         ids = tok.encode(self._prompt(messages), add_special_tokens=False)
-        words = self._answer_tokens(tok)
+        if self._answer_ids is None:
+            self._answer_ids = answer_token_ids(tok)
+        words = self._answer_ids
         if not self._lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
             raise TimeoutError(f"model busy for the whole {self.timeout_s:g} s deadline")
         try:
@@ -160,7 +161,8 @@ class LocalJudge:
 # ---------------------------------------------------------------- a local teacher server
 
 class MlxLmServer:
-    """`python -m mlx_lm server` on 127.0.0.1 serving `model_dir`, as a context manager (for
+    """`python -m mlx_lm server` on 127.0.0.1 serving `model_dir` (with the LoRA adapters in
+    `adapter_path`, mlx-lm's format, when given), as a context manager (for
     tests, benchmarks and the documented recipe run). OpenBLAS is preloaded into it (the same
     fast-BLAS fix as `mlxio.blas`, through LD_PRELOAD). `url` is its `/v1` base; `model` the
     name to ask for ("default_model": the --model it serves). Output goes to `log_path`.
@@ -169,8 +171,9 @@ class MlxLmServer:
     model = "default_model"
 
     def __init__(self, model_dir, port: int | None = None, log_path=None,
-                 start_timeout_s: float = 120.0) -> None:
+                 start_timeout_s: float = 120.0, adapter_path=None) -> None:
         self.model_dir, self.start_timeout_s = str(model_dir), start_timeout_s
+        self.adapter_path = None if adapter_path is None else str(adapter_path)
         if port is None:
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
@@ -182,7 +185,8 @@ class MlxLmServer:
     def command(self) -> list[str]:
         import sys
 
-        return [sys.executable, "-m", "mlx_lm", "server", "--model", self.model_dir,
+        adapter = ["--adapter-path", self.adapter_path] if self.adapter_path else []
+        return [sys.executable, "-m", "mlx_lm", "server", "--model", self.model_dir, *adapter,
                 "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "WARNING"]
 
     def __enter__(self) -> MlxLmServer:

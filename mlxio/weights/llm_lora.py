@@ -204,6 +204,47 @@ def hidden_states(model: nn.Module, checkpoint_blocks: bool = False):
     return hidden
 
 
+class _PassThrough(nn.Module):
+    """A block (or norm) that returns its input unchanged: what a split forward leaves out. It
+    keeps the block's plain attributes (llama's `use_sliding` picks the block's mask), none of
+    its weights."""
+
+    def __init__(self, like: nn.Module | None = None):
+        super().__init__()
+        if like is not None:
+            self.__dict__.update({k: v for k, v in vars(like).items() if not k.startswith("_")})
+
+    def __call__(self, x: mx.array, *args, **kwargs) -> mx.array:
+        return x
+
+
+def trunk(model: nn.Module, cut: int):
+    """`hidden(ids [B, T]) -> [B, T, H]`: the input of block `cut` - the embeddings, then blocks
+    0 .. cut - 1 - by the model's own forward with the later blocks and the final norm passed
+    through. Blocks without LoRA give the same states under every LoRA tree, so LoRA on the last
+    L - cut blocks can train on these states computed once (`last_logits(model, cut)`)."""
+    layers = [layer if i < cut else _PassThrough(layer) for i, layer in enumerate(model.layers)]
+    body = bind(model, {"model": {"layers": layers, "norm": _PassThrough()}}).model
+    return lambda ids: body(ids)
+
+
+def last_logits(model: nn.Module, cut: int = 0):
+    """`logits(lora, hidden [B, T, H], last [B]) -> [B, V]`: blocks cut .. L - 1 under the LoRA
+    tree `lora`, the final norm and the output head (a tied embedding or `lm_head`, as mlx-lm's
+    llama / qwen2 models have it) on `hidden` = `trunk(model, cut)(ids)`, at each row's position
+    `last` only (no [B, T, V] logits). Rows are right-padded: a causal model's positions up to
+    `last` never see the padding after them."""
+    skipped = {"model": {"layers": [_PassThrough(layer) for layer in model.layers[:cut]]}}
+
+    def logits(lora_params: Tree, hidden: mx.array, last: mx.array) -> mx.array:
+        top = bind(bind(model, lora_params), skipped)
+        states = top.model(None, None, hidden)[mx.arange(hidden.shape[0]), last]  # [B, H]
+        head = getattr(top, "lm_head", None)
+        return head(states) if head is not None else top.model.embed_tokens.as_linear(states)
+
+    return logits
+
+
 def bound_policy(policy: Policy, lora_params: Tree) -> Policy:
     """The policy whose model is `bind(policy.model, lora_params)` (for generation / evaluation)."""
     return attrs.evolve(policy, model=bind(policy.model, lora_params))

@@ -119,6 +119,23 @@ def test_loss_finite_lora_changes_and_eval_json(full_run):
     assert saved["eval"] == results["eval"]
 
 
+def test_rollout_log_holds_every_judged_completion(full_run):
+    from mlxio.rl import rollout_log
+
+    cfg, _ = full_run
+    rows = rollout_log.read_rows(cfg.out_dir)
+    per_step = cfg.prompts_per_step * cfg.group_size
+    assert [r["step"] for r in rows] == [s for s in (1, 2, 3, 4) for _ in range(per_step)]
+    prompts = {t: p for t, p, _, _ in PROBLEMS}
+    for r in rows:
+        assert r["prompt"] == prompts[r["task_id"]] and isinstance(r["completion"], str)
+        assert r["passed"] is (r["rewards"]["execution"] == 1.0) and set(r["rewards"]) >= {"execution", "letters"}
+    records = [json.loads(line) for line in (Path(cfg.out_dir) / "metrics.jsonl").read_text().splitlines()]
+    for record in records:  # the logged verdicts are the step's pass rate
+        passed = [r["passed"] for r in rows if r["step"] == record["step"]]
+        assert record["pass_rate"] == pytest.approx(np.mean(passed))
+
+
 def test_adapters_load_back_through_mlx_lm(full_run, tmp_path):
     from mlx_lm import load
 
@@ -160,7 +177,12 @@ def test_resume_continues_exactly(full_run, tmp_path):
                        report_to=("tensorboard", "wandb"))
     rq.run(cfg, stop_after=2, extra_rewards=EXTRA)
     assert final_trees(cfg.out_dir)[1]["step"] == 2
+    with Path(cfg.out_dir, "rollouts.jsonl").open("a") as log:  # a killed run's lines past the checkpoint
+        log.write(json.dumps({"step": 3, "task_id": "T/0", "prompt": "p", "completion": "c", "passed": True}) + "\n")
     rq.run(cfg, resume=True, extra_rewards=EXTRA)
+    logged = [json.loads(line) for line in Path(cfg.out_dir, "rollouts.jsonl").read_text().splitlines()]
+    uninterrupted = [json.loads(line) for line in Path(cfg_a.out_dir, "rollouts.jsonl").read_text().splitlines()]
+    assert logged == uninterrupted  # the resumed log reads as one uninterrupted run
     (a, meta_a), (b, meta_b) = final_trees(cfg_a.out_dir), final_trees(cfg.out_dir)
     assert meta_a["step"] == meta_b["step"] == 4 and meta_a["rng"] == meta_b["rng"]
     for name in ("trainable", "opt_state"):
