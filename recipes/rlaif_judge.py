@@ -201,7 +201,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
     results["command"] = command
     write_json_atomic(out / "eval.json", results)
     write_card(out, base, results, command, cfg.model is None)
-    return results
+    return json.loads((out / "eval.json").read_text())  # exactly what eval.json holds
 
 
 def write_card(out: Path, base: str, results: dict, command: str | None, embedded: bool) -> None:

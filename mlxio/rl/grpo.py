@@ -42,8 +42,11 @@ def load_model(cfg) -> llm.Policy:
         model.set_dtype(mx.float32)
         config["torch_dtype"] = "float32"
         policy = attrs.evolve(policy, model=model, config=config, quantized=False)
-    if cfg.memory.compute_dtype != "auto":  # the frozen base only: LoRA (added next) stays float32
-        policy.model.set_dtype(COMPUTE_DTYPES[cfg.memory.compute_dtype])
+    # the frozen base only: LoRA (added next) stays float32; a config without a memory section
+    # (the verdict judge's) keeps the base as loaded
+    compute_dtype = getattr(getattr(cfg, "memory", None), "compute_dtype", "auto")
+    if compute_dtype != "auto":
+        policy.model.set_dtype(COMPUTE_DTYPES[compute_dtype])
     check_policy(cfg, policy)
     llm_lora.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.train.seed))
     return policy
