@@ -42,7 +42,10 @@ def old_rlaif_layout(cfg) -> dict:
     memory settings at the top level, `out` and `accumulation`."""
     old = to_dict(cfg)
     old.update(old.pop("train"))
-    old["eval_micro_batches"] = old.pop("memory")["eval_micro_batches"]
+    memory = old.pop("memory")
+    old["eval_micro_batches"] = memory.pop("eval_micro_batches")
+    if memory:  # the memory settings added since keep their section (their defaults)
+        old["memory"] = memory
     old["out"], old["accumulation"] = old.pop("out_dir"), old.pop("accum")
     return old
 
