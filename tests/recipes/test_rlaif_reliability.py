@@ -21,7 +21,7 @@ STEPS = 10
 CHILD = SLOW_FSYNC + """
 import sys
 import attrs
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/recipes")
 from test_rlaif_e2e import EXTRA, smoke_cfg
 from recipes import rlaif_qwen as rq
 out, problems = sys.argv[1], sys.argv[2]
@@ -43,7 +43,7 @@ def losses(out: Path) -> list[float]:
 
 
 def test_sigkill_at_random_points_then_resume_is_exact(tmp_path):
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests" / "recipes"))
     from test_rlaif_e2e import PROBLEMS
 
     problems = tmp_path / "problems.jsonl"
