@@ -119,5 +119,6 @@ def test_smoke_run_with_guarded_negatives_and_grad_cache(tmp_path):
     assert report["k"] == 2 and report["mined"] > 0 and report["dropped"]["candidates"] > 0
     records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4] and all(np.isfinite(r["loss"]) for r in records)
-    again = xtr_lora.main([*args, "--out_dir", str(tmp_path / "b"), "--train.steps", "1"])
+    again = xtr_lora.main([*args, "--out_dir", str(tmp_path / "b"), "--train.steps", "1",
+                            "--optim.warmup_steps", "0"])
     assert "cached" in again["data"]["hard_negatives"]
