@@ -388,7 +388,8 @@ def judge_auc_section() -> list[str]:
         return []
     names = {"heldout": "held-out instances", "heldout_family": "held-out family",
              "humaneval_mutants": "HumanEval canonical vs mutant"}
-    out = [f"### Verdict judge: ROC AUC of P(yes), pass vs fail (cpu, {r['seeds']} seed; `{r['command']}`)", "",
+    out = [f"### Verdict judge: ROC AUC of P(yes), pass vs fail (cpu, {r['seeds']} seed; benchmarks/judge_auc.py, "
+           "its exact command in benchmarks/results/cpu/judge_auc.json)", "",
            "| held-out set | completions (pass) / problems | untrained | trained | trained - untrained |",
            "|---|---|---|---|---|"]
     for name, e in r["sets"].items():
@@ -399,7 +400,7 @@ def judge_auc_section() -> list[str]:
                    f"{ci(u['ci95'])} | {t['auc']:.3f} {ci(t['ci95'])} | {e['diff']['auc']:+.3f} {ci(e['diff']['ci95'])} |")
     served = r.get("served")
     note = (f" Served by `mlx_lm.server --adapter-path` and read by `HttpJudge(scoring=\"verdict\")`, {served['rows']} "
-            f"held-out completions score within {served['max_abs_diff']:.3f} of the in-process score."
+            f"held-out completions score within {served['max_abs_diff']:.1e} of the in-process score."
             if served and served.get("max_abs_diff") is not None else "")
     return out + ["", f"Target AUC >= {r['target_auc']}. {r['scale']}: the intervals (bootstrap over problems) "
                   f"cover the choice of problems, not the run's own variance.{note}", ""]

@@ -160,9 +160,15 @@ def answer_probs(last_logits: Callable, params, data: Encoded, answers: Answers,
     return p_yes, p_no
 
 
+def _ci(samples: np.ndarray) -> list[float] | None:
+    """The 95% interval of bootstrap samples as a JSON list (None if every resample had one class)."""
+    found = verdict.interval(samples)
+    return None if found is None else list(found)
+
+
 def _judge_summary(p_yes: np.ndarray, p_no: np.ndarray, labels: np.ndarray, boot: np.ndarray) -> dict:
     scores = verdict.verdict_scores(p_yes, p_no)
-    return {"auc": verdict.roc_auc(scores, labels), "ci95": verdict.interval(boot),
+    return {"auc": verdict.roc_auc(scores, labels), "ci95": _ci(boot),
             "accuracy_at_0.5": float(((scores >= 0.5) == labels).mean()),
             "mean_score_pass": float(scores[labels].mean()) if labels.any() else None,
             "mean_score_fail": float(scores[~labels].mean()) if (~labels).any() else None,
@@ -184,7 +190,7 @@ def auc_report(probs: dict[str, tuple[np.ndarray, np.ndarray]], data: Encoded, r
         out[name] = _judge_summary(p_yes, p_no, data.labels, boot[name])
     if {"untrained", "trained"} <= probs.keys():
         out["diff"] = {"auc": out["trained"]["auc"] - out["untrained"]["auc"],
-                       "ci95": verdict.interval(boot["trained"] - boot["untrained"])}
+                       "ci95": _ci(boot["trained"] - boot["untrained"])}
     return out
 
 
