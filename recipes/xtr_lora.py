@@ -210,7 +210,8 @@ def validate(cfg: Config, source: str = "config") -> None:
         raise ConfigError(f"data.negative_miners: unknown {unknown} (choose from 'bm25', 'model')", where=source)
     quant_io.parse_rules(cfg.quant.qat, "quant.qat")
     quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
-    if cfg.data.hard_negatives == 0 and cfg.train.micro_batch < 2:
+    in_batch = cfg.train.micro_batch * (cfg.train.accum if cfg.train.grad_cache else 1)  # one contrastive batch
+    if cfg.data.hard_negatives == 0 and in_batch < 2:
         # InfoNCE over in-batch negatives: a micro-batch of one pair has no negative to contrast
         raise ConfigError(f"train.micro_batch: {cfg.train.micro_batch} pair per micro-batch leaves no in-batch "
                           "negative (and data.hard_negatives is 0)", where=source,

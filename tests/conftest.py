@@ -90,7 +90,6 @@ FAST_LANE_EXCLUDES = {
     'tests/recipes/test_bad_inputs.py::test_readers_during_updates_never_fail',
     'tests/recipes/test_bad_inputs.py::test_wandb_that_cannot_start_is_one_line',
     'tests/recipes/test_bad_inputs.py::test_worker_cli_is_strict',
-    'tests/recipes/test_xtr_dev_eval.py::test_dev_eval_every_is_range_checked',
     'tests/recipes/test_rlaif_judge_inputs.py::test_one_class_logs_are_refused',
 }
 

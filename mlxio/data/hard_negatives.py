@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 import numpy as np
@@ -147,13 +147,15 @@ def maxsim(queries: Tokens, i: int, docs: Tokens, cands: Sequence[int]) -> np.nd
     return sims.max(axis=1).mean(axis=1)
 
 
-def mine_maxsim(queries: Tokens, docs: Tokens, rank_max: int, pool_factor: int = 4) -> list[np.ndarray]:
+def mine_maxsim(queries: Tokens, docs: Tokens, rank_max: int, pool_factor: int = 4,
+                each: Callable[[range], Iterable[int]] = iter) -> list[np.ndarray]:
     """Per query i (pairs indexed alike: doc i is its positive), the `rank_max` other documents
     with the highest MaxSim, best first, among the `pool_factor * rank_max` nearest by
-    mean-pooled cosine (MaxSim over every document would cost n^2 x Tq x Td)."""
+    mean-pooled cosine (MaxSim over every document would cost n^2 x Tq x Td). `each` wraps the
+    loop over queries (a progress display)."""
     qv, dv = queries.pooled(), docs.pooled()
     out = []
-    for i in range(len(qv)):
+    for i in each(range(len(qv))):
         cosine = dv @ qv[i]
         cosine[i] = -np.inf
         pool = _top(cosine, min(pool_factor * rank_max, len(cosine) - 1)) if len(cosine) > 1 else np.zeros(0, int)
@@ -163,16 +165,17 @@ def mine_maxsim(queries: Tokens, docs: Tokens, rank_max: int, pool_factor: int =
 
 
 def guard(ranked: Sequence[Sequence[Sequence[int]]], k: int, excluder: Excluder, scores, *,
-          rank_min: int = 0, relative_margin: float = 0.0, absolute_margin: float = 0.0
-          ) -> tuple[list[list[list[int]]], dict]:
+          rank_min: int = 0, relative_margin: float = 0.0, absolute_margin: float = 0.0,
+          each: Callable[[range], Iterable[int]] = iter) -> tuple[list[list[list[int]]], dict]:
     """Each miner's ranked candidates (`ranked[m][i]`, best first) with likely false negatives
     removed: per query i, `scores(i, cands)` -> the guide's scores float [len(cands)] of its
     positive (cands[0] = i) and candidates; candidate j goes when excluded (`excluder`) or when
     s_j > (1 - relative_margin) * s_i or s_j > s_i - absolute_margin; the first `rank_min`
-    survivors are skipped and up to k kept. Returns (kept[m][i], counts of what was dropped)."""
+    survivors are skipped and up to k kept (`each` wraps the loop over queries). Returns
+    (kept[m][i], counts of what was dropped)."""
     counts = {"candidates": 0, "excluded": 0, "false_negative_margin": 0, "rank_window": 0}
     kept: list[list[list[int]]] = [[] for _ in ranked]
-    for i in range(len(ranked[0]) if ranked else 0):
+    for i in each(range(len(ranked[0]) if ranked else 0)):
         cands = list(dict.fromkeys(int(j) for miner in ranked for j in miner[i]))
         s = dict(zip([i, *cands], np.asarray(scores(i, [i, *cands]), np.float64).tolist(), strict=True))
         ceiling = min((1.0 - relative_margin) * s[i], s[i] - absolute_margin)

@@ -27,6 +27,7 @@ from mlxio.data.token_cache import (
 )
 from mlxio.errors import DataError
 from mlxio.run import distributed
+from mlxio.run.reporting import progress
 from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger("xtr_lora")
@@ -305,12 +306,17 @@ def with_hard_negatives(train: list, k: int, miners: tuple[str, ...], seed: int,
         codes = hard_negatives.Tokens.of(model_tokens([p.code for p in train], max_doc_len))
         timing["embed_s"] = round(time.perf_counter() - t, 1)
         t = time.perf_counter()
+
+        def each(what: str):
+            return lambda rows: progress(rows, total=len(rows), desc=f"hard negatives: {what}", unit="query")
+
         if "model" in miners:
-            ranked.append([list(r) for r in hard_negatives.mine_maxsim(queries, codes, rank_max)])
+            ranked.append([list(r) for r in hard_negatives.mine_maxsim(queries, codes, rank_max,
+                                                                       each=each("MaxSim mining"))])
         ranked, report = hard_negatives.guard(ranked, k, excluder,
                                               lambda i, cands: hard_negatives.maxsim(queries, i, codes, cands),
                                               rank_min=rank_min, relative_margin=relative_margin,
-                                              absolute_margin=absolute_margin)
+                                              absolute_margin=absolute_margin, each=each("false-negative guard"))
         timing["model_s"] = round(time.perf_counter() - t, 1)
     out, counts = hard_negatives.attach(train, k, ranked, seed, excluder)
     log.info("hard negatives: %d per pair (%s) %s, dropped %s in %s", k, "+".join(miners) or "given only", counts,
