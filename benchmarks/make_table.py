@@ -337,6 +337,16 @@ def default_run_sections() -> list[str]:
     return out
 
 
+def negatives_label(run: dict) -> str:
+    """'none', or the hard negatives per pair and their miners ('2 BM25+MaxSim, guarded')."""
+    if not run["hard_negatives"]:
+        return "none"
+    counts = run.get("hard_negative_counts") or {}
+    names = {"bm25": "BM25", "model": "MaxSim"}
+    miners = "+".join(names.get(m, m) for m in counts.get("miners", ["bm25"]))
+    return f"{counts.get('k', 1)} {miners}{', guarded' if 'dropped' in counts else ''}"
+
+
 def heldout_packages_section() -> list[str]:
     """The retriever's gain over the untrained model, run by run (seeds, presets, with and
     without hard negatives): <machine>/xtr_heldout_packages.json."""
@@ -351,7 +361,7 @@ def heldout_packages_section() -> list[str]:
                 u, t = task["untrained"]["semantic"]["mrr@10"], task["fine_tuned"]["semantic"]["mrr@10"]
                 cells.append(f"{u:.3f} -> {t:.3f} | {t - u:+.3f} | {task['fine_tuned']['hybrid']['mrr@10']:.3f}")
             rows.append(f"| {machine} | {r['preset']} | {r['steps']} | {r.get('seed', 0)} "
-                        f"| {'1 BM25' if r['hard_negatives'] else 'none'} | {r['queries']} | {' | '.join(cells)} |")
+                        f"| {negatives_label(r)} | {r['queries']} | {' | '.join(cells)} |")
     if not rows:
         return []
     return ["### Retriever quality over seeds and presets (benchmarks/xtr_heldout_packages.py)", "",
