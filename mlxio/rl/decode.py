@@ -21,8 +21,16 @@ What the BatchGenerator does per token and this does not:
   tokens and one for the logprobs every step, per-row Python. Here the step is compiled
   (elementwise ops fused) and tokens / logprobs stay on the device; the host reads them every
   `sync_every` steps, one block behind the device (the next block is queued first), and checks
-  EOS and stop conditions there. Rows that have ended keep decoding until the whole batch has
-  (their extra tokens are dropped), so the shapes never change.
+  EOS and stop conditions there. Rows that have ended keep decoding (their extra tokens are
+  dropped) until the live ones fit a smaller size of `batches` (`batch_ladder`: N, then
+  halving), when the live rows are gathered into a batch of that size: a handful of shapes
+  per run, each compiled once, and ended rows stop costing compute (`row_steps`).
+
+The token a row samples does not depend on which other rows share its batch: `row_sampler` is
+mlx-lm's sampler with the Gumbel noise drawn for all N rows every step (one draw of MLX's PRNG,
+as `mx.random.categorical` makes) and each row reading its own, so with or without compaction
+the draws are the same (bit for bit where the forward's kernels round a row alike at every
+batch size: float32 on the CPU in the tests; elsewhere up to float rounding).
 
 Greedy decoding gives the same tokens as the BatchGenerator path up to float rounding (the
 prompts are prefilled as one left-padded batch, `rollout.prefill_batch`; masked slots add exact
@@ -35,11 +43,13 @@ step), not the same draws.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_map
 from mlx_lm.models.cache import BatchKVCache, _BaseCache
+from mlx_lm.sample_utils import apply_top_p
 
 from mlxio.rl import decode_fused
 
@@ -135,10 +145,62 @@ def static_cache_rows(caches: list[BatchKVCache], rows: list[int], size: int) ->
 
 
 def decode_state(caches: list[StaticKVCache]) -> tuple:
-    """The compiled step's state: ([(keys, values)] per layer, left_padding, idx). One
+    """The compiled step's state: ([(keys, values)] per layer, left_padding, idx, rows). One
     left_padding / idx for all layers: the step computes the RoPE positions and the next idx
-    once, not once per layer."""
-    return [(c.keys, c.values) for c in caches], caches[0].left_padding, caches[0].idx
+    once, not once per layer. rows [B] int32: each batch row's index in the batch decoding
+    began with (`take_rows` keeps them; the sampler reads its noise there)."""
+    first = caches[0]
+    return [(c.keys, c.values) for c in caches], first.left_padding, first.idx, _all_rows(first.keys.shape[0])
+
+
+def _all_rows(n: int) -> mx.array:
+    return mx.arange(n, dtype=mx.int32)
+
+
+def take_rows(state: tuple, index: mx.array) -> tuple:
+    """A step state (`decode_state`, or the fused step's) of the batch rows `index` [b] int32:
+    every per-row array gathered on its first axis, the shared position `idx` as it is."""
+    kv, per_row, idx, rows = state
+    return tree_map(lambda a: a[index], kv), per_row[index], idx, rows[index]
+
+
+def batch_ladder(n: int, smallest: int) -> tuple[int, ...]:
+    """The decode batch sizes a batch of n rows compacts through: n, then the powers of two
+    below it down to `smallest` (64, 8 -> 64, 32, 16, 8; 24, 8 -> 24, 16, 8; smallest >= n:
+    n alone, no compaction)."""
+    return (n, *sorted((1 << k for k in range(n.bit_length()) if smallest <= 1 << k < n), reverse=True))
+
+
+def row_sampler(temperature: float, top_p: float, n: int) -> Callable[[mx.array, mx.array], mx.array]:
+    """mlx-lm's `make_sampler(temp=temperature, top_p=top_p)` as a draw per row of an n-row batch:
+    `sample(logprobs [b, V], rows [b] int32) -> [b] uint32`, rows the batch rows' indices in
+    0 .. n - 1. The Gumbel noise is drawn for all n rows ([n, V]: the draw
+    `mx.random.categorical` makes of MLX's global PRNG) and row r reads its own row, so a row's
+    token does not depend on which others are decoded beside it; over the full batch (rows =
+    0 .. n - 1) it is make_sampler's draw. temperature 0: the argmax (greedy)."""
+    if temperature == 0:
+        def greedy(logprobs, rows):
+            return mx.argmax(logprobs, axis=-1)
+
+        greedy.per_row = True
+        return greedy
+
+    def sample(logprobs, rows):
+        if 0 < top_p < 1.0:
+            logprobs = apply_top_p(logprobs, top_p)
+        noise = mx.random.gumbel((n, logprobs.shape[-1]))  # (mx.random.categorical's, for all n rows)
+        return mx.argmax(noise[rows] + logprobs * (1.0 / temperature), axis=-1)
+
+    sample.per_row = True
+    return sample
+
+
+def per_row(sampler: Callable) -> Callable[[mx.array, mx.array], mx.array]:
+    """`sampler` as a (logprobs, rows) -> tokens function: a `row_sampler` as it is, another
+    (mlx-lm's `sampler(logprobs)`) ignoring the rows: its draws then depend on the batch."""
+    if getattr(sampler, "per_row", False):
+        return sampler
+    return lambda logprobs, rows: sampler(logprobs)
 
 
 def cache_length(prompt_len: int, new_tokens: int, step: int = LENGTH_STEP) -> int:
@@ -153,23 +215,24 @@ def token_array(tokens: list[int]) -> mx.array:
     return mx.array(tokens, mx.int32)
 
 
-def make_step(model, sampler: Callable[[mx.array], mx.array], compiled: bool = True) -> Callable:
+def make_step(model, sampler: Callable, compiled: bool = True) -> Callable:
     """The compiled decode step `(tokens [B] int32, state) -> (next [B] int32, logprob [B]
     float32, state)`: feeds `tokens` at each row's next slot, samples from the log-softmax of
     the last logits (temperature-1 log-probabilities, as mlx-lm's BatchGenerator) with `sampler`
-    and returns the sampled tokens' log-probabilities. state: `decode_state`.
+    (`per_row`) and returns the sampled tokens' log-probabilities. state: `decode_state`.
     The model's parameters and MLX's PRNG state are captured inputs, so a policy whose weights
     change between calls (LoRA) is read afresh, and each call draws new random numbers.
     `compiled` False: the same step, run eagerly (see `decode`)."""
+    sample = per_row(sampler)
 
     def step(tokens, state):
-        kv, left_padding, idx = state
+        kv, left_padding, idx, rows = state
         caches = [StaticKVCache(k, v, left_padding, idx) for k, v in kv]
         logits = model(tokens[:, None], cache=caches)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        nxt = sampler(logprobs).astype(mx.int32)  # (the sampler's uint32: see token_array)
+        nxt = sample(logprobs, rows).astype(mx.int32)  # (the sampler's uint32: see token_array)
         picked = mx.take_along_axis(logprobs, nxt[:, None], axis=-1)[:, 0]
-        return nxt, picked.astype(mx.float32), ([(c.keys, c.values) for c in caches], left_padding, idx + 1)
+        return nxt, picked.astype(mx.float32), ([(c.keys, c.values) for c in caches], left_padding, idx + 1, rows)
 
     if not compiled:
         return step
@@ -202,10 +265,10 @@ def fused_step(spec: decode_fused.Spec, sampler, sampler_key=None, compiled: boo
     given: the weights are an argument, so every policy with the same architecture and RoPE
     module (a model and all its LoRA `bind`s) shares one trace."""
     if sampler_key is None:
-        return decode_fused.make_fused_step(spec, sampler, compiled)
+        return decode_fused.make_fused_step(spec, per_row(sampler), compiled)
     key = (spec, sampler_key, compiled)
     if key not in _FUSED_STEPS:
-        _FUSED_STEPS[key] = decode_fused.make_fused_step(spec, sampler, compiled)
+        _FUSED_STEPS[key] = decode_fused.make_fused_step(spec, per_row(sampler), compiled)
     return _FUSED_STEPS[key]
 
 
@@ -222,7 +285,7 @@ def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None
         return compiled_step(model, sampler, sampler_key, compiled), decode_state(caches)
     first = caches[0]
     kv = [decode_fused.decode_cache(c.keys, c.values, first.left_padding, first.idx, spec) for c in caches]
-    state = (kv, first.idx - first.left_padding, first.idx)
+    state = (kv, first.idx - first.left_padding, first.idx, _all_rows(first.keys.shape[0]))
     mx.eval(weights, state)  # (once: the steps' graphs then start from evaluated arrays)
     step = fused_step(spec, sampler, sampler_key, compiled)
     return (lambda tokens, s: step(weights, tokens, s)), state
@@ -230,11 +293,14 @@ def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None
 
 def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache], max_new_tokens: int,
            is_done: Callable[[int, list[int]], int | None], sync_every: int = SYNC_EVERY,
-           sampler_key=None, fused: bool | None = None, compiled: bool = True) -> tuple:
+           sampler_key=None, fused: bool | None = None, compiled: bool = True,
+           batches: Sequence[int] | None = None) -> tuple:
     """Decode up to `max_new_tokens` tokens for each row of the batch that `caches` hold
     (consumed: the list is emptied, so the step's in-place cache updates can take the buffers).
 
     first_tokens: [B] the token each row feeds first (its prompt's last token).
+    sampler: a `row_sampler` (a row's draws independent of the batch it is in), or mlx-lm's
+        `sampler(logprobs)` (then compaction changes the draws, not their distribution).
     sampler_key: identifies `sampler`'s settings, to reuse a compiled step (`fused_step`,
         `compiled_step`); None compiles a new one.
     compiled: `mx.compile` the step (True), or run the same step eagerly: no fused kernels, so
@@ -242,39 +308,49 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
         `mlxio.kernel_cache`), at more host time per step.
     fused: decode with `decode_fused`'s step where the model allows; None: on a GPU
         (`step_and_state`).
+    batches: batch sizes to compact to as rows end (`batch_ladder(B, ...)`): after each read of
+        a block, once the rows still live fit a smaller size of `batches`, they (and ended rows
+        up to that size) are gathered into a batch of it (`take_rows`); the device is then one
+        block ahead, so a row costs at most two blocks of steps after it ended. None: the batch
+        stays at B until every row has ended.
     is_done(row, new_tokens) -> the number of `new_tokens` (this block's tokens of a live row)
-        the row keeps when it ended among them, else None; called once a block, in order.
+        the row keeps when it ended among them, else None; called once a block, in row order.
     Returns (tokens, logprobs, ended, stats): per row the kept token list and float32 list, [B]
     bool ended (is_done cut it; False: it reached max_new_tokens), and a dict: steps (decode
-    steps run), syncs (host reads of the device's tokens), call_s (host seconds in the compiled
-    step's calls: building each step's graph), queue_s (in `mx.async_eval`: dispatching the
-    step's kernels, and waiting where the device's queue is full), read_s (reading blocks and
-    checking stops, waiting for the device included)."""
+    steps run), row_steps (rows computed, summed over the steps), batches (the batch sizes
+    run, in order), syncs (host reads of the device's tokens), call_s (host seconds in the
+    compiled step's calls: building each step's graph), queue_s (in `mx.async_eval`:
+    dispatching the step's kernels, and waiting where the device's queue is full), read_s
+    (reading blocks and checking stops, waiting for the device included)."""
     step, states = step_and_state(model, sampler, caches, sampler_key, fused, compiled)
     n = len(first_tokens)
     tokens_out: list[list[int]] = [[] for _ in range(n)]
     logprobs_out: list[list[float]] = [[] for _ in range(n)]
     ended = np.zeros(n, bool)
     live = np.ones(n, bool)
+    rows = np.arange(n)  # the batch's rows, as indices of the first batch (ascending)
+    sizes = sorted({n, *(b for b in batches or () if 1 <= b < n)})
     x = token_array(first_tokens)
     caches.clear()  # (the caller's references too: the buffers are donated to the step's updates)
 
-    def absorb(block_tokens, block_logprobs) -> None:
+    def absorb(block_tokens, block_logprobs, block_rows) -> None:
         toks = np.array(mx.stack(block_tokens, axis=1)).tolist()  # the block's one host sync
         lps = np.array(mx.stack(block_logprobs, axis=1)).tolist()
-        for i in np.flatnonzero(live):
+        for j, i in enumerate(block_rows):
+            if not live[i]:
+                continue
             room = max_new_tokens - len(tokens_out[i])
-            new = toks[i][:room]
+            new = toks[j][:room]
             keep = is_done(int(i), new)
             if keep is not None:
                 new, ended[i], live[i] = new[:keep], True, False
             tokens_out[i] += new
-            logprobs_out[i] += lps[i][: len(new)]
+            logprobs_out[i] += lps[j][: len(new)]
             if len(tokens_out[i]) >= max_new_tokens:
                 live[i] = False
 
     pending = None
-    stats = {"steps": 0, "syncs": 0, "call_s": 0.0, "queue_s": 0.0, "read_s": 0.0}
+    stats = {"steps": 0, "row_steps": 0, "batches": [n], "syncs": 0, "call_s": 0.0, "queue_s": 0.0, "read_s": 0.0}
     while stats["steps"] < max_new_tokens and live.any():
         block_t, block_lp = [], []
         for _ in range(min(sync_every, max_new_tokens - stats["steps"])):
@@ -287,11 +363,20 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
             block_t.append(x)
             block_lp.append(lp)
         stats["steps"] += len(block_t)
+        stats["row_steps"] += len(block_t) * len(rows)
         t1 = time.perf_counter()
         if pending is not None:  # read the previous block while the device runs this one
             absorb(*pending)
             stats["syncs"] += 1
-        pending = (block_t, block_lp)
+        pending = (block_t, block_lp, rows)
+        size = next(b for b in sizes if b >= live.sum())  # (live as far as read: all in `rows`)
+        if live.any() and size < len(rows) and stats["steps"] < max_new_tokens:
+            keep = np.flatnonzero(live[rows])
+            pad = np.flatnonzero(~live[rows])[: size - len(keep)]  # ended rows ride along to fill it
+            index = np.sort(np.concatenate([keep, pad]))
+            gather = mx.array(index, mx.int32)
+            states, x, rows = take_rows(states, gather), x[gather], rows[index]
+            stats["batches"].append(size)
         stats["read_s"] += time.perf_counter() - t1
     if pending is not None and live.any():
         t1 = time.perf_counter()

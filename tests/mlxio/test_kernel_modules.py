@@ -123,11 +123,14 @@ def _rlaif_step_ops(model) -> list:
     embedding, the static cache rows and the LoRA policy gradient of a tiny float32 llama."""
     prefilled = rollout.prefill_batch(model, [[5, 6, 7], [8, 9]])
     ops = []
-    for fused in (True, False):
+    for fused in (True, False):  # (the recipe's sampler, and a step after compacting to 2 rows)
         caches = decode.static_cache_rows(prefilled, [0, 0, 1, 1], 256)
-        step, state = decode.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
+        step, state = decode.step_and_state(model, decode.row_sampler(0.8, 0.95, 4), caches, fused=fused,
                                             compiled=False)
         ops += kernel_cache.traced_ops(lambda x, step=step, state=state: list(step(x, state)[:2]), decode.token_array([7, 7, 9, 9]))
+        two = mx.array([1, 3], mx.int32)
+        ops += kernel_cache.traced_ops(lambda x, step=step, state=state, two=two: list(step(
+            x[two], decode.take_rows(state, two))[:2]), decode.token_array([7, 7, 9, 9]))
     ops += kernel_cache.traced_ops(lambda ids: model.model.embed_tokens(ids), mx.array([[0, 5, 6]], mx.int32))
     ops += kernel_cache.traced_ops(lambda: [decode.static_cache_rows(prefilled, [0, 1], 256)[0].keys,
                                             decode.static_cache_rows(prefilled, [0, 1], 256)[0].left_padding])
