@@ -124,6 +124,26 @@ class MemoryConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ShapesConfig:
+    """The array shapes of a step (`mlxio.rl.shapes`). On a GPU each new shape compiles: the
+    H100's gpu preset took 6.5-7 s at steps 2, 5 and 11 of 12, against 1.5-1.9 s, when the
+    prefill, update and scored-position widths followed each step's data."""
+
+    # pad prompts, update rows and scored positions to shapes listed before step 1 (from the
+    # training prompts' lengths and max_new_tokens). None: on a GPU
+    fixed: bool | None = None
+    # with `fixed`: the update pads rows to the largest N widths of the ladder (0: all of it,
+    # the gpu preset's 5; 1: every step at the longest possible row, one update shape)
+    update_widths: int = bounded(0, ge=0)
+    # the static engine's decode batch shrinks as rows end, through N, N/2, ... down to this many
+    # rows (mlxio.rl.decode.batch_ladder; >= N: never), so ended rows stop costing compute
+    min_decode_batch: int = bounded(8, ge=1)
+    # run every listed shape once before step 1 (its compilation then falls there). None: with
+    # `fixed` on a GPU
+    warm_up: bool | None = None
+
+
+@attrs.frozen(kw_only=True)
 class Config:
     model: str | None = bounded(None, nonempty=True)  # None: embedded SmolLM2-135M-Instruct GGUF; or a dir / hub id
     # MLX's CPU quantised matmul is ~30x slower than float BLAS here, so on CPU the 4-bit base
@@ -165,6 +185,7 @@ class Config:
     eval: EvalConfig = EvalConfig(max_new_tokens=256, batch=16)  # all held-out problems
     train: TrainConfig = TrainConfig()
     memory: MemoryConfig = MemoryConfig()
+    shapes: ShapesConfig = ShapesConfig()
     # also report each record to: "tensorboard" (event files in out_dir/tensorboard), "wandb"
     # (Weights & Biases; offline unless WANDB_MODE is set); metrics.jsonl always
     report_to: tuple[str, ...] = ()

@@ -64,8 +64,10 @@ def use_compile(cfg) -> bool:
 
 def config_hash(config: dict) -> str:
     """The hash of a config (as a dict: `to_dict(cfg)`) over the fields that change the
-    training: not the output dir nor the logging."""
-    return checkpoint.config_hash({**config, "out_dir": None, "report_to": None,
+    training: not the output dir, the logging nor the array shapes (`shapes`: padding, float
+    rounding apart, changes no number; runs from before the section resume)."""
+    rest = {k: v for k, v in config.items() if k != "shapes"}
+    return checkpoint.config_hash({**rest, "out_dir": None, "report_to": None,
                                    "train": {**config["train"], "log_every": None}})
 
 
@@ -208,7 +210,7 @@ def update_rows(total: np.ndarray, missing: np.ndarray, prompt_ids: np.ndarray, 
 
 def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
                 cfg, ref_logp: mx.array | None = None, old_logp: mx.array | None = None,
-                drop_empty: bool = False) -> dict | None:
+                drop_empty: bool = False, positions_width: int | None = None) -> dict | None:
     """Arrays for the step, leaves [k, N / accum, ...] (k = accum, or fewer with `drop_empty`).
 
     valid [N]: rows that enter the loss (`update_rows`). ref_logp / old_logp [N, T - 1]: given
@@ -218,7 +220,8 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
     micro-batches): rows with nothing to score go last and micro-batches of them alone are not
     run; None when no row is left (no update this step). Leaves: tokens, mask, weights
     (`mlxcore.policy.loss_weights` over the whole step), positions [k, P]
-    (`packing.target_positions`), advantages, old_logp, ref_logp.
+    (`packing.target_positions`; P = `positions_width` where the scored tokens fit it: fixed
+    beforehand, `mlxio.rl.shapes`), advantages, old_logp, ref_logp.
     """
     n = len(adv)
     if n % cfg.train.accum:
@@ -241,7 +244,7 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
         weights *= k / cfg.train.accum
     arrays = {name: a[:k * micro] for name, a in {**arrays, "weights": weights}.items()}
     given = {name: a[:k * micro] for name, a in given.items()}
-    positions = packing.target_positions(arrays["mask"], micro, cfg.memory.logprob_chunk)
+    positions = packing.target_positions(arrays["mask"], micro, cfg.memory.logprob_chunk, positions_width)
     tokens = mx.array(arrays["tokens"])
     zeros = mx.zeros(arrays["mask"].shape, mx.float32)
     chunk = cfg.memory.logprob_chunk

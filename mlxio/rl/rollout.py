@@ -236,6 +236,14 @@ class _PrefillCache(BatchKVCache):
         return mask | own
 
 
+def prefill_width(longest: int, bucketed: bool, width: int | None = None) -> int:
+    """The width `prefill_batch` pads a batch whose longest prompt has `longest` tokens to:
+    `width` where that fits, else the longest's `bucket_width` (`bucketed`) or the longest."""
+    if width is not None and longest <= width:
+        return width
+    return bucket_width(longest) if bucketed else longest
+
+
 def prefill_batch(model, prompts: list[list[int]], bucketed: bool = False,
                   width: int | None = None) -> list[BatchKVCache]:
     """mlx-lm's per-layer `BatchKVCache`s after feeding all `prompts` (token lists, some may be
@@ -244,8 +252,7 @@ def prefill_batch(model, prompts: list[list[int]], bucketed: bool = False,
     `bucketed`: the batch is padded to a `bucket_width` (few shapes on a GPU). `width`: the
     batch is padded to this many tokens whenever its longest prompt fits (one shape for every
     call: `mlxio.rl.shapes`). Only the transformer runs (no [P, T, vocab] logits)."""
-    longest = max(map(len, prompts))
-    width = width if width is not None and longest <= width else bucket_width(longest) if bucketed else longest
+    width = prefill_width(max(map(len, prompts)), bucketed, width)
     padding = [width - len(p) for p in prompts]
     ids = mx.array([[0] * pad + p for pad, p in zip(padding, prompts, strict=True)], mx.int32)
     cache = [_PrefillCache(padding) for _ in range(len(model.layers))]
@@ -259,6 +266,13 @@ def prefill_batch(model, prompts: list[list[int]], bucketed: bool = False,
 
 
 ENGINES = ("auto", "static", "batch")
+
+
+def resolve_engine(engine: str) -> str:
+    """The decode engine "auto" stands for here: "static" on a GPU, "batch" on the CPU."""
+    if engine == "auto":
+        return "static" if mx.default_device().type == mx.gpu else "batch"
+    return engine
 
 
 def generate_group(policy, prompts: list[str], group_size: int = 8, temperature: float = 1.0,
@@ -309,8 +323,7 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         sampler = make_sampler(temp=temperature, top_p=top_p)
         stoppers = lambda n: ([CodeBlockStop(n)] if stop_at_code_end else []) + (  # noqa: E731
             [StopStrings(n, tuple(stop))] if any(stop) else [])
-        if engine == "auto":
-            engine = "static" if mx.default_device().type == mx.gpu else "batch"
+        engine = resolve_engine(engine)
         if engine == "static" and all(len(t) == 1 for t in prompt_tokens):
             engine = "batch"  # nothing to cache before the first step: mlx-lm's path does it
         shapes = ()
