@@ -39,7 +39,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
-from mlxio.rl import auto_batch, grpo, packing, rewards, rollout
+from mlxio.rl import auto_batch, grpo, packing, rewards, rollout, shapes
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,
@@ -61,6 +61,7 @@ from mlxio.rl.grpo import (
 )
 from mlxio.rl.rewards import RewardCache
 from mlxio.rl.rollout_log import RolloutLog
+from mlxio.rl.warm_up import warm_up
 from mlxio.run import budget, config, context, distributed
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
@@ -75,6 +76,12 @@ from recipes.rlaif_config import PRESETS, Config, validate
 
 logger = logging.getLogger("rlaif_qwen")
 CURVES = ("reward_mean", "pass_rate", "kl", "entropy", "completion_len_mean", "clip_frac", "loss")
+
+
+def decode_record(ro) -> dict:
+    """The static engine's decode steps and rows computed (summed over its steps) of a rollout."""
+    stats = ro.decode_stats or {}
+    return {f"decode_{k}": stats[k] for k in ("steps", "row_steps") if k in stats}
 
 
 @context.releases_out_dirs
@@ -119,13 +126,15 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     start_step = found.step if found else 0
     # this rank's completions per step; --memory.auto_batch splits them by measured memory
     effective = (prompt_share.stop - prompt_share.start) * local_group
+    fixed_shapes = shapes.fixed(cfg.shapes.fixed)
+    prompt_lens = ([len(rollout.encode_prompt(policy.tokenizer, instruction(p))) for p in train]
+                   if cfg.memory.auto_batch or fixed_shapes else [])
     plan = None
     if cfg.memory.auto_batch:
         if world.size > 1:
             raise ConfigError("memory.auto_batch: single-process runs only",
                               fix="set --train.accum for each rank by hand")
-        prompt_len = max(len(rollout.encode_prompt(policy.tokenizer, instruction(p))) for p in train)
-        plan = auto_batch.plan(cfg, model, params, step_fn, state, effective, prompt_len,
+        plan = auto_batch.plan(cfg, model, params, step_fn, state, effective, max(prompt_lens),
                                int(policy.config["vocab_size"]))
         write_json_atomic(out / "auto_batch.json", plan.as_dict())
         logger.info("auto batch: %d micro-batches of %d (budget %.0f MB, predicted peak %.0f MB)", plan.accum,
@@ -143,6 +152,15 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                      evaluate_all(llm_lora.bound_policy(policy, pg.reference_params(params)), "before"), cfg.eval)
 
     clock.lap("setup: rewards, step, resume" + (", evaluation before" if cfg.eval.before else ""))
+    # every array shape of a step, listed now (mlxio.rl.shapes): on a GPU each new one compiles
+    local_prompts = prompt_share.stop - prompt_share.start
+    shape_plan = shapes.plan(cfg, prompt_lens, local_prompts, effective) if fixed_shapes else None
+    one_graph = not cfg.memory.eval_micro_batches
+    seen = set()  # shape keys met so far: a step's `new_shapes` are those it meets first
+    if shapes.warm(cfg.shapes.warm_up, shape_plan):
+        seen |= warm_up(policy, params, step_fn, state, shape_plan, cfg, jit, world.size == 1,
+                        rollout.resolve_engine(cfg.rollout_engine) == "static")
+        clock.lap("setup: shape warm-up")
     loop = TrainLoop.open(out, world, run_id=run_id, config=to_dict(cfg), train=cfg.train, start=start_step,
                           end=context.last_step(cfg.train.steps, stop_after, start_step, more_steps),
                           resumed=found is not None, opt_state=state, project="rlaif_qwen", desc="rlaif",
@@ -163,7 +181,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
                 cfg.top_p, cfg.max_new_tokens,
                 distributed.rank_seed(step_seed(cfg.train.seed, step), world),
-                stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit)
+                stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit,
+                prompt_width=shape_plan.prompt_width if shape_plan else None,
+                min_decode_batch=cfg.shapes.min_decode_batch)
         answered = [problems[i] for i in ro.prompt_index]
         rew = rewards.combine_rewards(fns, answered, ro.texts, cache)
         if rollout_log is not None:
@@ -171,7 +191,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         prompt_ids = prompt_share.start + ro.prompt_index
         adv = shared_advantages(rew.total, rew.missing, prompt_ids, cfg.advantage, world)
         rows, row_stats = update_rows(rew.total, rew.missing, prompt_ids, ro.finished, cfg.grpo, world)
-        packed = packing.pack(ro, pad_id=0)
+        packed = packing.pack(ro, pad_id=0, widths=shape_plan.update_widths if shape_plan else ())
         t1 = time.perf_counter()
         m = {}
         with context.region(loop.profiler, "update"), kernel_cache.compile_notice(
@@ -179,7 +199,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
             if plan is not None:
                 mx.reset_peak_memory()  # the update's own peak, not the rollout's
             # one process: micro-batches of skipped rows alone are not run (None: nothing to learn)
-            batch = (build_batch(model, params, packed, adv, rows, cfg, drop_empty=world.size == 1)
+            batch = (build_batch(model, params, packed, adv, rows, cfg, drop_empty=world.size == 1,
+                                 positions_width=shape_plan.positions_for(packed["tokens"].shape[1])
+                                 if shape_plan else None)
                      if row_stats["rows_in_update"] else None)
             for epoch in range(cfg.inner_epochs if batch is not None else 0):
                 params, state, m = step_fn(params, state, batch,
@@ -187,9 +209,13 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
             mx.eval(params, state, m)
         if plan is not None:
             cfg = auto_batch.recheck(plan, cfg, effective, mx.get_peak_memory())
+            shape_plan = shapes.plan(cfg, prompt_lens, local_prompts, effective) if fixed_shapes else None
         t2 = time.perf_counter()
+        met = set(ro.shapes) | ({shapes.update_key(batch, one_graph)} if batch is not None else set())
         record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
-                  **row_stats, "update_skipped": int(batch is None), "step_s": time.perf_counter() - t0}
+                  **row_stats, "update_skipped": int(batch is None), "new_shapes": len(met - seen),
+                  **decode_record(ro), "update_s": t2 - t1, "step_s": time.perf_counter() - t0}
+        seen |= met
         window.add(record)
         if (step + 1) % cfg.train.log_every == 0 or step + 1 == loop.end:
             loop.write({**window.pop(), "step": step + 1})

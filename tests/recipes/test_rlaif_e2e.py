@@ -322,3 +322,27 @@ def test_smoke_preset_as_a_user_runs_it_trains(tmp_path):
     assert results["eval"]["heldout"]["after"]["problems"] == 2
     config = json.loads((out / "config.json").read_text())
     assert config["data"]["source"] == "procedural" and config["data"]["problems"] is None
+
+
+def test_planned_shapes_warm_up_and_compaction_change_no_number(problems_file, tmp_path):
+    """The static engine with planned shapes, their warm-up and compaction down to 2 rows,
+    against the same run without them: the same completions and rewards, the same losses up
+    to float rounding (wider padding sums in another order); after the warm-up no step meets a
+    shape for the first time, without it every step may (issue 33 item 5)."""
+    from recipes.rlaif_config import ShapesConfig
+
+    runs = {}
+    for name, shape_cfg in (("plain", ShapesConfig(fixed=False, min_decode_batch=8)),
+                            ("planned", ShapesConfig(fixed=True, warm_up=True, min_decode_batch=2))):
+        cfg = smoke_cfg(tmp_path / name, problems_file, train={"steps": 2}, rollout_engine="static",
+                        optim=attrs.evolve(rq.PRESETS["smoke"].optim, total_steps=2), shapes=shape_cfg)
+        rq.run(attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False)), extra_rewards=EXTRA)
+        runs[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        runs[name + "_texts"] = (tmp_path / name / "rollouts.jsonl").read_text()
+    assert runs["planned_texts"] == runs["plain_texts"]
+    for a, b in zip(runs["planned"], runs["plain"], strict=True):
+        assert a["reward_mean"] == b["reward_mean"] and a["completion_tokens"] == b["completion_tokens"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+        assert a["decode_steps"] == b["decode_steps"] and a["decode_row_steps"] <= b["decode_row_steps"]
+    assert [r["new_shapes"] for r in runs["planned"]] == [0, 0]
+    assert runs["plain"][0]["new_shapes"] >= 3  # prefill, decode, update
