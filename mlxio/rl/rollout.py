@@ -367,17 +367,19 @@ def _decode_static(model, tokenizer, prompt_tokens, group_size, max_new_tokens, 
     slots = decode.cache_length(width, max_new_tokens)
     caches = decode.static_cache_rows(prefilled, [i // group_size for i in range(n)], slots)
     del prefilled  # (the P-row prefill caches: copied into the N-row static ones)
-    eos = np.array(sorted(tokenizer.eos_token_ids), np.int64)
+    eos = set(tokenizer.eos_token_ids)
     stops = stoppers(n)
+    pieces: dict[int, str] = {}  # token -> its own decoding (the host reads a block between device steps)
 
     def is_done(i: int, new: list[int]) -> int | None:
-        at_eos = np.flatnonzero(np.isin(new, eos))
-        last = int(at_eos[0]) + 1 if at_eos.size else len(new)  # EOS ends it (kept)
+        at_eos = next((j for j, token in enumerate(new) if token in eos), None)
+        last = len(new) if at_eos is None else at_eos + 1  # EOS ends it (kept)
         for j, token in enumerate(new[:last] if stops else ()):
-            piece = tokenizer.decode([token])
+            if (piece := pieces.get(token)) is None:
+                piece = pieces[token] = tokenizer.decode([token])
             if any([s.add(i, piece) for s in stops]):  # (a list: every stopper sees it)
                 return j + 1
-        return last if at_eos.size else None
+        return None if at_eos is None else last
 
     first = [prompt_tokens[i // group_size][-1] for i in range(n)]
     batches = decode.batch_ladder(n, min_decode_batch) if min_decode_batch else None
