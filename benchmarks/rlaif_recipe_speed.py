@@ -46,7 +46,8 @@ class Spies:
     def see(self, *key) -> None:
         self.first.setdefault(key, self.step)
 
-    def install(self) -> None:
+    def install(self):
+        """Put the spies in place; returns a function that takes them out."""
         from mlxio.rl import decode, decode_fused, grpo, rollout
         from recipes import rlaif_qwen
 
@@ -87,9 +88,13 @@ class Spies:
 
             return spied
 
-        rollout.generate_group, rollout.prefill_batch, decode_fused.forward = generate_group, prefill_batch, fused_forward
-        decode.StaticKVCache.make_mask, grpo.frozen_logprobs = make_mask, frozen_logprobs
-        rlaif_qwen.make_loss = counting_loss
+        spied = [(rollout, "generate_group", generate_group), (rollout, "prefill_batch", prefill_batch),
+                 (decode_fused, "forward", fused_forward), (decode.StaticKVCache, "make_mask", make_mask),
+                 (grpo, "frozen_logprobs", frozen_logprobs), (rlaif_qwen, "make_loss", counting_loss)]
+        originals = [(owner, name, getattr(owner, name)) for owner, name, _ in spied]
+        for owner, name, fn in spied:
+            setattr(owner, name, fn)
+        return lambda: [setattr(owner, name, fn) for owner, name, fn in originals]
 
     def new_per_step(self, steps: int) -> list[dict]:
         out = [{} for _ in range(steps + 1)]  # index 0: before the first step (warm-up, evaluation)
@@ -113,9 +118,10 @@ def summary(steps: list[dict], engine_tps: float | None, before: int) -> dict:
            "distinct_shapes": before + sum(s["new_shapes"] for s in steps), "shapes_before_step_1": before,
            "median_gen_tokens_per_s": statistics.median(gen) if gen else None,
            "engine_tokens_per_s": engine_tps}
-    rows = [s.get("decode_row_steps") for s in later]
-    if all(r is not None for r in rows) and rows:
-        out["median_decode_row_steps"] = statistics.median(rows)
+    for key in ("decode_steps", "decode_row_steps", "gen_ms_per_decode_step"):
+        values = [s[key] for s in later if s.get(key) is not None]
+        if values:
+            out[f"median_{key}"] = statistics.median(values)
     if med is not None:
         out["targets"] = {
             "no_new_shape_after_step_1": out["new_shapes_after_step_1"] == 0,
@@ -150,11 +156,14 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.with_eval:
         recipe_args = ["--eval.before", "false", "--eval.after", "false", *recipe_args]
     spies = Spies()
-    spies.install()
+    remove = spies.install()
     from recipes import rlaif_qwen
 
     t0 = time.perf_counter()
-    results = rlaif_qwen.main(recipe_args + ["--overwrite"])
+    try:
+        results = rlaif_qwen.main(recipe_args + ["--overwrite"])
+    finally:
+        remove()
     wall = time.perf_counter() - t0
     out_dir = Path(results["config"]["out_dir"])
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -168,6 +177,8 @@ def main(argv: list[str] | None = None) -> dict:
                       "new_shapes": sum(found.values()), "new_shapes_by_kind": found,
                       "recipe_new_shapes": r.get("new_shapes"),
                       **{k: r[k] for k in ("decode_steps", "decode_row_steps", "update_s", "truncated") if k in r}})
+        if r.get("decode_steps"):  # generation's wall time per decode step (prefill and stop checks included)
+            steps[-1]["gen_ms_per_decode_step"] = 1e3 * call["seconds"] / r["decode_steps"]
     engine_tps = args.engine_tokens_per_s or engine_figure(args.machine)
     run = {"command": "python -m benchmarks.rlaif_recipe_speed " + shlex.join(argv), "wall_s": wall,
            "before_step_1": new[0], "steps": steps, "summary": summary(steps, engine_tps, sum(new[0].values()))}
