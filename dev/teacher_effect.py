@@ -34,10 +34,11 @@ import numpy as np
 
 from benchmarks.common import write_result
 from dev import RESULTS
+from mlxcore.tasks import Problem
 from mlxcore.verdict import roc_auc
 from mlxio.rl.local_teacher import MlxLmServer
 from mlxio.rl.mutants import as_completion, build_pairs
-from mlxio.rl.problems import Problem, load_humaneval
+from mlxio.rl.problems import load_humaneval
 from mlxio.rl.rewards import AIFeedbackReward, ExecutionReward
 from mlxio.rl.teacher import HttpJudge, parse_score, rubric_messages
 

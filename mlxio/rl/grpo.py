@@ -11,9 +11,9 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore import policy as pg
+from mlxcore.digest import hashed_int
 from mlxcore.logprobs import gathered_logprobs
 from mlxcore.precision import COMPUTE_DTYPES
-from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError
 from mlxio.rl import packing
 from mlxio.run import checkpoint, distributed

@@ -27,8 +27,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxcore.digest import hashed_int
 from mlxcore.tree import Tree, flatten, unflatten
-from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError, MlxioError
 
 
