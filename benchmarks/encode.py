@@ -85,7 +85,7 @@ def stdlib_snippets(n: int, seed: int = 0, min_chars: int = 40) -> list[str]:
 
 def batches(ids: np.ndarray, mask: np.ndarray, batch_size: int, bucket: int):
     """Length-sorted batches, each cut to its longest row rounded up to a multiple of bucket."""
-    from mlxio.data.token_cache import padded_length
+    from mlxcore.buckets import padded_length
 
     lengths = mask.sum(1)
     order = np.argsort(-lengths, kind="stable")

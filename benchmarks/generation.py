@@ -246,6 +246,7 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     from mlx_lm.models.cache import BatchKVCache
     from mlx_lm.sample_utils import make_sampler
 
+    from mlxcore import buckets
     from mlxio.rl import decode
     from mlxio.rl.rollout import _prefill
 
@@ -268,7 +269,7 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
         "kinds": dict(Counter(old["kinds"]) + Counter(picks["kinds"]))}
     out = {"batch": old}
     for engine, fused in (("static", True), ("static-generic", False)):
-        caches = decode.static_cache(per_row, decode.cache_length(max(map(len, prompts)) - 1, 8))
+        caches = decode.static_cache(per_row, buckets.cache_length(max(map(len, prompts)) - 1, 8))
         step, states = decode.step_and_state(model, sampler, caches, None, fused)
         mx.eval(states)
         mx.eval(step(x, states))  # (the first call traces and compiles)

@@ -49,13 +49,14 @@ def random_model(shape: str, layers: int | None, dtype: str):
 
 def caches_for(model, batch: int, prompt_len: int, new_tokens: int):
     """A [batch] static cache after `prompt_len` random tokens (one prefill, copied per row)."""
+    from mlxcore import buckets
     from mlxio.rl import decode
     from mlxio.rl.rollout import _prefill
 
     vocab = model.args.vocab_size
     prompt = np.random.default_rng(0).integers(100, vocab, prompt_len).tolist()
     cache = _prefill(model, prompt[:-1])
-    return decode.static_cache([cache] * batch, decode.cache_length(prompt_len - 1, new_tokens)), prompt[-1]
+    return decode.static_cache([cache] * batch, buckets.cache_length(prompt_len - 1, new_tokens)), prompt[-1]
 
 
 def step_graph(model, fused: bool, batch: int) -> dict:

@@ -241,7 +241,7 @@ def policy_loss_fn(hidden: Callable[[Tree, mx.array], mx.array], head: Callable[
 
     micro_batch: tokens [M, T], mask [M, T-1] (scored completion targets), weights [M, T-1]
     (`loss_weights`), positions [P] (flat indices of the mask's ones in order, then padding
-    >= M * (T-1): `mlxio.rl.packing.target_positions`),
+    >= M * (T-1): `mlxcore.packing.target_positions`),
     advantages [M], old_logp / ref_logp [M, T-1].
     """
     with_entropy = grpo.entropy_coef > 0

@@ -34,12 +34,13 @@ import attrs
 import mlx.core as mx
 
 import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
+from mlxcore import packing
 from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
-from mlxio.rl import auto_batch, grpo, packing, rewards, rollout
+from mlxio.rl import auto_batch, grpo, rewards, rollout
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,

@@ -7,7 +7,7 @@ What the BatchGenerator does per token and this does not:
 - its KV cache grows (`BatchKVCache`: keys[..., :idx] is a new shape every step, a concatenate
   every 256) and shrinks when a row ends (`filter`): new shapes, so no reuse of fused kernels
   or CUDA graphs. Here `StaticKVCache` is preallocated at [B, H, S, D] (S = prompt + new tokens,
-  rounded up to `LENGTH_STEP`), written at a position held in an array, and attention reads all
+  rounded up to `mlxcore.buckets.LENGTH_STEP`), written at a position held in an array, and attention reads all
   S slots under a mask (left padding and the unwritten tail masked out; the extra masked slots
   are a small read next to the weights: 64 x 512 slots of Qwen2.5-0.5B's KV is ~0.2 GB against
   ~1 GB of weights).
@@ -43,7 +43,6 @@ from mlx_lm.models.cache import BatchKVCache, _BaseCache
 
 from mlxio.rl import decode_fused
 
-LENGTH_STEP = 256  # cache slots are a multiple of this (mlx-lm's KVCache.step): few shapes
 SYNC_EVERY = 16  # decode steps between host reads of the tokens (EOS / stop checks)
 
 
@@ -139,11 +138,6 @@ def decode_state(caches: list[StaticKVCache]) -> tuple:
     left_padding / idx for all layers: the step computes the RoPE positions and the next idx
     once, not once per layer."""
     return [(c.keys, c.values) for c in caches], caches[0].left_padding, caches[0].idx
-
-
-def cache_length(prompt_len: int, new_tokens: int, step: int = LENGTH_STEP) -> int:
-    """Slots for a prompt of `prompt_len` cached tokens plus `new_tokens` decode steps."""
-    return -(-(prompt_len + new_tokens) // step) * step
 
 
 def token_array(tokens: list[int]) -> mx.array:

@@ -10,12 +10,12 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
+from mlxcore import packing
 from mlxcore import policy as pg
 from mlxcore.digest import hashed_int
 from mlxcore.logprobs import gathered_logprobs
 from mlxcore.precision import COMPUTE_DTYPES
 from mlxio.errors import ConfigError
-from mlxio.rl import packing
 from mlxio.run import checkpoint, distributed
 from mlxio.run.config import to_dict
 from mlxio.weights import llm, llm_lora

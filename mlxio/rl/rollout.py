@@ -20,7 +20,7 @@ in 10 minutes on a fresh H100). With buckets, ended sequences stay in the batch 
 are ignored) until the live ones fit the next smaller bucket (N, then powers of two below it),
 so a run compiles a handful of batch shapes. The sampler draws only for the live rows, in their
 order, so every draw has the shape it has without buckets: the same texts for the same seed.
-Prompts are then also prefilled in power-of-two chunks (`prefill_chunks`): a few prefill shapes
+Prompts are then also prefilled in power-of-two chunks (`mlxcore.buckets.prefill_chunks`): a few prefill shapes
 for prompts of any length (the same KV cache up to float rounding).
 """
 
@@ -36,11 +36,9 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from mlxcore.buckets import bucket_width, cache_length, decode_buckets, prefill_chunks
 from mlxio.rl import decode
-from mlxio.rl.packing import bucket_width
 from mlxio.rl.problems import code_block_end
-
-PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass (bounds activation memory)
 
 
 @attrs.frozen(kw_only=True)
@@ -145,11 +143,6 @@ def code_block_stop_index(pieces: list[str]) -> int | None:
     return next((i for i, piece in enumerate(pieces) if stop.add(0, piece)), None)
 
 
-def decode_buckets(n: int) -> list[int]:
-    """The decode batch sizes used for N sequences: N and the powers of two below it."""
-    return sorted({n} | {1 << k for k in range(max(n - 1, 1).bit_length()) if 1 << k < n})
-
-
 class _Buckets:
     """Keeps mlx-lm's generation batch at sizes from `decode_buckets(n)` (see the module doc).
 
@@ -194,18 +187,6 @@ class _Buckets:
         ended = set(self.dead)
         self.sizes.add(len(self.batch.uids))
         return [r for r in self._next() if r.uid not in ended]
-
-
-def prefill_chunks(n: int, bucketed: bool) -> list[int]:
-    """Chunk lengths a prompt of n tokens is prefilled in: PREFILL_CHUNK-sized pieces, or with
-    `bucketed` powers of two, largest first (300 -> 256, 32, 8, 4), so prompts of any length
-    run at most log2(PREFILL_CHUNK) + 1 prefill shapes instead of one per prompt length."""
-    if not bucketed:
-        return [min(PREFILL_CHUNK, n - start) for start in range(0, n, PREFILL_CHUNK)]
-    out = [PREFILL_CHUNK] * (n // PREFILL_CHUNK)
-    rest = n % PREFILL_CHUNK
-    out += [1 << k for k in reversed(range(rest.bit_length())) if rest >> k & 1]
-    return out
 
 
 def _prefill(model, tokens: list[int], bucketed: bool = False) -> list:
@@ -334,7 +315,7 @@ def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new
     n = len(prompt_tokens) * group_size
     prefilled = prefill_batch(model, [t[:-1] for t in prompt_tokens], mx.default_device().type == mx.gpu)
     caches = decode.static_cache_rows(prefilled, [i // group_size for i in range(n)],
-                                      decode.cache_length(prefilled[0].size(), max_new_tokens))
+                                      cache_length(prefilled[0].size(), max_new_tokens))
     del prefilled  # (the P-row prefill caches: copied into the N-row static ones)
     eos = np.array(sorted(tokenizer.eos_token_ids), np.int64)
     stops = stoppers(n)

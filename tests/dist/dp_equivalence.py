@@ -87,7 +87,8 @@ def _xtr_steps(world, params, spec, loss_cfg, contrastive_loss_fn, vocab_size):
 def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
     """Final LoRA weights and per-step losses of the RLAIF recipe's loss, batch and step."""
     from mlxcore.lora import LoraConfig
-    from mlxio.rl import grpo, packing, rollout
+    from mlxcore import packing
+    from mlxio.rl import grpo, rollout
     from mlxio.weights import llm, llm_lora
     from recipes import rlaif_qwen as rq
     from recipes.rlaif_config import TrainConfig

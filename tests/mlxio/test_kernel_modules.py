@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.sample_utils import make_sampler
 
 import mlxio  # noqa: F401  (BLAS)
+from mlxcore import buckets
 from mlxcore import policy as pg
 from mlxcore.lora import LoraConfig
 from mlxio import kernel_cache
@@ -45,7 +46,7 @@ def test_decode_steps_index_with_int32_only(tiny, fused):
     does), the prefill's embedding, the static cache's rows and the fused step's weights."""
     model = tiny.model
     prefilled = rollout.prefill_batch(model, [[5, 6, 7], [8, 9]])
-    caches = decode.static_cache_rows(prefilled, [0, 0, 1, 1], decode.cache_length(prefilled[0].size(), 4))
+    caches = decode.static_cache_rows(prefilled, [0, 0, 1, 1], buckets.cache_length(prefilled[0].size(), 4))
     step, state = decode.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
                                         compiled=False)
 
