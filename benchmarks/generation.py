@@ -1,6 +1,6 @@
 """Rollout generation: MLX's decode engines (`mlxio.rl.rollout.generate_group`: "batch",
-mlx-lm's BatchGenerator; "static", `mlxio.rl.decode`'s compiled fixed-shape step, with
-`mlxio.rl.decode_fused`'s forward; "static-generic", the same engine with the mlx-lm forward, as
+mlx-lm's BatchGenerator; "static", `mlxcore.decode_step`'s compiled fixed-shape step, with
+`mlxcore.decode_fused`'s forward; "static-generic", the same engine with the mlx-lm forward, as
 it was before the fused one) vs PyTorch transformers `generate`, the same weights, sampling at
 temperature 1.
 
@@ -130,18 +130,18 @@ ENGINES = ("batch", "static", "static-generic")
 def engine_mode(engine: str):
     """generate_group's engine name for `engine`; the static engines' decode with the fused step
     ("static", on the CPU too, where it is not the default) or the mlx-lm forward
-    ("static-generic": `mlxio.rl.decode.decode(fused=False)`)."""
-    from mlxio.rl import decode
+    ("static-generic": `mlxcore.decode_step.decode(fused=False)`)."""
+    from mlxcore import decode_step
 
     if engine not in ("static", "static-generic"):
         yield engine
         return
-    real, fused = decode.decode, engine == "static"
-    decode.decode = lambda *a, **k: real(*a, **(k | {"fused": fused}))
+    real, fused = decode_step.decode, engine == "static"
+    decode_step.decode = lambda *a, **k: real(*a, **(k | {"fused": fused}))
     try:
         yield "static"
     finally:
-        decode.decode = real
+        decode_step.decode = real
 
 
 def run_mlx(model, prompts: list[list[int]], group: int, new_tokens: int, engine: str,
@@ -240,14 +240,13 @@ def graph_nodes(outputs: list[mx.array]) -> dict:
 def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     """One decode step's graph, as each engine builds it: "batch" (mlx-lm's GenerationBatch._step
     on a BatchKVCache, plus the per-row log-probability picks `generate_group` makes), "static"
-    (the compiled fused step, `mlxio.rl.decode_fused`) and "static-generic" (the compiled mlx-lm
+    (the compiled fused step, `mlxcore.decode_fused`) and "static-generic" (the compiled mlx-lm
     forward on StaticKVCache); host_build_ms: host time to build it (the
     forward + sampling + per-row split; the compiled step's call), not evaluating it."""
     from mlx_lm.models.cache import BatchKVCache
     from mlx_lm.sample_utils import make_sampler
 
-    from mlxcore import buckets
-    from mlxio.rl import decode
+    from mlxcore import buckets, decode_step
     from mlxio.rl.rollout import _prefill
 
     sampler = make_sampler(temp=1.0)
@@ -269,8 +268,8 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
         "kinds": dict(Counter(old["kinds"]) + Counter(picks["kinds"]))}
     out = {"batch": old}
     for engine, fused in (("static", True), ("static-generic", False)):
-        caches = decode.static_cache(per_row, buckets.cache_length(max(map(len, prompts)) - 1, 8))
-        step, states = decode.step_and_state(model, sampler, caches, None, fused)
+        caches = decode_step.static_cache(per_row, buckets.cache_length(max(map(len, prompts)) - 1, 8))
+        step, states = decode_step.step_and_state(model, sampler, caches, None, fused)
         mx.eval(states)
         mx.eval(step(x, states))  # (the first call traces and compiles)
         start = time.perf_counter()
@@ -316,8 +315,8 @@ def payload(args, device: str, results: list[dict]) -> dict:
                          "torch_repeats": args.torch_repeats, "greedy_tol": args.greedy_tol,
                          "layers_override": args.layers,
                          "engines": {"batch": "mlx-lm BatchGenerator (generate_group engine='batch')",
-                                     "static": "mlxio.rl.decode compiled fixed-shape step (engine='static'), "
-                                               "mlxio.rl.decode_fused forward",
+                                     "static": "mlxcore.decode_step compiled fixed-shape step (engine='static'), "
+                                               "mlxcore.decode_fused forward",
                                      "static-generic": "the same static engine on the mlx-lm forward "
                                                        "(decode(fused=False); the engine before decode_fused)"},
                          "torch_generate": "transformers generate, default dynamic KV cache"},

@@ -1,5 +1,5 @@
 """Primitives and host time of one static decode step, per layer and per step: the mlx-lm forward
-on `StaticKVCache` ("generic", `mlxio.rl.decode.make_step`) against `mlxio.rl.decode_fused`'s
+on `StaticKVCache` ("generic", `mlxcore.decode_step.make_step`) against `mlxcore.decode_fused`'s
 step ("fused"), on random weights of a shape from `benchmarks.generation.SHAPES`.
 
 A batch-64 decode step on a GPU is host-bound (MLX's host time per primitive, views included),
@@ -49,14 +49,13 @@ def random_model(shape: str, layers: int | None, dtype: str):
 
 def caches_for(model, batch: int, prompt_len: int, new_tokens: int):
     """A [batch] static cache after `prompt_len` random tokens (one prefill, copied per row)."""
-    from mlxcore import buckets
-    from mlxio.rl import decode
+    from mlxcore import buckets, decode_step
     from mlxio.rl.rollout import _prefill
 
     vocab = model.args.vocab_size
     prompt = np.random.default_rng(0).integers(100, vocab, prompt_len).tolist()
     cache = _prefill(model, prompt[:-1])
-    return decode.static_cache([cache] * batch, buckets.cache_length(prompt_len - 1, new_tokens)), prompt[-1]
+    return decode_step.static_cache([cache] * batch, buckets.cache_length(prompt_len - 1, new_tokens)), prompt[-1]
 
 
 def step_graph(model, fused: bool, batch: int) -> dict:
@@ -64,10 +63,10 @@ def step_graph(model, fused: bool, batch: int) -> dict:
     from mlx_lm.sample_utils import make_sampler
 
     from benchmarks.generation import graph_nodes
-    from mlxio.rl import decode
+    from mlxcore import decode_step
 
     caches, last = caches_for(model, batch, 16, 8)
-    step, state = decode.step_and_state(model, make_sampler(temp=1.0), caches, None, fused)
+    step, state = decode_step.step_and_state(model, make_sampler(temp=1.0), caches, None, fused)
     x = mx.array([last] * batch, mx.uint32)
     mx.eval(mx.random.state, state)
     mx.eval(step(x, state))  # (traces and compiles)
@@ -91,10 +90,10 @@ def per_layer(model_at: dict, a: int, b: int) -> dict:
 
 
 def time_engine(model, fused: bool, batch: int, steps: int, repeats: int) -> dict:
-    """ms per decode step (no stop tokens; `mlxio.rl.decode.decode`'s loop, syncs included)."""
+    """ms per decode step (no stop tokens; `mlxcore.decode_step.decode`'s loop, syncs included)."""
     from mlx_lm.sample_utils import make_sampler
 
-    from mlxio.rl import decode
+    from mlxcore import decode_step
 
     sampler = make_sampler(temp=1.0)
     runs = []
@@ -102,7 +101,7 @@ def time_engine(model, fused: bool, batch: int, steps: int, repeats: int) -> dic
         caches, last = caches_for(model, batch, 16, steps)
         mx.eval([c.state for c in caches])
         start = time.perf_counter()
-        _, _, _, stats = decode.decode(model, sampler, [last] * batch, caches, steps, lambda i, new: None,
+        _, _, _, stats = decode_step.decode(model, sampler, [last] * batch, caches, steps, lambda i, new: None,
                                        sampler_key=("bench", fused), fused=fused)
         seconds = time.perf_counter() - start
         if r:

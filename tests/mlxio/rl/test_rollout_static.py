@@ -1,4 +1,4 @@
-"""The "static" decode engine (mlxio.rl.decode: compiled fixed-shape step, EOS / stops checked
+"""The "static" decode engine (mlxcore.decode_step: compiled fixed-shape step, EOS / stops checked
 every few steps) against mlx-lm's BatchGenerator ("batch"): greedy token identity on tiny
 random llama / qwen2 (left-padded prompts of different lengths, EOS mid-way, stop strings,
 LoRA on a 4-bit base), valid sampled tokens, and one trace of the step per call."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
+from mlxcore import decode_fused, decode_step
 from mlxcore.lora import LoraConfig
 from mlxcore.packing import completion_logprobs
-from mlxio.rl import decode, decode_fused
 from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm, llm_lora
 
@@ -23,7 +23,7 @@ PROMPTS = ["Write add(a, b).", "hi", "Reverse a string in Python, please."]  # 3
 @pytest.fixture(autouse=True)
 def _fused_on_cpu(monkeypatch):
     """The fused step is the GPU default; these tests run it on the CPU."""
-    monkeypatch.setattr(decode, "FUSED_DEVICES", {mx.cpu, mx.gpu})
+    monkeypatch.setattr(decode_step, "FUSED_DEVICES", {mx.cpu, mx.gpu})
 
 
 def _same(a, b):
@@ -127,9 +127,9 @@ def _count_traces(monkeypatch) -> list:
     """Appends 1 each time a static step is traced (the fused forward, or the generic step's
     mask, built once per trace)."""
     traces = []
-    forward, make_mask = decode_fused.forward, decode.StaticKVCache.make_mask
+    forward, make_mask = decode_fused.forward, decode_step.StaticKVCache.make_mask
     monkeypatch.setattr(decode_fused, "forward", lambda *a, **k: traces.append(1) or forward(*a, **k))
-    monkeypatch.setattr(decode.StaticKVCache, "make_mask",
+    monkeypatch.setattr(decode_step.StaticKVCache, "make_mask",
                         lambda self, *a, **k: traces.append(1) or make_mask(self, *a, **k))
     return traces
 
@@ -177,13 +177,9 @@ def test_fused_step_matches_generic_step_and_teacher_forcing(kind, wide, monkeyp
     kw = dict(group_size=1, max_new_tokens=32, seed=0, temperature=0.0)
     assert decode_fused.decode_weights(policy.model, decode_fused.spec_of(policy.model)) is not None
     fused = generate_group(policy, PROMPTS, engine="static", **kw)
-    rollout_module = importlib.import_module("mlxio.rl.rollout")
-    decode_fn = decode.decode
-    try:
-        rollout_module.decode.decode = lambda *a, **k: decode_fn(*a, **(k | {"fused": False}))
-        generic = generate_group(policy, PROMPTS, engine="static", **kw)
-    finally:
-        rollout_module.decode.decode = decode_fn
+    decode_fn = decode_step.decode
+    monkeypatch.setattr(decode_step, "decode", lambda *a, **k: decode_fn(*a, **(k | {"fused": False})))
+    generic = generate_group(policy, PROMPTS, engine="static", **kw)
     _same(fused, generic)
     forced = completion_logprobs(policy.model, fused.prompt_tokens, fused.completion_tokens)
     for got, want in zip(fused.logprobs, forced, strict=True):
@@ -219,7 +215,7 @@ def test_reused_step_reads_new_weights():
 def test_static_cache_mask_and_positions():
     """A left-padded row sees only its own written slots; RoPE positions start at 0 per row."""
     keys = mx.zeros((2, 1, 8, 4))
-    cache = decode.StaticKVCache(keys, keys, mx.array([2, 0], mx.int32), mx.array([3], mx.int32))
+    cache = decode_step.StaticKVCache(keys, keys, mx.array([2, 0], mx.int32), mx.array([3], mx.int32))
     mask = np.array(cache.make_mask(1))[:, 0, 0]
     np.testing.assert_array_equal(mask, [[0, 0, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]])
     assert cache.offset.tolist() == [1, 3]
@@ -247,8 +243,8 @@ def test_eager_step_matches_the_compiled_one(fused, monkeypatch):
     seconds of NVRTC compilation on a fresh machine) runs the same step without `mx.compile`:
     the same greedy tokens and log-probabilities, the same sampled tokens for a seed, and no
     compiled trace."""
-    decode_fn = decode.decode
-    monkeypatch.setattr(decode, "decode", lambda *a, **k: decode_fn(*a, **(k | {"fused": fused})))
+    decode_fn = decode_step.decode
+    monkeypatch.setattr(decode_step, "decode", lambda *a, **k: decode_fn(*a, **(k | {"fused": fused})))
     policy = _policy("llama")
     for kw in (dict(temperature=0.0, seed=0), dict(temperature=0.8, top_p=0.95, seed=4)):
         kw |= dict(group_size=2, max_new_tokens=24, engine="static")

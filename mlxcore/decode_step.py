@@ -41,7 +41,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache, _BaseCache
 
-from mlxio.rl import decode_fused
+from mlxcore import decode_fused
 
 SYNC_EVERY = 16  # decode steps between host reads of the tokens (EOS / stop checks)
 
