@@ -1,5 +1,5 @@
 """Rollout generation: MLX's decode engines (`mlxio.rl.rollout.generate_group`: "batch",
-mlx-lm's BatchGenerator; "static", `mlxcore.decode_step`'s compiled fixed-shape step, with
+mlx-lm's BatchGenerator; "static", `mlxio.rl.decode` over `mlxcore.decode_step`'s compiled fixed-shape step, with
 `mlxcore.decode_fused`'s forward; "static-generic", the same engine with the mlx-lm forward, as
 it was before the fused one) vs PyTorch transformers `generate`, the same weights, sampling at
 temperature 1.
@@ -130,18 +130,18 @@ ENGINES = ("batch", "static", "static-generic")
 def engine_mode(engine: str):
     """generate_group's engine name for `engine`; the static engines' decode with the fused step
     ("static", on the CPU too, where it is not the default) or the mlx-lm forward
-    ("static-generic": `mlxcore.decode_step.decode(fused=False)`)."""
-    from mlxcore import decode_step
+    ("static-generic": `mlxio.rl.decode.decode(fused=False)`)."""
+    from mlxio.rl import decode
 
     if engine not in ("static", "static-generic"):
         yield engine
         return
-    real, fused = decode_step.decode, engine == "static"
-    decode_step.decode = lambda *a, **k: real(*a, **(k | {"fused": fused}))
+    real, fused = decode.decode, engine == "static"
+    decode.decode = lambda *a, **k: real(*a, **(k | {"fused": fused}))
     try:
         yield "static"
     finally:
-        decode_step.decode = real
+        decode.decode = real
 
 
 def run_mlx(model, prompts: list[list[int]], group: int, new_tokens: int, engine: str,
@@ -247,6 +247,7 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     from mlx_lm.sample_utils import make_sampler
 
     from mlxcore import buckets, decode_step
+    from mlxio.rl import decode
     from mlxio.rl.rollout import _prefill
 
     sampler = make_sampler(temp=1.0)
@@ -269,7 +270,7 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     out = {"batch": old}
     for engine, fused in (("static", True), ("static-generic", False)):
         caches = decode_step.static_cache(per_row, buckets.cache_length(max(map(len, prompts)) - 1, 8))
-        step, states = decode_step.step_and_state(model, sampler, caches, None, fused)
+        step, states = decode.step_and_state(model, sampler, caches, None, fused)
         mx.eval(states)
         mx.eval(step(x, states))  # (the first call traces and compiles)
         start = time.perf_counter()
@@ -315,7 +316,7 @@ def payload(args, device: str, results: list[dict]) -> dict:
                          "torch_repeats": args.torch_repeats, "greedy_tol": args.greedy_tol,
                          "layers_override": args.layers,
                          "engines": {"batch": "mlx-lm BatchGenerator (generate_group engine='batch')",
-                                     "static": "mlxcore.decode_step compiled fixed-shape step (engine='static'), "
+                                     "static": "mlxio.rl.decode compiled fixed-shape step (engine='static'), "
                                                "mlxcore.decode_fused forward",
                                      "static-generic": "the same static engine on the mlx-lm forward "
                                                        "(decode(fused=False); the engine before decode_fused)"},

@@ -63,10 +63,10 @@ def step_graph(model, fused: bool, batch: int) -> dict:
     from mlx_lm.sample_utils import make_sampler
 
     from benchmarks.generation import graph_nodes
-    from mlxcore import decode_step
+    from mlxio.rl import decode
 
     caches, last = caches_for(model, batch, 16, 8)
-    step, state = decode_step.step_and_state(model, make_sampler(temp=1.0), caches, None, fused)
+    step, state = decode.step_and_state(model, make_sampler(temp=1.0), caches, None, fused)
     x = mx.array([last] * batch, mx.uint32)
     mx.eval(mx.random.state, state)
     mx.eval(step(x, state))  # (traces and compiles)
@@ -90,10 +90,10 @@ def per_layer(model_at: dict, a: int, b: int) -> dict:
 
 
 def time_engine(model, fused: bool, batch: int, steps: int, repeats: int) -> dict:
-    """ms per decode step (no stop tokens; `mlxcore.decode_step.decode`'s loop, syncs included)."""
+    """ms per decode step (no stop tokens; `mlxio.rl.decode.decode`'s loop, syncs included)."""
     from mlx_lm.sample_utils import make_sampler
 
-    from mlxcore import decode_step
+    from mlxio.rl import decode
 
     sampler = make_sampler(temp=1.0)
     runs = []
@@ -101,8 +101,8 @@ def time_engine(model, fused: bool, batch: int, steps: int, repeats: int) -> dic
         caches, last = caches_for(model, batch, 16, steps)
         mx.eval([c.state for c in caches])
         start = time.perf_counter()
-        _, _, _, stats = decode_step.decode(model, sampler, [last] * batch, caches, steps, lambda i, new: None,
-                                       sampler_key=("bench", fused), fused=fused)
+        _, _, _, stats = decode.decode(model, sampler, [last] * batch, caches, steps, lambda i, new: None,
+                                  sampler_key=("bench", fused), fused=fused)
         seconds = time.perf_counter() - start
         if r:
             runs.append({"ms_per_step": 1e3 * seconds / stats["steps"],

@@ -3,7 +3,7 @@
 `generate_group` decodes G completions for each of P prompts as one batch of N = P * G
 sequences, with a sampler from `mlx_lm.sample_utils.make_sampler`. Each prompt is prefilled once
 and its KV cache handed to all G of its sequences. Two decode engines: "static"
-(`mlxcore.decode_step`: one compiled step over a preallocated KV cache, the same shapes every step,
+(`mlxio.rl.decode` over `mlxcore.decode_step`: one compiled step over a preallocated KV cache, the same shapes every step,
 EOS / stops checked every 16 steps; the default on a GPU, where it removes the per-token host
 work and shape changes that bound "batch") and "batch" (`mlx_lm.generate.BatchGenerator`: its
 growing batched KV cache, per-sequence EOS stop, ended rows dropped; the default on the CPU). With `stop_at_code_end` a sequence also stops once
@@ -38,6 +38,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from mlxcore import decode_step
 from mlxcore.buckets import bucket_width, cache_length, decode_buckets, prefill_chunks
+from mlxio.rl import decode
 from mlxio.rl.problems import code_block_end
 
 
@@ -55,7 +56,7 @@ class Rollouts:
         False where it hit max_new_tokens.
     gen_tokens_per_s: completion tokens / wall seconds of the whole call (prefill included).
     decode_batch_sizes: with `bucket_decode`, the decode batch sizes the call ran (else None).
-    decode_stats: with the "static" engine, `mlxcore.decode_step.decode`'s stats (steps, host
+    decode_stats: with the "static" engine, `mlxio.rl.decode.decode`'s stats (steps, host
         syncs, host seconds queueing steps and reading tokens), else None.
     """
 
@@ -247,7 +248,7 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
     on the token that closes its first fenced code block (removed from the batch there).
     `stop`: strings that end a sequence likewise, on the token completing one (kept in its
     tokens; its text is cut before the stop string, as OpenAI's `stop`).
-    `engine`: "static" (`mlxcore.decode_step`: a compiled step over a fixed-size KV cache, EOS and
+    `engine`: "static" (`mlxio.rl.decode`: a compiled step over a fixed-size KV cache, EOS and
     stops checked every few steps) or "batch" (mlx-lm's BatchGenerator). Greedy decoding gives
     the same tokens with either; sampling draws from the same distributions (different draws).
     "auto": "static" on a GPU (where "batch" is launch- and host-bound), "batch" on the CPU
@@ -330,7 +331,7 @@ def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new
         return last if at_eos.size else None
 
     first = [prompt_tokens[i // group_size][-1] for i in range(n)]
-    return decode_step.decode(model, sampler, first, caches, max_new_tokens, is_done, sampler_key=sampler_key,
+    return decode.decode(model, sampler, first, caches, max_new_tokens, is_done, sampler_key=sampler_key,
                          compiled=compiled)
 
 

@@ -16,7 +16,7 @@ from mlxcore import buckets, decode_fused, decode_step
 from mlxcore import policy as pg
 from mlxcore.lora import LoraConfig
 from mlxio import kernel_cache
-from mlxio.rl import rollout
+from mlxio.rl import decode, rollout
 from mlxio.weights import llm, llm_lora
 
 
@@ -42,12 +42,12 @@ def tiny():
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_decode_steps_index_with_int32_only(tiny, fused):
-    """Two eager decode steps (the second fed the first's sampled tokens, as `decode_step.decode`
+    """Two eager decode steps (the second fed the first's sampled tokens, as `mlxio.rl.decode.decode`
     does), the prefill's embedding, the static cache's rows and the fused step's weights."""
     model = tiny.model
     prefilled = rollout.prefill_batch(model, [[5, 6, 7], [8, 9]])
     caches = decode_step.static_cache_rows(prefilled, [0, 0, 1, 1], buckets.cache_length(prefilled[0].size(), 4))
-    step, state = decode_step.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
+    step, state = decode.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
                                         compiled=False)
 
     def two_steps(x):
@@ -126,7 +126,7 @@ def _rlaif_step_ops(model) -> list:
     ops = []
     for fused in (True, False):
         caches = decode_step.static_cache_rows(prefilled, [0, 0, 1, 1], 256)
-        step, state = decode_step.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
+        step, state = decode.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
                                             compiled=False)
         ops += kernel_cache.traced_ops(lambda x, step=step, state=state: list(step(x, state)[:2]), decode_step.token_array([7, 7, 9, 9]))
     ops += kernel_cache.traced_ops(lambda ids: model.model.embed_tokens(ids), mx.array([[0, 5, 6]], mx.int32))
