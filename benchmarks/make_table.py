@@ -9,6 +9,11 @@ docs/performance.md (every benchmark), and benchmarks/results/chart.png (MLX / P
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 from pathlib import Path

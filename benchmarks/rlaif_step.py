@@ -30,9 +30,10 @@ tolerance (`benchmarks.common.TOLERANCE`) is marked `"invalid": true` and left o
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import statistics

@@ -25,6 +25,11 @@ eval.json (AUCs), eval_rows.jsonl (every held-out completion with both judges' s
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import json
 import logging
 import time
@@ -33,7 +38,6 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 from mlxcore import policy as pg
 from mlxcore import verdict
 from mlxcore.optim import make_optimizer

@@ -25,6 +25,11 @@ loss, batch and policy loading: mlxio/rl/grpo.py (shared with the worker, recipe
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import logging
 import time
 from functools import partial
@@ -33,7 +38,6 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 from mlxcore import packing
 from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer

@@ -9,7 +9,9 @@ os.environ.setdefault("MLX_ENABLE_TF32", "0")
 import pytest
 from hypothesis import HealthCheck, settings
 
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
+from mlxio.runtime import setup
+
+setup()  # before any test module imports MLX (mlxio.runtime)
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=25,

@@ -10,16 +10,18 @@ import json
 import sys
 from pathlib import Path
 
-# isort: off
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `python tests/dist/...`
-import mlxio  # noqa: E402,F401  (first: gives MLX's CPU build a fast BLAS)
-# isort: on
 
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
+from mlxio.runtime import setup
 
-from mlxio.run import distributed  # noqa: E402
-from mlxio.errors import MlxioError  # noqa: E402
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
+import mlx.core as mx
+import numpy as np
+
+from mlxio.errors import MlxioError
+from mlxio.run import distributed
 
 
 def expect_error(fn, *args) -> str:

@@ -20,20 +20,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# isort: off
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `python tests/dist/...`
-import mlxio  # noqa: E402,F401  (first: gives MLX's CPU build a fast BLAS)
-# isort: on
 
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
+from mlxio.runtime import setup
 
-from mlxcore import bert, lora  # noqa: E402
-from mlxcore.encoder import EncoderSpec  # noqa: E402
-from mlxcore.optim import OptimConfig, make_optimizer  # noqa: E402
-from mlxcore.step import init_state, make_train_step  # noqa: E402
-from mlxcore.tree import combine, flatten, partition, unflatten  # noqa: E402
-from mlxio.run import distributed  # noqa: E402
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
+import mlx.core as mx
+import numpy as np
+
+from mlxcore import bert, lora
+from mlxcore.encoder import EncoderSpec
+from mlxcore.optim import OptimConfig, make_optimizer
+from mlxcore.step import init_state, make_train_step
+from mlxcore.tree import combine, flatten, partition, unflatten
+from mlxio.run import distributed
 
 STEPS, GLOBAL_MICRO, ACCUM = 5, 12, 2
 OPTIM = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.01, warmup_steps=1, total_steps=STEPS)
@@ -86,9 +88,9 @@ def _xtr_steps(world, params, spec, loss_cfg, contrastive_loss_fn, vocab_size):
 
 def rlaif_run(world: distributed.World) -> tuple[dict, list[float]]:
     """Final LoRA weights and per-step losses of the RLAIF recipe's loss, batch and step."""
-    from mlxcore.lora import LoraConfig
     from mlxcore import packing
-    from mlxio.rl import grpo, rollout
+    from mlxcore.lora import LoraConfig
+    from mlxio.rl import grpo
     from mlxio.weights import llm, llm_lora
     from recipes import rlaif_qwen as rq
     from recipes.rlaif_config import TrainConfig

@@ -8,7 +8,6 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from mlx.utils import tree_flatten
 
-import mlxio  # noqa: F401  (conftest already loaded it first; kept for running this file alone)
 from mlxcore import policy
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step

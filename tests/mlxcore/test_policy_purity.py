@@ -8,7 +8,6 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxcore import policy as pg
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig, make_optimizer

@@ -11,7 +11,6 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.sample_utils import make_sampler
 
-import mlxio  # noqa: F401  (BLAS)
 from mlxcore import buckets, decode_fused, decode_step
 from mlxcore import policy as pg
 from mlxcore.lora import LoraConfig
