@@ -117,7 +117,8 @@ class GrpoConfig:
     # "token" ratios (PPO) or "sequence": exp(mean log-ratio) per completion, clipped as one (GSPO)
     importance_ratio: str = bounded("token", choices=RATIO_LEVELS, validator=attrs.validators.in_(RATIO_LEVELS))
     # weight of the entropy term: a bonus -coef x H, or with entropy_target the penalty
-    # coef x max(target - H, 0); H: exact mean next-token entropy at completion tokens (nats)
+    # coef x max(target - H, 0); H: exact mean next-token entropy at completion tokens (nats),
+    # the penalty's taken per micro-batch and weighted by its share of the step
     entropy_coef: float = bounded(0.0, ge=0, le=10)
     entropy_target: float | None = bounded(None, gt=0, le=20)  # None: a plain bonus (see entropy_coef)
     # leave groups whose rewards are all equal (advantage 0 for all) out of the update (DAPO's
@@ -185,25 +186,40 @@ def policy_loss(logp: mx.array, old_logp: mx.array, ref_logp: mx.array, advantag
     rho = exp(logp - old_logp) per token, or with importance_ratio "sequence" (GSPO) the
     sequence's exp(sum_t m (logp - old_logp) / |o_i|), the same for all its tokens. Plus
     beta * k3(logp, ref_logp), summed with `weights`; entropy [N, T] (the exact per-token
-    entropy, `mlxcore.logprobs`) adds -entropy_coef * H, or entropy_coef * max(target - H, 0)
-    with a target, H = sum(weights * entropy). On the first inner epoch rho == 1 and the
-    clipped and unclipped forms have the same gradient.
+    entropy, `mlxcore.logprobs`) adds entropy_coef times a bonus -sum(weights * entropy) (a
+    token term like the others), or with a target the penalty M * max(target - H, 0): H =
+    sum(weights * entropy) / M is the micro-batch's mean entropy (its tokens weighted as the
+    loss weights them) and M = sum(weights) its share of the step, so the penalty acts on each
+    micro-batch's own mean and one without a scored token (M = 0) adds nothing. On the first
+    inner epoch rho == 1 and the clipped and unclipped forms have the same gradient.
+    Positions where `mask` is 0 contribute nothing, whatever logp, old_logp, ref_logp,
+    entropy or the row's advantage hold there (an all-masked row or micro-batch gives a finite
+    loss and gradient).
     Metrics (scalars): pg_loss, kl (weighted k3), entropy (weighted -logp of the sampled tokens,
-    a Monte-Carlo estimate), token_entropy (H, when given), clip_frac (share of scored tokens
-    whose ratio lies outside [1 - e_lo, 1 + e_hi]; 0 without clipping).
+    a Monte-Carlo estimate), token_entropy (sum(weights * entropy), when given), clip_frac
+    (share of scored tokens whose ratio lies outside [1 - e_lo, 1 + e_hi]; 0 without clipping).
     """
     if importance_ratio not in RATIO_LEVELS:
         raise ValueError(f"importance_ratio {importance_ratio!r}: expected one of {', '.join(RATIO_LEVELS)}")
     if importance_ratio == "sequence" and clip_eps is None:
         raise ValueError("importance_ratio 'sequence' (GSPO) needs clip_eps")
-    old_logp = mx.stop_gradient(old_logp)
-    ref_logp = mx.stop_gradient(ref_logp)
-    adv = mx.stop_gradient(advantages.astype(mx.float32))[:, None]
-    maskf = mx.stop_gradient(mask.astype(mx.float32))
-    w = mx.stop_gradient(weights.astype(mx.float32))
+    scored = mx.stop_gradient(mask != 0)
+    maskf = scored.astype(mx.float32)
+
+    def scored_only(x):  # 0 where not scored: no inf / NaN there reaches the loss or its gradient
+        return mx.where(scored, x, 0.0)
+
+    logp = scored_only(logp)
+    old_logp = mx.stop_gradient(scored_only(old_logp))
+    ref_logp = mx.stop_gradient(scored_only(ref_logp))
+    adv = mx.stop_gradient(scored_only(advantages.astype(mx.float32)[:, None]))  # [N, T]
+    w = mx.stop_gradient(scored_only(weights.astype(mx.float32)))
 
     def total(x):
         return (w * x).sum()
+
+    def ratio_of(num, den):  # num / den, 0 where den is 0 (num is then 0 too)
+        return num / mx.where(den > 0, den, 1.0)
 
     if clip_eps is None:
         per_token = -(logp * adv)
@@ -216,17 +232,21 @@ def policy_loss(logp: mx.array, old_logp: mx.array, ref_logp: mx.array, advantag
         high = clip_eps if clip_eps_high is None else clip_eps_high
         per_token = -mx.minimum(ratio * adv, mx.clip(ratio, 1.0 - clip_eps, 1.0 + high) * adv)
         outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).astype(mx.float32) * maskf
-        clip_frac = mx.stop_gradient(outside.sum() / mx.maximum(maskf.sum(), 1.0))
+        clip_frac = mx.stop_gradient(ratio_of(outside.sum(), maskf.sum()))
     pg_loss = total(per_token)
     kl = total(kl_k3(logp, ref_logp))
     loss = pg_loss + beta * kl if beta else pg_loss
     metrics = {"pg_loss": pg_loss, "kl": mx.stop_gradient(kl), "entropy": mx.stop_gradient(total(-logp)),
                "clip_frac": clip_frac}
     if entropy is not None:
-        h = total(entropy)
-        bonus = -h if entropy_target is None else mx.maximum(entropy_target - h, 0.0)
-        loss = loss + entropy_coef * bonus
-        metrics["token_entropy"] = mx.stop_gradient(h)
+        h_sum = total(scored_only(entropy))
+        if entropy_target is None:
+            term = -h_sum
+        else:  # M * max(target - H, 0), H = h_sum / M: the micro-batch's own mean
+            mass = w.sum()
+            term = mass * mx.maximum(entropy_target - ratio_of(h_sum, mass), 0.0)
+        loss = loss + entropy_coef * term
+        metrics["token_entropy"] = mx.stop_gradient(h_sum)
     return loss, metrics
 
 

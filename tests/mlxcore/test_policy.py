@@ -3,7 +3,7 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from mlx.utils import tree_flatten
@@ -80,6 +80,29 @@ def np_aggregate(x, m, kind, micro, max_len):
     return np.mean(parts)
 
 
+def np_entropy_term(ent, m, kind, micro, max_len, target):
+    """The entropy term, written out: the mean over micro-batches b of M_b * f(H_b), H_b the
+    micro-batch's mean entropy as the loss type weighs its tokens (grpo: the mean over its
+    sequences with a token of each one's token mean; else its token mean) and M_b its share of
+    the step (k x its part of the normaliser; bnpo: 1); f = -H (bonus) or max(target - H, 0)."""
+    n, k = len(m), len(m) // micro
+    lengths = m.sum(1)
+    terms = []
+    for i in range(0, n, micro):
+        e, mb, lb = ent[i:i + micro], m[i:i + micro], lengths[i:i + micro]
+        tokens = mb.sum()
+        if kind == "grpo":
+            rows = lb > 0
+            mass = k * rows.sum() / max((lengths > 0).sum(), 1)
+            h = ((e * mb).sum(1)[rows] / lb[rows]).mean() if rows.any() else 0.0
+        else:
+            mass = {"dr_grpo": k * tokens / (n * max_len), "dapo": k * tokens / max(m.sum(), 1),
+                    "bnpo": float(tokens > 0)}[kind]
+            h = (e * mb).sum() / tokens if tokens else 0.0
+        terms.append(mass * (-h if target is None else max(target - h, 0.0)))
+    return np.mean(terms)
+
+
 def np_loss(logp, old, ref, adv, mask, beta, clip, clip_high, level, ent, coef, target, kind, micro, max_len):
     logp, old, ref = (a.astype(np.float64) for a in (logp, old, ref))
     a = adv.astype(np.float64)[:, None]
@@ -101,42 +124,19 @@ def np_loss(logp, old, ref, adv, mask, beta, clip, clip_high, level, ent, coef, 
 
     loss = agg(per) + beta * agg(k3)
     if ent is not None:
-        if kind == "bnpo":  # the entropy term acts per micro-batch, as the step computes it
-            hs = [np_aggregate(ent[i:i + micro], m[i:i + micro], kind, micro, max_len)
-                  for i in range(0, len(m), micro)]
-        else:
-            hs = [agg(ent)] * (len(m) // micro)
-        bonus = [-h if target is None else max(target - h, 0.0) for h in hs]
-        loss += coef * np.mean(bonus)
+        loss += coef * np_entropy_term(ent.astype(np.float64), m, kind, micro, max_len, target)
     return loss, agg(k3), agg(-logp)
 
 
-@settings(max_examples=60)
-@given(st.data(), st.sampled_from(policy.LOSS_TYPES), st.sampled_from([None, 0.2]), st.sampled_from([None, 0.28]),
-       st.sampled_from(policy.RATIO_LEVELS), st.floats(0, 0.5), st.sampled_from([None, 0.0, 0.5]))
-def test_policy_loss_matches_each_formula(data, kind, clip, clip_high, level, beta, target):
-    """The step's loss (mean over micro-batches of `policy_loss` with `loss_weights`) equals each
-    loss type's formula with clip / clip-higher, token or sequence (GSPO) ratios, an entropy
-    bonus (target None) or target; metrics too. Tolerance 1e-4 (float32 sums of <= 24 terms)."""
-    if clip is None and (level == "sequence" or clip_high is not None):
-        return  # the recipe refuses these (tested in test_grpo_options_are_checked)
-    k, micro, t = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))
-    n = k * micro
-    logp_el = st.floats(-4, 0, width=32)
-    logp, old, ref = (data.draw(hnp.arrays(np.float32, (n, t), elements=logp_el)) for _ in range(3))
-    old = np.clip(logp + data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(-0.5, 0.5, width=32))), -9, 0)
-    adv = data.draw(hnp.arrays(np.float32, n, elements=finite))
-    mask = data.draw(hnp.arrays(np.int32, (n, t), elements=st.integers(0, 1)))
-    # every completion the recipe trains on has at least one token (its first sampled token);
-    # rows with none never reach the loss (an all-masked batch with an entropy target is a
-    # case the formula and the step read differently, and no run produces it)
-    assume(mask.any(axis=1).all())
-    ent = data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(0, 3, width=32)))
+def check_policy_loss(kind, clip, clip_high, level, beta, target, micro, logp, old, ref, adv, mask, ent):
+    """The step's loss (mean over micro-batches of `policy_loss` with `loss_weights`), kl and
+    Monte-Carlo entropy against `np_loss`; coef 0.01 on the entropy (target 0.0: no entropy)."""
+    n, t = mask.shape
     coef = 0.0 if target == 0.0 else 0.01
     use_ent = target != 0.0
     w = policy.loss_weights(mx.array(mask), kind, micro, max_len=t + 2)
     losses, kls, ents = [], [], []
-    for b in range(k):
+    for b in range(n // micro):
         rows = slice(b * micro, (b + 1) * micro)
         loss, m = policy.policy_loss(
             *(mx.array(x[rows]) for x in (logp, old, ref, adv, mask)), w[rows], beta, clip,
@@ -151,6 +151,79 @@ def test_policy_loss_matches_each_formula(data, kind, clip, clip_high, level, be
     np.testing.assert_allclose(np.mean(losses), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(np.mean(kls), kl, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.mean(ents), mc_ent, rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=60)
+@given(st.data(), st.sampled_from(policy.LOSS_TYPES), st.sampled_from([None, 0.2]), st.sampled_from([None, 0.28]),
+       st.sampled_from(policy.RATIO_LEVELS), st.floats(0, 0.5), st.sampled_from([None, 0.0, 0.5]))
+def test_policy_loss_matches_each_formula(data, kind, clip, clip_high, level, beta, target):
+    """The step's loss equals each loss type's formula with clip / clip-higher, token or
+    sequence (GSPO) ratios, an entropy bonus (target None) or target; metrics too; rows with no
+    completion token included. Tolerance 1e-4 (float32 sums of <= 24 terms)."""
+    if clip is None and (level == "sequence" or clip_high is not None):
+        return  # the recipe refuses these (tested in test_grpo_options_are_checked)
+    k, micro, t = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))
+    n = k * micro
+    logp_el = st.floats(-4, 0, width=32)
+    logp, old, ref = (data.draw(hnp.arrays(np.float32, (n, t), elements=logp_el)) for _ in range(3))
+    old = np.clip(logp + data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(-0.5, 0.5, width=32))), -9, 0)
+    adv = data.draw(hnp.arrays(np.float32, n, elements=finite))
+    mask = data.draw(hnp.arrays(np.int32, (n, t), elements=st.integers(0, 1)))
+    ent = data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(0, 3, width=32)))
+    check_policy_loss(kind, clip, clip_high, level, beta, target, micro, logp, old, ref, adv, mask, ent)
+
+
+@pytest.mark.parametrize("kind", policy.LOSS_TYPES)
+@pytest.mark.parametrize(("mask", "ent"), [
+    ([[0], [1]], [[1.0], [1.0]]),  # shrunk by hypothesis: a row (here a micro-batch) with no token
+    ([[1], [1]], [[0.0], [3.0]]),  # micro-batches on either side of the target
+    ([[0, 0], [0, 0], [1, 1], [1, 0]], [[2.0, 2.0], [2.0, 2.0], [0.1, 0.2], [2.0, 0.0]]),
+], ids=["empty-row", "straddling-target", "empty-micro-batch"])
+def test_entropy_target_pinned_cases(kind, mask, ent):
+    """Shrunk failures, pinned: with an entropy target the penalty acts on each micro-batch's
+    own mean entropy, weighted by its share of the step; a micro-batch with no scored token
+    adds nothing (it used to count as entropy 0, below any target)."""
+    mask, ent = np.array(mask, np.int32), np.array(ent, np.float32)
+    zeros = np.zeros(mask.shape, np.float32)
+    adv = np.ones(len(mask), np.float32)
+    for micro in (1, 2):
+        check_policy_loss(kind, 0.2, None, "token", 0.0, 0.5, micro, zeros - 1, zeros - 1, zeros - 1, adv, mask, ent)
+
+
+@pytest.mark.parametrize("kind", policy.LOSS_TYPES)
+@pytest.mark.parametrize(("clip", "level", "target"), [(None, "token", None), (0.2, "token", 0.5),
+                                                       (0.2, "sequence", 0.5), (0.2, "sequence", None)])
+def test_unscored_positions_contribute_nothing(kind, clip, level, target):
+    """inf / NaN where the mask is 0 (a row with no completion token, padding) changes no loss,
+    metric or gradient, and an all-masked micro-batch gives a finite, zero loss and gradient."""
+    rng = np.random.default_rng(0)
+    mask = np.array([[1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0]], np.int32)
+    logp, old, ref = (mx.array(-rng.random(mask.shape).astype(np.float32) * mask) for _ in range(3))
+    ent = mx.array(rng.random(mask.shape).astype(np.float32) * mask)
+    adv = mx.array([1.0, 2.0, -1.0, 0.5])
+    off = mx.array(mask == 0)
+    bad = {name: mx.where(off, mx.array(fill), x) for name, x, fill in
+           (("old", old, np.nan), ("ref", ref, -np.inf), ("ent", ent, np.inf))}
+    bad_adv = mx.array([1.0, np.nan, -1.0, np.inf])
+    w = policy.loss_weights(mx.array(mask), kind, 2, 3)
+
+    def run(lp, o, r, a, e, rows):
+        def f(lp):
+            loss, m = policy.policy_loss(lp[rows], o[rows], r[rows], a[rows], mx.array(mask[rows]), w[rows], 0.1,
+                                         clip, importance_ratio=level, entropy=e[rows], entropy_coef=0.1,
+                                         entropy_target=target)
+            return loss, m
+        (loss, m), g = mx.value_and_grad(f)(lp)
+        return float(loss), {k: float(v) for k, v in m.items()}, np.array(g)
+
+    for rows in (slice(0, 2), slice(2, 4), slice(1, 2)):
+        clean = run(logp, old, ref, adv, ent, rows)
+        dirty = run(mx.where(off, mx.array(np.nan), logp), bad["old"], bad["ref"], bad_adv, bad["ent"], rows)
+        assert np.isfinite(dirty[0]) and np.isfinite(dirty[2]).all()
+        assert dirty[0] == clean[0] and dirty[1] == clean[1]
+        np.testing.assert_array_equal(dirty[2], clean[2])
+    loss, metrics, grad = run(logp, old, ref, adv, ent, slice(1, 2))  # the all-masked row alone
+    assert loss == 0.0 and not grad.any() and all(v == 0.0 for v in metrics.values())
 
 
 @given(hnp.arrays(np.int32, st.tuples(st.integers(1, 6), st.integers(1, 5)), elements=st.integers(0, 1)),
