@@ -238,11 +238,88 @@ def test_global_weights_make_accumulation_exact(mask, kind):
         np.testing.assert_allclose(split / (n // micro), whole, rtol=1e-6)
 
 
+@settings(max_examples=40)
+@given(st.data(), st.sampled_from(policy.LOSS_TYPES), st.sampled_from([None, 0.2]),
+       st.sampled_from(policy.RATIO_LEVELS), st.sampled_from([None, 0.0, 0.5]))
+def test_ranks_with_step_normalisers_equal_one_rank(data, kind, clip, level, target):
+    """Data-parallel: R ranks, each with `loss_weights` over every rank's row lengths and
+    `across_ranks` (here: the other ranks' values, recorded in a first pass), averaged as the
+    step averages them (losses, metrics and gradients over ranks, then micro-batches), equal
+    one rank whose micro-batch b holds every rank's b-th: loss, metrics and the gradient with
+    respect to every row's log-probs and entropies. Rows with no token included."""
+    if clip is None and level == "sequence":
+        return
+    ranks, k, micro, t = (data.draw(st.integers(lo, hi)) for lo, hi in ((1, 3), (1, 3), (1, 2), (1, 4)))
+    n = k * micro  # rows per rank
+    shape = (ranks * n, t)
+    logp, old, ref = (data.draw(hnp.arrays(np.float32, shape, elements=st.floats(-4, 0, width=32))) for _ in range(3))
+    adv = data.draw(hnp.arrays(np.float32, ranks * n, elements=finite))
+    mask = data.draw(hnp.arrays(np.int32, shape, elements=st.integers(0, 1)))
+    ent = data.draw(hnp.arrays(np.float32, shape, elements=st.floats(0, 3, width=32)))
+    use_ent, coef = target != 0.0, 0.05
+    max_len = t + 1
+
+    def micro_loss(lp, e, rows, w, across=None):
+        at = mx.array(rows)
+        return policy.policy_loss(lp[at], mx.array(old[rows]), mx.array(ref[rows]), mx.array(adv[rows]),
+                                  mx.array(mask[rows]), w, 0.1, clip, importance_ratio=level,
+                                  entropy=e[at] if use_ent else None, entropy_coef=coef, entropy_target=target,
+                                  across_ranks=across)
+
+    # one rank: rows ordered as the ranks' micro-batches (rank 0's first, rank 1's first, ...)
+    order = np.arange(ranks * n).reshape(ranks, k, micro).transpose(1, 0, 2).reshape(k, ranks * micro)
+    w_one = policy.loss_weights(mx.array(mask[order.reshape(-1)]), kind, ranks * micro, max_len)
+
+    def one_rank(lp, e):
+        parts = [micro_loss(lp, e, order[b], w_one[b * ranks * micro:(b + 1) * ranks * micro]) for b in range(k)]
+        return sum(p[0] for p in parts) / k, {name: sum(p[1][name] for p in parts) / k for name in parts[0][1]}
+
+    # R ranks: rank r holds rows [r n, (r + 1) n), its micro-batch b rows r n + [b micro, (b + 1) micro)
+    lengths = mx.array(mask.sum(1).reshape(ranks, n))
+    w_rank = [policy.loss_weights(mx.array(mask[r * n:(r + 1) * n]), kind, micro, max_len, lengths)
+              for r in range(ranks)]
+
+    def rows_of(r, b):
+        return np.arange(r * n + b * micro, r * n + (b + 1) * micro)
+
+    seen = {}  # (rank, b) -> what that rank's loss passed to across_ranks, in order
+    for r in range(ranks):
+        for b in range(k):
+            calls = seen[r, b] = []
+            micro_loss(mx.array(logp), mx.array(ent), rows_of(r, b), w_rank[r][b * micro:(b + 1) * micro],
+                       lambda x, calls=calls: calls.append(x) or x)
+
+    def rank_mean(b):
+        index = iter(range(len(seen[0, b])))
+
+        def mean(x):
+            i = next(index)
+            return mx.stop_gradient(sum(seen[r, b][i] for r in range(ranks)) / ranks - x) + x
+        return mean
+
+    def all_ranks(lp, e):
+        parts = [micro_loss(lp, e, rows_of(r, b), w_rank[r][b * micro:(b + 1) * micro], rank_mean(b))
+                 for r in range(ranks) for b in range(k)]
+        return sum(p[0] for p in parts) / (k * ranks), {
+            name: sum(p[1][name] for p in parts) / (k * ranks) for name in parts[0][1]}
+
+    inputs = (mx.array(logp), mx.array(ent))
+    (loss1, m1), g1 = mx.value_and_grad(one_rank, argnums=(0, 1))(*inputs)
+    (loss_r, m_r), g_r = mx.value_and_grad(all_ranks, argnums=(0, 1))(*inputs)
+    np.testing.assert_allclose(float(loss_r), float(loss1), rtol=1e-5, atol=1e-6)
+    for name in m1:
+        np.testing.assert_allclose(float(m_r[name]), float(m1[name]), rtol=1e-5, atol=1e-6, err_msg=name)
+    for a, b in zip(g_r, g1, strict=True):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
+
+
 def test_loss_weights_and_policy_loss_refuse_bad_options():
     with pytest.raises(ValueError, match="loss_type 'ppo'"):
         policy.loss_weights(mx.ones((2, 3)), "ppo", 1, 4)
     with pytest.raises(ValueError, match="must divide"):
         policy.loss_weights(mx.ones((3, 3)), "grpo", 2, 4)
+    with pytest.raises(ValueError, match=r"step_lengths \(2, 4\): expected \[ranks, 3\]"):
+        policy.loss_weights(mx.ones((3, 3)), "grpo", 1, 4, mx.ones((2, 4)))
     x = mx.zeros((1, 2))
     with pytest.raises(ValueError, match="needs clip_eps"):
         policy.policy_loss(x, x, x, mx.zeros(1), x, x, 0.0, None, importance_ratio="sequence")
