@@ -115,7 +115,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     distributed.check_replicated(params, world, "initial LoRA weights")
     run_id = run_identity(cfg, policy)
     params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
-                                               to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash)
+                                               to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash,
+                                               defaults=config.default_values(Config))
     start_step = found.step if found else 0
     # this rank's completions per step; --memory.auto_batch splits them by measured memory
     effective = (prompt_share.stop - prompt_share.start) * local_group
