@@ -157,7 +157,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
     params = llm_lora.lora_tree(model)
     run_id = {"config_hash": config_hash(to_dict(cfg)), "base_model": str(policy.source)}
     params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
-                                               to_dict(cfg), Config.LEGACY_KEYS, config_hash)
+                                               to_dict(cfg), Config.LEGACY_KEYS, config_hash,
+                                               defaults=config.default_values(Config))
     start_step = found.step if found else 0
 
     # ---- data: rollouts of its own (sampled with LoRA still off), then every log

@@ -112,7 +112,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     fns = rewards.from_config(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
-    step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg), world), optimizer,
+    step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg, world), world), optimizer,
                               clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, jit=jit,
                               reduce_grads=distributed.grad_reducer(world),
                               eval_micro_batches=cfg.memory.eval_micro_batches)
@@ -120,7 +120,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     distributed.check_replicated(params, world, "initial LoRA weights")
     run_id = run_identity(cfg, policy)
     params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
-                                               to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash)
+                                               to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash,
+                                               defaults=config.default_values(Config))
     start_step = found.step if found else 0
     # this rank's completions per step; --memory.auto_batch splits them by measured memory
     effective = (prompt_share.stop - prompt_share.start) * local_group
@@ -184,7 +185,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
             if plan is not None:
                 mx.reset_peak_memory()  # the update's own peak, not the rollout's
             # one process: micro-batches of skipped rows alone are not run (None: nothing to learn)
-            batch = (build_batch(model, params, packed, adv, rows, cfg, drop_empty=world.size == 1)
+            batch = (build_batch(model, params, packed, adv, rows, cfg, drop_empty=world.size == 1, world=world)
                      if row_stats["rows_in_update"] else None)
             for epoch in range(cfg.inner_epochs if batch is not None else 0):
                 params, state, m = step_fn(params, state, batch,

@@ -87,6 +87,12 @@ def main(out: Path) -> None:
     seen["reduced_grad"] = float(distributed.grad_reducer(world)({"g": g})["g"])
     assert seen["reduced_grad"] == 1.5
 
+    # rank_mean (a loss's across_ranks): the mean over ranks in value, the local term's gradient
+    mean = distributed.rank_mean(world)
+    value, g = mx.value_and_grad(lambda x: mean(x * x))(mx.array(float(r + 1)))
+    assert float(value) == 2.5 and float(g) == 2.0 * (r + 1), (value, g)
+    seen["rank_mean"] = float(value)
+
     assert distributed.rank_seed(5, world) != distributed.rank_seed(5, distributed.World(rank=1 - r, size=2))
     distributed.barrier(world)
     if world.is_main:
