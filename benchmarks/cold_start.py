@@ -26,9 +26,14 @@ rewritten after every run.
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import time
 
-T0 = time.perf_counter()  # the child's clock starts before MLX (or anything heavy) is imported
+T0 = time.perf_counter()  # the child's clock starts after MLX loads (setup) and before the recipe's modules do
 
 # isort: off
 import argparse  # noqa: E402
@@ -76,7 +81,6 @@ def _recipe_argv(recipe: str, work: Path, steps: int, extra: list[str]) -> list[
 def child(recipe: str, work: Path, steps: int, extra: list[str]) -> dict:
     import logging
 
-    import mlxio  # noqa: F401  (BLAS, kernel cache env from MLXIO_KERNEL_CACHE)
     from mlxio import kernel_cache
     from mlxio.run import reporting
 

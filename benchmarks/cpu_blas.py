@@ -10,6 +10,11 @@ forward + backward (tokens/s). Writes benchmarks/results/cpu/cpu_blas.json.
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import os
@@ -20,7 +25,9 @@ from benchmarks.common import median, write_result
 
 CHILD = r"""
 import json, sys, time
-import mlxio
+from mlxio import blas
+from mlxio.runtime import setup
+setup()
 import mlx.core as mx, mlx.nn as nn
 from benchmarks.common import time_repeats
 repeats = int(sys.argv[1])
@@ -33,7 +40,7 @@ model = nn.TransformerEncoder(num_layers=4, dims=256, num_heads=4, mlp_dims=1024
 x = mx.random.normal((8, 128, 256))
 loss_and_grad = nn.value_and_grad(model, lambda m, x: mx.mean(m(x, None) ** 2))
 enc = time_repeats(lambda: mx.eval(loss_and_grad(model, x)), repeats)
-print(json.dumps({"blas": mlxio.blas.status, "matmul_s": mm, "encoder_s": enc}))
+print(json.dumps({"blas": blas.status, "matmul_s": mm, "encoder_s": enc}))
 """
 
 

@@ -12,9 +12,10 @@ Writes JSON to benchmarks/results/cpu/encode.json.
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import importlib
@@ -85,7 +86,7 @@ def stdlib_snippets(n: int, seed: int = 0, min_chars: int = 40) -> list[str]:
 
 def batches(ids: np.ndarray, mask: np.ndarray, batch_size: int, bucket: int):
     """Length-sorted batches, each cut to its longest row rounded up to a multiple of bucket."""
-    from mlxio.data.token_cache import padded_length
+    from mlxcore.buckets import padded_length
 
     lengths = mask.sum(1)
     order = np.argsort(-lengths, kind="stable")

@@ -1,6 +1,6 @@
 """Rollout generation: MLX's decode engines (`mlxio.rl.rollout.generate_group`: "batch",
-mlx-lm's BatchGenerator; "static", `mlxio.rl.decode`'s compiled fixed-shape step, with
-`mlxio.rl.decode_fused`'s forward; "static-generic", the same engine with the mlx-lm forward, as
+mlx-lm's BatchGenerator; "static", `mlxio.rl.decode` over `mlxcore.decode_step`'s compiled fixed-shape step, with
+`mlxcore.decode_fused`'s forward; "static-generic", the same engine with the mlx-lm forward, as
 it was before the fused one) vs PyTorch transformers `generate`, the same weights, sampling at
 temperature 1.
 
@@ -31,9 +31,10 @@ attention with (prefill chunks included; the static step is traced once per call
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import contextlib
@@ -240,12 +241,13 @@ def graph_nodes(outputs: list[mx.array]) -> dict:
 def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     """One decode step's graph, as each engine builds it: "batch" (mlx-lm's GenerationBatch._step
     on a BatchKVCache, plus the per-row log-probability picks `generate_group` makes), "static"
-    (the compiled fused step, `mlxio.rl.decode_fused`) and "static-generic" (the compiled mlx-lm
+    (the compiled fused step, `mlxcore.decode_fused`) and "static-generic" (the compiled mlx-lm
     forward on StaticKVCache); host_build_ms: host time to build it (the
     forward + sampling + per-row split; the compiled step's call), not evaluating it."""
     from mlx_lm.models.cache import BatchKVCache
     from mlx_lm.sample_utils import make_sampler
 
+    from mlxcore import buckets, decode_step
     from mlxio.rl import decode
     from mlxio.rl.rollout import _prefill
 
@@ -268,7 +270,7 @@ def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
         "kinds": dict(Counter(old["kinds"]) + Counter(picks["kinds"]))}
     out = {"batch": old}
     for engine, fused in (("static", True), ("static-generic", False)):
-        caches = decode.static_cache(per_row, decode.cache_length(max(map(len, prompts)) - 1, 8))
+        caches = decode_step.static_cache(per_row, buckets.cache_length(max(map(len, prompts)) - 1, 8))
         step, states = decode.step_and_state(model, sampler, caches, None, fused)
         mx.eval(states)
         mx.eval(step(x, states))  # (the first call traces and compiles)
@@ -316,7 +318,7 @@ def payload(args, device: str, results: list[dict]) -> dict:
                          "layers_override": args.layers,
                          "engines": {"batch": "mlx-lm BatchGenerator (generate_group engine='batch')",
                                      "static": "mlxio.rl.decode compiled fixed-shape step (engine='static'), "
-                                               "mlxio.rl.decode_fused forward",
+                                               "mlxcore.decode_fused forward",
                                      "static-generic": "the same static engine on the mlx-lm forward "
                                                        "(decode(fused=False); the engine before decode_fused)"},
                          "torch_generate": "transformers generate, default dynamic KV cache"},

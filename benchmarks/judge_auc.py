@@ -20,9 +20,10 @@ and one sampling seed: a CPU-scale, single-seed figure.
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: OpenBLAS for MLX's CPU build)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import json

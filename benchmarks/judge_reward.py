@@ -19,9 +19,10 @@ One seed: a CPU-scale, single-seed figure.
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: OpenBLAS for MLX's CPU build)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import json
@@ -34,11 +35,11 @@ import numpy as np
 
 from benchmarks.common import write_result
 from mlxcore import verdict
+from mlxcore.tasks import Problem
 from mlxio.rl import rollout_log
 from mlxio.rl.evaluation import compare
 from mlxio.rl.judge import CodeJudge
 from mlxio.rl.local_teacher import MlxLmServer
-from mlxio.rl.problems import Problem
 from mlxio.run.flags import parse_args
 from mlxio.weights import llm
 from recipes import rlaif_qwen as rq

@@ -9,6 +9,11 @@ docs/performance.md (every benchmark), and benchmarks/results/chart.png (MLX / P
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 from pathlib import Path
@@ -93,7 +98,7 @@ def retriever_section(machine: str, data: dict, bars: list, name: str = "retriev
 
 def generation_section(machine: str, data: dict, bars: list) -> list[str]:
     """Rollout generation: mlx-lm's BatchGenerator ("batch", the old path) vs the static engine
-    (mlxio.rl.decode with mlxio.rl.decode_fused's step; "static-generic": the same engine with the
+    (mlxio.rl.decode with mlxcore.decode_fused's step; "static-generic": the same engine with the
     mlx-lm forward, the static engine before the fused step) vs transformers generate, in one run
     on the same weights."""
     def ratio(x):

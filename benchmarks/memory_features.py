@@ -19,6 +19,11 @@ the step (weights, LoRA, optimizer state, batch).
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import os
@@ -36,9 +41,6 @@ MODELS = {  # transformers' BertConfig fields of the shapes measured
 
 def measure(cfg: dict) -> dict:
     """One configuration, in this process: {peak_mb, base_mb, activation_peak_mb, samples_per_s, ...}."""
-    # isort: off
-    import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
-    # isort: on
     import mlx.core as mx
 
     from mlxcore import bert, lora, precision, retriever

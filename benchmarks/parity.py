@@ -13,9 +13,10 @@ clipping at 1.0), so the two runs differ only by floating-point rounding.
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import time

@@ -26,6 +26,11 @@ purpose: only a few cases train (the RLAIF smoke preset, a tiny random model, se
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import contextlib
 import hashlib
@@ -1057,7 +1062,6 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--groups", default="config,path,data,code_search,faults,inputs38,faults38",
                         help="comma-separated case groups to run (all by default)")
     args = parser.parse_args(argv)
-    import mlxio  # noqa: F401  (fast BLAS first)
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="probe-") as tmp:

@@ -13,9 +13,10 @@
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import os

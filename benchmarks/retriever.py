@@ -28,6 +28,11 @@ MFU = counted model FLOPs (benchmarks.retriever_models.step_flops) / time / peak
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import os
@@ -84,9 +89,6 @@ def _dtype_name(args) -> str:
 
 
 def run_mlx(name: str, batch: int, args) -> dict:
-    # isort: off
-    import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
-    # isort: on
     import mlx.core as mx
 
     from benchmarks import retriever_models as rm
@@ -178,9 +180,6 @@ def _check(one, state: dict, steps: int) -> dict:
 
 
 def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
-    # isort: off
-    import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
-    # isort: on
     import mlx.core as mx
     import torch
 

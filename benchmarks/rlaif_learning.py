@@ -16,6 +16,11 @@ sums the calls (recorded in the run's folder).
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import shlex
@@ -23,7 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-import benchmarks  # noqa: F401  (fast BLAS first)
 from mlxio.run.runlog import write_text_atomic
 from recipes import rlaif_qwen
 

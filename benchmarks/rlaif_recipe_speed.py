@@ -20,6 +20,11 @@ engine benchmark's tokens/s, `--engine-tokens-per-s` or `generation.json`'s stat
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import shlex
@@ -28,7 +33,6 @@ import sys
 import time
 from pathlib import Path
 
-import benchmarks  # noqa: F401  (fast BLAS first)
 from benchmarks.common import RESULTS, machine, versions
 from mlxio.run.runlog import write_text_atomic
 
@@ -48,11 +52,12 @@ class Spies:
 
     def install(self):
         """Put the spies in place; returns a function that takes them out."""
-        from mlxio.rl import decode, decode_fused, grpo, rollout
+        from mlxcore import decode_fused, decode_step
+        from mlxio.rl import grpo, rollout
         from recipes import rlaif_qwen
 
         gen, prefill, forward = rollout.generate_group, rollout.prefill_batch, decode_fused.forward
-        mask, frozen, make_loss = decode.StaticKVCache.make_mask, grpo.frozen_logprobs, rlaif_qwen.make_loss
+        mask, frozen, make_loss = decode_step.StaticKVCache.make_mask, grpo.frozen_logprobs, rlaif_qwen.make_loss
 
         def generate_group(*a, **k):
             self.step += 1
@@ -79,8 +84,8 @@ class Spies:
             self.see("frozen", tuple(tokens.shape), tuple(positions.shape))
             return frozen(model, params, tokens, mask_, positions, chunk)
 
-        def counting_loss(model, cfg):
-            loss = make_loss(model, cfg)
+        def counting_loss(*a, **k):
+            loss = make_loss(*a, **k)
 
             def spied(lora, micro, key):
                 self.see("update", tuple(micro["tokens"].shape), tuple(micro["positions"].shape))
@@ -89,7 +94,7 @@ class Spies:
             return spied
 
         spied = [(rollout, "generate_group", generate_group), (rollout, "prefill_batch", prefill_batch),
-                 (decode_fused, "forward", fused_forward), (decode.StaticKVCache, "make_mask", make_mask),
+                 (decode_fused, "forward", fused_forward), (decode_step.StaticKVCache, "make_mask", make_mask),
                  (grpo, "frozen_logprobs", frozen_logprobs), (rlaif_qwen, "make_loss", counting_loss)]
         originals = [(owner, name, getattr(owner, name)) for owner, name, _ in spied]
         for owner, name, fn in spied:

@@ -30,9 +30,10 @@ tolerance (`benchmarks.common.TOLERANCE`) is marked `"invalid": true` and left o
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import statistics
@@ -99,8 +100,8 @@ def lora_arrays(lora_tree) -> dict[str, np.ndarray]:
 
 def mlx_batch(data: dict, micro: int, cfg) -> dict:
     """The recipe's step batch (`mlxio.rl.grpo.build_batch`'s leaves) from the arrays."""
+    from mlxcore.packing import target_positions
     from mlxcore.policy import loss_weights
-    from mlxio.rl.packing import target_positions
 
     accum = len(data["tokens"]) // micro
     arrays = {**data, "weights": np.array(loss_weights(mx.array(data["mask"]), cfg.grpo.loss_type, micro,

@@ -10,11 +10,15 @@ only trusted code goes to it here.
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import mlxio  # noqa: F401  (first, as everywhere)
 from benchmarks.common import write_result
 from mlxio.rl.problems import load_humaneval
 from mlxio.rl.rewards import ExecutionReward

@@ -18,6 +18,11 @@ ratios. Ranks start the way users start them: `mlx.launch` (NCCL on GPUs, ring o
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import os
@@ -55,9 +60,6 @@ def _report(rank: int, times: list[float], check: dict, args, extra: dict) -> No
 # ------------------------------------------------------------------------------------ MLX rank
 
 def mlx_rank(args) -> None:
-    # isort: off
-    import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
-    # isort: on
     import mlx.core as mx
 
     from benchmarks import retriever_models as rm
@@ -160,9 +162,6 @@ def torch_global_loss(model, projection, batch, rank: int, world: int, temperatu
 
 
 def torch_rank(args) -> None:
-    # isort: off
-    import mlxio  # noqa: F401
-    # isort: on
     import mlx.core as mx
     import numpy as np
     import torch

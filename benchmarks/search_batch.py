@@ -25,6 +25,11 @@ was the one-at-a-time path.
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import os
@@ -34,7 +39,6 @@ from pathlib import Path
 
 import numpy as np
 
-import mlxio  # noqa: F401  (fast BLAS before mlx)
 from benchmarks.common import machine, versions
 from mlxio import blas
 from mlxio.search import scoring

@@ -24,6 +24,11 @@ of this script that it replaced (git history before session 7).
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import os
@@ -35,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-import mlxio  # noqa: F401  (fast BLAS before mlx)
 from mlxio.search import codec as codec_mod
 from mlxio.search import store
 from mlxio.search.index import (

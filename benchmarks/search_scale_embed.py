@@ -9,6 +9,11 @@ other function in a seeded random order, so a capped run embeds a uniform sample
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import sys
@@ -17,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-import mlxio  # noqa: F401  (fast BLAS before mlx)
 from mlxio.data import pairs
 from mlxio.search.embed import Embedder
 from mlxio.weights.encoders import default_encoder_path, load_encoder

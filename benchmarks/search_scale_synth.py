@@ -28,6 +28,11 @@ a deletion.
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import hashlib
 import json
@@ -43,7 +48,6 @@ from pathlib import Path
 
 import numpy as np
 
-import mlxio  # noqa: F401  (fast BLAS before mlx)
 from benchmarks.search_scale import (
     _dir_bytes,
     _files_bytes,

@@ -24,9 +24,10 @@ Shapes ("the model's compute is the denominator": the tiny model is the worst ca
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import json
@@ -43,8 +44,9 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import median, write_result
+from mlxcore import buckets
 from mlxio import rpc
-from mlxio.rl import grpo, packing, rollout
+from mlxio.rl import grpo, rollout
 from mlxio.rl.worker import Worker, _padded
 from mlxio.rl.worker_protocol import SCHEMAS
 from mlxio.run.config import to_dict
@@ -134,7 +136,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
         masks.append([0] * len(p) + [1] * len(c))
     adv = np.random.default_rng(0).standard_normal(len(tokens)).astype(np.float32)
     step_params = {"tokens": tokens, "completion_mask": masks, "advantages": adv.tolist()}
-    width = packing.bucket_width(max(map(len, tokens)))
+    width = buckets.bucket_width(max(map(len, tokens)))
     packed = {"tokens": _padded(tokens, width, np.int32), "completion_mask": _padded(masks, width, np.float32)}
     state = {"step": 0}
 
@@ -173,7 +175,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
         rpc.check(request["params"], SCHEMAS[name]["params"])
         if name == "train_step":
             p = request["params"]
-            width = packing.bucket_width(max(map(len, p["tokens"])))
+            width = buckets.bucket_width(max(map(len, p["tokens"])))
             _padded(p["tokens"], width, np.int32), _padded(p["completion_mask"], width, np.float32)
             np.asarray(p["advantages"], np.float32)
         json.loads(rpc.encode({"jsonrpc": "2.0", "id": 1, "result": result}))

@@ -24,6 +24,11 @@ into --cache_dir, so the pinned PyPI sources are mined there without internet.
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import os

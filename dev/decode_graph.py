@@ -1,5 +1,5 @@
 """Primitives and host time of one static decode step, per layer and per step: the mlx-lm forward
-on `StaticKVCache` ("generic", `mlxio.rl.decode.make_step`) against `mlxio.rl.decode_fused`'s
+on `StaticKVCache` ("generic", `mlxcore.decode_step.make_step`) against `mlxcore.decode_fused`'s
 step ("fused"), on random weights of a shape from `benchmarks.generation.SHAPES`.
 
 A batch-64 decode step on a GPU is host-bound (MLX's host time per primitive, views included),
@@ -21,9 +21,10 @@ the compiled step's call (building the step's graph) per step.
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import time
@@ -49,13 +50,13 @@ def random_model(shape: str, layers: int | None, dtype: str):
 
 def caches_for(model, batch: int, prompt_len: int, new_tokens: int):
     """A [batch] static cache after `prompt_len` random tokens (one prefill, copied per row)."""
-    from mlxio.rl import decode
+    from mlxcore import buckets, decode_step
     from mlxio.rl.rollout import _prefill
 
     vocab = model.args.vocab_size
     prompt = np.random.default_rng(0).integers(100, vocab, prompt_len).tolist()
     cache = _prefill(model, prompt[:-1])
-    return decode.static_cache([cache] * batch, decode.cache_length(prompt_len - 1, new_tokens)), prompt[-1]
+    return decode_step.static_cache([cache] * batch, buckets.cache_length(prompt_len - 1, new_tokens)), prompt[-1]
 
 
 def step_graph(model, fused: bool, batch: int) -> dict:
@@ -102,7 +103,7 @@ def time_engine(model, fused: bool, batch: int, steps: int, repeats: int) -> dic
         mx.eval([c.state for c in caches])
         start = time.perf_counter()
         _, _, _, stats = decode.decode(model, sampler, [last] * batch, caches, steps, lambda i, new: None,
-                                       sampler_key=("bench", fused), fused=fused)
+                                  sampler_key=("bench", fused), fused=fused)
         seconds = time.perf_counter() - start
         if r:
             runs.append({"ms_per_step": 1e3 * seconds / stats["steps"],

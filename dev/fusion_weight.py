@@ -30,6 +30,11 @@ A run on another machine: `dump --machine h100 ...`, then `analyse --machine h10
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import sys

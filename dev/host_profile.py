@@ -16,6 +16,11 @@ queued work and the benchmark's waits) or Python. py-spy is not a dependency of 
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import collections
 import json

@@ -17,9 +17,10 @@ The batch has real padding (stdlib pairs, padded to 256), as in the benchmark.
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import contextlib

@@ -10,9 +10,10 @@ share of the step) on the benchmark's shapes, to show whether the broadcast form
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import statistics

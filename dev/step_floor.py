@@ -16,6 +16,11 @@ norms, ReLU, LoRA, MaxSim, the optimizer and the host's gaps only add to it.
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import math
 
 from benchmarks import retriever_models as rm

@@ -7,9 +7,10 @@ real batches (stdlib pairs, query 32 / document 256 tokens), with throughput, pe
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import statistics

@@ -1,4 +1,4 @@
-"""Base pass rate of the RLAIF policy on the procedural tasks (mlxio.rl.tasks), per family and
+"""Base pass rate of the RLAIF policy on the procedural tasks (mlxcore.tasks), per family and
 difficulty level: the figure the task source is tuned by (RL needs groups in which some
 samples pass and some fail; the target is ~10-60% on training instances).
 
@@ -14,9 +14,10 @@ in the sandbox. Writes dev/results/<machine>/task_difficulty.json.
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import itertools
@@ -29,7 +30,8 @@ import numpy as np
 
 from benchmarks.common import write_result
 from dev import RESULTS
-from mlxio.rl import rollout, tasks
+from mlxcore import tasks
+from mlxio.rl import rollout
 from mlxio.rl.evaluation import instruction
 from mlxio.rl.grpo import load_model
 from mlxio.rl.rewards import ExecutionReward, FormatReward

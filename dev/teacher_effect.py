@@ -18,9 +18,10 @@ against execution, and the RLAIF recipe run with and without its reward.
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: OpenBLAS for MLX's CPU build)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
 import json
@@ -34,10 +35,11 @@ import numpy as np
 
 from benchmarks.common import write_result
 from dev import RESULTS
+from mlxcore.tasks import Problem
 from mlxcore.verdict import roc_auc
 from mlxio.rl.local_teacher import MlxLmServer
 from mlxio.rl.mutants import as_completion, build_pairs
-from mlxio.rl.problems import Problem, load_humaneval
+from mlxio.rl.problems import load_humaneval
 from mlxio.rl.rewards import AIFeedbackReward, ExecutionReward
 from mlxio.rl.teacher import HttpJudge, parse_score, rubric_messages
 

@@ -3,7 +3,7 @@
 The kernels' sources (norm_cuda, maxsim_cuda) are self-contained - `PRELUDE` plus a template
 and `extern "C"` entry points, bfloat16 handled as 16-bit integers, no headers - and run through
 `mx.fast.precompiled_cuda_kernel`. Turning a source into PTX is I/O (a C library, a disk cache),
-so it lives in `mlxio.cuda_build`, which `import mlxio` registers here (`register_compiler`).
+so it lives in `mlxio.cuda_build`, which `mlxio.runtime.setup()` registers here (`register_compiler`).
 Why not `mx.fast.cuda_kernel`: it recompiles its source with NVRTC in every process, MLX's
 device headers included, and never keeps the result (~2 s a kernel at every start). Without a
 registered compiler, or off MLX's CUDA build, `available()` is False and the callers take their
@@ -83,7 +83,7 @@ def launch(name: str, source: str, inputs: list, outputs: list[tuple[tuple[int, 
     """Run entry point `name` of `PRELUDE + source` over `threads` threads in blocks of `block`;
     outputs are (shape, dtype) pairs, scalars are appended after the output pointers."""
     if not _compiler:
-        raise RuntimeError("no CUDA kernel compiler registered (import mlxio first)")
+        raise RuntimeError("no CUDA kernel compiler registered (call mlxio.runtime.setup() first)")
     return mx.fast.precompiled_cuda_kernel(
         name=name, compiled_source=_compiler[0].ptx(PRELUDE + source), inputs=inputs,
         output_shapes=[s for s, _ in outputs], output_dtypes=[d for _, d in outputs], scalars=scalars,

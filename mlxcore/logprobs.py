@@ -112,7 +112,7 @@ def gathered_logprobs(head: Head, hidden: mx.array, targets: mx.array, mask: mx.
     hidden [N, S, H] (e.g. the states of tokens[:, :-1]); targets [N, S] (tokens[:, 1:]); mask
     [N, S] (non-zero: score it); positions [P] int: the flat indices n * S + s of the mask's
     non-zeros in order, then padding entries >= N * S (so P can be rounded up to a few sizes:
-    `mlxio.rl.packing.target_positions`). Returns (logp [N, S], entropy [N, S] or None) float32;
+    `mlxcore.packing.target_positions`). Returns (logp [N, S], entropy [N, S] or None) float32;
     gradients reach `hidden` at the scored positions only. Only axis gathers (and their
     scatter-add gradients) move rows: the kernels the plain computation already uses.
     """

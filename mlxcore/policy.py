@@ -6,8 +6,8 @@ The training loss scores a completion's tokens from the policy's hidden states w
 padding; no [N, T, V] logits); `token_logprobs` is the plain computation from logits, the
 reference it is tested against. How token terms are averaged is `GrpoConfig.loss_type`
 (`loss_weights`); the default, "grpo", averages each sequence's token terms and then the
-sequences (DeepSeekMath). Every normaliser is taken over the whole step, so gradient
-accumulation over micro-batches equals one big batch.
+sequences (DeepSeekMath). Every normaliser is taken over the whole step (on every rank of a
+data-parallel run), so gradient accumulation over micro-batches (and ranks) equals one big batch.
 
 The KL reference is the policy's own base model with LoRA switched off: `reference_params`
 zeroes every `lora_b`, which makes each adapter's contribution `x @ A @ 0` exactly zero, so the
@@ -117,7 +117,8 @@ class GrpoConfig:
     # "token" ratios (PPO) or "sequence": exp(mean log-ratio) per completion, clipped as one (GSPO)
     importance_ratio: str = bounded("token", choices=RATIO_LEVELS, validator=attrs.validators.in_(RATIO_LEVELS))
     # weight of the entropy term: a bonus -coef x H, or with entropy_target the penalty
-    # coef x max(target - H, 0); H: exact mean next-token entropy at completion tokens (nats)
+    # coef x max(target - H, 0); H: exact mean next-token entropy at completion tokens (nats),
+    # the penalty's taken per micro-batch and weighted by its share of the step
     entropy_coef: float = bounded(0.0, ge=0, le=10)
     entropy_target: float | None = bounded(None, gt=0, le=20)  # None: a plain bonus (see entropy_coef)
     # leave groups whose rewards are all equal (advantage 0 for all) out of the update (DAPO's
@@ -136,7 +137,8 @@ def equal_reward_rows(rewards: mx.array, group_ids: mx.array) -> mx.array:
     return hi == lo
 
 
-def loss_weights(mask: mx.array, loss_type: str, micro: int, max_len: int) -> mx.array:
+def loss_weights(mask: mx.array, loss_type: str, micro: int, max_len: int,
+                 step_lengths: mx.array | None = None) -> mx.array:
     """Per-token weights w [N, T] of a step's N sequences (mask [N, T], 1 on scored tokens) in
     k = N / micro micro-batches: the step's loss is the mean over micro-batches of
     sum(w * per_token) over each micro-batch (`mlxcore.step.accumulate`), which equals
@@ -148,6 +150,12 @@ def loss_weights(mask: mx.array, loss_type: str, micro: int, max_len: int) -> mx
 
     (all-zero mask: all-zero weights). Global normalisers make accumulation exact: k micro-batches
     give the same loss and gradient as one; bnpo is the exception by definition.
+
+    Data-parallel: step_lengths [R, N] holds the scored tokens of each row of every rank (rank
+    order; `mask` is this rank's N rows, each rank splitting its rows alike). The sums above
+    then run over all R x N rows (S, N, the token count; bnpo's micro-batch b is every rank's
+    b-th), and w carries a factor R, so the mean over ranks of the ranks' losses and gradients
+    (`mlxio.run.distributed`) is the step's over all rows. None: one rank, mask.sum(1).
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type {loss_type!r}: expected one of {', '.join(LOSS_TYPES)}")
@@ -156,23 +164,28 @@ def loss_weights(mask: mx.array, loss_type: str, micro: int, max_len: int) -> mx
         raise ValueError(f"micro-batch {micro} must divide the {n} sequences")
     k = n // micro
     m = mask.astype(mx.float32)
+    lengths = m.sum(axis=1, keepdims=True)
+    every = lengths.T if step_lengths is None else step_lengths.astype(mx.float32)
+    if every.ndim != 2 or every.shape[1] != n:
+        raise ValueError(f"step_lengths {tuple(every.shape)}: expected [ranks, {n}]")
+    ranks = every.shape[0]
+    scale = ranks * k  # x k: the mean over micro-batches; x R: the mean over ranks
     if loss_type == "grpo":
-        lengths = m.sum(axis=1, keepdims=True)
-        seqs = mx.maximum((lengths > 0).sum(), 1)
-        return k * m / (mx.maximum(lengths, 1.0) * seqs)
+        seqs = mx.maximum((every > 0).sum(), 1)
+        return scale * m / (mx.maximum(lengths, 1.0) * seqs)
     if loss_type == "dr_grpo":
-        return k * m / (n * max_len)
+        return scale * m / (ranks * n * max_len)
     if loss_type == "dapo":
-        return k * m / mx.maximum(m.sum(), 1.0)
-    per_micro = m.reshape(k, micro, -1)
-    return (per_micro / mx.maximum(per_micro.sum(axis=(1, 2), keepdims=True), 1.0)).reshape(m.shape)
+        return scale * m / mx.maximum(every.sum(), 1.0)
+    per_micro = every.reshape(ranks, k, micro).sum(axis=(0, 2))  # [k]: tokens of micro-batch b on every rank
+    return ranks * (m.reshape(k, micro, -1) / mx.maximum(per_micro, 1.0)[:, None, None]).reshape(m.shape)
 
 
 def policy_loss(logp: mx.array, old_logp: mx.array, ref_logp: mx.array, advantages: mx.array,
                 mask: mx.array, weights: mx.array, beta: float, clip_eps: float | None = None, *,
                 clip_eps_high: float | None = None, importance_ratio: str = "token",
-                entropy: mx.array | None = None, entropy_coef: float = 0.0,
-                entropy_target: float | None = None) -> tuple[mx.array, dict[str, mx.array]]:
+                entropy: mx.array | None = None, entropy_coef: float = 0.0, entropy_target: float | None = None,
+                across_ranks: Callable[[mx.array], mx.array] | None = None) -> tuple[mx.array, dict[str, mx.array]]:
     """Clipped policy-gradient loss with a k3 KL penalty and an entropy term; (loss, metrics).
 
     logp [N, T]: log-probs of the sampled tokens under the policy being trained (carries the
@@ -185,25 +198,45 @@ def policy_loss(logp: mx.array, old_logp: mx.array, ref_logp: mx.array, advantag
     rho = exp(logp - old_logp) per token, or with importance_ratio "sequence" (GSPO) the
     sequence's exp(sum_t m (logp - old_logp) / |o_i|), the same for all its tokens. Plus
     beta * k3(logp, ref_logp), summed with `weights`; entropy [N, T] (the exact per-token
-    entropy, `mlxcore.logprobs`) adds -entropy_coef * H, or entropy_coef * max(target - H, 0)
-    with a target, H = sum(weights * entropy). On the first inner epoch rho == 1 and the
-    clipped and unclipped forms have the same gradient.
+    entropy, `mlxcore.logprobs`) adds entropy_coef times a bonus -sum(weights * entropy) (a
+    token term like the others), or with a target the penalty M * max(target - H, 0): H =
+    sum(weights * entropy) / M is the micro-batch's mean entropy (its tokens weighted as the
+    loss weights them) and M = sum(weights) its share of the step, so the penalty acts on each
+    micro-batch's own mean and one without a scored token (M = 0) adds nothing. On the first
+    inner epoch rho == 1 and the clipped and unclipped forms have the same gradient.
+    Positions where `mask` is 0 contribute nothing, whatever logp, old_logp, ref_logp,
+    entropy or the row's advantage hold there (an all-masked row or micro-batch gives a finite
+    loss and gradient).
+    across_ranks (data-parallel runs, `mlxio.run.distributed.rank_mean`): x -> the mean of x
+    over the ranks in value, this rank's x in gradient; it takes the sums that the entropy
+    target and clip_frac divide, so both read the step's micro-batch on every rank (as one
+    rank holding them all would). None: one process.
     Metrics (scalars): pg_loss, kl (weighted k3), entropy (weighted -logp of the sampled tokens,
-    a Monte-Carlo estimate), token_entropy (H, when given), clip_frac (share of scored tokens
-    whose ratio lies outside [1 - e_lo, 1 + e_hi]; 0 without clipping).
+    a Monte-Carlo estimate), token_entropy (sum(weights * entropy), when given), clip_frac
+    (share of scored tokens whose ratio lies outside [1 - e_lo, 1 + e_hi]; 0 without clipping).
     """
     if importance_ratio not in RATIO_LEVELS:
         raise ValueError(f"importance_ratio {importance_ratio!r}: expected one of {', '.join(RATIO_LEVELS)}")
     if importance_ratio == "sequence" and clip_eps is None:
         raise ValueError("importance_ratio 'sequence' (GSPO) needs clip_eps")
-    old_logp = mx.stop_gradient(old_logp)
-    ref_logp = mx.stop_gradient(ref_logp)
-    adv = mx.stop_gradient(advantages.astype(mx.float32))[:, None]
-    maskf = mx.stop_gradient(mask.astype(mx.float32))
-    w = mx.stop_gradient(weights.astype(mx.float32))
+    scored = mx.stop_gradient(mask != 0)
+    maskf = scored.astype(mx.float32)
+
+    def scored_only(x):  # 0 where not scored: no inf / NaN there reaches the loss or its gradient
+        return mx.where(scored, x, 0.0)
+
+    logp = scored_only(logp)
+    old_logp = mx.stop_gradient(scored_only(old_logp))
+    ref_logp = mx.stop_gradient(scored_only(ref_logp))
+    adv = mx.stop_gradient(scored_only(advantages.astype(mx.float32)[:, None]))  # [N, T]
+    w = mx.stop_gradient(scored_only(weights.astype(mx.float32)))
+    over_ranks = across_ranks or (lambda x: x)
 
     def total(x):
         return (w * x).sum()
+
+    def ratio_of(num, den):  # num / den, 0 where den is 0 (num is then 0 too)
+        return num / mx.where(den > 0, den, 1.0)
 
     if clip_eps is None:
         per_token = -(logp * adv)
@@ -216,32 +249,38 @@ def policy_loss(logp: mx.array, old_logp: mx.array, ref_logp: mx.array, advantag
         high = clip_eps if clip_eps_high is None else clip_eps_high
         per_token = -mx.minimum(ratio * adv, mx.clip(ratio, 1.0 - clip_eps, 1.0 + high) * adv)
         outside = ((ratio < 1.0 - clip_eps) | (ratio > 1.0 + high)).astype(mx.float32) * maskf
-        clip_frac = mx.stop_gradient(outside.sum() / mx.maximum(maskf.sum(), 1.0))
+        clip_frac = mx.stop_gradient(ratio_of(over_ranks(outside.sum()), over_ranks(maskf.sum())))
     pg_loss = total(per_token)
     kl = total(kl_k3(logp, ref_logp))
     loss = pg_loss + beta * kl if beta else pg_loss
     metrics = {"pg_loss": pg_loss, "kl": mx.stop_gradient(kl), "entropy": mx.stop_gradient(total(-logp)),
                "clip_frac": clip_frac}
     if entropy is not None:
-        h = total(entropy)
-        bonus = -h if entropy_target is None else mx.maximum(entropy_target - h, 0.0)
-        loss = loss + entropy_coef * bonus
-        metrics["token_entropy"] = mx.stop_gradient(h)
+        h_sum = total(scored_only(entropy))
+        if entropy_target is None:
+            term = -h_sum
+        else:  # M * max(target - H, 0), H = h_sum / M: the micro-batch's own mean (over every rank)
+            mass, h_all = over_ranks(w.sum()), over_ranks(h_sum)
+            term = mass * mx.maximum(entropy_target - ratio_of(h_all, mass), 0.0)
+        loss = loss + entropy_coef * term
+        metrics["token_entropy"] = mx.stop_gradient(h_sum)
     return loss, metrics
 
 
 def policy_loss_fn(hidden: Callable[[Tree, mx.array], mx.array], head: Callable[[mx.array], mx.array],
-                   beta: float, clip_eps: float | None, grpo: GrpoConfig = GrpoConfig(), chunk: int = 512):
+                   beta: float, clip_eps: float | None, grpo: GrpoConfig = GrpoConfig(), chunk: int = 512,
+                   across_ranks: Callable[[mx.array], mx.array] | None = None):
     """loss(params, micro_batch, key) -> (loss, metrics) for `mlxcore.step`: `policy_loss` of
     the log-probs of the completion tokens, from `hidden(params, ids) -> [M, T - 1, H]` (the
     policy's last hidden states, a pure function of its trainable tree `params`, e.g.
     `mlxio.weights.llm_lora.hidden_states`) and the frozen LM `head(h) -> logits`, scored
     only at `positions`, `chunk` rows at a time (`mlxcore.logprobs.gathered_logprobs`: no
     [M, T, V] logits). The exact entropy is computed only when `grpo.entropy_coef` > 0.
+    across_ranks: as in `policy_loss` (data-parallel runs).
 
     micro_batch: tokens [M, T], mask [M, T-1] (scored completion targets), weights [M, T-1]
     (`loss_weights`), positions [P] (flat indices of the mask's ones in order, then padding
-    >= M * (T-1): `mlxio.rl.packing.target_positions`),
+    >= M * (T-1): `mlxcore.packing.target_positions`),
     advantages [M], old_logp / ref_logp [M, T-1].
     """
     with_entropy = grpo.entropy_coef > 0
@@ -253,7 +292,7 @@ def policy_loss_fn(hidden: Callable[[Tree, mx.array], mx.array], head: Callable[
         return policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["mask"], mb["weights"],
                            beta, clip_eps, clip_eps_high=grpo.clip_eps_high,
                            importance_ratio=grpo.importance_ratio, entropy=ent, entropy_coef=grpo.entropy_coef,
-                           entropy_target=grpo.entropy_target)
+                           entropy_target=grpo.entropy_target, across_ranks=across_ranks)
 
     return loss_fn
 

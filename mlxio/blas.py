@@ -3,8 +3,9 @@
 MLX's Linux CPU wheel links the reference BLAS bundled in `mlx_cpu.libs` (~3.7 GFLOP/s for a
 1024^3 float32 matmul here). Loading OpenBLAS with RTLD_GLOBAL first makes the dynamic linker
 resolve `cblas_sgemm` & co. to OpenBLAS instead (~140 GFLOP/s, results equal to NumPy's).
-This must run before anything imports `mlx.core`; `import mlxio` does it first thing, and so do
-`recipes`, `benchmarks` and `tests/conftest.py` (through `mlxio`).
+This must run before anything imports `mlx.core`: `mlxio.runtime.setup()` calls it, and every
+entry point (recipes, benchmarks, lab scripts, child processes, `tests/conftest.py`) calls
+`setup()` before its imports.
 
 No effect on macOS (Accelerate). The CUDA build (mlx-cuda) bundles the same reference BLAS for
 its CPU stream, but is left alone unless `MLXIO_BLAS=/path/libopenblas.so.0` names a library
@@ -74,8 +75,8 @@ def ensure_fast_blas() -> str:
     elif "mlx.core" in sys.modules:
         status = "reference"
         log.warning(
-            "BLAS: mlx.core was imported before mlxio, so MLX keeps its slow reference BLAS "
-            "(~40x slower matmul); import mlxio (or recipes/benchmarks) before mlx"
+            "BLAS: mlx.core was imported before mlxio.runtime.setup(), so MLX keeps its slow "
+            "reference BLAS (~40x slower matmul); call setup() first thing in the program"
         )
     else:
         path = wanted if wanted != "auto" else find_openblas()

@@ -3,8 +3,8 @@
 NVRTC is called through ctypes - the library MLX's CUDA build ships and loads - on the
 self-contained sources (no headers: a kernel compiles in well under a second), and the PTX is
 cached beside MLX's own kernels (`<MLX_PTX_CACHE_DIR>/mlxcore`, the folder `mlxio.kernel_cache`
-configures), keyed by a hash of the source, written atomically. `import mlxio` registers
-`COMPILER` with `mlxcore.cuda_jit`.
+configures), keyed by a hash of the source, written atomically. `mlxio.runtime.setup()`
+registers `COMPILER` with `mlxcore.cuda_jit`.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 MLX's CUDA backend compiles kernels with NVRTC on the first use of each kernel / shape and
 caches the result on disk under `$MLX_PTX_CACHE_DIR` (MLX's default: /tmp/mlx/<version>/ptx,
 lost with /tmp). The first step of a new shape can take minutes on a fresh machine; a run that
-finds the kernels cached starts in seconds. `configure()` (run by `import mlxio`, before
-`mlx.core` is imported) points MLX at a known, persistent place:
+finds the kernels cached starts in seconds. `configure()` (run by `mlxio.runtime.setup()`,
+before `mlx.core` is imported) points MLX at a known, persistent place:
 
 - `MLX_PTX_CACHE_DIR` set by the user: left alone;
 - else `MLXIO_KERNEL_CACHE=DIR`: that folder;

@@ -1,13 +1,18 @@
 """`python -m mlxio.kernel_cache_cli export|import|info`: share MLX's compiled GPU kernels between
-machines (see mlxio.kernel_cache). A module of its own because `import mlxio` imports
-mlxio.kernel_cache at start-up, so running that module with -m would execute it twice (runpy warns).
+machines (see mlxio.kernel_cache). A module of its own because `mlxio.runtime` (imported first,
+for `setup`) imports mlxio.kernel_cache, so running that module with -m would execute it twice
+(runpy warns).
 """
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import json
 
-import mlxio  # noqa: F401  (sets MLX_PTX_CACHE_DIR before MLX is used)
 from mlxio import kernel_cache
 from mlxio.errors import StrictArgumentParser, cli_main
 

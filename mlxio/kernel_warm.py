@@ -32,6 +32,11 @@ recipe calls `for_rlaif`); only on a CUDA device, for the eager steps.
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import atexit
 import json
 import logging

@@ -26,6 +26,11 @@ beside MODEL_DIR, or --alpha at index time; without one, hybrid ranks by the sem
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import json
 import logging
@@ -94,7 +99,7 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
                          where=str(model), fix="lower --max-doc-len or --batch-size")
     model_id = str(Path(model).resolve()) if Path(model).is_dir() else str(model)
     embedder = Embedder(encoder, max_doc_len, batch_size)
-    import mlx.core as mx  # after mlxio (fast BLAS first)
+    import mlx.core as mx
 
     log.info("embedding on %s (MLX default device)", mx.default_device())
 

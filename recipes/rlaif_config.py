@@ -27,7 +27,7 @@ SOURCES = ("procedural", "humaneval")
 
 @attrs.frozen(kw_only=True)
 class DataConfig:
-    # "procedural": generated problems with hidden tests (mlxio.rl.tasks; the embedded 135M
+    # "procedural": generated problems with hidden tests (mlxcore.tasks; the embedded 135M
     # model passes some, so rewards vary); "humaneval": OpenAI HumanEval (164, the transfer test)
     source: str = "procedural"  # checked by validate_data
     problems: str | None = bounded(None, nonempty=True)  # JSONL of problems with tests (overrides `source`)
@@ -240,7 +240,7 @@ PRESETS = {
 
 def validate_data(cfg: DataConfig) -> None:
     """Checks of the data options (ConfigError names the field)."""
-    from mlxio.rl import tasks
+    from mlxcore import tasks
 
     if cfg.source not in SOURCES:
         raise ConfigError(f"data.source: must be one of {', '.join(SOURCES)}, got {cfg.source!r}")

@@ -25,6 +25,11 @@ eval.json (AUCs), eval_rows.jsonl (every held-out completion with both judges' s
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import json
 import logging
 import time
@@ -33,7 +38,6 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
 from mlxcore import policy as pg
 from mlxcore import verdict
 from mlxcore.optim import make_optimizer
@@ -153,7 +157,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
     params = llm_lora.lora_tree(model)
     run_id = {"config_hash": config_hash(to_dict(cfg)), "base_model": str(policy.source)}
     params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
-                                               to_dict(cfg), Config.LEGACY_KEYS, config_hash)
+                                               to_dict(cfg), Config.LEGACY_KEYS, config_hash,
+                                               defaults=config.default_values(Config))
     start_step = found.step if found else 0
 
     # ---- data: rollouts of its own (sampled with LoRA still off), then every log

@@ -9,11 +9,11 @@ from typing import ClassVar
 
 import attrs
 
+from mlxcore import tasks
 from mlxcore.fields import bounded
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxio.errors import ConfigError
-from mlxio.rl import tasks
 from mlxio.run.config import check
 from recipes.rlaif_config import SandboxConfig
 

@@ -25,6 +25,11 @@ loss, batch and policy loading: mlxio/rl/grpo.py (shared with the worker, recipe
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import logging
 import time
 from functools import partial
@@ -33,13 +38,13 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
+from mlxcore import packing
 from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
-from mlxio.rl import auto_batch, grpo, packing, rewards, rollout, shapes
+from mlxio.rl import auto_batch, grpo, rewards, rollout, shapes
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,
@@ -114,7 +119,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     fns = rewards.from_config(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
-    step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg), world), optimizer,
+    step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg, world), world), optimizer,
                               clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, jit=jit,
                               reduce_grads=distributed.grad_reducer(world),
                               eval_micro_batches=cfg.memory.eval_micro_batches)
@@ -122,7 +127,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     distributed.check_replicated(params, world, "initial LoRA weights")
     run_id = run_identity(cfg, policy)
     params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
-                                               to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash)
+                                               to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash,
+                                               defaults=config.default_values(Config))
     start_step = found.step if found else 0
     # this rank's completions per step; --memory.auto_batch splits them by measured memory
     effective = (prompt_share.stop - prompt_share.start) * local_group
@@ -199,7 +205,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
             if plan is not None:
                 mx.reset_peak_memory()  # the update's own peak, not the rollout's
             # one process: micro-batches of skipped rows alone are not run (None: nothing to learn)
-            batch = (build_batch(model, params, packed, adv, rows, cfg, drop_empty=world.size == 1,
+            batch = (build_batch(model, params, packed, adv, rows, cfg, drop_empty=world.size == 1, world=world,
                                  positions_width=shape_plan.positions_for(packed["tokens"].shape[1])
                                  if shape_plan else None)
                      if row_stats["rows_in_update"] else None)

@@ -11,7 +11,11 @@ JSON Schemas: docs/worker-protocol.md; code: mlxio/rl/worker.py, mlxio/rpc.py.
 
 from __future__ import annotations
 
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 from mlxio.rl.worker import serve_stdio
 from recipes.rlaif_config import PRESETS, validate
 

@@ -21,6 +21,11 @@ margin loss (margin 0.2).
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import logging
 import time
@@ -302,7 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
     run_id = {"config_hash": trajectory_hash(config.to_dict(cfg)), "base_model": model_path}
     params, opt_state, resumed = context.resume_into(
         flags.resume, out_dir, run_id, params, init_state(optimizer, params, trainable), world, config.to_dict(cfg),
-        Config.LEGACY_KEYS, trajectory_hash, trainable)
+        Config.LEGACY_KEYS, trajectory_hash, trainable, defaults=config.default_values(Config))
     start_step = resumed.step if resumed else 0
 
     # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)

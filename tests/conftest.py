@@ -9,7 +9,9 @@ os.environ.setdefault("MLX_ENABLE_TF32", "0")
 import pytest
 from hypothesis import HealthCheck, settings
 
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
+from mlxio.runtime import setup
+
+setup()  # before any test module imports MLX (mlxio.runtime)
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=25,
@@ -43,6 +45,8 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxcore/test_policy_purity.py::test_the_loss_never_touches_the_model',
     'tests/mlxcore/test_retrieval.py::test_token_embeddings_project_normalise_and_compile',
     'tests/mlxcore/test_shared_input_linears.py::test_equals_one_linear_per_layer',
+    'tests/mlxcore/test_tasks.py::test_build_splits_are_disjoint',
+    'tests/mlxcore/test_tasks.py::test_reference_passes_in_the_sandbox_and_a_wrong_one_fails',
     'tests/mlxio/data/test_malformed_jsonl.py::test_mixed_files',
     'tests/mlxio/data/test_xtr_sources.py::test_eager_evaluation_embeds_and_scores_as_the_compiled_one',
     'tests/mlxio/rl/test_judge.py::test_a_wrong_answer_that_trips_sound_tests_fails',
@@ -50,8 +54,6 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/rl/test_rewards.py::test_execution_reward_on_humaneval',
     'tests/mlxio/rl/test_rollout_static.py::test_greedy_is_token_identical',
     'tests/mlxio/rl/test_rollout_static.py::test_sampling_gives_valid_tokens',
-    'tests/mlxio/rl/test_tasks.py::test_build_splits_are_disjoint',
-    'tests/mlxio/rl/test_tasks.py::test_reference_passes_in_the_sandbox_and_a_wrong_one_fails',
     'tests/mlxio/rl/test_teacher.py::test_200_calls_under_faults_complete_or_are_missing',
     'tests/mlxio/rl/test_teacher.py::test_cache_makes_second_run_free',
     'tests/mlxio/rl/test_teacher.py::test_deadline_is_kept_under_concurrency_with_drip_servers',

@@ -1,7 +1,7 @@
 """An optional compiled extension for MLX's CUDA build: a cuBLASLt GEMM with a ReLU epilogue.
 
 `gemm_epilogue.cpp` defines the MLX primitive `matmul_relu_aux` that `mlxcore.ffn_cuda` uses in
-T5's ReLU feed-forward; `import mlxio` registers it there when it loads. Build it once on a
+T5's ReLU feed-forward; `mlxio.runtime.setup()` registers it there when it is built. Build it once on a
 machine with MLX's CUDA build, the CUDA toolkit, CMake, fmt's headers and nanobind 3.0
 (`pip install "nanobind>=3.0,<3.2"`, MLX 0.32.4's ABI):
 

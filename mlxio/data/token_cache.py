@@ -28,6 +28,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from mlxcore.buckets import padded_length
 from mlxio.errors import DataError
 
 Tokenize = Callable[[list[str], int], list[list[int]]]
@@ -205,11 +206,6 @@ def batch_plan(lengths: np.ndarray, micro_batch: int, accum: int, seed: int, epo
         steps.extend(part[i:i + step].reshape(accum, micro_batch)
                      for i in range(0, len(part), step))
     return [steps[i] for i in rng.permutation(len(steps))]
-
-
-def padded_length(longest: int, bucket: int) -> int:
-    """`longest` rounded up to a multiple of `bucket` (at least one bucket)."""
-    return max(1, -(-longest // bucket)) * bucket
 
 
 def length_sorted_batches(token_ids: Sequence[Sequence[int]], batch_size: int, bucket: int):

@@ -20,8 +20,9 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
+from mlxcore import buckets
 from mlxio.errors import ConfigError
-from mlxio.rl import grpo, packing
+from mlxio.rl import grpo
 from mlxio.run import batch_sizer
 
 log = logging.getLogger("mlxio")
@@ -29,11 +30,11 @@ PROBE_SIZES = (1, 2)
 
 
 def full_length_rows(rows: int, prompt_len: int, new_tokens: int, vocab: int, seed: int = 0) -> dict:
-    """A packed batch (`packing.pack_tokens`' keys) of `rows` prompt + completion rows at full
+    """A packed batch (`mlxcore.packing.pack_tokens`' keys) of `rows` prompt + completion rows at full
     length: every completion `new_tokens` long, random ids."""
     rng = np.random.default_rng(seed)
     length = prompt_len + new_tokens
-    width = packing.bucket_width(length)
+    width = buckets.bucket_width(length)
     tokens = np.zeros((rows, width), np.int32)
     tokens[:, :length] = rng.integers(1, vocab, (rows, length))
     mask = np.zeros((rows, width), np.float32)

@@ -21,13 +21,14 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from mlxcore import tasks
+from mlxcore.digest import hashed_int
 from mlxcore.fields import bounded
 from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
-from mlxio.digest import hashed_int
+from mlxcore.tasks import Problem
 from mlxio.errors import ConfigError, DataError
-from mlxio.rl import tasks
 from mlxio.rl.judge import CodeJudge
-from mlxio.rl.problems import Problem, extract_code, load_humaneval, load_problems_jsonl
+from mlxio.rl.problems import extract_code, load_humaneval, load_problems_jsonl
 from mlxio.rl.rewards import combine_rewards
 from mlxio.run.runlog import write_json_atomic
 from mlxio.sandbox import SandboxLimits
@@ -78,7 +79,7 @@ def heldout_split(problems: Sequence[Problem], fraction: float, salt: str = "rla
 def load_problems(cfg) -> tuple[list[Problem], dict[str, list[Problem]]]:
     """(training problems, {evaluation set name: held-out problems}) of the RLAIF recipe's
     data config. Procedural
-    (mlxio.rl.tasks): sets "heldout" (other instances of the training templates) and
+    (mlxcore.tasks): sets "heldout" (other instances of the training templates) and
     "heldout_families" (families never trained on); HumanEval or a JSONL file (`problems`,
     overriding `source`): "heldout", split by hashed task id. `transfer` ("humaneval") adds
     HumanEval's held-out split as the set "humaneval"."""

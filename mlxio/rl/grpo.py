@@ -10,12 +10,12 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
+from mlxcore import packing
 from mlxcore import policy as pg
+from mlxcore.digest import hashed_int
 from mlxcore.logprobs import gathered_logprobs
 from mlxcore.precision import COMPUTE_DTYPES
-from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError
-from mlxio.rl import packing
 from mlxio.run import checkpoint, distributed
 from mlxio.run.config import to_dict
 from mlxio.weights import llm, llm_lora
@@ -158,12 +158,15 @@ def shared_advantages(total: np.ndarray, missing: np.ndarray, prompt_ids: np.nda
     return advantages_of(*every, kind)[world.rank * n:(world.rank + 1) * n]
 
 
-def make_loss(model, cfg):
+def make_loss(model, cfg, world: distributed.World = distributed.SINGLE):
     """loss_fn(lora, micro_batch, key) -> (loss, metrics) for mlxcore.step: the policy loss as a
     pure function of the LoRA tree (`mlxcore.policy.policy_loss_fn` over the model's hidden
-    states and frozen LM head: log-probs at the batch's positions, no [rows, T, vocab] logits)."""
+    states and frozen LM head: log-probs at the batch's positions, no [rows, T, vocab] logits).
+    On several ranks (`world`) the entropy target and clip fraction read every rank's
+    micro-batch (`distributed.rank_mean`); wrap it in `distributed.data_parallel_loss`."""
     return pg.policy_loss_fn(llm_lora.hidden_states(model, cfg.memory.gradient_checkpointing),
-                             llm_lora.lm_head(model), cfg.beta, cfg.clip_eps, cfg.grpo, cfg.memory.logprob_chunk)
+                             llm_lora.lm_head(model), cfg.beta, cfg.clip_eps, cfg.grpo, cfg.memory.logprob_chunk,
+                             distributed.rank_mean(world))
 
 
 def frozen_logprobs(model, lora_params, tokens: mx.array, mask: np.ndarray, positions: np.ndarray,
@@ -210,7 +213,8 @@ def update_rows(total: np.ndarray, missing: np.ndarray, prompt_ids: np.ndarray, 
 
 def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
                 cfg, ref_logp: mx.array | None = None, old_logp: mx.array | None = None,
-                drop_empty: bool = False, positions_width: int | None = None) -> dict | None:
+                drop_empty: bool = False, world: distributed.World = distributed.SINGLE,
+                positions_width: int | None = None) -> dict | None:
     """Arrays for the step, leaves [k, N / accum, ...] (k = accum, or fewer with `drop_empty`).
 
     valid [N]: rows that enter the loss (`update_rows`). ref_logp / old_logp [N, T - 1]: given
@@ -219,14 +223,17 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
     (zeros when unused). drop_empty (one process only: every rank must run the same number of
     micro-batches): rows with nothing to score go last and micro-batches of them alone are not
     run; None when no row is left (no update this step). Leaves: tokens, mask, weights
-    (`mlxcore.policy.loss_weights` over the whole step), positions [k, P]
-    (`packing.target_positions`; P = `positions_width` where the scored tokens fit it: fixed
-    beforehand, `mlxio.rl.shapes`), advantages, old_logp, ref_logp.
+    (`mlxcore.policy.loss_weights` over the whole step: on several ranks (`world`, each with
+    its share of the step's completions) over every rank's rows, from their gathered token
+    counts), positions [k, P] (`packing.target_positions`; P = `positions_width` where the
+    scored tokens fit it: fixed beforehand, `mlxio.rl.shapes`), advantages, old_logp, ref_logp.
     """
     n = len(adv)
     if n % cfg.train.accum:
         raise ConfigError(f"train.accum={cfg.train.accum} must divide the {n} completions "
                           "per step (prompts_per_step * group_size)")
+    if drop_empty and world.size > 1:
+        raise ValueError("drop_empty: one process only (every rank must run the same micro-batches)")
     micro = n // cfg.train.accum
     mask = packed["completion_mask"][:, 1:] * np.asarray(valid)[:, None].astype(np.float32)
     arrays = {"tokens": np.asarray(packed["tokens"]), "mask": mask, "advantages": np.asarray(adv, np.float32)}
@@ -239,7 +246,9 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
         k = -(-int((mask.sum(axis=1) > 0).sum()) // micro)
         if k == 0:
             return None
-    weights = np.array(pg.loss_weights(mx.array(arrays["mask"]), cfg.grpo.loss_type, micro, cfg.max_new_tokens))
+    lengths = distributed.gather_np(arrays["mask"].sum(axis=1, dtype=np.float32)[None], world)  # [ranks, n]
+    weights = np.array(pg.loss_weights(mx.array(arrays["mask"]), cfg.grpo.loss_type, micro, cfg.max_new_tokens,
+                                       mx.array(lengths)))
     if cfg.grpo.loss_type != "bnpo":  # their normalisers span the step: rescale to the k run
         weights *= k / cfg.train.accum
     arrays = {name: a[:k * micro] for name, a in {**arrays, "weights": weights}.items()}

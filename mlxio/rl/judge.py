@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from mlxio.rl.problems import Problem, extract_code, parses
+from mlxcore.tasks import Problem
+from mlxio.rl.problems import extract_code, parses
 from mlxio.sandbox import SandboxLimits, Verdict, run_check
 
 

@@ -1,6 +1,6 @@
-"""Coding problems for RLAIF and the code a completion offers for them: `Problem`, the JSONL /
-HumanEval loaders (errors name file:line and field), fenced-block reading and `extract_code`
-(the program the execution reward runs in the sandbox).
+"""Coding problems from files and the code a completion offers for them: the JSONL / HumanEval
+loaders of `mlxcore.tasks.Problem`s (errors name file:line and field), fenced-block reading
+and `extract_code` (the program the execution reward runs in the sandbox).
 """
 
 from __future__ import annotations
@@ -10,25 +10,11 @@ import os
 import re
 from pathlib import Path
 
-import attrs
-
+from mlxcore.tasks import Problem
 from mlxio import pyparse
 from mlxio.data.lines import BadLine, check_text, decode_json_line
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_PROBLEMS_BYTES, gunzip_bounded, read_regular
-
-
-@attrs.frozen(kw_only=True)
-class Problem:
-    """A coding problem: `prompt` (code to continue, or an instruction), `test` defining
-    `check(candidate)`, and the function name `entry_point` that `check` receives."""
-
-    task_id: str
-    prompt: str
-    entry_point: str
-    test: str
-    canonical_solution: str = ""
-
 
 _FIELDS = ("task_id", "prompt", "entry_point", "test")
 

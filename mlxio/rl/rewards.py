@@ -22,9 +22,10 @@ from typing import ClassVar, Protocol
 import attrs
 import numpy as np
 
+from mlxcore.tasks import Problem
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl.judge import CodeJudge
-from mlxio.rl.problems import Problem, defines, fenced_blocks, parses
+from mlxio.rl.problems import defines, fenced_blocks, parses
 from mlxio.run.atomic import replace_file
 from mlxio.sandbox import SandboxLimits, Verdict
 

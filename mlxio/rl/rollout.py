@@ -3,10 +3,10 @@
 `generate_group` decodes G completions for each of P prompts as one batch of N = P * G
 sequences, with a sampler from `mlx_lm.sample_utils.make_sampler`. Each prompt is prefilled once
 and its KV cache handed to all G of its sequences. Two decode engines: "static"
-(`mlxio.rl.decode`: one compiled step over a preallocated KV cache, the same shapes every step,
-EOS / stops checked every 16 steps, ended rows compacted away at a few batch sizes with
-`min_decode_batch`; the default on a GPU, where it removes the per-token host work and shape
-changes that bound "batch") and "batch" (`mlx_lm.generate.BatchGenerator`: its
+(`mlxio.rl.decode` over `mlxcore.decode_step`: one compiled step over a preallocated KV cache,
+the same shapes every step, EOS / stops checked every 16 steps, ended rows compacted away at a
+few batch sizes with `min_decode_batch`; the default on a GPU, where it removes the per-token
+host work and shape changes that bound "batch") and "batch" (`mlx_lm.generate.BatchGenerator`: its
 growing batched KV cache, per-sequence EOS stop, ended rows dropped; the default on the CPU). With `stop_at_code_end` a sequence also stops once
 its first fenced code block has closed (`CodeBlockStop`): a small instruct model answers with
 one ```python block and then keeps talking, and that talk costs decode time and trains nothing
@@ -21,7 +21,7 @@ in 10 minutes on a fresh H100). With buckets, ended sequences stay in the batch 
 are ignored) until the live ones fit the next smaller bucket (N, then powers of two below it),
 so a run compiles a handful of batch shapes. The sampler draws only for the live rows, in their
 order, so every draw has the shape it has without buckets: the same texts for the same seed.
-Prompts are then also prefilled in power-of-two chunks (`prefill_chunks`): a few prefill shapes
+Prompts are then also prefilled in power-of-two chunks (`mlxcore.buckets.prefill_chunks`): a few prefill shapes
 for prompts of any length (the same KV cache up to float rounding).
 """
 
@@ -37,11 +37,16 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from mlxcore import decode_step
+from mlxcore.buckets import (
+    batch_ladder,
+    cache_length,
+    decode_buckets,
+    prefill_chunks,
+    prefill_width,
+)
 from mlxio.rl import decode
-from mlxio.rl.packing import bucket_width
 from mlxio.rl.problems import code_block_end
-
-PREFILL_CHUNK = 2048  # prompt tokens per prefill forward pass (bounds activation memory)
 
 
 @attrs.frozen(kw_only=True)
@@ -149,11 +154,6 @@ def code_block_stop_index(pieces: list[str]) -> int | None:
     return next((i for i, piece in enumerate(pieces) if stop.add(0, piece)), None)
 
 
-def decode_buckets(n: int) -> list[int]:
-    """The decode batch sizes used for N sequences: N and the powers of two below it."""
-    return sorted({n} | {1 << k for k in range(max(n - 1, 1).bit_length()) if 1 << k < n})
-
-
 class _Buckets:
     """Keeps mlx-lm's generation batch at sizes from `decode_buckets(n)` (see the module doc).
 
@@ -200,18 +200,6 @@ class _Buckets:
         return [r for r in self._next() if r.uid not in ended]
 
 
-def prefill_chunks(n: int, bucketed: bool) -> list[int]:
-    """Chunk lengths a prompt of n tokens is prefilled in: PREFILL_CHUNK-sized pieces, or with
-    `bucketed` powers of two, largest first (300 -> 256, 32, 8, 4), so prompts of any length
-    run at most log2(PREFILL_CHUNK) + 1 prefill shapes instead of one per prompt length."""
-    if not bucketed:
-        return [min(PREFILL_CHUNK, n - start) for start in range(0, n, PREFILL_CHUNK)]
-    out = [PREFILL_CHUNK] * (n // PREFILL_CHUNK)
-    rest = n % PREFILL_CHUNK
-    out += [1 << k for k in reversed(range(rest.bit_length())) if rest >> k & 1]
-    return out
-
-
 def _prefill(model, tokens: list[int], bucketed: bool = False) -> list:
     """KV cache of `model` after `tokens` (batch 1), fed in `prefill_chunks`."""
     cache = make_prompt_cache(model)
@@ -234,14 +222,6 @@ class _PrefillCache(BatchKVCache):
         mask = super().make_mask(N, return_array=return_array, **kwargs)
         own = mx.arange(self._idx + N)[None] == (self._idx + mx.arange(N))[:, None]  # [N, slots]
         return mask | own
-
-
-def prefill_width(longest: int, bucketed: bool, width: int | None = None) -> int:
-    """The width `prefill_batch` pads a batch whose longest prompt has `longest` tokens to:
-    `width` where that fits, else the longest's `bucket_width` (`bucketed`) or the longest."""
-    if width is not None and longest <= width:
-        return width
-    return bucket_width(longest) if bucketed else longest
 
 
 def prefill_batch(model, prompts: list[list[int]], bucketed: bool = False,
@@ -298,8 +278,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
     `prompt_width` ("static" only): prompts are prefilled left-padded to this many cached
     tokens (prompt - 1) whenever they fit, so every call has the same prefill and KV cache
     shapes (`mlxio.rl.shapes.plan`). `min_decode_batch` ("static" only): as rows end, the
-    decode batch shrinks through `decode.batch_ladder(N, min_decode_batch)` (N, halving);
-    None keeps N rows to the end. Rows sample the same tokens either way (`decode.row_sampler`,
+    decode batch shrinks through `mlxcore.buckets.batch_ladder(N, min_decode_batch)` (N, halving);
+    None keeps N rows to the end. Rows sample the same tokens either way (`mlxcore.decode_step.row_sampler`,
     up to the float rounding of the forward at another batch size).
     `bucket_decode` ("batch" only): keep the decode batch at a few sizes (see the module doc);
     None: on when the default device is a GPU (where each new size compiles kernels), off on the
@@ -364,8 +344,8 @@ def _decode_static(model, tokenizer, prompt_tokens, group_size, max_new_tokens, 
     prefilled = prefill_batch(model, [t[:-1] for t in prompt_tokens], mx.default_device().type == mx.gpu,
                               prompt_width)
     width = prefilled[0].size()
-    slots = decode.cache_length(width, max_new_tokens)
-    caches = decode.static_cache_rows(prefilled, [i // group_size for i in range(n)], slots)
+    slots = cache_length(width, max_new_tokens)
+    caches = decode_step.static_cache_rows(prefilled, [i // group_size for i in range(n)], slots)
     del prefilled  # (the P-row prefill caches: copied into the N-row static ones)
     eos = set(tokenizer.eos_token_ids)
     stops = stoppers(n)
@@ -382,8 +362,8 @@ def _decode_static(model, tokenizer, prompt_tokens, group_size, max_new_tokens, 
         return None if at_eos is None else last
 
     first = [prompt_tokens[i // group_size][-1] for i in range(n)]
-    batches = decode.batch_ladder(n, min_decode_batch) if min_decode_batch else None
-    out = decode.decode(model, decode.row_sampler(*settings, n), first, caches, max_new_tokens, is_done,
+    batches = batch_ladder(n, min_decode_batch) if min_decode_batch else None
+    out = decode.decode(model, decode_step.row_sampler(*settings, n), first, caches, max_new_tokens, is_done,
                         sampler_key=(*settings, n), compiled=compiled, batches=batches)
     shapes = (("prefill", len(prompt_tokens), width), *(("decode", b, slots) for b in out[3]["batches"]))
     return (*out, shapes)

@@ -21,9 +21,9 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from mlxio.digest import hashed_int
+from mlxcore.digest import hashed_int
+from mlxcore.tasks import Problem
 from mlxio.errors import DataError
-from mlxio.rl.problems import Problem
 from mlxio.run.runlog import MetricsLog
 
 LOG_NAME = "rollouts.jsonl"

@@ -10,7 +10,7 @@ and the training prompts' lengths:
 - prefill [prompts, prompt_width]: every prompt left-padded to the longest training prompt's
   `bucket_width` (cached tokens: a prompt's last token is fed by the first decode step);
 - decode [rows, cache_slots] for rows in `decode_batches`: the rank's P x G rows, then the
-  compaction ladder (`mlxio.rl.decode.batch_ladder`: halving down to `min_decode_batch`), the
+  compaction ladder (`mlxcore.buckets.batch_ladder`: halving down to `min_decode_batch`), the
   slots `cache_length(prompt_width, max_new_tokens)`;
 - update [micro, width, positions(width)] for width in `update_widths`: the `bucket_width`s
   from the shortest possible row (shortest prompt + 1 token) to the longest (longest prompt +
@@ -33,9 +33,8 @@ from collections.abc import Iterable
 import attrs
 import mlx.core as mx
 
+from mlxcore.buckets import batch_ladder, bucket_width, cache_length
 from mlxio.errors import ConfigError
-from mlxio.rl.decode import batch_ladder, cache_length
-from mlxio.rl.packing import bucket_width
 
 
 def fixed(setting: bool | None) -> bool:

@@ -14,12 +14,12 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import verdict
-from mlxio.digest import hashed_int
+from mlxcore import tasks, verdict
+from mlxcore.digest import hashed_int
+from mlxcore.tasks import Problem
 from mlxio.errors import ConfigError
-from mlxio.rl import rollout_log, tasks
+from mlxio.rl import rollout_log
 from mlxio.rl.judge import CodeJudge
-from mlxio.rl.problems import Problem
 from mlxio.rl.teacher import MIN_ANSWER_MASS, rubric_messages
 
 ANSWERS = ("Yes", "No")  # the one-token answers the judge is taught (what the chat turn starts with)
@@ -199,7 +199,7 @@ def auc_report(probs: dict[str, tuple[np.ndarray, np.ndarray]], data: Encoded, r
 def sampling_problems(cfg, heldout_families: Sequence[str]) -> list[Problem]:
     """The procedural problems to sample (`cfg`: the recipe's SampleConfig): training and
     held-out instances of `cfg.families`, problems of each held-out family; task ids as the
-    RLAIF recipe's (`mlxio.rl.tasks.build`), interleaved over templates."""
+    RLAIF recipe's (`mlxcore.tasks.build`), interleaved over templates."""
     def group(fams, split, count, label):
         return [tasks.instances(f, t, lv, split, count, cfg.task_seed, label)
                 for f in fams for t in tasks.template_names(f) for lv in cfg.difficulty if count]

@@ -20,6 +20,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
+from mlxcore import decode_step
 from mlxio.rl import decode, grpo, rollout
 from mlxio.rl.shapes import ShapePlan, update_key
 
@@ -33,7 +34,7 @@ def decode_shapes(model, plan: ShapePlan, temperature: float, top_p: float, comp
     width = plan.prompt_width
     prefilled = rollout.prefill_batch(model, [[0] * width] * plan.prompts, mx.default_device().type == mx.gpu, width)
     group = n // plan.prompts
-    caches = decode.static_cache_rows(prefilled, [i // group for i in range(n)], plan.cache_slots)
+    caches = decode_step.static_cache_rows(prefilled, [i // group for i in range(n)], plan.cache_slots)
     del prefilled
     # rows below ladder[j] (and not below ladder[j + 1]) end after j + 1 tokens: read one step
     # behind, the batch then compacts to the next size after each step
@@ -46,7 +47,7 @@ def decode_shapes(model, plan: ShapePlan, temperature: float, top_p: float, comp
         got[i] += len(new)
         return len(new) if got[i] >= ends[i] else None
 
-    _, _, _, stats = decode.decode(model, decode.row_sampler(temperature, top_p, n), [0] * n, caches,
+    _, _, _, stats = decode.decode(model, decode_step.row_sampler(temperature, top_p, n), [0] * n, caches,
                                    len(ladder) + 1, done, sync_every=1, sampler_key=(temperature, top_p, n),
                                    compiled=compiled, batches=ladder)
     return (("prefill", plan.prompts, width), *(("decode", b, plan.cache_slots) for b in stats["batches"]))

@@ -30,12 +30,13 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from mlxcore import buckets, packing
 from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import rpc
 from mlxio.errors import CheckpointError, ConfigError, StrictArgumentParser, one_line
-from mlxio.rl import grpo, packing, rollout
+from mlxio.rl import grpo, rollout
 from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION, SCHEMAS
 from mlxio.run import budget, checkpoint, context
 from mlxio.run.config import check_path_text, from_dict, to_dict
@@ -191,7 +192,7 @@ class Worker:
             raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {n} sequences is not a multiple "
                                f"of the config's train.accum={cfg.train.accum}",
                                {"field": "params.tokens"})
-        width = packing.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
+        width = buckets.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
         packed = {"tokens": _padded(rows, width, np.int32, PAD_ID),
                   "completion_mask": _padded(mask_rows, width, np.float32)}
         given = {}
@@ -218,7 +219,7 @@ class Worker:
         """Per-token log-probs of given sequences under the policy (or the LoRA-off reference)."""
         s = self._session()
         rows, lengths = self._tokens(s, params)
-        width = packing.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
+        width = buckets.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
         tokens = mx.array(_padded(rows, width, np.int32, PAD_ID))
         weights = pg.reference_params(s.params) if params.get("reference") else s.params
         # every real target of each sequence, in micro-batches of the config's size (no logits)

@@ -12,9 +12,10 @@ these lengths) and prints one JSON line: {"micro_batch", "accum", "peak_bytes", 
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: gives MLX's CPU build a fast BLAS)
-# isort: on
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import json
 import os

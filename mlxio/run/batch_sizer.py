@@ -195,7 +195,7 @@ def split_batch(batch: dict, micro_batch: int) -> dict:
 def probe_spec(cfg, model_path: str, targets: tuple[str, ...]) -> dict:
     """The `mlxio.run.batch_probe` spec of a retriever run (`cfg`: the xtr_lora Config): its
     model, adapter, loss and options at full-length batches (the worst case for memory)."""
-    from mlxio.data.token_cache import padded_length
+    from mlxcore.buckets import padded_length
 
     return {"model": model_path, "lora_rank": cfg.lora.rank, "lora_alpha": cfg.lora.alpha, "targets": list(targets),
             "query_len": padded_length(cfg.data.max_query_len, cfg.data.bucket),

@@ -111,6 +111,14 @@ def flat_dict(data: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def default_values(cls: type) -> dict[str, Any]:
+    """{dotted key: default} of a config class (every field has one), spelt as `flat_dict(to_dict(cfg))`
+    spells values. A setting added later keeps the behaviour of the runs before it at its
+    default, so a checkpoint whose recorded config lacks a key ran as with its default
+    (`mlxio.run.context.resume`)."""
+    return flat_dict(to_dict(cls()))
+
+
 def migrate(data: dict, legacy_keys: dict[str, str | None]) -> tuple[dict, list[str]]:
     """(data with old setting names moved to their current ones, ["old -> new", ...] applied).
 

@@ -153,7 +153,8 @@ class Resumed:
 
 def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distributed.World,
            config: dict, legacy_keys: dict[str, str | None] | None = None,
-           config_hash: Callable[[dict], str] | None = None) -> Resumed | None:
+           config_hash: Callable[[dict], str] | None = None,
+           defaults: dict[str, Any] | None = None) -> Resumed | None:
     """The newest good checkpoint in `out_dir` whose meta matches `run_id`, read on rank 0 and
     broadcast to the others (`template`: the trees' structure, e.g. the fresh trainable weights
     and optimizer state); RNG state restored; config.json (`config`) written. None when there
@@ -161,16 +162,21 @@ def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distri
 
     A checkpoint of another config is refused with a CheckpointError listing the settings that
     differ (from the checkpoint's meta["config"], else the run's old config.json), old setting
-    names (`legacy_keys`, see `mlxio.run.config.migrate`) read as the current ones. One whose
-    recorded config differs only by such renames (`config_hash` of it, renamed, is this run's)
-    is resumed, with a warning naming the renames. Trees saved under an older name (`lora`)
-    are renamed to the current one, with a log line saying so."""
+    names (`legacy_keys`, see `mlxio.run.config.migrate`) read as the current ones, and a
+    setting its recorded config lacks (written before the setting existed) read as this run's
+    value where that is the setting's default (`defaults`: {dotted key: default},
+    `mlxio.run.config.default_values`): the old run ran as with the default. One whose recorded
+    config differs only by such renames and absent defaults (`config_hash` of it, so read, is
+    this run's) is resumed, with one warning naming them; an absent setting this run sets to
+    another value is a change. Trees saved under an older name (`lora`) are renamed to the
+    current one, with a log line saying so."""
     found = None
     if world.is_main:
         found = checkpoint.load_latest(out_dir, expect={k: v for k, v in run_id.items() if k != "config_hash"})
         if (found is not None and found[2].get("config_hash") != run_id.get("config_hash")
-                and not _renamed_only(found[0], found[2], run_id, legacy_keys or {}, config_hash)):
-            raise CheckpointError(_refusal(found[0], found[2], out_dir, config, legacy_keys or {}))
+                and not _same_settings(found[0], found[2], run_id, config, legacy_keys or {}, config_hash,
+                                       defaults or {})):
+            raise CheckpointError(_refusal(found[0], found[2], out_dir, config, legacy_keys or {}, defaults or {}))
         if found is not None:
             found = (found[0], current_tree_names(found[0], found[1]), found[2])
         write_json_atomic(out_dir / "config.json", config)
@@ -187,45 +193,69 @@ def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distri
 def resume_into(enabled: bool, out_dir: Path, run_id: dict, params: Tree, opt_state: Tree,
                 world: distributed.World, config: dict, legacy_keys: dict[str, str | None],
                 config_hash: Callable[[dict], str],
-                trainable: Callable[[str, Any], bool] | None = None) -> tuple[Tree, Tree, Resumed | None]:
+                trainable: Callable[[str, Any], bool] | None = None,
+                defaults: dict[str, Any] | None = None) -> tuple[Tree, Tree, Resumed | None]:
     """(params, opt_state, the checkpoint) where `--resume` (`enabled`) found one in `out_dir`
-    (`mlxio.run.context.resume`), else the fresh ones and None. `trainable` picks the leaves
-    of `params` a checkpoint holds (the rest, the frozen base, stays as loaded); None: all of
-    `params` is the trainable tree."""
+    (`mlxio.run.context.resume`, with `legacy_keys`, `config_hash` and `defaults`), else the
+    fresh ones and None. `trainable` picks the leaves of `params` a checkpoint holds (the
+    rest, the frozen base, stays as loaded); None: all of `params` is the trainable tree."""
     if not enabled:
         return params, opt_state, None
     train_part, frozen = partition(params, trainable) if trainable is not None else (params, None)
     found = resume(out_dir, run_id, {TRAINABLE: train_part, OPT_STATE: opt_state}, world, config,
-                   legacy_keys, config_hash)
+                   legacy_keys, config_hash, defaults)
     if found is None:
         return params, opt_state, None
     restored = found.trees[TRAINABLE]
     return (combine(frozen, restored) if frozen is not None else restored), found.trees[OPT_STATE], found
 
 
-def _renamed_only(path: Path, meta: dict, run_id: dict, legacy_keys: dict,
-                  config_hash: Callable[[dict], str] | None) -> bool:
-    """Whether the checkpoint's recorded config is this run's under old setting names (then a
-    warning says which)."""
-    from mlxio.run.config import migrate
+_ABSENT = "<absent>"
 
+
+def _as_recorded(old: dict, config: dict, legacy_keys: dict, defaults: dict) -> tuple[dict, list[str], list[str]]:
+    """(the checkpoint's recorded config `old` read as this run would write it, the renames
+    applied, the settings it lacks that take this run's value, their default). Old names move
+    to the current ones (`migrate`); a setting `old` lacks is filled in only where this run's
+    value is the setting's default."""
+    from mlxio.run.config import flat_dict, migrate, set_path
+
+    old, renamed = migrate(old, legacy_keys)
+    before = flat_dict(old)
+    absent = []
+    for key, value in sorted(flat_dict(config).items()):
+        if key not in before and key in defaults and value == defaults[key]:
+            try:
+                set_path(old, key, value, create=True)
+            except (AttributeError, TypeError):  # a section recorded as a plain value
+                continue
+            absent.append(key)
+    return old, renamed, absent
+
+
+def _same_settings(path: Path, meta: dict, run_id: dict, config: dict, legacy_keys: dict,
+                   config_hash: Callable[[dict], str] | None, defaults: dict) -> bool:
+    """Whether the checkpoint's recorded config is this run's under old setting names and
+    without settings added since at their defaults (then one warning says which)."""
     old = meta.get("config")
     if config_hash is None or not isinstance(old, dict):
         return False
-    renamed_config, renamed = migrate(old, legacy_keys)
+    recorded, renamed, absent = _as_recorded(old, config, legacy_keys, defaults)
     try:
-        same = bool(renamed) and config_hash(renamed_config) == run_id.get("config_hash")
+        same = bool(renamed or absent) and config_hash(recorded) == run_id.get("config_hash")
     except (KeyError, TypeError, ValueError):  # a recorded config of another shape
         return False
     if same:
-        log.warning("%s: written under old setting names (%s); the same settings under the current names: "
-                    "resuming it", path, ", ".join(renamed))
+        why = [f"under old setting names ({', '.join(renamed)})"] if renamed else []
+        if absent:
+            why.append(f"before {', '.join(absent)} existed (read as this run's values, their defaults)")
+        log.warning("%s: written %s; the same settings as this run's: resuming it", path, " and ".join(why))
     return same
 
 
-def _refusal(path: Path, meta: dict, out_dir: Path, config: dict, legacy_keys: dict) -> str:
+def _refusal(path: Path, meta: dict, out_dir: Path, config: dict, legacy_keys: dict, defaults: dict) -> str:
     """Why a checkpoint of another config is refused: the settings that differ, by name."""
-    from mlxio.run.config import flat_dict, migrate
+    from mlxio.run.config import flat_dict
 
     old = meta.get("config")
     if old is None and (out_dir / "config.json").is_file():
@@ -234,10 +264,16 @@ def _refusal(path: Path, meta: dict, out_dir: Path, config: dict, legacy_keys: d
     head = f"{path}: written by a run with another config (config_hash differs); refusing to resume it"
     if not isinstance(old, dict):
         return head + " (its config is not recorded)"
-    old, renamed = migrate(old, legacy_keys)
+    old, renamed, _ = _as_recorded(old, config, legacy_keys, defaults)
     before, now = flat_dict(old), flat_dict(config)
-    changed = [f"{k}: {before.get(k, '<absent>')!r} -> {now.get(k, '<absent>')!r}"
-               for k in sorted(before.keys() | now.keys()) if before.get(k, "<absent>") != now.get(k, "<absent>")]
+
+    def change(k: str) -> str:
+        text = f"{k}: {before.get(k, _ABSENT)!r} -> {now.get(k, _ABSENT)!r}"
+        if k not in before and k in defaults:  # set to another value than the old run's default
+            text += f" (not in the checkpoint's config; it resumes with the default {defaults[k]!r})"
+        return text
+
+    changed = [change(k) for k in sorted(before.keys() | now.keys()) if before.get(k, _ABSENT) != now.get(k, _ABSENT)]
     notes = [f"renamed since: {', '.join(renamed)}"] if renamed else []
     return head + "; changed: " + ("; ".join(changed) or "no setting (the hashed fields changed meaning)") + (
         "; " + "; ".join(notes) if notes else "")

@@ -27,8 +27,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxcore.digest import hashed_int
 from mlxcore.tree import Tree, flatten, unflatten
-from mlxio.digest import hashed_int
 from mlxio.errors import ConfigError, MlxioError
 
 
@@ -190,6 +190,21 @@ def data_parallel_loss(loss_fn: Callable, world: World) -> Callable:
         return loss, {k: mean[i + 1].astype(aux[k].dtype) for i, k in enumerate(names)}
 
     return wrapped
+
+
+def rank_mean(world: World) -> Callable[[mx.array], mx.array] | None:
+    """`across_ranks` for a loss (`mlxcore.policy.policy_loss`): x -> the mean of x over the
+    ranks in value (an all-sum), this rank's x in gradient. A loss term f(mean of x) built on
+    it, with its gradient averaged by `grad_reducer`, has the gradient of f over every rank's
+    data: f' x (1/R) sum_r dx_r. None for a single rank."""
+    if world.size == 1:
+        return None
+
+    def mean(x: mx.array) -> mx.array:
+        total = mx.distributed.all_sum(mx.stop_gradient(x), group=world.group)
+        return mx.stop_gradient(total / world.size - x) + x
+
+    return mean
 
 
 def rank_seed(seed: int, world: World) -> int:

@@ -12,6 +12,11 @@ output runs in mlx-lm (`mlx_lm generate --model OUT_DIR`); dequantised output al
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 
 from mlxio.errors import StrictArgumentParser, cli_main

@@ -5,10 +5,6 @@ bias-corrected AdamW: ~5x MLX's step) is caught as invalid and left out of the r
 
 from __future__ import annotations
 
-# isort: off
-import mlxio  # noqa: F401  (first: fast BLAS for MLX's CPU build)
-# isort: on
-
 import argparse
 
 import pytest

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from benchmarks import rlaif_recipe_speed
-from mlxio.rl import decode_fused, grpo, rollout
+from mlxcore import decode_fused
+from mlxio.rl import grpo, rollout
 
 pytestmark = pytest.mark.slow
 

@@ -10,16 +10,18 @@ import json
 import sys
 from pathlib import Path
 
-# isort: off
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `python tests/dist/...`
-import mlxio  # noqa: E402,F401  (first: gives MLX's CPU build a fast BLAS)
-# isort: on
 
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
+from mlxio.runtime import setup
 
-from mlxio.run import distributed  # noqa: E402
-from mlxio.errors import MlxioError  # noqa: E402
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
+import mlx.core as mx
+import numpy as np
+
+from mlxio.errors import MlxioError
+from mlxio.run import distributed
 
 
 def expect_error(fn, *args) -> str:
@@ -84,6 +86,12 @@ def main(out: Path) -> None:
     assert own[0] != own[1] and float(aux["key"]) == own.mean(), (aux, keys)
     seen["reduced_grad"] = float(distributed.grad_reducer(world)({"g": g})["g"])
     assert seen["reduced_grad"] == 1.5
+
+    # rank_mean (a loss's across_ranks): the mean over ranks in value, the local term's gradient
+    mean = distributed.rank_mean(world)
+    value, g = mx.value_and_grad(lambda x: mean(x * x))(mx.array(float(r + 1)))
+    assert float(value) == 2.5 and float(g) == 2.0 * (r + 1), (value, g)
+    seen["rank_mean"] = float(value)
 
     assert distributed.rank_seed(5, world) != distributed.rank_seed(5, distributed.World(rank=1 - r, size=2))
     distributed.barrier(world)

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import mlxio  # noqa: F401  (registers the kernel compiler and the extension)
 from mlxcore import ffn_cuda
 from mlxio import cuda_ext
 

@@ -15,9 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxcore import policy
+from mlxcore import packing, policy
 from mlxcore.logprobs import gathered_logprobs, head_logprobs
-from mlxio.rl import packing
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16}
 GRAD_TOL = {"float32": 1e-5, "bfloat16": 2e-2}

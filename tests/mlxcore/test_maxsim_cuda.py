@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import mlxio  # noqa: F401  (registers the kernel compiler)
 from mlxcore import cuda_jit, maxsim_cuda
 from mlxcore.retrieval import NEG, max_last
 

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import mlxio  # noqa: F401  (registers the kernel compiler)
 from mlxcore import cuda_jit, norm_cuda
 
 pytestmark = pytest.mark.skipif(not cuda_jit.available(), reason="MLX's CUDA build with NVRTC only")

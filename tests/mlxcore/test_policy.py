@@ -3,12 +3,11 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from mlx.utils import tree_flatten
 
-import mlxio  # noqa: F401  (conftest already loaded it first; kept for running this file alone)
 from mlxcore import policy
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.step import init_state, make_train_step
@@ -80,6 +79,29 @@ def np_aggregate(x, m, kind, micro, max_len):
     return np.mean(parts)
 
 
+def np_entropy_term(ent, m, kind, micro, max_len, target):
+    """The entropy term, written out: the mean over micro-batches b of M_b * f(H_b), H_b the
+    micro-batch's mean entropy as the loss type weighs its tokens (grpo: the mean over its
+    sequences with a token of each one's token mean; else its token mean) and M_b its share of
+    the step (k x its part of the normaliser; bnpo: 1); f = -H (bonus) or max(target - H, 0)."""
+    n, k = len(m), len(m) // micro
+    lengths = m.sum(1)
+    terms = []
+    for i in range(0, n, micro):
+        e, mb, lb = ent[i:i + micro], m[i:i + micro], lengths[i:i + micro]
+        tokens = mb.sum()
+        if kind == "grpo":
+            rows = lb > 0
+            mass = k * rows.sum() / max((lengths > 0).sum(), 1)
+            h = ((e * mb).sum(1)[rows] / lb[rows]).mean() if rows.any() else 0.0
+        else:
+            mass = {"dr_grpo": k * tokens / (n * max_len), "dapo": k * tokens / max(m.sum(), 1),
+                    "bnpo": float(tokens > 0)}[kind]
+            h = (e * mb).sum() / tokens if tokens else 0.0
+        terms.append(mass * (-h if target is None else max(target - h, 0.0)))
+    return np.mean(terms)
+
+
 def np_loss(logp, old, ref, adv, mask, beta, clip, clip_high, level, ent, coef, target, kind, micro, max_len):
     logp, old, ref = (a.astype(np.float64) for a in (logp, old, ref))
     a = adv.astype(np.float64)[:, None]
@@ -101,42 +123,19 @@ def np_loss(logp, old, ref, adv, mask, beta, clip, clip_high, level, ent, coef, 
 
     loss = agg(per) + beta * agg(k3)
     if ent is not None:
-        if kind == "bnpo":  # the entropy term acts per micro-batch, as the step computes it
-            hs = [np_aggregate(ent[i:i + micro], m[i:i + micro], kind, micro, max_len)
-                  for i in range(0, len(m), micro)]
-        else:
-            hs = [agg(ent)] * (len(m) // micro)
-        bonus = [-h if target is None else max(target - h, 0.0) for h in hs]
-        loss += coef * np.mean(bonus)
+        loss += coef * np_entropy_term(ent.astype(np.float64), m, kind, micro, max_len, target)
     return loss, agg(k3), agg(-logp)
 
 
-@settings(max_examples=60)
-@given(st.data(), st.sampled_from(policy.LOSS_TYPES), st.sampled_from([None, 0.2]), st.sampled_from([None, 0.28]),
-       st.sampled_from(policy.RATIO_LEVELS), st.floats(0, 0.5), st.sampled_from([None, 0.0, 0.5]))
-def test_policy_loss_matches_each_formula(data, kind, clip, clip_high, level, beta, target):
-    """The step's loss (mean over micro-batches of `policy_loss` with `loss_weights`) equals each
-    loss type's formula with clip / clip-higher, token or sequence (GSPO) ratios, an entropy
-    bonus (target None) or target; metrics too. Tolerance 1e-4 (float32 sums of <= 24 terms)."""
-    if clip is None and (level == "sequence" or clip_high is not None):
-        return  # the recipe refuses these (tested in test_grpo_options_are_checked)
-    k, micro, t = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))
-    n = k * micro
-    logp_el = st.floats(-4, 0, width=32)
-    logp, old, ref = (data.draw(hnp.arrays(np.float32, (n, t), elements=logp_el)) for _ in range(3))
-    old = np.clip(logp + data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(-0.5, 0.5, width=32))), -9, 0)
-    adv = data.draw(hnp.arrays(np.float32, n, elements=finite))
-    mask = data.draw(hnp.arrays(np.int32, (n, t), elements=st.integers(0, 1)))
-    # every completion the recipe trains on has at least one token (its first sampled token);
-    # rows with none never reach the loss (an all-masked batch with an entropy target is a
-    # case the formula and the step read differently, and no run produces it)
-    assume(mask.any(axis=1).all())
-    ent = data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(0, 3, width=32)))
+def check_policy_loss(kind, clip, clip_high, level, beta, target, micro, logp, old, ref, adv, mask, ent):
+    """The step's loss (mean over micro-batches of `policy_loss` with `loss_weights`), kl and
+    Monte-Carlo entropy against `np_loss`; coef 0.01 on the entropy (target 0.0: no entropy)."""
+    n, t = mask.shape
     coef = 0.0 if target == 0.0 else 0.01
     use_ent = target != 0.0
     w = policy.loss_weights(mx.array(mask), kind, micro, max_len=t + 2)
     losses, kls, ents = [], [], []
-    for b in range(k):
+    for b in range(n // micro):
         rows = slice(b * micro, (b + 1) * micro)
         loss, m = policy.policy_loss(
             *(mx.array(x[rows]) for x in (logp, old, ref, adv, mask)), w[rows], beta, clip,
@@ -153,6 +152,79 @@ def test_policy_loss_matches_each_formula(data, kind, clip, clip_high, level, be
     np.testing.assert_allclose(np.mean(ents), mc_ent, rtol=1e-4, atol=1e-5)
 
 
+@settings(max_examples=60)
+@given(st.data(), st.sampled_from(policy.LOSS_TYPES), st.sampled_from([None, 0.2]), st.sampled_from([None, 0.28]),
+       st.sampled_from(policy.RATIO_LEVELS), st.floats(0, 0.5), st.sampled_from([None, 0.0, 0.5]))
+def test_policy_loss_matches_each_formula(data, kind, clip, clip_high, level, beta, target):
+    """The step's loss equals each loss type's formula with clip / clip-higher, token or
+    sequence (GSPO) ratios, an entropy bonus (target None) or target; metrics too; rows with no
+    completion token included. Tolerance 1e-4 (float32 sums of <= 24 terms)."""
+    if clip is None and (level == "sequence" or clip_high is not None):
+        return  # the recipe refuses these (tested in test_grpo_options_are_checked)
+    k, micro, t = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 6))
+    n = k * micro
+    logp_el = st.floats(-4, 0, width=32)
+    logp, old, ref = (data.draw(hnp.arrays(np.float32, (n, t), elements=logp_el)) for _ in range(3))
+    old = np.clip(logp + data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(-0.5, 0.5, width=32))), -9, 0)
+    adv = data.draw(hnp.arrays(np.float32, n, elements=finite))
+    mask = data.draw(hnp.arrays(np.int32, (n, t), elements=st.integers(0, 1)))
+    ent = data.draw(hnp.arrays(np.float32, (n, t), elements=st.floats(0, 3, width=32)))
+    check_policy_loss(kind, clip, clip_high, level, beta, target, micro, logp, old, ref, adv, mask, ent)
+
+
+@pytest.mark.parametrize("kind", policy.LOSS_TYPES)
+@pytest.mark.parametrize(("mask", "ent"), [
+    ([[0], [1]], [[1.0], [1.0]]),  # shrunk by hypothesis: a row (here a micro-batch) with no token
+    ([[1], [1]], [[0.0], [3.0]]),  # micro-batches on either side of the target
+    ([[0, 0], [0, 0], [1, 1], [1, 0]], [[2.0, 2.0], [2.0, 2.0], [0.1, 0.2], [2.0, 0.0]]),
+], ids=["empty-row", "straddling-target", "empty-micro-batch"])
+def test_entropy_target_pinned_cases(kind, mask, ent):
+    """Shrunk failures, pinned: with an entropy target the penalty acts on each micro-batch's
+    own mean entropy, weighted by its share of the step; a micro-batch with no scored token
+    adds nothing (it used to count as entropy 0, below any target)."""
+    mask, ent = np.array(mask, np.int32), np.array(ent, np.float32)
+    zeros = np.zeros(mask.shape, np.float32)
+    adv = np.ones(len(mask), np.float32)
+    for micro in (1, 2):
+        check_policy_loss(kind, 0.2, None, "token", 0.0, 0.5, micro, zeros - 1, zeros - 1, zeros - 1, adv, mask, ent)
+
+
+@pytest.mark.parametrize("kind", policy.LOSS_TYPES)
+@pytest.mark.parametrize(("clip", "level", "target"), [(None, "token", None), (0.2, "token", 0.5),
+                                                       (0.2, "sequence", 0.5), (0.2, "sequence", None)])
+def test_unscored_positions_contribute_nothing(kind, clip, level, target):
+    """inf / NaN where the mask is 0 (a row with no completion token, padding) changes no loss,
+    metric or gradient, and an all-masked micro-batch gives a finite, zero loss and gradient."""
+    rng = np.random.default_rng(0)
+    mask = np.array([[1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0]], np.int32)
+    logp, old, ref = (mx.array(-rng.random(mask.shape).astype(np.float32) * mask) for _ in range(3))
+    ent = mx.array(rng.random(mask.shape).astype(np.float32) * mask)
+    adv = mx.array([1.0, 2.0, -1.0, 0.5])
+    off = mx.array(mask == 0)
+    bad = {name: mx.where(off, mx.array(fill), x) for name, x, fill in
+           (("old", old, np.nan), ("ref", ref, -np.inf), ("ent", ent, np.inf))}
+    bad_adv = mx.array([1.0, np.nan, -1.0, np.inf])
+    w = policy.loss_weights(mx.array(mask), kind, 2, 3)
+
+    def run(lp, o, r, a, e, rows):
+        def f(lp):
+            loss, m = policy.policy_loss(lp[rows], o[rows], r[rows], a[rows], mx.array(mask[rows]), w[rows], 0.1,
+                                         clip, importance_ratio=level, entropy=e[rows], entropy_coef=0.1,
+                                         entropy_target=target)
+            return loss, m
+        (loss, m), g = mx.value_and_grad(f)(lp)
+        return float(loss), {k: float(v) for k, v in m.items()}, np.array(g)
+
+    for rows in (slice(0, 2), slice(2, 4), slice(1, 2)):
+        clean = run(logp, old, ref, adv, ent, rows)
+        dirty = run(mx.where(off, mx.array(np.nan), logp), bad["old"], bad["ref"], bad_adv, bad["ent"], rows)
+        assert np.isfinite(dirty[0]) and np.isfinite(dirty[2]).all()
+        assert dirty[0] == clean[0] and dirty[1] == clean[1]
+        np.testing.assert_array_equal(dirty[2], clean[2])
+    loss, metrics, grad = run(logp, old, ref, adv, ent, slice(1, 2))  # the all-masked row alone
+    assert loss == 0.0 and not grad.any() and all(v == 0.0 for v in metrics.values())
+
+
 @given(hnp.arrays(np.int32, st.tuples(st.integers(1, 6), st.integers(1, 5)), elements=st.integers(0, 1)),
        st.sampled_from(["grpo", "dr_grpo", "dapo"]))
 def test_global_weights_make_accumulation_exact(mask, kind):
@@ -165,11 +237,88 @@ def test_global_weights_make_accumulation_exact(mask, kind):
         np.testing.assert_allclose(split / (n // micro), whole, rtol=1e-6)
 
 
+@settings(max_examples=40)
+@given(st.data(), st.sampled_from(policy.LOSS_TYPES), st.sampled_from([None, 0.2]),
+       st.sampled_from(policy.RATIO_LEVELS), st.sampled_from([None, 0.0, 0.5]))
+def test_ranks_with_step_normalisers_equal_one_rank(data, kind, clip, level, target):
+    """Data-parallel: R ranks, each with `loss_weights` over every rank's row lengths and
+    `across_ranks` (here: the other ranks' values, recorded in a first pass), averaged as the
+    step averages them (losses, metrics and gradients over ranks, then micro-batches), equal
+    one rank whose micro-batch b holds every rank's b-th: loss, metrics and the gradient with
+    respect to every row's log-probs and entropies. Rows with no token included."""
+    if clip is None and level == "sequence":
+        return
+    ranks, k, micro, t = (data.draw(st.integers(lo, hi)) for lo, hi in ((1, 3), (1, 3), (1, 2), (1, 4)))
+    n = k * micro  # rows per rank
+    shape = (ranks * n, t)
+    logp, old, ref = (data.draw(hnp.arrays(np.float32, shape, elements=st.floats(-4, 0, width=32))) for _ in range(3))
+    adv = data.draw(hnp.arrays(np.float32, ranks * n, elements=finite))
+    mask = data.draw(hnp.arrays(np.int32, shape, elements=st.integers(0, 1)))
+    ent = data.draw(hnp.arrays(np.float32, shape, elements=st.floats(0, 3, width=32)))
+    use_ent, coef = target != 0.0, 0.05
+    max_len = t + 1
+
+    def micro_loss(lp, e, rows, w, across=None):
+        at = mx.array(rows)
+        return policy.policy_loss(lp[at], mx.array(old[rows]), mx.array(ref[rows]), mx.array(adv[rows]),
+                                  mx.array(mask[rows]), w, 0.1, clip, importance_ratio=level,
+                                  entropy=e[at] if use_ent else None, entropy_coef=coef, entropy_target=target,
+                                  across_ranks=across)
+
+    # one rank: rows ordered as the ranks' micro-batches (rank 0's first, rank 1's first, ...)
+    order = np.arange(ranks * n).reshape(ranks, k, micro).transpose(1, 0, 2).reshape(k, ranks * micro)
+    w_one = policy.loss_weights(mx.array(mask[order.reshape(-1)]), kind, ranks * micro, max_len)
+
+    def one_rank(lp, e):
+        parts = [micro_loss(lp, e, order[b], w_one[b * ranks * micro:(b + 1) * ranks * micro]) for b in range(k)]
+        return sum(p[0] for p in parts) / k, {name: sum(p[1][name] for p in parts) / k for name in parts[0][1]}
+
+    # R ranks: rank r holds rows [r n, (r + 1) n), its micro-batch b rows r n + [b micro, (b + 1) micro)
+    lengths = mx.array(mask.sum(1).reshape(ranks, n))
+    w_rank = [policy.loss_weights(mx.array(mask[r * n:(r + 1) * n]), kind, micro, max_len, lengths)
+              for r in range(ranks)]
+
+    def rows_of(r, b):
+        return np.arange(r * n + b * micro, r * n + (b + 1) * micro)
+
+    seen = {}  # (rank, b) -> what that rank's loss passed to across_ranks, in order
+    for r in range(ranks):
+        for b in range(k):
+            calls = seen[r, b] = []
+            micro_loss(mx.array(logp), mx.array(ent), rows_of(r, b), w_rank[r][b * micro:(b + 1) * micro],
+                       lambda x, calls=calls: calls.append(x) or x)
+
+    def rank_mean(b):
+        index = iter(range(len(seen[0, b])))
+
+        def mean(x):
+            i = next(index)
+            return mx.stop_gradient(sum(seen[r, b][i] for r in range(ranks)) / ranks - x) + x
+        return mean
+
+    def all_ranks(lp, e):
+        parts = [micro_loss(lp, e, rows_of(r, b), w_rank[r][b * micro:(b + 1) * micro], rank_mean(b))
+                 for r in range(ranks) for b in range(k)]
+        return sum(p[0] for p in parts) / (k * ranks), {
+            name: sum(p[1][name] for p in parts) / (k * ranks) for name in parts[0][1]}
+
+    inputs = (mx.array(logp), mx.array(ent))
+    (loss1, m1), g1 = mx.value_and_grad(one_rank, argnums=(0, 1))(*inputs)
+    (loss_r, m_r), g_r = mx.value_and_grad(all_ranks, argnums=(0, 1))(*inputs)
+    np.testing.assert_allclose(float(loss_r), float(loss1), rtol=1e-5, atol=1e-6)
+    for name in m1:
+        np.testing.assert_allclose(float(m_r[name]), float(m1[name]), rtol=1e-5, atol=1e-6, err_msg=name)
+    for a, b in zip(g_r, g1, strict=True):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-6)
+
+
 def test_loss_weights_and_policy_loss_refuse_bad_options():
     with pytest.raises(ValueError, match="loss_type 'ppo'"):
         policy.loss_weights(mx.ones((2, 3)), "ppo", 1, 4)
     with pytest.raises(ValueError, match="must divide"):
         policy.loss_weights(mx.ones((3, 3)), "grpo", 2, 4)
+    with pytest.raises(ValueError, match=r"step_lengths \(2, 4\): expected \[ranks, 3\]"):
+        policy.loss_weights(mx.ones((3, 3)), "grpo", 1, 4, mx.ones((2, 4)))
     x = mx.zeros((1, 2))
     with pytest.raises(ValueError, match="needs clip_eps"):
         policy.policy_loss(x, x, x, mx.zeros(1), x, x, 0.0, None, importance_ratio="sequence")

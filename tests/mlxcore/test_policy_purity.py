@@ -8,12 +8,11 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxcore import policy as pg
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig, make_optimizer
+from mlxcore.packing import target_positions
 from mlxcore.step import init_state, make_train_step
-from mlxio.rl.packing import target_positions
 from mlxio.weights import llm, llm_lora
 
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))

@@ -27,17 +27,33 @@ def run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_late_import_warns():
-    out = run("import logging; logging.basicConfig(level='INFO'); import mlx.core; import mlxio; "
-              "print(mlxio.blas.status)")
+def test_importing_the_packages_changes_nothing():
+    """Only `mlxio.runtime.setup()` sets the process up: importing mlxio, mlxcore or a recipe
+    loads no BLAS, sets no variable and imports no MLX."""
+    out = run("import sys; import mlxio, mlxio.blas, mlxio.runtime, mlxcore.tasks, recipes; "
+              "print(mlxio.blas.status, 'mlx.core' in sys.modules)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["unset", "False"]
+
+
+def test_setup_is_idempotent_and_first():
+    out = run("import sys; from mlxio import blas; from mlxio.runtime import setup; first = setup(); "
+              "print(first == setup() == blas.status, 'mlx.core' in sys.modules)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+def test_late_setup_warns():
+    out = run("import logging; logging.basicConfig(level='INFO'); import mlx.core; "
+              "from mlxio.runtime import setup; print(setup())")
     assert out.returncode == 0, out.stderr
     if sys.platform == "linux" and not blas._has_cuda_build():
         assert out.stdout.strip() == "reference"
-        assert "imported before mlxio" in out.stderr
+        assert "imported before mlxio.runtime.setup()" in out.stderr
 
 
 def test_opt_out_and_log_line():
-    out = run("import logging; logging.basicConfig(level='INFO'); import mlxio; print(mlxio.blas.status)",
+    out = run("import logging; logging.basicConfig(level='INFO'); from mlxio.runtime import setup; print(setup())",
               {"MLXIO_BLAS": "off"})
     assert out.returncode == 0, out.stderr
     if sys.platform == "linux" and not blas._has_cuda_build():

@@ -1,5 +1,5 @@
 """MLX's on-disk GPU kernel cache in a known place, and the log line while a first step compiles
-(issue 19 item 2b/c). Each case runs in a fresh interpreter: the variable is set at import."""
+(issue 19 item 2b/c). Each case runs in a fresh interpreter: `mlxio.runtime.setup()` sets the variable."""
 
 import logging
 import os
@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cache_dir_in_child(env: dict) -> str:
-    code = "import mlxio, os; print(os.environ.get('MLX_PTX_CACHE_DIR', '<unset>'))"
+    code = ("import os; from mlxio.runtime import setup; setup(); "
+            "print(os.environ.get('MLX_PTX_CACHE_DIR', '<unset>'))")
     base = {k: v for k, v in os.environ.items() if k not in ("MLX_PTX_CACHE_DIR", "MLXIO_KERNEL_CACHE")}
     out = subprocess.run([sys.executable, "-c", code], env={**base, "PYTHONPATH": str(ROOT), **env},
                          capture_output=True, text=True, check=True, cwd=ROOT)
@@ -28,7 +29,7 @@ def test_default_env_and_user_choice(tmp_path):
     # the user's own MLX_PTX_CACHE_DIR wins
     assert _cache_dir_in_child({"MLX_PTX_CACHE_DIR": str(tmp_path / "mine"),
                                 "MLXIO_KERNEL_CACHE": str(tmp_path / "k")}) == str(tmp_path / "mine")
-    assert not (tmp_path / "mlx-retrieval-rl").exists()  # nothing created at import
+    assert not (tmp_path / "mlx-retrieval-rl").exists()  # nothing created by setup()
 
 
 def test_compile_notice_logs_slow_first_call_only(caplog):
@@ -92,7 +93,7 @@ def test_export_import_round_trip(tmp_path, monkeypatch):
 def test_cli_info_runs_once_without_runpy_warning(tmp_path):
     """`python -m mlxio.kernel_cache_cli info`: one JSON line counting the cache's files, and no
     "found in sys.modules" RuntimeWarning (running mlxio.kernel_cache itself with -m gave one,
-    since `import mlxio` had already imported it)."""
+    since the package's start-up had already imported it)."""
     import json
 
     (tmp_path / "k").mkdir()

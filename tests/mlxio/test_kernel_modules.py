@@ -11,11 +11,11 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.sample_utils import make_sampler
 
-import mlxio  # noqa: F401  (BLAS)
+from mlxcore import buckets, decode_fused, decode_step
 from mlxcore import policy as pg
 from mlxcore.lora import LoraConfig
 from mlxio import kernel_cache
-from mlxio.rl import decode, decode_fused, rollout
+from mlxio.rl import decode, rollout
 from mlxio.weights import llm, llm_lora
 
 
@@ -41,11 +41,11 @@ def tiny():
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_decode_steps_index_with_int32_only(tiny, fused):
-    """Two eager decode steps (the second fed the first's sampled tokens, as `decode.decode`
+    """Two eager decode steps (the second fed the first's sampled tokens, as `mlxio.rl.decode.decode`
     does), the prefill's embedding, the static cache's rows and the fused step's weights."""
     model = tiny.model
     prefilled = rollout.prefill_batch(model, [[5, 6, 7], [8, 9]])
-    caches = decode.static_cache_rows(prefilled, [0, 0, 1, 1], decode.cache_length(prefilled[0].size(), 4))
+    caches = decode_step.static_cache_rows(prefilled, [0, 0, 1, 1], buckets.cache_length(prefilled[0].size(), 4))
     step, state = decode.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
                                         compiled=False)
 
@@ -54,15 +54,15 @@ def test_decode_steps_index_with_int32_only(tiny, fused):
         nxt2, lp2, _ = step(nxt, s)
         return [nxt, nxt2, lp, lp2]
 
-    ops = kernel_cache.traced_ops(two_steps, decode.token_array([7, 7, 9, 9]))
+    ops = kernel_cache.traced_ops(two_steps, decode_step.token_array([7, 7, 9, 9]))
     ops += kernel_cache.traced_ops(lambda ids: model.model.embed_tokens(ids), mx.array([[0, 5, 6]], mx.int32))
-    ops += kernel_cache.traced_ops(lambda: [c.keys for c in decode.static_cache_rows(prefilled, [0, 1], 256)]
-                                   + [decode.static_cache_rows(prefilled, [0, 1], 256)[0].left_padding])
+    ops += kernel_cache.traced_ops(lambda: [c.keys for c in decode_step.static_cache_rows(prefilled, [0, 1], 256)]
+                                   + [decode_step.static_cache_rows(prefilled, [0, 1], 256)[0].left_padding])
     spec = decode_fused.spec_of(model)
     ops += kernel_cache.traced_ops(lambda: [v for _, v in tree_flatten(decode_fused.decode_weights(model, spec))])
     assert _index_dtypes(ops) == {"int32"}
     assert kernel_cache.reducing_updates(ops) == 0
-    out = two_steps(decode.token_array([7, 7, 9, 9]))
+    out = two_steps(decode_step.token_array([7, 7, 9, 9]))
     assert out[0].dtype == out[1].dtype == mx.int32
 
 
@@ -124,16 +124,16 @@ def _rlaif_step_ops(model) -> list:
     prefilled = rollout.prefill_batch(model, [[5, 6, 7], [8, 9]])
     ops = []
     for fused in (True, False):  # (the recipe's sampler, and a step after compacting to 2 rows)
-        caches = decode.static_cache_rows(prefilled, [0, 0, 1, 1], 256)
-        step, state = decode.step_and_state(model, decode.row_sampler(0.8, 0.95, 4), caches, fused=fused,
+        caches = decode_step.static_cache_rows(prefilled, [0, 0, 1, 1], 256)
+        step, state = decode.step_and_state(model, decode_step.row_sampler(0.8, 0.95, 4), caches, fused=fused,
                                             compiled=False)
-        ops += kernel_cache.traced_ops(lambda x, step=step, state=state: list(step(x, state)[:2]), decode.token_array([7, 7, 9, 9]))
+        ops += kernel_cache.traced_ops(lambda x, step=step, state=state: list(step(x, state)[:2]), decode_step.token_array([7, 7, 9, 9]))
         two = mx.array([1, 3], mx.int32)
         ops += kernel_cache.traced_ops(lambda x, step=step, state=state, two=two: list(step(
-            x[two], decode.take_rows(state, two))[:2]), decode.token_array([7, 7, 9, 9]))
+            x[two], decode_step.take_rows(state, two))[:2]), decode_step.token_array([7, 7, 9, 9]))
     ops += kernel_cache.traced_ops(lambda ids: model.model.embed_tokens(ids), mx.array([[0, 5, 6]], mx.int32))
-    ops += kernel_cache.traced_ops(lambda: [decode.static_cache_rows(prefilled, [0, 1], 256)[0].keys,
-                                            decode.static_cache_rows(prefilled, [0, 1], 256)[0].left_padding])
+    ops += kernel_cache.traced_ops(lambda: [decode_step.static_cache_rows(prefilled, [0, 1], 256)[0].keys,
+                                            decode_step.static_cache_rows(prefilled, [0, 1], 256)[0].left_padding])
     llm_lora.apply_lora(model, LoraConfig(rank=4, alpha=8, targets=["q_proj", "v_proj"]), None, mx.random.key(0))
     loss = pg.policy_loss_fn(llm_lora.hidden_states(model), llm_lora.lm_head(model), 0.04, None, chunk=2)
     batch = {"mask": mx.ones((1, 3)), "advantages": mx.ones((1,)), "old_logp": mx.zeros((1, 3)),

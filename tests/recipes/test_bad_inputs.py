@@ -18,7 +18,6 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import mlxio  # noqa: F401  (fast BLAS first)
 from mlxio import inputs
 from mlxio.errors import ConfigError, DataError, DiskError, MlxioError, RunError, cli_main
 from mlxio.run import budget, checkpoint, context

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio.errors import CheckpointError, ConfigError, RunError, TrainingDiverged

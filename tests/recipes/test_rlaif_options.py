@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxcore.policy import GrpoConfig
 from mlxio.errors import ConfigError
 from mlxio.rl import auto_batch, grpo

@@ -122,6 +122,27 @@ def test_resume_refuses_another_config(run):
     assert after == before  # a refused resume writes nothing (config.json included)
 
 
+def test_resume_of_a_checkpoint_written_before_the_memory_options(run, tmp_path, caplog):
+    """The full run's step-4 checkpoint as a run before the memory.* options recorded it (no
+    memory section, its hash over that config): --resume continues it, saying so once, while
+    this run leaves memory.* at the defaults; with one of them set otherwise it is refused,
+    naming that setting."""
+    root, args, _ = run
+    path = root / "full" / checkpoint.CHECKPOINTS / "step-00000004"
+    trees, meta = checkpoint.load(path)
+    out = tmp_path / "old"
+    old = {k: v for k, v in meta["config"].items() if k != "memory"} | {"out_dir": str(out)}
+    checkpoint.save(out, 4, trees, {**meta, "config": old, "config_hash": xtr_lora.trajectory_hash(old)})
+    with pytest.raises(CheckpointError, match=r"changed: memory.max_micro_batch: '<absent>' -> 32 \(not in the "
+                                              r"checkpoint's config; it resumes with the default 64\)$"):
+        xtr_lora.main([*args, "--out_dir", str(out), "--resume", "--memory.max_micro_batch", "32"])
+    caplog.clear()
+    assert xtr_lora.main([*args, "--out_dir", str(out), "--resume", "--stop_after", "5"]) == {"stopped_at": 5}
+    notes = [r.getMessage() for r in caplog.records if "existed" in r.getMessage()]
+    assert len(notes) == 1 and "before memory.auto_batch" in notes[0], notes
+    assert sorted(checkpoint.step_numbers(out)) == [4, 5]
+
+
 def mlx_token_embeddings(params, spec, tokenizer):
     ids, mask = tokenize(tokenizer, SNIPPETS, 64)
     return np.array(token_embeddings(params, mx.array(ids), mx.array(mask), spec)), ids, mask

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mlxcore.tasks import Problem
 from mlxio import sandbox
 from mlxio.rl import evaluation
 from mlxio.rl.judge import CodeJudge
-from mlxio.rl.problems import Problem
 from mlxio.rl.rewards import ExecutionReward, RewardCache, combine_rewards
 from mlxio.sandbox import SandboxLimits
 

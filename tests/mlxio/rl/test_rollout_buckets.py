@@ -1,22 +1,15 @@
 """Decode batch buckets (issue 19 item 2a): with `bucket_decode` the decode batch only takes the
-sizes of `decode_buckets(N)`, and the completions are exactly those of mlx-lm's shrinking batch
+sizes of `mlxcore.buckets.decode_buckets(N)`, and the completions are exactly those of mlx-lm's shrinking batch
 for the same seed (the sampler draws for the live rows only)."""
 
 import numpy as np
 import pytest
 
-from mlxio.rl.rollout import decode_buckets, generate_group
+from mlxcore.buckets import decode_buckets
+from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm
 
 PROMPTS = ["Write add(a, b).", "hi", "Reverse a string in Python, please."]
-
-
-def test_decode_buckets():
-    assert decode_buckets(1) == [1]
-    assert decode_buckets(2) == [1, 2]
-    assert decode_buckets(8) == [1, 2, 4, 8]
-    assert decode_buckets(12) == [1, 2, 4, 8, 12]
-    assert decode_buckets(128) == [1, 2, 4, 8, 16, 32, 64, 128]
 
 
 def _ended_policy(n_eos: int):
@@ -60,60 +53,3 @@ def test_buckets_with_code_block_stop():
     bucketed = generate_group(policy, PROMPTS, bucket_decode=True, **kw)
     assert bucketed.completion_tokens == plain.completion_tokens and bucketed.texts == plain.texts
     assert set(bucketed.decode_batch_sizes) <= set(decode_buckets(12))
-
-
-def test_bucket_width_buckets():
-    from mlxio.rl.packing import bucket_width
-
-    widths = {bucket_width(n) for n in range(1, 4097)}
-    assert sorted(widths) == [32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]
-    for n in range(1, 4097):
-        w = bucket_width(n)
-        assert w % 32 == 0 and n <= w and (w <= 128 or w < 2 * n), (n, w)
-        assert all(v < n for v in widths if v < w)  # the smallest bucket that holds n
-
-
-def test_embed_texts_pads_the_last_batch():
-    """The retriever's evaluation embeds in batches of batch_size; the last, partial batch is
-    padded to batch_size rows (so it reuses a compiled shape) and its real rows are unchanged."""
-    import mlx.core as mx
-
-    from mlxcore.encoder import token_embeddings
-    from mlxio.search import embeddings
-    from mlxio.weights.encoders import default_encoder_path, load_encoder
-
-    try:
-        enc = load_encoder(default_encoder_path())
-    except Exception as err:  # noqa: BLE001
-        pytest.skip(f"no MiniLM weights: {err}")
-    seen = []
-
-    def recording(p, ids, mask, spec):
-        seen.append(ids.shape[0])
-        return token_embeddings(p, ids, mask, spec)
-
-    texts = [f"def f{i}(x): return x + {i} " * (1 + i % 5) for i in range(11)]
-    out = embeddings.embed_texts(enc.params, enc.spec, enc.tokenizer, texts, 64, batch_size=4,
-                                 encode_fn=recording)
-    assert set(seen) == {4}  # 11 texts: 4 + 4 + 3, the last padded to 4
-    assert [len(rows) for rows, _, _ in out.blocks] == [4, 4, 3]
-    rows, emb, mask = out.blocks[-1]
-    assert emb.shape[0] == mask.shape[0] == 3
-    for j, r in enumerate(rows):
-        alone = embeddings.embed_texts(enc.params, enc.spec, enc.tokenizer, [texts[r]], 64, batch_size=4)
-        n = int(alone.blocks[0][2][0].sum())
-        assert float(mx.abs(emb[j, :n] - alone.blocks[0][1][0, :n]).max()) < 1e-5
-
-
-def test_prefill_chunks():
-    from mlxio.rl.rollout import PREFILL_CHUNK, prefill_chunks
-
-    assert prefill_chunks(300, False) == [300] and prefill_chunks(300, True) == [256, 32, 8, 4]
-    assert prefill_chunks(PREFILL_CHUNK + 5, True) == [PREFILL_CHUNK, 4, 1]
-    assert prefill_chunks(PREFILL_CHUNK + 5, False) == [PREFILL_CHUNK, 5]
-    sizes = set()
-    for n in range(1, 3 * PREFILL_CHUNK):
-        chunks = prefill_chunks(n, True)
-        assert sum(chunks) == n and chunks == sorted(chunks, reverse=True)
-        sizes.update(chunks)
-    assert sizes == {1 << k for k in range(PREFILL_CHUNK.bit_length())}

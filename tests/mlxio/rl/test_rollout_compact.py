@@ -1,6 +1,6 @@
 """Ended rows stop costing decode steps (issue 33 item 5): the static engine compacts its live
-rows into the smaller batches of `decode.batch_ladder`, and every row samples the same tokens
-with or without compaction (`decode.row_sampler`: a row's Gumbel noise does not depend on the
+rows into the smaller batches of `buckets.batch_ladder`, and every row samples the same tokens
+with or without compaction (`decode_step.row_sampler`: a row's Gumbel noise does not depend on the
 rows beside it), greedy and seeded sampling, fused step and mlx-lm forward; the rows computed
 (`row_steps`) fall when rows end early."""
 
@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.sample_utils import make_sampler
 
+from mlxcore import buckets, decode_step
 from mlxio.rl import decode, rollout
 from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm
@@ -25,11 +26,11 @@ def _fused_on_cpu(monkeypatch):
 
 
 def test_batch_ladder():
-    assert decode.batch_ladder(64, 8) == (64, 32, 16, 8)
-    assert decode.batch_ladder(24, 8) == (24, 16, 8)
-    assert decode.batch_ladder(16, 1) == (16, 8, 4, 2, 1)
-    assert decode.batch_ladder(8, 8) == decode.batch_ladder(8, 64) == (8,)
-    assert decode.batch_ladder(1, 1) == (1,)
+    assert buckets.batch_ladder(64, 8) == (64, 32, 16, 8)
+    assert buckets.batch_ladder(24, 8) == (24, 16, 8)
+    assert buckets.batch_ladder(16, 1) == (16, 8, 4, 2, 1)
+    assert buckets.batch_ladder(8, 8) == buckets.batch_ladder(8, 64) == (8,)
+    assert buckets.batch_ladder(1, 1) == (1,)
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(0.8, 0.95), (1.0, 1.0), (0.6, 0.5), (0.0, 1.0)])
@@ -38,7 +39,7 @@ def test_row_sampler_is_make_samplers_draw_for_any_rows(temperature, top_p):
     same tokens those rows drew in the full batch."""
     logits = 3 * mx.random.normal((12, 300), key=mx.random.key(0))
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    sample = decode.row_sampler(temperature, top_p, 12)
+    sample = decode_step.row_sampler(temperature, top_p, 12)
     mx.random.seed(5)
     want = make_sampler(temp=temperature, top_p=top_p)(logprobs)
     mx.random.seed(5)
@@ -55,8 +56,8 @@ def _run(model, prompts, group, max_new, ends, temperature, batches, seed=3, fus
     """decode.decode over `prompts` x `group` rows, row i ending at ends[i] tokens (None: never)."""
     n = len(prompts) * group
     prefilled = rollout.prefill_batch(model, [p[:-1] for p in prompts])
-    caches = decode.static_cache_rows(prefilled, [i // group for i in range(n)],
-                                      decode.cache_length(prefilled[0].size(), max_new))
+    caches = decode_step.static_cache_rows(prefilled, [i // group for i in range(n)],
+                                      buckets.cache_length(prefilled[0].size(), max_new))
     got = [0] * n
 
     def is_done(i, new):
@@ -65,7 +66,7 @@ def _run(model, prompts, group, max_new, ends, temperature, batches, seed=3, fus
 
     mx.random.seed(seed)
     first = [prompts[i // group][-1] for i in range(n)]
-    return decode.decode(model, decode.row_sampler(temperature, 1.0, n), first, caches, max_new, is_done,
+    return decode.decode(model, decode_step.row_sampler(temperature, 1.0, n), first, caches, max_new, is_done,
                          sync_every=4, sampler_key=(temperature, 1.0, n, "test"), fused=fused, batches=batches)
 
 
@@ -87,7 +88,7 @@ def tiny():
 def test_compaction_keeps_every_rows_tokens(tiny, ends, temperature, smallest, fused):
     prompts = [[5, 6, 7, 8], [9, 10]]
     plain = _run(tiny, prompts, 4, 24, ends, temperature, None, fused=fused)
-    ladder = decode.batch_ladder(8, smallest)
+    ladder = buckets.batch_ladder(8, smallest)
     compact = _run(tiny, prompts, 4, 24, ends, temperature, ladder, fused=fused)
     _same_rows(compact, plain)
     assert [len(t) for t in plain[0]] == [e if e is not None else 24 for e in ends]
@@ -103,7 +104,7 @@ def test_rows_computed_fall_when_rows_end_early(tiny):
     block behind, so the batch is 8 rows for 2 blocks, 2 rows for 2, then 1."""
     ends = [2, 2, 9, 2, 2, None, 2, 2]
     plain = _run(tiny, [[5, 6, 7, 8], [9, 10]], 4, 32, ends, 1.0, None)
-    compact = _run(tiny, [[5, 6, 7, 8], [9, 10]], 4, 32, ends, 1.0, decode.batch_ladder(8, 1))
+    compact = _run(tiny, [[5, 6, 7, 8], [9, 10]], 4, 32, ends, 1.0, buckets.batch_ladder(8, 1))
     _same_rows(compact, plain)
     assert plain[3]["row_steps"] == 8 * 32
     assert compact[3]["batches"] == [8, 2, 1]
@@ -134,7 +135,7 @@ def test_generate_group_compacted_gives_the_same_completions(kind, temperature):
     for a, b in zip(compact.logprobs, plain.logprobs, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     stats = compact.decode_stats
-    assert set(stats["batches"]) <= set(decode.batch_ladder(12, 2))
+    assert set(stats["batches"]) <= set(buckets.batch_ladder(12, 2))
     assert stats["row_steps"] <= plain.decode_stats["row_steps"] == 12 * plain.decode_stats["steps"]
     if temperature:  # the sampled rows end at many steps: the batch shrank
         assert plain.finished.sum() >= 6 and len(stats["batches"]) >= 2
@@ -156,5 +157,5 @@ def test_a_fixed_prompt_width_changes_no_token(temperature):
         np.testing.assert_allclose(a, b, atol=1e-5)
     longest = max(map(len, plain.prompt_tokens)) - 1
     assert plain.shapes[0] == ("prefill", 3, longest) and wide.shapes[0] == ("prefill", 3, 96)
-    assert wide.shapes[1] == ("decode", 6, decode.cache_length(96, 12))
+    assert wide.shapes[1] == ("decode", 6, buckets.cache_length(96, 12))
     assert generate_group(policy, PROMPTS, prompt_width=4, **kw).shapes[0] == plain.shapes[0]

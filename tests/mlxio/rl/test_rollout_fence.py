@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mlxcore.packing import completion_logprobs
+from mlxcore.tasks import Problem
 from mlxio.rl import rollout
 from mlxio.rl.evaluation import human_eval_completion
-from mlxio.rl.packing import completion_logprobs
-from mlxio.rl.problems import Problem, code_block_end, extract_code, fenced_blocks
+from mlxio.rl.problems import code_block_end, extract_code, fenced_blocks
 from mlxio.rl.rollout import code_block_stop_index, generate_group
 from mlxio.weights import llm
 

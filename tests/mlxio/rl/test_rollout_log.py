@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
+from mlxcore.tasks import Problem
 from mlxio.errors import DataError
 from mlxio.rl import rollout_log
-from mlxio.rl.problems import Problem
 from mlxio.rl.rollout_log import Judged, RolloutLog
 
 P1 = Problem(task_id="proc/train/lists/first/d1/0", prompt="def f(xs):\n", entry_point="f", test="")

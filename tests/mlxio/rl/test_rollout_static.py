@@ -1,4 +1,4 @@
-"""The "static" decode engine (mlxio.rl.decode: compiled fixed-shape step, EOS / stops checked
+"""The "static" decode engine (mlxio.rl.decode over mlxcore.decode_step: compiled fixed-shape step, EOS / stops checked
 every few steps) against mlx-lm's BatchGenerator ("batch"): greedy token identity on tiny
 random llama / qwen2 (left-padded prompts of different lengths, EOS mid-way, stop strings,
 LoRA on a 4-bit base), valid sampled tokens, and one trace of the step per call."""
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
+from mlxcore import decode_fused, decode_step
 from mlxcore.lora import LoraConfig
-from mlxio.rl import decode, decode_fused
-from mlxio.rl.packing import completion_logprobs
+from mlxcore.packing import completion_logprobs
+from mlxio.rl import decode
 from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm, llm_lora
 
@@ -127,9 +128,9 @@ def _count_traces(monkeypatch) -> list:
     """Appends 1 each time a static step is traced (the fused forward, or the generic step's
     mask, built once per trace)."""
     traces = []
-    forward, make_mask = decode_fused.forward, decode.StaticKVCache.make_mask
+    forward, make_mask = decode_fused.forward, decode_step.StaticKVCache.make_mask
     monkeypatch.setattr(decode_fused, "forward", lambda *a, **k: traces.append(1) or forward(*a, **k))
-    monkeypatch.setattr(decode.StaticKVCache, "make_mask",
+    monkeypatch.setattr(decode_step.StaticKVCache, "make_mask",
                         lambda self, *a, **k: traces.append(1) or make_mask(self, *a, **k))
     return traces
 
@@ -177,31 +178,13 @@ def test_fused_step_matches_generic_step_and_teacher_forcing(kind, wide, monkeyp
     kw = dict(group_size=1, max_new_tokens=32, seed=0, temperature=0.0)
     assert decode_fused.decode_weights(policy.model, decode_fused.spec_of(policy.model)) is not None
     fused = generate_group(policy, PROMPTS, engine="static", **kw)
-    rollout_module = importlib.import_module("mlxio.rl.rollout")
     decode_fn = decode.decode
-    try:
-        rollout_module.decode.decode = lambda *a, **k: decode_fn(*a, **(k | {"fused": False}))
-        generic = generate_group(policy, PROMPTS, engine="static", **kw)
-    finally:
-        rollout_module.decode.decode = decode_fn
+    monkeypatch.setattr(decode, "decode", lambda *a, **k: decode_fn(*a, **(k | {"fused": False})))
+    generic = generate_group(policy, PROMPTS, engine="static", **kw)
     _same(fused, generic)
     forced = completion_logprobs(policy.model, fused.prompt_tokens, fused.completion_tokens)
     for got, want in zip(fused.logprobs, forced, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-4)
-
-
-def test_fused_cache_masks_by_the_padded_key_dim():
-    """Left padding and unwritten slots carry MASKED in the key's dim D, written slots 0; the
-    values follow the padded keys; the other padded dims are 0."""
-    spec = decode_fused.Spec(2, 1, 4, decode_fused.padded_dim(4), 0.5, 1e-6, None)
-    keys = mx.ones((2, 1, 8, 4))
-    kv = np.array(decode_fused.decode_cache(keys, 2 * keys, mx.array([2, 0], mx.int32), mx.array([3], mx.int32), spec))
-    assert kv.shape == (2, 1, 8, 128)
-    flag = kv[:, 0, :, 4]
-    np.testing.assert_array_equal(flag != 0, [[1, 1, 0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1]])
-    assert (flag[flag != 0] == decode_fused.MASKED).all()
-    assert (kv[..., :4] == 1).all() and (kv[..., 64:68] == 2).all()
-    assert not kv[..., 5:64].any() and not kv[..., 68:].any()
 
 
 def test_reused_step_reads_new_weights():
@@ -214,18 +197,6 @@ def test_reused_step_reads_new_weights():
     after = generate_group(policy, PROMPTS, engine="static", **kw)
     assert after.completion_tokens != before.completion_tokens
     _same(after, generate_group(policy, PROMPTS, engine="batch", **kw))
-
-
-def test_static_cache_mask_and_positions():
-    """A left-padded row sees only its own written slots; RoPE positions start at 0 per row."""
-    keys = mx.zeros((2, 1, 8, 4))
-    cache = decode.StaticKVCache(keys, keys, mx.array([2, 0], mx.int32), mx.array([3], mx.int32))
-    mask = np.array(cache.make_mask(1))[:, 0, 0]
-    np.testing.assert_array_equal(mask, [[0, 0, 1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0]])
-    assert cache.offset.tolist() == [1, 3]
-    k, _ = cache.update_and_fetch(mx.ones((2, 1, 1, 4)), mx.ones((2, 1, 1, 4)))
-    assert np.array(k)[:, 0, :, 0].tolist() == [[0, 0, 0, 1, 0, 0, 0, 0]] * 2 and cache.idx.tolist() == [4]
-    assert decode.cache_length(100, 156) == 256 and decode.cache_length(100, 157) == 512
 
 
 def test_prefill_mask_has_no_empty_rows():

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxio.rl import decode, grpo, packing, rollout, shapes
+from mlxcore import buckets, packing
+from mlxio.rl import grpo, shapes
 from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm
 from recipes.rlaif_config import PRESETS, ShapesConfig
@@ -64,10 +65,10 @@ def test_random_steps_stay_in_the_list(data, name, one_graph, skip_equal):
     n = cfg.prompts_per_step * cfg.group_size
     completions = data.draw(st.lists(st.integers(1, cfg.max_new_tokens), min_size=n, max_size=n))
     for bucketed in (True, False):
-        width = rollout.prefill_width(max(prompts) - 1, bucketed, p.prompt_width)
+        width = buckets.prefill_width(max(prompts) - 1, bucketed, p.prompt_width)
         assert ("prefill", cfg.prompts_per_step, width) in keys
-        assert ("decode", n, decode.cache_length(width, cfg.max_new_tokens)) in keys
-    assert {("decode", b, p.cache_slots) for b in decode.batch_ladder(n, cfg.shapes.min_decode_batch)} <= keys
+        assert ("decode", n, buckets.cache_length(width, cfg.max_new_tokens)) in keys
+    assert {("decode", b, p.cache_slots) for b in buckets.batch_ladder(n, cfg.shapes.min_decode_batch)} <= keys
     packed = packing.pack_tokens([[7] * k for k in prompts], [[9] * c for c in completions], 0, p.update_widths)
     valid = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)) if skip_equal else [True] * n)
     if not valid.any():
@@ -79,9 +80,9 @@ def test_random_steps_stay_in_the_list(data, name, one_graph, skip_equal):
 
 def test_a_prompt_longer_than_planned_falls_back_to_its_own_bucket():
     p = _plan("gpu")
-    assert rollout.prefill_width(300, True, p.prompt_width) == packing.bucket_width(300)
+    assert buckets.prefill_width(300, True, p.prompt_width) == buckets.bucket_width(300)
     packed = packing.pack_tokens([[1] * 300], [[2] * 160], 0, p.update_widths)
-    assert packed["tokens"].shape[1] == packing.bucket_width(460)
+    assert packed["tokens"].shape[1] == buckets.bucket_width(460)
 
 
 @settings(max_examples=8)

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mlxcore.tasks import Problem
 from mlxio.rl.local_teacher import LocalJudge
-from mlxio.rl.problems import Problem
 from mlxio.rl.rewards import AIFeedbackReward, RewardCache, combine_rewards
 from mlxio.rl.teacher import HttpJudge, parse_score, rubric_messages
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from mlxcore.tasks import Problem
 from mlxio.rl.local_teacher import MlxLmServer
-from mlxio.rl.problems import Problem
 from mlxio.rl.rewards import AIFeedbackReward, RewardCache, combine_rewards
 from mlxio.rl.teacher import HttpJudge
 

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxio import rpc
 from mlxio.rl import grpo
 from mlxio.rl.evaluation import EvalConfig, instruction, load_problems

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mlxio  # noqa: F401  (conftest loads it first; kept for running this file alone)
 from mlxio.rl import grpo
 from mlxio.rl.worker import Worker
 from mlxio.run import checkpoint

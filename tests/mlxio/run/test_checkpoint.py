@@ -279,7 +279,8 @@ def test_rng_snapshot_restore_reproduces_draws(tmp_path):
 WRITER = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {repo!r})
-    import mlxio
+    from mlxio.runtime import setup
+    setup()
     import mlx.core as mx
     from mlxio.run import checkpoint as ck
     run, start, crash = sys.argv[1], int(sys.argv[2]), sys.argv[3]

@@ -96,6 +96,55 @@ def test_resume_of_a_checkpoint_under_old_setting_names(tmp_path, caplog):
                        distributed.SINGLE, other, rlaif_config.Config.LEGACY_KEYS, config_hash)
 
 
+def test_resume_of_a_checkpoint_written_before_newer_options(tmp_path, caplog):
+    """A checkpoint whose recorded config lacks settings added since (here the whole memory
+    section, and old names besides): resumed where this run leaves them at their defaults, with
+    one warning naming them; a lacking setting this run sets to another value is a change,
+    named in the refusal (and only it: the lacking defaults are not)."""
+    from mlxio.rl.grpo import config_hash
+    from mlxio.run.config import default_values
+
+    smoke = rlaif_config.PRESETS["smoke"]
+    cfg = attrs.evolve(smoke, memory=rlaif_config.MemoryConfig())
+    defaults = default_values(rlaif_config.Config)
+    assert all(defaults[f"memory.{k}"] == v for k, v in to_dict(cfg.memory).items())
+    template = {"trainable": {"a": mx.zeros(2)}, "opt_state": {"n": mx.zeros(1)}}
+    now = to_dict(cfg)
+
+    def write(recorded: dict, where, recorded_hash: str):
+        checkpoint.save(where, 2, {"trainable": {"a": mx.ones(2)}, "opt_state": {"n": mx.zeros(1)}},
+                        {"config_hash": recorded_hash, "base_model": "m", "rng": checkpoint.rng_snapshot(),
+                         "config": recorded})
+
+    def resume(where, config):
+        return context.resume(where, {"config_hash": config_hash(config), "base_model": "m"}, template,
+                              distributed.SINGLE, config, rlaif_config.Config.LEGACY_KEYS, config_hash, defaults)
+
+    old = {k: v for k, v in now.items() if k != "memory"}  # written before memory.* existed
+    write(old, tmp_path / "a", config_hash(old))
+    with pytest.raises(CheckpointError, match="changed: memory.auto_batch: '<absent>' -> False; "):  # no defaults: refused
+        context.resume(tmp_path / "a", {"config_hash": config_hash(now), "base_model": "m"}, template,
+                       distributed.SINGLE, now, rlaif_config.Config.LEGACY_KEYS, config_hash)
+    caplog.clear()
+    found = resume(tmp_path / "a", now)
+    assert found.step == 2 and mx.array_equal(found.trees["trainable"]["a"], mx.ones(2))
+    notes = [r.getMessage() for r in caplog.records if "existed" in r.getMessage()]
+    assert len(notes) == 1 and "before memory.auto_batch, memory.budget_fraction" in notes[0], notes
+    assert json.loads((tmp_path / "a" / "config.json").read_text()) == now
+
+    other = to_dict(attrs.evolve(cfg, memory=attrs.evolve(cfg.memory, logprob_chunk=256)))
+    with pytest.raises(CheckpointError, match=r"changed: memory.logprob_chunk: '<absent>' -> 256 \(not in the "
+                                              r"checkpoint's config; it resumes with the default 512\)$"):
+        resume(tmp_path / "a", other)
+
+    old = old_rlaif_layout(cfg)
+    del old["memory"]  # old names, and of the memory section only eval_micro_batches (at the top level)
+    write(old, tmp_path / "b", "hash-of-the-old-layout")
+    caplog.clear()
+    assert resume(tmp_path / "b", now).step == 2
+    assert "under old setting names (out -> out_dir" in caplog.text and "before memory.auto_batch" in caplog.text
+
+
 def test_divergence_guard_and_cadence():
     state = {"consecutive_skips": mx.array(3), "skips": mx.array(5)}
     with pytest.raises(TrainingDiverged, match=r"step 9: 3 non-finite steps in a row \(skipped, 5 in all\); stopping. hint"):

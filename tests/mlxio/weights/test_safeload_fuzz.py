@@ -409,7 +409,8 @@ def test_real_minilm_safetensors_loads():
 WORKER = """
 import re, sys
 sys.path.insert(0, {repo!r})
-import mlxio
+from mlxio.runtime import setup
+setup()
 from mlxio.errors import LoadError
 from mlxio.weights.safeload import read_weights
 

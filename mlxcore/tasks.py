@@ -1,6 +1,6 @@
 """A procedural source of programming problems with hidden tests, for RL on small code models.
 
-Each family (strings, lists, arithmetic, dicts, parsing; `mlxio.rl.families`) has
+Each family (strings, lists, arithmetic, dicts, parsing; `mlxcore.task_families`) has
 templates; a template at a difficulty level (1-3) draws an instance from a seed: function and
 argument names, constants, test inputs. `make_problem(family, template, level, seed)` is a
 pure function of its arguments and returns a `Problem` in HumanEval's format: the prompt is a
@@ -23,9 +23,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from mlxio.digest import hashed_int
-from mlxio.rl.families import FAMILIES, Spec
-from mlxio.rl.problems import Problem
+from mlxcore.digest import hashed_int
+from mlxcore.task_families import FAMILIES, Spec
 
 LEVELS = (1, 2, 3)
 SPLITS = ("train", "heldout")
@@ -33,6 +32,19 @@ HELDOUT_SHARE = 0.25  # share of the prompt-hash space reserved for held-out ins
 _SALT = "mlxio-tasks-v1"
 _MAX_DRAWS = 64  # draws per requested instance before a template counts as exhausted
 MIN_DISTINCT = 3  # different expected values a problem's tests must hold
+
+
+@attrs.frozen(kw_only=True)
+class Problem:
+    """A coding problem in HumanEval's format (generated here, or read from a file by
+    `mlxio.rl.problems`): `prompt` (code to continue, or an instruction), `test` defining
+    `check(candidate)`, and the function name `entry_point` that `check` receives."""
+
+    task_id: str
+    prompt: str
+    entry_point: str
+    test: str
+    canonical_solution: str = ""
 
 
 @attrs.frozen(kw_only=True)

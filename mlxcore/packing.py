@@ -1,21 +1,33 @@
 """Rollouts as training batches: right-padded prompt + completion rows at a few bucket widths
-(`pack_tokens`, `pack`), and the completions' log-probabilities under a model by teacher forcing
-(`completion_logprobs`). Used by the RLAIF recipe, its worker and the evaluation.
+(`pack_tokens`, `pack`; `mlxcore.buckets.bucket_width`), and the completions' log-probabilities
+under a model by teacher forcing (`completion_logprobs`). Used by the RLAIF recipe, its worker
+and the evaluation.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
 
+from mlxcore.buckets import bucket_width
 from mlxcore.policy import sequence_logprobs
 
-if TYPE_CHECKING:
-    from mlxio.rl.rollout import Rollouts
 
-PAD_MULTIPLE = 32  # packed widths are bucket multiples of this (`bucket_width`): few shapes
+class Rollouts(Protocol):
+    """What `pack` reads of sampled completions (`mlxio.rl.rollout.Rollouts` has these fields)."""
+
+    @property
+    def prompt_tokens(self) -> Sequence[Sequence[int]]: ...  # P prompts' tokens
+    @property
+    def completion_tokens(self) -> Sequence[Sequence[int]]: ...  # N = P * G completions' tokens
+    @property
+    def logprobs(self) -> Sequence[np.ndarray]: ...  # N: each completion token's log-probability
+    @property
+    def prompt_index(self) -> np.ndarray: ...  # [N] the prompt each completion answers
+
 LOGITS_BUDGET = 1 << 26  # floats of [rows, T, vocab] logits per teacher-forced chunk (256 MiB)
 
 
@@ -26,18 +38,6 @@ def _per_sequence(prompt_tokens: list[list[int]], n: int) -> list[list[int]]:
         raise ValueError(f"{len(prompt_tokens)} prompts do not group {n} completions")
     group = n // len(prompt_tokens)
     return [prompt_tokens[i // group] for i in range(n)]
-
-
-def bucket_width(length: int, multiple: int = PAD_MULTIPLE) -> int:
-    """The packed width for `length` tokens: the smallest of `multiple` x (1, 2, 3, 4, 6, 8, 12,
-    16, 24, ...) that holds it - multiples of 32 up to 128, then steps of 1.5x / 2x - so a run's
-    compiled steps (and, on a GPU, its kernels) see a handful of widths, not one per 32 tokens
-    (at most 2x the tokens of the longest row; padded positions are masked out)."""
-    units = max(1, -(-length // multiple))
-    if units <= 4:
-        return units * multiple
-    power = 1 << ((units - 1).bit_length() - 1)  # the largest power of two below units
-    return (power * 3 // 2 if units <= power * 3 // 2 else power * 2) * multiple
 
 
 def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int]],

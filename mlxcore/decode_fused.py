@@ -29,7 +29,7 @@ weights per step, which a host-bound step does not feel (Qwen2.5-0.5B in bf16: ~
 of H100 bandwidth against a ~5-13 ms step), and a copy of the model in memory while decoding.
 The weights are an argument of the compiled step, so a policy rebound to new adapters every
 RLAIF step reuses one trace. Other architectures and RoPE variants return None from
-`spec_of`: the caller keeps the mlx-lm forward (`mlxio.rl.decode.make_step`).
+`spec_of`: the caller keeps the mlx-lm forward (`mlxcore.decode_step.make_step`).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def forward(spec: Spec, weights: dict, tokens: mx.array, kv: list, positions: mx
 def make_fused_step(spec: Spec, sampler: Callable[[mx.array, mx.array], mx.array], compiled: bool = True) -> Callable:
     """The compiled step `(weights, tokens [B] int32, state) -> (next [B] int32, logprob [B]
     float32, state)`, state = ([KV cache] per layer, positions [B] int32, idx [1] int32, rows
-    [B] int32); sampling as `mlxio.rl.decode.make_step` (log-softmax of the logits,
+    [B] int32); sampling as `mlxcore.decode_step.make_step` (log-softmax of the logits,
     `sampler(logprobs, rows)`, the picked token's log-probability). MLX's PRNG state is a
     captured input and output. `compiled` False: the same function, run eagerly (no fused
     kernels to compile on a fresh GPU)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from mlxio.rl.families.base import Signature, Spec, ints, leveled
+from mlxcore.task_families.base import Signature, Spec, ints, leveled
 
 ARGS = ("nums", "values", "xs", "numbers")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from mlxio.rl.families.base import KEYS, WORDS, Signature, Spec, ints, leveled
+from mlxcore.task_families.base import KEYS, WORDS, Signature, Spec, ints, leveled
 
 ARGS = ("s", "text", "line", "data")
 CLOCK_ARGS = ("s", "text", "stamp", "t")

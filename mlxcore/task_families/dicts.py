@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from mlxio.rl.families.base import WORDS, Signature, Spec, leveled, str_int_dict
+from mlxcore.task_families.base import WORDS, Signature, Spec, leveled, str_int_dict
 
 D = "dict[str, int]"
 

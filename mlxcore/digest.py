@@ -1,4 +1,4 @@
-"""Content hashing: the project's one way to turn text or a file into a stable number or digest."""
+"""Content hashing: the project's one way to turn text into a stable number (a seed, a split)."""
 
 from __future__ import annotations
 

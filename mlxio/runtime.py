@@ -1,0 +1,43 @@
+"""The process's one-time set-up: `setup()`, called by every entry point before it imports MLX.
+
+Importing the project's packages changes nothing in the process; a program that runs MLX work
+calls `setup()` once, first thing. Each recipe, benchmark, lab script and child process does so
+at the top of its file, before its imports, guarded by `if __name__ == "__main__":` (so
+importing the module as a library still changes nothing); `tests/conftest.py` does for pytest
+(tests/test_entry_points.py checks them all). It:
+
+1. gives MLX's Linux CPU wheel an optimised BLAS (`mlxio.blas.ensure_fast_blas`). This one
+   has a deadline: the dynamic linker binds MLX's BLAS when `mlx.core` is first imported, so
+   called later it leaves the reference BLAS in place (~40x slower matmuls) and logs a warning;
+2. points MLX's on-disk GPU kernel cache at a persistent folder (`mlxio.kernel_cache.configure`:
+   MLX reads MLX_PTX_CACHE_DIR when it first compiles a kernel);
+3. gives mlxcore's own CUDA kernels their compiler (`mlxio.cuda_build` into `mlxcore.cuda_jit`)
+   and, where it is built, the fused feed-forward its GEMM (`mlxio.cuda_ext` into
+   `mlxcore.ffn_cuda`). These import MLX, after step 1.
+
+A second call does nothing (it returns the first call's BLAS status).
+"""
+
+from __future__ import annotations
+
+from mlxio import blas, kernel_cache
+
+_done: list[str] = []  # the BLAS status of the first call, once it has run
+
+
+def setup() -> str:
+    """Set up this process for MLX (see the module doc); idempotent. Returns the BLAS in use
+    (`mlxio.blas.status`: "openblas:<path>", "reference" or "not-needed:<why>")."""
+    if _done:
+        return _done[0]
+    status = blas.ensure_fast_blas()
+    kernel_cache.configure()
+    from mlxcore import cuda_jit, ffn_cuda  # (these import mlx.core: after the BLAS)
+    from mlxio import cuda_ext
+    from mlxio.cuda_build import COMPILER
+
+    cuda_jit.register_compiler(COMPILER)
+    if cuda_ext.load() is not None:
+        ffn_cuda.register_extension(cuda_ext.load())
+    _done.append(status)
+    return status
