@@ -116,13 +116,18 @@ def summary(steps: list[dict], engine_tps: float | None, before: int) -> dict:
     times = [s["step_s"] for s in later]
     gen = [s["gen_tokens_per_s"] for s in later if s.get("gen_tokens_per_s")]
     med = statistics.median(times) if times else None
+    by_batch: dict[str, list] = {}  # batch size -> [steps, seconds] over the later steps
+    for s in later:
+        for b, (n, sec) in s.get("decode_by_batch", {}).items():
+            by_batch[b] = [by_batch.get(b, [0, 0.0])[0] + n, by_batch.get(b, [0, 0.0])[1] + sec]
     out = {"first_step_s": steps[0]["step_s"] if steps else None,
            "median_later_step_s": med, "max_later_step_s": max(times) if times else None,
            "spikes_after_step_1": [s["step"] for s in later if med and s["step_s"] > SPIKE * med],
            "new_shapes_after_step_1": sum(s["new_shapes"] for s in later),
            "distinct_shapes": before + sum(s["new_shapes"] for s in steps), "shapes_before_step_1": before,
            "median_gen_tokens_per_s": statistics.median(gen) if gen else None,
-           "engine_tokens_per_s": engine_tps}
+           "engine_tokens_per_s": engine_tps,
+           "decode_ms_per_step_by_batch": {b: 1e3 * sec / n for b, (n, sec) in by_batch.items() if n}}
     for key in ("decode_steps", "decode_row_steps", "gen_ms_per_decode_step"):
         values = [s[key] for s in later if s.get(key) is not None]
         if values:
@@ -184,6 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
                       **{k: r[k] for k in ("decode_steps", "decode_row_steps", "update_s", "truncated") if k in r}})
         if r.get("decode_steps"):  # generation's wall time per decode step (prefill and stop checks included)
             steps[-1]["gen_ms_per_decode_step"] = 1e3 * call["seconds"] / r["decode_steps"]
+        stats = call["decode_stats"] or {}
+        if stats.get("steps_by_batch"):  # the decode loop's ms per step at each batch size it ran
+            steps[-1]["decode_by_batch"] = {str(b): [n, stats["seconds_by_batch"][b]]
+                                            for b, n in sorted(stats["steps_by_batch"].items(), reverse=True)}
     engine_tps = args.engine_tokens_per_s or engine_figure(args.machine)
     run = {"command": "python -m benchmarks.rlaif_recipe_speed " + shlex.join(argv), "wall_s": wall,
            "before_step_1": new[0], "steps": steps, "summary": summary(steps, engine_tps, sum(new[0].values()))}

@@ -115,7 +115,10 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
     run, in order), syncs (host reads of the device's tokens), call_s (host seconds in the
     compiled step's calls: building each step's graph), queue_s (in `mx.async_eval`:
     dispatching the step's kernels, and waiting where the device's queue is full), read_s
-    (reading blocks and checking stops, waiting for the device included)."""
+    (reading blocks and checking stops, waiting for the device included), and per batch size
+    steps_by_batch and seconds_by_batch (wall seconds of the loop's turns that queued a block of
+    that size: with the device one block behind, about that block's time on the slower of host
+    and device - whether a smaller batch makes a step cheaper)."""
     step, states = step_and_state(model, sampler, caches, sampler_key, fused, compiled)
     n = len(first_tokens)
     tokens_out: list[list[int]] = [[] for _ in range(n)]
@@ -144,8 +147,10 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
                 live[i] = False
 
     pending = None
-    stats = {"steps": 0, "row_steps": 0, "batches": [n], "syncs": 0, "call_s": 0.0, "queue_s": 0.0, "read_s": 0.0}
+    stats = {"steps": 0, "row_steps": 0, "batches": [n], "syncs": 0, "call_s": 0.0, "queue_s": 0.0, "read_s": 0.0,
+             "steps_by_batch": {}, "seconds_by_batch": {}}
     while stats["steps"] < max_new_tokens and live.any():
+        t_block, size_run = time.perf_counter(), len(rows)
         block_t, block_lp = [], []
         for _ in range(min(sync_every, max_new_tokens - stats["steps"])):
             t0 = time.perf_counter()
@@ -172,6 +177,8 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
             states, x, rows = take_rows(states, gather), x[gather], rows[index]
             stats["batches"].append(size)
         stats["read_s"] += time.perf_counter() - t1
+        for key, value in (("steps_by_batch", len(block_t)), ("seconds_by_batch", time.perf_counter() - t_block)):
+            stats[key][size_run] = stats[key].get(size_run, 0) + value
     if pending is not None and live.any():
         t1 = time.perf_counter()
         absorb(*pending)

@@ -34,5 +34,6 @@ def test_a_planned_smoke_run_meets_no_shape_after_its_warm_up(tmp_path):
     summary = planned["summary"]
     assert summary["targets"]["no_new_shape_after_step_1"] and summary["targets"]["gen_within_2x_of_engine"] is False
     assert summary["distinct_shapes"] == summary["shapes_before_step_1"] == sum(planned["before_step_1"].values())
+    assert set(summary["decode_ms_per_step_by_batch"]) <= {"8", "4", "2"} and "8" in summary["decode_ms_per_step_by_batch"]
     assert plain["before_step_1"] == {} and plain["steps"][0]["new_shapes"] >= 4  # prefill, decode, frozen, update
     assert plain["summary"]["targets"]["gen_within_2x_of_engine"] is None  # no engine figure for cpu

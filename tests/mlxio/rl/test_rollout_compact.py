@@ -109,6 +109,8 @@ def test_rows_computed_fall_when_rows_end_early(tiny):
     assert plain[3]["row_steps"] == 8 * 32
     assert compact[3]["batches"] == [8, 2, 1]
     assert compact[3]["row_steps"] == 8 * 8 + 2 * 8 + 1 * 16
+    assert compact[3]["steps_by_batch"] == {8: 8, 2: 8, 1: 16} and plain[3]["steps_by_batch"] == {8: 32}
+    assert set(compact[3]["seconds_by_batch"]) == {8, 2, 1} and min(compact[3]["seconds_by_batch"].values()) > 0
 
 
 def _ended_policy(kind: str, n_eos: int):
