@@ -161,23 +161,22 @@ def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distri
     is nothing to resume.
 
     A checkpoint of another config is refused with a CheckpointError listing the settings that
-    differ (from the checkpoint's meta["config"], else the run's old config.json), old setting
+    differ and that the config hash covers (not `out_dir` or where metrics go; from the
+    checkpoint's meta["config"], else the run's old config.json), old setting
     names (`legacy_keys`, see `mlxio.run.config.migrate`) read as the current ones, and a
     setting its recorded config lacks (written before the setting existed) read as this run's
     value where that is the setting's default (`defaults`: {dotted key: default},
     `mlxio.run.config.default_values`): the old run ran as with the default. One whose recorded
     config differs only by such renames and absent defaults (`config_hash` of it, so read, is
     this run's) is resumed, with one warning naming them; an absent setting this run sets to
-    another value is a change. Trees saved under an older name (`lora`) are renamed to the
-    current one, with a log line saying so."""
+    another value is a change (`check_config`, the rule the RLAIF worker's `load` applies too).
+    Trees saved under an older name (`lora`) are renamed to the current one, with a log line
+    saying so."""
     found = None
     if world.is_main:
         found = checkpoint.load_latest(out_dir, expect={k: v for k, v in run_id.items() if k != "config_hash"})
-        if (found is not None and found[2].get("config_hash") != run_id.get("config_hash")
-                and not _same_settings(found[0], found[2], run_id, config, legacy_keys or {}, config_hash,
-                                       defaults or {})):
-            raise CheckpointError(_refusal(found[0], found[2], out_dir, config, legacy_keys or {}, defaults or {}))
         if found is not None:
+            check_config(found[0], found[2], run_id, config, legacy_keys, config_hash, defaults)
             found = (found[0], current_tree_names(found[0], found[1]), found[2])
         write_json_atomic(out_dir / "config.json", config)
     found = distributed.broadcast_checkpoint(found, template, world)
@@ -211,6 +210,24 @@ def resume_into(enabled: bool, out_dir: Path, run_id: dict, params: Tree, opt_st
 
 
 _ABSENT = "<absent>"
+
+
+def check_config(path: Path, meta: dict, run_id: dict, config: dict,
+                 legacy_keys: dict[str, str | None] | None = None,
+                 config_hash: Callable[[dict], str] | None = None,
+                 defaults: dict[str, Any] | None = None) -> None:
+    """Whether this run (`run_id["config_hash"]`, its `config`) may continue the checkpoint at
+    `path` (its `meta`): the same config hash, or a recorded config (meta["config"]) that is
+    this run's under old setting names (`legacy_keys`) and without settings added since that
+    this run leaves at their defaults (`defaults`), with one warning naming them. Else a
+    CheckpointError listing the settings that make the hash differ (from meta["config"], else
+    the run's config.json). The one rule of `--resume` (`resume`) and the RLAIF worker's `load`;
+    the other identity fields (base model) must match exactly (`checkpoint.load_latest(expect=)`)."""
+    if meta.get("config_hash") == run_id.get("config_hash"):
+        return
+    legacy_keys, defaults = legacy_keys or {}, defaults or {}
+    if not _same_settings(path, meta, run_id, config, legacy_keys, config_hash, defaults):
+        raise CheckpointError(_refusal(path, meta, config, legacy_keys, defaults, config_hash))
 
 
 def _as_recorded(old: dict, config: dict, legacy_keys: dict, defaults: dict) -> tuple[dict, list[str], list[str]]:
@@ -253,14 +270,17 @@ def _same_settings(path: Path, meta: dict, run_id: dict, config: dict, legacy_ke
     return same
 
 
-def _refusal(path: Path, meta: dict, out_dir: Path, config: dict, legacy_keys: dict, defaults: dict) -> str:
-    """Why a checkpoint of another config is refused: the settings that differ, by name."""
+def _refusal(path: Path, meta: dict, config: dict, legacy_keys: dict, defaults: dict,
+             config_hash: Callable[[dict], str] | None) -> str:
+    """Why a checkpoint of another config is refused: the settings that differ and that the
+    hash covers (`_moves_hash`: not out_dir or the logging), by name."""
     from mlxio.run.config import flat_dict
 
     old = meta.get("config")
-    if old is None and (out_dir / "config.json").is_file():
+    run_config = path.parent.parent / "config.json"  # <out_dir>/checkpoints/step-N
+    if old is None and run_config.is_file():
         with contextlib.suppress(ValueError, OSError):
-            old = json.loads((out_dir / "config.json").read_text())
+            old = json.loads(run_config.read_text())
     head = f"{path}: written by a run with another config (config_hash differs); refusing to resume it"
     if not isinstance(old, dict):
         return head + " (its config is not recorded)"
@@ -273,10 +293,37 @@ def _refusal(path: Path, meta: dict, out_dir: Path, config: dict, legacy_keys: d
             text += f" (not in the checkpoint's config; it resumes with the default {defaults[k]!r})"
         return text
 
-    changed = [change(k) for k in sorted(before.keys() | now.keys()) if before.get(k, _ABSENT) != now.get(k, _ABSENT)]
+    changed = [change(k) for k in sorted(before.keys() | now.keys())
+               if before.get(k, _ABSENT) != now.get(k, _ABSENT) and _moves_hash(old, k, now, config_hash)]
     notes = [f"renamed since: {', '.join(renamed)}"] if renamed else []
     return head + "; changed: " + ("; ".join(changed) or "no setting (the hashed fields changed meaning)") + (
         "; " + "; ".join(notes) if notes else "")
+
+
+def _moves_hash(old: dict, key: str, now: dict, config_hash: Callable[[dict], str] | None) -> bool:
+    """Whether the recorded config `old` with setting `key` as this run has it (`now`: flat;
+    removed where this run lacks it) hashes otherwise (`config_hash`): a setting the hash leaves
+    out (the run directory, where metrics go) is no reason to refuse. True without a hash, or
+    where `old` does not hash (a recorded config of another shape)."""
+    import copy
+
+    from mlxio.run.config import set_path
+
+    if config_hash is None:
+        return True
+    probe = copy.deepcopy(old)
+    try:
+        if key in now:
+            set_path(probe, key, now[key], create=True)
+        else:
+            *parents, last = key.split(".")
+            section = probe
+            for part in parents:
+                section = section[part]
+            del section[last]
+        return config_hash(probe) != config_hash(old)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return True
 
 
 def current_tree_names(path: Path, trees: dict[str, Tree]) -> dict[str, Tree]:
