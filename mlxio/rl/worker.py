@@ -39,7 +39,7 @@ from mlxio.errors import CheckpointError, ConfigError, StrictArgumentParser, one
 from mlxio.rl import grpo, rollout
 from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION, SCHEMAS
 from mlxio.run import budget, checkpoint, context
-from mlxio.run.config import check_path_text, from_dict, to_dict
+from mlxio.run.config import check_path_text, default_values, from_dict, to_dict
 from mlxio.weights import llm_lora
 
 log = logging.getLogger("mlxio.worker")
@@ -247,23 +247,29 @@ class Worker:
         return {"step": s.step, "path": str(path)}
 
     def load(self, params: dict) -> dict:
-        """Resume from a checkpoint of this config and base model (the newest that verifies)."""
+        """Resume from a checkpoint of this config and base model (the newest that verifies):
+        the recipe's --resume rule (`mlxio.run.context.check_config`), so one written before
+        newer options existed loads where this config leaves them at their defaults."""
         s = self._session()
         out = self._dir(s, params)
+        identity = {k: v for k, v in s.run_id.items() if k != "config_hash"}  # exact; the config by the rule
         if "step" in params:
             path = out / checkpoint.CHECKPOINTS / f"step-{params['step']:08d}"
             if not path.is_dir():
                 raise CheckpointError(f"{path}: no such checkpoint")
             trees, meta = checkpoint.load(path)
-            for field, want in s.run_id.items():
+            for field, want in identity.items():
                 if meta.get(field) != want:
                     raise CheckpointError(f"{path}: meta[{field!r}] is {meta.get(field)!r} but "
                                           f"this worker's config expects {want!r}")
         else:
-            found = checkpoint.load_latest(out, expect=s.run_id)
+            found = checkpoint.load_latest(out, expect=identity)
             if found is None:
                 raise CheckpointError(f"{out}: no checkpoint to load")
             path, trees, meta = found
+        cls = type(s.cfg)
+        context.check_config(path, meta, s.run_id, to_dict(s.cfg), getattr(cls, "LEGACY_KEYS", {}),
+                             grpo.config_hash, default_values(cls))
         trees = context.current_tree_names(path, trees)
         s.params, s.state = trees[context.TRAINABLE], trees[context.OPT_STATE]
         checkpoint.rng_restore(meta["rng"])

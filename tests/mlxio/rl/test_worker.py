@@ -192,6 +192,38 @@ def test_load_resumes_exactly_and_given_logprobs_match(problems_file, tmp_path):
     assert [len(r) for r in ref] == [len(t) - 1 for t in batch2["tokens"]]
 
 
+def rpc_error(worker, method, **params) -> dict:
+    line = rpc.encode({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    return json.loads(worker.server().handle_line(line.rstrip(b"\n")))["error"]
+
+
+def test_load_takes_a_checkpoint_written_before_newer_options(problems_file, tmp_path):
+    """The worker's load applies --resume's rule (mlxio.run.context.check_config): a checkpoint
+    whose recorded config lacks settings added since (here the memory section) loads where this
+    config leaves them at their defaults, by the newest and by step; one this config sets
+    otherwise is refused naming that setting alone (not out_dir, outside the hash)."""
+    cfg = smoke_cfg(tmp_path / "run", problems_file)
+    worker = Worker(PRESETS, validate)
+    rpc_call(worker, "initialize", preset="smoke", config=to_dict(cfg))
+    s = worker.session
+    old = {k: v for k, v in to_dict(cfg).items() if k != "memory"}  # written before memory.* existed
+    old["out_dir"] = "where/it/was/written"
+    checkpoint.save(tmp_path / "run", 3, {"trainable": s.params, "opt_state": s.state},
+                    {**s.run_id, "config_hash": grpo.config_hash(old), "rng": checkpoint.rng_snapshot(),
+                     "config": old, "client": {"position": 6}})
+    assert rpc_call(worker, "load") == {"step": 3, "path": str(tmp_path / "run" / "checkpoints" / "step-00000003"),
+                                        "meta": {"position": 6}}
+    assert rpc_call(worker, "load", step=3)["step"] == 3
+
+    other = Worker(PRESETS, validate)
+    rpc_call(other, "initialize", preset="smoke", config={**to_dict(cfg), "memory": {"logprob_chunk": 256}})
+    for params in ({}, {"step": 3}):
+        error = rpc_error(other, "load", **params)
+        assert error["code"] == rpc.CHECKPOINT_ERROR, error
+        assert error["message"].endswith("changed: memory.logprob_chunk: '<absent>' -> 256 (not in the checkpoint's "
+                                          "config; it resumes with the default 512)"), error["message"]
+
+
 def test_generate_stop_strings_and_logprobs(problems_file, tmp_path):
     worker = Worker(PRESETS, validate)
     rpc_call(worker, "initialize", preset="smoke", config=to_dict(smoke_cfg(tmp_path, problems_file)))
