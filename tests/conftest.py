@@ -63,6 +63,7 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/rl/test_worker.py::test_protocol_stdout_keeps_stray_writes_off_the_protocol',
     'tests/mlxio/rl/test_worker.py::test_stdio_pipelined_requests_eof_and_checkpoint',
     'tests/mlxio/rl/test_worker.py::test_train_step_equals_the_recipes_step',
+    'tests/mlxio/rl/test_worker.py::test_two_writers_never_share_a_run_directory',
     'tests/mlxio/run/test_checkpoint.py::test_save_load_identity',
     'tests/mlxio/run/test_cli_errors.py::test_cases_of_the_issue',
     'tests/mlxio/run/test_config_fuzz.py::test_a_section_of_any_shape_is_named',

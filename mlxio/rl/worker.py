@@ -35,7 +35,7 @@ from mlxcore import policy as pg
 from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import rpc
-from mlxio.errors import CheckpointError, ConfigError, StrictArgumentParser, one_line
+from mlxio.errors import CheckpointError, ConfigError, RunError, StrictArgumentParser, one_line
 from mlxio.rl import grpo, rollout
 from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION, SCHEMAS
 from mlxio.run import budget, checkpoint, context
@@ -68,6 +68,7 @@ class _Session:
         self.step = 0
         self.run_id = grpo.run_identity(cfg, self.policy)
         self.vocab = int(self.policy.config["vocab_size"])
+        self.claimed: set[Path] = set()  # run directories this session locked (`Worker._claim`)
 
 
 def _rows(params: dict, name: str, n: int, lengths: list[int] | None) -> list:
@@ -132,7 +133,10 @@ class Worker:
             self.validate(cfg)
         except ConfigError as err:
             raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.config"}) from None
-        self.session = None  # a re-initialize drops the old model first
+        if self.session is not None:  # a re-initialize drops the old model and its folders first
+            for out in self.session.claimed:
+                context.release_out_dir(out)
+            self.session = None
         s = self.session = _Session(cfg)
         return {
             "protocol_version": PROTOCOL_VERSION,
@@ -233,10 +237,23 @@ class Worker:
     def _dir(self, s: _Session, params: dict) -> Path:
         return check_path_text(params.get("dir") or s.cfg.out_dir, "params.dir", "params.dir")
 
+    def _claim(self, s: _Session, out: Path) -> None:
+        """Take the run directory `out` as the recipes do (`mlxio.run.context.claim_out_dir`:
+        its .lock, held until re-initialize or exit), so a recipe run or another worker writing
+        there is refused (OUT_DIR_BUSY, naming the folder and the holder), never interleaved."""
+        try:
+            if context.claim_out_dir(out, resume=True):
+                s.claimed.add(out)
+        except RunError as err:
+            raise rpc.RpcError(rpc.OUT_DIR_BUSY, f"params.dir: {err.what} ({err.where}); wait for it to finish, "
+                               "or save to another dir", {"field": "params.dir", "dir": str(out)}) from None
+
     def save(self, params: dict) -> dict:
         """Atomic checkpoint of LoRA + optimizer state (+ RNG, run identity), as the recipe's."""
         s = self._session()
         out = self._dir(s, params)
+        out.mkdir(parents=True, exist_ok=True)
+        self._claim(s, out)
         meta = {**s.run_id, "rng": checkpoint.rng_snapshot(),
                 "data_position": {"prompts": s.step * s.cfg.prompts_per_step}, "config": to_dict(s.cfg),
                 "client": params.get("meta")}
@@ -252,6 +269,8 @@ class Worker:
         newer options existed loads where this config leaves them at their defaults."""
         s = self._session()
         out = self._dir(s, params)
+        if out.is_dir():  # (none: no checkpoint to load, said below)
+            self._claim(s, out)
         identity = {k: v for k, v in s.run_id.items() if k != "config_hash"}  # exact; the config by the rule
         if "step" in params:
             path = out / checkpoint.CHECKPOINTS / f"step-{params['step']:08d}"

@@ -64,33 +64,42 @@ LOCK_NAME = ".lock"
 _HELD: dict[str, int] = {}  # out_dir (real path) -> the lock file descriptor this process holds
 
 
-def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> None:
+def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> bool:
     """Take `out_dir` for this run: an exclusive lock (`out_dir/.lock`, `flock`, held until the
-    process exits; re-entrant within one process) - a second run into the same folder is
-    refused, not interleaved into its metrics and checkpoints -, and, for a fresh run (not
-    `resume`), refuse a folder holding another run's results (checkpoints, metrics, eval.json)
-    unless `overwrite`, which removes them first. RunError / ConfigError (one line) otherwise."""
+    process exits or `release_out_dir`; re-entrant within one process) - a second writer into
+    the same folder (a recipe run, the RLAIF worker's save / load) is refused, naming the
+    folder and the process that holds it (the holder writes who it is into the lock file), not
+    interleaved into its metrics and checkpoints -, and, for a fresh run (not `resume`), refuse
+    a folder holding another run's results (checkpoints, metrics, eval.json) unless `overwrite`,
+    which removes them first. RunError / ConfigError (one line) otherwise. Returns whether this
+    call took the lock (False: this process held it already)."""
     import fcntl
     import os
 
     from mlxio.errors import ConfigError, RunError
 
     key = os.path.realpath(out_dir)
-    if key not in _HELD:
+    taken = key not in _HELD
+    if taken:
         fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = _lock_holder(fd)
             os.close(fd)
-            raise RunError(f"another run is writing this folder (it holds {LOCK_NAME})", where=str(out_dir),
+            raise RunError(f"another run is writing this folder ({holder})", where=str(out_dir),
                            fix="wait for it to finish, or pick another --out_dir") from None
         except OSError as err:  # a file system without locks (some network mounts): go on unlocked
             log.warning("%s: cannot lock (%s); two runs into this folder would not be stopped", out_dir, err.strerror)
-        _HELD[key] = fd  # the file stays empty: a refused run changes no byte of the folder
+        else:  # who holds it, for the run it refuses (a refused run changes no byte of the folder)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, _this_process().encode("utf-8", "replace"), 0)
+        _HELD[key] = fd
         for left in sweep_stale(out_dir):  # temp exports / files of a run killed mid-write
             log.info("removed %s (left by a killed writer)", left)
     if resume:
-        return
+        return taken
     found = previous_run(out_dir)
     if found and not overwrite:
         raise ConfigError(f"out_dir holds another run's results ({', '.join(found)})", where=str(out_dir),
@@ -102,6 +111,39 @@ def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> None:
         shutil.rmtree(out_dir / checkpoint.CHECKPOINTS, ignore_errors=True)
         for name in ("metrics.jsonl", "eval.json"):
             (out_dir / name).unlink(missing_ok=True)
+    return taken
+
+
+def _this_process() -> str:
+    """'pid N on HOST since TIME: COMMAND' (one line, no '; '), for the lock file."""
+    import os
+    import socket
+    import time
+
+    command = " ".join(sys.argv)[:200] or "python"
+    text = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}"
+    return " ".join(text.split()).replace("; ", ", ")
+
+
+def _lock_holder(fd: int) -> str:
+    """What the lock file says of its holder (`_this_process`), or that it says nothing."""
+    import os
+
+    try:
+        text = os.pread(fd, 1024, 0).decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    text = " ".join(text.split()).replace("; ", ", ")
+    return f"held by {text}" if text else f"it holds {LOCK_NAME}"
+
+
+def release_out_dir(out_dir: Path | str) -> None:
+    """Give back `out_dir`'s lock (`claim_out_dir`) if this process holds it."""
+    import os
+
+    fd = _HELD.pop(os.path.realpath(out_dir), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def releases_out_dirs(fn: Callable) -> Callable:
@@ -110,7 +152,6 @@ def releases_out_dirs(fn: Callable) -> Callable:
     notebook, the probe), or launches ranks into a folder it finished with, is not refused by
     its own earlier run."""
     import functools
-    import os
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -119,7 +160,7 @@ def releases_out_dirs(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         finally:
             for key in set(_HELD) - before:
-                os.close(_HELD.pop(key))
+                release_out_dir(key)
     return wrapper
 
 

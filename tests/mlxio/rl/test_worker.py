@@ -224,6 +224,41 @@ def test_load_takes_a_checkpoint_written_before_newer_options(problems_file, tmp
                                           "config; it resumes with the default 512)"), error["message"]
 
 
+def test_two_writers_never_share_a_run_directory(problems_file, tmp_path):
+    """save and load take the recipes' out_dir lock: while another process holds the folder
+    both are refused with one line naming the folder and the holder, writing nothing; once
+    the worker holds it, a recipe run into it (another process) is refused naming the worker."""
+    out = tmp_path / "run"
+    out.mkdir()
+    worker = Worker(PRESETS, validate)
+    rpc_call(worker, "initialize", preset="smoke", config=to_dict(smoke_cfg(out, problems_file)))
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                               "from pathlib import Path; from mlxio.run import context; "
+                               "context.claim_out_dir(Path(sys.argv[2]), resume=False); print('held', flush=True); "
+                               "time.sleep(120)", str(ROOT), str(out)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        for method in ("save", "load"):
+            error = rpc_error(worker, method)
+            assert error["code"] == rpc.OUT_DIR_BUSY and error["data"] == {"field": "params.dir", "dir": str(out)}
+            message = error["message"]
+            assert "another run is writing this folder" in message and str(out) in message, message
+            assert f"held by pid {holder.pid} on " in message and "\n" not in message, message
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rpc_call(worker, "save")["step"] == 0  # free again: the worker takes it
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    recipe = subprocess.run([sys.executable, "-m", "recipes.rlaif_qwen", "--preset", "smoke", "--resume",
+                             "--out_dir", str(out), "--sandbox.allow_weak", "true"],
+                            cwd=ROOT, env=env, capture_output=True, timeout=300)
+    lines = recipe.stderr.decode().strip().splitlines()
+    assert recipe.returncode != 0 and "another run is writing this folder" in lines[-1], lines[-5:]
+    assert f"held by pid {os.getpid()} on " in lines[-1] and str(out) in lines[-1], lines[-1]
+    assert checkpoint.step_numbers(out) == [0]
+
+
 def test_generate_stop_strings_and_logprobs(problems_file, tmp_path):
     worker = Worker(PRESETS, validate)
     rpc_call(worker, "initialize", preset="smoke", config=to_dict(smoke_cfg(tmp_path, problems_file)))
