@@ -10,7 +10,8 @@ from typing import ClassVar
 
 import attrs
 
-from mlxcore.fields import bounded
+from mlxcore import tasks
+from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, MAX_STEPS, bounded
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxcore.policy import GrpoConfig
@@ -32,17 +33,17 @@ class DataConfig:
     source: str = "procedural"  # checked by validate_data
     problems: str | None = bounded(None, nonempty=True)  # JSONL of problems with tests (overrides `source`)
     heldout_fraction: float = bounded(0.2, gt=0, lt=1)  # humaneval / JSONL: fixed split by hashed task id
-    max_train: int = 0  # use at most this many training problems (0 = all)
+    max_train: int = bounded(0, ge=0, le=10_000_000)  # use at most this many training problems (0 = all)
     # procedural source: training families, whole families held out (evaluated, never
     # trained on), difficulty levels (1-3), instances per template and level, instance seed
     families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
     heldout_families: tuple[str, ...] = ("parsing",)
     # level 1: the embedded 135M model's base pass rate is 12-54% per family, level 2: 0-25%
     # (dev/results/cpu/task_difficulty.json); add 2,3 for larger models
-    difficulty: tuple[int, ...] = (1,)
-    train_per_template: int = 32
-    heldout_per_template: int = 2
-    task_seed: int = 0
+    difficulty: tuple[int, ...] = bounded((1,), ge=min(tasks.LEVELS), le=max(tasks.LEVELS))
+    train_per_template: int = bounded(32, ge=0, le=100_000)  # (>= 1 for the procedural source: validate_data)
+    heldout_per_template: int = bounded(2, ge=0, le=100_000)
+    task_seed: int = bounded(0, ge=0, le=MAX_SEED)
     # extra evaluation sets beside the held-out split: "humaneval" (its held-out split, by
     # heldout_fraction) measures transfer from the procedural tasks
     transfer: tuple[str, ...] = ()
@@ -50,10 +51,10 @@ class DataConfig:
 
 @attrs.frozen(kw_only=True)
 class RewardConfig:
-    execution: float = 1.0  # passes the tests in the sandbox
-    format: float = 0.2  # answers in a python block defining the function
-    printable: float = 0.0  # share of printable-ASCII characters (a shaping reward; smoke)
-    ai_feedback: float | None = None  # None: 0.5 when a teacher is configured, else off
+    execution: float = bounded(1.0, ge=0, le=1000)  # passes the tests in the sandbox
+    format: float = bounded(0.2, ge=0, le=1000)  # answers in a python block defining the function
+    printable: float = bounded(0.0, ge=0, le=1000)  # share of printable-ASCII characters (a shaping reward; smoke)
+    ai_feedback: float | None = bounded(None, ge=0, le=1000)  # None: 0.5 when a teacher is configured, else off
     cache: bool = True  # persistent cache in out_dir/reward_cache
 
 
@@ -64,8 +65,8 @@ class TeacherConfig:
     local: str | None = bounded(None, nonempty=True)  # or an mlx-lm model dir / GGUF judged locally
     # one deadline per judge call: connect, headers, body, retries and back-off (HTTP), or the
     # wait for the model plus generation (local); a call past it is a missing reward
-    timeout_s: float = 30.0
-    retries: int = 4  # HTTP: retries of 429 / 5xx / connection errors within the deadline
+    timeout_s: float = bounded(30.0, gt=0, le=3600)
+    retries: int = bounded(4, ge=0, le=100)  # HTTP: retries of 429 / 5xx / connection errors within the deadline
     # "text": the teacher writes a review ending `Score: N/10`; "verdict": 10 * P(yes) from the
     # log-probs of a one-token Yes/No answer (a small teacher, e.g. SmolLM2 on mlx_lm.server)
     scoring: str = "text"
@@ -88,13 +89,13 @@ class TrainConfig:
 
     # quick: 12 steps x 2 prompts x 8 completions (procedural level 1: ~45 tokens each); about
     # a minute a step on 2 CPU cores
-    steps: int = bounded(12, ge=1)
+    steps: int = bounded(12, ge=1, le=MAX_STEPS)
     accum: int = bounded(2, ge=1, le=65536)  # the P * G completions of a step go through in this many micro-batches
-    log_every: int = bounded(1, ge=1)  # a metrics.jsonl record every N steps: the means over those N steps
-    checkpoint_every: int = bounded(4, ge=1)  # save a resumable checkpoint every N steps
-    keep_checkpoints: int = bounded(2, ge=1)  # checkpoints kept (older ones deleted)
-    max_consecutive_skips: int = bounded(3, ge=1)  # non-finite steps in a row before the run stops
-    seed: int = 0  # seed of initialisation, prompt order and sampling
+    log_every: int = bounded(1, ge=1, le=MAX_STEPS)  # a metrics.jsonl record every N steps: the means over those N steps
+    checkpoint_every: int = bounded(4, ge=1, le=MAX_STEPS)  # save a resumable checkpoint every N steps
+    keep_checkpoints: int = bounded(2, ge=1, le=1000)  # checkpoints kept (older ones deleted)
+    max_consecutive_skips: int = bounded(3, ge=1, le=MAX_STEPS)  # non-finite steps in a row before the run stops
+    seed: int = bounded(0, ge=0, le=MAX_SEED)  # seed of initialisation, prompt order and sampling
 
 
 @attrs.frozen(kw_only=True)
@@ -118,7 +119,7 @@ class MemoryConfig:
     # (prompt + max_new_tokens) measure peak memory, and the largest micro-batch that fits
     # budget_mb (0: budget_fraction of the device's memory) is used (mlxio.run.batch_sizer)
     auto_batch: bool = False
-    budget_mb: float = bounded(0.0, ge=0)  # auto_batch's memory budget in MB; 0: budget_fraction of the device's
+    budget_mb: float = bounded(0.0, ge=0, le=1e8)  # auto_batch's memory budget in MB; 0: budget_fraction of the device's
     budget_fraction: float = bounded(0.7, gt=0, le=1)  # auto_batch's share of device memory (RAM on a CPU)
     max_micro_batch: int = bounded(64, ge=1, le=65536)  # auto_batch's largest micro-batch (completions)
 
@@ -131,7 +132,7 @@ class Config:
     # keep it quantised (QLoRA, --dequantize false) on a GPU.
     dequantize: bool = True
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
-    lora_layers: int | None = bounded(None, ge=1)  # LoRA on the last N blocks (None = all)
+    lora_layers: int | None = bounded(None, ge=1, le=4096)  # LoRA on the last N blocks (None = all)
     # lr 2e-4: the H100 run (--preset gpu) that lifted held-out pass@1 0.20 -> 0.66 used it
     optim: OptimConfig = OptimConfig(name="adamw", lr=2e-4, weight_decay=0.0, warmup_steps=0,
                                      total_steps=12, clip_norm=1.0)
@@ -139,7 +140,7 @@ class Config:
     group_size: int = bounded(8, ge=1, le=65536)
     temperature: float = bounded(0.8, gt=0, le=100)  # sampling; 0 (greedy) would make every group identical
     top_p: float = bounded(0.95, gt=0, le=1)
-    max_new_tokens: int = bounded(160, ge=1)
+    max_new_tokens: int = bounded(160, ge=1, le=MAX_NEW_TOKENS)
     # rollout decoding (mlxio.rl.rollout.generate_group's engine): "static" (compiled fixed-shape
     # step), "batch" (mlx-lm's BatchGenerator), "auto" (static on a GPU, batch on the CPU)
     rollout_engine: str = bounded("auto", choices=ENGINES, validator=attrs.validators.in_(ENGINES))
@@ -147,9 +148,9 @@ class Config:
     # talk after it costs decode time and is nothing the rewards read
     stop_at_code_end: bool = True
     advantage: str = bounded("grpo", choices=("grpo", "baseline"), validator=attrs.validators.in_(("grpo", "baseline")))
-    beta: float = 0.04  # KL(policy || LoRA-off reference) weight
-    clip_eps: float | None = bounded(None, gt=0)  # PPO ratio clipping; set it when inner_epochs > 1
-    inner_epochs: int = bounded(1, ge=1)
+    beta: float = bounded(0.04, ge=0, le=100)  # KL(policy || LoRA-off reference) weight
+    clip_eps: float | None = bounded(None, gt=0, lt=1)  # PPO ratio clipping; set it when inner_epochs > 1
+    inner_epochs: int = bounded(1, ge=1, le=100)
     # loss aggregation, clip-higher, GSPO ratios, entropy, dynamic sampling, truncation masking
     # (mlxcore.policy.GrpoConfig; docs/rlaif.md says when to use each)
     grpo: GrpoConfig = GrpoConfig()
@@ -219,8 +220,6 @@ PRESETS = {
 
 def validate_data(cfg: DataConfig) -> None:
     """Checks of the data options (ConfigError names the field)."""
-    from mlxcore import tasks
-
     if cfg.source not in SOURCES:
         raise ConfigError(f"data.source: must be one of {', '.join(SOURCES)}, got {cfg.source!r}")
     if not 0.0 < cfg.heldout_fraction < 1.0:

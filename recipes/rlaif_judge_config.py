@@ -10,7 +10,7 @@ from typing import ClassVar
 import attrs
 
 from mlxcore import tasks
-from mlxcore.fields import bounded
+from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxio.errors import ConfigError
@@ -37,31 +37,31 @@ class SampleConfig:
 
     policy: str | None = None  # None: the judge's own base model; or a model dir / GGUF / hub id (an RLAIF run's fused/)
     families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
-    difficulty: tuple[int, ...] = (1,)  # levels 1-3 (level 1: the embedded model passes 12-54%)
+    difficulty: tuple[int, ...] = bounded((1,), ge=min(tasks.LEVELS), le=max(tasks.LEVELS))  # levels 1-3 (level 1: the embedded model passes 12-54%)
     train_per_template: int = bounded(8, ge=0, le=100_000)  # training problems per template and level (0: logs only)
     heldout_per_template: int = bounded(3, ge=0, le=100_000)  # held-out instances per template and level
     family_per_template: int = bounded(8, ge=0, le=100_000)  # problems per template and level of each held-out family
-    task_seed: int = bounded(0, ge=0)
+    task_seed: int = bounded(0, ge=0, le=MAX_SEED)
     completions: int = bounded(4, ge=1, le=1024)  # sampled per problem
     temperature: float = bounded(0.8, gt=0, le=100)
     top_p: float = bounded(0.95, gt=0, le=1)
     max_new_tokens: int = bounded(160, ge=1, le=1 << 16)
     batch: int = bounded(8, ge=1, le=4096)  # problems decoded together (x completions sequences)
-    seed: int = bounded(0, ge=0)
+    seed: int = bounded(0, ge=0, le=MAX_SEED)
 
 
 @attrs.frozen(kw_only=True)
 class TrainConfig:
     """The run's length, batching and cadence (the RLAIF recipe's `train.*` names)."""
 
-    steps: int = bounded(150, ge=1)
+    steps: int = bounded(150, ge=1, le=MAX_STEPS)
     batch: int = bounded(8, ge=2, le=65536)  # verdict prompts per optimizer step: half passing, half failing
     accum: int = bounded(2, ge=1, le=65536)  # the batch goes through in this many micro-batches
-    log_every: int = bounded(5, ge=1)
-    checkpoint_every: int = bounded(25, ge=1)
-    keep_checkpoints: int = bounded(2, ge=1)
-    max_consecutive_skips: int = bounded(3, ge=1)
-    seed: int = 0  # LoRA initialisation and batch order
+    log_every: int = bounded(5, ge=1, le=MAX_STEPS)
+    checkpoint_every: int = bounded(25, ge=1, le=MAX_STEPS)
+    keep_checkpoints: int = bounded(2, ge=1, le=1000)
+    max_consecutive_skips: int = bounded(3, ge=1, le=MAX_STEPS)
+    seed: int = bounded(0, ge=0, le=MAX_SEED)  # LoRA initialisation and batch order
 
 
 @attrs.frozen(kw_only=True)
@@ -77,7 +77,7 @@ class Config:
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "k_proj", "v_proj", "o_proj",
                                                                 "gate_proj", "up_proj", "down_proj"))
     # the last N blocks get LoRA: the backward pass stops there (the forward is the cost on a CPU)
-    lora_layers: int | None = bounded(8, ge=1)
+    lora_layers: int | None = bounded(8, ge=1, le=4096)
     optim: OptimConfig = OptimConfig(name="adamw", lr=3e-4, weight_decay=0.0, warmup_steps=10,
                                      total_steps=150, clip_norm=1.0)
     # mx.compile the step; None: yes except on a CUDA device (see recipes.rlaif_config)

@@ -36,7 +36,7 @@ import attrs
 import mlx.core as mx
 
 from mlxcore import lora, precision, retriever
-from mlxcore.fields import bounded
+from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
@@ -66,23 +66,23 @@ log = logging.getLogger("xtr_lora")
 class DataConfig:
     source: str | None = bounded(None, nonempty=True)  # None: the interpreter's stdlib; a folder of .py files; or a .jsonl
     lenient: bool = False  # skip malformed JSONL lines (counted per reason) instead of failing
-    max_chars: int = bounded(20_000, ge=1)  # longer texts are truncated (and counted)
+    max_chars: int = bounded(20_000, ge=1, le=1 << 24)  # longer texts are truncated (and counted)
     eval_fraction: float = bounded(pairs.EVAL_FRACTION, gt=0, lt=1)  # share of source files held out
-    max_query_len: int = bounded(32, ge=2)
-    max_doc_len: int = bounded(128, ge=2)
-    bucket: int = bounded(32, ge=1)  # padded lengths are multiples of this (fewer recompiles)
+    max_query_len: int = bounded(32, ge=2, le=65536)
+    max_doc_len: int = bounded(128, ge=2, le=65536)
+    bucket: int = bounded(32, ge=1, le=4096)  # padded lengths are multiples of this (fewer recompiles)
     # quick's evaluation (docs/retriever.md, "Evaluation"): 500 test + 200 dev queries of held-out files over
     # 1,500 candidates, 800 + 200 of held-out packages over 2,500; ~4,000 documents to encode per model
-    eval_queries: int = bounded(500, ge=1)  # at most; at least min_eval_queries must exist
+    eval_queries: int = bounded(500, ge=1, le=10_000_000)  # at most; at least min_eval_queries must exist
     # fewer held-out queries / candidates than these: an error, except on your own data (source),
     # which is evaluated on what it holds out (at least 20 of each) with a warning
-    min_eval_queries: int = bounded(500, ge=1)
-    min_eval_candidates: int = bounded(1500, ge=1)
-    dev_queries: int = 200  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
-    max_eval_candidates: int = 1500  # 0: every held-out function (positives always kept)
-    package_eval_queries: int = 800  # test queries from the held-out packages (0: eval_queries)
-    package_eval_candidates: int = 2500  # candidates from the held-out packages (0: all)
-    package_dev_queries: int = bounded(200, ge=0)  # held-out-package dev queries (disjoint from its test ones) for the hybrid weight
+    min_eval_queries: int = bounded(500, ge=1, le=10_000_000)
+    min_eval_candidates: int = bounded(1500, ge=1, le=10_000_000)
+    dev_queries: int = bounded(200, ge=0, le=10_000_000)  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
+    max_eval_candidates: int = bounded(1500, ge=0, le=10_000_000)  # 0: every held-out function (positives always kept)
+    package_eval_queries: int = bounded(800, ge=0, le=10_000_000)  # test queries from the held-out packages (0: eval_queries)
+    package_eval_candidates: int = bounded(2500, ge=0, le=10_000_000)  # candidates from the held-out packages (0: all)
+    package_dev_queries: int = bounded(200, ge=0, le=10_000_000)  # held-out-package dev queries (disjoint from its test ones) for the hybrid weight
     # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
     packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
     heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
@@ -105,21 +105,21 @@ class DataConfig:
 class TrainConfig:
     micro_batch: int = bounded(12, ge=1, le=65536)
     accum: int = bounded(4, ge=1, le=65536)  # 12 x 4 = 48 pairs per optimizer step
-    steps: int = bounded(100, ge=1)
-    log_every: int = bounded(5, ge=1)
-    checkpoint_every: int = bounded(25, ge=1)
+    steps: int = bounded(100, ge=1, le=MAX_STEPS)
+    log_every: int = bounded(5, ge=1, le=MAX_STEPS)
+    checkpoint_every: int = bounded(25, ge=1, le=MAX_STEPS)
     eval_batch: int = bounded(64, ge=1, le=65536)
-    projection_dim: int = 0  # > 0: add a trainable projection when the encoder has none
-    max_consecutive_skips: int = bounded(10, ge=1)  # non-finite steps in a row before the run stops
-    eval_interval: int = bounded(1, ge=1)  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
+    projection_dim: int = bounded(0, ge=0, le=65536)  # > 0: add a trainable projection when the encoder has none
+    max_consecutive_skips: int = bounded(10, ge=1, le=MAX_STEPS)  # non-finite steps in a row before the run stops
+    eval_interval: int = bounded(1, ge=1, le=MAX_STEPS)  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
     # > 0: semantic metrics on the dev queries (held out for the fusion weight) every N optimizer
     # steps and at the last; the best step by dev MRR@10 is kept (out_dir/best/), evaluated and exported
-    dev_eval_every: int = bounded(0, ge=0)
+    dev_eval_every: int = bounded(0, ge=0, le=MAX_STEPS)
     # all micro_batch x accum pairs of a step form ONE contrastive batch (every query against all
     # their documents), computed micro-batch by micro-batch (mlxcore.grad_cache: GradCache): the
     # in-batch negatives of a large batch in the memory of one micro-batch; ~1.3x a plain step's time
     grad_cache: bool = False
-    seed: int = 0
+    seed: int = bounded(0, ge=0, le=MAX_SEED)
     # mx.compile the training step and the evaluation's forward + MaxSim. None (auto): yes, except
     # on a CUDA device, where a fresh machine compiles each fused kernel with NVRTC (3-4 s each:
     # the quick run's first step took 204 s on an H100) and an eager step needs only a few gather kernels
@@ -131,7 +131,7 @@ class MemoryConfig:
     gradient_checkpointing: bool = False  # mx.checkpoint per encoder block: recompute activations in backward
     compute_dtype: str = bounded("float32", choices=tuple(precision.COMPUTE_DTYPES))  # "bfloat16": frozen base in bf16; LoRA weights + optimizer state float32
     auto_batch: bool = False  # micro_batch from probes in child processes; accum keeps micro x accum fixed
-    budget_mb: float = 0.0  # auto_batch's memory budget; 0: budget_fraction of device memory (RAM on CPU)
+    budget_mb: float = bounded(0.0, ge=0, le=1e8)  # auto_batch's memory budget; 0: budget_fraction of device memory (RAM on CPU)
     budget_fraction: float = bounded(0.5, gt=0, le=1)
     max_micro_batch: int = bounded(64, ge=1, le=65536)
     eval_micro_batches: bool = False  # one graph per micro-batch: peak memory of one, not accum of them

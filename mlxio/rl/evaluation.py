@@ -23,7 +23,7 @@ import numpy as np
 
 from mlxcore import tasks
 from mlxcore.digest import hashed_int
-from mlxcore.fields import bounded
+from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, bounded
 from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxcore.tasks import Problem
 from mlxio.errors import ConfigError, DataError
@@ -40,13 +40,13 @@ class EvalConfig:
     """Held-out evaluation: n sampled completions per problem (pass@1 by the unbiased
     estimator) and one greedy completion, with bootstrap intervals over problems."""
 
-    problems: int = 0  # how many problems of each evaluation set (0 = all of them)
+    problems: int = bounded(0, ge=0, le=1_000_000)  # how many problems of each evaluation set (0 = all of them)
     samples: int = bounded(16, ge=0, le=4096)  # sampled completions per problem (n of the pass@k estimator; 0 = none)
     temperature: float | None = bounded(None, gt=0, le=100)  # sampling temperature (None: the training temperature)
     greedy: bool = True  # also one greedy completion per problem
-    max_new_tokens: int = bounded(384, ge=1)
+    max_new_tokens: int = bounded(384, ge=1, le=MAX_NEW_TOKENS)
     batch: int = bounded(8, ge=1, le=4096)  # prompts decoded together (x samples sequences)
-    seed: int = 1234  # sampling seed: the same before and after training (paired comparison)
+    seed: int = bounded(1234, ge=0, le=MAX_SEED)  # sampling seed: the same before and after training (paired comparison)
     resamples: int = bounded(10_000, ge=1, le=10_000_000)  # bootstrap resamples for the 95% intervals
     timeout_s: float = bounded(10.0, gt=0, le=3600)  # per sandboxed check of one completion
     workers: int = bounded(2, ge=1, le=256)
