@@ -1,5 +1,6 @@
-"""Configuration of the verdict-judge recipe (`recipes.rlaif_judge`): the option tree, its presets
-and the cross-field checks. Every field is a command-line option (`--data.logs a.jsonl,b.jsonl`,
+"""Configuration of the verdict-judge recipe (`recipes.rlaif_judge`): the option tree, its presets,
+the cross-field checks and the judge's base (`load_policy`); `sample` lives beside its code
+(mlxio.rl.verifier), `sandbox` in mlxio.rl.judge. Every field is a command-line option (`--data.logs a.jsonl,b.jsonl`,
 `--optim.lr 1e-4`); `python -m recipes.rlaif_judge --help` lists them with their defaults.
 """
 
@@ -14,8 +15,11 @@ from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxio.errors import ConfigError
+from mlxio.rl import grpo
+from mlxio.rl.judge import SandboxConfig
+from mlxio.rl.verifier import SampleConfig
 from mlxio.run.config import check
-from recipes.rlaif_config import SandboxConfig
+from mlxio.weights import llm
 
 
 @attrs.frozen(kw_only=True)
@@ -28,26 +32,6 @@ class DataConfig:
     # non-procedural task ids (HumanEval, a JSONL of problems): share of problems held out, by hashed id
     heldout_fraction: float = bounded(0.2, gt=0, lt=1)
     max_tokens: int = bounded(768, ge=16, le=1 << 20)  # longer verdict prompts are left out (counted)
-
-
-@attrs.frozen(kw_only=True)
-class SampleConfig:
-    """Rollouts this recipe samples and judges itself (a fresh user has no logs): G completions
-    per procedural problem from `policy`, judged in the sandbox by the rewards' own judge."""
-
-    policy: str | None = None  # None: the judge's own base model; or a model dir / GGUF / hub id (an RLAIF run's fused/)
-    families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
-    difficulty: tuple[int, ...] = bounded((1,), ge=min(tasks.LEVELS), le=max(tasks.LEVELS))  # levels 1-3 (level 1: the embedded model passes 12-54%)
-    train_per_template: int = bounded(8, ge=0, le=100_000)  # training problems per template and level (0: logs only)
-    heldout_per_template: int = bounded(3, ge=0, le=100_000)  # held-out instances per template and level
-    family_per_template: int = bounded(8, ge=0, le=100_000)  # problems per template and level of each held-out family
-    task_seed: int = bounded(0, ge=0, le=MAX_SEED)
-    completions: int = bounded(4, ge=1, le=1024)  # sampled per problem
-    temperature: float = bounded(0.8, gt=0, le=100)
-    top_p: float = bounded(0.95, gt=0, le=1)
-    max_new_tokens: int = bounded(160, ge=1, le=1 << 16)
-    batch: int = bounded(8, ge=1, le=4096)  # problems decoded together (x completions sequences)
-    seed: int = bounded(0, ge=0, le=MAX_SEED)
 
 
 @attrs.frozen(kw_only=True)
@@ -111,6 +95,11 @@ PRESETS = {
                     train=TrainConfig(steps=12, batch=4, accum=1, log_every=1, checkpoint_every=4),
                     eval=EvalConfig(resamples=200), out_dir="runs/rlaif_judge_smoke"),
 }
+
+
+def load_policy(cfg: Config) -> llm.Policy:
+    """The judge's base with fresh LoRA (`mlxio.rl.grpo.load_model`, the RLAIF policy's loader)."""
+    return grpo.load_model(cfg.model, cfg.lora, cfg.lora_layers, cfg.train.seed, dequantize=cfg.dequantize)
 
 
 def validate(cfg: Config) -> None:

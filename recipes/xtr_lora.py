@@ -36,6 +36,7 @@ import attrs
 import mlx.core as mx
 
 from mlxcore import lora, precision, retriever
+from mlxcore.buckets import padded_length
 from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.retriever import LossConfig
@@ -234,6 +235,19 @@ def trajectory_hash(d: dict) -> str:
     return checkpoint.config_hash({k: v for k, v in d.items() if k not in ("out_dir", "cache_dir", "export", "report_to")})
 
 
+def batch_plan(cfg: Config, model_path: str, targets: tuple[str, ...], world_size: int,
+               record: Path | None) -> batch_sizer.Plan:
+    """`--memory.auto_batch`: the micro-batch that fits, from probes at full-length batches."""
+    spec = batch_sizer.probe_spec(model_path, targets, cfg.lora, cfg.loss, cfg.quant.qat,
+                                  query_len=padded_length(cfg.data.max_query_len, cfg.data.bucket),
+                                  doc_len=padded_length(cfg.data.max_doc_len, cfg.data.bucket),
+                                  gradient_checkpointing=cfg.memory.gradient_checkpointing,
+                                  compute_dtype=cfg.memory.compute_dtype)
+    return batch_sizer.plan_for_run(spec, cfg.train.micro_batch * cfg.train.accum, budget_mb=cfg.memory.budget_mb,
+                                    budget_fraction=cfg.memory.budget_fraction,
+                                    max_micro_batch=cfg.memory.max_micro_batch, world_size=world_size, record=record)
+
+
 def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     """(checked config, run flags) from the command line."""
     def extra_flags(parser: argparse.ArgumentParser) -> None:
@@ -336,8 +350,8 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- train
     plan = None  # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit
     if cfg.memory.auto_batch:
-        plan = batch_sizer.plan_for_run(cfg, model_path, model.targets, world.size,
-                                        record=out_dir / "batch_plan.json" if world.is_main else None)
+        plan = batch_plan(cfg, model_path, model.targets, world.size,
+                          record=out_dir / "batch_plan.json" if world.is_main else None)
     loop = TrainLoop.open(out_dir, world, run_id=run_id, config=config.to_dict(cfg), train=cfg.train,
                           start=start_step, end=context.last_step(cfg.train.steps, flags.stop_after),
                           resumed=resumed is not None, opt_state=opt_state, project="xtr_lora", desc="train",

@@ -17,12 +17,13 @@ from mlx.utils import tree_flatten
 from mlxio import rpc
 from mlxio.rl import grpo
 from mlxio.rl.evaluation import EvalConfig, instruction, load_problems
-from mlxio.rl.worker import Worker
+from mlxio.rl.rewards import RewardConfig
 from mlxio.rl.worker_protocol import PROTOCOL_VERSION, SCHEMAS
 from mlxio.run import checkpoint
 from mlxio.run.config import to_dict
 from recipes import rlaif_qwen as rq
-from recipes.rlaif_config import PRESETS, RewardConfig, validate
+from recipes.rlaif_config import PRESETS, load_policy, validate
+from recipes.rlaif_worker import Worker
 
 ROOT = Path(__file__).resolve().parents[3]
 PROBLEMS = [(f"W/{i}", f"def {name}(a, b):\n    \"\"\"{doc}\"\"\"\n", name,
@@ -136,7 +137,7 @@ def test_train_step_equals_the_recipes_step(recipe_step, tmp_path):
                       {k: v for k, v in tree_flatten(trees["trainable"])})
     assert_same_trees(dict(tree_flatten(w_trees["opt_state"])), dict(tree_flatten(trees["opt_state"])))
     # the LoRA moved: not trivially equal to the fresh adapters
-    fresh = lora_of(grpo.load_model(cfg).model.parameters())
+    fresh = lora_of(load_policy(cfg).model.parameters())
     assert any(not np.array_equal(fresh[k], np.array(v)) for k, v in tree_flatten(w_trees["trainable"])
                if k.endswith("lora_b"))
 

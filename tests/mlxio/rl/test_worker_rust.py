@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from mlxio.rl import grpo
-from mlxio.rl.worker import Worker
 from mlxio.run import checkpoint
 from recipes.rlaif_config import PRESETS, validate
+from recipes.rlaif_worker import Worker
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIENT = ROOT / "tests" / "worker_client"
