@@ -61,9 +61,6 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/rl/test_teacher.py::test_local_judge_deadline_cuts_generation',
     'tests/mlxio/rl/test_verifier.py::test_answer_tokens_must_be_single_tokens',
     'tests/mlxio/rl/test_worker.py::test_protocol_stdout_keeps_stray_writes_off_the_protocol',
-    'tests/mlxio/rl/test_worker.py::test_stdio_pipelined_requests_eof_and_checkpoint',
-    'tests/mlxio/rl/test_worker.py::test_train_step_equals_the_recipes_step',
-    'tests/mlxio/rl/test_worker.py::test_two_writers_never_share_a_run_directory',
     'tests/mlxio/run/test_checkpoint.py::test_save_load_identity',
     'tests/mlxio/run/test_cli_errors.py::test_cases_of_the_issue',
     'tests/mlxio/run/test_config_fuzz.py::test_a_section_of_any_shape_is_named',
@@ -94,6 +91,9 @@ FAST_LANE_EXCLUDES = {
     'tests/recipes/test_bad_inputs.py::test_wandb_that_cannot_start_is_one_line',
     'tests/recipes/test_bad_inputs.py::test_worker_cli_is_strict',
     'tests/recipes/test_rlaif_judge_inputs.py::test_one_class_logs_are_refused',
+    'tests/recipes/test_rlaif_worker.py::test_stdio_pipelined_requests_eof_and_checkpoint',
+    'tests/recipes/test_rlaif_worker.py::test_train_step_equals_the_recipes_step',
+    'tests/recipes/test_rlaif_worker.py::test_two_writers_never_share_a_run_directory',
 }
 
 

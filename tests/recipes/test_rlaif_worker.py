@@ -25,7 +25,7 @@ from recipes import rlaif_qwen as rq
 from recipes.rlaif_config import PRESETS, load_policy, validate
 from recipes.rlaif_worker import Worker
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = [(f"W/{i}", f"def {name}(a, b):\n    \"\"\"{doc}\"\"\"\n", name,
              f"def check(candidate):\n    assert candidate(2, 3) == {want}\n")
             for i, (name, doc, want) in enumerate([
@@ -418,13 +418,3 @@ def test_stdio_pipelined_requests_eof_and_checkpoint(problems_file, tmp_path):
     assert (root / "LATEST").read_text().strip() == "step-00000001"
     assert checkpoint.verify(root / "step-00000001")["step"] == 1
     assert not [p for p in root.iterdir() if p.name.startswith(".tmp")]
-
-
-def test_protocol_stdout_keeps_stray_writes_off_the_protocol():
-    code = ("import os, sys; from mlxio.rl.worker import protocol_stdout; p = protocol_stdout(); "
-            "print('stray print'); os.write(1, b'stray C write\\n'); p.write(b'{}\\n'); p.flush()")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr.decode()
-    assert done.stdout == b"{}\n"
-    assert b"stray print" in done.stderr and b"stray C write" in done.stderr
