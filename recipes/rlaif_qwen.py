@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         context.add_run_flags(parser, more_steps_aliases=("--stop-after",))
 
     cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen",
-                           description=__doc__.split("\n\n")[0], default_preset="quick",
+                           description=__doc__, default_preset="quick",
                            extra=extra)
     return run(cfg, resume=args.resume, stop_after=args.stop_after, more_steps=args.more_steps,
                profile_memory=args.profile_memory, command=command_line(argv, "recipes.rlaif_qwen"),

@@ -5,9 +5,9 @@ Run:  python -m recipes.rlaif_worker                   # serves until EOF or `sh
 
 One process serves both roles of the seed's design (generator and trainer) with the recipe's
 config (`initialize` takes a preset of recipes.rlaif_config and overrides), policy, loss, step
-and checkpoints: the methods below build them from the config as `recipes.rlaif_qwen` does,
-so a train_step here equals the recipe's step on the same batch and a checkpoint either writes
-the other resumes. stdout carries protocol lines only; logs go to stderr. Protocol, methods
+and checkpoints, built from the config as `recipes.rlaif_qwen` builds them, so a train_step
+here equals the recipe's step on the same batch and a checkpoint either writes the other
+resumes. stdout carries protocol lines only; logs go to stderr. Protocol, methods
 and JSON Schemas: docs/worker-protocol.md; the wire and the requests' checks:
 mlxio/rl/worker.py, mlxio/rpc.py.
 """
@@ -290,7 +290,7 @@ class Worker:
 
 def main(argv: list[str] | None = None) -> int:
     return serve_stdio(argv, lambda max_line_bytes: Worker(PRESETS, validate, max_line_bytes).server(),
-                       prog="python -m recipes.rlaif_worker")
+                       prog="python -m recipes.rlaif_worker", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -148,12 +148,11 @@ def _line_bytes(text: str) -> int:
     return value
 
 
-def serve_stdio(argv: list[str] | None, server_of: Callable[[int], rpc.Server], prog: str) -> int:
+def serve_stdio(argv: list[str] | None, server_of: Callable[[int], rpc.Server], prog: str, description: str) -> int:
     """Serve the worker (`server_of(max_line_bytes)`: its methods' server) on stdin/stdout until
-    EOF or shutdown; returns the exit status."""
-    parser = StrictArgumentParser(prog=prog, description="RLAIF generation + training worker, "
-                                  "JSON-RPC 2.0 over stdin/stdout, one JSON object per line "
-                                  "(docs/worker-protocol.md)")
+    EOF or shutdown; returns the exit status. `description`: its --help text, lines as written."""
+    parser = StrictArgumentParser(prog=prog, description=description,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-line-bytes", type=_line_bytes, default=rpc.DEFAULT_MAX_LINE_BYTES,
                         help=f"longest accepted request line ({MIN_LINE_BYTES}..{MAX_LINE_BYTES}); longer ones "
                              "get an error response")
