@@ -43,8 +43,9 @@ from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, partition
 from mlxio import kernel_cache
-from mlxio.data import pairs, pypi_sources, xtr_data
+from mlxio.data import pairs, xtr_data, xtr_tokens
 from mlxio.data.token_cache import DataPosition
+from mlxio.data.xtr_data import DataConfig
 from mlxio.errors import ConfigError, LoadError
 from mlxio.run import batch_sizer, budget, checkpoint, config, context, distributed
 from mlxio.run.best import BestKeeper
@@ -58,49 +59,10 @@ from mlxio.weights import quantize as quant_io
 from mlxio.weights.cards import base_model_name, command_line
 from mlxio.weights.encoders import default_encoder_path, load_encoder
 from mlxio.weights.export import export_retriever, mean_pooling_view
-from mlxio.weights.quantize import save_ptq
+from mlxio.weights.quantize import QuantConfig, save_ptq
 from mlxio.weights.retriever import load_trainable
 
 log = logging.getLogger("xtr_lora")
-
-@attrs.frozen(kw_only=True)
-class DataConfig:
-    source: str | None = bounded(None, nonempty=True)  # None: the interpreter's stdlib; a folder of .py files; or a .jsonl
-    lenient: bool = False  # skip malformed JSONL lines (counted per reason) instead of failing
-    max_chars: int = bounded(20_000, ge=1, le=1 << 24)  # longer texts are truncated (and counted)
-    eval_fraction: float = bounded(pairs.EVAL_FRACTION, gt=0, lt=1)  # share of source files held out
-    max_query_len: int = bounded(32, ge=2, le=65536)
-    max_doc_len: int = bounded(128, ge=2, le=65536)
-    bucket: int = bounded(32, ge=1, le=4096)  # padded lengths are multiples of this (fewer recompiles)
-    # quick's evaluation (docs/retriever.md, "Evaluation"): 500 test + 200 dev queries of held-out files over
-    # 1,500 candidates, 800 + 200 of held-out packages over 2,500; ~4,000 documents to encode per model
-    eval_queries: int = bounded(500, ge=1, le=10_000_000)  # at most; at least min_eval_queries must exist
-    # fewer held-out queries / candidates than these: an error, except on your own data (source),
-    # which is evaluated on what it holds out (at least 20 of each) with a warning
-    min_eval_queries: int = bounded(500, ge=1, le=10_000_000)
-    min_eval_candidates: int = bounded(1500, ge=1, le=10_000_000)
-    dev_queries: int = bounded(200, ge=0, le=10_000_000)  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
-    max_eval_candidates: int = bounded(1500, ge=0, le=10_000_000)  # 0: every held-out function (positives always kept)
-    package_eval_queries: int = bounded(800, ge=0, le=10_000_000)  # test queries from the held-out packages (0: eval_queries)
-    package_eval_candidates: int = bounded(2500, ge=0, le=10_000_000)  # candidates from the held-out packages (0: all)
-    package_dev_queries: int = bounded(200, ge=0, le=10_000_000)  # held-out-package dev queries (disjoint from its test ones) for the hybrid weight
-    # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
-    packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
-    heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
-    hard_negatives: int = bounded(1, ge=0, le=64)  # K hard negatives per query beside the in-batch ones (0: in-batch only)
-    # "bm25" and/or "model" (the guide's MaxSim); JSONL negatives first. Every miner's top
-    # negative_rank_max candidates are scored by the guide's MaxSim: one above (1 - relative
-    # margin) x its positive's score, or within the absolute margin of it, is dropped as a likely
-    # false negative (NV-Retriever's TopK-PercPos 95%); the first negative_rank_min survivors are skipped
-    negative_miners: tuple[str, ...] = ("bm25",)
-    negative_rank_min: int = bounded(0, ge=0, le=4096)  # skip this many of each miner's surviving candidates
-    negative_rank_max: int = bounded(32, ge=1, le=4096)  # each miner's top N candidates are considered
-    negative_relative_margin: float = bounded(0.05, ge=0, lt=1)  # drop a candidate above (1 - this) x its positive's MaxSim
-    negative_absolute_margin: float = bounded(0.0, ge=0, le=2)  # drop a candidate within this of its positive's MaxSim
-    # the guide: a model directory or hub id (e.g. a first run's merged/: rescoring by a fine-tuned
-    # model), or None: the model being trained, before training
-    negative_guide: str | None = None
-
 
 @attrs.frozen(kw_only=True)
 class TrainConfig:
@@ -136,12 +98,6 @@ class MemoryConfig:
     budget_fraction: float = bounded(0.5, gt=0, le=1)
     max_micro_batch: int = bounded(64, ge=1, le=65536)
     eval_micro_batches: bool = False  # one graph per micro-batch: peak memory of one, not accum of them
-
-
-@attrs.frozen(kw_only=True)
-class QuantConfig:
-    qat: tuple[str, ...] = ()  # rules ("*=4/64", see mlxcore.quant.parse_rule): fake-quantise while training
-    ptq: tuple[str, ...] = ()  # rules: quantise the merged model after training; save it and evaluate it
 
 
 @attrs.frozen(kw_only=True)
@@ -303,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, lambda texts, max_length: xtr_data.token_embeddings(
         guide_params, guide, texts, max_length, cfg.train.eval_batch), guide_id)
     clock.lap("data", f"{len(data.train):,} training pairs")  # mining (or its cache), splits, hard negatives
-    tokens = xtr_data.tokenise(data.train, cfg.data, encoder.tokenizer, cache_dir)
+    tokens = xtr_tokens.tokenise(data.train, cfg.data, encoder.tokenizer, cache_dir)
     clock.lap("tokenise", f"{len(data.train):,} pairs in the token cache")
 
     # ---- loss, compiled step, resume
