@@ -52,12 +52,17 @@ class Spies:
 
     def install(self):
         """Put the spies in place; returns a function that takes them out."""
-        from mlxcore import decode_fused, decode_step
+        try:
+            from mlxcore import decode_fused, decode_step
+        except ImportError:  # (older trees, for a before / after comparison: the step in mlxio)
+            from mlxio.rl import decode as decode_step
+            from mlxio.rl import decode_fused
         from mlxio.rl import grpo, rollout
         from recipes import rlaif_qwen
 
+        loss_name = "loss_fn" if hasattr(rlaif_qwen, "loss_fn") else "make_loss"  # (older trees: make_loss)
         gen, prefill, forward = rollout.generate_group, rollout.prefill_batch, decode_fused.forward
-        mask, frozen, make_loss = decode_step.StaticKVCache.make_mask, grpo.frozen_logprobs, rlaif_qwen.make_loss
+        mask, frozen, make_loss = decode_step.StaticKVCache.make_mask, grpo.frozen_logprobs, getattr(rlaif_qwen, loss_name)
 
         def generate_group(*a, **k):
             self.step += 1
@@ -95,7 +100,7 @@ class Spies:
 
         spied = [(rollout, "generate_group", generate_group), (rollout, "prefill_batch", prefill_batch),
                  (decode_fused, "forward", fused_forward), (decode_step.StaticKVCache, "make_mask", make_mask),
-                 (grpo, "frozen_logprobs", frozen_logprobs), (rlaif_qwen, "make_loss", counting_loss)]
+                 (grpo, "frozen_logprobs", frozen_logprobs), (rlaif_qwen, loss_name, counting_loss)]
         originals = [(owner, name, getattr(owner, name)) for owner, name, _ in spied]
         for owner, name, fn in spied:
             setattr(owner, name, fn)

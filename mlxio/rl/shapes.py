@@ -34,7 +34,28 @@ import attrs
 import mlx.core as mx
 
 from mlxcore.buckets import batch_ladder, bucket_width, cache_length
+from mlxcore.fields import bounded
 from mlxio.errors import ConfigError
+
+
+@attrs.frozen(kw_only=True)
+class ShapesConfig:
+    """The array shapes of a step (`plan`, `warm`; `mlxio.rl.warm_up`). On a GPU each new shape compiles: the
+    H100's gpu preset took 6.5-7 s at steps 2, 5 and 11 of 12, against 1.5-1.9 s, when the
+    prefill, update and scored-position widths followed each step's data."""
+
+    # pad prompts, update rows and scored positions to shapes listed before step 1 (from the
+    # training prompts' lengths and max_new_tokens). None: on a GPU
+    fixed: bool | None = None
+    # with `fixed`: the update pads rows to the largest N widths of the ladder (0: all of it,
+    # the gpu preset's 5; 1: every step at the longest possible row, one update shape)
+    update_widths: int = bounded(0, ge=0, le=64)
+    # the static engine's decode batch shrinks as rows end, through N, N/2, ... down to this many
+    # rows (mlxcore.buckets.batch_ladder; >= N: never), so ended rows stop costing compute
+    min_decode_batch: int = bounded(8, ge=1, le=65536)
+    # run every listed shape once before step 1 (its compilation then falls there). None: with
+    # `fixed` on a GPU
+    warm_up: bool | None = None
 
 
 def fixed(setting: bool | None) -> bool:
@@ -106,24 +127,24 @@ def scored_positions(width: int, micro: int, shortest_prompt: int, max_new_token
     return min(-(-most // chunk) * chunk, micro * (width - 1))
 
 
-def plan(cfg, prompt_lengths: Iterable[int], prompts: int, rows: int) -> ShapePlan:
-    """The shapes of a step under `cfg` (`recipes.rlaif_config.Config`: max_new_tokens,
-    shapes.min_decode_batch, shapes.update_widths, train.accum, memory.logprob_chunk,
-    memory.eval_micro_batches) for training prompts of `prompt_lengths` tokens (chat template
+def plan(cfg: ShapesConfig, *, prompt_lengths: Iterable[int], prompts: int, rows: int, max_new_tokens: int,
+         accum: int, logprob_chunk: int, one_graph: bool) -> ShapePlan:
+    """The shapes of a step for training prompts of `prompt_lengths` tokens (chat template
     applied; their shortest and longest are read), `prompts` prompts and `rows` completions per
-    step on this rank."""
+    step on this rank, at most `max_new_tokens` each, `accum` micro-batches, log-probs scored
+    `logprob_chunk` positions at a time, and the update one graph (`one_graph`) or one per
+    micro-batch. `cfg`: the ladders' ends (update_widths, min_decode_batch)."""
     lengths = list(prompt_lengths)
     shortest_prompt, longest_prompt = min(lengths), max(lengths)
     if shortest_prompt < 1:
         raise ValueError(f"a prompt of {shortest_prompt} tokens: every prompt needs one")
     prompt_width = bucket_width(max(longest_prompt - 1, 1))
-    widths = width_ladder(shortest_prompt + 1, longest_prompt + cfg.max_new_tokens)
-    if cfg.shapes.update_widths:
-        widths = widths[-cfg.shapes.update_widths:]
-    micro = rows // cfg.train.accum
-    chunk = cfg.memory.logprob_chunk
+    widths = width_ladder(shortest_prompt + 1, longest_prompt + max_new_tokens)
+    if cfg.update_widths:
+        widths = widths[-cfg.update_widths:]
+    micro = rows // accum
     return ShapePlan(
-        prompts=prompts, prompt_width=prompt_width, cache_slots=cache_length(prompt_width, cfg.max_new_tokens),
-        decode_batches=batch_ladder(rows, cfg.shapes.min_decode_batch), update_widths=widths,
-        positions=tuple(scored_positions(w, micro, shortest_prompt, cfg.max_new_tokens, chunk) for w in widths),
-        micro=micro, accum=cfg.train.accum, one_graph=not cfg.memory.eval_micro_batches)
+        prompts=prompts, prompt_width=prompt_width, cache_slots=cache_length(prompt_width, max_new_tokens),
+        decode_batches=batch_ladder(rows, cfg.min_decode_batch), update_widths=widths,
+        positions=tuple(scored_positions(w, micro, shortest_prompt, max_new_tokens, logprob_chunk) for w in widths),
+        micro=micro, accum=accum, one_graph=one_graph)

@@ -53,34 +53,34 @@ def decode_shapes(model, plan: ShapePlan, temperature: float, top_p: float, comp
     return (("prefill", plan.prompts, width), *(("decode", b, plan.cache_slots) for b in stats["batches"]))
 
 
-def update_shapes(model, params, step_fn, opt_state, plan: ShapePlan, cfg, one_process: bool) -> tuple:
-    """Run the training step on a dummy batch at each planned width (results dropped). Returns
-    the shape keys run (`mlxio.rl.shapes.update_key`)."""
+def update_shapes(model, params, step_fn, opt_state, plan: ShapePlan, settings: dict, one_process: bool) -> tuple:
+    """Run the training step on a dummy batch at each planned width (results dropped); settings:
+    `grpo.build_batch`'s keyword arguments. Returns the shape keys run (`mlxio.rl.shapes.update_key`)."""
     rows = plan.micro * plan.accum
     keys = []
     for width in plan.update_widths:
-        completion = min(cfg.max_new_tokens, width - 1, plan.positions_for(width) // plan.micro)
+        completion = min(settings["max_new_tokens"], width - 1, plan.positions_for(width) // plan.micro)
         prompt = width - completion  # (the scored positions fill the planned count)
         packed = {"tokens": np.zeros((rows, width), np.int32), "completion_mask": np.zeros((rows, width), np.float32),
                   "lengths": np.full(rows, width, np.int32), "prompt_lengths": np.full(rows, prompt, np.int32)}
         packed["completion_mask"][:, prompt:] = 1.0
-        batch = grpo.build_batch(model, params, packed, np.zeros(rows, np.float32), np.ones(rows, bool), cfg,
+        batch = grpo.build_batch(model, params, packed, np.zeros(rows, np.float32), np.ones(rows, bool), **settings,
                                  drop_empty=one_process, positions_width=plan.positions_for(width))
         mx.eval(step_fn(params, opt_state, batch, mx.array(0)))
         keys.append(update_key(batch, plan.one_graph))
     return tuple(keys)
 
 
-def warm_up(policy, params, step_fn, opt_state, plan: ShapePlan, cfg, compiled: bool, one_process: bool,
-            static_engine: bool) -> set:
-    """Both sides (the decode side only for the static engine); returns the shape keys run."""
+def warm_up(policy, params, step_fn, opt_state, plan: ShapePlan, *, settings: dict, temperature: float,
+            top_p: float, compiled: bool, one_process: bool, static_engine: bool) -> set:
+    """Both sides (the decode side only for the static engine, sampling at `temperature` /
+    `top_p`, its step `compiled` or not); returns the shape keys run."""
     t0 = time.perf_counter()
     keys = set()
     if static_engine:
         from mlxio.weights import llm_lora
 
-        keys |= set(decode_shapes(llm_lora.bound_policy(policy, params).model, plan, cfg.temperature, cfg.top_p,
-                                  compiled))
-    keys |= set(update_shapes(policy.model, params, step_fn, opt_state, plan, cfg, one_process))
+        keys |= set(decode_shapes(llm_lora.bound_policy(policy, params).model, plan, temperature, top_p, compiled))
+    keys |= set(update_shapes(policy.model, params, step_fn, opt_state, plan, settings, one_process))
     log.info("shape warm-up: %d shapes run in %.1f s", len(keys), time.perf_counter() - t0)
     return keys

@@ -158,14 +158,10 @@ def test_prewarm_covers_every_module_of_the_rlaif_steps():
 def test_prewarm_covers_a_bf16_base():
     """With `--memory.compute_dtype bfloat16` the steps' modules are the bf16 base's gathers and
     the float32 log-probs': `kernel_warm.rlaif_jobs` lists them all."""
-    import attrs
-
     from mlxio import kernel_warm
-    from recipes.rlaif_config import PRESETS
 
     model = llm.tiny_policy("llama", seed=0).model
     model.set_dtype(mx.bfloat16)
     needed = kernel_warm.module_keys(_rlaif_step_ops(model))
-    cfg = attrs.evolve(PRESETS["smoke"], memory=attrs.evolve(PRESETS["smoke"].memory, compute_dtype="bfloat16"))
-    jobs = set(kernel_warm.rlaif_jobs(cfg))
+    jobs = set(kernel_warm.rlaif_jobs("bfloat16"))
     assert any("bfloat16" in key for key in needed) and needed <= jobs, needed - jobs

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from mlxcore import buckets, packing
 from mlxio.rl import grpo, shapes
 from mlxio.rl.rollout import generate_group
+from mlxio.rl.shapes import ShapesConfig
 from mlxio.weights import llm
-from recipes.rlaif_config import PRESETS, ShapesConfig
+from recipes.rlaif_config import PRESETS, batch_settings, shape_plan
 
 # prompt token lengths (chat template applied) of the presets' training sets, SmolLM2's
 # tokenizer (the gpu preset's levels 1-2: 89-165; quick's level 1: 89-151)
@@ -23,7 +24,7 @@ PROMPT_RANGE = {"gpu": (89, 165), "quick": (89, 151), "full": (89, 151), "smoke"
 
 def _plan(name: str, cfg=None):
     cfg = cfg or PRESETS[name]
-    return shapes.plan(cfg, PROMPT_RANGE[name], cfg.prompts_per_step, cfg.prompts_per_step * cfg.group_size)
+    return shape_plan(cfg, PROMPT_RANGE[name], cfg.prompts_per_step, cfg.prompts_per_step * cfg.group_size)
 
 
 def test_the_gpu_presets_list():
@@ -43,7 +44,7 @@ def test_the_list_is_small(name):
     assert len(p.keys()) == 1 + len(p.decode_batches) + len(p.update_widths) * per_width
     assert len(p.decode_batches) <= 1 + max(0, (p.decode_batches[0] // cfg.shapes.min_decode_batch).bit_length() - 1)
     assert len(p.update_widths) <= 8  # bucket widths 1.5x / 2x apart between the shortest and longest row
-    one = shapes.plan(attrs.evolve(cfg, shapes=ShapesConfig(update_widths=1, min_decode_batch=1 << 20)),
+    one = shape_plan(attrs.evolve(cfg, shapes=ShapesConfig(update_widths=1, min_decode_batch=1 << 16)),
                       PROMPT_RANGE[name], cfg.prompts_per_step, cfg.prompts_per_step * cfg.group_size)
     assert len(one.keys()) == 1 + 1 + per_width and one.update_widths == p.update_widths[-1:]
 
@@ -73,7 +74,8 @@ def test_random_steps_stay_in_the_list(data, name, one_graph, skip_equal):
     valid = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)) if skip_equal else [True] * n)
     if not valid.any():
         return
-    batch = grpo.build_batch(None, None, packed, np.zeros(n, np.float32), valid, cfg, drop_empty=data.draw(st.booleans()),
+    batch = grpo.build_batch(None, None, packed, np.zeros(n, np.float32), valid, **batch_settings(cfg),
+                             drop_empty=data.draw(st.booleans()),
                              positions_width=p.positions_for(packed["tokens"].shape[1]))
     assert shapes.update_key(batch, one_graph) in keys
 
@@ -93,7 +95,7 @@ def test_a_tiny_models_rollouts_stay_in_the_list(prompt_lens, seed, temperature)
     llama, with prompts of drawn lengths: in the plan of a config that allows 2 .. 30 tokens."""
     policy = _tiny()
     cfg = attrs.evolve(PRESETS["smoke"], max_new_tokens=20, shapes=ShapesConfig(min_decode_batch=2))
-    p = shapes.plan(cfg, (2, 30), 2, 8)
+    p = shape_plan(cfg, (2, 30), 2, 8)
     texts = ["ab" * (k // 2) + "c" * (k % 2) for k in prompt_lens]  # (a byte-level tokenizer)
     ro = generate_group(policy, texts, 4, temperature, 1.0, 20, seed, use_chat_template=False, engine="static",
                         prompt_width=p.prompt_width, min_decode_batch=2)
@@ -101,7 +103,7 @@ def test_a_tiny_models_rollouts_stay_in_the_list(prompt_lens, seed, temperature)
     assert set(ro.shapes) <= p.keys(), (ro.shapes, p.keys())
     packed = packing.pack(ro, 0, p.update_widths)
     cfg = attrs.evolve(cfg, beta=0.0)
-    batch = grpo.build_batch(None, None, packed, np.zeros(8, np.float32), np.ones(8, bool), cfg,
+    batch = grpo.build_batch(None, None, packed, np.zeros(8, np.float32), np.ones(8, bool), **batch_settings(cfg),
                              positions_width=p.positions_for(packed["tokens"].shape[1]))
     assert shapes.update_key(batch, False) in p.keys()
 
