@@ -138,11 +138,15 @@ def _lock_holder(fd: int) -> str:
 
 
 def release_out_dir(out_dir: Path | str) -> None:
-    """Give back `out_dir`'s lock (`claim_out_dir`) if this process holds it."""
+    """Give back `out_dir`'s lock (`claim_out_dir`) if this process holds it, emptying the
+    holder line first (a lock file names a holder only while one holds it, so a run that
+    was refused, or ended, leaves the folder's bytes as it found them)."""
     import os
 
     fd = _HELD.pop(os.path.realpath(out_dir), None)
     if fd is not None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
         os.close(fd)
 
 
