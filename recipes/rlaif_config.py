@@ -21,6 +21,7 @@ from mlxio.rl.grpo import TINY_PREFIX  # "tiny:llama" etc.: a tiny random model 
 from mlxio.rl.rollout import ENGINES
 from mlxio.run.config import check, check_schedule, check_url
 from mlxio.weights.llm import TINY_KINDS
+from mlxio.weights.llm_lora import RECOMPUTABLE
 
 SOURCES = ("procedural", "humaneval")
 
@@ -110,6 +111,11 @@ class MemoryConfig:
     # mx.checkpoint per transformer block: its activations are recomputed in the backward pass
     # (peak memory of one block's instead of all blocks', about a third more compute)
     gradient_checkpointing: bool = False
+    # parts of every block recomputed in the backward pass instead of kept (same values and
+    # gradients; mlxio.weights.llm_lora.recomputing): "mlp" the SwiGLU product (2 of its 4
+    # [rows, T, ffn] arrays: 2 x 59.6 MB a block at 16 x 384 tokens of the 0.5B shape), "lora"
+    # the adapters' float32 copies of a bf16 base's activations; () keeps everything
+    recompute: tuple[str, ...] = RECOMPUTABLE
     # the frozen base's dtype: "auto" keeps it as loaded (float32 once dequantised: the CPU's
     # fast path), "bfloat16" halves its memory and bandwidth (LoRA and optimizer stay float32)
     compute_dtype: str = bounded("auto", choices=("auto",) + tuple(COMPUTE_DTYPES),
@@ -303,6 +309,10 @@ def _validate(cfg: Config) -> None:
         check_url("teacher.url", cfg.teacher.url)
     if not cfg.lora.targets:
         raise ConfigError("lora.targets: empty: no layer would train", fix="set --lora.targets, e.g. q_proj,v_proj")
+    for part in cfg.memory.recompute:
+        if part not in RECOMPUTABLE:
+            raise ConfigError(f"memory.recompute: unknown part {part!r}", fix="choose from " + ", ".join(RECOMPUTABLE)
+                              + " (or give none)")
     if cfg.model is not None and cfg.model.startswith(TINY_PREFIX) and \
             cfg.model[len(TINY_PREFIX):].removesuffix("-q4") not in TINY_KINDS:
         raise ConfigError(f"model: {cfg.model!r} names no tiny model", fix="set --model to "

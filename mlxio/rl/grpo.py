@@ -162,7 +162,7 @@ def make_loss(model, cfg, world: distributed.World = distributed.SINGLE):
     states and frozen LM head: log-probs at the batch's positions, no [rows, T, vocab] logits).
     On several ranks (`world`) the entropy target and clip fraction read every rank's
     micro-batch (`distributed.rank_mean`); wrap it in `distributed.data_parallel_loss`."""
-    return pg.policy_loss_fn(llm_lora.hidden_states(model, cfg.memory.gradient_checkpointing),
+    return pg.policy_loss_fn(llm_lora.hidden_states(model, cfg.memory.gradient_checkpointing, cfg.memory.recompute),
                              llm_lora.lm_head(model), cfg.beta, cfg.clip_eps, cfg.grpo, cfg.memory.logprob_chunk,
                              distributed.rank_mean(world))
 
