@@ -171,13 +171,14 @@ def frozen_logprobs(model, lora_params, tokens: mx.array, mask: np.ndarray, posi
                     chunk: int) -> mx.array:
     """Log-probs under `lora_params` without gradient, one micro-batch at a time: tokens [N, T],
     mask [N, T - 1], positions [N / micro, P] (`packing.target_positions(mask)`) -> [N, T - 1]
-    float32, 0 where mask is 0 (`mlxcore.logprobs.gathered_logprobs`)."""
+    float32, 0 where mask is 0 (`mlxcore.logprobs.gathered_logprobs`). The model reads whole
+    rows, as the loss's does (`mlxcore.policy.policy_loss_fn`), so both compute the same states."""
     hidden, head = llm_lora.hidden_states(model), llm_lora.lm_head(model)
     micro = tokens.shape[0] // positions.shape[0]
     parts = []
     for b in range(positions.shape[0]):
         ids, rows = tokens[b * micro:(b + 1) * micro], slice(b * micro, (b + 1) * micro)
-        part, _ = gathered_logprobs(head, hidden(lora_params, ids[:, :-1]), ids[:, 1:], mx.array(mask[rows]),
+        part, _ = gathered_logprobs(head, hidden(lora_params, ids)[:, :-1], ids[:, 1:], mx.array(mask[rows]),
                                     mx.array(positions[b]), chunk=chunk, differentiable=False)
         mx.eval(part)
         parts.append(part)
