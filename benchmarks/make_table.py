@@ -339,6 +339,18 @@ def default_run_sections() -> list[str]:
                            f"| {mode} | {b['pass@1']:.3f} {ci(b['ci95'])} | {a['pass@1']:.3f} {ci(a['ci95'])} "
                            f"| {d['mean']:+.3f} {ci(d['ci95'])} |")
         out.append("")
+    j = load("cpu", "judge_auc")
+    if j:
+        sets = j["sets"]
+        auc = {name: (sets[name]["untrained"]["auc"], sets[name]["trained"]["auc"])
+               for name in ("heldout", "heldout_family") if name in sets}
+        out += ["**AI feedback** (`python -m recipes.rlaif_judge`, then `python -m benchmarks.judge_auc`): the "
+                "embedded model as a Yes/No judge of code, ROC AUC of P(yes) for passing vs failing completions, "
+                "untrained -> trained on the sandbox's verdicts: "
+                + "; ".join(f"{label} {auc[name][0]:.2f} -> {auc[name][1]:.2f}"
+                            for name, label in (("heldout", "held-out instances"),
+                                                ("heldout_family", "held-out family")) if name in auc)
+                + f" ({j['seeds']} training run on a 2-core CPU; intervals in docs/performance.md).", ""]
     return out
 
 

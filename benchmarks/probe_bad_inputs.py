@@ -736,9 +736,9 @@ def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[di
         record("worker (38)", f"rlaif_worker {' '.join(argv)}", worker_cli)
 
     from mlxio import rpc
-    from mlxio.rl.worker import Worker
     from mlxio.run.config import to_dict
     from recipes.rlaif_config import PRESETS, validate
+    from recipes.rlaif_worker import Worker
 
     worker = Worker(PRESETS, validate)
     server = worker.server()

@@ -1,7 +1,7 @@
 """RLAIF update step: tokens/s and peak memory of the recipe's policy-gradient step (MLX) vs
 the same loss in PyTorch (transformers model + PEFT LoRA, eager and torch.compile).
 
-MLX: `mlxio.rl.grpo.make_loss` (the recipe's loss, a pure function of the LoRA tree: log-probs
+MLX: `mlxio.rl.grpo.make_loss` (the recipe's loss, `recipes.rlaif_config.loss_fn`, a pure function of the LoRA tree: log-probs
 of the completion tokens from the last hidden states in chunks (`mlxcore.logprobs`: no [rows,
 T, vocab] logits), PPO-clipped ratio, k3 KL to the LoRA-off reference, `mlxcore.policy`)
 inside `mlxcore.step.make_train_step` with the "full" preset's LoRA (r=16 on q/k/v/o) and
@@ -131,13 +131,13 @@ def mlx_batch(data: dict, micro: int, cfg) -> dict:
 def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
     from mlxcore.optim import make_optimizer
     from mlxcore.step import init_state, make_train_step
-    from mlxio.rl.grpo import make_loss
+    from recipes.rlaif_config import loss_fn
 
     opts = variant(name)
     cfg = recipe_config(args, opts["checkpoint"], opts["recompute"])
     model, params = mlx_policy(shape, tm, args.dtype, opts["qlora"])
     opt = make_optimizer(cfg.optim)
-    step = make_train_step(make_loss(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
+    step = make_train_step(loss_fn(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
                            eval_micro_batches=opts["eval_micro"])
     state = init_state(opt, params)
     batch = mlx_batch(data, micro, cfg)

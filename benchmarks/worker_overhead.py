@@ -47,10 +47,11 @@ from benchmarks.common import median, write_result
 from mlxcore import buckets
 from mlxio import rpc
 from mlxio.rl import grpo, rollout
-from mlxio.rl.worker import Worker, _padded
+from mlxio.rl.worker import padded
 from mlxio.rl.worker_protocol import SCHEMAS
 from mlxio.run.config import to_dict
-from recipes.rlaif_config import PRESETS, validate
+from recipes.rlaif_config import PRESETS, batch_settings, validate
+from recipes.rlaif_worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {  # byte-level tiny tokenizer: one token per character
@@ -137,11 +138,11 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
     adv = np.random.default_rng(0).standard_normal(len(tokens)).astype(np.float32)
     step_params = {"tokens": tokens, "completion_mask": masks, "advantages": adv.tolist()}
     width = buckets.bucket_width(max(map(len, tokens)))
-    packed = {"tokens": _padded(tokens, width, np.int32), "completion_mask": _padded(masks, width, np.float32)}
+    packed = {"tokens": padded(tokens, width, np.int32), "completion_mask": padded(masks, width, np.float32)}
     state = {"step": 0}
 
     def step_inproc(_):
-        batch = grpo.build_batch(s.model, s.params, packed, adv, np.ones(len(adv), bool), cfg)
+        batch = grpo.build_batch(s.model, s.params, packed, adv, np.ones(len(adv), bool), **batch_settings(cfg))
         for epoch in range(cfg.inner_epochs):
             s.params, s.state, m = s.step_fn(s.params, s.state, batch,
                                              mx.array(state["step"] * cfg.inner_epochs + epoch))
@@ -176,7 +177,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
         if name == "train_step":
             p = request["params"]
             width = buckets.bucket_width(max(map(len, p["tokens"])))
-            _padded(p["tokens"], width, np.int32), _padded(p["completion_mask"], width, np.float32)
+            padded(p["tokens"], width, np.int32), padded(p["completion_mask"], width, np.float32)
             np.asarray(p["advantages"], np.float32)
         json.loads(rpc.encode({"jsonrpc": "2.0", "id": 1, "result": result}))
         return time.perf_counter() - t0

@@ -114,7 +114,8 @@ def recipe_run(server: MlxLmServer | None, args, out: Path) -> dict:
     from mlxcore.optim import OptimConfig
     from mlxio.rl import rewards
     from mlxio.rl.evaluation import EvalConfig
-    from recipes.rlaif_config import PRESETS, RewardConfig, TeacherConfig
+    from mlxio.rl.rewards import RewardConfig, TeacherConfig
+    from recipes.rlaif_config import PRESETS
 
     base = PRESETS["quick"]
     teacher = (TeacherConfig(url=server.url, model=server.model, timeout_s=120.0,

@@ -51,3 +51,18 @@ def prefill_chunks(n: int, bucketed: bool) -> list[int]:
     rest = n % PREFILL_CHUNK
     out += [1 << k for k in reversed(range(rest.bit_length())) if rest >> k & 1]
     return out
+
+
+def batch_ladder(n: int, smallest: int) -> tuple[int, ...]:
+    """The decode batch sizes a batch of n rows compacts through: n, then the powers of two
+    below it down to `smallest` (64, 8 -> 64, 32, 16, 8; 24, 8 -> 24, 16, 8; smallest >= n:
+    n alone, no compaction)."""
+    return (n, *sorted((1 << k for k in range(n.bit_length()) if smallest <= 1 << k < n), reverse=True))
+
+
+def prefill_width(longest: int, bucketed: bool, width: int | None = None) -> int:
+    """The width `mlxio.rl.rollout.prefill_batch` pads a batch whose longest prompt has `longest` tokens to:
+    `width` where that fits, else the longest's `bucket_width` (`bucketed`) or the longest."""
+    if width is not None and longest <= width:
+        return width
+    return bucket_width(longest) if bucketed else longest

@@ -205,19 +205,20 @@ def forward(spec: Spec, weights: dict, tokens: mx.array, kv: list, positions: mx
     return x @ weights["head"], out
 
 
-def make_fused_step(spec: Spec, sampler: Callable[[mx.array], mx.array], compiled: bool = True) -> Callable:
+def make_fused_step(spec: Spec, sampler: Callable[[mx.array, mx.array], mx.array], compiled: bool = True) -> Callable:
     """The compiled step `(weights, tokens [B] int32, state) -> (next [B] int32, logprob [B]
-    float32, state)`, state = ([KV cache] per layer, positions [B] int32, idx [1] int32);
-    sampling as `mlxcore.decode_step.make_step` (log-softmax of the logits, `sampler`, the picked
-    token's log-probability). MLX's PRNG state is a captured input and output. `compiled`
-    False: the same function, run eagerly (no fused kernels to compile on a fresh GPU)."""
+    float32, state)`, state = ([KV cache] per layer, positions [B] int32, idx [1] int32, rows
+    [B] int32); sampling as `mlxcore.decode_step.make_step` (log-softmax of the logits,
+    `sampler(logprobs, rows)`, the picked token's log-probability). MLX's PRNG state is a
+    captured input and output. `compiled` False: the same function, run eagerly (no fused
+    kernels to compile on a fresh GPU)."""
 
     def step(weights, tokens, state):
-        kv, positions, idx = state
+        kv, positions, idx, rows = state
         logits, kv = forward(spec, weights, tokens, kv, positions, idx)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        nxt = sampler(logprobs).astype(mx.int32)  # (one index dtype: `decode.token_array`)
+        nxt = sampler(logprobs, rows).astype(mx.int32)  # (one index dtype: `decode.token_array`)
         picked = mx.take_along_axis(logprobs, nxt[:, None], axis=-1)[:, 0]
-        return nxt, picked.astype(mx.float32), (kv, positions + 1, idx + 1)
+        return nxt, picked.astype(mx.float32), (kv, positions + 1, idx + 1, rows)
 
     return mx.compile(step, inputs=[mx.random.state], outputs=[mx.random.state]) if compiled else step

@@ -20,7 +20,14 @@ What the BatchGenerator does per token and this does not:
 - an uncompiled forward, split logprobs (`list(logprobs)`: B slices), a host sync for the
   tokens and one for the logprobs every step, per-row Python. Here the step is compiled
   (elementwise ops fused) and tokens / logprobs stay on the device; `mlxio.rl.decode` runs the
-  steps and reads their tokens to the host a block at a time.
+  steps and reads their tokens to the host a block at a time, and gathers the live rows into a
+  smaller batch as rows end (`take_rows`).
+
+The token a row samples does not depend on which other rows share its batch: `row_sampler` is
+mlx-lm's sampler with the Gumbel noise drawn for all N rows every step (one draw of MLX's PRNG,
+as `mx.random.categorical` makes) and each row reading its own, so with or without compaction
+the draws are the same (bit for bit where the forward's kernels round a row alike at every
+batch size: float32 on the CPU in the tests; elsewhere up to float rounding).
 
 Greedy decoding gives the same tokens as the BatchGenerator path up to float rounding (the
 prompts are prefilled as one left-padded batch, `rollout.prefill_batch`; masked slots add exact
@@ -35,7 +42,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import mlx.core as mx
+from mlx.utils import tree_map
 from mlx_lm.models.cache import BatchKVCache, _BaseCache
+from mlx_lm.sample_utils import apply_top_p
 
 
 class StaticKVCache(_BaseCache):
@@ -126,10 +135,56 @@ def static_cache_rows(caches: list[BatchKVCache], rows: list[int], size: int) ->
 
 
 def decode_state(caches: list[StaticKVCache]) -> tuple:
-    """The compiled step's state: ([(keys, values)] per layer, left_padding, idx). One
+    """The compiled step's state: ([(keys, values)] per layer, left_padding, idx, rows). One
     left_padding / idx for all layers: the step computes the RoPE positions and the next idx
-    once, not once per layer."""
-    return [(c.keys, c.values) for c in caches], caches[0].left_padding, caches[0].idx
+    once, not once per layer. rows [B] int32: each batch row's index in the batch decoding
+    began with (`take_rows` keeps them; the sampler reads its noise there)."""
+    first = caches[0]
+    return [(c.keys, c.values) for c in caches], first.left_padding, first.idx, all_rows(first.keys.shape[0])
+
+
+def all_rows(n: int) -> mx.array:
+    """The rows [n] int32 of a batch as it starts (`decode_state`'s last entry)."""
+    return mx.arange(n, dtype=mx.int32)
+
+
+def take_rows(state: tuple, index: mx.array) -> tuple:
+    """A step state (`decode_state`, or the fused step's) of the batch rows `index` [b] int32:
+    every per-row array gathered on its first axis, the shared position `idx` as it is."""
+    kv, by_row, idx, rows = state
+    return tree_map(lambda a: a[index], kv), by_row[index], idx, rows[index]
+
+
+def row_sampler(temperature: float, top_p: float, n: int) -> Callable[[mx.array, mx.array], mx.array]:
+    """mlx-lm's `make_sampler(temp=temperature, top_p=top_p)` as a draw per row of an n-row batch:
+    `sample(logprobs [b, V], rows [b] int32) -> [b] uint32`, rows the batch rows' indices in
+    0 .. n - 1. The Gumbel noise is drawn for all n rows ([n, V]: the draw
+    `mx.random.categorical` makes of MLX's global PRNG) and row r reads its own row, so a row's
+    token does not depend on which others are decoded beside it; over the full batch (rows =
+    0 .. n - 1) it is make_sampler's draw. temperature 0: the argmax (greedy)."""
+    if temperature == 0:
+        def greedy(logprobs, rows):
+            return mx.argmax(logprobs, axis=-1)
+
+        greedy.per_row = True
+        return greedy
+
+    def sample(logprobs, rows):
+        if 0 < top_p < 1.0:
+            logprobs = apply_top_p(logprobs, top_p)
+        noise = mx.random.gumbel((n, logprobs.shape[-1]))  # (mx.random.categorical's, for all n rows)
+        return mx.argmax(noise[rows] + logprobs * (1.0 / temperature), axis=-1)
+
+    sample.per_row = True
+    return sample
+
+
+def per_row(sampler: Callable) -> Callable[[mx.array, mx.array], mx.array]:
+    """`sampler` as a (logprobs, rows) -> tokens function: a `row_sampler` as it is, another
+    (mlx-lm's `sampler(logprobs)`) ignoring the rows: its draws then depend on the batch."""
+    if getattr(sampler, "per_row", False):
+        return sampler
+    return lambda logprobs, rows: sampler(logprobs)
 
 
 def token_array(tokens: list[int]) -> mx.array:
@@ -139,23 +194,24 @@ def token_array(tokens: list[int]) -> mx.array:
     return mx.array(tokens, mx.int32)
 
 
-def make_step(model, sampler: Callable[[mx.array], mx.array], compiled: bool = True) -> Callable:
+def make_step(model, sampler: Callable, compiled: bool = True) -> Callable:
     """The compiled decode step `(tokens [B] int32, state) -> (next [B] int32, logprob [B]
     float32, state)`: feeds `tokens` at each row's next slot, samples from the log-softmax of
     the last logits (temperature-1 log-probabilities, as mlx-lm's BatchGenerator) with `sampler`
-    and returns the sampled tokens' log-probabilities. state: `decode_state`.
+    (`per_row`) and returns the sampled tokens' log-probabilities. state: `decode_state`.
     The model's parameters and MLX's PRNG state are captured inputs, so a policy whose weights
     change between calls (LoRA) is read afresh, and each call draws new random numbers.
-    `compiled` False: the same step, run eagerly (see `decode`)."""
+    `compiled` False: the same step, run eagerly (see `mlxio.rl.decode.decode`)."""
+    sample = per_row(sampler)
 
     def step(tokens, state):
-        kv, left_padding, idx = state
+        kv, left_padding, idx, rows = state
         caches = [StaticKVCache(k, v, left_padding, idx) for k, v in kv]
         logits = model(tokens[:, None], cache=caches)[:, -1, :]
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        nxt = sampler(logprobs).astype(mx.int32)  # (the sampler's uint32: see token_array)
+        nxt = sample(logprobs, rows).astype(mx.int32)  # (the sampler's uint32: see token_array)
         picked = mx.take_along_axis(logprobs, nxt[:, None], axis=-1)[:, 0]
-        return nxt, picked.astype(mx.float32), ([(c.keys, c.values) for c in caches], left_padding, idx + 1)
+        return nxt, picked.astype(mx.float32), ([(c.keys, c.values) for c in caches], left_padding, idx + 1, rows)
 
     if not compiled:
         return step

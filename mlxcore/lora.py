@@ -27,7 +27,7 @@ class LoraConfig:
     """rank r, alpha, target layer names (see `matches_target`), rsLoRA scaling, dropout."""
 
     rank: int = bounded(16, ge=1, le=4096)
-    alpha: float = bounded(32.0, gt=0)
+    alpha: float = bounded(32.0, gt=0, le=1e5)
     targets: tuple[str, ...] = ("query", "value")
     rslora: bool = False
     dropout: float = bounded(0.0, ge=0, lt=1)

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_unflatten
 
-from mlxcore.fields import bounded
+from mlxcore.fields import MAX_STEPS, bounded
 from mlxcore.tree import Tree, map_leaves
 
 
@@ -31,10 +31,10 @@ class OptimConfig:
     beta1: float = bounded(0.9, ge=0, lt=1)
     beta2: float = bounded(0.999, ge=0, lt=1)
     eps: float = bounded(1e-8, gt=0, le=1)
-    warmup_steps: int = 500
-    total_steps: int = bounded(10_000, ge=1)
+    warmup_steps: int = bounded(500, ge=0, le=MAX_STEPS)
+    total_steps: int = bounded(10_000, ge=1, le=MAX_STEPS)
     min_lr_ratio: float = bounded(0.0, ge=0, le=1)
-    clip_norm: float = 1.0  # global gradient norm; 0 disables clipping
+    clip_norm: float = bounded(1.0, ge=0, le=1e6)  # global gradient norm; 0 disables clipping
 
 
 class Optimizer(NamedTuple):

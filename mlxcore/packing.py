@@ -41,19 +41,22 @@ def _per_sequence(prompt_tokens: list[list[int]], n: int) -> list[list[int]]:
 
 
 def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int]],
-                pad_id: int = 0) -> dict[str, np.ndarray]:
+                pad_id: int = 0, widths: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
     """Right-padded prompt + completion rows.
 
     prompt_tokens: N lists (or P lists, one per group of N / P prompt-major completions).
     Returns tokens [N, T] int32, completion_mask [N, T] float32 (1 where the token is a
     completion token, i.e. a target), lengths [N] and prompt_lengths [N] int32;
-    T = `bucket_width` of the longest row (a multiple of 32 from a few bucket widths).
+    T = the smallest of `widths` that holds the longest row (widths chosen beforehand:
+    `mlxio.rl.shapes`), else the `bucket_width` of the longest row (a multiple of 32 from a few
+    bucket widths).
     """
     n = len(completion_tokens)
     prompts = _per_sequence(prompt_tokens, n)
     lengths = np.array([len(p) + len(c) for p, c in zip(prompts, completion_tokens, strict=True)],
                        np.int32)
-    width = bucket_width(int(lengths.max()) if n else 1)
+    longest = int(lengths.max()) if n else 1
+    width = min((w for w in widths if w >= longest), default=bucket_width(longest))
     tokens = np.full((n, width), pad_id, np.int32)
     mask = np.zeros((n, width), np.float32)
     for i, (p, c) in enumerate(zip(prompts, completion_tokens, strict=True)):
@@ -63,20 +66,21 @@ def pack_tokens(prompt_tokens: list[list[int]], completion_tokens: list[list[int
             "prompt_lengths": np.array([len(p) for p in prompts], np.int32)}
 
 
-def target_positions(mask: np.ndarray, micro: int, chunk: int) -> np.ndarray:
+def target_positions(mask: np.ndarray, micro: int, chunk: int, width: int | None = None) -> np.ndarray:
     """Flat indices of each micro-batch's scored targets, for `mlxcore.logprobs.gathered_logprobs`.
 
     mask [N, S] (1 on the targets to score); returns [N / micro, P] int32: row b lists the
     indices i * S + s (i within micro-batch b) of its ones in order, padded with micro * S. P is
-    the same for every micro-batch: the largest count rounded up by `bucket_width` to a few
-    multiples of `chunk` (so the compiled step sees a handful of sizes), at most micro * S.
+    the same for every micro-batch: `width` when the largest count fits it (chosen beforehand:
+    `mlxio.rl.shapes`), else that count rounded up by `bucket_width` to a few multiples of
+    `chunk` (so the compiled step sees a handful of sizes), at most micro * S.
     """
     n, s = mask.shape
     if micro < 1 or n % micro:
         raise ValueError(f"micro-batch {micro} must divide the {n} rows")
     flat = (np.asarray(mask) > 0).reshape(n // micro, micro * s)
     count = int(flat.sum(axis=1).max()) if n else 0
-    width = min(bucket_width(max(count, 1), chunk), micro * s)
+    width = width if width is not None and count <= width else min(bucket_width(max(count, 1), chunk), micro * s)
     out = np.full((n // micro, width), micro * s, np.int32)
     for b, row in enumerate(flat):
         idx = np.flatnonzero(row)
@@ -84,10 +88,11 @@ def target_positions(mask: np.ndarray, micro: int, chunk: int) -> np.ndarray:
     return out
 
 
-def pack(rollouts: Rollouts, pad_id: int = 0) -> dict[str, np.ndarray]:
-    """Training arrays of `pack_tokens`, plus the sampling-time `logprobs` [N, T] float32 at the
-    completion positions (0 elsewhere) and `prompt_index` [N]."""
-    packed = pack_tokens(rollouts.prompt_tokens, rollouts.completion_tokens, pad_id)
+def pack(rollouts: Rollouts, pad_id: int = 0, widths: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+    """Training arrays of `pack_tokens` (at one of `widths` where the rows fit), plus the
+    sampling-time `logprobs` [N, T] float32 at the completion positions (0 elsewhere) and
+    `prompt_index` [N]."""
+    packed = pack_tokens(rollouts.prompt_tokens, rollouts.completion_tokens, pad_id, widths)
     logprobs = np.zeros_like(packed["completion_mask"])
     for i, lp in enumerate(rollouts.logprobs):
         start = packed["prompt_lengths"][i]

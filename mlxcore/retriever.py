@@ -28,9 +28,9 @@ class LossConfig:
     # cosines in [-1, 1] over the temperature: below 1e-4 the gradients scale past float32 (1e-30: every
     # gradient norm overflows) and the softmax is a hard max; above 100 every score looks the same
     temperature: float = bounded(0.07, ge=1e-4, le=100)
-    margin: float = 0.2
-    margin_weight: float = 0.1
-    xtr_k_train: int = 0  # > 0: XTR in-batch token retrieval scoring with this top-k
+    margin: float = bounded(0.2, ge=0, le=100)
+    margin_weight: float = bounded(0.1, ge=0, le=1000)
+    xtr_k_train: int = bounded(0, ge=0, le=65536)  # > 0: XTR in-batch token retrieval scoring with this top-k
 
 
 def with_checkpointing(spec: EncoderSpec, on: bool) -> EncoderSpec:

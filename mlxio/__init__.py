@@ -1,5 +1,17 @@
-"""All I/O of the project: checkpoints, tokenizers, datasets, caches, exports, sandbox, teacher.
+"""Everything that meets the world outside the process - files, caches, the network, child
+processes, devices, clocks - and the code that holds a loaded model, tokenizer or device while
+it works (mlxcore holds the pure computation):
 
-Importing it changes nothing in the process: an entry point calls `mlxio.runtime.setup()` first
-(MLX's CPU BLAS, its kernel cache, the compiler of mlxcore's CUDA kernels).
+- `weights/`: weights in and out (safetensors, GGUF, encoders, causal LMs with LoRA, exports);
+- `data/`: the retriever's pairs, token cache and splits, read from sources, PyPI and JSONL;
+- `search/`: embedding texts with a trained encoder, the on-disk multi-vector index;
+- `rl/`: the RLAIF loop's parts that load, sample, judge or log (rollouts, rewards, the code
+  judge and teacher, evaluation, the update's batch, the worker's wire);
+- `sandbox/`: untrusted code run in isolated processes;
+- `run/`: a run's scaffolding (config files and flags, checkpoints, the loop's cadence, logs,
+  ranks, memory);
+- beside them: the process's set-up (`runtime.setup()`, which every entry point calls first:
+  importing this package changes nothing), MLX's CPU BLAS (`blas`) and GPU kernel cache
+  (`kernel_cache`, `kernel_warm`, `cuda_build`, `cuda_ext`), bounded input reading (`inputs`),
+  JSON-RPC framing (`rpc`), thread-safe `ast.parse` (`pyparse`), the error types (`errors`).
 """

@@ -177,9 +177,11 @@ class StrictArgumentParser(argparse.ArgumentParser):
         raise ConfigError(message, where="command line", fix=f"see {self.prog} --help")
 
 
-def at_least_one(what: str = "an integer") -> Callable[[str], int]:
-    """An argparse `type`: the text as an int >= 1, else a usage error "expected <what> >= 1"
-    (0 or a negative count or step would do nothing, silently)."""
+def at_least_one(what: str = "an integer", at_most: int = 2**31 - 1) -> Callable[[str], int]:
+    """An argparse `type`: the text as an int in 1..`at_most`, else a usage error "expected
+    <what> >= 1" (0 or a negative count or step would do nothing, silently) or "<= at_most" (a
+    length, batch or count that large would exhaust memory before it failed). The function
+    carries its range as `bounds` (tests check every numeric flag has one)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -187,7 +189,10 @@ def at_least_one(what: str = "an integer") -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected {what} >= 1, got {text!r}") from None
         if value < 1:
             raise argparse.ArgumentTypeError(f"expected {what} >= 1, got {value}")
+        if value > at_most:
+            raise argparse.ArgumentTypeError(f"expected {what} <= {at_most}, got {value}")
         return value
+    parse.bounds = (1, at_most)
     return parse
 
 

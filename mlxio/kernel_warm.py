@@ -118,15 +118,14 @@ def rlaif_modules(dtype: str = "float32") -> list[tuple]:
             ("dynamic_offset", "int32", 1)]  # the KV cache written at a position array
 
 
-def rlaif_jobs(cfg) -> list[tuple]:
-    """The modules to warm for the RLAIF recipe's first step under `cfg` (recipes.rlaif_config.
-    Config): a dequantised policy's are float32 ones, a half-precision base's
-    (`memory.compute_dtype`) its dtype's as well (the log-probs stay float32); a quantised
-    policy (QLoRA) needs more, which it compiles itself."""
-    dtype = getattr(getattr(cfg, "memory", None), "compute_dtype", "auto")
+def rlaif_jobs(compute_dtype: str = "auto") -> list[tuple]:
+    """The modules to warm for the RLAIF recipe's first step: a dequantised policy's are float32
+    ones, a half-precision base's (`compute_dtype`, the recipe's `memory.compute_dtype`) its
+    dtype's as well (the log-probs stay float32); a quantised policy (QLoRA) needs more, which
+    it compiles itself."""
     jobs = rlaif_modules("float32")
-    if dtype in ("bfloat16", "float16"):
-        jobs += [key for key in rlaif_modules(dtype) if key not in jobs]
+    if compute_dtype in ("bfloat16", "float16"):
+        jobs += [key for key in rlaif_modules(compute_dtype) if key not in jobs]
     return jobs
 
 
@@ -205,14 +204,14 @@ def start(jobs: list[tuple], dest: str | os.PathLike) -> Prewarm:
     return warm
 
 
-def for_rlaif(cfg, jit: bool) -> Prewarm | None:
-    """`start(rlaif_jobs(cfg))` into the kernel cache in use when enabled (MLXIO_KERNEL_PREWARM=1),
-    on a CUDA device, for the eager steps (`jit` False); else None."""
+def for_rlaif(compute_dtype: str, jit: bool) -> Prewarm | None:
+    """`start(rlaif_jobs(compute_dtype))` into the kernel cache in use when enabled
+    (MLXIO_KERNEL_PREWARM=1), on a CUDA device, for the eager steps (`jit` False); else None."""
     from mlxio import kernel_cache
 
     if not enabled() or jit or not kernel_cache.on_gpu():
         return None
-    jobs = rlaif_jobs(cfg)
+    jobs = rlaif_jobs(compute_dtype)
     log.info("kernel prewarm: %d child processes compile the first step's kernel modules into %s",
              len(jobs), kernel_cache.cache_dir())
     return start(jobs, kernel_cache.cache_dir())

@@ -39,6 +39,7 @@ CONFIG_ERROR = -32002  # the config (or a value derived from it) is wrong; messa
 CHECKPOINT_ERROR = -32003  # no / corrupt / foreign checkpoint
 REQUEST_TOO_LARGE = -32004  # a line longer than the server's max_line_bytes
 TRAINING_DIVERGED = -32005  # too many consecutive non-finite steps
+OUT_DIR_BUSY = -32006  # another process (a recipe run, another worker) writes the run directory (its .lock)
 
 DEFAULT_MAX_LINE_BYTES = 64 << 20
 

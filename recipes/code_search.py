@@ -56,6 +56,8 @@ from mlxio.weights.encoders import load_encoder, model_digest
 log = logging.getLogger("code_search")
 PROG = "python -m recipes.code_search"
 MODES = ("semantic", "bm25", "hybrid")
+# backstops: the encoder's max_position_embeddings and the memory budget refuse far less (checked at load)
+MAX_LENGTH = 1 << 20  # tokens of one document or query
 
 
 def _progress_bar(desc: str):
@@ -216,7 +218,12 @@ def _unit_float(text: str) -> float:
     return value
 
 
-def main(argv: list[str] | None = None) -> None:
+_unit_float.bounds = (0.0, 1.0)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The command line: subcommands index, search, verify. Every numeric flag's type carries
+    its range (`bounds`: lengths and batches within memory, counts within what an index holds)."""
     parser = StrictArgumentParser(prog=PROG, description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -225,9 +232,9 @@ def main(argv: list[str] | None = None) -> None:
     index.add_argument("source", type=Path)
     index.add_argument("--model", required=True, help="encoder directory or hub id (e.g. runs/xtr_lora/merged)")
     index.add_argument("--index", type=Path, required=True)
-    index.add_argument("--max-doc-len", type=at_least_one(), default=256)
-    index.add_argument("--max-query-len", type=at_least_one(), default=32)
-    index.add_argument("--batch-size", type=at_least_one(), default=32)
+    index.add_argument("--max-doc-len", type=at_least_one("a token count", MAX_LENGTH), default=256)
+    index.add_argument("--max-query-len", type=at_least_one("a token count", MAX_LENGTH), default=32)
+    index.add_argument("--batch-size", type=at_least_one("a batch size", 1 << 20), default=32)
     index.add_argument("--codec", default=search_build.DEFAULT_CODEC,
                        help="residual code: pq (PQ, D/6 bytes per token: pq64 at 384 dims; default), pqM "
                             "(M bytes per token), or 1bit / 2bit / 4bit (scalar, per dimension)")
@@ -241,16 +248,22 @@ def main(argv: list[str] | None = None) -> None:
     find.add_argument("query", nargs="?", help="one query (prints ranked results)")
     find.add_argument("--index", type=Path, required=True)
     find.add_argument("--mode", choices=MODES, default="hybrid")
-    find.add_argument("--top-k", type=at_least_one(), default=10)
+    find.add_argument("--top-k", type=at_least_one("a result count", 1_000_000), default=10)
     find.add_argument("--alpha", type=_unit_float, help="hybrid: semantic weight (default: the index's stored weight)")
     find.add_argument("--fusion", choices=FUSIONS, default="interp", help="hybrid: score interpolation or RRF")
-    find.add_argument("--nprobe", type=at_least_one(), help="centroids probed per query token")
-    find.add_argument("--candidates", type=at_least_one(), help="documents re-ranked by MaxSim")
+    find.add_argument("--nprobe", type=at_least_one("a centroid count", 1 << 20), help="centroids probed per query token")
+    find.add_argument("--candidates", type=at_least_one("a document count", 10_000_000),
+                      help="documents re-ranked by MaxSim")
     find.add_argument("--queries", type=Path, help="JSONL of {id, query}")
     find.add_argument("--output", type=Path, help="rankings JSONL (with --queries)")
     check = sub.add_parser("verify", help="check every index file against the manifest (full SHA-256)",
                            allow_abbrev=False)
     check.add_argument("--index", type=Path, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = make_parser()
     args = parser.parse_args(argv)
     for name in ("index", "source", "output", "queries", "fusion_from"):  # before anything loads or is created
         if getattr(args, name, None) is not None:

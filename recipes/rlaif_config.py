@@ -1,6 +1,11 @@
-"""Configuration of the RLAIF recipe (`recipes.rlaif_qwen`): the option tree, its presets and
-the cross-field checks. Every field is a command-line option (`--group_size 8`,
-`--optim.lr 1e-5`); `python -m recipes.rlaif_qwen --help` lists them with their defaults.
+"""Configuration of the RLAIF recipe (`recipes.rlaif_qwen`) and its worker
+(`recipes.rlaif_worker`): the option tree, its presets, the cross-field checks, and how the
+options reach the library (`load_policy`, `loss_fn`, `batch_settings`, `reward_fns`). Every
+field is a command-line option (`--group_size 8`, `--optim.lr 1e-5`); `python -m
+recipes.rlaif_qwen --help` lists them with their defaults. The sections live beside the code
+they configure: `data`, `eval` in mlxio.rl.evaluation, `rewards`, `teacher` in
+mlxio.rl.rewards, `sandbox` in mlxio.rl.judge, `memory` in mlxio.rl.grpo, `lora`, `optim`,
+`grpo` in mlxcore; `train` (the loop's length and cadence) is the recipe's own.
 """
 
 from __future__ import annotations
@@ -10,77 +15,23 @@ from typing import ClassVar
 
 import attrs
 
-from mlxcore.fields import bounded
+from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, MAX_STEPS, bounded
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxcore.policy import GrpoConfig
-from mlxcore.precision import COMPUTE_DTYPES
 from mlxio.errors import ConfigError
-from mlxio.rl.evaluation import EvalConfig
-from mlxio.rl.grpo import TINY_PREFIX  # "tiny:llama" etc.: a tiny random model (smoke tests)
+from mlxio.rl import grpo, rewards, shapes
+from mlxio.rl.evaluation import DataConfig, EvalConfig, validate_data
+from mlxio.rl.grpo import TINY_PREFIX, MemoryConfig  # TINY_PREFIX + "llama": a tiny random model
+from mlxio.rl.judge import SandboxConfig
+from mlxio.rl.rewards import RewardConfig, TeacherConfig
 from mlxio.rl.rollout import ENGINES
+from mlxio.rl.shapes import ShapePlan, ShapesConfig
+from mlxio.run import distributed
 from mlxio.run.config import check, check_schedule, check_url
+from mlxio.weights import llm
 from mlxio.weights.llm import TINY_KINDS
 from mlxio.weights.llm_lora import RECOMPUTABLE
-
-SOURCES = ("procedural", "humaneval")
-
-
-@attrs.frozen(kw_only=True)
-class DataConfig:
-    # "procedural": generated problems with hidden tests (mlxcore.tasks; the embedded 135M
-    # model passes some, so rewards vary); "humaneval": OpenAI HumanEval (164, the transfer test)
-    source: str = "procedural"  # checked by validate_data
-    problems: str | None = bounded(None, nonempty=True)  # JSONL of problems with tests (overrides `source`)
-    heldout_fraction: float = bounded(0.2, gt=0, lt=1)  # humaneval / JSONL: fixed split by hashed task id
-    max_train: int = 0  # use at most this many training problems (0 = all)
-    # procedural source: training families, whole families held out (evaluated, never
-    # trained on), difficulty levels (1-3), instances per template and level, instance seed
-    families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
-    heldout_families: tuple[str, ...] = ("parsing",)
-    # level 1: the embedded 135M model's base pass rate is 12-54% per family, level 2: 0-25%
-    # (dev/results/cpu/task_difficulty.json); add 2,3 for larger models
-    difficulty: tuple[int, ...] = (1,)
-    train_per_template: int = 32
-    heldout_per_template: int = 2
-    task_seed: int = 0
-    # extra evaluation sets beside the held-out split: "humaneval" (its held-out split, by
-    # heldout_fraction) measures transfer from the procedural tasks
-    transfer: tuple[str, ...] = ()
-
-
-@attrs.frozen(kw_only=True)
-class RewardConfig:
-    execution: float = 1.0  # passes the tests in the sandbox
-    format: float = 0.2  # answers in a python block defining the function
-    printable: float = 0.0  # share of printable-ASCII characters (a shaping reward; smoke)
-    ai_feedback: float | None = None  # None: 0.5 when a teacher is configured, else off
-    cache: bool = True  # persistent cache in out_dir/reward_cache
-
-
-@attrs.frozen(kw_only=True)
-class TeacherConfig:
-    url: str | None = bounded(None, nonempty=True)  # OpenAI-compatible endpoint, e.g. http://localhost:8080/v1
-    model: str = bounded("default", nonempty=True)  # mlx_lm.server: "default_model" (the --model it serves)
-    local: str | None = bounded(None, nonempty=True)  # or an mlx-lm model dir / GGUF judged locally
-    # one deadline per judge call: connect, headers, body, retries and back-off (HTTP), or the
-    # wait for the model plus generation (local); a call past it is a missing reward
-    timeout_s: float = 30.0
-    retries: int = 4  # HTTP: retries of 429 / 5xx / connection errors within the deadline
-    # "text": the teacher writes a review ending `Score: N/10`; "verdict": 10 * P(yes) from the
-    # log-probs of a one-token Yes/No answer (a small teacher, e.g. SmolLM2 on mlx_lm.server)
-    scoring: str = "text"
-
-
-@attrs.frozen(kw_only=True)
-class SandboxConfig:
-    timeout_s: float = bounded(5.0, gt=0, le=3600)
-    memory_mb: int = bounded(512, ge=32, le=1 << 20)
-    workers: int = bounded(2, ge=1, le=256)
-    disk_mb: int = bounded(64, ge=1, le=1 << 20)  # total writable space of one check (its tmpfs)
-    # without bubblewrap (or macOS sandbox-exec) untrusted code would run without file isolation:
-    # refused unless this is true
-    allow_weak: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -89,44 +40,13 @@ class TrainConfig:
 
     # quick: 12 steps x 2 prompts x 8 completions (procedural level 1: ~45 tokens each); about
     # a minute a step on 2 CPU cores
-    steps: int = bounded(12, ge=1)
+    steps: int = bounded(12, ge=1, le=MAX_STEPS)
     accum: int = bounded(2, ge=1, le=65536)  # the P * G completions of a step go through in this many micro-batches
-    log_every: int = bounded(1, ge=1)  # a metrics.jsonl record every N steps: the means over those N steps
-    checkpoint_every: int = bounded(4, ge=1)  # save a resumable checkpoint every N steps
-    keep_checkpoints: int = bounded(2, ge=1)  # checkpoints kept (older ones deleted)
-    max_consecutive_skips: int = bounded(3, ge=1)  # non-finite steps in a row before the run stops
-    seed: int = 0  # seed of initialisation, prompt order and sampling
-
-
-@attrs.frozen(kw_only=True)
-class MemoryConfig:
-    # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
-    # activations instead of `accum` of them (see mlxcore.step). Quick preset, 3 steps on 2
-    # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape, before the
-    # chunked log-probs): peak 58.1 -> 29.3 GB at 2.5% lower speed
-    eval_micro_batches: bool = True
-    # log-probs are scored this many completion tokens at a time from the last hidden states
-    # (mlxcore.logprobs): [chunk, vocab] logits at once, never [rows, T, vocab]
-    logprob_chunk: int = bounded(512, ge=1, le=1 << 20)
-    # mx.checkpoint per transformer block: its activations are recomputed in the backward pass
-    # (peak memory of one block's instead of all blocks', about a third more compute)
-    gradient_checkpointing: bool = False
-    # parts of every block recomputed in the backward pass instead of kept (same values and
-    # gradients; mlxio.weights.llm_lora.recomputing): "mlp" the SwiGLU product (2 of its 4
-    # [rows, T, ffn] arrays: 2 x 59.6 MB a block at 16 x 384 tokens of the 0.5B shape), "lora"
-    # the adapters' float32 copies of a bf16 base's activations; () keeps everything
-    recompute: tuple[str, ...] = RECOMPUTABLE
-    # the frozen base's dtype: "auto" keeps it as loaded (float32 once dequantised: the CPU's
-    # fast path), "bfloat16" halves its memory and bandwidth (LoRA and optimizer stay float32)
-    compute_dtype: str = bounded("auto", choices=("auto",) + tuple(COMPUTE_DTYPES),
-                                 validator=attrs.validators.in_(("auto",) + tuple(COMPUTE_DTYPES)))
-    # memory-driven train.accum: short probe steps in child processes at full-length batches
-    # (prompt + max_new_tokens) measure peak memory, and the largest micro-batch that fits
-    # budget_mb (0: budget_fraction of the device's memory) is used (mlxio.run.batch_sizer)
-    auto_batch: bool = False
-    budget_mb: float = bounded(0.0, ge=0)  # auto_batch's memory budget in MB; 0: budget_fraction of the device's
-    budget_fraction: float = bounded(0.7, gt=0, le=1)  # auto_batch's share of device memory (RAM on a CPU)
-    max_micro_batch: int = bounded(64, ge=1, le=65536)  # auto_batch's largest micro-batch (completions)
+    log_every: int = bounded(1, ge=1, le=MAX_STEPS)  # a metrics.jsonl record every N steps: the means over those N steps
+    checkpoint_every: int = bounded(4, ge=1, le=MAX_STEPS)  # save a resumable checkpoint every N steps
+    keep_checkpoints: int = bounded(2, ge=1, le=1000)  # checkpoints kept (older ones deleted)
+    max_consecutive_skips: int = bounded(3, ge=1, le=MAX_STEPS)  # non-finite steps in a row before the run stops
+    seed: int = bounded(0, ge=0, le=MAX_SEED)  # seed of initialisation, prompt order and sampling
 
 
 @attrs.frozen(kw_only=True)
@@ -137,7 +57,7 @@ class Config:
     # keep it quantised (QLoRA, --dequantize false) on a GPU.
     dequantize: bool = True
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
-    lora_layers: int | None = bounded(None, ge=1)  # LoRA on the last N blocks (None = all)
+    lora_layers: int | None = bounded(None, ge=1, le=4096)  # LoRA on the last N blocks (None = all)
     # lr 2e-4: the H100 run (--preset gpu) that lifted held-out pass@1 0.20 -> 0.66 used it
     optim: OptimConfig = OptimConfig(name="adamw", lr=2e-4, weight_decay=0.0, warmup_steps=0,
                                      total_steps=12, clip_norm=1.0)
@@ -145,7 +65,7 @@ class Config:
     group_size: int = bounded(8, ge=1, le=65536)
     temperature: float = bounded(0.8, gt=0, le=100)  # sampling; 0 (greedy) would make every group identical
     top_p: float = bounded(0.95, gt=0, le=1)
-    max_new_tokens: int = bounded(160, ge=1)
+    max_new_tokens: int = bounded(160, ge=1, le=MAX_NEW_TOKENS)
     # rollout decoding (mlxio.rl.rollout.generate_group's engine): "static" (compiled fixed-shape
     # step), "batch" (mlx-lm's BatchGenerator), "auto" (static on a GPU, batch on the CPU)
     rollout_engine: str = bounded("auto", choices=ENGINES, validator=attrs.validators.in_(ENGINES))
@@ -153,9 +73,9 @@ class Config:
     # talk after it costs decode time and is nothing the rewards read
     stop_at_code_end: bool = True
     advantage: str = bounded("grpo", choices=("grpo", "baseline"), validator=attrs.validators.in_(("grpo", "baseline")))
-    beta: float = 0.04  # KL(policy || LoRA-off reference) weight
-    clip_eps: float | None = bounded(None, gt=0)  # PPO ratio clipping; set it when inner_epochs > 1
-    inner_epochs: int = bounded(1, ge=1)
+    beta: float = bounded(0.04, ge=0, le=100)  # KL(policy || LoRA-off reference) weight
+    clip_eps: float | None = bounded(None, gt=0, lt=1)  # PPO ratio clipping; set it when inner_epochs > 1
+    inner_epochs: int = bounded(1, ge=1, le=100)
     # loss aggregation, clip-higher, GSPO ratios, entropy, dynamic sampling, truncation masking
     # (mlxcore.policy.GrpoConfig; docs/rlaif.md says when to use each)
     grpo: GrpoConfig = GrpoConfig()
@@ -171,6 +91,7 @@ class Config:
     eval: EvalConfig = EvalConfig(max_new_tokens=256, batch=16)  # all held-out problems
     train: TrainConfig = TrainConfig()
     memory: MemoryConfig = MemoryConfig()
+    shapes: ShapesConfig = ShapesConfig()
     # also report each record to: "tensorboard" (event files in out_dir/tensorboard), "wandb"
     # (Weights & Biases; offline unless WANDB_MODE is set); metrics.jsonl always
     report_to: tuple[str, ...] = ()
@@ -223,32 +144,36 @@ PRESETS = {
 }
 
 
-def validate_data(cfg: DataConfig) -> None:
-    """Checks of the data options (ConfigError names the field)."""
-    from mlxcore import tasks
+def load_policy(cfg: Config) -> llm.Policy:
+    """The policy `cfg` trains: `mlxio.rl.grpo.load_model` with its model, LoRA, seed, the
+    frozen base's dtype and the generation lengths to check against the model."""
+    return grpo.load_model(cfg.model, cfg.lora, cfg.lora_layers, cfg.train.seed, dequantize=cfg.dequantize,
+                           compute_dtype=cfg.memory.compute_dtype,
+                           lengths={"max_new_tokens": cfg.max_new_tokens, "eval.max_new_tokens": cfg.eval.max_new_tokens})
 
-    if cfg.source not in SOURCES:
-        raise ConfigError(f"data.source: must be one of {', '.join(SOURCES)}, got {cfg.source!r}")
-    if not 0.0 < cfg.heldout_fraction < 1.0:
-        raise ConfigError(f"data.heldout_fraction: must be in (0, 1), got {cfg.heldout_fraction}")
-    for name in cfg.transfer:
-        if name != "humaneval":
-            raise ConfigError(f"data.transfer: unknown evaluation set {name!r}; choose from humaneval")
-    if cfg.max_train < 0:
-        raise ConfigError(f"data.max_train: must be >= 0 (0 = all), got {cfg.max_train}")
-    if cfg.problems is not None or cfg.source != "procedural":
-        return
-    try:
-        tasks.check_selection(cfg.families, cfg.heldout_families, cfg.difficulty)
-    except ValueError as err:
-        raise ConfigError(f"data.{err}") from None
-    if cfg.train_per_template < 1:
-        raise ConfigError(f"data.train_per_template: must be >= 1, got {cfg.train_per_template}")
-    if cfg.heldout_per_template < 1:
-        raise ConfigError(f"data.heldout_per_template: must be >= 1 (the evaluation needs "
-                          f"held-out problems), got {cfg.heldout_per_template}")
-    if cfg.task_seed < 0:
-        raise ConfigError(f"data.task_seed: must be >= 0, got {cfg.task_seed}")
+
+def loss_fn(model, cfg: Config, world: distributed.World = distributed.SINGLE):
+    """The update's loss under `cfg` (`mlxio.rl.grpo.make_loss`; `world`: the ranks it spans)."""
+    return grpo.make_loss(model, cfg.beta, cfg.clip_eps, cfg.grpo, cfg.memory, world)
+
+
+def batch_settings(cfg: Config) -> dict:
+    """`mlxio.rl.grpo.build_batch`'s settings under `cfg` (keyword arguments)."""
+    return {"accum": cfg.train.accum, "max_new_tokens": cfg.max_new_tokens, "beta": cfg.beta,
+            "clip_eps": cfg.clip_eps, "grpo": cfg.grpo, "logprob_chunk": cfg.memory.logprob_chunk}
+
+
+def shape_plan(cfg: Config, prompt_lengths, prompts: int, rows: int) -> ShapePlan:
+    """Every array shape of a step under `cfg` (`mlxio.rl.shapes.plan`) for training prompts of
+    `prompt_lengths` tokens, `prompts` prompts and `rows` completions per step on this rank."""
+    return shapes.plan(cfg.shapes, prompt_lengths=prompt_lengths, prompts=prompts, rows=rows,
+                       max_new_tokens=cfg.max_new_tokens, accum=cfg.train.accum,
+                       logprob_chunk=cfg.memory.logprob_chunk, one_graph=not cfg.memory.eval_micro_batches)
+
+
+def reward_fns(cfg: Config) -> list:
+    """[(reward, weight)] of `cfg`'s rewards, teacher and sandbox (`mlxio.rl.rewards.from_config`)."""
+    return rewards.from_config(cfg.rewards, cfg.teacher, cfg.sandbox, cfg.dequantize)
 
 
 def validate_grpo(cfg: Config) -> None:

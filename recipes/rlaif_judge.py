@@ -44,7 +44,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache
 from mlxio.errors import ConfigError, DataError
-from mlxio.rl import grpo, rollout_log, verifier
+from mlxio.rl import rollout_log, verifier
 from mlxio.rl.judge import CodeJudge
 from mlxio.run import checkpoint, config, context
 from mlxio.run.config import to_dict
@@ -55,7 +55,7 @@ from mlxio.run.runlog import plot_curves, write_json_atomic, write_text_atomic
 from mlxio.sandbox import SandboxLimits, require_isolation
 from mlxio.weights import cards, llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line
-from recipes.rlaif_judge_config import PRESETS, Config, validate
+from recipes.rlaif_judge_config import PRESETS, Config, load_policy, validate
 
 logger = logging.getLogger("rlaif_judge")
 EVAL_SETS = ("heldout", "heldout_family")
@@ -144,7 +144,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
     world = context.start(out, to_dict(cfg), cfg.train.seed, resume)
     if world.size > 1:
         raise ConfigError(f"rlaif_judge runs on one process, not {world.size}", fix="start it without mlx.launch")
-    policy = grpo.load_model(cfg)
+    policy = load_policy(cfg)
     model = policy.model
     answers = verifier.answer_ids(policy.tokenizer, str(policy.source or cfg.model))
     optimizer = make_optimizer(cfg.optim)
@@ -230,7 +230,7 @@ python -m recipes.rlaif_qwen --teacher.url http://127.0.0.1:8080/v1 --teacher.sc
 
 def main(argv: list[str] | None = None) -> dict | None:
     cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_judge",
-                           description=__doc__.split("\n\n")[0], default_preset="quick",
+                           description=__doc__, default_preset="quick",
                            extra=context.add_run_flags)
     return run(cfg, resume=args.resume, stop_after=args.stop_after, profile_memory=args.profile_memory,
                command=command_line(argv, "recipes.rlaif_judge"))

@@ -1,5 +1,6 @@
-"""Configuration of the verdict-judge recipe (`recipes.rlaif_judge`): the option tree, its presets
-and the cross-field checks. Every field is a command-line option (`--data.logs a.jsonl,b.jsonl`,
+"""Configuration of the verdict-judge recipe (`recipes.rlaif_judge`): the option tree, its presets,
+the cross-field checks and the judge's base (`load_policy`); `sample` lives beside its code
+(mlxio.rl.verifier), `sandbox` in mlxio.rl.judge. Every field is a command-line option (`--data.logs a.jsonl,b.jsonl`,
 `--optim.lr 1e-4`); `python -m recipes.rlaif_judge --help` lists them with their defaults.
 """
 
@@ -10,12 +11,15 @@ from typing import ClassVar
 import attrs
 
 from mlxcore import tasks
-from mlxcore.fields import bounded
+from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxio.errors import ConfigError
+from mlxio.rl import grpo
+from mlxio.rl.judge import SandboxConfig
+from mlxio.rl.verifier import SampleConfig
 from mlxio.run.config import check
-from recipes.rlaif_config import SandboxConfig
+from mlxio.weights import llm
 
 
 @attrs.frozen(kw_only=True)
@@ -31,37 +35,17 @@ class DataConfig:
 
 
 @attrs.frozen(kw_only=True)
-class SampleConfig:
-    """Rollouts this recipe samples and judges itself (a fresh user has no logs): G completions
-    per procedural problem from `policy`, judged in the sandbox by the rewards' own judge."""
-
-    policy: str | None = None  # None: the judge's own base model; or a model dir / GGUF / hub id (an RLAIF run's fused/)
-    families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
-    difficulty: tuple[int, ...] = (1,)  # levels 1-3 (level 1: the embedded model passes 12-54%)
-    train_per_template: int = bounded(8, ge=0, le=100_000)  # training problems per template and level (0: logs only)
-    heldout_per_template: int = bounded(3, ge=0, le=100_000)  # held-out instances per template and level
-    family_per_template: int = bounded(8, ge=0, le=100_000)  # problems per template and level of each held-out family
-    task_seed: int = bounded(0, ge=0)
-    completions: int = bounded(4, ge=1, le=1024)  # sampled per problem
-    temperature: float = bounded(0.8, gt=0, le=100)
-    top_p: float = bounded(0.95, gt=0, le=1)
-    max_new_tokens: int = bounded(160, ge=1, le=1 << 16)
-    batch: int = bounded(8, ge=1, le=4096)  # problems decoded together (x completions sequences)
-    seed: int = bounded(0, ge=0)
-
-
-@attrs.frozen(kw_only=True)
 class TrainConfig:
     """The run's length, batching and cadence (the RLAIF recipe's `train.*` names)."""
 
-    steps: int = bounded(150, ge=1)
+    steps: int = bounded(150, ge=1, le=MAX_STEPS)
     batch: int = bounded(8, ge=2, le=65536)  # verdict prompts per optimizer step: half passing, half failing
     accum: int = bounded(2, ge=1, le=65536)  # the batch goes through in this many micro-batches
-    log_every: int = bounded(5, ge=1)
-    checkpoint_every: int = bounded(25, ge=1)
-    keep_checkpoints: int = bounded(2, ge=1)
-    max_consecutive_skips: int = bounded(3, ge=1)
-    seed: int = 0  # LoRA initialisation and batch order
+    log_every: int = bounded(5, ge=1, le=MAX_STEPS)
+    checkpoint_every: int = bounded(25, ge=1, le=MAX_STEPS)
+    keep_checkpoints: int = bounded(2, ge=1, le=1000)
+    max_consecutive_skips: int = bounded(3, ge=1, le=MAX_STEPS)
+    seed: int = bounded(0, ge=0, le=MAX_SEED)  # LoRA initialisation and batch order
 
 
 @attrs.frozen(kw_only=True)
@@ -77,7 +61,7 @@ class Config:
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "k_proj", "v_proj", "o_proj",
                                                                 "gate_proj", "up_proj", "down_proj"))
     # the last N blocks get LoRA: the backward pass stops there (the forward is the cost on a CPU)
-    lora_layers: int | None = bounded(8, ge=1)
+    lora_layers: int | None = bounded(8, ge=1, le=4096)
     optim: OptimConfig = OptimConfig(name="adamw", lr=3e-4, weight_decay=0.0, warmup_steps=10,
                                      total_steps=150, clip_norm=1.0)
     # mx.compile the step; None: yes except on a CUDA device (see recipes.rlaif_config)
@@ -111,6 +95,11 @@ PRESETS = {
                     train=TrainConfig(steps=12, batch=4, accum=1, log_every=1, checkpoint_every=4),
                     eval=EvalConfig(resamples=200), out_dir="runs/rlaif_judge_smoke"),
 }
+
+
+def load_policy(cfg: Config) -> llm.Policy:
+    """The judge's base with fresh LoRA (`mlxio.rl.grpo.load_model`, the RLAIF policy's loader)."""
+    return grpo.load_model(cfg.model, cfg.lora, cfg.lora_layers, cfg.train.seed, dequantize=cfg.dequantize)
 
 
 def validate(cfg: Config) -> None:

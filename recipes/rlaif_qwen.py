@@ -44,7 +44,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
-from mlxio.rl import auto_batch, grpo, rewards, rollout
+from mlxio.rl import auto_batch, grpo, rewards, rollout, shapes
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,
@@ -54,8 +54,6 @@ from mlxio.rl.evaluation import (
 )
 from mlxio.rl.grpo import (
     build_batch,
-    load_model,
-    make_loss,
     prompt_indices,
     rank_share,
     run_identity,
@@ -66,6 +64,7 @@ from mlxio.rl.grpo import (
 )
 from mlxio.rl.rewards import RewardCache
 from mlxio.rl.rollout_log import RolloutLog
+from mlxio.rl.warm_up import warm_up
 from mlxio.run import budget, config, context, distributed
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
@@ -76,10 +75,25 @@ from mlxio.run.runlog import plot_curves, write_json_atomic
 from mlxio.sandbox import require_isolation
 from mlxio.weights import llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line
-from recipes.rlaif_config import PRESETS, Config, validate
+from recipes.rlaif_config import (
+    PRESETS,
+    Config,
+    batch_settings,
+    load_policy,
+    loss_fn,
+    reward_fns,
+    shape_plan,
+    validate,
+)
 
 logger = logging.getLogger("rlaif_qwen")
 CURVES = ("reward_mean", "pass_rate", "kl", "entropy", "completion_len_mean", "clip_frac", "loss")
+
+
+def decode_record(ro) -> dict:
+    """The static engine's decode steps and rows computed (summed over its steps) of a rollout."""
+    stats = ro.decode_stats or {}
+    return {f"decode_{k}": stats[k] for k in ("steps", "row_steps") if k in stats}
 
 
 @context.releases_out_dirs
@@ -97,50 +111,56 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     clock = PhaseClock()  # the setup's phases in the log (mlxio.phases): what a cold start waits for
     out = config.check_out_dir(cfg.out_dir, "out_dir")
     require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
-    jit = grpo.use_compile(cfg)
+    jit = kernel_cache.use_compile(cfg.compile)
     # MLXIO_KERNEL_PREWARM=1 on CUDA: child processes compile the first step's kernels meanwhile
-    kernel_warm.for_rlaif(cfg, jit)
+    kernel_warm.for_rlaif(cfg.memory.compute_dtype, jit)
     train, eval_sets = load_problems(cfg.data)  # cheap: a bad file fails before the model loads
     clock.lap("setup: checks, prewarm, problems")
     world = context.start(out, to_dict(cfg), cfg.train.seed, resume, overwrite)  # out holds every rank's reward cache
-    prompt_share, local_group = rank_share(cfg, world)
+    prompt_share, local_group = rank_share(cfg.prompts_per_step, cfg.group_size, cfg.train.accum, world)
     clock.lap("setup: run context")
-    policy = load_model(cfg)
-    budget.check_rlaif(cfg, policy.config, world.size, where=str(policy.source or cfg.model))  # before any rollout
+    policy = load_policy(cfg)
+    budget.check_rlaif(policy.config, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                       max_new_tokens=cfg.max_new_tokens, accum=cfg.train.accum, ev=cfg.eval, world_size=world.size,
+                       where=str(policy.source or cfg.model))  # before any rollout
     clock.lap("setup: policy (load, dequantise, LoRA)")
     model = policy.model
-    fns = rewards.from_config(cfg) + list(extra_rewards)
+    fns = reward_fns(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     optimizer = make_optimizer(cfg.optim)
-    step_fn = make_train_step(distributed.data_parallel_loss(make_loss(model, cfg, world), world), optimizer,
+    step_fn = make_train_step(distributed.data_parallel_loss(loss_fn(model, cfg, world), world), optimizer,
                               clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, jit=jit,
                               reduce_grads=distributed.grad_reducer(world),
                               eval_micro_batches=cfg.memory.eval_micro_batches)
     params = llm_lora.lora_tree(model)  # what trains: the LoRA tree, bound to the frozen model in the loss
     distributed.check_replicated(params, world, "initial LoRA weights")
-    run_id = run_identity(cfg, policy)
+    run_id = run_identity(to_dict(cfg), policy)
     params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
                                                to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash,
                                                defaults=config.default_values(Config))
     start_step = found.step if found else 0
     # this rank's completions per step; --memory.auto_batch splits them by measured memory
     effective = (prompt_share.stop - prompt_share.start) * local_group
+    fixed_shapes = shapes.fixed(cfg.shapes.fixed)
+    prompt_lens = ([len(rollout.encode_prompt(policy.tokenizer, instruction(p))) for p in train]
+                   if cfg.memory.auto_batch or fixed_shapes else [])
     plan = None
     if cfg.memory.auto_batch:
         if world.size > 1:
             raise ConfigError("memory.auto_batch: single-process runs only",
                               fix="set --train.accum for each rank by hand")
-        prompt_len = max(len(rollout.encode_prompt(policy.tokenizer, instruction(p))) for p in train)
-        plan = auto_batch.plan(cfg, model, params, step_fn, state, effective, prompt_len,
-                               int(policy.config["vocab_size"]))
+        probe_batch = partial(build_batch, model, params, **{**batch_settings(cfg), "accum": 1})
+        plan = auto_batch.plan(cfg.memory, probe_batch, params, step_fn, state, effective, max(prompt_lens),
+                               cfg.max_new_tokens, int(policy.config["vocab_size"]))
         write_json_atomic(out / "auto_batch.json", plan.as_dict())
         logger.info("auto batch: %d micro-batches of %d (budget %.0f MB, predicted peak %.0f MB)", plan.accum,
                     plan.micro_batch, plan.budget_bytes / 2**20, plan.predicted_peak() / 2**20)
         cfg = attrs.evolve(cfg, train=attrs.evolve(cfg.train, accum=plan.accum))  # the run's identity keeps the flag
     # every judged rollout of rank 0 (problem, completion, verdict): a verdict judge's data (recipes.rlaif_judge)
     rollout_log = RolloutLog(out, resume_step=start_step if found else None) if world.is_main else None
-    evaluate_all = partial(evaluate_phase, eval_sets=eval_sets, cfg=cfg, fns=fns, cache=cache, out_dir=out,
-                           run_id=run_id)
+    evaluate_all = partial(evaluate_phase, eval_sets=eval_sets, ev=cfg.eval, sandbox=cfg.sandbox,
+                           temperature=cfg.temperature, top_p=cfg.top_p, stop_at_code_end=cfg.stop_at_code_end,
+                           fns=fns, cache=cache, out_dir=out, run_id=run_id)
     results = {"config": to_dict(cfg), "eval": {name: {} for name in eval_sets}}
     if cfg.eval.before and world.is_main:
         # "before" is the base model: LoRA off (every lora_b zero), whatever step a resumed
@@ -149,6 +169,16 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                      evaluate_all(llm_lora.bound_policy(policy, pg.reference_params(params)), "before"), cfg.eval)
 
     clock.lap("setup: rewards, step, resume" + (", evaluation before" if cfg.eval.before else ""))
+    # every array shape of a step, listed now (mlxio.rl.shapes): on a GPU each new one compiles
+    local_prompts = prompt_share.stop - prompt_share.start
+    planned = shape_plan(cfg, prompt_lens, local_prompts, effective) if fixed_shapes else None
+    one_graph = not cfg.memory.eval_micro_batches
+    seen = set()  # shape keys met so far: a step's `new_shapes` are those it meets first
+    if shapes.warm(cfg.shapes.warm_up, planned):
+        seen |= warm_up(policy, params, step_fn, state, planned, settings=batch_settings(cfg),
+                        temperature=cfg.temperature, top_p=cfg.top_p, compiled=jit, one_process=world.size == 1,
+                        static_engine=rollout.resolve_engine(cfg.rollout_engine) == "static")
+        clock.lap("setup: shape warm-up")
     loop = TrainLoop.open(out, world, run_id=run_id, config=to_dict(cfg), train=cfg.train, start=start_step,
                           end=context.last_step(cfg.train.steps, stop_after, start_step, more_steps),
                           resumed=found is not None, opt_state=state, project="rlaif_qwen", desc="rlaif",
@@ -169,7 +199,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
                 cfg.top_p, cfg.max_new_tokens,
                 distributed.rank_seed(step_seed(cfg.train.seed, step), world),
-                stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit)
+                stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit,
+                prompt_width=planned.prompt_width if planned else None,
+                min_decode_batch=cfg.shapes.min_decode_batch)
         answered = [problems[i] for i in ro.prompt_index]
         rew = rewards.combine_rewards(fns, answered, ro.texts, cache)
         if rollout_log is not None:
@@ -177,7 +209,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         prompt_ids = prompt_share.start + ro.prompt_index
         adv = shared_advantages(rew.total, rew.missing, prompt_ids, cfg.advantage, world)
         rows, row_stats = update_rows(rew.total, rew.missing, prompt_ids, ro.finished, cfg.grpo, world)
-        packed = packing.pack(ro, pad_id=0)
+        packed = packing.pack(ro, pad_id=0, widths=planned.update_widths if planned else ())
         t1 = time.perf_counter()
         m = {}
         with context.region(loop.profiler, "update"), kernel_cache.compile_notice(
@@ -185,17 +217,25 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
             if plan is not None:
                 mx.reset_peak_memory()  # the update's own peak, not the rollout's
             # one process: micro-batches of skipped rows alone are not run (None: nothing to learn)
-            batch = (build_batch(model, params, packed, adv, rows, cfg, drop_empty=world.size == 1, world=world)
+            batch = (build_batch(model, params, packed, adv, rows, **batch_settings(cfg), drop_empty=world.size == 1,
+                                 world=world, positions_width=planned.positions_for(packed["tokens"].shape[1])
+                                 if planned else None)
                      if row_stats["rows_in_update"] else None)
             for epoch in range(cfg.inner_epochs if batch is not None else 0):
                 params, state, m = step_fn(params, state, batch,
                                            mx.array(step * cfg.inner_epochs + epoch))
             mx.eval(params, state, m)
         if plan is not None:
-            cfg = auto_batch.recheck(plan, cfg, effective, mx.get_peak_memory())
+            accum = auto_batch.recheck(plan, cfg.train.accum, effective, mx.get_peak_memory())
+            if accum != cfg.train.accum:
+                cfg = attrs.evolve(cfg, train=attrs.evolve(cfg.train, accum=accum))
+                planned = planned and shape_plan(cfg, prompt_lens, local_prompts, effective)
         t2 = time.perf_counter()
+        met = set(ro.shapes) | ({shapes.update_key(batch, one_graph)} if batch is not None else set())
         record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
-                  **row_stats, "update_skipped": int(batch is None), "step_s": time.perf_counter() - t0}
+                  **row_stats, "update_skipped": int(batch is None), "new_shapes": len(met - seen),
+                  **decode_record(ro), "update_s": t2 - t1, "step_s": time.perf_counter() - t0}
+        seen |= met
         window.add(record)
         if (step + 1) % cfg.train.log_every == 0 or step + 1 == loop.end:
             loop.write({**window.pop(), "step": step + 1})
@@ -221,10 +261,16 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         record_phase(results["eval"], "after", evaluate_all(llm_lora.bound_policy(policy, params), "after"), cfg.eval)
     results["wall_s"] = time.perf_counter() - t_start
     write_json_atomic(out / "eval.json", results)
-    llm.write_policy_cards(out, base=base, results=results, command=command, data=grpo.training_note(cfg),
+    llm.write_policy_cards(out, base=base, results=results, command=command, data=training_note(cfg),
                            base_note=llm.DEFAULT_BASE_NOTE if cfg.model is None else "")
     logger.info("held-out evaluation:\n%s", format_table(results["eval"]))
     return results
+
+
+def training_note(cfg: Config) -> str:
+    """What the model cards say the run trained on."""
+    return (f"{cfg.train.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size} completions from "
+            f"{cfg.data.problems or cfg.data.source} (training split)")
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -232,7 +278,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         context.add_run_flags(parser, more_steps_aliases=("--stop-after",))
 
     cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen",
-                           description=__doc__.split("\n\n")[0], default_preset="quick",
+                           description=__doc__, default_preset="quick",
                            extra=extra)
     return run(cfg, resume=args.resume, stop_after=args.stop_after, more_steps=args.more_steps,
                profile_memory=args.profile_memory, command=command_line(argv, "recipes.rlaif_qwen"),

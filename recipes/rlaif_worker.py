@@ -4,9 +4,12 @@ Run:  python -m recipes.rlaif_worker                   # serves until EOF or `sh
       python -m recipes.rlaif_worker --max-line-bytes 1048576 --log-level WARNING
 
 One process serves both roles of the seed's design (generator and trainer) with the recipe's
-config (`initialize` takes a preset of recipes.rlaif_config and overrides), loss, step and
-checkpoints. stdout carries protocol lines only; logs go to stderr. Protocol, methods and
-JSON Schemas: docs/worker-protocol.md; code: mlxio/rl/worker.py, mlxio/rpc.py.
+config (`initialize` takes a preset of recipes.rlaif_config and overrides), policy, loss, step
+and checkpoints, built from the config as `recipes.rlaif_qwen` builds them, so a train_step
+here equals the recipe's step on the same batch and a checkpoint either writes the other
+resumes. stdout carries protocol lines only; logs go to stderr. Protocol, methods
+and JSON Schemas: docs/worker-protocol.md; the wire and the requests' checks:
+mlxio/rl/worker.py, mlxio/rpc.py.
 """
 
 from __future__ import annotations
@@ -16,12 +19,278 @@ from mlxio.runtime import setup
 if __name__ == "__main__":
     setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
-from mlxio.rl.worker import serve_stdio
-from recipes.rlaif_config import PRESETS, validate
+import math
+import platform
+import random
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from mlxcore import buckets, packing
+from mlxcore import policy as pg
+from mlxcore.optim import make_optimizer
+from mlxcore.step import init_state, make_train_step
+from mlxio import kernel_cache, rpc
+from mlxio.errors import CheckpointError, ConfigError, RunError
+from mlxio.rl import grpo, rollout
+from mlxio.rl.worker import (
+    PAD_ID,
+    check_generate,
+    check_rows,
+    finite,
+    merged,
+    padded,
+    rows_param,
+    serve_stdio,
+    version_of,
+)
+from mlxio.rl.worker_protocol import PROTOCOL_VERSION, SCHEMAS
+from mlxio.run import budget, checkpoint, context
+from mlxio.run.config import check_path_text, default_values, from_dict, to_dict
+from mlxio.weights import llm_lora
+from recipes.rlaif_config import PRESETS, Config, batch_settings, load_policy, loss_fn, validate
+
+
+class _Session:
+    """What `initialize` builds: config, policy, compiled step, weights, optimizer state."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        random.seed(cfg.train.seed)
+        mx.random.seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed)
+        self.policy = load_policy(cfg)
+        budget.check_rlaif(self.policy.config, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                           max_new_tokens=cfg.max_new_tokens, accum=cfg.train.accum, ev=cfg.eval,
+                           where=str(self.policy.source or cfg.model))
+        self.model = self.policy.model
+        optimizer = make_optimizer(cfg.optim)
+        self.step_fn = make_train_step(loss_fn(self.model, cfg), optimizer,
+                                       clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
+                                       jit=kernel_cache.use_compile(cfg.compile),
+                                       eval_micro_batches=cfg.memory.eval_micro_batches)
+        self.params = llm_lora.lora_tree(self.model)  # the trained LoRA tree; the model never changes
+        self.state = init_state(optimizer, self.params)
+        self.step = 0
+        self.run_id = grpo.run_identity(to_dict(cfg), self.policy)
+        self.vocab = int(self.policy.config["vocab_size"])
+        self.claimed: set[Path] = set()  # run directories this session locked (`Worker._claim`)
+
+
+class Worker:
+    """The methods (`presets` and `validate`: the recipe's, recipes.rlaif_config)."""
+
+    def __init__(self, presets: dict = PRESETS, validate=validate,
+                 max_line_bytes: int = rpc.DEFAULT_MAX_LINE_BYTES) -> None:
+        self.presets, self.validate = presets, validate
+        self.max_line_bytes = max_line_bytes
+        self.session: _Session | None = None
+
+    def methods(self) -> dict[str, rpc.Method]:
+        fns = {"initialize": self.initialize, "generate": self.generate,
+               "train_step": self.train_step, "eval_logprobs": self.eval_logprobs,
+               "save": self.save, "load": self.load, "shutdown": self.shutdown}
+        return {name: rpc.Method(fn, SCHEMAS[name]["params"], SCHEMAS[name]["result"],
+                                 (fn.__doc__ or "").strip()) for name, fn in fns.items()}
+
+    def server(self) -> rpc.Server:
+        return rpc.Server(self.methods(), self.max_line_bytes,
+                          {ConfigError: rpc.CONFIG_ERROR, CheckpointError: rpc.CHECKPOINT_ERROR})
+
+    def _session(self) -> _Session:
+        if self.session is None:
+            raise rpc.RpcError(rpc.NOT_INITIALIZED, "call initialize first")
+        return self.session
+
+    # methods -----------------------------------------------------------------------------
+    def initialize(self, params: dict) -> dict:
+        """Load the model with fresh LoRA and build the optimizer and compiled step."""
+        client = params.get("protocol_version")
+        if client is not None and client.split(".")[0] != PROTOCOL_VERSION.split(".")[0]:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"protocol_version {client} is not compatible "
+                               f"with the worker's {PROTOCOL_VERSION}", {"field": "params.protocol_version"})
+        preset = params.get("preset", "quick")
+        if preset not in self.presets:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.preset: unknown {preset!r} (known: "
+                               f"{', '.join(sorted(self.presets))})", {"field": "params.preset"})
+        base = self.presets[preset]
+        data = merged(to_dict(base), params.get("config", {}))
+        try:
+            cfg = from_dict(data, type(base), "params.config")
+            self.validate(cfg)
+        except ConfigError as err:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.config"}) from None
+        if self.session is not None:  # a re-initialize drops the old model and its folders first
+            for out in self.session.claimed:
+                context.release_out_dir(out)
+            self.session = None
+        s = self.session = _Session(cfg)
+        return {
+            "protocol_version": PROTOCOL_VERSION,
+            "versions": {"worker": version_of("mlx-retrieval-rl"), "mlx": mx.__version__,
+                         "mlx_lm": version_of("mlx-lm"), "python": platform.python_version()},
+            "capabilities": {
+                "roles": ["generator", "trainer"], "methods": sorted(SCHEMAS),
+                "max_line_bytes": self.max_line_bytes, "vocab_size": s.vocab,
+                "eos_token_ids": sorted(int(t) for t in s.policy.tokenizer.eos_token_ids),
+                "pad_id": PAD_ID, "accumulation": cfg.train.accum, "inner_epochs": cfg.inner_epochs},
+            "config": to_dict(cfg),
+            "model": str(s.policy.source or cfg.model),
+            "step": s.step,
+        }
+
+    def generate(self, params: dict) -> dict:
+        """Sample n completions per prompt with the current policy (mlxio.rl.rollout)."""
+        s = self._session()
+        cfg = s.cfg
+        n, max_tokens = params.get("n", cfg.group_size), params.get("max_tokens", cfg.max_new_tokens)
+        check_generate(s.policy.config, len(params["prompts"]), n, max_tokens)
+        t0 = time.perf_counter()
+        ro = rollout.generate_group(
+            llm_lora.bound_policy(s.policy, s.params), params["prompts"], n,
+            params.get("temperature", cfg.temperature), params.get("top_p", cfg.top_p), max_tokens,
+            params.get("seed", grpo.step_seed(cfg.train.seed, s.step)),
+            use_chat_template=params.get("chat_template", True),
+            stop_at_code_end=params.get("stop_at_code_end", cfg.stop_at_code_end),
+            stop=tuple(params.get("stop", ())), compiled=kernel_cache.use_compile(cfg.compile))
+        return {"texts": ro.texts, "prompt_tokens": ro.prompt_tokens,
+                "completion_tokens": [[int(t) for t in c] for c in ro.completion_tokens],
+                "logprobs": [lp.tolist() for lp in ro.logprobs],
+                "prompt_index": ro.prompt_index.tolist(), "finished": ro.finished.tolist(),
+                "tokens_per_s": float(ro.gen_tokens_per_s), "seconds": time.perf_counter() - t0}
+
+    def _tokens(self, s: _Session, params: dict) -> tuple[list, list[int]]:
+        rows = params["tokens"]
+        check_rows(s.policy.config, rows, s.cfg.train.accum)
+        for i, row in enumerate(rows):
+            if max(row) >= s.vocab:
+                raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens[{i}]: token id {max(row)} "
+                                   f">= vocab_size {s.vocab}", {"field": f"params.tokens[{i}]"})
+        return rows, [len(r) for r in rows]
+
+    def train_step(self, params: dict) -> dict:
+        """One recipe step (inner_epochs updates) on the given batch; the model keeps the result."""
+        s = self._session()
+        cfg = s.cfg
+        rows, lengths = self._tokens(s, params)
+        n = len(rows)
+        mask_rows = rows_param(params, "completion_mask", n, lengths)
+        adv = params["advantages"]
+        if len(adv) != n:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.advantages: {len(adv)} values for {n} "
+                               "sequences", {"field": "params.advantages"})
+        if n % cfg.train.accum:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {n} sequences is not a multiple "
+                               f"of the config's train.accum={cfg.train.accum}",
+                               {"field": "params.tokens"})
+        width = buckets.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
+        packed = {"tokens": padded(rows, width, np.int32, PAD_ID),
+                  "completion_mask": padded(mask_rows, width, np.float32)}
+        given = {}
+        for name in ("ref_logprobs", "old_logprobs"):
+            if name in params:
+                logp = rows_param(params, name, n, [k - 1 for k in lengths])
+                given[name] = mx.array(padded(logp, width - 1, np.float32))
+        t0 = time.perf_counter()
+        batch = grpo.build_batch(s.model, s.params, packed, np.asarray(adv, np.float32),
+                                 np.ones(n, bool), **batch_settings(cfg), ref_logp=given.get("ref_logprobs"),
+                                 old_logp=given.get("old_logprobs"))
+        for epoch in range(cfg.inner_epochs):
+            s.params, s.state, m = s.step_fn(s.params, s.state, batch,
+                                             mx.array(s.step * cfg.inner_epochs + epoch))
+            mx.eval(s.params, s.state, m)
+        s.step += 1
+        out = {k: float(v) for k, v in m.items()}
+        out.update(step=s.step, skipped=int(m["skipped"]),
+                   consecutive_skips=int(s.state["consecutive_skips"]),
+                   tokens=int(sum(lengths)), seconds=time.perf_counter() - t0)
+        return finite(out)
+
+    def eval_logprobs(self, params: dict) -> dict:
+        """Per-token log-probs of given sequences under the policy (or the LoRA-off reference)."""
+        s = self._session()
+        rows, lengths = self._tokens(s, params)
+        width = buckets.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
+        tokens = mx.array(padded(rows, width, np.int32, PAD_ID))
+        weights = pg.reference_params(s.params) if params.get("reference") else s.params
+        # every real target of each sequence, in micro-batches of the config's size (no logits)
+        targets = padded([[1.0] * (k - 1) for k in lengths], width - 1, np.float32)
+        micro = math.gcd(len(rows), -(-len(rows) // s.cfg.train.accum))
+        positions = packing.target_positions(targets, micro, s.cfg.memory.logprob_chunk)
+        logp = np.array(grpo.frozen_logprobs(s.model, weights, tokens, targets, positions,
+                                             s.cfg.memory.logprob_chunk))
+        return {"logprobs": [logp[i, :k - 1].tolist() for i, k in enumerate(lengths)]}
+
+    def _dir(self, s: _Session, params: dict) -> Path:
+        return check_path_text(params.get("dir") or s.cfg.out_dir, "params.dir", "params.dir")
+
+    def _claim(self, s: _Session, out: Path) -> None:
+        """Take the run directory `out` as the recipes do (`mlxio.run.context.claim_out_dir`:
+        its .lock, held until re-initialize or exit), so a recipe run or another worker writing
+        there is refused (OUT_DIR_BUSY, naming the folder and the holder), never interleaved."""
+        try:
+            if context.claim_out_dir(out, resume=True):
+                s.claimed.add(out)
+        except RunError as err:
+            raise rpc.RpcError(rpc.OUT_DIR_BUSY, f"params.dir: {err.what} ({err.where}); wait for it to finish, "
+                               "or save to another dir", {"field": "params.dir", "dir": str(out)}) from None
+
+    def save(self, params: dict) -> dict:
+        """Atomic checkpoint of LoRA + optimizer state (+ RNG, run identity), as the recipe's."""
+        s = self._session()
+        out = self._dir(s, params)
+        out.mkdir(parents=True, exist_ok=True)
+        self._claim(s, out)
+        meta = {**s.run_id, "rng": checkpoint.rng_snapshot(),
+                "data_position": {"prompts": s.step * s.cfg.prompts_per_step}, "config": to_dict(s.cfg),
+                "client": params.get("meta")}
+        path = checkpoint.save(out, s.step, {context.TRAINABLE: s.params, context.OPT_STATE: s.state}, meta,
+                               keep_last=s.cfg.train.keep_checkpoints)
+        if params.get("adapters"):
+            llm_lora.save_adapters(s.model, s.params, s.cfg.lora, s.cfg.lora_layers, out / "adapters")
+        return {"step": s.step, "path": str(path)}
+
+    def load(self, params: dict) -> dict:
+        """Resume from a checkpoint of this config and base model (the newest that verifies):
+        the recipe's --resume rule (`mlxio.run.context.check_config`), so one written before
+        newer options existed loads where this config leaves them at their defaults."""
+        s = self._session()
+        out = self._dir(s, params)
+        if out.is_dir():  # (none: no checkpoint to load, said below)
+            self._claim(s, out)
+        identity = {k: v for k, v in s.run_id.items() if k != "config_hash"}  # exact; the config by the rule
+        if "step" in params:
+            path = out / checkpoint.CHECKPOINTS / f"step-{params['step']:08d}"
+            if not path.is_dir():
+                raise CheckpointError(f"{path}: no such checkpoint")
+            trees, meta = checkpoint.load(path)
+            for field, want in identity.items():
+                if meta.get(field) != want:
+                    raise CheckpointError(f"{path}: meta[{field!r}] is {meta.get(field)!r} but "
+                                          f"this worker's config expects {want!r}")
+        else:
+            found = checkpoint.load_latest(out, expect=identity)
+            if found is None:
+                raise CheckpointError(f"{out}: no checkpoint to load")
+            path, trees, meta = found
+        context.check_config(path, meta, s.run_id, to_dict(s.cfg), Config.LEGACY_KEYS, grpo.config_hash,
+                             default_values(Config))
+        trees = context.current_tree_names(path, trees)
+        s.params, s.state = trees[context.TRAINABLE], trees[context.OPT_STATE]
+        checkpoint.rng_restore(meta["rng"])
+        s.step = int(meta["step"])
+        return {"step": s.step, "path": str(path), "meta": meta.get("client")}
+
+    def shutdown(self, params: dict) -> dict:
+        """Answer, then exit (0) once the answer is written."""
+        raise rpc.Stop({"step": self.session.step if self.session else 0})
 
 
 def main(argv: list[str] | None = None) -> int:
-    return serve_stdio(argv, PRESETS, validate, prog="python -m recipes.rlaif_worker")
+    return serve_stdio(argv, lambda max_line_bytes: Worker(PRESETS, validate, max_line_bytes).server(),
+                       prog="python -m recipes.rlaif_worker", description=__doc__)
 
 
 if __name__ == "__main__":

@@ -36,14 +36,16 @@ import attrs
 import mlx.core as mx
 
 from mlxcore import lora, precision, retriever
-from mlxcore.fields import bounded
+from mlxcore.buckets import padded_length
+from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
 from mlxcore.optim import OptimConfig, make_optimizer
 from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, partition
 from mlxio import kernel_cache
-from mlxio.data import pairs, pypi_sources, xtr_data
+from mlxio.data import pairs, xtr_data, xtr_tokens
 from mlxio.data.token_cache import DataPosition
+from mlxio.data.xtr_data import DataConfig
 from mlxio.errors import ConfigError, LoadError
 from mlxio.run import batch_sizer, budget, checkpoint, config, context, distributed
 from mlxio.run.best import BestKeeper
@@ -57,69 +59,30 @@ from mlxio.weights import quantize as quant_io
 from mlxio.weights.cards import base_model_name, command_line
 from mlxio.weights.encoders import default_encoder_path, load_encoder
 from mlxio.weights.export import export_retriever, mean_pooling_view
-from mlxio.weights.quantize import save_ptq
+from mlxio.weights.quantize import QuantConfig, save_ptq
 from mlxio.weights.retriever import load_trainable
 
 log = logging.getLogger("xtr_lora")
 
 @attrs.frozen(kw_only=True)
-class DataConfig:
-    source: str | None = bounded(None, nonempty=True)  # None: the interpreter's stdlib; a folder of .py files; or a .jsonl
-    lenient: bool = False  # skip malformed JSONL lines (counted per reason) instead of failing
-    max_chars: int = bounded(20_000, ge=1)  # longer texts are truncated (and counted)
-    eval_fraction: float = bounded(pairs.EVAL_FRACTION, gt=0, lt=1)  # share of source files held out
-    max_query_len: int = bounded(32, ge=2)
-    max_doc_len: int = bounded(128, ge=2)
-    bucket: int = bounded(32, ge=1)  # padded lengths are multiples of this (fewer recompiles)
-    # quick's evaluation (docs/retriever.md, "Evaluation"): 500 test + 200 dev queries of held-out files over
-    # 1,500 candidates, 800 + 200 of held-out packages over 2,500; ~4,000 documents to encode per model
-    eval_queries: int = bounded(500, ge=1)  # at most; at least min_eval_queries must exist
-    # fewer held-out queries / candidates than these: an error, except on your own data (source),
-    # which is evaluated on what it holds out (at least 20 of each) with a warning
-    min_eval_queries: int = bounded(500, ge=1)
-    min_eval_candidates: int = bounded(1500, ge=1)
-    dev_queries: int = 200  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
-    max_eval_candidates: int = 1500  # 0: every held-out function (positives always kept)
-    package_eval_queries: int = 800  # test queries from the held-out packages (0: eval_queries)
-    package_eval_candidates: int = 2500  # candidates from the held-out packages (0: all)
-    package_dev_queries: int = bounded(200, ge=0)  # held-out-package dev queries (disjoint from its test ones) for the hybrid weight
-    # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
-    packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
-    heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
-    hard_negatives: int = bounded(1, ge=0, le=64)  # K hard negatives per query beside the in-batch ones (0: in-batch only)
-    # "bm25" and/or "model" (the guide's MaxSim); JSONL negatives first. Every miner's top
-    # negative_rank_max candidates are scored by the guide's MaxSim: one above (1 - relative
-    # margin) x its positive's score, or within the absolute margin of it, is dropped as a likely
-    # false negative (NV-Retriever's TopK-PercPos 95%); the first negative_rank_min survivors are skipped
-    negative_miners: tuple[str, ...] = ("bm25",)
-    negative_rank_min: int = bounded(0, ge=0, le=4096)  # skip this many of each miner's surviving candidates
-    negative_rank_max: int = bounded(32, ge=1, le=4096)  # each miner's top N candidates are considered
-    negative_relative_margin: float = bounded(0.05, ge=0, lt=1)  # drop a candidate above (1 - this) x its positive's MaxSim
-    negative_absolute_margin: float = bounded(0.0, ge=0, le=2)  # drop a candidate within this of its positive's MaxSim
-    # the guide: a model directory or hub id (e.g. a first run's merged/: rescoring by a fine-tuned
-    # model), or None: the model being trained, before training
-    negative_guide: str | None = None
-
-
-@attrs.frozen(kw_only=True)
 class TrainConfig:
     micro_batch: int = bounded(12, ge=1, le=65536)
     accum: int = bounded(4, ge=1, le=65536)  # 12 x 4 = 48 pairs per optimizer step
-    steps: int = bounded(100, ge=1)
-    log_every: int = bounded(5, ge=1)
-    checkpoint_every: int = bounded(25, ge=1)
+    steps: int = bounded(100, ge=1, le=MAX_STEPS)
+    log_every: int = bounded(5, ge=1, le=MAX_STEPS)
+    checkpoint_every: int = bounded(25, ge=1, le=MAX_STEPS)
     eval_batch: int = bounded(64, ge=1, le=65536)
-    projection_dim: int = 0  # > 0: add a trainable projection when the encoder has none
-    max_consecutive_skips: int = bounded(10, ge=1)  # non-finite steps in a row before the run stops
-    eval_interval: int = bounded(1, ge=1)  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
+    projection_dim: int = bounded(0, ge=0, le=65536)  # > 0: add a trainable projection when the encoder has none
+    max_consecutive_skips: int = bounded(10, ge=1, le=MAX_STEPS)  # non-finite steps in a row before the run stops
+    eval_interval: int = bounded(1, ge=1, le=MAX_STEPS)  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
     # > 0: semantic metrics on the dev queries (held out for the fusion weight) every N optimizer
     # steps and at the last; the best step by dev MRR@10 is kept (out_dir/best/), evaluated and exported
-    dev_eval_every: int = bounded(0, ge=0)
+    dev_eval_every: int = bounded(0, ge=0, le=MAX_STEPS)
     # all micro_batch x accum pairs of a step form ONE contrastive batch (every query against all
     # their documents), computed micro-batch by micro-batch (mlxcore.grad_cache: GradCache): the
     # in-batch negatives of a large batch in the memory of one micro-batch; ~1.3x a plain step's time
     grad_cache: bool = False
-    seed: int = 0
+    seed: int = bounded(0, ge=0, le=MAX_SEED)
     # mx.compile the training step and the evaluation's forward + MaxSim. None (auto): yes, except
     # on a CUDA device, where a fresh machine compiles each fused kernel with NVRTC (3-4 s each:
     # the quick run's first step took 204 s on an H100) and an eager step needs only a few gather kernels
@@ -131,16 +94,10 @@ class MemoryConfig:
     gradient_checkpointing: bool = False  # mx.checkpoint per encoder block: recompute activations in backward
     compute_dtype: str = bounded("float32", choices=tuple(precision.COMPUTE_DTYPES))  # "bfloat16": frozen base in bf16; LoRA weights + optimizer state float32
     auto_batch: bool = False  # micro_batch from probes in child processes; accum keeps micro x accum fixed
-    budget_mb: float = 0.0  # auto_batch's memory budget; 0: budget_fraction of device memory (RAM on CPU)
+    budget_mb: float = bounded(0.0, ge=0, le=1e8)  # auto_batch's memory budget; 0: budget_fraction of device memory (RAM on CPU)
     budget_fraction: float = bounded(0.5, gt=0, le=1)
     max_micro_batch: int = bounded(64, ge=1, le=65536)
     eval_micro_batches: bool = False  # one graph per micro-batch: peak memory of one, not accum of them
-
-
-@attrs.frozen(kw_only=True)
-class QuantConfig:
-    qat: tuple[str, ...] = ()  # rules ("*=4/64", see mlxcore.quant.parse_rule): fake-quantise while training
-    ptq: tuple[str, ...] = ()  # rules: quantise the merged model after training; save it and evaluate it
 
 
 @attrs.frozen(kw_only=True)
@@ -234,6 +191,19 @@ def trajectory_hash(d: dict) -> str:
     return checkpoint.config_hash({k: v for k, v in d.items() if k not in ("out_dir", "cache_dir", "export", "report_to")})
 
 
+def batch_plan(cfg: Config, model_path: str, targets: tuple[str, ...], world_size: int,
+               record: Path | None) -> batch_sizer.Plan:
+    """`--memory.auto_batch`: the micro-batch that fits, from probes at full-length batches."""
+    spec = batch_sizer.probe_spec(model_path, targets, cfg.lora, cfg.loss, cfg.quant.qat,
+                                  query_len=padded_length(cfg.data.max_query_len, cfg.data.bucket),
+                                  doc_len=padded_length(cfg.data.max_doc_len, cfg.data.bucket),
+                                  gradient_checkpointing=cfg.memory.gradient_checkpointing,
+                                  compute_dtype=cfg.memory.compute_dtype)
+    return batch_sizer.plan_for_run(spec, cfg.train.micro_batch * cfg.train.accum, budget_mb=cfg.memory.budget_mb,
+                                    budget_fraction=cfg.memory.budget_fraction,
+                                    max_micro_batch=cfg.memory.max_micro_batch, world_size=world_size, record=record)
+
+
 def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     """(checked config, run flags) from the command line."""
     def extra_flags(parser: argparse.ArgumentParser) -> None:
@@ -289,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
     data = xtr_data.load_data(cfg.data, cache_dir, cfg.train.seed, lambda texts, max_length: xtr_data.token_embeddings(
         guide_params, guide, texts, max_length, cfg.train.eval_batch), guide_id)
     clock.lap("data", f"{len(data.train):,} training pairs")  # mining (or its cache), splits, hard negatives
-    tokens = xtr_data.tokenise(data.train, cfg.data, encoder.tokenizer, cache_dir)
+    tokens = xtr_tokens.tokenise(data.train, cfg.data, encoder.tokenizer, cache_dir)
     clock.lap("tokenise", f"{len(data.train):,} pairs in the token cache")
 
     # ---- loss, compiled step, resume
@@ -336,8 +306,8 @@ def main(argv: list[str] | None = None) -> dict:
     # ---- train
     plan = None  # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit
     if cfg.memory.auto_batch:
-        plan = batch_sizer.plan_for_run(cfg, model_path, model.targets, world.size,
-                                        record=out_dir / "batch_plan.json" if world.is_main else None)
+        plan = batch_plan(cfg, model_path, model.targets, world.size,
+                          record=out_dir / "batch_plan.json" if world.is_main else None)
     loop = TrainLoop.open(out_dir, world, run_id=run_id, config=config.to_dict(cfg), train=cfg.train,
                           start=start_step, end=context.last_step(cfg.train.steps, flags.stop_after),
                           resumed=resumed is not None, opt_state=opt_state, project="xtr_lora", desc="train",

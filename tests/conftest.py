@@ -49,11 +49,11 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxcore/test_tasks.py::test_reference_passes_in_the_sandbox_and_a_wrong_one_fails',
     'tests/mlxio/data/test_malformed_jsonl.py::test_mixed_files',
     'tests/mlxio/data/test_xtr_sources.py::test_eager_evaluation_embeds_and_scores_as_the_compiled_one',
+    'tests/mlxio/rl/test_decode.py::test_greedy_is_token_identical',
+    'tests/mlxio/rl/test_decode.py::test_sampling_gives_valid_tokens',
     'tests/mlxio/rl/test_judge.py::test_a_wrong_answer_that_trips_sound_tests_fails',
     'tests/mlxio/rl/test_judge.py::test_the_judges_own_failure_is_missing',
     'tests/mlxio/rl/test_rewards.py::test_execution_reward_on_humaneval',
-    'tests/mlxio/rl/test_rollout_static.py::test_greedy_is_token_identical',
-    'tests/mlxio/rl/test_rollout_static.py::test_sampling_gives_valid_tokens',
     'tests/mlxio/rl/test_teacher.py::test_200_calls_under_faults_complete_or_are_missing',
     'tests/mlxio/rl/test_teacher.py::test_cache_makes_second_run_free',
     'tests/mlxio/rl/test_teacher.py::test_deadline_is_kept_under_concurrency_with_drip_servers',
@@ -61,8 +61,6 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/rl/test_teacher.py::test_local_judge_deadline_cuts_generation',
     'tests/mlxio/rl/test_verifier.py::test_answer_tokens_must_be_single_tokens',
     'tests/mlxio/rl/test_worker.py::test_protocol_stdout_keeps_stray_writes_off_the_protocol',
-    'tests/mlxio/rl/test_worker.py::test_stdio_pipelined_requests_eof_and_checkpoint',
-    'tests/mlxio/rl/test_worker.py::test_train_step_equals_the_recipes_step',
     'tests/mlxio/run/test_checkpoint.py::test_save_load_identity',
     'tests/mlxio/run/test_cli_errors.py::test_cases_of_the_issue',
     'tests/mlxio/run/test_config_fuzz.py::test_a_section_of_any_shape_is_named',
@@ -93,6 +91,9 @@ FAST_LANE_EXCLUDES = {
     'tests/recipes/test_bad_inputs.py::test_wandb_that_cannot_start_is_one_line',
     'tests/recipes/test_bad_inputs.py::test_worker_cli_is_strict',
     'tests/recipes/test_rlaif_judge_inputs.py::test_one_class_logs_are_refused',
+    'tests/recipes/test_rlaif_worker.py::test_stdio_pipelined_requests_eof_and_checkpoint',
+    'tests/recipes/test_rlaif_worker.py::test_train_step_equals_the_recipes_step',
+    'tests/recipes/test_rlaif_worker.py::test_two_writers_never_share_a_run_directory',
 }
 
 

@@ -16,9 +16,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-# Prepended to a child's code: each fsync of a checkpoint write sleeps 50 ms, so a write lasts
+# Prepended to a child's code (the child's program starts here, so it sets the process up first,
+# as every entry point does): each fsync of a checkpoint write sleeps 50 ms, so a write lasts
 # long enough for the harness to land kills inside it.
 SLOW_FSYNC = """
+from mlxio.runtime import setup
+setup()
 import time
 import mlxio.run.checkpoint as ckpt
 _fsync = ckpt.fsync_path

@@ -15,18 +15,9 @@ from pathlib import Path
 import attrs
 import numpy as np
 
+from mlxcore.fields import bounded
 from mlxio.data import hard_negatives, pairs, pairs_jsonl, pypi_sources
-from mlxio.data.token_cache import (
-    DataPosition,
-    Prefetcher,
-    TokenCache,
-    build_or_open,
-    hf_tokenize,
-    iterate_batches,
-    tokenizer_identity,
-)
 from mlxio.errors import DataError
-from mlxio.run import distributed
 from mlxio.run.reporting import progress
 from mlxio.run.runlog import write_json_atomic
 
@@ -34,6 +25,48 @@ log = logging.getLogger("xtr_lora")
 # Held-out queries (and candidates) below which a user's own data cannot be evaluated at all;
 # between this and the preset's minimums the run evaluates on what there is (one warning line).
 MIN_OWN_EVAL = 20
+
+
+@attrs.frozen(kw_only=True)
+class DataConfig:
+    """The retriever's pairs, evaluation sets and hard negatives (the recipe's `data.*`;
+    `load_data`)."""
+
+    source: str | None = bounded(None, nonempty=True)  # None: the interpreter's stdlib; a folder of .py files; or a .jsonl
+    lenient: bool = False  # skip malformed JSONL lines (counted per reason) instead of failing
+    max_chars: int = bounded(20_000, ge=1, le=1 << 24)  # longer texts are truncated (and counted)
+    eval_fraction: float = bounded(pairs.EVAL_FRACTION, gt=0, lt=1)  # share of source files held out
+    max_query_len: int = bounded(32, ge=2, le=65536)
+    max_doc_len: int = bounded(128, ge=2, le=65536)
+    bucket: int = bounded(32, ge=1, le=4096)  # padded lengths are multiples of this (fewer recompiles)
+    # quick's evaluation (docs/retriever.md, "Evaluation"): 500 test + 200 dev queries of held-out files over
+    # 1,500 candidates, 800 + 200 of held-out packages over 2,500; ~4,000 documents to encode per model
+    eval_queries: int = bounded(500, ge=1, le=10_000_000)  # at most; at least min_eval_queries must exist
+    # fewer held-out queries / candidates than these: an error, except on your own data (source),
+    # which is evaluated on what it holds out (at least 20 of each) with a warning
+    min_eval_queries: int = bounded(500, ge=1, le=10_000_000)
+    min_eval_candidates: int = bounded(1500, ge=1, le=10_000_000)
+    dev_queries: int = bounded(200, ge=0, le=10_000_000)  # held-out queries beside the test ones for choosing the hybrid weight (0: all the rest)
+    max_eval_candidates: int = bounded(1500, ge=0, le=10_000_000)  # 0: every held-out function (positives always kept)
+    package_eval_queries: int = bounded(800, ge=0, le=10_000_000)  # test queries from the held-out packages (0: eval_queries)
+    package_eval_candidates: int = bounded(2500, ge=0, le=10_000_000)  # candidates from the held-out packages (0: all)
+    package_dev_queries: int = bounded(200, ge=0, le=10_000_000)  # held-out-package dev queries (disjoint from its test ones) for the hybrid weight
+    # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
+    packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
+    heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
+    hard_negatives: int = bounded(1, ge=0, le=64)  # K hard negatives per query beside the in-batch ones (0: in-batch only)
+    # "bm25" and/or "model" (the guide's MaxSim); JSONL negatives first. Every miner's top
+    # negative_rank_max candidates are scored by the guide's MaxSim: one above (1 - relative
+    # margin) x its positive's score, or within the absolute margin of it, is dropped as a likely
+    # false negative (NV-Retriever's TopK-PercPos 95%); the first negative_rank_min survivors are skipped
+    negative_miners: tuple[str, ...] = ("bm25",)
+    negative_rank_min: int = bounded(0, ge=0, le=4096)  # skip this many of each miner's surviving candidates
+    negative_rank_max: int = bounded(32, ge=1, le=4096)  # each miner's top N candidates are considered
+    negative_relative_margin: float = bounded(0.05, ge=0, lt=1)  # drop a candidate above (1 - this) x its positive's MaxSim
+    negative_absolute_margin: float = bounded(0.0, ge=0, le=2)  # drop a candidate within this of its positive's MaxSim
+    # the guide: a model directory or hub id (e.g. a first run's merged/: rescoring by a fine-tuned
+    # model), or None: the model being trained, before training
+    negative_guide: str | None = None
 
 
 @attrs.frozen
@@ -156,7 +189,7 @@ def drop_eval_queries(train: list, tasks: list[Task]) -> tuple[list, int]:
     return kept, len(train) - len(kept)
 
 
-def load_data(data, cache_dir: Path, seed: int, model_tokens=None, model_id: str | None = None) -> Data:
+def load_data(data: DataConfig, cache_dir: Path, seed: int, model_tokens=None, model_id: str | None = None) -> Data:
     """Pairs and held-out tasks for a DataConfig (see `Data`).
 
     Sources: `data.source` (the stdlib when None; a folder; or a .jsonl) plus every pinned
@@ -253,7 +286,7 @@ def load_data(data, cache_dir: Path, seed: int, model_tokens=None, model_id: str
     return Data(train=train, task=task, package_task=package_task, sources=infos, report=report)
 
 
-def test_queries(ev: pairs.EvalSet, data, dev: int) -> int:
+def test_queries(ev: pairs.EvalSet, data: DataConfig, dev: int) -> int:
     """How many of the held-out files' queries `ev` are test queries (the rest are dev queries).
 
     With the preset's minimums met (`data.min_eval_queries` queries, `data.min_eval_candidates`
@@ -331,7 +364,7 @@ class _AllowAll:
         return i != j
 
 
-def load_task(data, cache_dir: Path, seed: int) -> tuple[list[pairs.Pair], Task]:
+def load_task(data: DataConfig, cache_dir: Path, seed: int) -> tuple[list[pairs.Pair], Task]:
     """(training pairs, held-out-files task) of `load_data` (no source file is in both)."""
     d = load_data(data, cache_dir, seed)
     return d.train, d.task
@@ -356,7 +389,7 @@ def token_embeddings(params, encoder, texts, max_length: int, batch: int = 64):
                                   desc="hard negatives: embedding")
 
 
-def training_note(data, steps: int, pairs_per_step: int, task: Task, package_task: Task | None = None) -> str:
+def training_note(data: DataConfig, steps: int, pairs_per_step: int, task: Task, package_task: Task | None = None) -> str:
     """What the model card says the run trained and evaluated on (`data`: the DataConfig)."""
     sources = [data.source or "the Python standard library",
                *(s for s in data.packages if s.split("==")[0] not in data.heldout_packages)]
@@ -366,56 +399,3 @@ def training_note(data, steps: int, pairs_per_step: int, task: Task, package_tas
         note += (f" and on held-out packages never trained on, {', '.join(data.heldout_packages)} "
                  f"({len(package_task.queries)} queries over {len(package_task.candidates)} candidates)")
     return note
-
-
-@attrs.frozen
-class TrainTokens:
-    """The training pairs in the token cache: fields query, doc (and neg0.. with hard negatives)."""
-
-    cache: TokenCache
-    fields: tuple[str, ...]
-    neg_fields: tuple[str, ...]
-
-    def batches(self, micro_batch: int, accum: int, seed: int, position: DataPosition, bucket: int,
-                world: distributed.World) -> Prefetcher:
-        """(position, batch) per optimizer step from `position` on, prefetched two ahead: every
-        rank walks the same global plan of batches (`iterate_batches`) and keeps its share of
-        each micro-batch; hard negatives stacked (`stack_negatives`)."""
-        steps = iterate_batches(self.cache, micro_batch, accum, seed, position, bucket, fields=self.fields)
-        return Prefetcher(distributed.shard_batches(stack_negatives(steps, self.neg_fields), world), depth=2)
-
-
-def tokenise(train: list, data, tokenizer, cache_dir: Path) -> TrainTokens:
-    """The training pairs (`data`: the DataConfig: hard negatives, lengths) in the token cache
-    under cache_dir/tokens, built once per tokenizer, lengths and texts."""
-    fields, neg_fields = token_fields(train, data.hard_negatives)
-    cache = build_or_open(cache_dir / "tokens", fields, hf_tokenize(tokenizer), tokenizer_id=tokenizer_identity(tokenizer),
-                          max_lengths={f: data.max_query_len if f == "query" else data.max_doc_len for f in fields})
-    return TrainTokens(cache, tuple(fields), neg_fields)
-
-
-def token_fields(train: list, k: int) -> tuple[dict[str, list[str]], tuple[str, ...]]:
-    """Token-cache fields of the training pairs: query, doc and, with k hard negatives, neg0..
-    neg{k-1} (every pair has exactly k, see `hard_negatives.attach`)."""
-    fields = {"query": [p.query for p in train], "doc": [p.code for p in train]}
-    negs = tuple(f"neg{i}" for i in range(k))
-    for i, name in enumerate(negs):
-        fields[name] = [p.negatives[i] for p in train]
-    return fields, negs
-
-
-def stack_negatives(batches, neg_fields: tuple[str, ...]):
-    """(position, batch) pairs with the per-slot fields neg{i}_ids / _mask [A, M, T_i] stacked
-    into neg_ids / neg_mask [A, M, K, T] (T = the widest slot; narrower ones padded with 0 and
-    a 0 mask). Without neg_fields the batches pass through unchanged."""
-    for position, batch in batches:
-        if neg_fields:
-            width = max(batch[f"{f}_ids"].shape[-1] for f in neg_fields)
-            ids, masks = [], []
-            for f in neg_fields:
-                i, m = batch.pop(f"{f}_ids"), batch.pop(f"{f}_mask")
-                pad = [(0, 0)] * (i.ndim - 1) + [(0, width - i.shape[-1])]
-                ids.append(np.pad(i, pad))
-                masks.append(np.pad(m, pad))
-            batch["neg_ids"], batch["neg_mask"] = np.stack(ids, axis=2), np.stack(masks, axis=2)
-        yield position, batch

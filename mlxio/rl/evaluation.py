@@ -1,4 +1,6 @@
-"""Prompts, the fixed held-out split and the before/after evaluation of the RLAIF recipe.
+"""The RLAIF recipe's problems and their evaluation: its data options (`DataConfig`, the
+recipe's `data.*`) and the training and held-out sets they give (`load_problems`), prompts, the
+fixed held-out split and the before/after evaluation (`EvalConfig`, `eval.*`).
 
 Each evaluation set (held-out problems) is scored two ways: pass@1 of n sampled completions per
 problem at the sampling temperature (the unbiased estimator of `mlxcore.passk`, n = 16 by
@@ -23,11 +25,11 @@ import numpy as np
 
 from mlxcore import tasks
 from mlxcore.digest import hashed_int
-from mlxcore.fields import bounded
+from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, bounded
 from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxcore.tasks import Problem
 from mlxio.errors import ConfigError, DataError
-from mlxio.rl.judge import CodeJudge
+from mlxio.rl.judge import CodeJudge, SandboxConfig
 from mlxio.rl.problems import extract_code, load_humaneval, load_problems_jsonl
 from mlxio.rl.rewards import combine_rewards
 from mlxio.run.runlog import write_json_atomic
@@ -40,18 +42,72 @@ class EvalConfig:
     """Held-out evaluation: n sampled completions per problem (pass@1 by the unbiased
     estimator) and one greedy completion, with bootstrap intervals over problems."""
 
-    problems: int = 0  # how many problems of each evaluation set (0 = all of them)
+    problems: int = bounded(0, ge=0, le=1_000_000)  # how many problems of each evaluation set (0 = all of them)
     samples: int = bounded(16, ge=0, le=4096)  # sampled completions per problem (n of the pass@k estimator; 0 = none)
     temperature: float | None = bounded(None, gt=0, le=100)  # sampling temperature (None: the training temperature)
     greedy: bool = True  # also one greedy completion per problem
-    max_new_tokens: int = bounded(384, ge=1)
+    max_new_tokens: int = bounded(384, ge=1, le=MAX_NEW_TOKENS)
     batch: int = bounded(8, ge=1, le=4096)  # prompts decoded together (x samples sequences)
-    seed: int = 1234  # sampling seed: the same before and after training (paired comparison)
+    seed: int = bounded(1234, ge=0, le=MAX_SEED)  # sampling seed: the same before and after training (paired comparison)
     resamples: int = bounded(10_000, ge=1, le=10_000_000)  # bootstrap resamples for the 95% intervals
     timeout_s: float = bounded(10.0, gt=0, le=3600)  # per sandboxed check of one completion
     workers: int = bounded(2, ge=1, le=256)
     before: bool = True
     after: bool = True
+
+
+SOURCES = ("procedural", "humaneval")
+
+
+@attrs.frozen(kw_only=True)
+class DataConfig:
+    """Where the RLAIF recipe's problems come from (its `data.*`; `load_problems`)."""
+
+    # "procedural": generated problems with hidden tests (mlxcore.tasks; the embedded 135M
+    # model passes some, so rewards vary); "humaneval": OpenAI HumanEval (164, the transfer test)
+    source: str = "procedural"  # checked by validate_data
+    problems: str | None = bounded(None, nonempty=True)  # JSONL of problems with tests (overrides `source`)
+    heldout_fraction: float = bounded(0.2, gt=0, lt=1)  # humaneval / JSONL: fixed split by hashed task id
+    max_train: int = bounded(0, ge=0, le=10_000_000)  # use at most this many training problems (0 = all)
+    # procedural source: training families, whole families held out (evaluated, never
+    # trained on), difficulty levels (1-3), instances per template and level, instance seed
+    families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
+    heldout_families: tuple[str, ...] = ("parsing",)
+    # level 1: the embedded 135M model's base pass rate is 12-54% per family, level 2: 0-25%
+    # (dev/results/cpu/task_difficulty.json); add 2,3 for larger models
+    difficulty: tuple[int, ...] = bounded((1,), ge=min(tasks.LEVELS), le=max(tasks.LEVELS))
+    train_per_template: int = bounded(32, ge=0, le=100_000)  # (>= 1 for the procedural source: validate_data)
+    heldout_per_template: int = bounded(2, ge=0, le=100_000)
+    task_seed: int = bounded(0, ge=0, le=MAX_SEED)
+    # extra evaluation sets beside the held-out split: "humaneval" (its held-out split, by
+    # heldout_fraction) measures transfer from the procedural tasks
+    transfer: tuple[str, ...] = ()
+
+
+def validate_data(cfg: DataConfig) -> None:
+    """Checks of the data options (ConfigError names the field)."""
+    if cfg.source not in SOURCES:
+        raise ConfigError(f"data.source: must be one of {', '.join(SOURCES)}, got {cfg.source!r}")
+    if not 0.0 < cfg.heldout_fraction < 1.0:
+        raise ConfigError(f"data.heldout_fraction: must be in (0, 1), got {cfg.heldout_fraction}")
+    for name in cfg.transfer:
+        if name != "humaneval":
+            raise ConfigError(f"data.transfer: unknown evaluation set {name!r}; choose from humaneval")
+    if cfg.max_train < 0:
+        raise ConfigError(f"data.max_train: must be >= 0 (0 = all), got {cfg.max_train}")
+    if cfg.problems is not None or cfg.source != "procedural":
+        return
+    try:
+        tasks.check_selection(cfg.families, cfg.heldout_families, cfg.difficulty)
+    except ValueError as err:
+        raise ConfigError(f"data.{err}") from None
+    if cfg.train_per_template < 1:
+        raise ConfigError(f"data.train_per_template: must be >= 1, got {cfg.train_per_template}")
+    if cfg.heldout_per_template < 1:
+        raise ConfigError(f"data.heldout_per_template: must be >= 1 (the evaluation needs "
+                          f"held-out problems), got {cfg.heldout_per_template}")
+    if cfg.task_seed < 0:
+        raise ConfigError(f"data.task_seed: must be >= 0, got {cfg.task_seed}")
 
 
 def instruction(problem: Problem) -> str:
@@ -76,7 +132,7 @@ def heldout_split(problems: Sequence[Problem], fraction: float, salt: str = "rla
     return train, held
 
 
-def load_problems(cfg) -> tuple[list[Problem], dict[str, list[Problem]]]:
+def load_problems(cfg: DataConfig) -> tuple[list[Problem], dict[str, list[Problem]]]:
     """(training problems, {evaluation set name: held-out problems}) of the RLAIF recipe's
     data config. Procedural
     (mlxcore.tasks): sets "heldout" (other instances of the training templates) and
@@ -110,12 +166,11 @@ def human_eval_completion(problem: Problem, completion: str) -> str:
     return "\n" + program
 
 
-def eval_judge(cfg) -> CodeJudge:
-    """The judge of the RLAIF config `cfg`'s evaluation: the sandbox's limits, the
-    evaluation's own time limit and parallelism."""
-    limits = SandboxLimits(timeout_s=cfg.eval.timeout_s, memory_mb=cfg.sandbox.memory_mb,
-                           disk_mb=cfg.sandbox.disk_mb)
-    return CodeJudge(limits, cfg.eval.workers)
+def eval_judge(ev: EvalConfig, sandbox: SandboxConfig) -> CodeJudge:
+    """The evaluation's judge: the sandbox's limits, the evaluation's own time limit and
+    parallelism."""
+    limits = SandboxLimits(timeout_s=ev.timeout_s, memory_mb=sandbox.memory_mb, disk_mb=sandbox.disk_mb)
+    return CodeJudge(limits, ev.workers)
 
 
 def _decode(policy, problems: Sequence[Problem], cfg: EvalConfig, n: int, temperature: float,
@@ -266,15 +321,16 @@ def record_phase(sets: dict[str, dict], phase: str, results: dict[str, dict], cf
             entry["diff"] = compare(entry["before"], entry["after"], cfg)
 
 
-def evaluate_phase(policy, phase: str, *, eval_sets: dict[str, Sequence[Problem]], cfg, fns, cache, out_dir: Path,
-                   run_id: dict) -> dict[str, dict]:
+def evaluate_phase(policy, phase: str, *, eval_sets: dict[str, Sequence[Problem]], ev: EvalConfig,
+                   sandbox: SandboxConfig, temperature: float, top_p: float, stop_at_code_end: bool, fns, cache,
+                   out_dir: Path, run_id: dict) -> dict[str, dict]:
     """Every evaluation set under `policy` (the model with the LoRA tree of this `phase`,
-    "before" or "after"), sampled as the RLAIF config `cfg` says; resumable through
-    out_dir/eval_<phase>.json (`evaluate_sets`)."""
-    judge = eval_judge(cfg)
+    "before" or "after"), sampled as `ev` says (at the training's `temperature` unless it sets
+    one, its `top_p` and `stop_at_code_end`), judged in `sandbox`'s limits (`eval_judge`);
+    resumable through out_dir/eval_<phase>.json (`evaluate_sets`)."""
+    judge = eval_judge(ev, sandbox)
 
     def one(name: str) -> dict:
-        return evaluate(policy, eval_sets[name], cfg.eval, fns, cache, judge=judge,
-                        temperature=cfg.temperature, top_p=cfg.top_p,
-                        stop_at_code_end=cfg.stop_at_code_end)
+        return evaluate(policy, eval_sets[name], ev, fns, cache, judge=judge,
+                        temperature=temperature, top_p=top_p, stop_at_code_end=stop_at_code_end)
     return evaluate_sets(one, list(eval_sets), out_dir / f"eval_{phase}.json", {**run_id, "phase": phase})

@@ -1,10 +1,12 @@
-"""The RLAIF policy update's building blocks, shared by the recipe (`recipes.rlaif_qwen`) and the
-worker (`mlxio.rl.worker`): the policy with fresh LoRA, the loss handed to mlxcore.step, frozen
-(no-gradient) log-probabilities and the step's batch. `cfg` is the recipe's Config
-(`recipes.rlaif_config`); only its fields are read.
+"""The RLAIF policy update's building blocks, shared by the recipe (`recipes.rlaif_qwen`) and its
+worker (`recipes.rlaif_worker`): the policy with fresh LoRA, the loss handed to mlxcore.step,
+frozen (no-gradient) log-probabilities and the step's batch, and the update's memory options
+(`MemoryConfig`, the recipe's `memory.*`). Each function takes the settings it reads.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import attrs
 import mlx.core as mx
@@ -13,95 +15,118 @@ import numpy as np
 from mlxcore import packing
 from mlxcore import policy as pg
 from mlxcore.digest import hashed_int
+from mlxcore.fields import bounded
 from mlxcore.logprobs import gathered_logprobs
+from mlxcore.lora import LoraConfig
 from mlxcore.precision import COMPUTE_DTYPES
 from mlxio.errors import ConfigError
 from mlxio.run import checkpoint, distributed
-from mlxio.run.config import to_dict
 from mlxio.weights import llm, llm_lora
 
 # model "tiny:llama" / "tiny:qwen2" (+ "-q4": 4-bit base): a tiny random model (smoke tests)
 TINY_PREFIX = "tiny:"
 
 
-def load_model(cfg) -> llm.Policy:
-    """The policy (base model + tokenizer), dequantised when asked, with fresh LoRA adapters
-    (the model's own LoRA leaves: `llm_lora.lora_tree(policy.model)` is the initial tree)."""
-    if cfg.model and cfg.model.startswith(TINY_PREFIX):
-        kind = cfg.model[len(TINY_PREFIX):]
+@attrs.frozen(kw_only=True)
+class MemoryConfig:
+    """The update's memory options (the RLAIF recipe's `memory.*`)."""
+
+    # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
+    # activations instead of `accum` of them (see mlxcore.step). Quick preset, 3 steps on 2
+    # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape, before the
+    # chunked log-probs): peak 58.1 -> 29.3 GB at 2.5% lower speed
+    eval_micro_batches: bool = True
+    # log-probs are scored this many completion tokens at a time from the last hidden states
+    # (mlxcore.logprobs): [chunk, vocab] logits at once, never [rows, T, vocab]
+    logprob_chunk: int = bounded(512, ge=1, le=1 << 20)
+    # mx.checkpoint per transformer block: its activations are recomputed in the backward pass
+    # (peak memory of one block's instead of all blocks', about a third more compute)
+    gradient_checkpointing: bool = False
+    # parts of every block recomputed in the backward pass instead of kept (same values and
+    # gradients; mlxio.weights.llm_lora.recomputing): "mlp" the SwiGLU product (2 of its 4
+    # [rows, T, ffn] arrays: 2 x 59.6 MB a block at 16 x 384 tokens of the 0.5B shape), "lora"
+    # the adapters' float32 copies of a bf16 base's activations; () keeps everything. CPU, 0.5B
+    # shape, 1 x 384 tokens: 26.8 -> 15.8 MB a block live (dev/results/cpu/rlaif_step_memory.json)
+    recompute: tuple[str, ...] = llm_lora.RECOMPUTABLE
+    # the frozen base's dtype: "auto" keeps it as loaded (float32 once dequantised: the CPU's
+    # fast path), "bfloat16" halves its memory and bandwidth (LoRA and optimizer stay float32)
+    compute_dtype: str = bounded("auto", choices=("auto",) + tuple(COMPUTE_DTYPES),
+                                 validator=attrs.validators.in_(("auto",) + tuple(COMPUTE_DTYPES)))
+    # memory-driven train.accum: short probe steps in child processes at full-length batches
+    # (prompt + max_new_tokens) measure peak memory, and the largest micro-batch that fits
+    # budget_mb (0: budget_fraction of the device's memory) is used (mlxio.run.batch_sizer)
+    auto_batch: bool = False
+    budget_mb: float = bounded(0.0, ge=0, le=1e8)  # auto_batch's memory budget in MB; 0: budget_fraction of the device's
+    budget_fraction: float = bounded(0.7, gt=0, le=1)  # auto_batch's share of device memory (RAM on a CPU)
+    max_micro_batch: int = bounded(64, ge=1, le=65536)  # auto_batch's largest micro-batch (completions)
+
+
+def load_model(model: str | None, lora: LoraConfig, lora_layers: int | None, seed: int, *,
+               dequantize: bool = True, compute_dtype: str = "auto",
+               lengths: Mapping[str, int] | None = None) -> llm.Policy:
+    """The policy (base model + tokenizer; `model`: None for the embedded GGUF, a folder, GGUF
+    or hub id, or TINY_PREFIX + a tiny kind), dequantised when asked, its frozen base in
+    `compute_dtype` ("auto": as loaded), checked (`check_policy`; `lengths`: generation lengths
+    by option name), with fresh LoRA adapters from `seed` (the model's own LoRA leaves:
+    `llm_lora.lora_tree(policy.model)` is the initial tree)."""
+    if model and model.startswith(TINY_PREFIX):
+        kind = model[len(TINY_PREFIX):]
         quantize = kind.endswith("-q4")
-        policy = llm.tiny_policy(kind.removesuffix("-q4"), seed=cfg.train.seed, quantize=quantize)
+        policy = llm.tiny_policy(kind.removesuffix("-q4"), seed=seed, quantize=quantize)
     else:
-        policy = llm.load_policy(cfg.model)
-    if cfg.dequantize and policy.quantized:
+        policy = llm.load_policy(model)
+    if dequantize and policy.quantized:
         from mlx_lm.utils import dequantize_model
 
         config = {k: v for k, v in policy.config.items()
                   if k not in ("quantization", "quantization_config")}
-        model = dequantize_model(policy.model)
-        model.set_dtype(mx.float32)
+        dequantized = dequantize_model(policy.model)
+        dequantized.set_dtype(mx.float32)
         config["torch_dtype"] = "float32"
-        policy = attrs.evolve(policy, model=model, config=config, quantized=False)
-    # the frozen base only: LoRA (added next) stays float32; a config without a memory section
-    # (the verdict judge's) keeps the base as loaded
-    compute_dtype = getattr(getattr(cfg, "memory", None), "compute_dtype", "auto")
+        policy = attrs.evolve(policy, model=dequantized, config=config, quantized=False)
+    # the frozen base only: LoRA (added next) stays float32
     if compute_dtype != "auto":
         policy.model.set_dtype(COMPUTE_DTYPES[compute_dtype])
-    check_policy(cfg, policy)
-    llm_lora.apply_lora(policy.model, cfg.lora, cfg.lora_layers, mx.random.key(cfg.train.seed))
+    check_policy(policy, str(policy.source or model), lora, lora_layers, lengths or {})
+    llm_lora.apply_lora(policy.model, lora, lora_layers, mx.random.key(seed))
     return policy
-
-
-def use_compile(cfg) -> bool:
-    """Whether the update step and the rollout's decode step are `mx.compile`d: `cfg.compile`,
-    None (auto) everywhere but on a CUDA device (`mlxio.kernel_cache.use_compile`: there a fresh
-    machine's NVRTC compilation of the fused kernels took minutes). Long runs, where the fused
-    decode step pays back its compilation, set it true (the gpu and full presets)."""
-    from mlxio import kernel_cache
-
-    return kernel_cache.use_compile(cfg.compile)
 
 
 def config_hash(config: dict) -> str:
     """The hash of a config (as a dict: `to_dict(cfg)`) over the fields that change the
-    training: not the output dir nor the logging."""
-    return checkpoint.config_hash({**config, "out_dir": None, "report_to": None,
+    training: not the output dir, the logging nor the array shapes (`shapes`: padding, float
+    rounding apart, changes no number; runs from before the section resume)."""
+    rest = {k: v for k, v in config.items() if k != "shapes"}
+    return checkpoint.config_hash({**rest, "out_dir": None, "report_to": None,
                                    "train": {**config["train"], "log_every": None}})
 
 
-def run_identity(cfg, policy: llm.Policy) -> dict:
+def run_identity(config: dict, policy: llm.Policy) -> dict:
     """What a checkpoint must match to be resumed (`checkpoint.load_latest(expect=...)`): the
-    config's hash (`config_hash`) and the base model. The recipe and the worker share it, so
-    either resumes the other's."""
-    return {"config_hash": config_hash(to_dict(cfg)), "base_model": str(policy.source)}
+    hash of the run's config (`config`: the recipe's `to_dict(cfg)`; `config_hash`) and the base
+    model. The recipe and the worker share it, so either resumes the other's."""
+    return {"config_hash": config_hash(config), "base_model": str(policy.source)}
 
 
-def training_note(cfg) -> str:
-    """What the model cards say the run trained on."""
-    return (f"{cfg.train.steps} steps x {cfg.prompts_per_step} prompts x {cfg.group_size} completions from "
-            f"{cfg.data.problems or getattr(cfg.data, 'source', 'humaneval')} (training split)")
-
-
-def check_policy(cfg, policy: llm.Policy) -> None:
-    """Settings that depend on the model (ConfigError naming the field): every LoRA target
-    matches a linear layer of a block, lora_layers within the block count, generation lengths
-    within the model's max_position_embeddings."""
+def check_policy(policy: llm.Policy, where: str, lora: LoraConfig, lora_layers: int | None,
+                 lengths: Mapping[str, int]) -> None:
+    """Settings that depend on the model (ConfigError naming the field, at `where`): every LoRA
+    target matches a linear layer of a block, lora_layers within the block count, each
+    generation length of `lengths` ({option name: tokens}) within the model's
+    max_position_embeddings."""
     from mlxio.run import config
 
     blocks = policy.model.layers
-    where = str(policy.source or cfg.model)
-    if cfg.lora.dropout:
-        raise ConfigError(f"lora.dropout: {cfg.lora.dropout} is not supported on causal-LM policies", where=where,
+    if lora.dropout:
+        raise ConfigError(f"lora.dropout: {lora.dropout} is not supported on causal-LM policies", where=where,
                           fix="set --lora.dropout 0")
-    config.check_targets(cfg.lora.targets, llm_lora.linear_paths(blocks[0]), where=where)
-    if cfg.lora_layers is not None:
-        config.check_at_most("lora_layers", cfg.lora_layers, len(blocks), "the model's number of blocks", where)
+    config.check_targets(lora.targets, llm_lora.linear_paths(blocks[0]), where=where)
+    if lora_layers is not None:
+        config.check_at_most("lora_layers", lora_layers, len(blocks), "the model's number of blocks", where)
     limit = policy.config.get("max_position_embeddings")
     if isinstance(limit, int) and limit > 0:
-        for name, value in (("max_new_tokens", getattr(cfg, "max_new_tokens", None)),
-                            ("eval.max_new_tokens", getattr(getattr(cfg, "eval", None), "max_new_tokens", None))):
-            if isinstance(value, int):
-                config.check_at_most(name, value, limit, "the model's max_position_embeddings", where)
+        for name, value in lengths.items():
+            config.check_at_most(name, value, limit, "the model's max_position_embeddings", where)
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -128,11 +153,12 @@ def advantages_of(total: np.ndarray, missing: np.ndarray, prompt_index: np.ndarr
     return np.array(fn(rewards, group_ids=mx.array(ids)))
 
 
-def rank_share(cfg, world: distributed.World) -> tuple[slice, int]:
+def rank_share(prompts_per_step: int, group_size: int, accum: int, world: distributed.World) -> tuple[slice, int]:
     """This rank's share of a step's P x G completions: (slice of the step's prompts, samples
     per prompt). Whole prompts when the ranks divide P, else every prompt with G / ranks
-    samples (a group then spans ranks; its statistics are computed over all of them)."""
-    p, g, n = cfg.prompts_per_step, cfg.group_size, world.size
+    samples (a group then spans ranks; its statistics are computed over all of them); `accum`
+    micro-batches must divide each rank's share."""
+    p, g, n = prompts_per_step, group_size, world.size
     if p % n == 0:
         share = slice(world.rank * p // n, (world.rank + 1) * p // n), g
     elif g % n == 0:
@@ -140,8 +166,8 @@ def rank_share(cfg, world: distributed.World) -> tuple[slice, int]:
     else:
         raise ConfigError(f"{n} ranks must divide prompts_per_step={p} or group_size={g}")
     local = (share[0].stop - share[0].start) * share[1]
-    if local % cfg.train.accum:
-        raise ConfigError(f"train.accum={cfg.train.accum} must divide each rank's {local} "
+    if local % accum:
+        raise ConfigError(f"train.accum={accum} must divide each rank's {local} "
                           f"completions (prompts_per_step * group_size / {n} ranks)")
     return share
 
@@ -156,14 +182,16 @@ def shared_advantages(total: np.ndarray, missing: np.ndarray, prompt_ids: np.nda
     return advantages_of(*every, kind)[world.rank * n:(world.rank + 1) * n]
 
 
-def make_loss(model, cfg, world: distributed.World = distributed.SINGLE):
+def make_loss(model, beta: float, clip_eps: float | None, grpo: pg.GrpoConfig, memory: MemoryConfig,
+              world: distributed.World = distributed.SINGLE):
     """loss_fn(lora, micro_batch, key) -> (loss, metrics) for mlxcore.step: the policy loss as a
     pure function of the LoRA tree (`mlxcore.policy.policy_loss_fn` over the model's hidden
-    states and frozen LM head: log-probs at the batch's positions, no [rows, T, vocab] logits).
+    states and frozen LM head: log-probs at the batch's positions, no [rows, T, vocab] logits;
+    `memory`: its gradient checkpointing, recomputed parts and log-prob chunk).
     On several ranks (`world`) the entropy target and clip fraction read every rank's
     micro-batch (`distributed.rank_mean`); wrap it in `distributed.data_parallel_loss`."""
-    return pg.policy_loss_fn(llm_lora.hidden_states(model, cfg.memory.gradient_checkpointing, cfg.memory.recompute),
-                             llm_lora.lm_head(model), cfg.beta, cfg.clip_eps, cfg.grpo, cfg.memory.logprob_chunk,
+    return pg.policy_loss_fn(llm_lora.hidden_states(model, memory.gradient_checkpointing, memory.recompute),
+                             llm_lora.lm_head(model), beta, clip_eps, grpo, memory.logprob_chunk,
                              distributed.rank_mean(world))
 
 
@@ -210,33 +238,36 @@ def update_rows(total: np.ndarray, missing: np.ndarray, prompt_ids: np.ndarray, 
     return keep[world.rank * n:(world.rank + 1) * n], stats
 
 
-def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
-                cfg, ref_logp: mx.array | None = None, old_logp: mx.array | None = None,
-                drop_empty: bool = False, world: distributed.World = distributed.SINGLE) -> dict | None:
+def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray, *, accum: int,
+                max_new_tokens: int, beta: float, clip_eps: float | None, grpo: pg.GrpoConfig,
+                logprob_chunk: int, ref_logp: mx.array | None = None, old_logp: mx.array | None = None,
+                drop_empty: bool = False, world: distributed.World = distributed.SINGLE,
+                positions_width: int | None = None) -> dict | None:
     """Arrays for the step, leaves [k, N / accum, ...] (k = accum, or fewer with `drop_empty`).
 
     valid [N]: rows that enter the loss (`update_rows`). ref_logp / old_logp [N, T - 1]: given
-    by the caller (e.g. an external trainer), else computed here at the scored positions: the
-    LoRA-off reference when `cfg.beta` > 0, the current policy when `cfg.clip_eps` is set
-    (zeros when unused). drop_empty (one process only: every rank must run the same number of
+    by the caller (e.g. an external trainer), else computed here at the scored positions
+    (`logprob_chunk` tokens at a time): the LoRA-off reference when `beta` > 0, the current
+    policy when `clip_eps` is set (zeros when unused). `grpo.loss_type` and `max_new_tokens`
+    set the loss weights. drop_empty (one process only: every rank must run the same number of
     micro-batches): rows with nothing to score go last and micro-batches of them alone are not
     run; None when no row is left (no update this step). Leaves: tokens, mask, weights
     (`mlxcore.policy.loss_weights` over the whole step: on several ranks (`world`, each with
     its share of the step's completions) over every rank's rows, from their gathered token
-    counts), positions [k, P]
-    (`packing.target_positions`), advantages, old_logp, ref_logp.
+    counts), positions [k, P] (`packing.target_positions`; P = `positions_width` where the
+    scored tokens fit it: fixed beforehand, `mlxio.rl.shapes`), advantages, old_logp, ref_logp.
     """
     n = len(adv)
-    if n % cfg.train.accum:
-        raise ConfigError(f"train.accum={cfg.train.accum} must divide the {n} completions "
+    if n % accum:
+        raise ConfigError(f"train.accum={accum} must divide the {n} completions "
                           "per step (prompts_per_step * group_size)")
     if drop_empty and world.size > 1:
         raise ValueError("drop_empty: one process only (every rank must run the same micro-batches)")
-    micro = n // cfg.train.accum
+    micro = n // accum
     mask = packed["completion_mask"][:, 1:] * np.asarray(valid)[:, None].astype(np.float32)
     arrays = {"tokens": np.asarray(packed["tokens"]), "mask": mask, "advantages": np.asarray(adv, np.float32)}
     given = {k: v for k, v in (("ref_logp", ref_logp), ("old_logp", old_logp)) if v is not None}
-    k = cfg.train.accum
+    k = accum
     if drop_empty:
         order = np.argsort(mask.sum(axis=1) == 0, kind="stable")  # rows with scored tokens first
         arrays = {name: a[order] for name, a in arrays.items()}
@@ -245,22 +276,22 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
         if k == 0:
             return None
     lengths = distributed.gather_np(arrays["mask"].sum(axis=1, dtype=np.float32)[None], world)  # [ranks, n]
-    weights = np.array(pg.loss_weights(mx.array(arrays["mask"]), cfg.grpo.loss_type, micro, cfg.max_new_tokens,
+    weights = np.array(pg.loss_weights(mx.array(arrays["mask"]), grpo.loss_type, micro, max_new_tokens,
                                        mx.array(lengths)))
-    if cfg.grpo.loss_type != "bnpo":  # their normalisers span the step: rescale to the k run
-        weights *= k / cfg.train.accum
+    if grpo.loss_type != "bnpo":  # their normalisers span the step: rescale to the k run
+        weights *= k / accum
     arrays = {name: a[:k * micro] for name, a in {**arrays, "weights": weights}.items()}
     given = {name: a[:k * micro] for name, a in given.items()}
-    positions = packing.target_positions(arrays["mask"], micro, cfg.memory.logprob_chunk)
+    positions = packing.target_positions(arrays["mask"], micro, logprob_chunk, positions_width)
     tokens = mx.array(arrays["tokens"])
     zeros = mx.zeros(arrays["mask"].shape, mx.float32)
-    chunk = cfg.memory.logprob_chunk
+    chunk = logprob_chunk
     if "ref_logp" not in given:
         given["ref_logp"] = (frozen_logprobs(model, pg.reference_params(params), tokens, arrays["mask"], positions, chunk)
-                             if cfg.beta else zeros)
+                             if beta else zeros)
     if "old_logp" not in given:
         given["old_logp"] = (frozen_logprobs(model, params, tokens, arrays["mask"], positions, chunk)
-                             if cfg.clip_eps is not None else zeros)
+                             if clip_eps is not None else zeros)
     batch = {**{name: mx.array(a) for name, a in arrays.items()}, "tokens": tokens, **given}
     batch = {name: v.reshape(k, micro, *v.shape[1:]) for name, v in batch.items()}
     batch["positions"] = mx.array(positions)

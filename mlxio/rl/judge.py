@@ -11,6 +11,8 @@ tripped by a wrong answer (a `None` where a number belongs). The judge then runs
 reference solution once (cached per problem and limits): if it passes, the tests are sound
 and the candidate's verdict stands as a failure; if it does not (or the problem has no
 reference), the verdict is "infra": a missing reward, never the candidate's 0.
+
+`SandboxConfig` (the recipes' `sandbox.*`) holds the limits and parallelism of its checks.
 """
 
 from __future__ import annotations
@@ -20,9 +22,23 @@ from collections.abc import Sequence
 
 import attrs
 
+from mlxcore.fields import bounded
 from mlxcore.tasks import Problem
 from mlxio.rl.problems import extract_code, parses
 from mlxio.sandbox import SandboxLimits, Verdict, run_check
+
+
+@attrs.frozen(kw_only=True)
+class SandboxConfig:
+    """Limits and parallelism of the sandboxed checks (the recipes' `sandbox.*`)."""
+
+    timeout_s: float = bounded(5.0, gt=0, le=3600)
+    memory_mb: int = bounded(512, ge=32, le=1 << 20)
+    workers: int = bounded(2, ge=1, le=256)
+    disk_mb: int = bounded(64, ge=1, le=1 << 20)  # total writable space of one check (its tmpfs)
+    # without bubblewrap (or macOS sandbox-exec) untrusted code would run without file isolation:
+    # refused unless this is true
+    allow_weak: bool = False
 
 
 def _prelude(problem: Problem) -> str:

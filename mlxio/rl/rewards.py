@@ -1,5 +1,6 @@
-"""Rewards for RLAIF on code: reward functions and a persistent cache (the problems and the code
-extraction they score live in `mlxio.rl.problems`).
+"""Rewards for RLAIF on code: reward functions, their options (`RewardConfig`, `TeacherConfig`:
+the recipe's `rewards.*` and `teacher.*`; `from_config`) and a persistent cache (the problems
+and the code extraction they score live in `mlxio.rl.problems`).
 
 A reward function has `name`, `config_key()` (a stable string of the settings that change its
 scores; part of every cache key) and `score(problems, completions) -> list[float | None]`,
@@ -22,9 +23,10 @@ from typing import ClassVar, Protocol
 import attrs
 import numpy as np
 
+from mlxcore.fields import bounded
 from mlxcore.tasks import Problem
 from mlxio.errors import ConfigError, DataError
-from mlxio.rl.judge import CodeJudge
+from mlxio.rl.judge import CodeJudge, SandboxConfig
 from mlxio.rl.problems import defines, fenced_blocks, parses
 from mlxio.run.atomic import replace_file
 from mlxio.sandbox import SandboxLimits, Verdict
@@ -321,25 +323,52 @@ def combine_rewards(rewards: Sequence[tuple[RewardFn, float]], problems: Sequenc
                         cache_hits=hits, cache_misses=misses)
 
 
-def from_config(cfg) -> list[tuple[RewardFn, float]]:
-    """[(reward, weight)] of the RLAIF config `cfg` (its rewards, teacher and sandbox
-    sections; zero weights left out; a judge only if one is configured)."""
-    limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
-                           disk_mb=cfg.sandbox.disk_mb)
-    fns = [(ExecutionReward(limits, cfg.sandbox.workers), cfg.rewards.execution),
-           (FormatReward(), cfg.rewards.format), (PrintableReward(), cfg.rewards.printable)]
-    if cfg.teacher.url and cfg.teacher.local:
+@attrs.frozen(kw_only=True)
+class RewardConfig:
+    """The rewards' weights and cache (the RLAIF recipe's `rewards.*`; `from_config`)."""
+
+    execution: float = bounded(1.0, ge=0, le=1000)  # passes the tests in the sandbox
+    format: float = bounded(0.2, ge=0, le=1000)  # answers in a python block defining the function
+    printable: float = bounded(0.0, ge=0, le=1000)  # share of printable-ASCII characters (a shaping reward; smoke)
+    ai_feedback: float | None = bounded(None, ge=0, le=1000)  # None: 0.5 when a teacher is configured, else off
+    cache: bool = True  # persistent cache in out_dir/reward_cache
+
+
+@attrs.frozen(kw_only=True)
+class TeacherConfig:
+    """The AI-feedback teacher (the RLAIF recipe's `teacher.*`; `from_config`)."""
+
+    url: str | None = bounded(None, nonempty=True)  # OpenAI-compatible endpoint, e.g. http://localhost:8080/v1
+    model: str = bounded("default", nonempty=True)  # mlx_lm.server: "default_model" (the --model it serves)
+    local: str | None = bounded(None, nonempty=True)  # or an mlx-lm model dir / GGUF judged locally
+    # one deadline per judge call: connect, headers, body, retries and back-off (HTTP), or the
+    # wait for the model plus generation (local); a call past it is a missing reward
+    timeout_s: float = bounded(30.0, gt=0, le=3600)
+    retries: int = bounded(4, ge=0, le=100)  # HTTP: retries of 429 / 5xx / connection errors within the deadline
+    # "text": the teacher writes a review ending `Score: N/10`; "verdict": 10 * P(yes) from the
+    # log-probs of a one-token Yes/No answer (a small teacher, e.g. SmolLM2 on mlx_lm.server)
+    scoring: str = "text"
+
+
+def from_config(rewards: RewardConfig, teacher: TeacherConfig, sandbox: SandboxConfig,
+                dequantize: bool = True) -> list[tuple[RewardFn, float]]:
+    """[(reward, weight)] of the reward options (zero weights left out; a judge only if
+    `teacher` configures one; `dequantize`: a local teacher's base, as the policy's)."""
+    limits = SandboxLimits(timeout_s=sandbox.timeout_s, memory_mb=sandbox.memory_mb, disk_mb=sandbox.disk_mb)
+    fns = [(ExecutionReward(limits, sandbox.workers), rewards.execution),
+           (FormatReward(), rewards.format), (PrintableReward(), rewards.printable)]
+    if teacher.url and teacher.local:
         raise ConfigError("teacher: set either --teacher.url or --teacher.local, not both")
     judge = None
-    if cfg.teacher.url:
+    if teacher.url:
         from mlxio.rl.teacher import HttpJudge
-        judge = HttpJudge(cfg.teacher.url, cfg.teacher.model, timeout_s=cfg.teacher.timeout_s,
-                          max_retries=cfg.teacher.retries, scoring=cfg.teacher.scoring)
-    elif cfg.teacher.local:
+        judge = HttpJudge(teacher.url, teacher.model, timeout_s=teacher.timeout_s,
+                          max_retries=teacher.retries, scoring=teacher.scoring)
+    elif teacher.local:
         from mlxio.rl.local_teacher import LocalJudge
-        judge = LocalJudge(cfg.teacher.local, timeout_s=cfg.teacher.timeout_s,
-                           scoring=cfg.teacher.scoring, dequantize=cfg.dequantize)
-    weight = cfg.rewards.ai_feedback
+        judge = LocalJudge(teacher.local, timeout_s=teacher.timeout_s,
+                           scoring=teacher.scoring, dequantize=dequantize)
+    weight = rewards.ai_feedback
     weight = (0.5 if judge else 0.0) if weight is None else weight
     if weight > 0:
         if judge is None:

@@ -3,9 +3,10 @@
 `generate_group` decodes G completions for each of P prompts as one batch of N = P * G
 sequences, with a sampler from `mlx_lm.sample_utils.make_sampler`. Each prompt is prefilled once
 and its KV cache handed to all G of its sequences. Two decode engines: "static"
-(`mlxio.rl.decode` over `mlxcore.decode_step`: one compiled step over a preallocated KV cache, the same shapes every step,
-EOS / stops checked every 16 steps; the default on a GPU, where it removes the per-token host
-work and shape changes that bound "batch") and "batch" (`mlx_lm.generate.BatchGenerator`: its
+(`mlxio.rl.decode` over `mlxcore.decode_step`: one compiled step over a preallocated KV cache,
+the same shapes every step, EOS / stops checked every 16 steps, ended rows compacted away at a
+few batch sizes with `min_decode_batch`; the default on a GPU, where it removes the per-token
+host work and shape changes that bound "batch") and "batch" (`mlx_lm.generate.BatchGenerator`: its
 growing batched KV cache, per-sequence EOS stop, ended rows dropped; the default on the CPU). With `stop_at_code_end` a sequence also stops once
 its first fenced code block has closed (`CodeBlockStop`): a small instruct model answers with
 one ```python block and then keeps talking, and that talk costs decode time and trains nothing
@@ -37,7 +38,13 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from mlxcore import decode_step
-from mlxcore.buckets import bucket_width, cache_length, decode_buckets, prefill_chunks
+from mlxcore.buckets import (
+    batch_ladder,
+    cache_length,
+    decode_buckets,
+    prefill_chunks,
+    prefill_width,
+)
 from mlxio.rl import decode
 from mlxio.rl.problems import code_block_end
 
@@ -56,8 +63,10 @@ class Rollouts:
         False where it hit max_new_tokens.
     gen_tokens_per_s: completion tokens / wall seconds of the whole call (prefill included).
     decode_batch_sizes: with `bucket_decode`, the decode batch sizes the call ran (else None).
-    decode_stats: with the "static" engine, `mlxio.rl.decode.decode`'s stats (steps, host
-        syncs, host seconds queueing steps and reading tokens), else None.
+    decode_stats: with the "static" engine, `mlxio.rl.decode.decode`'s stats (steps, rows
+        computed, batch sizes, host syncs, host seconds queueing steps and reading tokens), else None.
+    shapes: with the "static" engine, the array shapes the call ran, as `mlxio.rl.shapes` keys:
+        ("prefill", prompts, width) and ("decode", rows, cache slots) per batch size; else ().
     """
 
     prompt_tokens: list[list[int]]
@@ -70,6 +79,7 @@ class Rollouts:
     group_size: int
     decode_batch_sizes: list[int] | None = None  # the decode batch sizes run (with bucket_decode)
     decode_stats: dict | None = None  # the "static" engine's step / sync counts and host times
+    shapes: tuple = ()  # the "static" engine's prefill and decode shapes (`mlxio.rl.shapes` keys)
 
     @property
     def sequence_prompt_tokens(self) -> list[list[int]]:
@@ -214,14 +224,15 @@ class _PrefillCache(BatchKVCache):
         return mask | own
 
 
-def prefill_batch(model, prompts: list[list[int]], bucketed: bool = False) -> list[BatchKVCache]:
+def prefill_batch(model, prompts: list[list[int]], bucketed: bool = False,
+                  width: int | None = None) -> list[BatchKVCache]:
     """mlx-lm's per-layer `BatchKVCache`s after feeding all `prompts` (token lists, some may be
     empty) as one left-padded batch, in `prefill_chunks`: one forward pass per chunk for the
     whole batch instead of per prompt (8 prompts of 127 tokens, bucketed: 8 x 7 passes -> 1).
-    `bucketed`: the batch is padded to a `bucket_width` (few shapes on a GPU). Only the
-    transformer runs (no [P, T, vocab] logits)."""
-    width = max(map(len, prompts))
-    width = bucket_width(width) if bucketed else width
+    `bucketed`: the batch is padded to a `bucket_width` (few shapes on a GPU). `width`: the
+    batch is padded to this many tokens whenever its longest prompt fits (one shape for every
+    call: `mlxio.rl.shapes`). Only the transformer runs (no [P, T, vocab] logits)."""
+    width = prefill_width(max(map(len, prompts)), bucketed, width)
     padding = [width - len(p) for p in prompts]
     ids = mx.array([[0] * pad + p for pad, p in zip(padding, prompts, strict=True)], mx.int32)
     cache = [_PrefillCache(padding) for _ in range(len(model.layers))]
@@ -237,11 +248,19 @@ def prefill_batch(model, prompts: list[list[int]], bucketed: bool = False) -> li
 ENGINES = ("auto", "static", "batch")
 
 
+def resolve_engine(engine: str) -> str:
+    """The decode engine "auto" stands for here: "static" on a GPU, "batch" on the CPU."""
+    if engine == "auto":
+        return "static" if mx.default_device().type == mx.gpu else "batch"
+    return engine
+
+
 def generate_group(policy, prompts: list[str], group_size: int = 8, temperature: float = 1.0,
                    top_p: float = 1.0, max_new_tokens: int = 256, seed: int = 0,
                    use_chat_template: bool = True, stop_at_code_end: bool = False,
                    stop: tuple[str, ...] = (), bucket_decode: bool | None = None,
-                   engine: str = "auto", compiled: bool = True) -> Rollouts:
+                   engine: str = "auto", compiled: bool = True, prompt_width: int | None = None,
+                   min_decode_batch: int | None = None) -> Rollouts:
     """Sample `group_size` completions per prompt, all N = len(prompts) * group_size decoded
     together; deterministic for a given `seed` (mlx-lm's samplers draw from MLX's global PRNG,
     which is seeded here). temperature 0 is greedy. `stop_at_code_end`: a sequence also ends
@@ -256,6 +275,12 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
     filled slots only).
     `compiled` ("static" only): `mx.compile` the decode step; False runs the same step eagerly
     (same distributions; on a fresh CUDA machine no fused kernels to compile first).
+    `prompt_width` ("static" only): prompts are prefilled left-padded to this many cached
+    tokens (prompt - 1) whenever they fit, so every call has the same prefill and KV cache
+    shapes (`mlxio.rl.shapes.plan`). `min_decode_batch` ("static" only): as rows end, the
+    decode batch shrinks through `mlxcore.buckets.batch_ladder(N, min_decode_batch)` (N, halving);
+    None keeps N rows to the end. Rows sample the same tokens either way (`mlxcore.decode_step.row_sampler`,
+    up to the float rounding of the forward at another batch size).
     `bucket_decode` ("batch" only): keep the decode batch at a few sizes (see the module doc);
     None: on when the default device is a GPU (where each new size compiles kernels), off on the
     CPU (where the ended rows would only cost time). The texts and tokens are the same either way."""
@@ -278,14 +303,14 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         sampler = make_sampler(temp=temperature, top_p=top_p)
         stoppers = lambda n: ([CodeBlockStop(n)] if stop_at_code_end else []) + (  # noqa: E731
             [StopStrings(n, tuple(stop))] if any(stop) else [])
-        if engine == "auto":
-            engine = "static" if mx.default_device().type == mx.gpu else "batch"
+        engine = resolve_engine(engine)
         if engine == "static" and all(len(t) == 1 for t in prompt_tokens):
             engine = "batch"  # nothing to cache before the first step: mlx-lm's path does it
+        shapes = ()
         if engine == "static":
-            completions, logprobs, finished, stats = _decode_static(
-                model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
-                (float(temperature), float(top_p)), compiled)
+            completions, logprobs, finished, stats, shapes = _decode_static(
+                model, tokenizer, prompt_tokens, group_size, max_new_tokens, stoppers,
+                (float(temperature), float(top_p)), compiled, prompt_width, min_decode_batch)
             decode_sizes = None
         else:
             stats = None
@@ -307,32 +332,41 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         logprobs=[np.asarray(lp, np.float32) for lp in logprobs], texts=texts,
         prompt_index=np.repeat(np.arange(len(prompts)), group_size), finished=finished,
         gen_tokens_per_s=sum(map(len, completions)) / max(seconds, 1e-9), group_size=group_size,
-        decode_batch_sizes=decode_sizes, decode_stats=stats)
+        decode_batch_sizes=decode_sizes, decode_stats=stats, shapes=shapes)
 
 
-def _decode_static(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
-                   sampler_key, compiled: bool = True):
-    """`generate_group`'s "static" engine: (completions, logprobs, finished, stats) of N sequences."""
+def _decode_static(model, tokenizer, prompt_tokens, group_size, max_new_tokens, stoppers,
+                   settings: tuple[float, float], compiled: bool = True, prompt_width: int | None = None,
+                   min_decode_batch: int | None = None):
+    """`generate_group`'s "static" engine: (completions, logprobs, finished, stats, shapes) of N
+    sequences; settings: (temperature, top_p); shapes: `Rollouts.shapes`."""
     n = len(prompt_tokens) * group_size
-    prefilled = prefill_batch(model, [t[:-1] for t in prompt_tokens], mx.default_device().type == mx.gpu)
-    caches = decode_step.static_cache_rows(prefilled, [i // group_size for i in range(n)],
-                                      cache_length(prefilled[0].size(), max_new_tokens))
+    prefilled = prefill_batch(model, [t[:-1] for t in prompt_tokens], mx.default_device().type == mx.gpu,
+                              prompt_width)
+    width = prefilled[0].size()
+    slots = cache_length(width, max_new_tokens)
+    caches = decode_step.static_cache_rows(prefilled, [i // group_size for i in range(n)], slots)
     del prefilled  # (the P-row prefill caches: copied into the N-row static ones)
-    eos = np.array(sorted(tokenizer.eos_token_ids), np.int64)
+    eos = set(tokenizer.eos_token_ids)
     stops = stoppers(n)
+    pieces: dict[int, str] = {}  # token -> its own decoding (the host reads a block between device steps)
 
     def is_done(i: int, new: list[int]) -> int | None:
-        at_eos = np.flatnonzero(np.isin(new, eos))
-        last = int(at_eos[0]) + 1 if at_eos.size else len(new)  # EOS ends it (kept)
+        at_eos = next((j for j, token in enumerate(new) if token in eos), None)
+        last = len(new) if at_eos is None else at_eos + 1  # EOS ends it (kept)
         for j, token in enumerate(new[:last] if stops else ()):
-            piece = tokenizer.decode([token])
+            if (piece := pieces.get(token)) is None:
+                piece = pieces[token] = tokenizer.decode([token])
             if any([s.add(i, piece) for s in stops]):  # (a list: every stopper sees it)
                 return j + 1
-        return last if at_eos.size else None
+        return None if at_eos is None else last
 
     first = [prompt_tokens[i // group_size][-1] for i in range(n)]
-    return decode.decode(model, sampler, first, caches, max_new_tokens, is_done, sampler_key=sampler_key,
-                         compiled=compiled)
+    batches = batch_ladder(n, min_decode_batch) if min_decode_batch else None
+    out = decode.decode(model, decode_step.row_sampler(*settings, n), first, caches, max_new_tokens, is_done,
+                        sampler_key=(*settings, n), compiled=compiled, batches=batches)
+    shapes = (("prefill", len(prompt_tokens), width), *(("decode", b, slots) for b in out[3]["batches"]))
+    return (*out, shapes)
 
 
 def _decode_batch(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,

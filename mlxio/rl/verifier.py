@@ -1,7 +1,8 @@
 """A verdict judge's data and scores: judged completions as the teacher's verdict prompt
 (`mlxio.rl.teacher.rubric_messages(..., "verdict")`, tokenised as `mlx_lm.server` tokenises a
 chat request), training batches of them, P(yes) under a LoRA tree, AUC per evaluation set, and
-rollouts sampled and judged in the sandbox for a user who has no logs yet. The recipe that
+rollouts sampled and judged in the sandbox for a user who has no logs yet (`SampleConfig`: the
+recipe's `sample.*`). The recipe that
 trains the judge is `recipes.rlaif_judge`; the pure pieces are `mlxcore.verdict`.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from mlxcore import tasks, verdict
 from mlxcore.digest import hashed_int
+from mlxcore.fields import MAX_SEED, bounded
 from mlxcore.tasks import Problem
 from mlxio.errors import ConfigError
 from mlxio.rl import rollout_log
@@ -196,8 +198,29 @@ def auc_report(probs: dict[str, tuple[np.ndarray, np.ndarray]], data: Encoded, r
 
 # ---------------------------------------------------------------- rollouts of its own
 
-def sampling_problems(cfg, heldout_families: Sequence[str]) -> list[Problem]:
-    """The procedural problems to sample (`cfg`: the recipe's SampleConfig): training and
+@attrs.frozen(kw_only=True)
+class SampleConfig:
+    """Rollouts the verdict-judge recipe samples and judges itself (a fresh user has no logs): G
+    completions per procedural problem from `policy`, judged in the sandbox by the rewards' own
+    judge (`sampling_problems`, `sample_rollouts`; the recipe's `sample.*`)."""
+
+    policy: str | None = None  # None: the judge's own base model; or a model dir / GGUF / hub id (an RLAIF run's fused/)
+    families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
+    difficulty: tuple[int, ...] = bounded((1,), ge=min(tasks.LEVELS), le=max(tasks.LEVELS))  # levels 1-3 (level 1: the embedded model passes 12-54%)
+    train_per_template: int = bounded(8, ge=0, le=100_000)  # training problems per template and level (0: logs only)
+    heldout_per_template: int = bounded(3, ge=0, le=100_000)  # held-out instances per template and level
+    family_per_template: int = bounded(8, ge=0, le=100_000)  # problems per template and level of each held-out family
+    task_seed: int = bounded(0, ge=0, le=MAX_SEED)
+    completions: int = bounded(4, ge=1, le=1024)  # sampled per problem
+    temperature: float = bounded(0.8, gt=0, le=100)
+    top_p: float = bounded(0.95, gt=0, le=1)
+    max_new_tokens: int = bounded(160, ge=1, le=1 << 16)
+    batch: int = bounded(8, ge=1, le=4096)  # problems decoded together (x completions sequences)
+    seed: int = bounded(0, ge=0, le=MAX_SEED)
+
+
+def sampling_problems(cfg: SampleConfig, heldout_families: Sequence[str]) -> list[Problem]:
+    """The procedural problems to sample: training and
     held-out instances of `cfg.families`, problems of each held-out family; task ids as the
     RLAIF recipe's (`mlxcore.tasks.build`), interleaved over templates."""
     def group(fams, split, count, label):
@@ -223,7 +246,7 @@ def chunks_done(path: Path, sizes: Sequence[int]) -> int:
     return done
 
 
-def sample_rollouts(policy, problems: Sequence[Problem], cfg, judge: CodeJudge, log: rollout_log.RolloutLog,
+def sample_rollouts(policy, problems: Sequence[Problem], cfg: SampleConfig, judge: CodeJudge, log: rollout_log.RolloutLog,
                     start_chunk: int = 0, instruction: Callable[[Problem], str] | None = None) -> None:
     """Sample `cfg.completions` per problem from `policy`, `cfg.batch` problems at a time
     (chunk k seeded by (cfg.seed, k): the same texts whether or not the run was resumed),
@@ -244,6 +267,6 @@ def sample_rollouts(policy, problems: Sequence[Problem], cfg, judge: CodeJudge, 
         log.write_step(k + 1, answered, ro.texts, {"execution": execution})
 
 
-def chunk_sizes(n_problems: int, cfg) -> list[int]:
+def chunk_sizes(n_problems: int, cfg: SampleConfig) -> list[int]:
     """Lines per sampling chunk: cfg.batch problems (the last may hold fewer) x completions."""
     return [min(cfg.batch, n_problems - s) * cfg.completions for s in range(0, n_problems, cfg.batch)]

@@ -1,4 +1,6 @@
-"""Generation and training worker for an external RLAIF trainer, over JSON-RPC 2.0 on stdio.
+"""The RLAIF worker's side of the wire: JSON-RPC 2.0 on stdio for an external trainer (`serve_stdio`:
+the protocol on a private copy of fd 1, logs on stderr), and the checks and shapes of its
+requests (`rows_param`, `padded`, `check_generate`, `check_rows`, `merged`, `finite`).
 
 The seed's design: a trainer in another language (Rust) drives MLX through a Python process;
 rewards are computed in the trainer. One process serves both roles:
@@ -7,70 +9,36 @@ rewards are computed in the trainer. One process serves both roles:
     trainer:   train_step(token ids, completion masks, advantages[, reference log-probs])
                -> loss, pg_loss, kl, grad_norm, step;  save / load / eval_logprobs
 
-The numerics are the recipe's (`recipes.rlaif_qwen`): the same policy loading, loss, batch and
-compiled step (mlxio.rl.grpo, mlxcore.step), the same atomic checkpoints (mlxio.run.checkpoint,
-trees "trainable" and "opt_state", the recipe's run identity in meta), so a train_step here equals
-the recipe's step on the same batch and a checkpoint either writes the other resumes.
-Protocol and schemas: docs/worker-protocol.md and mlxio.rl.worker_protocol; framing: mlxio.rpc.
+The methods are the RLAIF recipe's own (`recipes.rlaif_worker`: its config, policy, loss,
+batch and compiled step, mlxio.rl.grpo and mlxcore.step, and its atomic checkpoints), so a
+train_step there equals the recipe's step on the same batch and a checkpoint either writes the
+other resumes. Protocol and schemas: docs/worker-protocol.md and mlxio.rl.worker_protocol;
+framing: mlxio.rpc.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
-import platform
-import random
 import sys
-import time
+from collections.abc import Callable
 from importlib import metadata
-from pathlib import Path
 
-import mlx.core as mx
 import numpy as np
 
-from mlxcore import buckets, packing
-from mlxcore import policy as pg
-from mlxcore.optim import make_optimizer
-from mlxcore.step import init_state, make_train_step
 from mlxio import rpc
-from mlxio.errors import CheckpointError, ConfigError, StrictArgumentParser, one_line
-from mlxio.rl import grpo, rollout
-from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION, SCHEMAS
-from mlxio.run import budget, checkpoint, context
-from mlxio.run.config import check_path_text, from_dict, to_dict
-from mlxio.weights import llm_lora
+from mlxio.errors import ConfigError, StrictArgumentParser, one_line
+from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION
+from mlxio.run import budget
 
 log = logging.getLogger("mlxio.worker")
 
 PAD_ID = 0  # the recipe's packing pad (masked out of every loss term)
 
-# ------------------------------------------------------------------------------- worker
-
-class _Session:
-    """What `initialize` builds: config, policy, compiled step, weights, optimizer state."""
-
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
-        random.seed(cfg.train.seed)
-        mx.random.seed(cfg.train.seed)
-        np.random.seed(cfg.train.seed)
-        self.policy = grpo.load_model(cfg)
-        budget.check_rlaif(cfg, self.policy.config, where=str(self.policy.source or cfg.model))
-        self.model = self.policy.model
-        optimizer = make_optimizer(cfg.optim)
-        self.step_fn = make_train_step(grpo.make_loss(self.model, cfg), optimizer,
-                                       clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
-                                       jit=grpo.use_compile(cfg), eval_micro_batches=cfg.memory.eval_micro_batches)
-        self.params = llm_lora.lora_tree(self.model)  # the trained LoRA tree; the model never changes
-        self.state = init_state(optimizer, self.params)
-        self.step = 0
-        self.run_id = grpo.run_identity(cfg, self.policy)
-        self.vocab = int(self.policy.config["vocab_size"])
-
-
-def _rows(params: dict, name: str, n: int, lengths: list[int] | None) -> list:
+def rows_param(params: dict, name: str, n: int, lengths: list[int] | None) -> list:
+    """The n rows of request parameter `name` (each of `lengths[i]` entries when given), else
+    INVALID_PARAMS naming the field."""
     rows = params[name]
     if len(rows) != n:
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.{name}: {len(rows)} rows for {n} sequences",
@@ -83,199 +51,15 @@ def _rows(params: dict, name: str, n: int, lengths: list[int] | None) -> list:
     return rows
 
 
-def _padded(rows: list[list], width: int, dtype, fill=0) -> np.ndarray:
+def padded(rows: list[list], width: int, dtype, fill=0) -> np.ndarray:
+    """[len(rows), width] of `dtype`: each row left-aligned, `fill` after it."""
     out = np.full((len(rows), width), fill, dtype)
     for i, row in enumerate(rows):
         out[i, :len(row)] = row
     return out
 
 
-class Worker:
-    """The methods; `presets` and `validate` are the recipe's (recipes.rlaif_config)."""
-
-    def __init__(self, presets: dict, validate, max_line_bytes: int = rpc.DEFAULT_MAX_LINE_BYTES) -> None:
-        self.presets, self.validate = presets, validate
-        self.max_line_bytes = max_line_bytes
-        self.session: _Session | None = None
-
-    def methods(self) -> dict[str, rpc.Method]:
-        fns = {"initialize": self.initialize, "generate": self.generate,
-               "train_step": self.train_step, "eval_logprobs": self.eval_logprobs,
-               "save": self.save, "load": self.load, "shutdown": self.shutdown}
-        return {name: rpc.Method(fn, SCHEMAS[name]["params"], SCHEMAS[name]["result"],
-                                 (fn.__doc__ or "").strip()) for name, fn in fns.items()}
-
-    def server(self) -> rpc.Server:
-        return rpc.Server(self.methods(), self.max_line_bytes,
-                          {ConfigError: rpc.CONFIG_ERROR, CheckpointError: rpc.CHECKPOINT_ERROR})
-
-    def _session(self) -> _Session:
-        if self.session is None:
-            raise rpc.RpcError(rpc.NOT_INITIALIZED, "call initialize first")
-        return self.session
-
-    # methods -----------------------------------------------------------------------------
-    def initialize(self, params: dict) -> dict:
-        """Load the model with fresh LoRA and build the optimizer and compiled step."""
-        client = params.get("protocol_version")
-        if client is not None and client.split(".")[0] != PROTOCOL_VERSION.split(".")[0]:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"protocol_version {client} is not compatible "
-                               f"with the worker's {PROTOCOL_VERSION}", {"field": "params.protocol_version"})
-        preset = params.get("preset", "quick")
-        if preset not in self.presets:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.preset: unknown {preset!r} (known: "
-                               f"{', '.join(sorted(self.presets))})", {"field": "params.preset"})
-        base = self.presets[preset]
-        data = _merge(to_dict(base), params.get("config", {}))
-        try:
-            cfg = from_dict(data, type(base), "params.config")
-            self.validate(cfg)
-        except ConfigError as err:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.config"}) from None
-        self.session = None  # a re-initialize drops the old model first
-        s = self.session = _Session(cfg)
-        return {
-            "protocol_version": PROTOCOL_VERSION,
-            "versions": {"worker": _version("mlx-retrieval-rl"), "mlx": mx.__version__,
-                         "mlx_lm": _version("mlx-lm"), "python": platform.python_version()},
-            "capabilities": {
-                "roles": ["generator", "trainer"], "methods": sorted(SCHEMAS),
-                "max_line_bytes": self.max_line_bytes, "vocab_size": s.vocab,
-                "eos_token_ids": sorted(int(t) for t in s.policy.tokenizer.eos_token_ids),
-                "pad_id": PAD_ID, "accumulation": cfg.train.accum, "inner_epochs": cfg.inner_epochs},
-            "config": to_dict(cfg),
-            "model": str(s.policy.source or cfg.model),
-            "step": s.step,
-        }
-
-    def generate(self, params: dict) -> dict:
-        """Sample n completions per prompt with the current policy (mlxio.rl.rollout)."""
-        s = self._session()
-        cfg = s.cfg
-        n, max_tokens = params.get("n", cfg.group_size), params.get("max_tokens", cfg.max_new_tokens)
-        _check_generate(s, len(params["prompts"]), n, max_tokens)
-        t0 = time.perf_counter()
-        ro = rollout.generate_group(
-            llm_lora.bound_policy(s.policy, s.params), params["prompts"], n,
-            params.get("temperature", cfg.temperature), params.get("top_p", cfg.top_p), max_tokens,
-            params.get("seed", grpo.step_seed(cfg.train.seed, s.step)),
-            use_chat_template=params.get("chat_template", True),
-            stop_at_code_end=params.get("stop_at_code_end", cfg.stop_at_code_end),
-            stop=tuple(params.get("stop", ())), compiled=grpo.use_compile(cfg))
-        return {"texts": ro.texts, "prompt_tokens": ro.prompt_tokens,
-                "completion_tokens": [[int(t) for t in c] for c in ro.completion_tokens],
-                "logprobs": [lp.tolist() for lp in ro.logprobs],
-                "prompt_index": ro.prompt_index.tolist(), "finished": ro.finished.tolist(),
-                "tokens_per_s": float(ro.gen_tokens_per_s), "seconds": time.perf_counter() - t0}
-
-    def _tokens(self, s: _Session, params: dict) -> tuple[list, list[int]]:
-        rows = params["tokens"]
-        _check_rows(s, rows)
-        for i, row in enumerate(rows):
-            if max(row) >= s.vocab:
-                raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens[{i}]: token id {max(row)} "
-                                   f">= vocab_size {s.vocab}", {"field": f"params.tokens[{i}]"})
-        return rows, [len(r) for r in rows]
-
-    def train_step(self, params: dict) -> dict:
-        """One recipe step (inner_epochs updates) on the given batch; the model keeps the result."""
-        s = self._session()
-        cfg = s.cfg
-        rows, lengths = self._tokens(s, params)
-        n = len(rows)
-        mask_rows = _rows(params, "completion_mask", n, lengths)
-        adv = params["advantages"]
-        if len(adv) != n:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.advantages: {len(adv)} values for {n} "
-                               "sequences", {"field": "params.advantages"})
-        if n % cfg.train.accum:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {n} sequences is not a multiple "
-                               f"of the config's train.accum={cfg.train.accum}",
-                               {"field": "params.tokens"})
-        width = buckets.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
-        packed = {"tokens": _padded(rows, width, np.int32, PAD_ID),
-                  "completion_mask": _padded(mask_rows, width, np.float32)}
-        given = {}
-        for name in ("ref_logprobs", "old_logprobs"):
-            if name in params:
-                logp = _rows(params, name, n, [k - 1 for k in lengths])
-                given[name] = mx.array(_padded(logp, width - 1, np.float32))
-        t0 = time.perf_counter()
-        batch = grpo.build_batch(s.model, s.params, packed, np.asarray(adv, np.float32),
-                                 np.ones(n, bool), cfg, ref_logp=given.get("ref_logprobs"),
-                                 old_logp=given.get("old_logprobs"))
-        for epoch in range(cfg.inner_epochs):
-            s.params, s.state, m = s.step_fn(s.params, s.state, batch,
-                                             mx.array(s.step * cfg.inner_epochs + epoch))
-            mx.eval(s.params, s.state, m)
-        s.step += 1
-        out = {k: float(v) for k, v in m.items()}
-        out.update(step=s.step, skipped=int(m["skipped"]),
-                   consecutive_skips=int(s.state["consecutive_skips"]),
-                   tokens=int(sum(lengths)), seconds=time.perf_counter() - t0)
-        return _finite(out)
-
-    def eval_logprobs(self, params: dict) -> dict:
-        """Per-token log-probs of given sequences under the policy (or the LoRA-off reference)."""
-        s = self._session()
-        rows, lengths = self._tokens(s, params)
-        width = buckets.bucket_width(max(lengths))  # the recipe's widths (pack_tokens)
-        tokens = mx.array(_padded(rows, width, np.int32, PAD_ID))
-        weights = pg.reference_params(s.params) if params.get("reference") else s.params
-        # every real target of each sequence, in micro-batches of the config's size (no logits)
-        targets = _padded([[1.0] * (k - 1) for k in lengths], width - 1, np.float32)
-        micro = math.gcd(len(rows), -(-len(rows) // s.cfg.train.accum))
-        positions = packing.target_positions(targets, micro, s.cfg.memory.logprob_chunk)
-        logp = np.array(grpo.frozen_logprobs(s.model, weights, tokens, targets, positions,
-                                             s.cfg.memory.logprob_chunk))
-        return {"logprobs": [logp[i, :k - 1].tolist() for i, k in enumerate(lengths)]}
-
-    def _dir(self, s: _Session, params: dict) -> Path:
-        return check_path_text(params.get("dir") or s.cfg.out_dir, "params.dir", "params.dir")
-
-    def save(self, params: dict) -> dict:
-        """Atomic checkpoint of LoRA + optimizer state (+ RNG, run identity), as the recipe's."""
-        s = self._session()
-        out = self._dir(s, params)
-        meta = {**s.run_id, "rng": checkpoint.rng_snapshot(),
-                "data_position": {"prompts": s.step * s.cfg.prompts_per_step}, "config": to_dict(s.cfg),
-                "client": params.get("meta")}
-        path = checkpoint.save(out, s.step, {context.TRAINABLE: s.params, context.OPT_STATE: s.state}, meta,
-                               keep_last=s.cfg.train.keep_checkpoints)
-        if params.get("adapters"):
-            llm_lora.save_adapters(s.model, s.params, s.cfg.lora, s.cfg.lora_layers, out / "adapters")
-        return {"step": s.step, "path": str(path)}
-
-    def load(self, params: dict) -> dict:
-        """Resume from a checkpoint of this config and base model (the newest that verifies)."""
-        s = self._session()
-        out = self._dir(s, params)
-        if "step" in params:
-            path = out / checkpoint.CHECKPOINTS / f"step-{params['step']:08d}"
-            if not path.is_dir():
-                raise CheckpointError(f"{path}: no such checkpoint")
-            trees, meta = checkpoint.load(path)
-            for field, want in s.run_id.items():
-                if meta.get(field) != want:
-                    raise CheckpointError(f"{path}: meta[{field!r}] is {meta.get(field)!r} but "
-                                          f"this worker's config expects {want!r}")
-        else:
-            found = checkpoint.load_latest(out, expect=s.run_id)
-            if found is None:
-                raise CheckpointError(f"{out}: no checkpoint to load")
-            path, trees, meta = found
-        trees = context.current_tree_names(path, trees)
-        s.params, s.state = trees[context.TRAINABLE], trees[context.OPT_STATE]
-        checkpoint.rng_restore(meta["rng"])
-        s.step = int(meta["step"])
-        return {"step": s.step, "path": str(path), "meta": meta.get("client")}
-
-    def shutdown(self, params: dict) -> dict:
-        """Answer, then exit (0) once the answer is written."""
-        raise rpc.Stop({"step": self.session.step if self.session else 0})
-
-
-def _check_generate(s: _Session, prompts: int, n: int, max_tokens: int) -> None:
+def check_generate(model_config: dict, prompts: int, n: int, max_tokens: int) -> None:
     """A `generate` that cannot finish is refused before it starts (INVALID_PARAMS naming the
     field): more than MAX_GENERATE_ROWS sequences, more tokens than the model's positions, or
     a KV cache larger than the machine's memory (`mlxio.run.budget`)."""
@@ -283,53 +67,55 @@ def _check_generate(s: _Session, prompts: int, n: int, max_tokens: int) -> None:
     if rows > MAX_GENERATE_ROWS:
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.n: {prompts} prompts x n={n} = {rows} sequences, more than "
                            f"{MAX_GENERATE_ROWS} in one request; split it into several", {"field": "params.n"})
-    limit = s.policy.config.get("max_position_embeddings")
+    limit = model_config.get("max_position_embeddings")
     if isinstance(limit, int) and 0 < limit < max_tokens:
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.max_tokens: {max_tokens} is more than the model's "
                            f"max_position_embeddings ({limit})", {"field": "params.max_tokens"})
     try:
-        budget.require(budget.rollout_bytes(rows, max_tokens + 16, s.policy.config), "params.n", n,
+        budget.require(budget.rollout_bytes(rows, max_tokens + 16, model_config), "params.n", n,
                        f"{rows} sequences x {max_tokens} tokens (KV cache)", "ask for fewer sequences or tokens")
     except ConfigError as err:
         raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.n"}) from None
 
 
-def _check_rows(s: _Session, rows: list) -> None:
+def check_rows(model_config: dict, rows: list, accum: int) -> None:
     """Token rows a `train_step` / `eval_logprobs` can take: at most MAX_GENERATE_ROWS, each
-    within the model's positions, one micro-batch's logits within the machine's memory."""
+    within the model's positions, one of `accum` micro-batches' logits within the machine's
+    memory."""
     if len(rows) > MAX_GENERATE_ROWS:
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: {len(rows)} sequences, more than {MAX_GENERATE_ROWS} "
                            "in one request; split it", {"field": "params.tokens"})
     longest = max((len(r) for r in rows), default=0)
-    limit = s.policy.config.get("max_position_embeddings")
+    limit = model_config.get("max_position_embeddings")
     if isinstance(limit, int) and 0 < limit < longest:
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.tokens: a sequence of {longest} tokens, more than the model's "
                            f"max_position_embeddings ({limit})", {"field": "params.tokens"})
-    per_micro = max(len(rows) // max(s.cfg.train.accum, 1), 1)
+    per_micro = max(len(rows) // max(accum, 1), 1)
     try:
-        budget.require(budget.update_bytes(per_micro, longest, s.policy.config), "params.tokens", f"{len(rows)} rows",
+        budget.require(budget.update_bytes(per_micro, longest, model_config), "params.tokens", f"{len(rows)} rows",
                        f"micro-batches of {per_micro} sequences x {longest} tokens of logits",
                        "send fewer or shorter sequences (or initialize with a larger train.accum)")
     except ConfigError as err:
         raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.tokens"}) from None
 
 
-def _merge(base: dict, overrides: dict) -> dict:
+def merged(base: dict, overrides: dict) -> dict:
+    """`base` with `overrides` laid over it, nested dicts merged key by key."""
     out = dict(base)
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merged(out[key], value)
         else:
             out[key] = value
     return out
 
 
-def _finite(result: dict) -> dict:
+def finite(result: dict) -> dict:
     """JSON has no NaN / Infinity: a non-finite metric is sent as null."""
     return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in result.items()}
 
 
-def _version(dist: str) -> str:
+def version_of(dist: str) -> str:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -362,11 +148,11 @@ def _line_bytes(text: str) -> int:
     return value
 
 
-def serve_stdio(argv: list[str] | None, presets: dict, validate, prog: str) -> int:
-    """Serve the worker on stdin/stdout until EOF or shutdown; returns the exit status."""
-    parser = StrictArgumentParser(prog=prog, description="RLAIF generation + training worker, "
-                                  "JSON-RPC 2.0 over stdin/stdout, one JSON object per line "
-                                  "(docs/worker-protocol.md)")
+def serve_stdio(argv: list[str] | None, server_of: Callable[[int], rpc.Server], prog: str, description: str) -> int:
+    """Serve the worker (`server_of(max_line_bytes)`: its methods' server) on stdin/stdout until
+    EOF or shutdown; returns the exit status. `description`: its --help text, lines as written."""
+    parser = StrictArgumentParser(prog=prog, description=description,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-line-bytes", type=_line_bytes, default=rpc.DEFAULT_MAX_LINE_BYTES,
                         help=f"longest accepted request line ({MIN_LINE_BYTES}..{MAX_LINE_BYTES}); longer ones "
                              "get an error response")
@@ -379,9 +165,9 @@ def serve_stdio(argv: list[str] | None, presets: dict, validate, prog: str) -> i
     proto = protocol_stdout()
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")
-    worker = Worker(presets, validate, args.max_line_bytes)
+    server = server_of(args.max_line_bytes)
     log.info("ready (protocol %s, max line %d bytes)", PROTOCOL_VERSION, args.max_line_bytes)
-    how = worker.server().serve(sys.stdin.buffer, proto)
+    how = server.serve(sys.stdin.buffer, proto)
     log.info("exiting on %s", how)
     proto.close()
     return 0

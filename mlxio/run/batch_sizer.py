@@ -19,13 +19,15 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
 import mlx.core as mx
 import numpy as np
 
+from mlxcore.lora import LoraConfig
+from mlxcore.retriever import LossConfig
 from mlxio.errors import ConfigError
 from mlxio.run.runlog import write_json_atomic
 
@@ -192,30 +194,27 @@ def split_batch(batch: dict, micro_batch: int) -> dict:
     return out
 
 
-def probe_spec(cfg, model_path: str, targets: tuple[str, ...]) -> dict:
-    """The `mlxio.run.batch_probe` spec of a retriever run (`cfg`: the xtr_lora Config): its
-    model, adapter, loss and options at full-length batches (the worst case for memory)."""
-    from mlxcore.buckets import padded_length
+def probe_spec(model_path: str, targets: tuple[str, ...], lora: LoraConfig, loss: LossConfig,
+               qat: Sequence[str], *, query_len: int, doc_len: int, gradient_checkpointing: bool,
+               compute_dtype: str) -> dict:
+    """The `mlxio.run.batch_probe` spec of a retriever run: its model, adapter, loss and options
+    at full-length batches (`query_len`, `doc_len`: the padded longest; the worst case for memory)."""
+    return {"model": model_path, "lora_rank": lora.rank, "lora_alpha": lora.alpha, "targets": list(targets),
+            "query_len": query_len, "doc_len": doc_len,
+            "gradient_checkpointing": gradient_checkpointing, "compute_dtype": compute_dtype,
+            **attrs.asdict(loss), "qat": list(qat)}
 
-    return {"model": model_path, "lora_rank": cfg.lora.rank, "lora_alpha": cfg.lora.alpha, "targets": list(targets),
-            "query_len": padded_length(cfg.data.max_query_len, cfg.data.bucket),
-            "doc_len": padded_length(cfg.data.max_doc_len, cfg.data.bucket),
-            "gradient_checkpointing": cfg.memory.gradient_checkpointing, "compute_dtype": cfg.memory.compute_dtype,
-            **attrs.asdict(cfg.loss), "qat": list(cfg.quant.qat)}
 
-
-def plan_for_run(cfg, model_path: str, targets: tuple[str, ...], world_size: int = 1,
-                 record: Path | None = None) -> Plan:
-    """A retriever run's memory-driven split of its micro_batch x accum samples per step
-    (`cfg`: the xtr_lora Config): the budget from `cfg.memory` (budget_mb / budget_fraction /
-    max_micro_batch), probes of the run's `probe_spec`, micro-batches of at least 2 (an
-    in-batch-negatives loss needs a negative); written as JSON to `record` when given."""
+def plan_for_run(spec: dict, samples: int, *, budget_mb: float, budget_fraction: float, max_micro_batch: int,
+                 world_size: int = 1, record: Path | None = None) -> Plan:
+    """A retriever run's memory-driven split of its `samples` per step (micro_batch x accum):
+    the budget (`budget_mb`, else `budget_fraction` of the device's memory), probes of the run's
+    `probe_spec`, micro-batches of at least 2 (an in-batch-negatives loss needs a negative) and
+    at most `max_micro_batch`; written as JSON to `record` when given."""
     if world_size > 1:
         raise ConfigError("memory.auto_batch: single-process runs only (size each rank's share by hand)")
-    memory = cfg.memory
-    budget = memory_budget(memory.budget_mb, memory.budget_fraction)
-    plan = plan_micro_batch(probe_spec(cfg, model_path, targets), cfg.train.micro_batch * cfg.train.accum, budget,
-                            max_micro=memory.max_micro_batch, min_micro=2)
+    budget = memory_budget(budget_mb, budget_fraction)
+    plan = plan_micro_batch(spec, samples, budget, max_micro=max_micro_batch, min_micro=2)
     log.info("auto batch: micro-batch %d x accum %d (budget %.0f MB; predicted peak %.0f MB; %d probes)",
              plan.micro_batch, plan.accum, budget / 2**20, plan.predicted_peak() / 2**20, len(plan.probes))
     if record is not None:

@@ -11,8 +11,12 @@ float32 logits alone need hundreds of GiB).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from mlxio.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mlxio.rl.evaluation import EvalConfig
 
 GiB = 1 << 30
 FLOAT = 4  # bytes: estimates count float32 (the CPU default; bf16 halves some, never all)
@@ -73,25 +77,26 @@ def update_bytes(rows: int, tokens: int, config: dict) -> int:
     return rows * tokens * (2 * d["vocab"] + d["layers"] * d["hidden"]) * FLOAT
 
 
-def check_rlaif(cfg, config: dict, world_size: int = 1, where: str | None = None,
+def check_rlaif(config: dict, *, prompts_per_step: int, group_size: int, max_new_tokens: int, accum: int,
+                ev: EvalConfig, world_size: int = 1, where: str | None = None,
                 available: int | None = None) -> None:
     """The RLAIF recipe's per-step memory (prompts_per_step x group_size sequences of at least
-    max_new_tokens tokens) against the machine: the rollout's KV cache and an update
-    micro-batch's logits. ConfigError naming group_size (or max_new_tokens) when either cannot
-    fit."""
-    rows = cfg.prompts_per_step * cfg.group_size // max(world_size, 1)
-    tokens = cfg.max_new_tokens + 16  # a prompt has some tokens: 16 keeps the bound a lower bound
-    per_micro = max(rows // cfg.train.accum, 1)
-    option, value = ("group_size", cfg.group_size) if cfg.group_size >= cfg.prompts_per_step else (
-        "prompts_per_step", cfg.prompts_per_step)
+    max_new_tokens tokens, the update in `accum` micro-batches) against the machine (`config`:
+    the model's): the rollout's KV cache and an update micro-batch's logits, and the
+    evaluation's (`ev`) KV cache. ConfigError naming group_size (or max_new_tokens) when either
+    cannot fit."""
+    rows = prompts_per_step * group_size // max(world_size, 1)
+    tokens = max_new_tokens + 16  # a prompt has some tokens: 16 keeps the bound a lower bound
+    per_micro = max(rows // accum, 1)
+    option, value = ("group_size", group_size) if group_size >= prompts_per_step else (
+        "prompts_per_step", prompts_per_step)
     fix = f"lower --{option} or --max_new_tokens (the update splits into --train.accum micro-batches: raise it too)"
     require(rollout_bytes(rows, tokens, config), option, value,
             f"{rows} sequences x {tokens} tokens of generation (KV cache)", fix, where, available)
     require(update_bytes(per_micro, tokens, config), option, value,
             f"the update's micro-batches of {per_micro} sequences x {tokens} tokens x {model_dims(config)['vocab']} "
             "logits", fix, where, available)
-    ev = getattr(cfg, "eval", None)
-    if ev is not None and (ev.before or ev.after) and ev.samples:
+    if (ev.before or ev.after) and ev.samples:
         rows = ev.batch * ev.samples  # the evaluation decodes `batch` prompts x `samples` completions together
         require(rollout_bytes(rows, ev.max_new_tokens + 16, config), "eval.batch", ev.batch,
                 f"the evaluation's {ev.batch} prompts x {ev.samples} samples x {ev.max_new_tokens + 16} tokens "

@@ -291,9 +291,15 @@ def _check_leaf(name: str, kind: Any, value: Any, rule: dict, source: str) -> No
                 _check_text(f"{name}[{i}]", item, source)
                 if not item.strip():
                     raise ConfigError(f"{name}[{i}]: empty item", where=source, fix=fix + " without empty items")
+            else:  # a list of numbers: each item within the field's range
+                _check_number(f"{name}[{i}]", item, rule, source, fix)
     if "choices" in rule and value not in rule["choices"]:
         raise ConfigError(f"{name}: {value!r} is not one of {', '.join(map(repr, rule['choices']))}",
                           where=source, fix=fix + " to one of them")
+    _check_number(name, value, rule, source, fix)
+
+
+def _check_number(name: str, value: Any, rule: dict, source: str, fix: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if isinstance(value, float) and not math.isfinite(value):

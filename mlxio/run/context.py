@@ -64,33 +64,42 @@ LOCK_NAME = ".lock"
 _HELD: dict[str, int] = {}  # out_dir (real path) -> the lock file descriptor this process holds
 
 
-def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> None:
+def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> bool:
     """Take `out_dir` for this run: an exclusive lock (`out_dir/.lock`, `flock`, held until the
-    process exits; re-entrant within one process) - a second run into the same folder is
-    refused, not interleaved into its metrics and checkpoints -, and, for a fresh run (not
-    `resume`), refuse a folder holding another run's results (checkpoints, metrics, eval.json)
-    unless `overwrite`, which removes them first. RunError / ConfigError (one line) otherwise."""
+    process exits or `release_out_dir`; re-entrant within one process) - a second writer into
+    the same folder (a recipe run, the RLAIF worker's save / load) is refused, naming the
+    folder and the process that holds it (the holder writes who it is into the lock file), not
+    interleaved into its metrics and checkpoints -, and, for a fresh run (not `resume`), refuse
+    a folder holding another run's results (checkpoints, metrics, eval.json) unless `overwrite`,
+    which removes them first. RunError / ConfigError (one line) otherwise. Returns whether this
+    call took the lock (False: this process held it already)."""
     import fcntl
     import os
 
     from mlxio.errors import ConfigError, RunError
 
     key = os.path.realpath(out_dir)
-    if key not in _HELD:
+    taken = key not in _HELD
+    if taken:
         fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = _lock_holder(fd)
             os.close(fd)
-            raise RunError(f"another run is writing this folder (it holds {LOCK_NAME})", where=str(out_dir),
+            raise RunError(f"another run is writing this folder ({holder})", where=str(out_dir),
                            fix="wait for it to finish, or pick another --out_dir") from None
         except OSError as err:  # a file system without locks (some network mounts): go on unlocked
             log.warning("%s: cannot lock (%s); two runs into this folder would not be stopped", out_dir, err.strerror)
-        _HELD[key] = fd  # the file stays empty: a refused run changes no byte of the folder
+        else:  # who holds it, for the run it refuses (a refused run changes no byte of the folder)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, _this_process().encode("utf-8", "replace"), 0)
+        _HELD[key] = fd
         for left in sweep_stale(out_dir):  # temp exports / files of a run killed mid-write
             log.info("removed %s (left by a killed writer)", left)
     if resume:
-        return
+        return taken
     found = previous_run(out_dir)
     if found and not overwrite:
         raise ConfigError(f"out_dir holds another run's results ({', '.join(found)})", where=str(out_dir),
@@ -102,6 +111,39 @@ def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> None:
         shutil.rmtree(out_dir / checkpoint.CHECKPOINTS, ignore_errors=True)
         for name in ("metrics.jsonl", "eval.json"):
             (out_dir / name).unlink(missing_ok=True)
+    return taken
+
+
+def _this_process() -> str:
+    """'pid N on HOST since TIME: COMMAND' (one line, no '; '), for the lock file."""
+    import os
+    import socket
+    import time
+
+    command = " ".join(sys.argv)[:200] or "python"
+    text = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}"
+    return " ".join(text.split()).replace("; ", ", ")
+
+
+def _lock_holder(fd: int) -> str:
+    """What the lock file says of its holder (`_this_process`), or that it says nothing."""
+    import os
+
+    try:
+        text = os.pread(fd, 1024, 0).decode("utf-8", "replace")
+    except OSError:
+        text = ""
+    text = " ".join(text.split()).replace("; ", ", ")
+    return f"held by {text}" if text else f"it holds {LOCK_NAME}"
+
+
+def release_out_dir(out_dir: Path | str) -> None:
+    """Give back `out_dir`'s lock (`claim_out_dir`) if this process holds it."""
+    import os
+
+    fd = _HELD.pop(os.path.realpath(out_dir), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def releases_out_dirs(fn: Callable) -> Callable:
@@ -110,7 +152,6 @@ def releases_out_dirs(fn: Callable) -> Callable:
     notebook, the probe), or launches ranks into a folder it finished with, is not refused by
     its own earlier run."""
     import functools
-    import os
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -119,7 +160,7 @@ def releases_out_dirs(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         finally:
             for key in set(_HELD) - before:
-                os.close(_HELD.pop(key))
+                release_out_dir(key)
     return wrapper
 
 
@@ -161,23 +202,22 @@ def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distri
     is nothing to resume.
 
     A checkpoint of another config is refused with a CheckpointError listing the settings that
-    differ (from the checkpoint's meta["config"], else the run's old config.json), old setting
+    differ and that the config hash covers (not `out_dir` or where metrics go; from the
+    checkpoint's meta["config"], else the run's old config.json), old setting
     names (`legacy_keys`, see `mlxio.run.config.migrate`) read as the current ones, and a
     setting its recorded config lacks (written before the setting existed) read as this run's
     value where that is the setting's default (`defaults`: {dotted key: default},
     `mlxio.run.config.default_values`): the old run ran as with the default. One whose recorded
     config differs only by such renames and absent defaults (`config_hash` of it, so read, is
     this run's) is resumed, with one warning naming them; an absent setting this run sets to
-    another value is a change. Trees saved under an older name (`lora`) are renamed to the
-    current one, with a log line saying so."""
+    another value is a change (`check_config`, the rule the RLAIF worker's `load` applies too).
+    Trees saved under an older name (`lora`) are renamed to the current one, with a log line
+    saying so."""
     found = None
     if world.is_main:
         found = checkpoint.load_latest(out_dir, expect={k: v for k, v in run_id.items() if k != "config_hash"})
-        if (found is not None and found[2].get("config_hash") != run_id.get("config_hash")
-                and not _same_settings(found[0], found[2], run_id, config, legacy_keys or {}, config_hash,
-                                       defaults or {})):
-            raise CheckpointError(_refusal(found[0], found[2], out_dir, config, legacy_keys or {}, defaults or {}))
         if found is not None:
+            check_config(found[0], found[2], run_id, config, legacy_keys, config_hash, defaults)
             found = (found[0], current_tree_names(found[0], found[1]), found[2])
         write_json_atomic(out_dir / "config.json", config)
     found = distributed.broadcast_checkpoint(found, template, world)
@@ -211,6 +251,24 @@ def resume_into(enabled: bool, out_dir: Path, run_id: dict, params: Tree, opt_st
 
 
 _ABSENT = "<absent>"
+
+
+def check_config(path: Path, meta: dict, run_id: dict, config: dict,
+                 legacy_keys: dict[str, str | None] | None = None,
+                 config_hash: Callable[[dict], str] | None = None,
+                 defaults: dict[str, Any] | None = None) -> None:
+    """Whether this run (`run_id["config_hash"]`, its `config`) may continue the checkpoint at
+    `path` (its `meta`): the same config hash, or a recorded config (meta["config"]) that is
+    this run's under old setting names (`legacy_keys`) and without settings added since that
+    this run leaves at their defaults (`defaults`), with one warning naming them. Else a
+    CheckpointError listing the settings that make the hash differ (from meta["config"], else
+    the run's config.json). The one rule of `--resume` (`resume`) and the RLAIF worker's `load`;
+    the other identity fields (base model) must match exactly (`checkpoint.load_latest(expect=)`)."""
+    if meta.get("config_hash") == run_id.get("config_hash"):
+        return
+    legacy_keys, defaults = legacy_keys or {}, defaults or {}
+    if not _same_settings(path, meta, run_id, config, legacy_keys, config_hash, defaults):
+        raise CheckpointError(_refusal(path, meta, config, legacy_keys, defaults, config_hash))
 
 
 def _as_recorded(old: dict, config: dict, legacy_keys: dict, defaults: dict) -> tuple[dict, list[str], list[str]]:
@@ -253,14 +311,17 @@ def _same_settings(path: Path, meta: dict, run_id: dict, config: dict, legacy_ke
     return same
 
 
-def _refusal(path: Path, meta: dict, out_dir: Path, config: dict, legacy_keys: dict, defaults: dict) -> str:
-    """Why a checkpoint of another config is refused: the settings that differ, by name."""
+def _refusal(path: Path, meta: dict, config: dict, legacy_keys: dict, defaults: dict,
+             config_hash: Callable[[dict], str] | None) -> str:
+    """Why a checkpoint of another config is refused: the settings that differ and that the
+    hash covers (`_moves_hash`: not out_dir or the logging), by name."""
     from mlxio.run.config import flat_dict
 
     old = meta.get("config")
-    if old is None and (out_dir / "config.json").is_file():
+    run_config = path.parent.parent / "config.json"  # <out_dir>/checkpoints/step-N
+    if old is None and run_config.is_file():
         with contextlib.suppress(ValueError, OSError):
-            old = json.loads((out_dir / "config.json").read_text())
+            old = json.loads(run_config.read_text())
     head = f"{path}: written by a run with another config (config_hash differs); refusing to resume it"
     if not isinstance(old, dict):
         return head + " (its config is not recorded)"
@@ -273,10 +334,37 @@ def _refusal(path: Path, meta: dict, out_dir: Path, config: dict, legacy_keys: d
             text += f" (not in the checkpoint's config; it resumes with the default {defaults[k]!r})"
         return text
 
-    changed = [change(k) for k in sorted(before.keys() | now.keys()) if before.get(k, _ABSENT) != now.get(k, _ABSENT)]
+    changed = [change(k) for k in sorted(before.keys() | now.keys())
+               if before.get(k, _ABSENT) != now.get(k, _ABSENT) and _moves_hash(old, k, now, config_hash)]
     notes = [f"renamed since: {', '.join(renamed)}"] if renamed else []
     return head + "; changed: " + ("; ".join(changed) or "no setting (the hashed fields changed meaning)") + (
         "; " + "; ".join(notes) if notes else "")
+
+
+def _moves_hash(old: dict, key: str, now: dict, config_hash: Callable[[dict], str] | None) -> bool:
+    """Whether the recorded config `old` with setting `key` as this run has it (`now`: flat;
+    removed where this run lacks it) hashes otherwise (`config_hash`): a setting the hash leaves
+    out (the run directory, where metrics go) is no reason to refuse. True without a hash, or
+    where `old` does not hash (a recorded config of another shape)."""
+    import copy
+
+    from mlxio.run.config import set_path
+
+    if config_hash is None:
+        return True
+    probe = copy.deepcopy(old)
+    try:
+        if key in now:
+            set_path(probe, key, now[key], create=True)
+        else:
+            *parents, last = key.split(".")
+            section = probe
+            for part in parents:
+                section = section[part]
+            del section[last]
+        return config_hash(probe) != config_hash(old)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return True
 
 
 def current_tree_names(path: Path, trees: dict[str, Tree]) -> dict[str, Tree]:

@@ -1,4 +1,5 @@
-"""Save and load quantised params trees; compression figures for reports.
+"""Save and load quantised params trees; compression figures for reports; the quantisation
+rules' options (`QuantConfig`, the retriever's `quant.*`).
 
 A saved model is a directory: `model.safetensors` (the flat tree: packed uint32 codes, scales,
 biases and every float leaf) and `quant_config.json` ({"format", "layers": {path: {"bits",
@@ -13,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+import attrs
 import mlx.core as mx
 
 from mlxcore import lora, quant
@@ -26,6 +28,15 @@ from mlxio.weights import safeload
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "quant_config.json"
 FORMAT = "mlxcore.quant/v1"
+
+
+@attrs.frozen(kw_only=True)
+class QuantConfig:
+    """Quantisation rules: fake-quantised training and the quantised export (the retriever's
+    `quant.*`; `parse_rules`, `save_ptq`)."""
+
+    qat: tuple[str, ...] = ()  # rules ("*=4/64", see mlxcore.quant.parse_rule): fake-quantise while training
+    ptq: tuple[str, ...] = ()  # rules: quantise the merged model after training; save it and evaluate it
 
 
 def parse_rules(texts: tuple[str, ...], field: str) -> tuple[quant.QuantRule, ...]:

@@ -119,10 +119,11 @@ def rlaif_run(world: distributed.World, mode: str = "rlaif") -> tuple[dict, list
     from mlxcore import packing
     from mlxcore.lora import LoraConfig
     from mlxcore.policy import GrpoConfig
+    from mlxio import kernel_cache
     from mlxio.rl import grpo
     from mlxio.weights import llm, llm_lora
     from recipes import rlaif_qwen as rq
-    from recipes.rlaif_config import TrainConfig, validate_grpo
+    from recipes.rlaif_config import TrainConfig, batch_settings, loss_fn, validate_grpo
 
     options, epochs = RLAIF_OPTIONS[mode]
     cfg = rq.Config(model="tiny:llama", train=TrainConfig(accum=ACCUM), beta=0.04, clip_eps=0.2,
@@ -134,9 +135,9 @@ def rlaif_run(world: distributed.World, mode: str = "rlaif") -> tuple[dict, list
     model = policy.model
     params = llm_lora.apply_lora(model, cfg.lora, None, mx.random.key(cfg.train.seed))
     optimizer = make_optimizer(cfg.optim)
-    step = make_train_step(distributed.data_parallel_loss(grpo.make_loss(model, cfg, world), world), optimizer,
+    step = make_train_step(distributed.data_parallel_loss(loss_fn(model, cfg, world), world), optimizer,
                            clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, reduce_grads=distributed.grad_reducer(world),
-                           jit=grpo.use_compile(cfg))
+                           jit=kernel_cache.use_compile(cfg.compile))
     state = init_state(optimizer, params)
     mine = step_rows(world)
     rng = np.random.default_rng(0)
@@ -156,7 +157,7 @@ def rlaif_run(world: distributed.World, mode: str = "rlaif") -> tuple[dict, list
         adv = grpo.shared_advantages(rewards[mine], missing[mine], prompt_index[mine], cfg.advantage, world)
         rows, _ = grpo.update_rows(rewards[mine], missing[mine], prompt_index[mine], finished[mine], cfg.grpo, world)
         packed = packing.pack_tokens([prompts[p] for p in prompt_index[mine]], [completions[j] for j in mine])
-        batch = grpo.build_batch(model, params, packed, adv, rows, cfg, world=world)
+        batch = grpo.build_batch(model, params, packed, adv, rows, **batch_settings(cfg), world=world)
         for epoch in range(cfg.inner_epochs):
             params, state, metrics = step(params, state, batch, mx.array(i * cfg.inner_epochs + epoch))
             mx.eval(params, state, metrics)

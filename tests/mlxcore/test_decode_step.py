@@ -1,6 +1,6 @@
 """The static decode step's caches (mlxcore.decode_step, mlxcore.decode_fused): masks, RoPE
 positions and writes at a fixed size; the fused step's mask carried in the padded key dim. The
-step against mlx-lm's generation: tests/mlxio/rl/test_rollout_static.py."""
+step against mlx-lm's generation: tests/mlxio/rl/test_decode.py."""
 
 import mlx.core as mx
 import numpy as np

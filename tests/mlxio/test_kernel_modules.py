@@ -123,11 +123,14 @@ def _rlaif_step_ops(model) -> list:
     embedding, the static cache rows and the LoRA policy gradient of a tiny float32 llama."""
     prefilled = rollout.prefill_batch(model, [[5, 6, 7], [8, 9]])
     ops = []
-    for fused in (True, False):
+    for fused in (True, False):  # (the recipe's sampler, and a step after compacting to 2 rows)
         caches = decode_step.static_cache_rows(prefilled, [0, 0, 1, 1], 256)
-        step, state = decode.step_and_state(model, make_sampler(temp=0.8, top_p=0.95), caches, fused=fused,
+        step, state = decode.step_and_state(model, decode_step.row_sampler(0.8, 0.95, 4), caches, fused=fused,
                                             compiled=False)
         ops += kernel_cache.traced_ops(lambda x, step=step, state=state: list(step(x, state)[:2]), decode_step.token_array([7, 7, 9, 9]))
+        two = mx.array([1, 3], mx.int32)
+        ops += kernel_cache.traced_ops(lambda x, step=step, state=state, two=two: list(step(
+            x[two], decode_step.take_rows(state, two))[:2]), decode_step.token_array([7, 7, 9, 9]))
     ops += kernel_cache.traced_ops(lambda ids: model.model.embed_tokens(ids), mx.array([[0, 5, 6]], mx.int32))
     ops += kernel_cache.traced_ops(lambda: [decode_step.static_cache_rows(prefilled, [0, 1], 256)[0].keys,
                                             decode_step.static_cache_rows(prefilled, [0, 1], 256)[0].left_padding])
@@ -155,14 +158,10 @@ def test_prewarm_covers_every_module_of_the_rlaif_steps():
 def test_prewarm_covers_a_bf16_base():
     """With `--memory.compute_dtype bfloat16` the steps' modules are the bf16 base's gathers and
     the float32 log-probs': `kernel_warm.rlaif_jobs` lists them all."""
-    import attrs
-
     from mlxio import kernel_warm
-    from recipes.rlaif_config import PRESETS
 
     model = llm.tiny_policy("llama", seed=0).model
     model.set_dtype(mx.bfloat16)
     needed = kernel_warm.module_keys(_rlaif_step_ops(model))
-    cfg = attrs.evolve(PRESETS["smoke"], memory=attrs.evolve(PRESETS["smoke"].memory, compute_dtype="bfloat16"))
-    jobs = set(kernel_warm.rlaif_jobs(cfg))
+    jobs = set(kernel_warm.rlaif_jobs("bfloat16"))
     assert any("bfloat16" in key for key in needed) and needed <= jobs, needed - jobs

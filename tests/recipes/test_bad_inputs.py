@@ -97,13 +97,17 @@ def test_settings_that_cannot_fit_are_refused_naming_the_option():
     cfg = rlaif_qwen.PRESETS["quick"]
     import attrs
 
-    budget.check_rlaif(cfg, smol, available=16 << 30)  # the default fits in 16 GiB
+    def check(cfg):
+        budget.check_rlaif(smol, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                           max_new_tokens=cfg.max_new_tokens, accum=cfg.train.accum, ev=cfg.eval, available=16 << 30)
+
+    check(cfg)  # the default fits in 16 GiB
     with pytest.raises(ConfigError, match=r"group_size: 4096 cannot fit.*this machine has 16.0 GiB") as err:
-        budget.check_rlaif(attrs.evolve(cfg, group_size=4096), smol, available=16 << 30)
+        check(attrs.evolve(cfg, group_size=4096))
     assert "lower --group_size" in err.value.contract_line()
     big_eval = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, batch=4096, samples=4096))
     with pytest.raises(ConfigError, match=r"eval.batch: 4096 cannot fit"):
-        budget.check_rlaif(big_eval, smol, available=16 << 30)
+        check(big_eval)
 
 
 def test_retriever_batch_that_cannot_fit_is_refused(capsys):
@@ -138,11 +142,11 @@ def test_worker_cli_is_strict(tmp_path):
 
 def test_worker_generate_is_bounded(tmp_path):
     from mlxio import rpc
-    from mlxio.rl.worker import Worker
     from mlxio.run.config import to_dict
-    from recipes.rlaif_config import PRESETS, validate
+    from recipes.rlaif_config import PRESETS
+    from recipes.rlaif_worker import Worker
 
-    worker = Worker(PRESETS, validate)
+    worker = Worker()
     server = worker.server()
 
     def call(method, **params):

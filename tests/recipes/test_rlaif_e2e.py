@@ -18,6 +18,7 @@ from mlxio.rl.evaluation import EvalConfig
 from mlxio.run import checkpoint, context
 from mlxio.weights import llm, llm_lora
 from recipes import rlaif_qwen as rq
+from recipes.rlaif_config import batch_settings, load_policy, loss_fn
 
 pytestmark = pytest.mark.slow
 
@@ -214,15 +215,15 @@ def test_resume_continues_exactly(full_run, tmp_path):
 
 def test_nan_loss_is_skipped_with_params_unchanged(problems_file, tmp_path):
     cfg = smoke_cfg(tmp_path, problems_file)
-    policy = grpo.load_model(cfg)
+    policy = load_policy(cfg)
     optimizer = make_optimizer(cfg.optim)
-    step = make_train_step(grpo.make_loss(policy.model, cfg), optimizer, clip_norm=1.0)
+    step = make_train_step(loss_fn(policy.model, cfg), optimizer, clip_norm=1.0)
     params = llm_lora.lora_tree(policy.model)
     state = init_state(optimizer, params)
     packed = {"tokens": np.arange(64, dtype=np.int32).reshape(4, 16) % 250,
               "completion_mask": np.tile((np.arange(16) >= 8).astype(np.float32), (4, 1))}
     adv = np.array([1.0, np.nan, -1.0, 0.5], np.float32)  # NaN reaches the loss
-    batch = grpo.build_batch(policy.model, params, packed, adv, np.ones(4, bool), cfg)
+    batch = grpo.build_batch(policy.model, params, packed, adv, np.ones(4, bool), **batch_settings(cfg))
     new_params, new_state, m = step(params, state, batch, mx.array(0))
     mx.eval(new_params, new_state, m)
     assert not np.isfinite(float(m["loss"])) and int(m["skipped"]) == 1
@@ -272,7 +273,7 @@ def test_qlora_on_a_quantised_base(problems_file, tmp_path, engine):
     cfg = smoke_cfg(tmp_path, problems_file, model="tiny:llama-q4", dequantize=False, train={"steps": 1},
                     optim=attrs.evolve(rq.PRESETS["smoke"].optim, total_steps=1), rollout_engine=engine)
     cfg = attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False))
-    policy = grpo.load_model(cfg)
+    policy = load_policy(cfg)
     quantized = [k for k, v in tree_flatten(policy.model.parameters()) if v.dtype == mx.uint32]
     assert any("q_proj.linear.weight" in k for k in quantized)  # LoRA over a 4-bit linear
     rq.run(cfg, extra_rewards=EXTRA)
@@ -321,3 +322,27 @@ def test_smoke_preset_as_a_user_runs_it_trains(tmp_path):
     assert results["eval"]["heldout"]["after"]["problems"] == 2
     config = json.loads((out / "config.json").read_text())
     assert config["data"]["source"] == "procedural" and config["data"]["problems"] is None
+
+
+def test_planned_shapes_warm_up_and_compaction_change_no_number(problems_file, tmp_path):
+    """The static engine with planned shapes, their warm-up and compaction down to 2 rows,
+    against the same run without them: the same completions and rewards, the same losses up
+    to float rounding (wider padding sums in another order); after the warm-up no step meets a
+    shape for the first time, without it every step may (issue 33 item 5)."""
+    from mlxio.rl.shapes import ShapesConfig
+
+    runs = {}
+    for name, shape_cfg in (("plain", ShapesConfig(fixed=False, min_decode_batch=8)),
+                            ("planned", ShapesConfig(fixed=True, warm_up=True, min_decode_batch=2))):
+        cfg = smoke_cfg(tmp_path / name, problems_file, train={"steps": 2}, rollout_engine="static",
+                        optim=attrs.evolve(rq.PRESETS["smoke"].optim, total_steps=2), shapes=shape_cfg)
+        rq.run(attrs.evolve(cfg, eval=attrs.evolve(cfg.eval, before=False, after=False)), extra_rewards=EXTRA)
+        runs[name] = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        runs[name + "_texts"] = (tmp_path / name / "rollouts.jsonl").read_text()
+    assert runs["planned_texts"] == runs["plain_texts"]
+    for a, b in zip(runs["planned"], runs["plain"], strict=True):
+        assert a["reward_mean"] == b["reward_mean"] and a["completion_tokens"] == b["completion_tokens"]
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+        assert a["decode_steps"] == b["decode_steps"] and a["decode_row_steps"] <= b["decode_row_steps"]
+    assert [r["new_shapes"] for r in runs["planned"]] == [0, 0]
+    assert runs["plain"][0]["new_shapes"] >= 3  # prefill, decode, update

@@ -14,11 +14,12 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlxio.errors import LoadError
-from mlxio.rl import grpo, rollout_log, verifier
+from mlxio.rl import rollout_log, verifier
 from mlxio.rl.teacher import HttpJudge
 from mlxio.run import checkpoint
 from mlxio.weights import llm, llm_lora
 from recipes import rlaif_judge as rj
+from recipes import rlaif_judge_config
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +74,7 @@ def test_rollouts_sampled_judged_and_the_loss_falls(run_a):
 
 def in_process_probs(cfg, prompt_ids):
     """(P(yes), P(no)) of the trained judge (its last checkpoint) by the whole model's forward."""
-    policy = grpo.load_model(cfg)
+    policy = rlaif_judge_config.load_policy(cfg)
     _, trees, _ = checkpoint.load_latest(cfg.out_dir)
     answers = verifier.answer_ids(policy.tokenizer)
     logits = llm_lora.forward(policy.model)(trees["trainable"], mx.array([prompt_ids]))[0, -1]

@@ -3,6 +3,7 @@
 micro-batches changing no loss, the memory-driven micro-batch, and a smoke run with all on."""
 
 import json
+from functools import partial
 
 import attrs
 import mlx.core as mx
@@ -15,6 +16,7 @@ from mlxio.errors import ConfigError
 from mlxio.rl import auto_batch, grpo
 from mlxio.run import distributed
 from recipes import rlaif_qwen as rq
+from recipes.rlaif_config import batch_settings, load_policy, loss_fn
 from tests.recipes.test_rlaif_e2e import EXTRA, problems_file, smoke_cfg  # noqa: F401  (fixture)
 
 SMOKE = rq.PRESETS["smoke"]
@@ -66,7 +68,7 @@ def test_dropping_empty_micro_batches_changes_no_loss_or_gradient(loss_type):
 
     cfg = attrs.evolve(SMOKE, grpo=GrpoConfig(loss_type=loss_type), clip_eps=0.2, beta=0.04,
                        train=attrs.evolve(SMOKE.train, accum=4), memory=attrs.evolve(SMOKE.memory, logprob_chunk=8))
-    policy = grpo.load_model(cfg)
+    policy = load_policy(cfg)
     params = {k: v + 0.01 for k, v in tree_flatten(grpo.llm_lora.lora_tree(policy.model))}
     params = grpo.llm_lora.tree_unflatten(list(params.items()))
     rng = np.random.default_rng(0)
@@ -75,50 +77,53 @@ def test_dropping_empty_micro_batches_changes_no_loss_or_gradient(loss_type):
               "completion_mask": (np.arange(t)[None] >= 5).astype(np.float32).repeat(n, 0)}
     adv = rng.standard_normal(n).astype(np.float32)
     valid = np.array([True, False, False, True, False, False, True, False])  # 3 rows: 2 micro-batches of 2
-    loss_fn = grpo.make_loss(policy.model, cfg)
-    grad_fn = mx.value_and_grad(lambda p, mb, key: loss_fn(p, mb, key), argnums=0)
+    loss = loss_fn(policy.model, cfg)
+    grad_fn = mx.value_and_grad(lambda p, mb, key: loss(p, mb, key), argnums=0)
 
     def step(batch):
         keys = mx.random.split(mx.random.key(0), batch["tokens"].shape[0])
         loss, aux, grads = accumulate(lambda p, mb, key: grad_fn(p, mb, key), params, batch, keys)
         return float(loss), grads
 
-    full = grpo.build_batch(policy.model, params, packed, adv, valid, cfg)
-    dropped = grpo.build_batch(policy.model, params, packed, adv, valid, cfg, drop_empty=True)
+    full = grpo.build_batch(policy.model, params, packed, adv, valid, **batch_settings(cfg))
+    dropped = grpo.build_batch(policy.model, params, packed, adv, valid, **batch_settings(cfg), drop_empty=True)
     assert full["tokens"].shape[0] == 4 and dropped["tokens"].shape[0] == 2
     (a, ga), (b, gb) = step(full), step(dropped)
     assert b == pytest.approx(a, rel=1e-5, abs=1e-7)
     for (path, x), (_, y) in zip(tree_flatten(ga), tree_flatten(gb), strict=True):
         np.testing.assert_allclose(np.array(y), np.array(x), rtol=1e-4, atol=1e-7, err_msg=path)
-    assert grpo.build_batch(policy.model, params, packed, adv, np.zeros(n, bool), cfg, drop_empty=True) is None
+    assert grpo.build_batch(policy.model, params, packed, adv, np.zeros(n, bool), **batch_settings(cfg),
+                            drop_empty=True) is None
 
 
 def test_auto_batch_plan_takes_the_largest_micro_batch_that_fits(tmp_path):
     cfg = attrs.evolve(SMOKE, memory=attrs.evolve(SMOKE.memory, auto_batch=True, budget_mb=1e6))
-    policy = grpo.load_model(cfg)
+    policy = load_policy(cfg)
     model, params = policy.model, grpo.llm_lora.lora_tree(policy.model)
     from mlxcore.optim import make_optimizer
     from mlxcore.step import init_state, make_train_step
 
     opt = make_optimizer(cfg.optim)
-    step_fn = make_train_step(grpo.make_loss(model, cfg), opt, jit=False, eval_micro_batches=True)
+    step_fn = make_train_step(loss_fn(model, cfg), opt, jit=False, eval_micro_batches=True)
     state = init_state(opt, params)
     vocab = int(policy.config["vocab_size"])
-    found = auto_batch.plan(cfg, model, params, step_fn, state, 8, 20, vocab)
+    probe_batch = partial(grpo.build_batch, model, params, **{**batch_settings(cfg), "accum": 1})
+
+    def plan(memory):
+        return auto_batch.plan(memory, probe_batch, params, step_fn, state, 8, 20, cfg.max_new_tokens, vocab)
+
+    found = plan(cfg.memory)
     assert (found.micro_batch, found.accum) == (8, 1) and found.probes[0].peak_bytes > 0
     assert found.per_sample_bytes > 0
     # a budget between the fixed cost and one more completion: micro-batches of 1
     budget = (found.fixed_bytes + 1.5 * found.per_sample_bytes) / 0.9 / 2**20
-    tight = attrs.evolve(cfg, memory=attrs.evolve(cfg.memory, budget_mb=budget))
-    assert auto_batch.plan(tight, model, params, step_fn, state, 8, 20, vocab).micro_batch == 1
-    tiny = attrs.evolve(cfg, memory=attrs.evolve(cfg.memory, budget_mb=1e-3))
+    assert plan(attrs.evolve(cfg.memory, budget_mb=budget)).micro_batch == 1
     with pytest.raises(ConfigError, match="no micro-batch fits") as err:
-        auto_batch.plan(tiny, model, params, step_fn, state, 8, 20, vocab)
+        plan(attrs.evolve(cfg.memory, budget_mb=1e-3))
     assert "\n" not in str(err.value)
     # a step that came within 5% of the budget: more micro-batches next time
-    cfg_8 = attrs.evolve(cfg, train=attrs.evolve(cfg.train, accum=1))
-    assert auto_batch.recheck(found, cfg_8, 8, int(found.budget_bytes)).train.accum > 1
-    assert auto_batch.recheck(found, cfg_8, 8, 0) is cfg_8
+    assert auto_batch.recheck(found, 1, 8, int(found.budget_bytes)) > 1
+    assert auto_batch.recheck(found, 1, 8, 0) == 1
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlxcore import retrieval
-from mlxio.data import hard_negatives, pairs, pairs_jsonl, pypi_sources, xtr_data
+from mlxio.data import hard_negatives, pairs, pairs_jsonl, pypi_sources, xtr_data, xtr_tokens
 from mlxio.errors import DataError
 
 FAIL = [sys.executable, "-c", "import sys; sys.exit(1)"]  # pip that can never download
@@ -201,12 +201,12 @@ def test_jsonl_negatives_honoured(tmp_path):
     rows, _ = pairs_jsonl.read_jsonl(path)
     out, counts = xtr_data.with_hard_negatives(rows, 2, ("bm25",), seed=0)
     assert out[0].negatives[0] == "def sub(a, b):\n    return a - b" and counts["given"] == 1
-    fields, negs = xtr_data.token_fields(out, 2)
+    fields, negs = xtr_tokens.token_fields(out, 2)
     assert negs == ("neg0", "neg1") and fields["neg0"][0] == "def sub(a, b):\n    return a - b"
     batch = {"query_ids": np.zeros((1, 2, 4)), "neg0_ids": np.ones((1, 2, 3), np.int32),
              "neg0_mask": np.ones((1, 2, 3), np.int32), "neg1_ids": np.ones((1, 2, 5), np.int32),
              "neg1_mask": np.ones((1, 2, 5), np.int32)}
-    (_, stacked), = xtr_data.stack_negatives([(None, batch)], negs)
+    (_, stacked), = xtr_tokens.stack_negatives([(None, batch)], negs)
     assert stacked["neg_ids"].shape == (1, 2, 2, 5) and stacked["neg_mask"][0, 0, 0].tolist() == [1, 1, 1, 0, 0]
 
 

@@ -510,12 +510,12 @@ def test_teacher_flags_are_validated():
 
 
 def test_recipe_wires_the_teacher_flags():
-    from mlxio.rl.rewards import from_config
-    from recipes.rlaif_config import PRESETS, TeacherConfig
+    from mlxio.rl.rewards import TeacherConfig
+    from recipes.rlaif_config import PRESETS, reward_fns
 
     cfg = attrs.evolve(PRESETS["smoke"], teacher=TeacherConfig(
         url="http://127.0.0.1:9/v1", model="m", timeout_s=3.0, retries=1, scoring="verdict"))
-    judge = next(fn for fn, _ in from_config(cfg) if fn.name == "ai_feedback").judge
+    judge = next(fn for fn, _ in reward_fns(cfg) if fn.name == "ai_feedback").judge
     assert (judge.timeout_s, judge.max_retries, judge.scoring) == (3.0, 1, "verdict")
 
 

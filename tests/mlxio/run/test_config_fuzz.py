@@ -1,24 +1,31 @@
-"""Every config field of both recipes, fed wrong types, out-of-range values, NaN, empty and
+"""Every config field of the recipes, fed wrong types, out-of-range values, NaN, empty and
 huge values (as a config file would carry them, and as flags), and config files of every JSON
 shape and arbitrary bytes: the outcome is a valid config, or the project's ConfigError naming
-the field (or the file) - never any other exception. Only the parse / validate layer runs."""
+the field (or the file) - never any other exception. Every numeric option (config fields and
+code_search's flags, listed from the classes and the parser) declares both ends of its range,
+and a value past either end is one line naming it. Only the parse / validate layer runs."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import typing
+from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlxio.errors import ConfigError
 from mlxio.run import config, flags
-from recipes import rlaif_config, xtr_lora
+from recipes import code_search, rlaif_config, rlaif_judge_config, xtr_lora
 
 RECIPES = {
     "xtr_lora": (xtr_lora.PRESETS, "quick", xtr_lora.validate),
     "rlaif_qwen": (rlaif_config.PRESETS, "quick", lambda cfg, source="config": rlaif_config.validate(cfg)),
+    "rlaif_judge": (rlaif_judge_config.PRESETS, "quick", lambda cfg, source="config": rlaif_judge_config.validate(cfg)),
 }
 FIELDS = [(recipe, name) for recipe, (presets, default, _) in RECIPES.items()
           for name in config.leaf_fields(type(presets[default]))]
@@ -55,6 +62,81 @@ def _leaf(cfg, dotted: str):
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
     return cfg
+
+
+def _numeric_fields(cls: type, prefix: str = ""):
+    """(dotted name, number type, declared check, whether a tuple of them) of every numeric leaf
+    field of a config class (nested sections, Optional numbers and tuples of numbers included)."""
+    hints = typing.get_type_hints(cls)
+    for field in attrs.fields(cls):
+        kind = hints[field.name]
+        if attrs.has(kind):
+            yield from _numeric_fields(kind, f"{prefix}{field.name}.")
+            continue
+        args = [a for a in typing.get_args(kind) if a is not type(None) and a is not Ellipsis] or [kind]
+        number = next((a for a in args if a in (int, float)), None)
+        if number is not None:
+            yield prefix + field.name, number, dict(field.metadata.get("check", {})), typing.get_origin(kind) is tuple
+
+
+NUMERIC = [(recipe, *field) for recipe, (presets, default, _) in RECIPES.items()
+           for field in _numeric_fields(type(presets[default]))]
+SUBCOMMANDS = next(a for a in code_search.make_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+FLAGS = [(sub, action) for sub, parser in SUBCOMMANDS.items()
+         for action in parser._actions if action.type not in (None, str, Path) and action.option_strings]
+
+
+def _beyond(number: type, rule: dict) -> list:
+    """Values just past each declared end of a range (and NaN / infinity for floats)."""
+    step = 1 if number is int else None
+    out = []
+    for key, bound in rule.items():
+        if key not in ("gt", "ge", "lt", "le"):
+            continue
+        if number is int:
+            out.append({"ge": math.ceil(bound) - step, "gt": math.floor(bound), "le": math.floor(bound) + step,
+                        "lt": math.ceil(bound)}[key])
+        else:
+            nudge = max(abs(bound) * 1e-3, 1e-9)
+            out.append(float({"ge": bound - nudge, "gt": bound, "le": bound + nudge, "lt": bound}[key]))
+    return out + ([float("nan"), float("inf")] if number is float else [])
+
+
+def test_every_numeric_option_declares_both_ends_of_its_range():
+    """A numeric option bounded only by the defaults (>= 0, below 2**31 or 1e30) is an option nobody
+    thought through: 10**9 steps of warm-up, a checkpoint kept forever, a 2**31-token document."""
+    unbounded = [f"{recipe}: {name}" for recipe, name, _, rule, _ in NUMERIC
+                 if not ({"ge", "gt"} & rule.keys() and {"le", "lt"} & rule.keys())]
+    unbounded += [f"code_search {sub}: {action.option_strings[0]}" for sub, action in FLAGS
+                  if not hasattr(action.type, "bounds")]
+    assert unbounded == []
+
+
+CASES = [pytest.param(recipe, name, [value] if many else value, id=f"{recipe}-{name}={value!r}")
+         for recipe, name, number, rule, many in NUMERIC for value in _beyond(number, rule)]
+CASES += [pytest.param("code_search", f"{sub} {action.option_strings[0]}", value,
+                       id=f"code_search-{sub}-{action.option_strings[0]}={value}")
+          for sub, action in FLAGS for value in (str(action.type.bounds[0] - 1),
+                                                str(action.type.bounds[1] + (1 if isinstance(action.type.bounds[1], int)
+                                                                             else 0.5)))]
+
+
+@pytest.mark.parametrize("recipe, name, value", CASES)
+def test_a_value_past_either_end_of_a_range_is_one_line_naming_it(recipe, name, value, capsys):
+    """Generated from the config classes (every recipe, their mlxcore / mlxio sections) and
+    code_search's parser, so an option added later is covered the day it lands."""
+    if recipe == "code_search":
+        sub, flag = name.split(" ")
+        required = {"index": ["SRC", "--model", "m", "--index", "i"], "search": ["q", "--index", "i"]}[sub]
+        with pytest.raises(ConfigError) as err:
+            code_search.make_parser().parse_args([sub, *required, flag, value])
+        assert f"argument {flag}: expected" in str(err.value) and value in str(err.value)
+    else:
+        with pytest.raises(ConfigError) as err:  # (a tuple of numbers: each item in the range)
+            _parse(recipe, _nest(name, value))
+        assert str(err.value).startswith((f"{name}: must be ", f"{name}[0]: must be ")), str(err.value)
+        assert "(cfg.json)" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -205,29 +205,24 @@ def test_xtr_recipe_resumes_on_another_rank_count(tmp_path):
 
 
 def test_rlaif_rank_share_splits_prompts_or_groups():
-    from types import SimpleNamespace as Config
-
     from mlxio.rl import grpo
 
-    cfg = Config(prompts_per_step=4, group_size=6, train=Config(accum=2))
-    shares = [grpo.rank_share(cfg, distributed.World(rank=r, size=2)) for r in range(2)]
+    shares = [grpo.rank_share(4, 6, 2, distributed.World(rank=r, size=2)) for r in range(2)]
     assert shares == [(slice(0, 2), 6), (slice(2, 4), 6)]  # whole prompts per rank
-    cfg = Config(prompts_per_step=3, group_size=4, train=Config(accum=2))
-    assert grpo.rank_share(cfg, distributed.World(rank=1, size=2)) == (slice(0, 3), 2)  # groups split
+    assert grpo.rank_share(3, 4, 2, distributed.World(rank=1, size=2)) == (slice(0, 3), 2)  # groups split
     with pytest.raises(ConfigError, match="3 ranks must divide prompts_per_step=4 or group_size=8"):
-        grpo.rank_share(Config(prompts_per_step=4, group_size=8, train=Config(accum=1)), distributed.World(size=3))
+        grpo.rank_share(4, 8, 1, distributed.World(size=3))
     with pytest.raises(ConfigError, match="train.accum=4 must divide each rank's 6 completions"):
-        grpo.rank_share(Config(prompts_per_step=3, group_size=4, train=Config(accum=4)), distributed.World(size=2))
+        grpo.rank_share(3, 4, 4, distributed.World(size=2))
 
 
 def test_rlaif_batch_drops_empty_micro_batches_on_one_rank_only():
-    from types import SimpleNamespace as Config
-
+    from mlxcore.policy import GrpoConfig
     from mlxio.rl import grpo
 
-    cfg = Config(train=Config(accum=1))
     with pytest.raises(ValueError, match="drop_empty: one process only"):
-        grpo.build_batch(None, None, {}, np.zeros(2), np.ones(2, bool), cfg, drop_empty=True,
+        grpo.build_batch(None, None, {}, np.zeros(2), np.ones(2, bool), accum=1, max_new_tokens=8, beta=0.0,
+                         clip_eps=None, grpo=GrpoConfig(), logprob_chunk=8, drop_empty=True,
                          world=distributed.World(rank=0, size=2))
 
 

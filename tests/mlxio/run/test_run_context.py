@@ -145,6 +145,29 @@ def test_resume_of_a_checkpoint_written_before_newer_options(tmp_path, caplog):
     assert "under old setting names (out -> out_dir" in caplog.text and "before memory.auto_batch" in caplog.text
 
 
+def test_a_refusal_names_only_the_settings_that_make_the_hash_differ(tmp_path):
+    """out_dir, report_to and train.log_every are outside the RLAIF config hash: a checkpoint
+    moved to another folder and resumed with another seed is refused naming the seed alone."""
+    from mlxio.rl.grpo import config_hash
+
+    cfg = rlaif_config.PRESETS["smoke"]
+    recorded = to_dict(attrs.evolve(cfg, out_dir="elsewhere/old", report_to=("tensorboard",),
+                                    train=attrs.evolve(cfg.train, log_every=3)))
+    checkpoint.save(tmp_path, 2, {"trainable": {"a": mx.ones(2)}, "opt_state": {"n": mx.zeros(1)}},
+                    {"config_hash": config_hash(recorded), "base_model": "m", "rng": checkpoint.rng_snapshot(),
+                     "config": recorded})
+    template = {"trainable": {"a": mx.zeros(2)}, "opt_state": {"n": mx.zeros(1)}}
+    now = to_dict(attrs.evolve(cfg, out_dir=str(tmp_path), train=attrs.evolve(cfg.train, seed=7)))
+    with pytest.raises(CheckpointError) as err:
+        context.resume(tmp_path, {"config_hash": config_hash(now), "base_model": "m"}, template, distributed.SINGLE,
+                       now, rlaif_config.Config.LEGACY_KEYS, config_hash)
+    assert str(err.value).endswith("changed: train.seed: 0 -> 7"), str(err.value)
+    # the same settings but those outside the hash: resumed, no refusal to word
+    same = to_dict(attrs.evolve(cfg, out_dir=str(tmp_path)))
+    assert context.resume(tmp_path, {"config_hash": config_hash(same), "base_model": "m"}, template,
+                          distributed.SINGLE, same, rlaif_config.Config.LEGACY_KEYS, config_hash).step == 2
+
+
 def test_divergence_guard_and_cadence():
     state = {"consecutive_skips": mx.array(3), "skips": mx.array(5)}
     with pytest.raises(TrainingDiverged, match=r"step 9: 3 non-finite steps in a row \(skipped, 5 in all\); stopping. hint"):

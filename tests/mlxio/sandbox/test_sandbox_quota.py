@@ -108,7 +108,7 @@ def test_rlaif_refuses_weak_isolation_unless_asked(monkeypatch, tmp_path):
         require_isolation(False, "--sandbox.allow_weak true")
     assert require_isolation(True, "--sandbox.allow_weak true") == "unshare"
     loaded = []
-    monkeypatch.setattr(rlaif_qwen, "load_model", lambda cfg: loaded.append(cfg))
+    monkeypatch.setattr(rlaif_qwen, "load_policy", lambda cfg: loaded.append(cfg))
     with pytest.raises(SystemExit) as exit_info:
         cli_main("rlaif_qwen", rlaif_qwen.main, ["--preset", "smoke", "--out_dir", str(tmp_path / "run")])
     assert exit_info.value.code == 1 and not loaded  # refused before the model loads

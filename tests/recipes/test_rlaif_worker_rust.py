@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from mlxio.rl import grpo
-from mlxio.rl.worker import Worker
 from mlxio.run import checkpoint
 from recipes.rlaif_config import PRESETS, validate
+from recipes.rlaif_worker import Worker
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "tests" / "worker_client"
 
 pytestmark = pytest.mark.slow

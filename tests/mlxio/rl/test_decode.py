@@ -1,5 +1,5 @@
-"""The "static" decode engine (mlxio.rl.decode over mlxcore.decode_step: compiled fixed-shape step, EOS / stops checked
-every few steps) against mlx-lm's BatchGenerator ("batch"): greedy token identity on tiny
+"""The "static" decode engine (mlxio.rl.decode's host loop over mlxcore.decode_step's compiled
+fixed-shape step, EOS / stops checked every few steps) against mlx-lm's BatchGenerator ("batch"): greedy token identity on tiny
 random llama / qwen2 (left-padded prompts of different lengths, EOS mid-way, stop strings,
 LoRA on a 4-bit base), valid sampled tokens, and one trace of the step per call."""
 
