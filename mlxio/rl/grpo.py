@@ -46,7 +46,7 @@ class MemoryConfig:
     # gradients; mlxio.weights.llm_lora.recomputing): "mlp" the SwiGLU product (2 of its 4
     # [rows, T, ffn] arrays: 2 x 59.6 MB a block at 16 x 384 tokens of the 0.5B shape), "lora"
     # the adapters' float32 copies of a bf16 base's activations; () keeps everything. CPU, 0.5B
-    # shape, 1 x 384 tokens: 26.8 -> 15.8 MB a block live (dev/results/cpu/rlaif_step_memory.json)
+    # shape, 1 x 384 tokens: 26.1 -> 15.8 MB a block live (dev/results/cpu/rlaif_step_memory.json)
     recompute: tuple[str, ...] = llm_lora.RECOMPUTABLE
     # the frozen base's dtype: "auto" keeps it as loaded (float32 once dequantised: the CPU's
     # fast path), "bfloat16" halves its memory and bandwidth (LoRA and optimizer stay float32)
