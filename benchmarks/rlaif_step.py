@@ -28,6 +28,9 @@ norm or last checked loss is off MLX's (`mlx`, or `--reference`) by more than th
 tolerance (`benchmarks.common.TOLERANCE`) is marked `"invalid": true` and left out of the ratios.
 
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b
+    python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b --completion-len 256 \
+        --frameworks mlx_eval_micro mlx torch_compile mlx_eval_micro_norecompute mlx_eval_micro_cap mlx_cap \
+        torch_compile_keep   # issue 33 item 2: the memory fixes and the run-ahead cap
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-coder-3b --completion-len 384 \
         --frameworks mlx mlx_qlora_ckpt torch_compile torch_compile_keep
 """

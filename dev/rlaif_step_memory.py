@@ -29,7 +29,8 @@ Three accounts, one JSON (`dev/results/<machine>/rlaif_step_memory.json`):
    and [rows, heads, T, T] probabilities that a GPU never keeps).
 
     python -m dev.rlaif_step_memory --machine cpu
-    python -m dev.rlaif_step_memory --machine h100 --rows 16 --vocab 151936 --layers 2 6   # on a GPU
+    python -m dev.rlaif_step_memory --machine h100 --rows 16 --vocab 151936 --layers 2 4 --head-rows 512 \
+        --cap-mb 3000 --variants recompute_off recompute_mlp_lora accum3 accum3_eval_micro   # on a GPU
 """
 
 from __future__ import annotations
