@@ -8,7 +8,11 @@ inside `mlxcore.step.make_train_step` with the "full" preset's LoRA (r=16 on q/k
 AdamW, gradient accumulation over micro-batches. Variants by name: `mlx` one compiled graph per
 step, `_eval_micro` one per micro-batch, `_qlora` a 4-bit group-64 base (QLoRA; no PyTorch
 peer here: bitsandbytes is not installed), `_ckpt` gradient checkpointing (mx.checkpoint per
-block). PyTorch: the same formula and micro-batching (backward per micro-batch, then clip and
+block), `_norecompute` the preset's `memory.recompute` off (SwiGLU products and the LoRA terms'
+float32 inputs kept for the backward pass, as before issue 33 item 2), `_cap` MLX's memory limit
+at `--mlx-cap-gb` for the run (`mx.set_memory_limit`: evaluation waits for queued work while
+more is allocated, which bounds how far the host runs ahead of the GPU;
+`dev/rlaif_step_memory.py`). PyTorch: the same formula and micro-batching (backward per micro-batch, then clip and
 fused AdamW); `torch` / `torch_compile` score every position from full float32 logits (the
 issue's peer), `torch_compile_keep` only the completion's (transformers' `logits_to_keep`, as
 TRL's GRPOTrainer does). Model: random weights of a Qwen2.5 / Qwen2.5-Coder / SmolLM2 shape in
@@ -24,6 +28,9 @@ norm or last checked loss is off MLX's (`mlx`, or `--reference`) by more than th
 tolerance (`benchmarks.common.TOLERANCE`) is marked `"invalid": true` and left out of the ratios.
 
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b
+    python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b --completion-len 256 \
+        --frameworks mlx_eval_micro mlx torch_compile mlx_eval_micro_norecompute mlx_eval_micro_cap mlx_cap \
+        torch_compile_keep   # issue 33 item 2: the memory fixes and the run-ahead cap
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-coder-3b --completion-len 384 \
         --frameworks mlx mlx_qlora_ckpt torch_compile torch_compile_keep
 """
@@ -58,20 +65,33 @@ def batch_arrays(rows: int, prompt: int, completion: int, vocab: int, seed: int 
             "ref_logp": (-np.log(vocab) + 0.1 * rng.standard_normal((rows, t - 1))).astype(np.float32)}
 
 
+VARIANT_PARTS = ("_qlora", "_ckpt", "_eval_micro", "_norecompute", "_cap")  # in this order after "mlx"
+
+
 def variant(name: str) -> dict:
-    """An MLX variant's options from its name: mlx[_qlora][_ckpt][_eval_micro]."""
-    return {"qlora": "_qlora" in name, "checkpoint": "_ckpt" in name, "eval_micro": "_eval_micro" in name}
+    """An MLX variant's options from its name: mlx[_qlora][_ckpt][_eval_micro][_norecompute][_cap]."""
+    return {"qlora": "_qlora" in name, "checkpoint": "_ckpt" in name, "eval_micro": "_eval_micro" in name,
+            "recompute": "_norecompute" not in name, "cap": "_cap" in name}
 
 
-def recipe_config(args, checkpoint: bool):
-    """The "full" preset with this run's log-prob chunk and gradient checkpointing."""
+def is_variant(name: str) -> bool:
+    """Whether `name` is a PyTorch peer or an MLX variant with its parts in `VARIANT_PARTS` order."""
+    if name.startswith("torch"):
+        return name in ("torch", "torch_compile", "torch_compile_keep")
+    return name == "mlx" + "".join(part for part in VARIANT_PARTS if part in name)
+
+
+def recipe_config(args, checkpoint: bool, recompute: bool = True):
+    """The "full" preset with this run's log-prob chunk, gradient checkpointing and (unless
+    `recompute` is off) its `memory.recompute`."""
     import attrs
 
     from recipes.rlaif_config import PRESETS
 
     cfg = PRESETS["full"]
     return attrs.evolve(cfg, memory=attrs.evolve(cfg.memory, logprob_chunk=args.chunk,
-                                                 gradient_checkpointing=checkpoint))
+                                                 gradient_checkpointing=checkpoint,
+                                                 recompute=cfg.memory.recompute if recompute else ()))
 
 
 def mlx_policy(shape: str, tm, dtype: str, qlora: bool = False):
@@ -117,7 +137,7 @@ def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
     from recipes.rlaif_config import loss_fn
 
     opts = variant(name)
-    cfg = recipe_config(args, opts["checkpoint"])
+    cfg = recipe_config(args, opts["checkpoint"], opts["recompute"])
     model, params = mlx_policy(shape, tm, args.dtype, opts["qlora"])
     opt = make_optimizer(cfg.optim)
     step = make_train_step(loss_fn(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
@@ -125,18 +145,24 @@ def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
     state = init_state(opt, params)
     batch = mlx_batch(data, micro, cfg)
     times, check = [], {"steps": args.check_steps, "loss": [], "grad_norm": []}
-    mx.reset_peak_memory()
-    for n in range(args.check_steps + args.warmup + args.steps):
-        start = time.perf_counter()
-        params, state, metrics = step(params, state, batch, mx.array(n))
-        mx.eval(params, state, metrics)
-        times.append(time.perf_counter() - start)
-        if n < args.check_steps:
-            check["loss"].append(metrics["loss"].item())
-            check["grad_norm"].append(metrics["grad_norm"].item())
+    old_limit = mx.set_memory_limit(int(args.mlx_cap_gb * 1e9)) if opts["cap"] else None
+    try:
+        mx.reset_peak_memory()
+        for n in range(args.check_steps + args.warmup + args.steps):
+            start = time.perf_counter()
+            params, state, metrics = step(params, state, batch, mx.array(n))
+            mx.eval(params, state, metrics)
+            times.append(time.perf_counter() - start)
+            if n < args.check_steps:
+                check["loss"].append(metrics["loss"].item())
+                check["grad_norm"].append(metrics["grad_norm"].item())
+    finally:
+        if old_limit is not None:
+            mx.set_memory_limit(old_limit)
     check["seconds"] = sum(times[:args.check_steps])
     return {"step_s": times[args.check_steps + args.warmup:], "peak_bytes": mx.get_peak_memory(),
-            "loss": metrics["loss"].item(), "check": check, "options": opts}
+            "loss": metrics["loss"].item(), "check": check, "options": opts,
+            **({"memory_limit_bytes": int(args.mlx_cap_gb * 1e9)} if opts["cap"] else {})}
 
 
 def torch_loss(model, mb, beta, clip_eps, keep: int = 0):
@@ -290,8 +316,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(TOLERANCE), help="the base model's dtype")
     ap.add_argument("--chunk", type=int, default=512, help="MLX: completion tokens scored per log-prob chunk")
     ap.add_argument("--layers", type=int, default=None, help="override the shape's layer count (quick CPU checks)")
-    # mlx[_qlora][_ckpt][_eval_micro]: see the module doc
+    # mlx[_qlora][_ckpt][_eval_micro][_norecompute][_cap]: see the module doc
     ap.add_argument("--frameworks", nargs="+", default=["mlx", "mlx_eval_micro", "torch", "torch_compile"])
+    ap.add_argument("--mlx-cap-gb", type=float, default=12.0,
+                    help="MLX's memory limit (GB) for the _cap variants (default: torch.compile's H100 peak)")
     ap.add_argument("--out", default=None, help="write the result here (default benchmarks/results/<machine>/)")
     ap.add_argument("--merge", nargs="+", metavar="FILE",
                     help="instead of running: merge these result files' sections into --out")
@@ -301,11 +329,11 @@ def main(argv=None) -> dict:
             ap.error("--merge needs --out")
         return merge(args.out, args.merge)
     for name in args.frameworks:
-        if not (name.startswith("torch") and name in ("torch", "torch_compile", "torch_compile_keep")
-                or name.startswith("mlx") and name == "mlx" + "".join(
-                    part for part in ("_qlora", "_ckpt", "_eval_micro") if part in name)):
-            ap.error(f"--frameworks: unknown variant {name!r} (mlx[_qlora][_ckpt][_eval_micro], torch, "
-                     "torch_compile, torch_compile_keep)")
+        if not is_variant(name):
+            ap.error(f"--frameworks: unknown variant {name!r} (mlx[_qlora][_ckpt][_eval_micro][_norecompute][_cap], "
+                     "torch, torch_compile, torch_compile_keep)")
+    if not (0 < args.mlx_cap_gb <= 1e4):
+        ap.error(f"--mlx-cap-gb: must be in (0, 10000], got {args.mlx_cap_gb}")
     if args.layers:
         SHAPES[args.shape] = SHAPES[args.shape] | {"num_hidden_layers": args.layers}
     return run_all(args, "python -m benchmarks.rlaif_step " + shlex.join(sys.argv[1:] if argv is None else argv))
@@ -350,6 +378,8 @@ def write_section(args, command: str, tokens: int, runs: dict) -> dict:
                             "rows": args.rows, "micro_batch": args.micro, "prompt_len": args.prompt_len,
                             "completion_len": args.completion_len, "tokens_per_step": tokens,
                             "logprob_chunk": args.chunk, "lora": "r=16 alpha=32 q,k,v,o (full preset)",
+                            "mlx_recompute": "full preset's memory.recompute (off in _norecompute)",
+                            "mlx_cap_gb": args.mlx_cap_gb,
                             "loss": "PPO-clip 0.2 + 0.04 k3 KL, grpo aggregation",
                             "mlx_device": str(mx.default_device()), "check_steps": args.check_steps,
                             "tolerance": TOLERANCE[args.dtype],

@@ -271,8 +271,9 @@ def policy_loss_fn(hidden: Callable[[Tree, mx.array], mx.array], head: Callable[
                    beta: float, clip_eps: float | None, grpo: GrpoConfig = GrpoConfig(), chunk: int = 512,
                    across_ranks: Callable[[mx.array], mx.array] | None = None):
     """loss(params, micro_batch, key) -> (loss, metrics) for `mlxcore.step`: `policy_loss` of
-    the log-probs of the completion tokens, from `hidden(params, ids) -> [M, T - 1, H]` (the
-    policy's last hidden states, a pure function of its trainable tree `params`, e.g.
+    the log-probs of the completion tokens, from `hidden(params, tokens) -> [M, T, H]` (the
+    policy's last hidden states of whole rows - a causal model's: the last position's is not
+    used -, a pure function of its trainable tree `params`, e.g.
     `mlxio.weights.llm_lora.hidden_states`) and the frozen LM `head(h) -> logits`, scored
     only at `positions`, `chunk` rows at a time (`mlxcore.logprobs.gathered_logprobs`: no
     [M, T, V] logits). The exact entropy is computed only when `grpo.entropy_coef` > 0.
@@ -287,8 +288,13 @@ def policy_loss_fn(hidden: Callable[[Tree, mx.array], mx.array], head: Callable[
 
     def loss_fn(params: Tree, mb: dict, key: mx.array):
         tokens = mb["tokens"]
-        logp, ent = gathered_logprobs(head, hidden(params, tokens[:, :-1]), tokens[:, 1:], mb["mask"],
-                                      mb["positions"], chunk=chunk, entropy=with_entropy)
+        # the whole row, not tokens[:, :-1]: a causal model's states before the last token are
+        # the same, and a packed width that is a multiple of 128 (`mlxcore.buckets`) stays one,
+        # which MLX's CUDA attention needs for its fused backward (cuDNN); at T - 1 it recomputes
+        # [rows, heads, T, T] scores in the backward pass instead. One token a row more.
+        states = hidden(params, tokens)[:, :-1]
+        logp, ent = gathered_logprobs(head, states, tokens[:, 1:], mb["mask"], mb["positions"], chunk=chunk,
+                                      entropy=with_entropy)
         return policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["mask"], mb["weights"],
                            beta, clip_eps, clip_eps_high=grpo.clip_eps_high,
                            importance_ratio=grpo.importance_ratio, entropy=ent, entropy_coef=grpo.entropy_coef,

@@ -45,11 +45,20 @@ def accumulate(grad_fn: Callable, params: Tree, batch: Tree, keys: mx.array,
     of (loss, aux, grads) - for a loss that is a mean over independent samples this equals one
     step on the concatenated batch. eval_each: evaluate the running sum after each micro-batch
     (outside `mx.compile` only), so one micro-batch's graph is alive at a time.
+
+    Without eval_each the k micro-batches are one graph, and each one's inputs depend on the
+    running sum before it (`mx.depends`: no value changes), so its forward pass starts only
+    once the previous backward pass has finished: the graph holds one micro-batch's activations
+    at a time, not all k (MLX may otherwise run every forward pass first: CPU, 2 layers of the
+    0.5B shape, 3 micro-batches of 1 x 384 tokens, MLX's run-ahead off: 85.5 -> 47.7 MB, one
+    graph per micro-batch 47.3 MB; `dev/rlaif_step_memory.py`).
     """
     k = keys.shape[0]
     total = None
     for i in range(k):
         micro = map_leaves(lambda x, i=i: x[i], batch)
+        if total is not None and not eval_each:
+            micro = after(micro, total)
         (loss, aux), grads = grad_fn(params, micro, keys[i])
         if total is None:
             total = (loss, aux, grads)
@@ -58,6 +67,17 @@ def accumulate(grad_fn: Callable, params: Tree, batch: Tree, keys: mx.array,
         if eval_each:
             mx.eval(total)
     return total if k == 1 else map_leaves(lambda x: x / k, total)  # (/ 1 would be a kernel a leaf)
+
+
+def after(tree: Tree, dependencies: Tree) -> Tree:
+    """`tree` with every leaf made to depend on every leaf of `dependencies` (same values): it
+    is computed only after them."""
+    leaves = [leaf for _, leaf in tree_flatten(tree)]
+    deps = [leaf for _, leaf in tree_flatten(dependencies)]
+    if not leaves or not deps:
+        return tree
+    waiting = iter(mx.depends(leaves, deps))
+    return map_leaves(lambda _: next(waiting), tree)  # (map_leaves walks leaves in tree_flatten's order)
 
 
 def update_chain(optimizer: Optimizer, clip_norm: float = 1.0,
@@ -99,9 +119,10 @@ def make_train_step(
     back bit-identical and the skip counters rise.
 
     eval_micro_batches: one compiled graph per micro-batch, evaluated before the next starts,
-    instead of one graph for the whole step: peak memory holds one micro-batch's activations
-    (not `accum` of them) at the cost of a host sync per micro-batch. Same sums in the same
-    order, so the same update up to kernel rounding.
+    instead of one graph for the whole step (whose micro-batches also run one after another,
+    `accumulate`): the host waits at each micro-batch's end, so no work of the next one is
+    queued (and allocated) while the previous one runs. Same sums in the same order, so the same
+    update up to kernel rounding.
 
     grad_cache: (embed, loss_on) (`mlxcore.retriever.contrastive_parts`): the accum x micro
     pairs of a step are ONE contrastive batch (every query against all their documents),

@@ -31,6 +31,7 @@ from mlxio.run import distributed
 from mlxio.run.config import check, check_schedule, check_url
 from mlxio.weights import llm
 from mlxio.weights.llm import TINY_KINDS
+from mlxio.weights.llm_lora import RECOMPUTABLE
 
 
 @attrs.frozen(kw_only=True)
@@ -233,6 +234,10 @@ def _validate(cfg: Config) -> None:
         check_url("teacher.url", cfg.teacher.url)
     if not cfg.lora.targets:
         raise ConfigError("lora.targets: empty: no layer would train", fix="set --lora.targets, e.g. q_proj,v_proj")
+    for part in cfg.memory.recompute:
+        if part not in RECOMPUTABLE:
+            raise ConfigError(f"memory.recompute: unknown part {part!r}", fix="choose from " + ", ".join(RECOMPUTABLE)
+                              + " (or give none)")
     if cfg.model is not None and cfg.model.startswith(TINY_PREFIX) and \
             cfg.model[len(TINY_PREFIX):].removesuffix("-q4") not in TINY_KINDS:
         raise ConfigError(f"model: {cfg.model!r} names no tiny model", fix="set --model to "

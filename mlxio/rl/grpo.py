@@ -42,6 +42,12 @@ class MemoryConfig:
     # mx.checkpoint per transformer block: its activations are recomputed in the backward pass
     # (peak memory of one block's instead of all blocks', about a third more compute)
     gradient_checkpointing: bool = False
+    # parts of every block recomputed in the backward pass instead of kept (same values and
+    # gradients; mlxio.weights.llm_lora.recomputing): "mlp" the SwiGLU product (2 of its 4
+    # [rows, T, ffn] arrays: 2 x 59.6 MB a block at 16 x 384 tokens of the 0.5B shape), "lora"
+    # the adapters' float32 copies of a bf16 base's activations; () keeps everything. CPU, 0.5B
+    # shape, 1 x 384 tokens: 26.1 -> 15.8 MB a block live (dev/results/cpu/rlaif_step_memory.json)
+    recompute: tuple[str, ...] = llm_lora.RECOMPUTABLE
     # the frozen base's dtype: "auto" keeps it as loaded (float32 once dequantised: the CPU's
     # fast path), "bfloat16" halves its memory and bandwidth (LoRA and optimizer stay float32)
     compute_dtype: str = bounded("auto", choices=("auto",) + tuple(COMPUTE_DTYPES),
@@ -181,10 +187,10 @@ def make_loss(model, beta: float, clip_eps: float | None, grpo: pg.GrpoConfig, m
     """loss_fn(lora, micro_batch, key) -> (loss, metrics) for mlxcore.step: the policy loss as a
     pure function of the LoRA tree (`mlxcore.policy.policy_loss_fn` over the model's hidden
     states and frozen LM head: log-probs at the batch's positions, no [rows, T, vocab] logits;
-    `memory`: its gradient checkpointing and log-prob chunk).
+    `memory`: its gradient checkpointing, recomputed parts and log-prob chunk).
     On several ranks (`world`) the entropy target and clip fraction read every rank's
     micro-batch (`distributed.rank_mean`); wrap it in `distributed.data_parallel_loss`."""
-    return pg.policy_loss_fn(llm_lora.hidden_states(model, memory.gradient_checkpointing),
+    return pg.policy_loss_fn(llm_lora.hidden_states(model, memory.gradient_checkpointing, memory.recompute),
                              llm_lora.lm_head(model), beta, clip_eps, grpo, memory.logprob_chunk,
                              distributed.rank_mean(world))
 
@@ -193,13 +199,14 @@ def frozen_logprobs(model, lora_params, tokens: mx.array, mask: np.ndarray, posi
                     chunk: int) -> mx.array:
     """Log-probs under `lora_params` without gradient, one micro-batch at a time: tokens [N, T],
     mask [N, T - 1], positions [N / micro, P] (`packing.target_positions(mask)`) -> [N, T - 1]
-    float32, 0 where mask is 0 (`mlxcore.logprobs.gathered_logprobs`)."""
+    float32, 0 where mask is 0 (`mlxcore.logprobs.gathered_logprobs`). The model reads whole
+    rows, as the loss's does (`mlxcore.policy.policy_loss_fn`), so both compute the same states."""
     hidden, head = llm_lora.hidden_states(model), llm_lora.lm_head(model)
     micro = tokens.shape[0] // positions.shape[0]
     parts = []
     for b in range(positions.shape[0]):
         ids, rows = tokens[b * micro:(b + 1) * micro], slice(b * micro, (b + 1) * micro)
-        part, _ = gathered_logprobs(head, hidden(lora_params, ids[:, :-1]), ids[:, 1:], mx.array(mask[rows]),
+        part, _ = gathered_logprobs(head, hidden(lora_params, ids)[:, :-1], ids[:, 1:], mx.array(mask[rows]),
                                     mx.array(positions[b]), chunk=chunk, differentiable=False)
         mx.eval(part)
         parts.append(part)

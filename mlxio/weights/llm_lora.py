@@ -21,9 +21,12 @@ import attrs
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models import llama, qwen2, qwen3
+from mlx_lm.models.activations import swiglu
 
 from mlxcore import lora
 from mlxcore.lora import LoraConfig, matches_target
+from mlxcore.recompute import recomputed
 from mlxcore.tree import Tree, partition
 from mlxio.run.atomic import atomic_dir
 from mlxio.weights.llm import Policy, save_model_dir
@@ -36,7 +39,12 @@ class LoraLinear(nn.Module):
 
     The low-rank term is computed in the adapters' dtype (float32) and cast to x's, as mlx-lm's
     `LoRALinear` does, so half-precision activations over a quantised base keep a float32 update.
+    With `recompute_delta` (set on the training view's copies, `recomputing`) the term is
+    `mlxcore.recompute.recomputed`: the backward pass keeps x, not its float32 copy
+    ([..., in] x 4 bytes a layer: 2 of them per attention block of a bf16 base under mx.compile).
     """
+
+    recompute_delta = False
 
     def __init__(self, linear: nn.Module, rank: int, scale: float):
         super().__init__()
@@ -46,9 +54,12 @@ class LoraLinear(nn.Module):
         self.lora_a = mx.zeros((in_dim, rank))
         self.lora_b = mx.zeros((rank, out_dim))
 
+    def _delta(self, x: mx.array, lora_a: mx.array, lora_b: mx.array) -> mx.array:
+        return lora.delta(x.astype(lora_a.dtype), lora_a, lora_b, self.scale)
+
     def __call__(self, x: mx.array) -> mx.array:
-        update = lora.delta(x.astype(self.lora_a.dtype), self.lora_a, self.lora_b, self.scale)
-        return self.linear(x) + update.astype(x.dtype)
+        delta = recomputed(self._delta) if self.recompute_delta and x.dtype != self.lora_a.dtype else self._delta
+        return self.linear(x) + delta(x, self.lora_a, self.lora_b).astype(x.dtype)
 
 
 def linear_dims(linear: nn.Module) -> tuple[int, int]:
@@ -187,15 +198,68 @@ class CheckpointedBlock(nn.Module):
         return mx.checkpoint(run)(block.trainable_parameters(), x)
 
 
-def hidden_states(model: nn.Module, checkpoint_blocks: bool = False):
+# what `recomputing` can recompute in the backward pass instead of keeping (memory.recompute)
+RECOMPUTABLE = ("mlp", "lora")
+# mlx-lm's feed-forward classes whose forward is down_proj(swiglu(gate_proj(x), up_proj(x)))
+_SWIGLU_MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
+
+
+class RecomputedMLP(nn.Module):
+    """An mlx-lm SwiGLU feed-forward (`_SWIGLU_MLPS`) whose product silu(g) * u is
+    `mlxcore.recompute.recomputed`: the backward pass keeps g and u, not also sigmoid(g) and
+    silu(g) (2 of 4 [rows, T, ffn] arrays a block). Same forward, same gradients."""
+
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        if type(mlp) not in _SWIGLU_MLPS:
+            raise ValueError(f"recompute 'mlp': {type(mlp).__module__}.{type(mlp).__name__} is not one of mlx-lm's "
+                             "SwiGLU feed-forwards (llama, qwen2, qwen3)")
+        self.mlp = mlp
+
+    def __call__(self, x: mx.array) -> mx.array:
+        mlp = self.mlp
+        return mlp.down_proj(recomputed(swiglu)(mlp.gate_proj(x), mlp.up_proj(x)))
+
+
+def recomputing(body: nn.Module, parts: tuple[str, ...]) -> nn.Module:
+    """`body` (a model or its `.model`) with the `parts` (`RECOMPUTABLE`) of every block recomputed
+    in the backward pass: "mlp" -> `RecomputedMLP`, "lora" -> `LoraLinear.recompute_delta`. A new
+    module tree (`bind`); `body` is untouched."""
+    unknown = sorted(set(parts) - set(RECOMPUTABLE))
+    if unknown:
+        raise ValueError(f"recompute: unknown part(s) {unknown}; expected some of {list(RECOMPUTABLE)}")
+    if "lora" in parts:
+        swaps = []
+        for name, module in body.named_modules():
+            if isinstance(module, LoraLinear):
+                flagged = copy.copy(module)
+                flagged.recompute_delta = True
+                swaps.append((name, flagged))
+        body = bind(body, tree_unflatten(swaps)) if swaps else body
+    if "mlp" in parts:
+        swaps = [(name, RecomputedMLP(module)) for name, module in body.named_modules()
+                 if name.rsplit(".", 1)[-1] == "mlp" and ".layers." in f".{name}"]
+        if not swaps:
+            raise ValueError("recompute 'mlp': the model has no blocks with an `mlp`")
+        body = bind(body, tree_unflatten(swaps))
+    return body
+
+
+def hidden_states(model: nn.Module, checkpoint_blocks: bool = False, recompute: tuple[str, ...] = ()):
     """`hidden(lora, ids [B, T]) -> [B, T, H]`: the model's last hidden states (after its final
     norm; `lm_head(model)` of them are `forward`'s logits) under the LoRA tree `lora`.
     checkpoint_blocks: each block's activations are recomputed in the backward pass (gradient
-    checkpointing: memory of one block's activations instead of all of them, ~1/3 more compute)."""
+    checkpointing: memory of one block's activations instead of all of them, ~1/3 more compute).
+    recompute: the cheap parts of each block recomputed instead of kept (`recomputing`; same
+    values and gradients, a few elementwise ops and a rank-r matmul more)."""
     _check_split(model)
+    if recompute:
+        recomputing(model.model, recompute)  # fails now on a part the model cannot recompute
 
     def hidden(lora_params: Tree, ids: mx.array) -> mx.array:
         body = bind(model, lora_params).model
+        if recompute:
+            body = recomputing(body, recompute)
         if checkpoint_blocks:
             body = copy.copy(body)
             body.layers = [CheckpointedBlock(block) for block in body.layers]

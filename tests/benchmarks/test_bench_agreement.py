@@ -87,12 +87,13 @@ def test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged():
     """benchmarks/rlaif_step.py: PEFT's adapters set to MLX's LoRA init and torch AdamW given MLX's
     per-step lr / eps: loss and gradient norm agree to float32 rounding over the checked steps;
     with PEFT's own LoRA A the gradient norm differs and the row is invalid (no ratio)."""
+    import mlx.core as mx
     import numpy as np
 
     from benchmarks import rlaif_step as rs
     from benchmarks.generation import SHAPES, torch_model
 
-    args = argparse.Namespace(check_steps=4, warmup=1, steps=1, dtype="float32", chunk=8)
+    args = argparse.Namespace(check_steps=4, warmup=1, steps=1, dtype="float32", chunk=8, mlx_cap_gb=5.0)
     tm = torch_model("llama-tiny", "cpu", "float32")
     data = rs.batch_arrays(4, 8, 8, SHAPES["llama-tiny"]["vocab_size"])
     lora_state = rs.lora_arrays(rs.mlx_policy("llama-tiny", tm, "float32")[1])
@@ -104,7 +105,15 @@ def test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged():
     runs["torch_compile"] = rs.run_torch(tm, data, 2, args, False, other)  # labelled so: a second peer
     runs["torch_compile_keep"] = rs.run_torch(tm, data, 2, args, False, lora_state, keep=8)  # completion logits only
     runs["mlx_qlora_ckpt_eval_micro"] = rs.run_mlx("llama-tiny", tm, data, 2, args, "mlx_qlora_ckpt_eval_micro")
-    assert runs["mlx_qlora_ckpt_eval_micro"]["options"] == {"qlora": True, "checkpoint": True, "eval_micro": True}
+    assert runs["mlx_qlora_ckpt_eval_micro"]["options"] == {"qlora": True, "checkpoint": True, "eval_micro": True,
+                                                            "recompute": True, "cap": False}
+    kept = rs.run_mlx("llama-tiny", tm, data, 2, args, "mlx_norecompute_cap")  # same steps, limit put back
+    assert kept["options"]["cap"] and not kept["options"]["recompute"] and kept["memory_limit_bytes"] == 5e9
+    limit = mx.set_memory_limit(1)
+    mx.set_memory_limit(limit)
+    assert limit != 5e9
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose(kept["check"][key], runs["mlx"]["check"][key], rtol=1e-6)
     for r in runs.values():
         r["tokens_per_s"] = 1.0
     rs.mark_agreement(runs, "float32")
@@ -129,3 +138,17 @@ def test_tiny_models_get_ids_their_vocabulary_has(name):
     data = bench._data(name, BATCH, argparse.Namespace(distinct=2))
     assert all(data[k].max() < cfg.vocab_size for k in ("query_ids", "doc_ids"))
     assert data["doc_ids"].shape[1] <= getattr(cfg, "max_position_embeddings", rm.DOC_LEN)
+
+
+def test_rlaif_step_variant_names():
+    """Each MLX part in its place is a variant; a misspelt or reordered one is refused, and so is a
+    memory cap that is not a positive number of GB."""
+    from benchmarks import rlaif_step as rs
+
+    assert rs.variant("mlx_eval_micro_norecompute_cap") == {"qlora": False, "checkpoint": False, "eval_micro": True,
+                                                           "recompute": False, "cap": True}
+    assert all(map(rs.is_variant, ["mlx", "mlx_qlora_ckpt_eval_micro_norecompute_cap", "torch_compile_keep"]))
+    assert not any(map(rs.is_variant, ["mlx_cap_norecompute", "mlx_recompute", "torch_eager"]))
+    for argv in (["--frameworks", "mlx_keep"], ["--mlx-cap-gb", "0"], ["--mlx-cap-gb", "nan"]):
+        with pytest.raises(SystemExit):
+            rs.main(argv)

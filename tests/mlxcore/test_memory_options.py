@@ -127,3 +127,51 @@ def test_qat_step_trains_through_fake_quantisation():
     wrapped = retriever.with_fake_quant(loss_fn, (quant.parse_rule("*=4/32"),), 2.0)
     assert float(wrapped(params, micro, mx.random.key(0))[0]) == pytest.approx(
         float(loss_fn(fq, micro, mx.random.key(0))[0]), rel=1e-6)
+
+
+def _activation_heavy_step(jit: bool):
+    """A step whose loss keeps ~8 MB of activations per micro-batch of 4 x 65,536 (the inputs of
+    its matmuls and tanh's outputs, saved for the backward pass) against 1 kB of parameters."""
+    def loss(params, micro, key):
+        h = micro["x"]
+        for w in params["w"]:
+            h = h + mx.tanh(h @ w) @ w.T
+        return (h * h).mean(), {}
+
+    return make_train_step(loss, make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10)),
+                           trainable=lambda path, _: path.startswith("w"), jit=jit)
+
+
+def live_peak(fn) -> int:
+    """Peak bytes allocated while `fn()` is evaluated, MLX's run-ahead off: with a memory limit
+    of 1 byte, evaluation waits for each queued op before the next (otherwise the host queues up
+    to ~50 ops on the CPU, ~1,000 on an H100, ahead of those running, and their buffers count:
+    `dev/rlaif_step_memory.py`), so this is what the graph itself keeps alive."""
+    old = mx.set_memory_limit(1)
+    try:
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        before = mx.get_active_memory()
+        mx.eval(fn())
+        return mx.get_peak_memory() - before
+    finally:
+        mx.set_memory_limit(old)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_one_graph_accumulation_holds_one_micro_batch_of_activations(jit):
+    """One graph over k micro-batches (`mlxcore.step.accumulate`) runs them one after another:
+    its peak memory stays near one micro-batch's, not k times it."""
+    params = {"w": [mx.random.normal((32, 128), key=mx.random.key(i)) * 0.1 for i in range(3)]}
+    step = _activation_heavy_step(jit)
+    state = init_state(make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=10)), params,
+                       lambda path, _: path.startswith("w"))
+
+    def peak(accum):
+        batch = {"x": mx.random.uniform(shape=(accum, 4096, 32), key=mx.random.key(accum))}
+        mx.eval(batch, params, state)
+        mx.eval(step(params, state, batch, mx.array(0)))  # compiled before measuring
+        return live_peak(lambda: step(params, state, batch, mx.array(0)))
+
+    one, four = peak(1), peak(4)
+    assert four < 1.3 * one, (one, four)

@@ -121,3 +121,39 @@ def test_bind_shares_the_base_and_changes_only_the_adapters():
     ids = mx.array([[1, 2, 3, 4]])
     assert not mx.array_equal(view(ids), model(ids))
     assert mx.array_equal(llm_lora.bind(model, lora)(ids), model(ids))
+
+
+def test_the_model_reads_whole_rows():
+    """The loss runs the model on all T tokens of a row (a packed width that is a multiple of 128
+    stays one at the attention: MLX's CUDA backend fuses the attention backward only then) and
+    drops the last position's state: the same loss and gradients as on tokens[:, :-1]."""
+    from mlxcore.logprobs import gathered_logprobs
+
+    model = llm.tiny_policy("qwen2", seed=4).model
+    lora = llm_lora.apply_lora(model, LORA, None, mx.random.key(0))
+    lora = {k: v + 0.05 for k, v in tree_flatten(lora)}
+    from mlx.utils import tree_unflatten
+    lora = tree_unflatten(list(lora.items()))
+    hidden, head = llm_lora.hidden_states(model), llm_lora.lm_head(model)
+    lengths = []
+
+    def spy(params, ids):
+        lengths.append(ids.shape[1])
+        return hidden(params, ids)
+
+    mb = batch(5, n=2, t=128)
+    loss = pg.policy_loss_fn(spy, head, 0.04, 0.2, chunk=8)
+
+    def shortened(params):  # the previous input: T - 1 tokens
+        tokens = mb["tokens"]
+        logp, _ = gathered_logprobs(head, hidden(params, tokens[:, :-1]), tokens[:, 1:], mb["mask"],
+                                    mb["positions"], chunk=8)
+        return pg.policy_loss(logp, mb["old_logp"], mb["ref_logp"], mb["advantages"], mb["mask"], mb["weights"],
+                              0.04, 0.2)[0]
+
+    got, got_grads = mx.value_and_grad(lambda p: loss(p, mb, mx.random.key(0))[0])(lora)
+    want, want_grads = mx.value_and_grad(shortened)(lora)
+    assert lengths == [128]
+    np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5)
+    for (path, a), (_, b) in zip(tree_flatten(got_grads), tree_flatten(want_grads), strict=True):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-7, err_msg=path)

@@ -33,6 +33,7 @@ SMOKE = rq.PRESETS["smoke"]
     (["--clip_eps", "1.5"], "clip_eps"),
     (["--memory.logprob_chunk", "0"], "memory.logprob_chunk"),
     (["--memory.compute_dtype", "fp8"], "memory.compute_dtype"),
+    (["--memory.recompute", "mlp,attention"], "memory.recompute"),
     (["--memory.budget_fraction", "2"], "memory.budget_fraction"),
     (["--memory.max_micro_batch", "0"], "memory.max_micro_batch"),
     (["--memory.auto_batch", "true", "--memory.eval_micro_batches", "false"], "memory.auto_batch"),
