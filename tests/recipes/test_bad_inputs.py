@@ -17,6 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from lock_holder import holding
 
 from mlxio import inputs
 from mlxio.errors import ConfigError, DataError, DiskError, MlxioError, RunError, cli_main
@@ -338,18 +339,10 @@ def test_an_overflowing_gradient_norm_skips_the_step():
 def test_one_out_dir_one_run(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
-                               "from pathlib import Path; from mlxio.run import context; "
-                               "context.claim_out_dir(Path(sys.argv[2]), resume=False); print('held', flush=True); "
-                               "time.sleep(60)", str(ROOT), str(out)], stdout=subprocess.PIPE)
-    try:
-        assert holder.stdout.readline().strip() == b"held"
+    with holding(out, seconds=60):
         with pytest.raises(RunError, match="another run is writing this folder") as err:
             context.claim_out_dir(out, resume=True)
         assert "pick another --out_dir" in err.value.contract_line()
-    finally:
-        holder.kill()
-        holder.wait()
     context.claim_out_dir(out, resume=True)  # free once the other run is gone
 
     @context.releases_out_dirs

@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+from lock_holder import holding
 from mlx.utils import tree_flatten
 
 from mlxio import rpc
@@ -24,6 +25,7 @@ from mlxio.run.config import to_dict
 from recipes import rlaif_qwen as rq
 from recipes.rlaif_config import PRESETS, load_policy, validate
 from recipes.rlaif_worker import Worker
+from tests.recipes.test_rlaif_e2e import LetterReward
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = [(f"W/{i}", f"def {name}(a, b):\n    \"\"\"{doc}\"\"\"\n", name,
@@ -31,19 +33,6 @@ PROBLEMS = [(f"W/{i}", f"def {name}(a, b):\n    \"\"\"{doc}\"\"\"\n", name,
             for i, (name, doc, want) in enumerate([
                 ("add", "a plus b", 5), ("sub", "a minus b", -1), ("mul", "a times b", 6),
                 ("mx", "larger", 3), ("mn", "smaller", 2), ("pw", "a to the b", 8)])]
-
-
-@attrs.frozen
-class LetterReward:
-    """Share of ASCII letters: varies across the tiny model's random completions."""
-
-    name: str = "letters"
-
-    def config_key(self) -> str:
-        return "letters-v1"
-
-    def score(self, problems, completions):
-        return [sum(c.isascii() and c.isalpha() for c in t) / max(len(t), 1) for t in completions]
 
 
 def letters(texts):
@@ -233,12 +222,7 @@ def test_two_writers_never_share_a_run_directory(problems_file, tmp_path):
     out.mkdir()
     worker = Worker(PRESETS, validate)
     rpc_call(worker, "initialize", preset="smoke", config=to_dict(smoke_cfg(out, problems_file)))
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
-                               "from pathlib import Path; from mlxio.run import context; "
-                               "context.claim_out_dir(Path(sys.argv[2]), resume=False); print('held', flush=True); "
-                               "time.sleep(120)", str(ROOT), str(out)], stdout=subprocess.PIPE)
-    try:
-        assert holder.stdout.readline().strip() == b"held"
+    with holding(out) as holder:
         for method in ("save", "load"):
             error = rpc_error(worker, method)
             assert error["code"] == rpc.OUT_DIR_BUSY and error["data"] == {"field": "params.dir", "dir": str(out)}
@@ -246,9 +230,6 @@ def test_two_writers_never_share_a_run_directory(problems_file, tmp_path):
             assert "another run is writing this folder" in message and str(out) in message, message
             assert f"held by pid {holder.pid} on " in message and "\n" not in message, message
         assert sorted(p.name for p in out.iterdir()) == [".lock"]
-    finally:
-        holder.kill()
-        holder.wait()
     assert rpc_call(worker, "save")["step"] == 0  # free again: the worker takes it
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     recipe = subprocess.run([sys.executable, "-m", "recipes.rlaif_qwen", "--preset", "smoke", "--resume",
