@@ -30,6 +30,7 @@ if __name__ == "__main__":
     setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -38,14 +39,16 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"inbatch": 0, "hn": 1}  # hn=1: the preset's hard negatives; 0: in-batch negatives only
 EX_TEMPFAIL = 75  # stopped by --budget_s: run the same command again to go on
 STATE_LIMIT = 15 * 2**20  # what one file may carry back from a device call (16 MiB), with room
-KEEP = ("entry.json", "eval.json", "config.json", "metrics.jsonl", "attempts.json")
+KEEP = ("entry.json", "eval.json", "config.json", "metrics.jsonl", "attempts.json", "stdout.log")
 
 
 def metrics(block: dict) -> dict:
@@ -80,6 +83,10 @@ def entry(preset: str, seed: int, hard: bool, command: list[str], wall_s: float,
         "cross_source_duplicates": data.get("cross_source_duplicates"),
         "sources": sources,
         "steps": results["run"]["steps"],
+        # the contrastive batch: every pair of a step with grad_cache, else one micro-batch
+        "contrastive_batch": results["run"].get("contrastive_batch"),
+        "weights_step": results["run"].get("weights_step"),
+        "dev_eval": {k: v for k, v in results["dev_eval"].items() if k != "curve"} if "dev_eval" in results else None,
         "train_s": results["run"]["train_s"],
         "phases": results["run"].get("phases"),
         "command": " ".join(shlex.quote(c) for c in command),
@@ -111,11 +118,13 @@ def summary(rows: list[dict]) -> dict:
     out: dict = {}
     for preset in sorted({r["preset"] for r in rows}):
         runs = {(r.get("seed"), r["hard_negatives"]): r for r in rows if r["preset"] == preset}
-        seeds = sorted({s for s, _ in runs if (s, True) in runs and (s, False) in runs}, key=str)
+        both = sorted({s for s, _ in runs if (s, True) in runs and (s, False) in runs}, key=str)
         block = {}
         for task, get in (("heldout_packages", lambda r: r), ("heldout_files", lambda r: r["heldout_files"])):
             def mrr(r, which, mode="semantic", get=get):
                 return get(r)[which][mode]["mrr@10"]
+
+            seeds = [s for s in both if all(get(runs[(s, h)]).get("fine_tuned") for h in (True, False))]
 
             diffs = [mrr(runs[(s, True)], "fine_tuned") - mrr(runs[(s, False)], "fine_tuned") for s in seeds]
             block[task] = {
@@ -204,10 +213,19 @@ class Budget:
         return self.deadline - time.monotonic()
 
 
-def run_one(command: list[str], budget: Budget) -> bool:
-    """Run the recipe; True when it finished, False when the budget stopped it (SIGTERM, then
-    SIGKILL 30 s later: checkpoints are written atomically, the newest good one survives)."""
-    proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+def run_one(command: list[str], budget: Budget, log: Path | None = None) -> bool:
+    """Run the recipe (its output to `log` when given); True when it finished, False when the
+    budget stopped it (SIGTERM, then SIGKILL 30 s later: checkpoints are written atomically, the
+    newest good one survives)."""
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") if log is not None else contextlib.nullcontext() as sink:
+        proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=sink,
+                                stderr=subprocess.STDOUT if log is not None else None)
+        return _wait(proc, command, budget)
+
+
+def _wait(proc: subprocess.Popen, command: list[str], budget: Budget) -> bool:
     try:
         rc = proc.wait(timeout=None if budget.left() == float("inf") else max(budget.left(), 1.0))
     except subprocess.TimeoutExpired:
@@ -233,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="runs/bench_heldout_packages")
     parser.add_argument("--cache_dir", default="runs/.cache")
     parser.add_argument("--hard_negatives", type=int, default=0, help="K hard negatives per query of the hn variant (0: 1; the presets themselves train with none)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs side by side (each run's output: its folder's "
+                                                              "stdout.log)")
     parser.add_argument("--budget_s", type=float, default=0, help="stop (exit 75) after this many seconds (0: never)")
     parser.add_argument("--min_start_s", type=float, default=90, help="start no run with less budget left")
     parser.add_argument("--pypi_tarball", type=Path, help="dev/gpu/pack_pypi_cache.sh's tarball: unpacked into --cache_dir")
@@ -245,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary", action="store_true", help="print the summary of the results JSON and stop")
     parser.add_argument("--results", type=Path, help="default: benchmarks/results/<machine>/xtr_heldout_packages.json")
     args, extra = parser.parse_known_args(argv)
+    if not 1 <= args.jobs <= 64:
+        parser.error(f"--jobs: {args.jobs} is out of range; give 1 to 64 runs side by side")
     extra = [e for e in extra if e != "--"]
     results = args.results or ROOT / "benchmarks" / "results" / args.machine / "xtr_heldout_packages.json"
     if args.summary:
@@ -272,17 +294,19 @@ def main(argv: list[str] | None = None) -> int:
             for v in args.variants.split(",")
             if only.get("preset", p) == p and only.get("seed", s) == s and only.get("hn", str(VARIANTS[v])) == str(VARIANTS[v])]
     flag = seed_flag()
-    finished = True
-    for preset, seed, variant in todo:
+    lock = threading.Lock()  # record / save_out from one run at a time
+
+    def one(preset: str, seed: int, variant: str) -> bool:
+        """Run (or resume) one recipe run and record its entry; False when the budget stopped it."""
         hard = VARIANTS[variant] == 1
         run = runs / f"{preset}_s{seed}_{variant}"
         if (run / "entry.json").exists():
-            record(results, json.loads((run / "entry.json").read_text()))
+            with lock:
+                record(results, json.loads((run / "entry.json").read_text()))
             print(f"{run.name}: recorded earlier")
-            continue
+            return True
         if budget.left() < args.min_start_s:
-            finished = False
-            break
+            return False
         # Always explicit: the presets train with in-batch negatives only (hard_negatives=0), so an
         # "hn" run that left K to the preset would silently be an in-batch run labelled hn.
         k = (args.hard_negatives or 1) if hard else 0
@@ -293,26 +317,30 @@ def main(argv: list[str] | None = None) -> int:
         attempts = json.loads((run / "attempts.json").read_text()) if (run / "attempts.json").exists() else []
         started = time.perf_counter()
         print(f"{run.name}: {'resuming' if resume else 'starting'}: {shlex.join(command + resume)}", flush=True)
-        done = run_one(command + resume, budget)
+        done = run_one(command + resume, budget, run / "stdout.log" if args.jobs > 1 else None)
         run.mkdir(parents=True, exist_ok=True)
         attempts.append(round(time.perf_counter() - started, 1))
         write_json(run / "attempts.json", attempts)
-        if done:
-            evaluation = json.loads((run / "eval.json").read_text())
-            mined = (evaluation.get("data", {}).get("hard_negatives") or {}).get("k", 0)
-            if hard != (mined > 0):
-                raise SystemExit(f"{run}/eval.json: the {variant} variant trained with {mined} hard negatives per "
-                                 "query; check the recipe flags (--data.hard_negatives) and extra arguments")
-            new = entry(preset, seed, hard, ["python", *command[1:]], round(sum(attempts), 1), evaluation)
-            write_json(run / "entry.json", new)
-            record(results, new)
-            print(f"{run.name}: recorded in {results} ({sum(attempts):.0f} s in {len(attempts)} call(s))", flush=True)
-        else:
-            finished = False
-        if args.out is not None:
-            save_out(args.out, runs, results)
-        if not done:
-            break
+        with lock:
+            if done:
+                evaluation = json.loads((run / "eval.json").read_text())
+                mined = (evaluation.get("data", {}).get("hard_negatives") or {}).get("k", 0)
+                if hard != (mined > 0):
+                    raise SystemExit(f"{run}/eval.json: the {variant} variant trained with {mined} hard negatives "
+                                     "per query; check the recipe flags (--data.hard_negatives) and extra arguments")
+                new = entry(preset, seed, hard, ["python", *command[1:]], round(sum(attempts), 1), evaluation)
+                write_json(run / "entry.json", new)
+                record(results, new)
+                print(f"{run.name}: recorded in {results} ({sum(attempts):.0f} s in {len(attempts)} call(s))",
+                      flush=True)
+            if args.out is not None:
+                save_out(args.out, runs, results)
+        return done
+
+    # --jobs N: N runs side by side (on a GPU one small encoder's step leaves the device mostly
+    # idle, so runs of different seeds share it); each run's output goes to its folder's stdout.log
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        finished = all(list(pool.map(lambda job: one(*job), todo)))
     if args.out is not None:
         save_out(args.out, runs, results)
     if results.exists():

@@ -343,6 +343,7 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s": time.perf_counter() - started, "train_s": train_s, "steps": steps_run,
         "samples_per_s": samples_per_step * steps_run / max(train_s, 1e-9),
         "micro_batch": micro, "accum": samples_per_step // micro, "eval_interval": cfg.train.eval_interval,
+        "contrastive_batch": samples_per_step if cfg.train.grad_cache else micro,
         "trainable_params": model.trainable_params, "model": model_path, "queries": len(data.task.queries),
         "seed": cfg.train.seed, "command": command_line(argv, "recipes.xtr_lora"),
         "candidates": len(data.task.candidates), "dev_queries": len(data.task.dev_queries),
