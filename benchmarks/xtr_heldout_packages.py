@@ -220,8 +220,11 @@ def run_one(command: list[str], budget: Budget, log: Path | None = None) -> bool
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") if log is not None else contextlib.nullcontext() as sink:
+        # runs side by side on one GPU: each hands freed memory back (mlxio.runtime, step 4)
+        env = {**os.environ, "MLXIO_CACHE_LIMIT_MB": os.environ.get("MLXIO_CACHE_LIMIT_MB", "2048")}
         proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stdout=sink,
-                                stderr=subprocess.STDOUT if log is not None else None)
+                                stderr=subprocess.STDOUT if log is not None else None,
+                                env=env if log is not None else None)
         return _wait(proc, command, budget)
 
 

@@ -13,12 +13,17 @@ importing the module as a library still changes nothing); `tests/conftest.py` do
    MLX reads MLX_PTX_CACHE_DIR when it first compiles a kernel);
 3. gives mlxcore's own CUDA kernels their compiler (`mlxio.cuda_build` into `mlxcore.cuda_jit`)
    and, where it is built, the fused feed-forward its GEMM (`mlxio.cuda_ext` into
-   `mlxcore.ffn_cuda`). These import MLX, after step 1.
+   `mlxcore.ffn_cuda`). These import MLX, after step 1;
+4. with MLXIO_CACHE_LIMIT_MB set, caps what MLX's allocator keeps of freed buffers
+   (`mx.set_cache_limit`): processes that share one GPU (`benchmarks/xtr_heldout_packages.py
+   --jobs`) hand freed memory back instead of each keeping its own pool.
 
 A second call does nothing (it returns the first call's BLAS status).
 """
 
 from __future__ import annotations
+
+import os
 
 from mlxio import blas, kernel_cache
 
@@ -39,5 +44,9 @@ def setup() -> str:
     cuda_jit.register_compiler(COMPILER)
     if cuda_ext.load() is not None:
         ffn_cuda.register_extension(cuda_ext.load())
+    if os.environ.get("MLXIO_CACHE_LIMIT_MB"):
+        import mlx.core as mx
+
+        mx.set_cache_limit(int(os.environ["MLXIO_CACHE_LIMIT_MB"]) << 20)
     _done.append(status)
     return status

@@ -341,15 +341,15 @@ def with_hard_negatives(train: list, k: int, miners: tuple[str, ...], seed: int,
         t = time.perf_counter()
 
         def each(what: str):
-            return lambda rows: progress(rows, total=len(rows), desc=f"hard negatives: {what}", unit="query")
+            return lambda blocks: progress(blocks, total=len(blocks), desc=f"hard negatives: {what}", unit="block")
 
         if "model" in miners:
             ranked.append([list(r) for r in hard_negatives.mine_maxsim(queries, codes, rank_max,
                                                                        each=each("MaxSim mining"))])
-        ranked, report = hard_negatives.guard(ranked, k, excluder,
-                                              lambda i, cands: hard_negatives.maxsim(queries, i, codes, cands),
-                                              rank_min=rank_min, relative_margin=relative_margin,
-                                              absolute_margin=absolute_margin, each=each("false-negative guard"))
+        ranked, report = hard_negatives.guard(
+            ranked, k, excluder, lambda lists: hard_negatives.maxsim_many(queries, codes, lists,
+                                                                          each=each("false-negative guard")),
+            rank_min=rank_min, relative_margin=relative_margin, absolute_margin=absolute_margin)
         timing["model_s"] = round(time.perf_counter() - t, 1)
     out, counts = hard_negatives.attach(train, k, ranked, seed, excluder)
     log.info("hard negatives: %d per pair (%s) %s, dropped %s in %s", k, "+".join(miners) or "given only", counts,

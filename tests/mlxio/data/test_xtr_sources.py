@@ -186,7 +186,7 @@ def test_mining_excludes_positive_and_near_duplicates():
     vecs[1] = vecs[0]  # the near-duplicate is the model's nearest: still excluded
     tokens = hard_negatives.Tokens(vecs, np.ones(4, np.int64))
     ranked = hard_negatives.mine_maxsim(tokens, tokens, 3)
-    (dense,), _ = hard_negatives.guard([ranked], 3, excluder, lambda i, c: np.zeros(len(c)))
+    (dense,), _ = hard_negatives.guard([ranked], 3, excluder, lambda lists: [np.zeros(len(c)) for c in lists])
     assert 0 not in dense[0] and 1 not in dense[0]
     out, counts = hard_negatives.attach(train, 2, [bm25, dense], seed=0, excluder=excluder)
     assert all(len(p.negatives) == 2 and p.code not in p.negatives for p in out)
