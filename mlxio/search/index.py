@@ -61,6 +61,11 @@ READ_ATTEMPTS = 5  # loads retried while updates keep switching CURRENT under a 
 # is then scored against every query that needs it; benchmarks/search_batch.py)
 BATCH_BLOCK_TOKENS = 8192
 BATCH_QUERIES = 1024  # queries per batch: bounds the (query, candidate) bookkeeping
+# scoring threads at most (the per-document products hold the GIL between small BLAS calls): on a
+# 16-core H200 host 300 queries took 3.68 / 2.24 / 1.61 / 1.86 / 1.97 s on 1 / 2 / 4 / 8 / 16
+# threads, one query's p50 49 / 45 / 56 / 68 / 86 ms (dev/search_workers.py,
+# dev/results/h200/search_workers.json); results are the same bits on any number
+MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 4, 2
 BM25_K1, BM25_B = 1.2, 0.75
 
 
@@ -257,7 +262,8 @@ class Index:
         pools is decoded in blocks of about `block_tokens` tokens, and each block is scored
         against every query that needs any of its documents (`scoring.docs_maxsim`, one product
         per document), so a query's scores are the same bits in any batch. Blocks run on
-        `workers` threads (default: one per usable core), BLAS on one thread each."""
+        `workers` threads (default: one per usable core, at most MAX_WORKERS_BATCH for several
+        queries and MAX_WORKERS_ONE for one), BLAS on one thread each."""
         q_ts = [np.ascontiguousarray(self.codec.rotate(q).T) for q in qs]
         out = [np.zeros(len(p), np.float32) for p in pools]
         owner = np.repeat(np.arange(len(pools)), [len(p) for p in pools])  # one row per (query, pool slot)
@@ -298,7 +304,8 @@ class Index:
                 doc_norms = np.concatenate([norms[a_of[d]:b_of[d]] for d in doc[part].tolist()])
                 out[i][slot[pairs[part]]] = scoring.maxsim_of_products(sims, doc_norms, row[part])
 
-        workers = min(workers or len(os.sched_getaffinity(0)), len(blocks))
+        cap = MAX_WORKERS_BATCH if len(qs) > 1 else MAX_WORKERS_ONE
+        workers = min(workers or min(len(os.sched_getaffinity(0)), cap), len(blocks))
         with blas.one_thread():
             if workers <= 1:
                 for block in blocks:
