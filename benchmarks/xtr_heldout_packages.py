@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             if only.get("preset", p) == p and only.get("seed", s) == s and only.get("hn", str(VARIANTS[v])) == str(VARIANTS[v])]
     flag = seed_flag()
     lock = threading.Lock()  # record / save_out from one run at a time
+    stopped = threading.Event()  # a run was stopped by the budget: start no other
 
     def one(preset: str, seed: int, variant: str) -> bool:
         """Run (or resume) one recipe run and record its entry; False when the budget stopped it."""
@@ -308,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                 record(results, json.loads((run / "entry.json").read_text()))
             print(f"{run.name}: recorded earlier")
             return True
-        if budget.left() < args.min_start_s:
+        if stopped.is_set() or budget.left() < args.min_start_s:
+            stopped.set()
             return False
         # Always explicit: the presets train with in-batch negatives only (hard_negatives=0), so an
         # "hn" run that left K to the preset would silently be an in-batch run labelled hn.
@@ -338,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
             if args.out is not None:
                 save_out(args.out, runs, results)
+        if not done:
+            stopped.set()
         return done
 
     # --jobs N: N runs side by side (on a GPU one small encoder's step leaves the device mostly

@@ -27,7 +27,7 @@ def _eval(mrr_files: float, mrr_pkg: float) -> dict:
 def test_runs_resume_budget_state_and_summary(tmp_path, monkeypatch):
     calls = []
 
-    def fake_run(command, budget):
+    def fake_run(command, budget, log=None):
         out = tmp_path / command[command.index("--out_dir") + 1]
         calls.append(command)
         hard = int(command[command.index("--data.hard_negatives") + 1])
@@ -76,7 +76,7 @@ def test_an_hn_run_without_hard_negatives_is_refused(tmp_path, monkeypatch):
     """A run labelled hn whose eval.json shows no mined hard negatives (e.g. an extra
     `--data.hard_negatives 0`) stops the benchmark instead of being recorded as hn."""
 
-    def fake_run(command, budget):
+    def fake_run(command, budget, log=None):
         out = tmp_path / command[command.index("--out_dir") + 1]
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval.json").write_text(json.dumps(_eval(0.6, 0.7)))  # no data.hard_negatives block
@@ -88,6 +88,35 @@ def test_an_hn_run_without_hard_negatives_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="hn variant trained with 0 hard negatives"):
         bench.main(["--runs", str(tmp_path / "runs"), "--results", str(results), "--seeds", "0", "--variants", "hn"])
     assert not results.exists() or json.loads(results.read_text()) == []
+
+
+def test_jobs_run_side_by_side_each_with_its_log(tmp_path, monkeypatch):
+    """--jobs 3: runs overlap (each waits until all three have started), every one is recorded
+    once, and each writes to its own folder's stdout.log; --jobs out of range is refused."""
+    import threading
+
+    started, logs = threading.Barrier(3, timeout=10), []
+
+    def fake_run(command, budget, log=None):
+        started.wait()  # a timeout here (BrokenBarrierError) means the runs did not overlap
+        logs.append(log)
+        out = tmp_path / command[command.index("--out_dir") + 1]
+        out.mkdir(parents=True, exist_ok=True)
+        hard = int(command[command.index("--data.hard_negatives") + 1])
+        evaluation = _eval(0.6, 0.7)
+        evaluation["data"] |= {"hard_negatives": {"k": hard, "miners": ["bm25"]}} if hard else {}
+        (out / "eval.json").write_text(json.dumps(evaluation))
+        return True
+
+    monkeypatch.setattr(bench, "run_one", fake_run)
+    monkeypatch.setattr(bench, "seed_flag", lambda: "--train.seed")
+    results, runs = tmp_path / "results.json", tmp_path / "runs"
+    argv = ["--runs", str(runs), "--results", str(results), "--seeds", "0,1,2", "--variants", "hn", "--jobs", "3"]
+    assert bench.main(argv) == 0
+    assert sorted(r["seed"] for r in json.loads(results.read_text())) == [0, 1, 2]
+    assert sorted(logs) == [runs / f"quick_s{s}_hn" / "stdout.log" for s in range(3)]
+    with pytest.raises(SystemExit):
+        bench.main(argv[:-1] + ["0"])
 
 
 def test_only_is_checked():

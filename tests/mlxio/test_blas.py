@@ -43,6 +43,14 @@ def test_setup_is_idempotent_and_first():
     assert out.stdout.split() == ["True", "True"]
 
 
+def test_cache_limit_from_the_environment():
+    """MLXIO_CACHE_LIMIT_MB (set for runs side by side on one GPU) caps MLX's buffer cache."""
+    out = run("from mlxio.runtime import setup; setup(); import mlx.core as mx; print(mx.set_cache_limit(0))",
+              {"MLXIO_CACHE_LIMIT_MB": "96"})
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == 96 << 20
+
+
 def test_late_setup_warns():
     out = run("import logging; logging.basicConfig(level='INFO'); import mlx.core; "
               "from mlxio.runtime import setup; print(setup())")
