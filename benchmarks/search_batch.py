@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--machine", default="cpu")
     ap.add_argument("--latency-queries", type=int, default=200, help="queries timed one at a time, new vs legacy")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--cli-only", action="store_true", help="time the CLI per mode and stop (no one-at-a-time "
+                                                            "peer, no single-query latency)")
     args = ap.parse_args(argv)
     if args.functions < 1 or args.latency_queries < 1:
         raise SystemExit("--functions and --latency-queries must be >= 1")
@@ -122,6 +124,9 @@ def main(argv: list[str] | None = None) -> dict:
         out = args.work / f"rankings_{mode}.jsonl"
         _, wall, cpu = timed(lambda mode=mode, out=out: code_search.main(
             ["search", "--index", str(index_dir), "--queries", str(queries_path), "--output", str(out), "--mode", mode]))
+        if args.cli_only:
+            result["modes"][mode] = {"cli_wall_s": wall, "cli_cpu_s": cpu}
+            continue
         many, search_wall, search_cpu = timed(lambda mode=mode: index.search_many(texts, vecs, mode))
         one, one_wall, one_cpu = timed(lambda mode=mode: [index.search(t, v, mode) for t, v in zip(texts, vecs, strict=True)])
         result["modes"][mode] = {
@@ -132,6 +137,8 @@ def main(argv: list[str] | None = None) -> dict:
                                   == [[index.record(d)["id"] for d, _ in hits] for hits in many],
         }
         print(mode, json.dumps(result["modes"][mode]), file=sys.stderr, flush=True)
+    if args.cli_only:
+        return finish(result, args)
     _, encode_wall, encode_cpu = timed(lambda: searcher.embedder.embed(texts))
     result["encode_batched_wall_s"], result["encode_batched_cpu_s"] = encode_wall, encode_cpu
     new_ms, old_ms, old1_ms, alone_ms, differ = [], [], [], [], 0
@@ -163,11 +170,17 @@ def main(argv: list[str] | None = None) -> dict:
                 "previous code ran) and legacy on one BLAS thread interleaved query by query; "
                 "rankings_differing_when_encoded_alone: top-10 ids of a query encoded alone vs in a batch",
     }
+    return finish(result, args)
+
+
+def finish(result: dict, args) -> dict:
+    """`result` with the machine and command, written to --out (default: results/<machine>/search_batch.json)."""
     result.update(load_avg_end=os.getloadavg(), machine=machine(), versions=versions(),
                   blas_threads=os.environ.get("OPENBLAS_NUM_THREADS", "default"),
                   command=f"PYTHONPATH=. python -m benchmarks.search_batch --functions {args.functions} "
-                          f"--machine {args.machine}")
-    path = args.out or ROOT / "benchmarks" / "results" / args.machine / "search_batch.json"
+                          f"--machine {args.machine}" + (" --cli-only" if args.cli_only else ""))
+    path = args.out or ROOT / "benchmarks" / "results" / args.machine / ("search_batch_cli.json" if args.cli_only
+                                                                           else "search_batch.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
