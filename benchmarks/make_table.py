@@ -602,6 +602,18 @@ def search_batch_section() -> list[str]:
         for mode, m in b["modes"].items():
             out.append(f"| {mode} | {m['cli_wall_s']:.1f} / {m['cli_cpu_s']:.1f} | {m['search_many_wall_s']:.1f} "
                        f"| {m['one_at_a_time_wall_s']:.1f} | {'yes, bit for bit' if m['identical'] else 'NO'} |")
+        cli = load(machine, "search_batch_cli")
+        if cli:  # the full run above is older than the caps (it used one thread per core)
+            out += ["", f"The table ran one scoring thread per core. With the caps (4 for a batch, 2 for one query) "
+                    f"the CLI alone (`--cli-only`, {machine}/search_batch_cli.json): "
+                    + ", ".join(f"{mode} {m['cli_wall_s']:.1f} s" for mode, m in cli["modes"].items()) + "."]
+        workers = json.loads(path.read_text()) if (path := RESULTS.parent.parent / "dev" / "results" / machine
+                                                    / "search_workers.json").exists() else None
+        if workers:
+            out += ["", "By scoring threads (dev/search_workers.py): 300 queries "
+                    + ", ".join(f"{t} s" for t in workers["search_many_300_s"].values()) + "; one query's p50 "
+                    + ", ".join(f"{t} ms" for t in workers["single_p50_ms"].values()) + " on "
+                    + " / ".join(workers["single_p50_ms"]) + " threads."]
         s = b["single_query"]
         legacy1 = s.get("p50_legacy_one_blas_thread_ms")
         out += ["", f"One query at a time (semantic, p50): {s['p50_search_ms']:.0f} ms, against "
