@@ -270,7 +270,9 @@ def launch(framework: str, world: int, args) -> dict:
         return {"framework": framework, "world": world, "error": f"timeout {args.timeout} s"}
     lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not lines:
-        return {"framework": framework, "world": world, "error": out[-3000:]}
+        # the cause first (a launcher's summary of a crashed rank fills the tail), then the tail
+        cause = [x for x in out.splitlines() if any(k in x for k in ("Error", "what()", "terminate called", "Traceback"))]
+        return {"framework": framework, "world": world, "error": "\n".join(cause[:8] + ["..."]) + out[-2500:]}
     res = json.loads(lines[-1][len("RESULT "):])
     sec = statistics.median(res["step_s"])
     res.update(framework=framework, median_step_s=sec, per_rank_batch=args.batch,
