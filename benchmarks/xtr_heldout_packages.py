@@ -6,6 +6,8 @@ benchmarks/results/<machine>/xtr_heldout_packages.json.
     python benchmarks/xtr_heldout_packages.py --only seed=0,hn=1      # one run
     python benchmarks/xtr_heldout_packages.py --presets quick,full --machine h100 --budget_s 480 \\
         --pypi_tarball runs/pypi_sources.tar.xz --state runs/bench_state.tar.gz --out "$OUT"
+    python -m benchmarks.xtr_heldout_packages --presets quick --machine h200 --jobs 6 --hard_negatives 2 \
+        -- --data.negative_miners bm25,model --train.dev_eval_every 20    # 6 runs side by side on one GPU
     python benchmarks/xtr_heldout_packages.py --summary               # the hn - inbatch table only
     python benchmarks/xtr_heldout_packages.py -- --train.steps 20     # extra recipe flags (all runs)
     python benchmarks/xtr_heldout_packages.py --from_run runs/xtr_lora  # record a finished run (e.g. `make train`)
