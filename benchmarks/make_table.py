@@ -384,9 +384,22 @@ def heldout_runs() -> list[tuple[str, dict]]:
             for r in load(machine, name) or []]
 
 
+def contrastive_batch(r: dict) -> int:
+    """The pairs one InfoNCE saw: recorded, or (entries older than the field, no grad cache)
+    the command's micro-batch, else its preset's."""
+    if r.get("contrastive_batch"):
+        return r["contrastive_batch"]
+    from recipes.xtr_lora import PRESETS
+
+    words = r["command"].split()
+    if "--train.micro_batch" in words:
+        return int(words[words.index("--train.micro_batch") + 1])
+    return PRESETS[r["preset"]].train.micro_batch
+
+
 def run_label(r: dict) -> str:
     """What a run varied: its hard negatives, contrastive batch and dev evaluation."""
-    batch = r.get("contrastive_batch")
+    batch = contrastive_batch(r)
     dev = r.get("dev_eval")
     return (f"{negatives_label(r)} | {batch if batch else '-'}"
             f"{' (grad cache)' if '--train.grad_cache true' in r['command'] else ''}"
