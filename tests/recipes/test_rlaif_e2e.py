@@ -22,14 +22,27 @@ from recipes.rlaif_config import batch_settings, load_policy, loss_fn
 
 pytestmark = pytest.mark.slow
 
-# Short prompts keep the byte-level tiny model's sequences short.
-PROBLEMS = [(f"T/{i}", f"def {name}(a, b):\n    \"\"\"{doc}\"\"\"\n", name,
+# Short prompts keep the byte-level tiny model's sequences short: (entry point, docstring, f(2, 3))
+SPECS = [("add", "a plus b", 5), ("sub", "a minus b", -1), ("mul", "a times b", 6), ("mx", "larger", 3),
+         ("mn", "smaller", 2), ("pw", "a to the b", 8), ("fd", "floor div", 0), ("md", "a mod b", 2),
+         ("eq", "a == b", False), ("lt", "a < b", True), ("gt", "a > b", False), ("cat", "str concat", "23")]
+
+
+def make_problems(prefix: str, specs) -> list[tuple[str, str, str, str]]:
+    """(task_id, prompt, entry_point, test) per spec, ids "<prefix>/<i>"."""
+    return [(f"{prefix}/{i}", f"def {name}(a, b):\n    \"\"\"{doc}\"\"\"\n", name,
              f"def check(candidate):\n    assert candidate(2, 3) == {want}\n")
-            for i, (name, doc, want) in enumerate([
-                ("add", "a plus b", 5), ("sub", "a minus b", -1), ("mul", "a times b", 6),
-                ("mx", "larger", 3), ("mn", "smaller", 2), ("pw", "a to the b", 8),
-                ("fd", "floor div", 0), ("md", "a mod b", 2), ("eq", "a == b", False),
-                ("lt", "a < b", True), ("gt", "a > b", False), ("cat", "str concat", "23")])]
+            for i, (name, doc, want) in enumerate(specs)]
+
+
+def write_problems(path: Path, problems) -> Path:
+    """`problems` as a HumanEval-style JSONL file at `path`."""
+    path.write_text("".join(json.dumps({"task_id": t, "prompt": p, "entry_point": e, "test": s}) + "\n"
+                            for t, p, e, s in problems))
+    return path
+
+
+PROBLEMS = make_problems("T", SPECS)
 
 
 @attrs.frozen
@@ -64,10 +77,7 @@ class HugeReward:
 
 @pytest.fixture(scope="module")
 def problems_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "problems.jsonl"
-    path.write_text("".join(json.dumps({"task_id": t, "prompt": p, "entry_point": e, "test": s})
-                            + "\n" for t, p, e, s in PROBLEMS))
-    return path
+    return write_problems(tmp_path_factory.mktemp("data") / "problems.jsonl", PROBLEMS)
 
 
 def smoke_cfg(out, problems_file, train: dict | None = None, **kw):

@@ -25,14 +25,10 @@ from mlxio.run.config import to_dict
 from recipes import rlaif_qwen as rq
 from recipes.rlaif_config import PRESETS, load_policy, validate
 from recipes.rlaif_worker import Worker
-from tests.recipes.test_rlaif_e2e import LetterReward
+from tests.recipes.test_rlaif_e2e import SPECS, LetterReward, make_problems, write_problems
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBLEMS = [(f"W/{i}", f"def {name}(a, b):\n    \"\"\"{doc}\"\"\"\n", name,
-             f"def check(candidate):\n    assert candidate(2, 3) == {want}\n")
-            for i, (name, doc, want) in enumerate([
-                ("add", "a plus b", 5), ("sub", "a minus b", -1), ("mul", "a times b", 6),
-                ("mx", "larger", 3), ("mn", "smaller", 2), ("pw", "a to the b", 8)])]
+PROBLEMS = make_problems("W", SPECS[:6])
 
 
 def letters(texts):
@@ -41,10 +37,7 @@ def letters(texts):
 
 @pytest.fixture(scope="module")
 def problems_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "problems.jsonl"
-    path.write_text("".join(json.dumps({"task_id": t, "prompt": p, "entry_point": e, "test": s})
-                            + "\n" for t, p, e, s in PROBLEMS))
-    return path
+    return write_problems(tmp_path_factory.mktemp("data") / "problems.jsonl", PROBLEMS)
 
 
 def smoke_cfg(out, problems_file):
