@@ -44,9 +44,12 @@ def setup() -> str:
     cuda_jit.register_compiler(COMPILER)
     if cuda_ext.load() is not None:
         ffn_cuda.register_extension(cuda_ext.load())
-    if os.environ.get("MLXIO_CACHE_LIMIT_MB"):
+    if limit := os.environ.get("MLXIO_CACHE_LIMIT_MB"):
+        if not limit.isdigit():
+            raise ValueError(f"MLXIO_CACHE_LIMIT_MB={limit!r}: give a whole number of megabytes (0 or more), "
+                             "or unset it")
         import mlx.core as mx
 
-        mx.set_cache_limit(int(os.environ["MLXIO_CACHE_LIMIT_MB"]) << 20)
+        mx.set_cache_limit(int(limit) << 20)
     _done.append(status)
     return status

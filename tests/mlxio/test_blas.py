@@ -49,6 +49,8 @@ def test_cache_limit_from_the_environment():
               {"MLXIO_CACHE_LIMIT_MB": "96"})
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == 96 << 20
+    bad = run("from mlxio.runtime import setup; setup()", {"MLXIO_CACHE_LIMIT_MB": "2GB"})
+    assert bad.returncode != 0 and "MLXIO_CACHE_LIMIT_MB='2GB': give a whole number of megabytes" in bad.stderr
 
 
 def test_late_setup_warns():
