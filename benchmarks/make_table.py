@@ -384,17 +384,18 @@ def heldout_runs() -> list[tuple[str, dict]]:
             for r in load(machine, name) or []]
 
 
+OLD_PRESET_MICRO_BATCH = 12
+
+
 def contrastive_batch(r: dict) -> int:
     """The pairs one InfoNCE saw: recorded, or (entries older than the field, no grad cache)
-    the command's micro-batch, else its preset's."""
+    the command's micro-batch, else 12 (every preset's micro-batch until the field came)."""
     if r.get("contrastive_batch"):
         return r["contrastive_batch"]
-    from recipes.xtr_lora import PRESETS
-
     words = r["command"].split()
     if "--train.micro_batch" in words:
         return int(words[words.index("--train.micro_batch") + 1])
-    return PRESETS[r["preset"]].train.micro_batch
+    return OLD_PRESET_MICRO_BATCH
 
 
 def run_label(r: dict) -> str:
