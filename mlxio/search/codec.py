@@ -119,9 +119,10 @@ class Codec:
         """Queries in the basis `decode_rotated` returns (the identity here)."""
         return np.asarray(q, np.float32)
 
-    def decode_rotated(self, ids: np.ndarray, packed: np.ndarray, normalise: bool = True
+    def decode_rotated(self, ids: np.ndarray, packed: np.ndarray, normalise: bool = True, scratch=None
                        ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """`decode` (the basis is not rotated); normalise=False: (vectors, norms of 1)."""
+        """`decode` (the basis is not rotated); normalise=False: (vectors, norms of 1);
+        `scratch` unused (PQCodec's signature)."""
         out = self.decode(ids, packed)
         return out if normalise else (out, np.ones(len(out), np.float32))
 
@@ -300,15 +301,27 @@ class PQCodec:
             ids[lo:lo + chunk] = cid
         return ids, codes
 
-    def decode_rotated(self, ids: np.ndarray, codes: np.ndarray, normalise: bool = True
+    def decode_rotated(self, ids: np.ndarray, codes: np.ndarray, normalise: bool = True, scratch=None
                        ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Unit-norm float32 [n, D] approximations in the rotated basis (pair with `rotate`);
         normalise=False: (the unnormalised vectors, their norms) - a caller that scores them
-        divides its [queries, n] scores by the norms instead of scaling [n, D] vectors."""
+        divides its [queries, n] scores by the norms instead of scaling [n, D] vectors.
+        `scratch` (a `scoring.Scratch`): the vectors and temporaries go in its reused buffers
+        (valid until its next use), the same values."""
         codes = np.asarray(codes)
-        flat = codes.astype(np.intp) + (np.arange(self.subspaces, dtype=np.intp) * KSUB)[None, :]
-        out = np.take(self._flat, flat, axis=0).reshape(len(codes), self.dim)
-        out += np.take(self._rot_centroids, np.asarray(ids, np.intp), axis=0)  # take: ~3x fancy indexing
+        n, m = codes.shape
+        if scratch is None:
+            flat = codes.astype(np.intp) + (np.arange(m, dtype=np.intp) * KSUB)[None, :]
+            out = np.take(self._flat, flat, axis=0).reshape(n, self.dim)
+            out += np.take(self._rot_centroids, np.asarray(ids, np.intp), axis=0)  # take: ~3x fancy indexing
+        else:  # mode="clip": take buffers `out` in mode "raise"; codes are < KSUB, ids checked
+            ids = np.asarray(ids, np.intp)
+            if n and int(ids.max()) >= len(self._rot_centroids):
+                raise IndexError(f"centroid id {int(ids.max())} out of range ({len(self._rot_centroids)} centroids)")
+            flat = np.add(codes, (np.arange(m, dtype=np.intp) * KSUB)[None, :], out=scratch.get("flat", (n, m), np.intp))
+            out = np.take(self._flat, flat, axis=0, mode="clip",
+                          out=scratch.get("decoded", (n, m, self.dim // m))).reshape(n, self.dim)
+            out += np.take(self._rot_centroids, ids, axis=0, mode="clip", out=scratch.get("centroid", (n, self.dim)))
         norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", out, out)), 1e-12)
         if not normalise:
             return out, norms
