@@ -58,15 +58,20 @@ MAX_CANDIDATES = 1024
 MAX_NPROBE = 16
 BM25_POOL = 64
 READ_ATTEMPTS = 5  # loads retried while updates keep switching CURRENT under a reader
-# search_many decodes the union of a batch's candidates this many tokens at a time (each block
-# is then scored against every query that needs it; benchmarks/search_batch.py)
-BATCH_BLOCK_TOKENS = 8192
+# search_many decodes the union of a batch's candidates this many tokens at a time, each block a
+# task for a thread (8,192 / 2,048 / 1,024 took the same time on 2 cores here; smaller blocks
+# balance more threads: ~60 blocks for 1,000 x 1,000)
+BATCH_BLOCK_TOKENS = 2048
 BATCH_QUERIES = 1024  # queries per batch: bounds the (query, candidate) bookkeeping
-# scoring threads at most (the per-document products hold the GIL between small BLAS calls): on a
-# 16-core H200 host 300 queries took 3.68 / 2.24 / 1.61 / 1.86 / 1.97 s on 1 / 2 / 4 / 8 / 16
-# threads, one query's p50 49 / 45 / 56 / 68 / 86 ms (dev/search_workers.py,
-# dev/results/h200/search_workers.json); results are the same bits on any number
-MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 4, 2
+# scoring threads at most. A batch's products are one GEMM per document against its queries'
+# stacked tokens (~6 ms each in the 1,000 x 1,000 run, GIL released): on this 2-core VM the
+# re-rank took 7.5 / 3.9 s on 1 / 2 threads, and all its work but the products (decode, gathers,
+# bookkeeping) was 1.2 s of the 8 s on one thread, so 16 threads should still scale; not yet
+# measured on the 16-core host (dev/search_workers.py; with the previous per-document x
+# per-query products, which held the GIL, 4 threads beat 16 there: 1.61 vs 1.97 s for 300
+# queries). One query: blocks of ~1 ms, 2 threads (one query's p50 45 ms at 2 vs 86 ms at 16
+# there before). Results are the same bits on any number.
+MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 16, 2
 BM25_K1, BM25_B = 1.2, 0.75
 
 
@@ -266,9 +271,8 @@ class Index:
         same bits in any batch. Blocks run on `workers` threads (default: one per usable core, at
         most MAX_WORKERS_BATCH for several queries and MAX_WORKERS_ONE for one), BLAS on one
         thread each."""
-        q_rot = [np.asarray(self.codec.rotate(q), np.float32) for q in qs]
-        q_all = np.concatenate(q_rot) if q_rot else np.zeros((0, self.codec.dim), np.float32)  # [sum Tq, D]
-        q_len = np.array([len(q) for q in q_rot], np.int64)
+        q_len = np.array([len(q) for q in qs], np.int64)
+        q_all = self.codec.rotate(np.concatenate(qs) if qs else np.zeros((0, self.codec.dim), np.float32))  # [sum Tq, D]
         q_first = np.cumsum(q_len) - q_len  # query i's tokens: q_all[q_first[i]:][:q_len[i]]
         sizes = [len(p) for p in pools]
         owner = np.repeat(np.arange(len(pools)), sizes)  # one (query, document) pair per pool slot

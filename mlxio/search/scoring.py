@@ -12,15 +12,18 @@
 - `query_runs` + `blocked_product` + `doc_maxima` + `token_means`: in a block, consecutive
   documents wanted by the same queries are one run, scored by one product of the run's tokens
   with those queries' tokens stacked (one query: the whole block; a batch of 1,000 queries over
-  1,000 documents: mostly one document against its ~256 queries, [~125, 384] x [384, ~3,800]),
+  1,000 documents: mostly one document against its ~256 queries, [~125, 384] x [384, ~3,900]),
   then each document's max per query token and each (document, query) pair's mean. A pair's
-  score is the same bits whatever else the product held, so batched search (`search_many`)
-  gives one-at-a-time search's bits: OpenBLAS's blocked sgemm kernel rounds an element the same
-  way in any shape of product, but above neither its "direct" kernel (untransposed operands,
-  AVX-512, < 28 x 512^2 multiply-adds) nor its small-matrix kernels (<= 100^3 multiply-adds,
-  SkylakeX-class cores) nor gemv (one row or column), which round differently (measured on
-  this 2-core AVX-512 machine, OpenBLAS 0.3.31: every product of more than 100^3 multiply-adds,
-  2 or more rows and columns, equal bits; most below, not). `blocked_product` keeps to it.
+  score must be the same bits whatever else its product held, so that batched search
+  (`Index.search_many`) gives one-at-a-time search's bits. OpenBLAS's blocked sgemm kernel
+  does that (an element's sum runs along k the same way in any shape of product), but its
+  other paths round differently: the "direct" kernel (untransposed operands, AVX-512, < 28 x
+  512^2 multiply-adds), the small-matrix kernels (<= 100^3, SkylakeX-class cores) and gemv (one
+  row or column). Measured on this 2-core AVX-512 VM (OpenBLAS 0.3.31): every product of more
+  than 100^3 multiply-adds with 2 or more rows and columns gave equal bits, most below did not;
+  `blocked_product` pads to that. The previous kernel (one product per document per query, so
+  small products throughout) spent 11 of the 14 s of a 1,000 x 1,000 batch on ~290,000 calls
+  holding the GIL in between; this one 6 s on 1,000 GEMMs at ~83 GFLOP/s (506 GFLOP).
 
 Not used: asymmetric distance computation (per-query lookup tables of each subspace's codeword
 scores instead of decoding). With ~15 query tokens and 6 dimensions a byte it gathers 15 floats
