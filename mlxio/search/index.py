@@ -305,11 +305,16 @@ class Index:
             firsts = first[u0:u1 + 1]
             for a, b in scoring.query_runs(firsts - firsts[0], pair_query[firsts[0]:firsts[-1]]):
                 p0, p1 = int(firsts[a]), int(firsts[a + 1])  # the run's queries: those of its first document
-                lengths = pair_len[p0:p1]
-                tokens = np.repeat(q_first[pair_query[p0:p1]] - (pair_at[p0:p1] - pair_at[p0]), lengths)
-                tokens += np.arange(int(pair_at[p1] - pair_at[p0]))
+                if p1 - p0 == 1:  # one query: its tokens are a slice
+                    i = int(pair_query[p0])
+                    stacked = q_all[q_first[i]:q_first[i] + q_len[i]]
+                else:
+                    lengths = pair_len[p0:p1]
+                    tokens = np.repeat(q_first[pair_query[p0:p1]] - (pair_at[p0:p1] - pair_at[p0]), lengths)
+                    tokens += np.arange(int(pair_at[p1] - pair_at[p0]))
+                    stacked = np.take(q_all, tokens, axis=0, mode="clip",
+                                      out=scratch.get("queries", (len(tokens), q_all.shape[1])))
                 lo, hi = int(doc_starts[a]), int(doc_ends[b - 1])
-                stacked = np.take(q_all, tokens, axis=0, mode="clip", out=scratch.get("queries", (len(tokens), q_all.shape[1])))
                 sims = scoring.blocked_product(vectors, lo, hi, stacked, scratch)
                 maxima = scoring.doc_maxima(sims, norms[lo:hi], doc_starts[a:b] - lo)  # [b - a, tokens]
                 best[pair_at[p0]:pair_at[p0] + maxima.size] = maxima.ravel()  # pairs by document, then query
