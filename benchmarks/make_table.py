@@ -618,7 +618,8 @@ def search_batch_section() -> list[str]:
                        f"| {m['one_at_a_time_wall_s']:.1f} | {'yes, bit for bit' if m['identical'] else 'NO'} |")
         cli = load(machine, "search_batch_cli")
         if cli:  # the full run above is older than the caps (it used one thread per core)
-            out += ["", f"The table ran one scoring thread per core. With the caps (4 for a batch, 2 for one query) "
+            out += ["", f"The table ran one scoring thread per core, with the per-document x per-query products "
+                    f"that held the GIL. With the caps then (4 for a batch, 2 for one query) "
                     f"the CLI alone (`--cli-only`, {machine}/search_batch_cli.json): "
                     + ", ".join(f"{mode} {m['cli_wall_s']:.1f} s" for mode, m in cli["modes"].items()) + "."]
         workers = json.loads(path.read_text()) if (path := RESULTS.parent.parent / "dev" / "results" / machine
@@ -631,7 +632,7 @@ def search_batch_section() -> list[str]:
         s = b["single_query"]
         legacy1 = s.get("p50_legacy_one_blas_thread_ms")
         out += ["", f"One query at a time (semantic, p50): {s['p50_search_ms']:.0f} ms, against "
-                f"{s['p50_legacy_search_ms']:.0f} ms for the previous re-rank with OpenBLAS's default threads"
+                f"{s['p50_legacy_search_ms']:.0f} ms for the re-rank before batched search with OpenBLAS's default threads"
                 + (f" and {legacy1:.0f} ms on one BLAS thread" if legacy1 else "") +
                 f" (load {b['load_avg_start'][0]:.1f} at the start; CPU seconds are this process's).", ""]
     return out

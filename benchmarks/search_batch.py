@@ -14,9 +14,10 @@ it was; wall and CPU seconds both):
   (model load, query encoding in batches of 32, `Index.search_many`), per mode;
 - one at a time (the peer, what `--queries` did before): the same batch-encoded query vectors,
   `Index.search` per query; `identical`: every query's (document, score) list equal, bit for bit;
-- single-query latency: `Index.search` (per-document products, one BLAS thread per worker)
-  against the previous re-rank (`legacy_search`: one product per ~1,024-token chunk), as it ran
-  (OpenBLAS's default threads) and on one BLAS thread, interleaved query by query;
+- single-query latency: `Index.search` (one padded product per ~1,024-token block,
+  `scoring.blocked_product`, one BLAS thread per worker) against the re-rank before batched
+  search (`legacy_search`: one plain product per ~1,024-token chunk, allocating its arrays), as
+  it ran (OpenBLAS's default threads) and on one BLAS thread, interleaved query by query;
 - encoding alone: how many queries rank differently when each is encoded alone (batch of 1,
   its own padding) rather than in a batch: the encoder's rounding, not the search's.
 This machine cannot measure the H100 host's figure (no GPU here); the issue's 64-79 s there

@@ -76,7 +76,6 @@ FAST_LANE_EXCLUDES = {
     'tests/mlxio/search/test_search_index.py::test_index_recall_matches_exact_maxsim',
     'tests/mlxio/search/test_search_index.py::test_pq_encode_is_nearest_codeword_and_rotation_keeps_scores',
     'tests/mlxio/search/test_search_index.py::test_pq_error_falls_with_subspaces_and_beats_1bit_per_byte',
-    'tests/mlxio/search/test_search_scoring.py::test_docs_maxsim_bits_do_not_depend_on_the_neighbours',
     'tests/mlxio/test_kernel_cache.py::test_default_env_and_user_choice',
     'tests/mlxio/test_kernel_cache.py::test_prewarm_jobs_run',
     'tests/mlxio/test_pyparse.py::test_parses_like_ast_from_many_threads',

@@ -23,6 +23,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from mlxio.search import scoring
+
 NBITS = (1, 2, 4)
 KSUB = 256  # codewords per PQ subspace: one byte per code
 
@@ -119,9 +121,10 @@ class Codec:
         """Queries in the basis `decode_rotated` returns (the identity here)."""
         return np.asarray(q, np.float32)
 
-    def decode_rotated(self, ids: np.ndarray, packed: np.ndarray, normalise: bool = True
+    def decode_rotated(self, ids: np.ndarray, packed: np.ndarray, normalise: bool = True, scratch=None
                        ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """`decode` (the basis is not rotated); normalise=False: (vectors, norms of 1)."""
+        """`decode` (the basis is not rotated); normalise=False: (vectors, norms of 1);
+        `scratch` unused (PQCodec's signature)."""
         out = self.decode(ids, packed)
         return out if normalise else (out, np.ones(len(out), np.float32))
 
@@ -248,6 +251,7 @@ class PQCodec:
     _rot_centroids: np.ndarray = attrs.field(init=False, eq=False, repr=False)
     _half_norms: np.ndarray = attrs.field(init=False, eq=False, repr=False)
     _flat: np.ndarray = attrs.field(init=False, eq=False, repr=False)
+    _rotation_t: np.ndarray = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         c = np.asarray(self.centroids, np.float32)
@@ -256,6 +260,7 @@ class PQCodec:
         object.__setattr__(self, "_rot_centroids", np.ascontiguousarray(c @ r))
         object.__setattr__(self, "_half_norms", 0.5 * np.einsum("mkd,mkd->mk", books, books))
         object.__setattr__(self, "_flat", np.ascontiguousarray(books.reshape(-1, books.shape[2])))
+        object.__setattr__(self, "_rotation_t", np.ascontiguousarray(r.T))
 
     @property
     def dim(self) -> int:
@@ -278,8 +283,11 @@ class PQCodec:
                 "codec_codebooks": np.asarray(self.codebooks, np.float16)}
 
     def rotate(self, q: np.ndarray) -> np.ndarray:
-        """Queries in the basis `decode_rotated` returns: q @ rotation (inner products kept)."""
-        return np.asarray(q, np.float32) @ self.rotation
+        """Queries in the basis `decode_rotated` returns: q @ rotation (inner products kept), a
+        row the same bits whatever rows it is rotated with (`scoring.blocked_product`: search
+        rotates a batch's queries stacked)."""
+        q = np.ascontiguousarray(q, np.float32)
+        return scoring.blocked_product(q, 0, len(q), self._rotation_t) if len(q) else q @ self.rotation
 
     def encode(self, x: np.ndarray, chunk: int = 32768, cids: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -300,15 +308,27 @@ class PQCodec:
             ids[lo:lo + chunk] = cid
         return ids, codes
 
-    def decode_rotated(self, ids: np.ndarray, codes: np.ndarray, normalise: bool = True
+    def decode_rotated(self, ids: np.ndarray, codes: np.ndarray, normalise: bool = True, scratch=None
                        ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Unit-norm float32 [n, D] approximations in the rotated basis (pair with `rotate`);
         normalise=False: (the unnormalised vectors, their norms) - a caller that scores them
-        divides its [queries, n] scores by the norms instead of scaling [n, D] vectors."""
+        divides its [queries, n] scores by the norms instead of scaling [n, D] vectors.
+        `scratch` (a `scoring.Scratch`): the vectors and temporaries go in its reused buffers
+        (valid until its next use), the same values."""
         codes = np.asarray(codes)
-        flat = codes.astype(np.intp) + (np.arange(self.subspaces, dtype=np.intp) * KSUB)[None, :]
-        out = np.take(self._flat, flat, axis=0).reshape(len(codes), self.dim)
-        out += np.take(self._rot_centroids, np.asarray(ids, np.intp), axis=0)  # take: ~3x fancy indexing
+        n, m = codes.shape
+        if scratch is None:
+            flat = codes.astype(np.intp) + (np.arange(m, dtype=np.intp) * KSUB)[None, :]
+            out = np.take(self._flat, flat, axis=0).reshape(n, self.dim)
+            out += np.take(self._rot_centroids, np.asarray(ids, np.intp), axis=0)  # take: ~3x fancy indexing
+        else:  # mode="clip": take buffers `out` in mode "raise"; codes are < KSUB, ids checked
+            ids = np.asarray(ids, np.intp)
+            if n and int(ids.max()) >= len(self._rot_centroids):
+                raise IndexError(f"centroid id {int(ids.max())} out of range ({len(self._rot_centroids)} centroids)")
+            flat = np.add(codes, (np.arange(m, dtype=np.intp) * KSUB)[None, :], out=scratch.get("flat", (n, m), np.intp))
+            out = np.take(self._flat, flat, axis=0, mode="clip",
+                          out=scratch.get("decoded", (n, m, self.dim // m))).reshape(n, self.dim)
+            out += np.take(self._rot_centroids, ids, axis=0, mode="clip", out=scratch.get("centroid", (n, self.dim)))
         norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", out, out)), 1e-12)
         if not normalise:
             return out, norms

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import zlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -57,15 +58,20 @@ MAX_CANDIDATES = 1024
 MAX_NPROBE = 16
 BM25_POOL = 64
 READ_ATTEMPTS = 5  # loads retried while updates keep switching CURRENT under a reader
-# search_many decodes the union of a batch's candidates this many tokens at a time (each block
-# is then scored against every query that needs it; benchmarks/search_batch.py)
-BATCH_BLOCK_TOKENS = 8192
+# search_many decodes the union of a batch's candidates this many tokens at a time, each block a
+# task for a thread (8,192 / 2,048 / 1,024 took the same time on 2 cores here; smaller blocks
+# balance more threads: ~60 blocks for 1,000 x 1,000)
+BATCH_BLOCK_TOKENS = 2048
 BATCH_QUERIES = 1024  # queries per batch: bounds the (query, candidate) bookkeeping
-# scoring threads at most (the per-document products hold the GIL between small BLAS calls): on a
-# 16-core H200 host 300 queries took 3.68 / 2.24 / 1.61 / 1.86 / 1.97 s on 1 / 2 / 4 / 8 / 16
-# threads, one query's p50 49 / 45 / 56 / 68 / 86 ms (dev/search_workers.py,
-# dev/results/h200/search_workers.json); results are the same bits on any number
-MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 4, 2
+# scoring threads at most. A batch's products are one GEMM per document against its queries'
+# stacked tokens (~6 ms each in the 1,000 x 1,000 run, GIL released): on this 2-core VM the
+# re-rank took 7.5 / 3.9 s on 1 / 2 threads, and all its work but the products (decode, gathers,
+# bookkeeping) was 1.2 s of the 8 s on one thread, so 16 threads should still scale; not yet
+# measured on the 16-core host (dev/search_workers.py; with the previous per-document x
+# per-query products, which held the GIL, 4 threads beat 16 there: 1.61 vs 1.97 s for 300
+# queries). One query: blocks of ~1 ms, 2 threads (one query's p50 45 ms at 2 vs 86 ms at 16
+# there before). Results are the same bits on any number.
+MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 16, 2
 BM25_K1, BM25_B = 1.2, 0.75
 
 
@@ -259,19 +265,26 @@ class Index:
                     block_tokens: int = BATCH_BLOCK_TOKENS, workers: int | None = None) -> list[np.ndarray]:
         """MaxSim float32 [len(pools[i])] of each query qs[i] [Tq_i, D] against its documents
         pools[i], decoding each document once for all the queries that need it: the union of the
-        pools is decoded in blocks of about `block_tokens` tokens, and each block is scored
-        against every query that needs any of its documents (`scoring.docs_maxsim`, one product
-        per document), so a query's scores are the same bits in any batch. Blocks run on
-        `workers` threads (default: one per usable core, at most MAX_WORKERS_BATCH for several
-        queries and MAX_WORKERS_ONE for one), BLAS on one thread each."""
-        q_ts = [np.ascontiguousarray(self.codec.rotate(q).T) for q in qs]
-        out = [np.zeros(len(p), np.float32) for p in pools]
-        owner = np.repeat(np.arange(len(pools)), [len(p) for p in pools])  # one row per (query, pool slot)
-        slot = np.concatenate([np.arange(len(p)) for p in pools] or [np.zeros(0, np.int64)])
+        pools is decoded in blocks of about `block_tokens` tokens; in a block, each run of
+        consecutive documents wanted by the same queries is one product with those queries'
+        tokens stacked (`scoring.query_runs`, `blocked_product`), so a query's scores are the
+        same bits in any batch. Blocks run on `workers` threads (default: one per usable core, at
+        most MAX_WORKERS_BATCH for several queries and MAX_WORKERS_ONE for one), BLAS on one
+        thread each."""
+        q_len = np.array([len(q) for q in qs], np.int64)
+        q_all = self.codec.rotate(np.concatenate(qs) if qs else np.zeros((0, self.codec.dim), np.float32))  # [sum Tq, D]
+        q_first = np.cumsum(q_len) - q_len  # query i's tokens: q_all[q_first[i]:][:q_len[i]]
+        sizes = [len(p) for p in pools]
+        owner = np.repeat(np.arange(len(pools)), sizes)  # one (query, document) pair per pool slot
         wanted = np.concatenate([np.asarray(p, np.int64) for p in pools] or [np.zeros(0, np.int64)])
         union, which = np.unique(wanted, return_inverse=True)
-        order = np.argsort(which, kind="stable")  # pairs grouped by document, queries ascending
-        first = np.searchsorted(which[order], np.arange(len(union) + 1))  # pairs of union[u]: order[first[u]:first[u + 1]]
+        order = np.argsort(which, kind="stable")  # pairs by document, then query
+        first = np.searchsorted(which[order], np.arange(len(union) + 1))  # pairs of union[u]: first[u]:first[u + 1]
+        pair_query = owner[order]
+        pair_len = q_len[pair_query]
+        pair_at = np.zeros(len(order) + 1, np.int64)  # each pair's query-token maxima: best[pair_at[p]:pair_at[p + 1]]
+        np.cumsum(pair_len, out=pair_at[1:])
+        best = np.empty(int(pair_at[-1]), np.float32)
         blocks = []  # (segment, token positions, document bounds in them, first and last + 1 union index)
         for seg, _, where, local in self._by_segment(union):
             positions, starts = seg.tokens(local)
@@ -280,40 +293,36 @@ class Index:
                 blocks.append((seg, positions[starts[lo]:ends[hi - 1]], starts[lo:hi] - starts[lo],
                                ends[lo:hi] - starts[lo], int(where[lo]), int(where[hi - 1]) + 1))
 
-        def score(block) -> None:
-            seg, rows, doc_starts, doc_ends, u0, u1 = block
-            vectors, norms = self.codec.decode_rotated(seg.cids[rows], seg.residuals[rows], normalise=False)
-            pairs = order[first[u0]:first[u1]]  # a segment's documents are a run of `union`; by document, then query
-            doc, query = which[pairs] - u0, owner[pairs]
-            length = (doc_ends - doc_starts)[doc]
-            by_query = np.argsort(query, kind="stable")  # each query's documents ascending, as `maxsim` has them
-            cuts = np.flatnonzero(np.diff(query[by_query])) + 1
-            row = np.empty(len(pairs), np.int64)  # first row of each pair in its query's products
-            products = {}
-            for part in np.split(by_query, cuts):
-                ends = np.cumsum(length[part])
-                row[part] = ends - length[part]
-                i = int(query[part[0]])
-                products[i] = (np.empty((int(ends[-1]), q_ts[i].shape[1]), np.float32), part)
-            # document-major: a document's decoded vectors stay in the cache across its queries (~2x
-            # faster than query-major here); each product is `scoring.docs_maxsim`'s, so the same bits
-            a_of, b_of = doc_starts.tolist(), doc_ends.tolist()
-            for d, i, r, n in zip(doc.tolist(), query.tolist(), row.tolist(), length.tolist(), strict=True):
-                np.matmul(vectors[a_of[d]:b_of[d]], q_ts[i], out=products[i][0][r:r + n])
-            for i, (sims, part) in products.items():
-                doc_norms = np.concatenate([norms[a_of[d]:b_of[d]] for d in doc[part].tolist()])
-                out[i][slot[pairs[part]]] = scoring.maxsim_of_products(sims, doc_norms, row[part])
+        local = threading.local()  # each thread's scoring.Scratch
 
-        cap = MAX_WORKERS_BATCH if len(qs) > 1 else MAX_WORKERS_ONE
-        workers = min(workers or min(len(os.sched_getaffinity(0)), cap), len(blocks))
-        with blas.one_thread():
-            if workers <= 1:
-                for block in blocks:
-                    score(block)
-            else:
-                with ThreadPoolExecutor(workers) as pool:
-                    list(pool.map(score, blocks))
-        return out
+        def score(block) -> None:
+            seg, rows, doc_starts, doc_ends, u0, u1 = block  # a segment's documents are a run of `union`
+            if not hasattr(local, "scratch"):
+                local.scratch = scoring.Scratch()
+            scratch = local.scratch
+            vectors, norms = self.codec.decode_rotated(seg.cids[rows], seg.residuals[rows], normalise=False,
+                                                       scratch=scratch)
+            firsts = first[u0:u1 + 1]
+            for a, b in scoring.query_runs(firsts - firsts[0], pair_query[firsts[0]:firsts[-1]]):
+                p0, p1 = int(firsts[a]), int(firsts[a + 1])  # the run's queries: those of its first document
+                if p1 - p0 == 1:  # one query: its tokens are a slice
+                    i = int(pair_query[p0])
+                    stacked = q_all[q_first[i]:q_first[i] + q_len[i]]
+                else:
+                    lengths = pair_len[p0:p1]
+                    tokens = np.repeat(q_first[pair_query[p0:p1]] - (pair_at[p0:p1] - pair_at[p0]), lengths)
+                    tokens += np.arange(int(pair_at[p1] - pair_at[p0]))
+                    stacked = np.take(q_all, tokens, axis=0, mode="clip",
+                                      out=scratch.get("queries", (len(tokens), q_all.shape[1])))
+                lo, hi = int(doc_starts[a]), int(doc_ends[b - 1])
+                sims = scoring.blocked_product(vectors, lo, hi, stacked, scratch)
+                maxima = scoring.doc_maxima(sims, norms[lo:hi], doc_starts[a:b] - lo)  # [b - a, tokens]
+                best[pair_at[p0]:pair_at[p0] + maxima.size] = maxima.ravel()  # pairs by document, then query
+
+        _map(score, blocks, workers or _workers(len(qs)))
+        flat = np.empty(len(order), np.float32)
+        flat[order] = scoring.token_means(best, pair_at[:-1], pair_len)
+        return np.split(flat, np.cumsum(sizes)[:-1]) if sizes else []
 
     def generate(self, q: np.ndarray, nprobe: int, candidates: int) -> np.ndarray:
         """The `candidates` best live documents by centroid-level scores (ascending ids)."""
@@ -396,16 +405,10 @@ class Index:
         out = []
         for lo in range(0, len(queries), BATCH_QUERIES):
             batch = range(lo, min(lo + BATCH_QUERIES, len(queries)))
-            pools, lexical = [], []
-            for i in batch:
-                pool = self.generate(qs[i], nprobe or self.nprobe, max(candidates or self.candidates, top_k))
-                if mode == "hybrid":
-                    scores = self.bm25(queries[i])
-                    k = min(BM25_POOL, self.n_slots)
-                    bm25_top = np.argpartition(-scores, k - 1)[:k] if k < self.n_slots else np.arange(self.n_slots)
-                    pool = np.union1d(pool, bm25_top[scores[bm25_top] > 0])  # a tombstoned slot scores 0
-                    lexical.append(scores[pool])
-                pools.append(pool)
+            k = max(candidates or self.candidates, top_k)
+            found = _map(lambda i, k=k: self._pool(queries[i], qs[i], mode, nprobe or self.nprobe, k), batch,
+                         _workers(len(batch)))
+            pools, lexical = [p for p, _ in found], [lex for _, lex in found]
             block = block_tokens or (scoring.CHUNK_TOKENS if len(batch) == 1 else BATCH_BLOCK_TOKENS)
             semantic = self.maxsim_many([qs[i] for i in batch], pools, block)
             if mode == "semantic":
@@ -418,6 +421,19 @@ class Index:
                     fused = ranking.interpolate(sem[None], lex[None], self.fusion_alpha() if alpha is None else alpha)[0]
                 out.append(_top(pool, fused, top_k))
         return out
+
+    def _pool(self, query: str, q: np.ndarray, mode: str, nprobe: int, candidates: int
+              ) -> tuple[np.ndarray, np.ndarray | None]:
+        """(documents to re-rank, ascending; their BM25 scores in mode "hybrid", else None): the
+        `candidates` by centroid-level scores, in "hybrid" with BM25's top `BM25_POOL`."""
+        pool = self.generate(q, nprobe, candidates)
+        if mode != "hybrid":
+            return pool, None
+        scores = self.bm25(query)
+        k = min(BM25_POOL, self.n_slots)
+        bm25_top = np.argpartition(-scores, k - 1)[:k] if k < self.n_slots else np.arange(self.n_slots)
+        pool = np.union1d(pool, bm25_top[scores[bm25_top] > 0])  # a tombstoned slot scores 0
+        return pool, scores[pool]
 
     def fusion_alpha(self) -> float:
         """The stored semantic weight of hybrid interpolation (1.0: semantic ranking)."""
@@ -433,6 +449,22 @@ class Index:
             return self._units
         except (OSError, ValueError, zlib.error) as err:
             raise IndexError_(f"{self.gen / 'units.json.z'}: unreadable ({err}); rebuild with `index --rebuild`") from None
+
+
+def _workers(n_queries: int) -> int:
+    """Threads for a search of `n_queries` queries: one per usable core, at most MAX_WORKERS_BATCH
+    (several queries) or MAX_WORKERS_ONE (one)."""
+    return min(len(os.sched_getaffinity(0)), MAX_WORKERS_BATCH if n_queries > 1 else MAX_WORKERS_ONE)
+
+
+def _map(fn, items, workers: int) -> list:
+    """[fn(item) for item in items] on min(workers, len(items)) threads, BLAS on one thread each."""
+    items = list(items)
+    with blas.one_thread():
+        if min(workers, len(items)) <= 1:
+            return [fn(item) for item in items]
+        with ThreadPoolExecutor(min(workers, len(items))) as pool:
+            return list(pool.map(fn, items))
 
 
 def _top(docs: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[int, float]]:

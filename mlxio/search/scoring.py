@@ -4,12 +4,26 @@
   the probed inverted lists, by plain assignments per list (a list's documents are unique, and
   lists are visited in ascending probe score, so the best probe a document is on wins) into one
   reused row: no [query tokens, documents] matrix, no sort of the postings, no `ufunc.at`.
-- `doc_chunks` + `docs_maxsim`: the exact re-rank decodes the candidates' tokens a block of
-  about `CHUNK_TOKENS` tokens at a time, so the decoded vectors (1.5 MB at 1,024 x 384 float32)
-  stay in the CPU cache between the decode, the product and the max; on 256 stdlib candidates
-  (~43,000 tokens) that took the re-rank from ~60 to ~36 ms on one core here.
-- `docs_maxsim` scores each document by its own product: batched search (many queries sharing
-  one decode of each document, `Index.search_many`) gives the bits of one-at-a-time search.
+- `doc_chunks`: the exact re-rank decodes the candidates' tokens a block of about
+  `CHUNK_TOKENS` tokens at a time (for one query; `Index.search_many` uses larger blocks), so the
+  decoded vectors (1.5 MB at 1,024 x 384 float32) stay in the CPU cache between the decode, the
+  product and the max; on 256 stdlib candidates (~43,000 tokens) that took the re-rank from ~60
+  to ~36 ms on one core here.
+- `query_runs` + `blocked_product` + `doc_maxima` + `token_means`: in a block, consecutive
+  documents wanted by the same queries are one run, scored by one product of the run's tokens
+  with those queries' tokens stacked (one query: the whole block; a batch of 1,000 queries over
+  1,000 documents: mostly one document against its ~256 queries, [~125, 384] x [384, ~3,900]),
+  then each document's max per query token and each (document, query) pair's mean. A pair's
+  score must be the same bits whatever else its product held, so that batched search
+  (`Index.search_many`) gives one-at-a-time search's bits. OpenBLAS's blocked sgemm kernel
+  does that (an element's sum runs along k the same way in any shape of product), but its
+  other paths round differently: the "direct" kernel (untransposed operands, AVX-512, < 28 x
+  512^2 multiply-adds), the small-matrix kernels (<= 100^3, SkylakeX-class cores) and gemv (one
+  row or column). Measured on this 2-core AVX-512 VM (OpenBLAS 0.3.31): every product of more
+  than 100^3 multiply-adds with 2 or more rows and columns gave equal bits, most below did not;
+  `blocked_product` pads to that. The previous kernel (one product per document per query, so
+  small products throughout) spent 11 of the 14 s of a 1,000 x 1,000 batch on ~290,000 calls
+  holding the GIL in between; this one 6 s on 1,000 GEMMs at ~83 GFLOP/s (506 GFLOP).
 
 Not used: asymmetric distance computation (per-query lookup tables of each subspace's codeword
 scores instead of decoding). With ~15 query tokens and 6 dimensions a byte it gathers 15 floats
@@ -20,11 +34,12 @@ of tables per query, against 0.67-0.78 ms to decode and multiply (NumPy, one cor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 
 import numpy as np
 
 CHUNK_TOKENS = 1024
+GEMM_MIN_MACS = 100**3  # products are padded past this (OpenBLAS's small-matrix kernels; module doc)
 
 
 def probe_estimate(indptr: np.ndarray, ivf_docs: np.ndarray, n_docs: int, probes: np.ndarray,
@@ -79,35 +94,92 @@ def doc_chunks(lengths: np.ndarray, limit: int = CHUNK_TOKENS) -> list[tuple[int
     return bounds
 
 
-def docs_maxsim(q_t: np.ndarray, docs: Sequence[np.ndarray], norms: np.ndarray) -> np.ndarray:
-    """MaxSim float32 [len(docs)] of query tokens q_t [D, Tq] (the query transposed, C-contiguous)
-    against documents given as their unnormalised token vectors docs[i] [L_i >= 1, D] (row-major
-    views), norms [sum L_i] the tokens' norms in the same order.
+class Scratch:
+    """Reused buffers for one thread's re-rank temporaries (decoded blocks, gathered query
+    tokens, products: MBs each). A fresh array that size is fresh pages from the OS each time:
+    on this 2-core VM decoding 1,024 tokens took 2.5 ms into new arrays and 0.35 ms into
+    reused ones."""
 
-    A document's score depends on its vectors and the query alone, bit for bit: each document is
-    its own product ([L_i, D] @ [D, Tq]: BLAS picks kernels, hence rounding, by matrix shape, so
-    one product over many documents would round a document differently beside other neighbours),
-    then `maxsim_of_products`."""
-    if not docs:
-        return np.zeros(0, np.float32)
-    lengths = np.fromiter((len(d) for d in docs), np.int64, len(docs))
-    starts = np.zeros(len(docs), np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    sims = np.empty((int(lengths.sum()), q_t.shape[1]), np.float32)  # [tokens, Tq]
-    for doc, lo, n in zip(docs, starts.tolist(), lengths.tolist(), strict=True):
-        np.matmul(doc, q_t, out=sims[lo:lo + n])
-    return maxsim_of_products(sims, norms, starts)
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype=np.float32) -> np.ndarray:
+        """A C-contiguous array of `shape` (contents undefined) over buffer `name`, which is
+        grown (by half again at least) when too small; valid until `name` is asked for again."""
+        size, dtype = math.prod(shape), np.dtype(dtype)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < size:
+            grown = 0 if buffer is None or buffer.dtype != dtype else buffer.size + buffer.size // 2
+            buffer = self._buffers[name] = np.empty(max(size, grown), dtype)
+        return buffer[:size].reshape(shape)
 
 
-def maxsim_of_products(sims: np.ndarray, norms: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """MaxSim float32 [docs] from one query's products with documents' unnormalised tokens,
-    sims [tokens, Tq] (overwritten) with the tokens' norms [tokens], document i from row
-    starts[i]: each row divided by its norm, the max over each document's rows (exact), and
-    the mean over query tokens adding columns in a fixed order (no pairwise summation whose
-    order could follow the array's shape)."""
+def blocked_product(a: np.ndarray, lo: int, hi: int, b: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
+    """a[lo:hi] @ b.T, float32 [hi - lo, C], of rows of a [n, D] (row-major) and b [C >= 1, D]
+    (C-contiguous), computed by BLAS's blocked kernel, so every element is the same bits in a
+    product of any shape: b gets a zero row when it has one, and the product more than
+    `GEMM_MIN_MACS` multiply-adds from the rows after hi (or zero rows past a's end), their
+    results dropped. b is passed transposed (OpenBLAS's row-major "direct" kernel is for
+    untransposed operands only). `scratch`: the product goes in its buffer "product"."""
+    n, (c, d) = hi - lo, b.shape
+    if c < 2:
+        b = np.concatenate([b, np.zeros((2 - c, d), b.dtype)])
+    rows = max(n, 2, GEMM_MIN_MACS // (len(b) * d) + 1)
+    if rows == n:
+        x = a[lo:hi]
+    elif lo + rows <= len(a):
+        x = a[lo:lo + rows]
+    else:
+        x = np.zeros((rows, d), a.dtype)
+        x[:n] = a[lo:hi]
+    out = np.matmul(x, b.T, out=None if scratch is None else scratch.get("product", (rows, len(b)), x.dtype))
+    return out if rows == n and c == len(b) else out[:n, :c]
+
+
+def doc_maxima(sims: np.ndarray, norms: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """float32 [docs, C]: each document's max over its rows of sims [tokens, C] (products with
+    unnormalised token vectors; overwritten) divided by the tokens' norms [tokens], document i
+    from row starts[i] (ascending, starts[0] = 0). Exact: the same bits in any batch."""
     sims /= norms[:, None]
-    best = np.maximum.reduceat(sims, starts, axis=0)  # [docs, Tq]
-    total = best[:, 0].copy()
-    for t in range(1, best.shape[1]):
-        total += best[:, t]
-    return total / np.float32(best.shape[1])
+    if len(starts) == 1:  # one document: a plain max (~10x reduceat over rows here)
+        return sims.max(axis=0, keepdims=True)
+    return np.maximum.reduceat(sims, starts, axis=0)
+
+
+def query_runs(first: np.ndarray, queries: np.ndarray) -> list[tuple[int, int]]:
+    """[lo, hi) runs of consecutive documents that the same queries want: document i wants
+    queries[first[i]:first[i + 1]] (first int [n + 1], each document at least one query, in
+    ascending order); a run is scored by one product with those queries' tokens."""
+    n = len(first) - 1
+    if n <= 0:
+        return []
+    if len(queries) == n and queries[0] == queries[-1] and (n < 3 or (queries == queries[0]).all()):
+        return [(0, n)]  # one query wants them all (one-at-a-time search)
+    count = np.diff(first)
+    same = np.zeros(n, np.bool_)
+    if n > 1:
+        prev = np.repeat(np.r_[0, count[:-1]], count)  # each query's rank in the previous document
+        shifted = queries[np.maximum(np.arange(len(queries)) - prev, 0)]
+        differ = np.logical_or.reduceat(queries != shifted, first[:-1])
+        same[1:] = (count[1:] == count[:-1]) & ~differ[1:]
+    starts = np.flatnonzero(~same).tolist()
+    return list(zip(starts, starts[1:] + [n], strict=True))
+
+
+def token_means(best: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """float32 [pairs]: MaxSim of each (document, query) pair, the mean of its query tokens'
+    maxima best[starts[p]:starts[p] + lengths[p]] (lengths >= 1) added one token at a time in
+    order (no pairwise summation, whose order would follow the array's shape), so a pair's
+    score is the same bits in any batch. Pairs are taken longest first: token t adds to the
+    prefix of pairs longer than t."""
+    if not len(starts):
+        return np.zeros(0, np.float32)
+    order = np.argsort(-lengths, kind="stable")
+    s, n = starts[order], lengths[order]
+    total = best[s]
+    for t in range(1, int(n[0])):
+        k = int(np.searchsorted(-n, -t, side="left"))  # pairs of more than t tokens
+        total[:k] += best[s[:k] + t]
+    out = np.empty(len(starts), np.float32)
+    out[order] = total / n.astype(np.float32)
+    return out

@@ -70,3 +70,20 @@ def test_search_many_bad_inputs(segmented):
     with pytest.raises(SearchArgumentError, match="block_tokens must be an integer >= 1"):
         index.search_many(["parse date"], [q], "semantic", block_tokens=0)
     assert index.search_many([], [], "semantic") == []
+
+
+@pytest.mark.parametrize("mode", ["semantic", "hybrid"])
+def test_ragged_query_lengths(segmented, mode):
+    """Queries of 1 to 40 tokens (a one-token query is a one-column product, which BLAS would
+    round differently unless padded) batched == one at a time."""
+    index, embed = segmented
+    rng = np.random.default_rng(0)
+    queries = [" ".join(rng.choice(WORDS, 2)) for _ in range(12)]
+    dim = embed(["x"])[0].shape[1]
+    qs = []
+    for n in [1, 2, 40, 1, 3, 17, 1, 5, 32, 2, 1, 9]:
+        v = rng.standard_normal((n, dim)).astype(np.float32)
+        qs.append(v / np.linalg.norm(v, axis=1, keepdims=True))
+    one = [index.search(q, v, mode, 8, candidates=30) for q, v in zip(queries, qs, strict=True)]
+    assert index.search_many(queries, qs, mode, 8, candidates=30) == one
+    assert index.search_many(queries, qs, mode, 8, candidates=30, block_tokens=7) == one

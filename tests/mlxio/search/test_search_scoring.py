@@ -70,6 +70,18 @@ def test_doc_chunks_cover_in_order_within_the_limit(lengths, limit):
             assert sum(lengths[lo:hi + 1]) > limit
 
 
+def _runs_maxsim(vectors, norms, starts, lengths, q, limit, scratch=None):
+    """One query's MaxSim of documents (rows starts[i]:starts[i] + lengths[i] of vectors) the
+    way `Index.maxsim_many` scores a run: chunks of documents, one product each."""
+    got = np.zeros(len(starts), np.float32)
+    for lo, hi in scoring.doc_chunks(lengths, limit):
+        a, b = int(starts[lo]), int(starts[hi - 1] + lengths[hi - 1])
+        sims = scoring.blocked_product(vectors, a, b, q, scratch)
+        maxima = scoring.doc_maxima(sims, norms[a:b], starts[lo:hi] - a)
+        got[lo:hi] = scoring.token_means(maxima.ravel(), np.arange(hi - lo) * len(q), np.full(hi - lo, len(q)))
+    return got
+
+
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), n_docs=st.integers(1, 12), n_q=st.integers(1, 5), limit=st.integers(1, 40))
 def test_chunked_maxsim_equals_whole(seed, n_docs, n_q, limit):
@@ -80,36 +92,85 @@ def test_chunked_maxsim_equals_whole(seed, n_docs, n_q, limit):
     vectors = rng.standard_normal((int(lengths.sum()), 8)).astype(np.float32)
     norms = np.linalg.norm(vectors, axis=1)
     q = rng.standard_normal((n_q, 8)).astype(np.float32)
-    q_t = np.ascontiguousarray(q.T)
     starts = np.r_[0, np.cumsum(lengths)[:-1]]
-    got = np.zeros(n_docs, np.float32)
-    for lo, hi in scoring.doc_chunks(lengths, limit):
-        base = starts[lo]
-        views = [vectors[starts[d]:starts[d] + lengths[d]] for d in range(lo, hi)]
-        got[lo:hi] = scoring.docs_maxsim(q_t, views, norms[base:base + lengths[lo:hi].sum()])
+    got = _runs_maxsim(vectors, norms, starts, lengths, q, limit)
     want = [(q.astype(np.float64) @ (vectors[s:s + n] / norms[s:s + n, None]).T.astype(np.float64)).max(axis=1).mean()
             for s, n in zip(starts, lengths, strict=True)]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n_rows=st.integers(1, 300), n_cols=st.integers(1, 64),
+       dim=st.sampled_from([8, 64, 384]))
+def test_blocked_product_bits_do_not_depend_on_the_shape(seed, n_rows, n_cols, dim):
+    """Every element of `blocked_product` is the same bits in a product of any rows and columns
+    (one row, one column, a few, hundreds; dims up to 384): what makes batched search, whose
+    products stack many queries' tokens, equal one-at-a-time search."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n_rows + 40, dim)).astype(np.float32)
+    b = rng.standard_normal((n_cols + 200, dim)).astype(np.float32)
+    whole = scoring.blocked_product(a, 0, len(a), b)
+    lo = int(rng.integers(0, n_rows))
+    hi = int(rng.integers(lo + 1, n_rows + 1))
+    cols = np.sort(rng.choice(len(b), n_cols, replace=False))
+    for scratch in (None, scoring.Scratch()):
+        part = scoring.blocked_product(a, lo, hi, np.ascontiguousarray(b[cols]), scratch)
+        assert part.shape == (hi - lo, n_cols) and part.dtype == np.float32
+        np.testing.assert_array_equal(part, whole[lo:hi][:, cols])
+    np.testing.assert_allclose(whole, a.astype(np.float64) @ b.T.astype(np.float64), rtol=1e-4, atol=1e-3)
+
+
+@settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), n_docs=st.integers(1, 30), n_q=st.integers(1, 32),
        dim=st.sampled_from([8, 64, 384]))
-def test_docs_maxsim_bits_do_not_depend_on_the_neighbours(seed, n_docs, n_q, dim):
-    """A document's score is the same bits scored alone, in any subset, in any order (what makes
-    batched search equal one-at-a-time search), at shapes where BLAS changes kernels (one query
-    token to 32, one document token to 300, dims up to 384)."""
+def test_run_maxsim_bits_do_not_depend_on_the_neighbours(seed, n_docs, n_q, dim):
+    """A document's score is the same bits scored alone or in a run of others, in any chunking."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 300, n_docs)
-    docs = [rng.standard_normal((int(n), dim)).astype(np.float32) for n in lengths]
-    norms = [np.linalg.norm(d, axis=1) for d in docs]
-    q_t = np.ascontiguousarray(rng.standard_normal((n_q, dim)).astype(np.float32).T)
-    alone = np.array([scoring.docs_maxsim(q_t, [d], n)[0] for d, n in zip(docs, norms, strict=True)])
-    pick = rng.permutation(n_docs)[:int(rng.integers(1, n_docs + 1))]
-    together = scoring.docs_maxsim(q_t, [docs[i] for i in pick], np.concatenate([norms[i] for i in pick]))
-    np.testing.assert_array_equal(together, alone[pick])
+    vectors = rng.standard_normal((int(lengths.sum()), dim)).astype(np.float32)
+    norms = np.linalg.norm(vectors, axis=1)
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    q = rng.standard_normal((n_q, dim)).astype(np.float32)
+    alone = np.array([_runs_maxsim(vectors[s:s + n], norms[s:s + n], np.zeros(1, np.int64), lengths[i:i + 1], q, 1)[0]
+                      for i, (s, n) in enumerate(zip(starts, lengths, strict=True))])
+    together = _runs_maxsim(vectors, norms, starts, lengths, q, int(rng.integers(1, 5000)), scoring.Scratch())
+    np.testing.assert_array_equal(together, alone)
     assert together.dtype == np.float32
 
 
-def test_docs_maxsim_of_no_documents():
-    assert scoring.docs_maxsim(np.zeros((4, 3), np.float32), [], np.zeros(0, np.float32)).shape == (0,)
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n_pairs=st.integers(0, 40))
+def test_token_means_add_in_token_order(seed, n_pairs):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 33, n_pairs)
+    starts = (np.cumsum(lengths) - lengths).astype(np.int64)
+    best = rng.standard_normal(int(lengths.sum())).astype(np.float32)
+    got = scoring.token_means(best, starts, lengths)
+    want = []
+    for s, n in zip(starts, lengths, strict=True):
+        total = best[s]
+        for t in range(1, n):
+            total = np.float32(total + best[s + t])
+        want.append(total / np.float32(n))
+    np.testing.assert_array_equal(got, np.array(want, np.float32).reshape(-1))
+    assert got.dtype == np.float32
+
+
+@settings(max_examples=60, deadline=None)
+@given(sets=st.lists(st.sampled_from([(0,), (1,), (0, 1), (0, 2), (1, 2, 3), (2,)]), min_size=0, max_size=12))
+def test_query_runs_group_neighbours_wanted_by_the_same_queries(sets):
+    first = np.r_[0, np.cumsum([len(q) for q in sets])].astype(np.int64)
+    queries = np.array([i for q in sets for i in q], np.int64)
+    runs = scoring.query_runs(first, queries)
+    assert [i for a, b in runs for i in range(a, b)] == list(range(len(sets)))
+    for a, b in runs:
+        assert all(sets[i] == sets[a] for i in range(a, b))
+    assert all(sets[b - 1] != sets[b] for _, b in runs[:-1])
+
+
+def test_scratch_reuses_and_grows():
+    scratch = scoring.Scratch()
+    x = scratch.get("a", (4, 3))
+    assert x.shape == (4, 3) and x.flags.c_contiguous
+    assert np.shares_memory(scratch.get("a", (2, 5)), x)
+    assert scratch.get("a", (10, 10)).shape == (10, 10) and scratch.get("b", (3,), np.intp).dtype == np.intp
