@@ -398,12 +398,27 @@ def contrastive_batch(r: dict) -> int:
     return OLD_PRESET_MICRO_BATCH
 
 
+def grad_cache(r: dict) -> bool:
+    """Whether a run trained with `--train.grad_cache`: on its command line, or its preset's (a
+    recorded contrastive batch larger than the micro-batch it ran)."""
+    words = r["command"].split()
+    if "--train.grad_cache" in words:
+        return words[words.index("--train.grad_cache") + 1] == "true"
+    if not r.get("contrastive_batch"):
+        return False
+    from recipes.xtr_lora import PRESETS
+
+    micro = (int(words[words.index("--train.micro_batch") + 1]) if "--train.micro_batch" in words
+             else PRESETS[r["preset"]].train.micro_batch)
+    return r["contrastive_batch"] > micro
+
+
 def run_label(r: dict) -> str:
     """What a run varied: its hard negatives, contrastive batch and dev evaluation."""
     batch = contrastive_batch(r)
     dev = r.get("dev_eval")
     return (f"{negatives_label(r)} | {batch if batch else '-'}"
-            f"{' (grad cache)' if '--train.grad_cache true' in r['command'] else ''}"
+            f"{' (grad cache)' if grad_cache(r) else ''}"
             f" | {'every ' + str(dev['every']) + ', best ' + str(dev['best_step']) if dev else 'no'}")
 
 
@@ -617,10 +632,9 @@ def search_batch_section() -> list[str]:
             out.append(f"| {mode} | {m['cli_wall_s']:.1f} / {m['cli_cpu_s']:.1f} | {m['search_many_wall_s']:.1f} "
                        f"| {m['one_at_a_time_wall_s']:.1f} | {'yes, bit for bit' if m['identical'] else 'NO'} |")
         cli = load(machine, "search_batch_cli")
-        if cli:  # the full run above is older than the caps (it used one thread per core)
-            out += ["", f"The table ran one scoring thread per core, with the per-document x per-query products "
-                    f"that held the GIL. With the caps then (4 for a batch, 2 for one query) "
-                    f"the CLI alone (`--cli-only`, {machine}/search_batch_cli.json): "
+        if cli:  # the CLI timed again on its own (`--cli-only`): the spread of one run to the next
+            out += ["", f"The CLI again, alone (`--cli-only`, {machine}/search_batch_cli.json, load "
+                    f"{cli['load_avg_start'][0]:.1f} at the start): "
                     + ", ".join(f"{mode} {m['cli_wall_s']:.1f} s" for mode, m in cli["modes"].items()) + "."]
         workers = json.loads(path.read_text()) if (path := RESULTS.parent.parent / "dev" / "results" / machine
                                                     / "search_workers.json").exists() else None

@@ -64,14 +64,11 @@ READ_ATTEMPTS = 5  # loads retried while updates keep switching CURRENT under a 
 BATCH_BLOCK_TOKENS = 2048
 BATCH_QUERIES = 1024  # queries per batch: bounds the (query, candidate) bookkeeping
 # scoring threads at most. A batch's products are one GEMM per document against its queries'
-# stacked tokens (~6 ms each in the 1,000 x 1,000 run, GIL released): on this 2-core VM the
-# re-rank took 7.5 / 3.9 s on 1 / 2 threads, and all its work but the products (decode, gathers,
-# bookkeeping) was 1.2 s of the 8 s on one thread, so 16 threads should still scale; not yet
-# measured on the 16-core host (dev/search_workers.py; with the previous per-document x
-# per-query products, which held the GIL, 4 threads beat 16 there: 1.61 vs 1.97 s for 300
-# queries). One query: blocks of ~1 ms, 2 threads (one query's p50 45 ms at 2 vs 86 ms at 16
-# there before). Results are the same bits on any number.
-MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 16, 2
+# stacked tokens (GIL released), one query's are blocks of ~1 ms. On a 16-core H200 host
+# (dev/search_workers.py, dev/results/h200/search_workers.json) 300 queries took 3.27 / 1.70 /
+# 1.28 / 1.10 / 0.99 s on 1 / 2 / 4 / 8 / 16 threads, one query's p50 65 / 33 / 24 / 28 / 34 ms.
+# Results are the same bits on any number.
+MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 16, 4
 BM25_K1, BM25_B = 1.2, 0.75
 
 
