@@ -632,10 +632,12 @@ def search_batch_section() -> list[str]:
             out.append(f"| {mode} | {m['cli_wall_s']:.1f} / {m['cli_cpu_s']:.1f} | {m['search_many_wall_s']:.1f} "
                        f"| {m['one_at_a_time_wall_s']:.1f} | {'yes, bit for bit' if m['identical'] else 'NO'} |")
         cli = load(machine, "search_batch_cli")
-        if cli:  # the CLI timed again on its own (`--cli-only`): the spread of one run to the next
-            out += ["", f"The CLI again, alone (`--cli-only`, {machine}/search_batch_cli.json, load "
-                    f"{cli['load_avg_start'][0]:.1f} at the start): "
-                    + ", ".join(f"{mode} {m['cli_wall_s']:.1f} s" for mode, m in cli["modes"].items()) + "."]
+        if cli:  # the CLI alone (`--cli-only`), each run appended: the spread of one run to the next
+            runs = cli if isinstance(cli, list) else [cli]
+            out += ["", f"The CLI alone, {len(runs)} runs (`--cli-only`, {machine}/search_batch_cli.json): "
+                    + "; ".join(f"{mode} " + ", ".join(f"{r['modes'][mode]['cli_wall_s']:.1f}" for r in runs) + " s"
+                                for mode in runs[0]["modes"])
+                    + " (load " + ", ".join(f"{r['load_avg_start'][0]:.1f}" for r in runs) + " at their starts)."]
         workers = json.loads(path.read_text()) if (path := RESULTS.parent.parent / "dev" / "results" / machine
                                                     / "search_workers.json").exists() else None
         if workers:

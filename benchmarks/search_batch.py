@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def finish(result: dict, args) -> dict:
-    """`result` with the machine and command, written to --out (default: results/<machine>/search_batch.json)."""
+    """`result` with the machine and command, written to --out (default: results/<machine>/search_batch.json;
+    `--cli-only`: appended to the list in search_batch_cli.json)."""
     result.update(load_avg_end=os.getloadavg(), machine=machine(), versions=versions(),
                   blas_threads=os.environ.get("OPENBLAS_NUM_THREADS", "default"),
                   command=f"PYTHONPATH=. python -m benchmarks.search_batch --functions {args.functions} "
@@ -183,7 +184,11 @@ def finish(result: dict, args) -> dict:
     path = args.out or ROOT / "benchmarks" / "results" / args.machine / ("search_batch_cli.json" if args.cli_only
                                                                            else "search_batch.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    if args.cli_only:  # repeats of the CLI alone accumulate: a list of runs
+        earlier = json.loads(path.read_text()) if path.is_file() else []
+        path.write_text(json.dumps((earlier if isinstance(earlier, list) else [earlier]) + [result], indent=1) + "\n")
+    else:
+        path.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return result
 
