@@ -15,7 +15,9 @@ src=.gpu/g/pypi_sources.tar.xz; [ -f $src ] || src=/tmp/pypi_sources.tar.xz
 common=(--presets full --machine "$M" --hard_negatives 2 --cache_dir runs/.cache --min_start_s 0)
 lever=(--data.negative_miners bm25,model --train.compile false)
 bash dev/gpu/bg.sh start full_hn python3 -m benchmarks.xtr_heldout_packages "${common[@]}" --jobs 6 \
-  --runs runs/h35_hn --out runs/out_full_hn -- "${lever[@]}" --train.dev_eval_every 250
+  --runs runs/h35_hn --out runs/out_full_hn -- "${lever[@]}" --train.dev_eval_every 250 \
+  --train.grad_cache false --train.micro_batch 12 --train.accum 4 --train.steps 1000 \
+  --optim.total_steps 1000 --optim.warmup_steps 50  # the full preset before it took grad cache 256
 bash dev/gpu/bg.sh start full_gc python3 -m benchmarks.xtr_heldout_packages "${common[@]}" --jobs 3 \
   --variants hn --runs runs/h35_gc --out runs/out_full_gc \
   --results "benchmarks/results/$M/xtr_grad_cache.json" -- "${lever[@]}" --train.grad_cache true \
