@@ -387,30 +387,33 @@ def heldout_runs() -> list[tuple[str, dict]]:
 OLD_PRESET_MICRO_BATCH = 12
 
 
+def command_flag(r: dict, flag: str) -> str | None:
+    """The value a run's command gave `flag` (e.g. "--train.micro_batch"), or None."""
+    words = r["command"].split()
+    return words[words.index(flag) + 1] if flag in words[:-1] else None
+
+
 def contrastive_batch(r: dict) -> int:
     """The pairs one InfoNCE saw: recorded, or (entries older than the field, no grad cache)
     the command's micro-batch, else 12 (every preset's micro-batch until the field came)."""
     if r.get("contrastive_batch"):
         return r["contrastive_batch"]
-    words = r["command"].split()
-    if "--train.micro_batch" in words:
-        return int(words[words.index("--train.micro_batch") + 1])
-    return OLD_PRESET_MICRO_BATCH
+    micro = command_flag(r, "--train.micro_batch")
+    return OLD_PRESET_MICRO_BATCH if micro is None else int(micro)
 
 
 def grad_cache(r: dict) -> bool:
     """Whether a run trained with `--train.grad_cache`: on its command line, or its preset's (a
     recorded contrastive batch larger than the micro-batch it ran)."""
-    words = r["command"].split()
-    if "--train.grad_cache" in words:
-        return words[words.index("--train.grad_cache") + 1] == "true"
+    flag = command_flag(r, "--train.grad_cache")
+    if flag is not None:
+        return flag == "true"
     if not r.get("contrastive_batch"):
         return False
     from recipes.xtr_lora import PRESETS
 
-    micro = (int(words[words.index("--train.micro_batch") + 1]) if "--train.micro_batch" in words
-             else PRESETS[r["preset"]].train.micro_batch)
-    return r["contrastive_batch"] > micro
+    micro = command_flag(r, "--train.micro_batch")
+    return r["contrastive_batch"] > (PRESETS[r["preset"]].train.micro_batch if micro is None else int(micro))
 
 
 def run_label(r: dict) -> str:

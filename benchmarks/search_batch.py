@@ -184,11 +184,11 @@ def finish(result: dict, args) -> dict:
     path = args.out or ROOT / "benchmarks" / "results" / args.machine / ("search_batch_cli.json" if args.cli_only
                                                                            else "search_batch.json")
     path.parent.mkdir(parents=True, exist_ok=True)
+    saved = result
     if args.cli_only:  # repeats of the CLI alone accumulate: a list of runs
         earlier = json.loads(path.read_text()) if path.is_file() else []
-        path.write_text(json.dumps((earlier if isinstance(earlier, list) else [earlier]) + [result], indent=1) + "\n")
-    else:
-        path.write_text(json.dumps(result, indent=1) + "\n")
+        saved = (earlier if isinstance(earlier, list) else [earlier]) + [result]
+    path.write_text(json.dumps(saved, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return result
 
