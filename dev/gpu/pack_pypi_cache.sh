@@ -3,7 +3,7 @@
 # metadata (name, version, licence texts) - into one tarball for a machine without internet
 # (the lent GPU). Fetches any default package the cache lacks first (pip, once).
 #
-#   dev/gpu/pack_pypi_cache.sh [CACHE_DIR] [OUT]     # defaults: runs/.cache runs/pypi_sources.tar.xz
+#   [PACKAGES=WIDE_PACKAGES] dev/gpu/pack_pypi_cache.sh [CACHE_DIR] [OUT]     # defaults: runs/.cache runs/pypi_sources.tar.xz
 #
 # On the other machine, `benchmarks/xtr_heldout_packages.py --pypi_tarball OUT` unpacks it into
 # its --cache_dir (or by hand: python3 -m tarfile -e OUT CACHE_DIR); mlxio.data.pypi_sources
@@ -11,6 +11,7 @@
 set -euo pipefail
 cache=${1:-runs/.cache}
 out=${2:-runs/pypi_sources.tar.xz}
+packages=${PACKAGES:-DEFAULT_PACKAGES}  # or WIDE_PACKAGES: the wider corpus (mlxio/data/pypi_sources.py)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 python=${PYTHON:-}
 if [ -z "$python" ]; then
@@ -19,9 +20,9 @@ fi
 PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$python" -c '
 import sys
 from mlxio.data import pypi_sources
-for src in pypi_sources.fetch_all(pypi_sources.DEFAULT_PACKAGES, sys.argv[1]):
+for src in pypi_sources.fetch_all(getattr(pypi_sources, sys.argv[2]), sys.argv[1]):
     print(f"{src.name}=={src.version} ({src.licence})", file=sys.stderr)
-' "$cache"
+' "$cache" "$packages"
 mkdir -p "$(dirname "$out")"
 out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
 list=$(mktemp)
@@ -29,7 +30,8 @@ trap 'rm -f "$list"' EXIT
 # only the default packages' unpacked sources (another version left in the cache is not packed)
 dirs=$(PYTHONPATH="$root" "$python" -c '
 from mlxio.data import pypi_sources
-print(" ".join("pypi/%s-%s/src" % pypi_sources.parse_spec(s) for s in pypi_sources.DEFAULT_PACKAGES))')
+import sys
+print(" ".join("pypi/%s-%s/src" % pypi_sources.parse_spec(s) for s in getattr(pypi_sources, sys.argv[1])))' "$packages")
 cd "$cache"
 # shellcheck disable=SC2086
 find $dirs -type f \( -name '*.py' -o -path '*.dist-info/*' \) ! -name RECORD | LC_ALL=C sort > "$list"
