@@ -15,7 +15,9 @@ Queries: docstring first sentences of 200 held-out documented functions (`pairs.
 each with its function as the one positive. mrr_exact: MRR@10 of brute-force MaxSim over the
 float16 vectors of every function; mrr_index: the index's search (candidates + MaxSim on
 decompressed vectors). Latency: one query at a time, query encoding (MiniLM, measured per
-query) + index search, on this shared 2-core CPU.
+query) + index search, on this shared 2-core CPU. `--corpus stdlib` also times the re-rank before
+the blocked kernel (benchmarks.search_batch.legacy_search) interleaved with Index.search query by
+query, on the same vectors in the same pinned child (the entry's "vs_legacy": `search_vs_legacy`).
 
 The >= 1,000,000-function synthetic corpus is benchmarks/search_scale_synth.py (built from the
 codes of this script's stdlib index); the 1-bit synthetic records of session 4 came from phases
@@ -590,6 +592,7 @@ def run_stdlib(args) -> dict:
         "p50_ms_device_encode": float(np.median(np.array(pre["device_ms"]) + np.array(pinned["search_ms"]))),
         "search_cpu_ms_mean": pinned["search_cpu_ms_mean"],
         "p50_hybrid_search_ms": float(np.median(pinned["hybrid_search_ms"])),
+        "vs_legacy": {**pinned["legacy"], "note": LEGACY_NOTE},
         "latency_cores": pinned["cores"], "latency_blas": pinned["blas"],
         "mrr_exact": mrr_exact, "mrr_index": pinned["mrr_index"], "mrr_drop": mrr_exact - pinned["mrr_index"],
         "mrr_drop_se": _paired_se(pre.get("exact_ranks"), pinned.get("ranks")),
@@ -625,11 +628,92 @@ def run_stdlib(args) -> dict:
     return entry
 
 
+LEGACY_NOTE = ("Index.search (semantic: candidates + blocked re-rank on up to MAX_WORKERS_ONE threads, BLAS "
+               "one thread each) against benchmarks.search_batch.legacy_search (the same candidates, the "
+               "re-rank before it: one plain product per chunk, on the calling thread) on the same saved "
+               "query vectors, in the same pinned child, interleaved query by query (new first on even "
+               "queries, legacy first on odd ones), after the same 20-query warm-up; p50_ms / p95_ms: with "
+               "the query's CPU encoding (timed once, added to both); *_over_legacy_*: new / legacy (< 1: "
+               "the new search is faster); top10_agree: queries whose top-10 ids are the same, in order; "
+               "max_score_diff: largest |score difference| of a document in both top-10 lists")
+
+
+def search_vs_legacy(index: Index, queries: list[str], vecs: list[np.ndarray], encode=None,
+                     top_k: int = 10) -> dict:
+    """Single-query latency of `Index.search` (semantic) against the re-rank before it
+    (`benchmarks.search_batch.legacy_search`: the same candidates, one plain product per chunk)
+    on the same query vectors vecs[i] [Tq, D], interleaved query by query: query i is encoded
+    first (`encode(queries[i])`, timed, when given), then searched by both, the new search first
+    for even i and the legacy one first for odd i (neither always finds the other's warm cache).
+    Returns per-query lists {"encode_ms" (empty without `encode`), "search_ms", "legacy_ms"
+    (wall), "encode_cpu_ms", "search_cpu_ms", "legacy_cpu_ms" (CPU time of this process, all
+    threads), "ids", "legacy_ids" (top_k document ids, best first), "max_score_diff" (largest
+    |score difference| over the documents both top-k lists hold)}."""
+    from benchmarks.search_batch import legacy_search
+
+    out = {key: [] for key in ("encode_ms", "search_ms", "legacy_ms", "encode_cpu_ms", "search_cpu_ms",
+                               "legacy_cpu_ms", "ids", "legacy_ids", "max_score_diff")}
+
+    def timed(fn, *args):
+        """(fn(*args), wall ms, CPU ms)."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = fn(*args)
+        return result, (time.perf_counter() - wall) * 1e3, (time.process_time() - cpu) * 1e3
+
+    def new(i):
+        return index.search(queries[i], vecs[i], "semantic", top_k=top_k)
+
+    def legacy(i):
+        return legacy_search(index, vecs[i], top_k)
+
+    for i in range(len(queries)):
+        if encode is not None:
+            _, wall, cpu = timed(encode, queries[i])
+            out["encode_ms"].append(wall)
+            out["encode_cpu_ms"].append(cpu)
+        first, second = (new, legacy) if i % 2 == 0 else (legacy, new)
+        results = {fn: timed(fn, i) for fn in (first, second)}
+        (hits, *new_times), (old_hits, *old_times) = results[new], results[legacy]
+        for key, value in zip(("search_ms", "search_cpu_ms", "legacy_ms", "legacy_cpu_ms"), (*new_times, *old_times),
+                              strict=True):
+            out[key].append(value)
+        out["ids"].append([d for d, _ in hits])
+        out["legacy_ids"].append([d for d, _ in old_hits])
+        old_score = dict(old_hits)
+        out["max_score_diff"].append(max((abs(s - old_score[d]) for d, s in hits if d in old_score), default=0.0))
+    return out
+
+
+def legacy_summary(runs: dict) -> dict:
+    """The entry's comparison of `search_vs_legacy`'s runs: p50/p95 of the search alone and with
+    the query's encoding (when timed), new over legacy ratios (< 1: the new search is faster) and
+    how many queries' top-k ids agree (same documents, same order)."""
+    new, old = np.asarray(runs["search_ms"]), np.asarray(runs["legacy_ms"])
+    out = {"queries": len(new),
+           "p50_search_ms": float(np.median(new)), "p95_search_ms": _pct(new, 95),
+           "p50_legacy_search_ms": float(np.median(old)), "p95_legacy_search_ms": _pct(old, 95),
+           "search_over_legacy_p50": float(np.median(new) / np.median(old)),
+           "search_over_legacy_p95": _pct(new, 95) / _pct(old, 95),
+           "search_cpu_ms_mean": float(np.mean(runs["search_cpu_ms"])),
+           "legacy_search_cpu_ms_mean": float(np.mean(runs["legacy_cpu_ms"]))}
+    if len(runs["encode_ms"]):
+        enc = np.asarray(runs["encode_ms"])
+        out.update(p50_ms=float(np.median(enc + new)), p95_ms=_pct(enc + new, 95),
+                   p50_legacy_ms=float(np.median(enc + old)), p95_legacy_ms=_pct(enc + old, 95),
+                   over_legacy_p50=float(np.median(enc + new) / np.median(enc + old)))
+    agree = [a == b for a, b in zip(runs["ids"], runs["legacy_ids"], strict=True)]
+    out.update(top10_agree=int(sum(agree)), top10_disagree_queries=[i for i, a in enumerate(agree) if not a],
+               max_score_diff=float(max(runs["max_score_diff"], default=0.0)))
+    return out
+
+
 def phase_pinned_queries(cache: Path, work: Path, model: str) -> dict:
     """Latency of the index built by run_stdlib, in this (pinned) process: per query, its
-    encoding on the CPU (float32) and the search; MRR@10 with the saved query vectors."""
+    encoding on the CPU (float32) and the search, against the legacy re-rank interleaved
+    (`search_vs_legacy`); MRR@10 with the saved query vectors."""
     import mlx.core as mx
 
+    from benchmarks.search_batch import legacy_search
     from mlxio import blas
     from mlxio.search.embed import Embedder
     from mlxio.weights.encoders import load_encoder
@@ -639,27 +723,22 @@ def phase_pinned_queries(cache: Path, work: Path, model: str) -> dict:
     queries = json.loads((work / "queries.json").read_text())
     saved = np.load(work / "queries_dev.npz")
     q, q_off, positives = saved["tokens"], saved["offsets"], saved["positives"]
+    vecs = [q[q_off[i]:q_off[i + 1]] for i in range(len(queries))]
     emb = Embedder(load_encoder(model, dtype=mx.float32), 32, batch_size=1)
-    for i, text in enumerate(queries[:20]):  # warm-up: compiled shapes, page cache
+    for text, vec in zip(queries[:20], vecs, strict=False):  # warm-up: compiled shapes, page cache
         emb.embed([text])
-        index.search(text, q[q_off[i]:q_off[i + 1]], "semantic")
-    encode_ms, search_ms, hybrid_ms, ranks = [], [], [], []
-    cpu = time.process_time()
-    for i, text in enumerate(queries):
+        index.search(text, vec, "semantic")
+        legacy_search(index, vec)
+    runs = search_vs_legacy(index, queries, vecs, encode=lambda text: emb.embed([text]))
+    cpu_ms = float(np.mean(np.add(runs["encode_cpu_ms"], runs["search_cpu_ms"])))  # encoding + search, as before
+    ranks = [found.index(positives[i]) + 1 if positives[i] in found else 11 for i, found in enumerate(runs["ids"])]
+    hybrid_ms = []
+    for text, vec in zip(queries, vecs, strict=True):
         t = time.perf_counter()
-        emb.embed([text])
-        encode_ms.append((time.perf_counter() - t) * 1e3)
-        vec = q[q_off[i]:q_off[i + 1]]
-        t = time.perf_counter()
-        found = [d for d, _ in index.search(text, vec, "semantic", top_k=10)]
-        search_ms.append((time.perf_counter() - t) * 1e3)
-        ranks.append(found.index(positives[i]) + 1 if positives[i] in found else 11)
-    cpu_ms = (time.process_time() - cpu) * 1e3 / len(queries)
-    for i, text in enumerate(queries):
-        t = time.perf_counter()
-        index.search(text, q[q_off[i]:q_off[i + 1]], "hybrid", top_k=10)
+        index.search(text, vec, "hybrid", top_k=10)
         hybrid_ms.append((time.perf_counter() - t) * 1e3)
-    return {"encode_ms": encode_ms, "search_ms": search_ms, "hybrid_search_ms": hybrid_ms,
+    return {"encode_ms": runs["encode_ms"], "search_ms": runs["search_ms"], "hybrid_search_ms": hybrid_ms,
+            "legacy": legacy_summary(runs), "legacy_search_ms": runs["legacy_ms"],
             "search_cpu_ms_mean": cpu_ms, "mrr_index": _mrr(np.array(ranks, np.float64)), "ranks": ranks,
             "cores": sorted(os.sched_getaffinity(0)), "blas": blas.status, "tokens": int(index.n_tokens),
             "centroids": len(index.codec.centroids), "peak_ram_gb": _rss_gb(), "codec": index.codec.name,
