@@ -378,10 +378,10 @@ def _gains(run: dict) -> tuple[float | None, float | None, bool]:
 
 
 def heldout_runs() -> list[tuple[str, dict]]:
-    """(machine, entry) of every recorded retriever run: <machine>/xtr_heldout_packages.json and
-    <machine>/xtr_grad_cache.json (benchmarks/xtr_heldout_packages.py writes both)."""
-    return [(machine, r) for machine in ("cpu", "h100", "h200") for name in ("xtr_heldout_packages", "xtr_grad_cache")
-            for r in load(machine, name) or []]
+    """(machine, entry) of every recorded retriever run: <machine>/xtr_heldout_packages.json,
+    xtr_grad_cache.json and xtr_full_levers.json (benchmarks/xtr_heldout_packages.py writes them)."""
+    return [(machine, r) for machine in ("cpu", "h100", "h200")
+            for name in ("xtr_heldout_packages", "xtr_grad_cache", "xtr_full_levers") for r in load(machine, name) or []]
 
 
 OLD_PRESET_MICRO_BATCH = 12
@@ -416,11 +416,17 @@ def grad_cache(r: dict) -> bool:
     return r["contrastive_batch"] > (PRESETS[r["preset"]].train.micro_batch if micro is None else int(micro))
 
 
+def data_label(r: dict) -> str:
+    """The libraries a run trained on (the stdlib counted) and a LoRA rank set on its command."""
+    rank = command_flag(r, "--lora.rank")
+    return f"{len(r.get('train_sources') or [])}{', LoRA r' + rank if rank else ''}"
+
+
 def run_label(r: dict) -> str:
-    """What a run varied: its hard negatives, contrastive batch and dev evaluation."""
+    """What a run varied: its training libraries, hard negatives, contrastive batch and dev evaluation."""
     batch = contrastive_batch(r)
     dev = r.get("dev_eval")
-    return (f"{negatives_label(r)} | {batch if batch else '-'}"
+    return (f"{data_label(r)} | {negatives_label(r)} | {batch if batch else '-'}"
             f"{' (grad cache)' if grad_cache(r) else ''}"
             f" | {'every ' + str(dev['every']) + ', best ' + str(dev['best_step']) if dev else 'no'}")
 
@@ -443,6 +449,9 @@ def heldout_packages_section() -> list[str]:
         groups.setdefault(key, {})[r.get("seed", 0)] = _gains(r)  # a seed run again: its last entry
     if not rows:
         return []
+    from recipes.xtr_lora import PRESETS
+
+    quick, full = (f"{PRESETS[p].train.steps:,}" for p in ("quick", "full"))
     means = []
     for (machine, preset, steps, label), by_seed in groups.items():
         got = [g for g in by_seed.values() if g[0] is not None]
@@ -455,16 +464,19 @@ def heldout_packages_section() -> list[str]:
             "Mean over seeds of the gain in semantic MRR@10 over the untrained model (settings run on 3 seeds or "
             "more); the last column counts the runs whose hybrid MRR@10 >= semantic on both held-out sets. "
             "Batch: the pairs one InfoNCE sees (a micro-batch, or every pair of a step with `--train.grad_cache`).",
-            "", "| machine | preset | steps | hard negatives | batch | dev evaluation | seeds | packages gain "
-            "| files gain | hybrid >= semantic |", "|---|---|---|---|---|---|---|---|---|---|", *means, "",
+            "Libraries: the training sources (the standard library and PyPI packages; 7 by default, 23 with "
+            "`pypi_sources.WIDE_PACKAGES`, the `full` preset's since its 400-step runs: their held-out files differ, "
+            "capped at 15,000 candidates).",
+            "", "| machine | preset | steps | libraries | hard negatives | batch | dev evaluation | seeds | packages gain "
+            "| files gain | hybrid >= semantic |", "|---|---|---|---|---|---|---|---|---|---|---|", *means, "",
             "Run by run: semantic MRR@10 of the untrained -> fine-tuned model, its gain, and the fine-tuned hybrid, "
             "on the held-out packages (never trained on) and the held-out files. Rows record the preset as it was "
-            "run (its steps here; every setting in the JSON's `command`); the current `quick` is 80 steps, `full` "
-            "1,000. The cpu and h100/h200 runs differ in data: the GPU hosts' Python 3.12 standard library "
+            f"run (its steps here; every setting in the JSON's `command`); the current `quick` is {quick} steps, `full` "
+            f"{full}. The cpu and h100/h200 runs differ in data: the GPU hosts' Python 3.12 standard library "
             "yields other pairs than 3.11's.", "",
-            "| machine | preset | steps | seed | hard negatives | batch | dev evaluation | package queries "
+            "| machine | preset | steps | seed | libraries | hard negatives | batch | dev evaluation | package queries "
             "| packages: semantic | gain | hybrid | files: semantic | gain | hybrid |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def rlaif_learning_section() -> list[str]:

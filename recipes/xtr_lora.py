@@ -43,7 +43,7 @@ from mlxcore.retriever import LossConfig
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, partition
 from mlxio import kernel_cache
-from mlxio.data import pairs, xtr_data, xtr_tokens
+from mlxio.data import pairs, pypi_sources, xtr_data, xtr_tokens
 from mlxio.data.token_cache import DataPosition
 from mlxio.data.xtr_data import DataConfig
 from mlxio.errors import ConfigError, LoadError
@@ -135,21 +135,24 @@ PRESETS = {
     # (benchmarks/results/h100/xtr_heldout_packages.json), so quick trains in-batch only
     "quick": Config(lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR), loss=LossConfig(temperature=0.03),
                     data=DataConfig(hard_negatives=0), train=TrainConfig(steps=80)),
-    # full: 200 steps of one contrastive batch of 256 pairs (grad cache 32 x 8: 51,200 pairs, as many
-    # as 1,000 x 48) at 256 document tokens, the best of every 50 steps by dev MRR@10 kept, every
-    # held-out query evaluated. H200, 3 seeds (benchmarks/results/h200/xtr_*.json), gain on held-out
-    # packages / files +0.125 / +0.131 vs +0.103 / +0.105 for 1,000 steps of InfoNCE over 12; 400
-    # steps: no more; 2 guarded hard negatives on top: +0.127 / +0.127 at ~2x the cost
+    # full: 400 steps of one contrastive batch of 256 pairs (grad cache 32 x 8) at 256 document
+    # tokens, trained on 16 more libraries than quick (pypi_sources.WIDE_PACKAGES: ~24,000 pairs
+    # against ~11,000), the best of every 50 steps by dev MRR@10 kept, every held-out query
+    # evaluated. H100, 3 seeds (benchmarks/results/h100/xtr_full_levers.json): gain on held-out
+    # packages +0.137, against +0.125 for 200 steps on the default corpus (+0.132 for 200 on the
+    # wide one; LoRA rank 64: +0.120); 2 guarded hard negatives added +0.002 at ~2x the cost (H200)
     "full": Config(
         out_dir="runs/xtr_lora_full",
-        # every held-out query: 4,455 of held-out files (13,104 candidates) and 1,364 of the held-out
-        # packages (2,530) with the defaults; 5,000 + 1,000 asked for before left no dev queries (RRF)
-        data=DataConfig(max_doc_len=256, eval_queries=3400, dev_queries=800, max_eval_candidates=0,
-                        package_eval_queries=1000, package_dev_queries=300, package_eval_candidates=0, hard_negatives=0),
+        # every held-out query: 3,400 + 800 dev of held-out files and 1,000 + 300 of the held-out
+        # packages (all 2,530 of their functions as candidates); held-out files' candidates capped
+        # at 15,000 of 28,789 (each a 256 x 384 float32 matrix in evaluation: 11 GB for all of them)
+        data=DataConfig(packages=pypi_sources.WIDE_PACKAGES, max_doc_len=256, eval_queries=3400, dev_queries=800,
+                        max_eval_candidates=15000, package_eval_queries=1000, package_dev_queries=300,
+                        package_eval_candidates=0, hard_negatives=0),
         lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR),
         loss=LossConfig(temperature=0.03),
-        optim=OptimConfig(lr=2e-4, warmup_steps=10, total_steps=200, weight_decay=0.0),
-        train=TrainConfig(micro_batch=32, accum=8, grad_cache=True, steps=200, checkpoint_every=50,
+        optim=OptimConfig(lr=2e-4, warmup_steps=10, total_steps=400, weight_decay=0.0),
+        train=TrainConfig(micro_batch=32, accum=8, grad_cache=True, steps=400, checkpoint_every=50,
                           dev_eval_every=50, log_every=20),
     ),
     "smoke": Config(
