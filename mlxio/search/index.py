@@ -314,26 +314,25 @@ class Index:
             raise SearchArgumentError(f"fusion must be one of {FUSIONS}, got {fusion!r}")
         if self.n_docs == 0:
             return [[] for _ in queries]
-        if mode == "bm25":  # documents sharing no term with the query score 0: not results
-            out = []
-            for query in queries:
-                scores = self.bm25(query)
-                hits = self.live_ids[scores[self.live_ids] > 0]
-                out.append(_top(hits, scores[hits], top_k))
-            return out
         out = []
         for lo in range(0, len(queries), BATCH_QUERIES):
             batch = range(lo, min(lo + BATCH_QUERIES, len(queries)))
+            if mode == "bm25":  # documents sharing no term with the query score 0: not results
+                for _, block in self.bm25_blocks([queries[i] for i in batch]):
+                    for scores in block:
+                        hits = self.live_ids[scores[self.live_ids] > 0]
+                        out.append(_top(hits, scores[hits], top_k))
+                continue
             k = max(candidates or self.candidates, top_k)
-            found = _map(lambda i, k=k: self._pool(queries[i], qs[i], mode, nprobe or self.nprobe, k), batch,
-                         _workers(len(batch)))
-            pools, lexical = [p for p, _ in found], [lex for _, lex in found]
+            pools = _map(lambda i, k=k: self.generate(qs[i], nprobe or self.nprobe, k), batch, _workers(len(batch)))
+            if mode == "hybrid":
+                pools, lexical_scores = self._join_bm25([queries[i] for i in batch], pools)
             block = block_tokens or (scoring.CHUNK_TOKENS if len(batch) == 1 else BATCH_BLOCK_TOKENS)
             semantic = self.maxsim_many([qs[i] for i in batch], pools, block)
             if mode == "semantic":
                 out += [_top(pool, sem, top_k) for pool, sem in zip(pools, semantic, strict=True)]
                 continue
-            for pool, sem, lex in zip(pools, semantic, lexical, strict=True):
+            for pool, sem, lex in zip(pools, semantic, lexical_scores, strict=True):
                 if fusion == "rrf":
                     fused = ranking.reciprocal_rank_fusion([sem[None], lex[None]])[0]
                 else:
@@ -341,18 +340,18 @@ class Index:
                 out.append(_top(pool, fused, top_k))
         return out
 
-    def _pool(self, query: str, q: np.ndarray, mode: str, nprobe: int, candidates: int
-              ) -> tuple[np.ndarray, np.ndarray | None]:
-        """(documents to re-rank, ascending; their BM25 scores in mode "hybrid", else None): the
-        `candidates` by centroid-level scores, in "hybrid" with BM25's top `BM25_POOL`."""
-        pool = self.generate(q, nprobe, candidates)
-        if mode != "hybrid":
-            return pool, None
-        scores = self.bm25(query)
+    def _join_bm25(self, queries: list[str], pools: list[np.ndarray]
+                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(each pools[i] joined with BM25's top `BM25_POOL` documents of queries[i], ascending;
+        their BM25 scores float32), the batch's BM25 scored together (`bm25_blocks`)."""
         k = min(BM25_POOL, self.n_slots)
-        bm25_top = np.argpartition(-scores, k - 1)[:k] if k < self.n_slots else np.arange(self.n_slots)
-        pool = np.union1d(pool, bm25_top[scores[bm25_top] > 0])  # a tombstoned slot scores 0
-        return pool, scores[pool]
+        joined, lex = [], []
+        for first, block in self.bm25_blocks(queries):
+            for pool, scores in zip(pools[first:first + len(block)], block, strict=True):
+                top = np.argpartition(-scores, k - 1)[:k] if k < self.n_slots else np.arange(self.n_slots)
+                joined.append(_union(pool, top[scores[top] > 0]))  # a tombstoned slot scores 0
+                lex.append(scores[joined[-1]])
+        return joined, lex
 
     def fusion_alpha(self) -> float:
         """The stored semantic weight of hybrid interpolation (1.0: semantic ranking)."""
@@ -384,6 +383,14 @@ def _map(fn, items, workers: int) -> list:
             return [fn(item) for item in items]
         with ThreadPoolExecutor(min(workers, len(items))) as pool:
             return list(pool.map(fn, items))
+
+
+def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.union1d(a, b) of int64 arrays (ascending, unique), by one sort of the concatenation
+    (a third of union1d's time on a 256-document pool and BM25's 64)."""
+    c = np.concatenate((a, b))
+    c.sort()
+    return c[np.r_[True, c[1:] != c[:-1]]] if len(c) else c
 
 
 def _top(docs: np.ndarray, scores: np.ndarray, k: int) -> list[tuple[int, float]]:

@@ -129,3 +129,22 @@ def test_batched_bm25_pinned_cases(segmented):
         assert np.array_equal(_bits(_stacked(index, queries, cells)), _bits(want))
     assert list(index.bm25_blocks([])) == []
 
+
+@pytest.mark.parametrize("pool_size", [1, 3, 64, 10_000])
+def test_joined_pools_equal_per_query_bm25_top(segmented, monkeypatch, pool_size):
+    """A hybrid pool is the semantic candidates joined with the positive documents among
+    argpartition's top BM25_POOL of the query's dense `Index.bm25` scores (ties at the
+    boundary included: FakeEmbed's short documents share lengths and counts), as before BM25
+    was batched."""
+    index, _ = segmented
+    monkeypatch.setattr(index_mod, "BM25_POOL", pool_size)
+    rng = np.random.default_rng(pool_size)
+    queries = [" ".join(rng.choice(WORDS, int(rng.integers(1, 5)))) for _ in range(30)] + ["the of a"]
+    pools = [np.sort(rng.choice(index.live_ids, int(rng.integers(0, 12)), replace=False)) for _ in queries]
+    joined, lex = index._join_bm25(queries, pools)
+    k = min(pool_size, index.n_slots)
+    for query, pool, got, got_lex in zip(queries, pools, joined, lex, strict=True):
+        scores = index.bm25(query)
+        top = np.argpartition(-scores, k - 1)[:k] if k < index.n_slots else np.arange(index.n_slots)
+        want = np.union1d(pool, top[scores[top] > 0])
+        assert np.array_equal(got, want) and np.array_equal(_bits(got_lex), _bits(scores[want]))
