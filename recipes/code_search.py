@@ -300,7 +300,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.queries is not None:
         rows = _read_queries(args.queries)
         ranked, idx = search(args.index, [r["query"] for r in rows], args.mode, args.top_k, args.alpha, args.fusion)
-        lines = [json.dumps({"query_id": row["id"], "doc_ids": [idx.record(d)["id"] for d, _ in hits]})
+        names = {d: idx.record(d)["id"] for d in sorted({d for hits in ranked for d, _ in hits})}  # each record read once
+        lines = [json.dumps({"query_id": row["id"], "doc_ids": [names[d] for d, _ in hits]})
                  for row, hits in zip(rows, ranked, strict=True)]
         if args.output is None:
             sys.stdout.write("".join(line + "\n" for line in lines))

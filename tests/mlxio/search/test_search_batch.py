@@ -87,3 +87,64 @@ def test_ragged_query_lengths(segmented, mode):
     one = [index.search(q, v, mode, 8, candidates=30) for q, v in zip(queries, qs, strict=True)]
     assert index.search_many(queries, qs, mode, 8, candidates=30) == one
     assert index.search_many(queries, qs, mode, 8, candidates=30, block_tokens=7) == one
+
+
+# ------------------------------------------------------------------ BM25 of a batch together
+
+LEXICAL = WORDS + ["the", "of", "a", "dates", "headers", "zzqx", "nosuchterm", "ValueError", "parse_date"]
+
+
+def _bits(scores: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(scores, np.float32).view(np.uint32)  # -0.0 != 0.0, NaN == NaN
+
+
+def _stacked(index: Index, queries: list[str], block_cells: int) -> np.ndarray:
+    blocks = list(index.bm25_blocks(queries, block_cells))
+    assert [first for first, _ in blocks] == list(np.cumsum([0] + [len(b) for _, b in blocks])[:-1])
+    return np.concatenate([b for _, b in blocks]) if blocks else np.zeros((0, index.n_slots), np.float32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(picks=st.lists(st.lists(st.sampled_from(LEXICAL), max_size=9), max_size=12),
+       block_cells=st.integers(1, 400))
+def test_batched_bm25_equals_per_query_bm25(segmented, picks, block_cells):
+    """Every row of `bm25_blocks` is `Index.bm25` of its query, bit for bit: repeated terms,
+    stop words only, terms in no segment's vocabulary, empty queries, blocks of one row to all
+    rows, over segments with tombstones."""
+    index, _ = segmented
+    queries = [" ".join(words) for words in picks]
+    want = np.stack([index.bm25(q) for q in queries]) if queries else np.zeros((0, index.n_slots), np.float32)
+    assert np.array_equal(_bits(_stacked(index, queries, block_cells)), _bits(want))
+
+
+def test_batched_bm25_pinned_cases(segmented):
+    index, _ = segmented
+    queries = ["parse parse date parse", "", "the of a", "zzqx nosuchterm", "date parse", "parse date",
+               "value result value token value", "Parse a token from the queues"]
+    want = np.stack([index.bm25(q) for q in queries])
+    assert want[1:4].max() == 0.0 and want[0].max() > 0 and want[6].max() > 0
+    assert any(s.deleted is not None for s in index.segments)
+    assert not want[:, [i for i in range(index.n_slots) if i not in set(index.live_ids)]].any()
+    for cells in (1, index.n_slots, 3 * index.n_slots + 1, 1 << 21):
+        assert np.array_equal(_bits(_stacked(index, queries, cells)), _bits(want))
+    assert list(index.bm25_blocks([])) == []
+
+
+@pytest.mark.parametrize("pool_size", [1, 3, 64, 10_000])
+def test_joined_pools_equal_per_query_bm25_top(segmented, monkeypatch, pool_size):
+    """A hybrid pool is the semantic candidates joined with the positive documents among
+    argpartition's top BM25_POOL of the query's dense `Index.bm25` scores (ties at the
+    boundary included: FakeEmbed's short documents share lengths and counts), as before BM25
+    was batched."""
+    index, _ = segmented
+    monkeypatch.setattr(index_mod, "BM25_POOL", pool_size)
+    rng = np.random.default_rng(pool_size)
+    queries = [" ".join(rng.choice(WORDS, int(rng.integers(1, 5)))) for _ in range(30)] + ["the of a"]
+    pools = [np.sort(rng.choice(index.live_ids, int(rng.integers(0, 12)), replace=False)) for _ in queries]
+    joined, lex = index._join_bm25(queries, pools)
+    k = min(pool_size, index.n_slots)
+    for query, pool, got, got_lex in zip(queries, pools, joined, lex, strict=True):
+        scores = index.bm25(query)
+        top = np.argpartition(-scores, k - 1)[:k] if k < index.n_slots else np.arange(index.n_slots)
+        want = np.union1d(pool, top[scores[top] > 0])
+        assert np.array_equal(got, want) and np.array_equal(_bits(got_lex), _bits(scores[want]))
