@@ -410,7 +410,7 @@ def grad_cache(r: dict) -> bool:
         return flag == "true"
     if not r.get("contrastive_batch"):
         return False
-    from recipes.xtr_lora import PRESETS
+    from recipes.xtr_lora_config import PRESETS
 
     micro = command_flag(r, "--train.micro_batch")
     return r["contrastive_batch"] > (PRESETS[r["preset"]].train.micro_batch if micro is None else int(micro))
@@ -449,7 +449,7 @@ def heldout_packages_section() -> list[str]:
         groups.setdefault(key, {})[r.get("seed", 0)] = _gains(r)  # a seed run again: its last entry
     if not rows:
         return []
-    from recipes.xtr_lora import PRESETS
+    from recipes.xtr_lora_config import PRESETS
 
     quick, full = (f"{PRESETS[p].train.steps:,}" for p in ("quick", "full"))
     means = []

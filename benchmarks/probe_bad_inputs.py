@@ -145,10 +145,10 @@ def bad_flag_values(kind) -> list[str]:
 
 def config_cases(work: Path) -> list[dict]:
     from mlxio.run import config
-    from recipes import rlaif_config, xtr_lora
+    from recipes import rlaif_config, xtr_lora_config
 
     cases = []
-    for prog, cls in (("xtr_lora", xtr_lora.Config), ("rlaif_qwen", rlaif_config.Config)):
+    for prog, cls in (("xtr_lora", xtr_lora_config.Config), ("rlaif_qwen", rlaif_config.Config)):
         for name, kind in config.leaf_fields(cls).items():
             for text in bad_flag_values(kind):
                 if name in ("model", "teacher.url", "teacher.local", "data.source", "data.problems") and "\x00" not in text \

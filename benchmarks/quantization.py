@@ -29,7 +29,7 @@ from mlxio.run import flags
 from mlxio.search.evaluation import Evaluator
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.encoders import default_encoder_path, load_encoder
-from recipes import xtr_lora
+from recipes import xtr_lora, xtr_lora_config
 
 PTQ_SETS = {
     "8bit_g64": ("*=8/64",),
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     common = run_args(root, args.steps, args.source)
 
     # ---- part 1: PTQ of the untrained encoder
-    cfg, _ = flags.parse_args(common, xtr_lora.PRESETS, prog="bench", description="", default_preset="smoke")
+    cfg, _ = flags.parse_args(common, xtr_lora_config.PRESETS, prog="bench", description="", default_preset="smoke")
     encoder = load_encoder(default_encoder_path())
     _, task = xtr_data.load_task(cfg.data, root / "cache", cfg.train.seed)
     bm25 = ranking.bm25_text_matrix(task.queries, task.candidates)

@@ -68,7 +68,7 @@ def dump(args) -> int:
     from mlxio.run import config as run_config
     from mlxio.search import embeddings
     from mlxio.weights.encoders import default_encoder_path, load_encoder
-    from recipes.xtr_lora import Config
+    from recipes.xtr_lora_config import Config
 
     run = args.run
     raw = json.loads((run / "config.json").read_text())

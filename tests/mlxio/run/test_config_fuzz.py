@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from mlxio.errors import ConfigError
 from mlxio.run import config, flags
-from recipes import code_search, rlaif_config, rlaif_judge_config, xtr_lora
+from recipes import code_search, rlaif_config, rlaif_judge_config, xtr_lora_config
 
 RECIPES = {
-    "xtr_lora": (xtr_lora.PRESETS, "quick", xtr_lora.validate),
+    "xtr_lora": (xtr_lora_config.PRESETS, "quick", xtr_lora_config.validate),
     "rlaif_qwen": (rlaif_config.PRESETS, "quick", lambda cfg, source="config": rlaif_config.validate(cfg)),
     "rlaif_judge": (rlaif_judge_config.PRESETS, "quick", lambda cfg, source="config": rlaif_judge_config.validate(cfg)),
 }
@@ -236,9 +236,9 @@ def test_xtr_examples_from_the_issue(tmp_path, text, message):
     path = tmp_path / "c.json"
     path.write_text(text)
     with pytest.raises(ConfigError) as err:
-        cfg, _ = flags.parse_args(["--config", str(path)], xtr_lora.PRESETS, prog="x", description="",
+        cfg, _ = flags.parse_args(["--config", str(path)], xtr_lora_config.PRESETS, prog="x", description="",
                                    default_preset="quick")
-        xtr_lora.validate(cfg)
+        xtr_lora_config.validate(cfg)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 

@@ -13,7 +13,7 @@ from mlxio.run import checkpoint, context, distributed
 from mlxio.run.config import migrate, to_dict
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
-from recipes import rlaif_config, xtr_lora
+from recipes import rlaif_config, xtr_lora_config
 
 
 def test_migrate_renames_and_drops():
@@ -32,7 +32,7 @@ def test_old_flag_names_still_work_with_a_warning():
     assert cfg.out_dir == "somewhere" and cfg.train.accum == 4 and flags.more_steps == 2 and flags.stop_after is None
     assert cfg.train.seed == 5 and cfg.memory.eval_micro_batches is False
     with pytest.warns(DeprecationWarning, match="--train.stop_after is deprecated"):
-        _, flags = parse_args(["--train.stop_after", "3"], xtr_lora.PRESETS, prog="t", description="",
+        _, flags = parse_args(["--train.stop_after", "3"], xtr_lora_config.PRESETS, prog="t", description="",
                               default_preset="smoke", extra=lambda p: context.add_run_flags(p, ("--train.stop_after",)))
     assert flags.stop_after == 3
 
@@ -186,13 +186,13 @@ def test_schedule_length_follows_steps_unless_given(tmp_path):
     assert parse([]).optim.total_steps == rlaif_config.PRESETS["smoke"].train.steps
     with pytest.warns(DeprecationWarning, match="--steps is deprecated: use --train.steps"):
         assert parse(["--steps", "30"]).optim.total_steps == 30
-    xtr = parse_args(["--train.steps", "7"], xtr_lora.PRESETS, prog="t", description="", default_preset="smoke")[0]
+    xtr = parse_args(["--train.steps", "7"], xtr_lora_config.PRESETS, prog="t", description="", default_preset="smoke")[0]
     assert xtr.optim.total_steps == 7
     # a preset that states only train.steps (xtr quick: 80) gets the schedule of that length, while a
     # config file keeps what it holds (a run's config.json has both, as they were run)
-    presets = {"p": attrs.evolve(xtr_lora.PRESETS["smoke"], train=attrs.evolve(xtr_lora.PRESETS["smoke"].train, steps=11))}
+    presets = {"p": attrs.evolve(xtr_lora_config.PRESETS["smoke"], train=attrs.evolve(xtr_lora_config.PRESETS["smoke"].train, steps=11))}
     assert parse_args([], presets, prog="t", description="", default_preset="p")[0].optim.total_steps == 11
-    assert parse_args([], xtr_lora.PRESETS, prog="t", description="", default_preset="quick")[0].optim.total_steps == 80
+    assert parse_args([], xtr_lora_config.PRESETS, prog="t", description="", default_preset="quick")[0].optim.total_steps == 80
     run = tmp_path / "config.json"
     run.write_text(json.dumps(to_dict(attrs.evolve(presets["p"], optim=attrs.evolve(presets["p"].optim,
                                                                                            total_steps=20)))))
@@ -221,7 +221,7 @@ def test_phase_clock_laps_wall_and_cpu():
 def test_train_loop_checkpoints_when_due_and_says_what_comes_next(tmp_path, stop_after):
     """TrainLoop: a record per write, a checkpoint every checkpoint_every steps and at the last
     one, resume_into puts the trainable leaves back, finish says whether to evaluate next."""
-    train = xtr_lora.TrainConfig(steps=5, checkpoint_every=2, max_consecutive_skips=3)
+    train = xtr_lora_config.TrainConfig(steps=5, checkpoint_every=2, max_consecutive_skips=3)
     params = {"w": mx.zeros((2,)), "lora_a": mx.ones((2,))}
     trainable = lambda path, _leaf=None: path.startswith("lora")  # noqa: E731
     state = {"consecutive_skips": mx.array(0), "skips": mx.array(0)}
