@@ -273,13 +273,13 @@ class Index:
         return docs.astype(np.int64)
 
     def bm25(self, query: str) -> np.ndarray:
-        """BM25 scores float32 [n_slots] of a query (`lexical.bm25`: one pass per term and
-        segment; df and mean length over the live documents; tombstoned slots score 0)."""
-        return lexical.bm25(self.segments, self.bases, self.n_docs, self.avg_len, query)
+        """BM25 scores float32 [n_slots] of a query (a batch of one: `bm25_blocks`; df and mean
+        length over the live documents; tombstoned slots score 0)."""
+        return next(self.bm25_blocks([query]))[1][0]
 
     def bm25_blocks(self, queries: list[str], block_cells: int = lexical.BLOCK_CELLS):
         """(first query, scores float32 [rows, n_slots]) blocks covering `queries` in order, row i
-        `bm25(queries[first + i])` bit for bit, each distinct term's postings read once
+        the BM25 scores of queries[first + i], each distinct term's postings read once
         (`lexical.bm25_blocks`)."""
         return lexical.bm25_blocks(self.segments, self.bases, self.n_docs, self.avg_len, queries, block_cells)
 

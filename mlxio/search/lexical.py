@@ -1,17 +1,18 @@
-"""BM25 over a loaded generation's segments (sparse postings, `Segment.bm25_*`): one query at a
-time (`bm25`: one pass per term and segment) or a batch together (`bm25_blocks`: each distinct
-term's postings read once for the whole batch, the scores of many queries accumulated by a
-few vectorised passes), the same float32 bits either way.
+"""BM25 over a loaded generation's segments (sparse postings, `Segment.bm25_*`), a batch of
+queries together (`bm25_blocks`: each distinct term's postings read once for the whole batch,
+the scores of many queries accumulated by a few vectorised passes); one query is a batch of
+one. Its rows are the float32 bits of the per-query loop it replaced (one pass per term and
+segment; tests/mlxio/search/test_search_batch.py keeps that loop as the reference).
 
 Weights: idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)) with df and N over the live documents,
 length normalised by the live documents' mean length, so segments and tombstones change no
 score; tombstoned slots score 0.
 
-Why the batch gives the same bits: a document's score is 0 + c_1 + c_2 + ... in float32, c_j
-the contribution of the query's j-th distinct term (first-occurrence order, as `Counter` keeps
-it), each c = w * tf * (k1 + 1) / (tf + norm) evaluated left to right element by element with
-w = float32(qtf * idf) (`contributions`, `doc_norms`, `idf`: one definition for both forms;
-an element's IEEE result does not depend on the array it sits in). The batch adds rank by rank
+Why a row has the per-query loop's bits: a document's score is 0 + c_1 + c_2 + ... in float32,
+c_j the contribution of the query's j-th distinct term (first-occurrence order, as `Counter`
+keeps it), each c = w * tf * (k1 + 1) / (tf + norm) evaluated left to right element by element
+with w = float32(qtf * idf) (`contributions`, `doc_norms`, `idf`; an element's IEEE result does
+not depend on the array it sits in). The batch adds rank by rank
 (every query's 1st term, then every query's 2nd, ...), so each cell sees its terms in the same
 order; within a rank a (query, document) cell is hit at most once (a term's postings hold a
 document once, segments hold different slots), so a plain fancy-index add does it, no
@@ -66,32 +67,6 @@ def query_weights(query: str) -> list[tuple[str, int]]:
     return list(Counter(ranking.query_terms(query)).items())
 
 
-def bm25(segments: Sequence[Segment], bases: np.ndarray, n_docs: int, avg_len: float,
-         query: str) -> np.ndarray:
-    """BM25 scores float32 [n_slots] of one query (n_slots = bases[-1]; bases int64 [S + 1]: each
-    segment's first slot): one pass per term and segment."""
-    out = np.zeros(int(bases[-1]), np.float32)
-    for term, qtf in query_weights(query):
-        parts = []
-        for seg, base in zip(segments, bases, strict=False):
-            t = seg.bm25_vocab.get(term)
-            if t is None:
-                continue
-            lo, hi = seg.bm25_indptr[t], seg.bm25_indptr[t + 1]
-            docs, tf = np.asarray(seg.bm25_docs[lo:hi]), np.asarray(seg.bm25_tf[lo:hi], np.float32)
-            if seg.deleted is not None:
-                keep = ~seg.deleted[docs]
-                docs, tf = docs[keep], tf[keep]
-            parts.append((seg, base, docs, tf))
-        df = sum(len(d) for _, _, d, _ in parts)
-        if df == 0:
-            continue
-        w = np.float32(qtf * idf(n_docs, df))
-        for seg, base, docs, tf in parts:
-            out[docs + base] += contributions(w, tf, doc_norms(seg.doc_len[docs], avg_len))
-    return out
-
-
 def ranges(ptr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(positions int64 [sum of lengths], their counts per row [len(rows)]) of CSR rows `rows`
     of an index pointer ptr [R + 1], concatenated in the order of `rows`."""
@@ -125,8 +100,8 @@ def bm25_blocks(segments: Sequence[Segment], bases: np.ndarray, n_docs: int, avg
                 queries: Sequence[str], block_cells: int = BLOCK_CELLS
                 ) -> Iterator[tuple[int, np.ndarray]]:
     """(first query, scores float32 [rows, n_slots]) blocks covering `queries` in order, of about
-    `block_cells` cells (at least one query each): row i of a block is `bm25` of query
-    first + i, bit for bit. Each distinct term's postings are gathered once for the batch; a
+    `block_cells` cells (at least one query each): row i of a block is query first + i's BM25
+    scores (tombstoned slots 0). Each distinct term's postings are gathered once for the batch; a
     block adds every query's j-th term for j = 1, 2, ... (module doc)."""
     n_slots = int(bases[-1])
     vocab: dict[str, int] = {}  # the batch's distinct terms

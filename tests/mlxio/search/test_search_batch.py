@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_search_index import META, FakeEmbed, _write_sources  # tests/ helpers
 
-from mlxio.search import build
+from mlxio.search import build, lexical
 from mlxio.search import index as index_mod
 from mlxio.search.index import Index, SearchArgumentError
 
@@ -98,6 +98,31 @@ def _bits(scores: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(scores, np.float32).view(np.uint32)  # -0.0 != 0.0, NaN == NaN
 
 
+def per_query_bm25(index: Index, query: str) -> np.ndarray:
+    """The reference: BM25 scores float32 [n_slots] of one query by one pass per term and
+    segment, as `Index.bm25` computed them before BM25 was batched (`lexical`'s module doc)."""
+    out = np.zeros(index.n_slots, np.float32)
+    for term, qtf in lexical.query_weights(query):
+        parts = []
+        for seg, base in zip(index.segments, index.bases, strict=False):
+            t = seg.bm25_vocab.get(term)
+            if t is None:
+                continue
+            lo, hi = seg.bm25_indptr[t], seg.bm25_indptr[t + 1]
+            docs, tf = np.asarray(seg.bm25_docs[lo:hi]), np.asarray(seg.bm25_tf[lo:hi], np.float32)
+            if seg.deleted is not None:
+                keep = ~seg.deleted[docs]
+                docs, tf = docs[keep], tf[keep]
+            parts.append((seg, base, docs, tf))
+        df = sum(len(d) for _, _, d, _ in parts)
+        if df == 0:
+            continue
+        w = np.float32(qtf * lexical.idf(index.n_docs, df))
+        for seg, base, docs, tf in parts:
+            out[docs + base] += lexical.contributions(w, tf, lexical.doc_norms(seg.doc_len[docs], index.avg_len))
+    return out
+
+
 def _stacked(index: Index, queries: list[str], block_cells: int) -> np.ndarray:
     blocks = list(index.bm25_blocks(queries, block_cells))
     assert [first for first, _ in blocks] == list(np.cumsum([0] + [len(b) for _, b in blocks])[:-1])
@@ -108,12 +133,12 @@ def _stacked(index: Index, queries: list[str], block_cells: int) -> np.ndarray:
 @given(picks=st.lists(st.lists(st.sampled_from(LEXICAL), max_size=9), max_size=12),
        block_cells=st.integers(1, 400))
 def test_batched_bm25_equals_per_query_bm25(segmented, picks, block_cells):
-    """Every row of `bm25_blocks` is `Index.bm25` of its query, bit for bit: repeated terms,
+    """Every row of `bm25_blocks` is the per-query reference of its query, bit for bit: repeated terms,
     stop words only, terms in no segment's vocabulary, empty queries, blocks of one row to all
     rows, over segments with tombstones."""
     index, _ = segmented
     queries = [" ".join(words) for words in picks]
-    want = np.stack([index.bm25(q) for q in queries]) if queries else np.zeros((0, index.n_slots), np.float32)
+    want = np.stack([per_query_bm25(index, q) for q in queries]) if queries else np.zeros((0, index.n_slots), np.float32)
     assert np.array_equal(_bits(_stacked(index, queries, block_cells)), _bits(want))
 
 
@@ -121,19 +146,20 @@ def test_batched_bm25_pinned_cases(segmented):
     index, _ = segmented
     queries = ["parse parse date parse", "", "the of a", "zzqx nosuchterm", "date parse", "parse date",
                "value result value token value", "Parse a token from the queues"]
-    want = np.stack([index.bm25(q) for q in queries])
+    want = np.stack([per_query_bm25(index, q) for q in queries])
     assert want[1:4].max() == 0.0 and want[0].max() > 0 and want[6].max() > 0
     assert any(s.deleted is not None for s in index.segments)
     assert not want[:, [i for i in range(index.n_slots) if i not in set(index.live_ids)]].any()
     for cells in (1, index.n_slots, 3 * index.n_slots + 1, 1 << 21):
         assert np.array_equal(_bits(_stacked(index, queries, cells)), _bits(want))
     assert list(index.bm25_blocks([])) == []
+    assert all(np.array_equal(_bits(index.bm25(q)), _bits(w)) for q, w in zip(queries, want, strict=True))
 
 
 @pytest.mark.parametrize("pool_size", [1, 3, 64, 10_000])
 def test_joined_pools_equal_per_query_bm25_top(segmented, monkeypatch, pool_size):
     """A hybrid pool is the semantic candidates joined with the positive documents among
-    argpartition's top BM25_POOL of the query's dense `Index.bm25` scores (ties at the
+    argpartition's top BM25_POOL of the query's dense per-query BM25 scores (ties at the
     boundary included: FakeEmbed's short documents share lengths and counts), as before BM25
     was batched."""
     index, _ = segmented
@@ -144,7 +170,7 @@ def test_joined_pools_equal_per_query_bm25_top(segmented, monkeypatch, pool_size
     joined, lex = index._join_bm25(queries, pools)
     k = min(pool_size, index.n_slots)
     for query, pool, got, got_lex in zip(queries, pools, joined, lex, strict=True):
-        scores = index.bm25(query)
+        scores = per_query_bm25(index, query)
         top = np.argpartition(-scores, k - 1)[:k] if k < index.n_slots else np.arange(index.n_slots)
         want = np.union1d(pool, top[scores[top] > 0])
         assert np.array_equal(got, want) and np.array_equal(_bits(got_lex), _bits(scores[want]))
