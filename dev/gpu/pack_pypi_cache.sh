@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pack the pinned PyPI sources the retriever mines - only their .py files and *.dist-info
 # metadata (name, version, licence texts) - into one tarball for a machine without internet
-# (the lent GPU). Fetches any default package the cache lacks first (pip, once).
+# (the lent GPU). Fetches any listed package the cache lacks first (pip, once).
 #
 #   [PACKAGES=WIDE_PACKAGES] dev/gpu/pack_pypi_cache.sh [CACHE_DIR] [OUT]     # defaults: runs/.cache runs/pypi_sources.tar.xz
 #
@@ -27,7 +27,7 @@ mkdir -p "$(dirname "$out")"
 out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
 list=$(mktemp)
 trap 'rm -f "$list"' EXIT
-# only the default packages' unpacked sources (another version left in the cache is not packed)
+# only the listed packages' unpacked sources (another version left in the cache is not packed)
 dirs=$(PYTHONPATH="$root" "$python" -c '
 from mlxio.data import pypi_sources
 import sys

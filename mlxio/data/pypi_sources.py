@@ -45,8 +45,8 @@ DEFAULT_PACKAGES: tuple[str, ...] = (
     "docutils==0.21.2",
     "scikit-learn==1.5.2",
 )
-# A wider training corpus (the `full` preset's study of more data): 16 more libraries of
-# scientific, web and tooling code, ~21,000 more pairs; none vendors a held-out package.
+# The `full` preset's wider training corpus: 16 more libraries of scientific, web and tooling
+# code, ~21,000 more mined pairs; none vendors a held-out package.
 WIDE_PACKAGES: tuple[str, ...] = DEFAULT_PACKAGES + (
     "astropy==6.1.6", "click==8.1.7", "dask==2024.11.2", "flask==3.1.0", "jinja2==3.1.4",
     "matplotlib==3.9.2", "numpy==2.1.3", "pandas==2.2.3", "requests==2.32.3", "scipy==1.14.1",
