@@ -281,14 +281,30 @@ def choose_alpha(devs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]],
 
 
 def evaluate_modes(semantic: np.ndarray, bm25: np.ndarray, positives: np.ndarray, alpha: float | None) -> dict:
-    """{"semantic", "hybrid", "hybrid_fusion", "fusion": {variant: metrics}} on the test queries.
+    """{"semantic", "hybrid", "hybrid_fusion", "hybrid_minus_semantic", "fusion": {variant: metrics}}
+    on the test queries.
 
     hybrid = score interpolation at `alpha` (chosen on dev queries, never on these; "interp@1"
     ranks as semantic does), or RRF (k=60) when alpha is None. "fusion" lists every variant for
-    comparison. Metrics: P@1, MRR@10, Recall@10, nDCG@10.
+    comparison. Metrics: P@1, MRR@10, Recall@10, nDCG@10. hybrid_minus_semantic: `paired_difference`
+    of the two modes' per-query reciprocal ranks @10 (is a hybrid loss more than noise?).
     """
     fusion = {"rrf": ranking_metrics(hybrid(semantic, bm25), positives)}
     fusion |= {f"interp@{a:g}": ranking_metrics(interpolate(semantic, bm25, a), positives) for a in ALPHAS}
     name = "rrf" if alpha is None else f"interp@{alpha:g}"
     return {"semantic": ranking_metrics(semantic, positives), "hybrid": fusion[name],
-            "hybrid_fusion": name, "fusion": fusion}
+            "hybrid_fusion": name, "fusion": fusion,
+            "hybrid_minus_semantic": paired_difference(reciprocal_ranks(hybrid(semantic, bm25, alpha), positives),
+                                                       reciprocal_ranks(semantic, positives))}
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray) -> dict:
+    """{"mrr@10": mean(a - b), "se": its standard error (sample std of a - b, ddof=1, / sqrt(n)),
+    "queries": n} of per-query values a, b [n] (e.g. reciprocal ranks of two modes on the same
+    queries); se is 0.0 for a single query."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"paired_difference: two equal 1-d arrays of >= 1 values, got {np.shape(a)} and {np.shape(b)}")
+    d = a - b
+    se = float(np.std(d, ddof=1) / np.sqrt(d.size)) if d.size > 1 else 0.0
+    return {"mrr@10": float(d.mean()), "se": se, "queries": int(d.size)}

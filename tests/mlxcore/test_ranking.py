@@ -281,3 +281,31 @@ def test_choose_alpha_properties(seed, n):
     mrr = {a: reciprocal_ranks(interpolate(sem, bm, a), pos).mean() for a in ALPHAS}
     assert mrr[alpha] >= mrr[1.0] - 1e-12  # never below semantic alone on the dev queries
     assert alpha >= choose_alpha([(sem, bm, pos)], se_multiple=0.0)
+
+
+def test_paired_difference_hand_cases_and_errors():
+    from mlxcore.ranking import paired_difference
+
+    out = paired_difference(np.array([1.0, 0.5, 0.0]), np.array([0.5, 0.5, 0.5]))
+    assert out["queries"] == 3 and math.isclose(out["mrr@10"], 0.0)
+    assert math.isclose(out["se"], 0.5 / math.sqrt(3))  # differences 0.5, 0, -0.5: std 0.5
+    assert paired_difference(np.array([0.25]), np.array([1.0])) == {"mrr@10": -0.75, "se": 0.0, "queries": 1}
+    for a, b in ((np.zeros(3), np.zeros(4)), (np.zeros(0), np.zeros(0)), (np.zeros((2, 2)), np.zeros((2, 2)))):
+        with pytest.raises(ValueError, match="paired_difference"):
+            paired_difference(a, b)
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(2, 40), st.sampled_from([None, 0.5, 0.9, 1.0]))
+def test_evaluate_modes_hybrid_minus_semantic(seed, n, alpha):
+    """The paired difference agrees with the two modes' MRR@10 and is exactly 0 at alpha 1.0
+    (interp@1 ranks as semantic does)."""
+    from mlxcore.ranking import evaluate_modes
+
+    rng = np.random.default_rng(seed)
+    sem, bm = rng.normal(size=(n, 12)), rng.exponential(size=(n, 12)) * (rng.random((n, 12)) < 0.5)
+    out = evaluate_modes(sem, bm, rng.integers(0, 12, n), alpha)
+    diff = out["hybrid_minus_semantic"]
+    assert diff["queries"] == n and diff["se"] >= 0
+    assert math.isclose(diff["mrr@10"], out["hybrid"]["mrr@10"] - out["semantic"]["mrr@10"], abs_tol=1e-12)
+    if alpha == 1.0:
+        assert diff == {"mrr@10": 0.0, "se": 0.0, "queries": n}
