@@ -56,11 +56,13 @@ class _Stop(Exception):
 def small_data() -> list[str]:
     """Retriever overrides for a slow CPU: the smoke preset's corpus (stdlib email/) and its small
     evaluation (the quick run's untrained baseline embeds 5,000+ candidates before step 1); the
-    model, batch (12 x 4) and lengths stay the quick run's."""
+    model, micro-batch (32, grad cache) and lengths stay the quick run's, its steps of 32 x 2 (the
+    email corpus has ~130 training pairs, fewer than quick's 256 a step)."""
     from mlxio.data import pairs
 
     return ["--data.source", str(pairs.stdlib_root() / "email"), "--data.eval_fraction", "0.3",
-            "--data.eval_queries", "40", "--data.min_eval_queries", "10", "--data.min_eval_candidates", "40"]
+            "--data.eval_queries", "40", "--data.min_eval_queries", "10", "--data.min_eval_candidates", "40",
+            "--train.accum", "2"]
 
 
 def _recipe_argv(recipe: str, work: Path, steps: int, extra: list[str]) -> list[str]:

@@ -379,12 +379,16 @@ def _gains(run: dict) -> tuple[float | None, float | None, bool]:
 
 def heldout_runs() -> list[tuple[str, dict]]:
     """(machine, entry) of every recorded retriever run: <machine>/xtr_heldout_packages.json,
-    xtr_grad_cache.json and xtr_full_levers.json (benchmarks/xtr_heldout_packages.py writes them)."""
+    xtr_grad_cache.json, xtr_full_levers.json and xtr_quick_levers.json (benchmarks/xtr_heldout_packages.py
+    writes them)."""
     return [(machine, r) for machine in ("cpu", "h100", "h200")
-            for name in ("xtr_heldout_packages", "xtr_grad_cache", "xtr_full_levers") for r in load(machine, name) or []]
+            for name in ("xtr_heldout_packages", "xtr_grad_cache", "xtr_full_levers", "xtr_quick_levers")
+            for r in load(machine, name) or []]
 
 
 OLD_PRESET_MICRO_BATCH = 12
+# the presets' micro-batches while entries did not record grad_cache (quick's grew to 32 since)
+LEGACY_MICRO_BATCH = {"quick": 12, "full": 32, "smoke": 4}
 
 
 def command_flag(r: dict, flag: str) -> str | None:
@@ -403,23 +407,27 @@ def contrastive_batch(r: dict) -> int:
 
 
 def grad_cache(r: dict) -> bool:
-    """Whether a run trained with `--train.grad_cache`: on its command line, or its preset's (a
-    recorded contrastive batch larger than the micro-batch it ran)."""
+    """Whether a run trained with `--train.grad_cache`: recorded, on its command line, or (older
+    entries) its preset's as it was then (a contrastive batch larger than that micro-batch)."""
+    if "grad_cache" in r:
+        return bool(r["grad_cache"])
     flag = command_flag(r, "--train.grad_cache")
     if flag is not None:
         return flag == "true"
     if not r.get("contrastive_batch"):
         return False
-    from recipes.xtr_lora_config import PRESETS
-
     micro = command_flag(r, "--train.micro_batch")
-    return r["contrastive_batch"] > (PRESETS[r["preset"]].train.micro_batch if micro is None else int(micro))
+    return r["contrastive_batch"] > (LEGACY_MICRO_BATCH[r["preset"]] if micro is None else int(micro))
 
 
 def data_label(r: dict) -> str:
-    """The libraries a run trained on (the stdlib counted) and a LoRA rank set on its command."""
+    """The libraries a run trained on (the stdlib counted), and a LoRA rank, learning rate and
+    temperature its entry records or its command sets (older entries: the preset's then)."""
     rank = command_flag(r, "--lora.rank")
-    return f"{len(r.get('train_sources') or [])}{', LoRA r' + rank if rank else ''}"
+    lr = r.get("lr") or command_flag(r, "--optim.lr")
+    temperature = r.get("temperature") or command_flag(r, "--loss.temperature")
+    return (f"{len(r.get('train_sources') or [])}{', LoRA r' + rank if rank else ''}"
+            f"{f', lr {float(lr):g}' if lr else ''}{f', temperature {float(temperature):g}' if temperature else ''}")
 
 
 def run_label(r: dict) -> str:
@@ -442,7 +450,9 @@ def heldout_packages_section() -> list[str]:
                 cells.append("- | - | -")
                 continue
             u, t = task["untrained"]["semantic"]["mrr@10"], task["fine_tuned"]["semantic"]["mrr@10"]
-            cells.append(f"{u:.3f} -> {t:.3f} | {t - u:+.3f} | {task['fine_tuned']['hybrid']['mrr@10']:.3f}")
+            diff = task["fine_tuned"].get("hybrid_minus_semantic")  # recorded since the paired SE was
+            paired = f" ({diff['mrr@10']:+.4f} ± {diff['se']:.4f})" if diff else ""
+            cells.append(f"{u:.3f} -> {t:.3f} | {t - u:+.3f} | {task['fine_tuned']['hybrid']['mrr@10']:.3f}{paired}")
         rows.append(f"| {machine} | {r['preset']} | {r['steps']} | {r.get('seed', 0)} "
                     f"| {run_label(r)} | {r['queries']} | {' | '.join(cells)} |")
         key = (machine, r["preset"], r["steps"], run_label(r).split(", best")[0])
@@ -466,15 +476,17 @@ def heldout_packages_section() -> list[str]:
             "Batch: the pairs one InfoNCE sees (a micro-batch, or every pair of a step with `--train.grad_cache`).",
             "Libraries: the training sources (the standard library and PyPI packages; 7 by default, 23 with "
             "`pypi_sources.WIDE_PACKAGES`, the `full` preset's since its 400-step runs: their held-out files differ, "
-            "capped at 15,000 candidates).",
-            "", "| machine | preset | steps | libraries | hard negatives | batch | dev evaluation | seeds | packages gain "
+            "capped at 15,000 candidates), then the learning rate and temperature where a run set them (the "
+            "preset's otherwise, as it was then).",
+            "", "| machine | preset | steps | libraries, settings | hard negatives | batch | dev evaluation | seeds | packages gain "
             "| files gain | hybrid >= semantic |", "|---|---|---|---|---|---|---|---|---|---|---|", *means, "",
-            "Run by run: semantic MRR@10 of the untrained -> fine-tuned model, its gain, and the fine-tuned hybrid, "
+            "Run by run: semantic MRR@10 of the untrained -> fine-tuned model, its gain, and the fine-tuned hybrid "
+            "(with, where recorded, hybrid minus semantic ± the standard error of the paired per-query difference), "
             "on the held-out packages (never trained on) and the held-out files. Rows record the preset as it was "
             f"run (its steps here; every setting in the JSON's `command`); the current `quick` is {quick} steps, `full` "
             f"{full}. The cpu and h100/h200 runs differ in data: the GPU hosts' Python 3.12 standard library "
             "yields other pairs than 3.11's.", "",
-            "| machine | preset | steps | seed | libraries | hard negatives | batch | dev evaluation | package queries "
+            "| machine | preset | steps | seed | libraries, settings | hard negatives | batch | dev evaluation | package queries "
             "| packages: semantic | gain | hybrid | files: semantic | gain | hybrid |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 

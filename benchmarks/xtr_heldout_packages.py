@@ -55,7 +55,8 @@ KEEP = ("entry.json", "eval.json", "config.json", "metrics.jsonl", "attempts.jso
 
 def metrics(block: dict) -> dict:
     return {mode: {k: block[mode][k] for k in ("mrr@10", "p@1")} for mode in ("semantic", "hybrid")} | {
-        "hybrid_fusion": block.get("hybrid_fusion")}
+        "hybrid_fusion": block.get("hybrid_fusion")} | (
+        {"hybrid_minus_semantic": block["hybrid_minus_semantic"]} if "hybrid_minus_semantic" in block else {})
 
 
 def entry(preset: str, seed: int, hard: bool, command: list[str], wall_s: float, results: dict) -> dict:
@@ -87,6 +88,7 @@ def entry(preset: str, seed: int, hard: bool, command: list[str], wall_s: float,
         "steps": results["run"]["steps"],
         # the contrastive batch: every pair of a step with grad_cache, else one micro-batch
         "contrastive_batch": results["run"].get("contrastive_batch"),
+        **{k: results["run"][k] for k in ("grad_cache", "lr", "temperature") if k in results["run"]},
         "weights_step": results["run"].get("weights_step"),
         "dev_eval": {k: v for k, v in results["dev_eval"].items() if k != "curve"} if "dev_eval" in results else None,
         "train_s": results["run"]["train_s"],

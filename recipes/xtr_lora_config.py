@@ -84,16 +84,19 @@ class Config:
 
 ALL_LINEAR = ("query", "key", "value", "dense")  # every linear layer of a BERT encoder
 PRESETS = {
-    # quick: 80 steps x 48 in-batch pairs (12 x 4), LoRA r16 on every linear layer, temperature
-    # 0.03. H100 sweep over 3 seeds (dev/results/h100/xtr_quick_sweep*.json): MRR@10 gain on
-    # held-out packages +0.069 at 80 steps, +0.062 at 100 (q/v only at 0.05, the previous default:
-    # +0.050; every linear at 0.05: +0.057; q/v at 0.03: +0.057; lr 1e-3: +0.022). LoRA on every
-    # linear layer costs ~1.28x the CPU time of q/v per step, so 80 steps keep the run's cost. One BM25
-    # hard negative per pair (the same training cost) changed MRR@10 by -0.031 on held-out files
-    # and -0.011 on held-out packages against in-batch negatives alone
-    # (benchmarks/results/h100/xtr_heldout_packages.json), so quick trains in-batch only
+    # quick: 15 steps of one contrastive batch of 256 in-batch pairs (grad cache 32 x 8: 3,840 pairs
+    # in all, as the 80 steps x 48 it ran before), lr 4e-4 with 2 warm-up steps, LoRA r16 on every
+    # linear layer, temperature 0.03, the last step kept. H100, 3 seeds
+    # (benchmarks/results/h100/xtr_quick_levers.json, dev/gpu/xtr_quick_levers.sh): gain on held-out
+    # packages / files +0.087 / +0.079, against +0.068 / +0.055 for 80 steps x 48 at lr 2e-4; at
+    # 256 x 15, lr 2e-4 gave +0.081, 6e-4 +0.076, 8e-4 +0.075; 20 or 30 steps +0.080 to +0.083;
+    # temperature 0.02 +0.085, 0.05 +0.070. On a 2-core CPU a step of 256 trains at ~7 pairs/s
+    # against 8.8 for micro-batches of 12 (the in-batch MaxSim grows with the square of the batch):
+    # training takes ~1.5x as long. Hard negatives: see docs/retriever.md (none here)
     "quick": Config(lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR), loss=LossConfig(temperature=0.03),
-                    data=DataConfig(hard_negatives=0), train=TrainConfig(steps=80)),
+                    data=DataConfig(hard_negatives=0),
+                    optim=OptimConfig(lr=4e-4, warmup_steps=2, total_steps=15, weight_decay=0.0),
+                    train=TrainConfig(micro_batch=32, accum=8, grad_cache=True, steps=15)),
     # full: 400 steps of one contrastive batch of 256 pairs (grad cache 32 x 8) at 256 document
     # tokens, trained on 16 more libraries than quick (pypi_sources.WIDE_PACKAGES: ~24,000 pairs
     # against ~11,000), the best of every 50 steps by dev MRR@10 kept, every held-out query

@@ -188,11 +188,12 @@ def test_schedule_length_follows_steps_unless_given(tmp_path):
         assert parse(["--steps", "30"]).optim.total_steps == 30
     xtr = parse_args(["--train.steps", "7"], xtr_lora_config.PRESETS, prog="t", description="", default_preset="smoke")[0]
     assert xtr.optim.total_steps == 7
-    # a preset that states only train.steps (xtr quick: 80) gets the schedule of that length, while a
+    # a preset that states train.steps gets the schedule of that length, while a
     # config file keeps what it holds (a run's config.json has both, as they were run)
     presets = {"p": attrs.evolve(xtr_lora_config.PRESETS["smoke"], train=attrs.evolve(xtr_lora_config.PRESETS["smoke"].train, steps=11))}
     assert parse_args([], presets, prog="t", description="", default_preset="p")[0].optim.total_steps == 11
-    assert parse_args([], xtr_lora_config.PRESETS, prog="t", description="", default_preset="quick")[0].optim.total_steps == 80
+    assert parse_args([], xtr_lora_config.PRESETS, prog="t", description="", default_preset="quick")[0].optim.total_steps == \
+        xtr_lora_config.PRESETS["quick"].train.steps
     run = tmp_path / "config.json"
     run.write_text(json.dumps(to_dict(attrs.evolve(presets["p"], optim=attrs.evolve(presets["p"].optim,
                                                                                            total_steps=20)))))

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The quick preset's batch study (benchmarks/results/<machine>/xtr_quick_levers.json), 3 seeds a
+# lever, side by side on one lent GPU (dev/gpu/bg.sh), after gpu_device.sh has installed MLX and
+# MiniLM and the default PyPI sources (dev/gpu/pack_pypi_cache.sh) lie at /tmp/pypi_sources.tar.xz.
+# quick trains on a 2-core CPU, where its cost is the pairs it encodes: 80 steps x 48 = 3,840
+# pairs today, and a grad-cache step (one contrastive batch of micro x accum pairs) costs ~1.3x a
+# plain one per pair. Every lever names its settings (quick's own for the rest: in-batch
+# negatives, 128 document tokens, no dev evaluation, the last step kept):
+#   base:        quick as configured (12 x 4 = 48 pairs a step, 80 steps, lr 2e-4)
+#   gc256x15:    one batch of 256 (32 x 8, grad cache), 15 steps, lr 2e-4   (3,840 pairs)
+#   gc256x15lr4: the same at lr 4e-4
+#   gc256x20lr4: 20 steps at lr 4e-4                                         (5,120 pairs)
+#   gc256x30:    30 steps at lr 2e-4                                         (7,680 pairs)
+#   gc256x30lr4: 30 steps at lr 4e-4
+#   gc128x30lr4: one batch of 128 (16 x 8), 30 steps at lr 4e-4             (3,840 pairs)
+#   gc256x15lr6, gc256x15lr8: 15 steps at lr 6e-4, 8e-4; gc256x20lr6: 20 steps at 6e-4
+#   gc512x8lr8:  one batch of 512 (64 x 8), 8 steps at lr 8e-4, warmup 1    (4,096 pairs)
+#   gc256x15lr4t02, gc256x15lr4t05: gc256x15lr4 at temperature 0.02, 0.05 (quick: 0.03)
+#   bash dev/gpu/xtr_quick_levers.sh [LEVER...]     # default: all of them
+# Each lever records into benchmarks/results/<machine>/xtr_quick_levers_<lever>.json; the
+# committed xtr_quick_levers.json gathers them:
+#   python -m benchmarks.xtr_heldout_packages --presets quick --machine h100 --variants inbatch \
+#     --runs runs/qlever_LEVER --results benchmarks/results/h100/xtr_quick_levers.json
+# Poll with: bash dev/gpu/bg.sh wait 540
+set -euo pipefail
+M=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H200 && echo h200 || echo h100)
+mkdir -p runs/.cache
+[ -d runs/.cache/pypi/sympy-1.13.3 ] || tar xJf /tmp/pypi_sources.tar.xz -C runs/.cache
+# mine every library once before the runs start: they would each mine them otherwise
+python3 - <<'PY'
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from mlxio.data import pairs, pypi_sources
+
+def mine(spec):
+    root = pypi_sources.fetch(spec, "runs/.cache").root
+    return spec, len(pairs.mine_corpus([Path(root)], cache_dir="runs/.cache", extras=True).pairs)
+
+with ProcessPoolExecutor(8) as pool:
+    for spec, n in pool.map(mine, pypi_sources.DEFAULT_PACKAGES):
+        print(f"{spec}: {n} pairs")
+PY
+gc="--train.grad_cache true --train.accum 8 --optim.warmup_steps 2"
+declare -A flags=(
+  [base]=""
+  [gc256x15]="$gc --train.micro_batch 32 --train.steps 15"
+  [gc256x15lr4]="$gc --train.micro_batch 32 --train.steps 15 --optim.lr 4e-4"
+  [gc256x20lr4]="$gc --train.micro_batch 32 --train.steps 20 --optim.lr 4e-4"
+  [gc256x30]="$gc --train.micro_batch 32 --train.steps 30"
+  [gc256x30lr4]="$gc --train.micro_batch 32 --train.steps 30 --optim.lr 4e-4"
+  [gc128x30lr4]="$gc --train.micro_batch 16 --train.steps 30 --optim.lr 4e-4"
+  [gc256x15lr6]="$gc --train.micro_batch 32 --train.steps 15 --optim.lr 6e-4"
+  [gc256x15lr8]="$gc --train.micro_batch 32 --train.steps 15 --optim.lr 8e-4"
+  [gc256x20lr6]="$gc --train.micro_batch 32 --train.steps 20 --optim.lr 6e-4"
+  [gc512x8lr8]="--train.grad_cache true --train.accum 8 --optim.warmup_steps 1 --train.micro_batch 64 --train.steps 8 --optim.lr 8e-4"
+  [gc256x15lr4t02]="$gc --train.micro_batch 32 --train.steps 15 --optim.lr 4e-4 --loss.temperature 0.02"
+  [gc256x15lr4t05]="$gc --train.micro_batch 32 --train.steps 15 --optim.lr 4e-4 --loss.temperature 0.05"
+)
+levers=("$@"); [ ${#levers[@]} -gt 0 ] || levers=("${!flags[@]}")
+for lever in "${levers[@]}"; do
+  # shellcheck disable=SC2086
+  bash dev/gpu/bg.sh start "qlever_$lever" python3 -m benchmarks.xtr_heldout_packages --presets quick \
+    --machine "$M" --variants inbatch --jobs 3 --cache_dir runs/.cache --min_start_s 0 \
+    --runs "runs/qlever_$lever" --results "benchmarks/results/$M/xtr_quick_levers_$lever.json" \
+    -- --train.compile false ${flags[$lever]}
+done
