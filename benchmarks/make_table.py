@@ -389,6 +389,8 @@ def heldout_runs() -> list[tuple[str, dict]]:
 OLD_PRESET_MICRO_BATCH = 12
 # the presets' micro-batches while entries did not record grad_cache (quick's grew to 32 since)
 LEGACY_MICRO_BATCH = {"quick": 12, "full": 32, "smoke": 4}
+LEGACY_LR = {"quick": 2e-4, "full": 2e-4, "smoke": 1e-3}  # the presets' rates before entries recorded lr
+PRESET_TEMPERATURE = 0.03  # quick's and full's InfoNCE temperature
 
 
 def command_flag(r: dict, flag: str) -> str | None:
@@ -421,13 +423,15 @@ def grad_cache(r: dict) -> bool:
 
 
 def data_label(r: dict) -> str:
-    """The libraries a run trained on (the stdlib counted), and a LoRA rank, learning rate and
-    temperature its entry records or its command sets (older entries: the preset's then)."""
+    """The libraries a run trained on (the stdlib counted), a LoRA rank set on its command, its
+    learning rate and a temperature other than the presets' 0.03 (recorded in the entry, else on
+    its command, else - older entries - the preset's learning rate as it was then)."""
     rank = command_flag(r, "--lora.rank")
-    lr = r.get("lr") or command_flag(r, "--optim.lr")
+    lr = r.get("lr") or command_flag(r, "--optim.lr") or LEGACY_LR.get(r["preset"])
     temperature = r.get("temperature") or command_flag(r, "--loss.temperature")
+    shown = temperature is not None and float(temperature) != PRESET_TEMPERATURE
     return (f"{len(r.get('train_sources') or [])}{', LoRA r' + rank if rank else ''}"
-            f"{f', lr {float(lr):g}' if lr else ''}{f', temperature {float(temperature):g}' if temperature else ''}")
+            f"{f', lr {float(lr):g}' if lr else ''}{f', temperature {float(temperature):g}' if shown else ''}")
 
 
 def run_label(r: dict) -> str:
@@ -476,8 +480,7 @@ def heldout_packages_section() -> list[str]:
             "Batch: the pairs one InfoNCE sees (a micro-batch, or every pair of a step with `--train.grad_cache`).",
             "Libraries: the training sources (the standard library and PyPI packages; 7 by default, 23 with "
             "`pypi_sources.WIDE_PACKAGES`, the `full` preset's since its 400-step runs: their held-out files differ, "
-            "capped at 15,000 candidates), then the learning rate and temperature where a run set them (the "
-            "preset's otherwise, as it was then).",
+            "capped at 15,000 candidates), then the learning rate and any temperature other than the presets' 0.03.",
             "", "| machine | preset | steps | libraries, settings | hard negatives | batch | dev evaluation | seeds | packages gain "
             "| files gain | hybrid >= semantic |", "|---|---|---|---|---|---|---|---|---|---|---|", *means, "",
             "Run by run: semantic MRR@10 of the untrained -> fine-tuned model, its gain, and the fine-tuned hybrid "

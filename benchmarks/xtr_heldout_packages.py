@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = {"inbatch": 0, "hn": 1}  # hn=1: the preset's hard negatives; 0: in-batch negatives only
 EX_TEMPFAIL = 75  # stopped by --budget_s: run the same command again to go on
 STATE_LIMIT = 15 * 2**20  # what one file may carry back from a device call (16 MiB), with room
-KEEP = ("entry.json", "eval.json", "config.json", "metrics.jsonl", "attempts.json", "stdout.log")
+KEEP = ("entry.json", "eval.json", "config.json", "metrics.jsonl", "attempts.json", "command.json", "stdout.log")
 
 
 def metrics(block: dict) -> dict:
@@ -107,6 +107,27 @@ def record(path: Path, new: dict) -> None:
     rows = json.loads(path.read_text()) if path.exists() else []
     rows = [r for r in rows if key(r) != key(new)] + [new]
     write_json(path, rows)
+
+
+def check_same_command(run: Path, command: list[str]) -> None:
+    """Record `command`'s settings in run/command.json, or stop when the run was started with
+    other ones (a call that left out or changed the extra recipe flags would otherwise finish or
+    redo the run with other settings under the same name). Paths (--out_dir, --cache_dir) and the
+    interpreter may differ between machines and are left out of the comparison."""
+    def settings(words: list[str]) -> list[str]:
+        return [w for i, w in enumerate(words)
+                if w not in ("--out_dir", "--cache_dir") and (i == 0 or words[i - 1] not in ("--out_dir", "--cache_dir"))]
+
+    path = run / "command.json"
+    args = settings(command[1:])
+    if path.exists():
+        earlier = json.loads(path.read_text())
+        if earlier != args:
+            raise SystemExit(f"{run}: started earlier as `{shlex.join(earlier)}`, this call would run "
+                             f"`{shlex.join(args)}`: give the same recipe flags (after --), or remove {run}")
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    write_json(path, args)
 
 
 def write_json(path: Path, obj) -> None:
@@ -322,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         command = [sys.executable, "-m", "recipes.xtr_lora", "--preset", preset, flag, str(seed),
                    "--out_dir", f"{args.runs}/{run.name}", "--cache_dir", args.cache_dir, "--export", "false",
                    "--data.hard_negatives", str(k), *extra]
+        check_same_command(run, command)
         resume = ["--resume"] if (run / "checkpoints" / "LATEST").exists() else []
         attempts = json.loads((run / "attempts.json").read_text()) if (run / "attempts.json").exists() else []
         started = time.perf_counter()

@@ -21,7 +21,8 @@
 # committed xtr_quick_levers.json gathers them:
 #   python -m benchmarks.xtr_heldout_packages --presets quick --machine h100 --variants inbatch \
 #     --runs runs/qlever_LEVER --results benchmarks/results/h100/xtr_quick_levers.json
-# Poll with: bash dev/gpu/bg.sh wait 540
+# To record finished runs again, run this script again (a bare --runs command without the
+# lever's flags would re-run a failed run as the plain preset). Poll with: bash dev/gpu/bg.sh wait 540
 set -euo pipefail
 M=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H200 && echo h200 || echo h100)
 mkdir -p runs/.cache

@@ -127,3 +127,27 @@ def test_only_is_checked():
         assert "--only" in str(err)
     else:
         raise AssertionError("accepted an unknown --only key")
+
+
+def test_a_run_started_with_other_flags_is_refused(tmp_path, monkeypatch):
+    """A second call that leaves out (or changes) the recipe flags after `--` stops, naming the
+    run and both commands, instead of finishing a failed run with other settings."""
+    calls = []
+
+    def failing_run(command, budget, log=None):
+        calls.append(command)
+        raise SystemExit(f"{command} failed with exit status 1")
+
+    monkeypatch.setattr(bench, "run_one", failing_run)
+    monkeypatch.setattr(bench, "seed_flag", lambda: "--train.seed")
+    monkeypatch.chdir(tmp_path)
+    argv = ["--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "r.json"), "--seeds", "0",
+            "--variants", "inbatch"]
+    with pytest.raises(SystemExit, match="failed"):
+        bench.main(argv + ["--", "--optim.lr", "4e-4"])
+    with pytest.raises(SystemExit, match=r"quick_s0_inbatch: started earlier as .*--optim.lr 4e-4.*give the same"):
+        bench.main(argv)
+    assert len(calls) == 1
+    with pytest.raises(SystemExit, match="failed"):  # the same flags: the run is tried again
+        bench.main(argv + ["--", "--optim.lr", "4e-4"])
+    assert len(calls) == 2
