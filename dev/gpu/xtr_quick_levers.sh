@@ -18,11 +18,9 @@
 #   gc256x15lr4t02, gc256x15lr4t05: gc256x15lr4 at temperature 0.02, 0.05 (quick: 0.03)
 #   bash dev/gpu/xtr_quick_levers.sh [LEVER...]     # default: all of them
 # Each lever records into benchmarks/results/<machine>/xtr_quick_levers_<lever>.json; the
-# committed xtr_quick_levers.json gathers them:
-#   python -m benchmarks.xtr_heldout_packages --presets quick --machine h100 --variants inbatch \
-#     --runs runs/qlever_LEVER --results benchmarks/results/h100/xtr_quick_levers.json
-# To record finished runs again, run this script again (a bare --runs command without the
-# lever's flags would re-run a failed run as the plain preset). Poll with: bash dev/gpu/bg.sh wait 540
+# committed xtr_quick_levers.json is those files' entries, concatenated. To record finished runs
+# again, run this script again: it passes each lever's flags (a run folder refuses a command with
+# other settings). Poll with: bash dev/gpu/bg.sh wait 540
 set -euo pipefail
 M=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H200 && echo h200 || echo h100)
 mkdir -p runs/.cache
