@@ -14,7 +14,9 @@ benchmarks/results/<machine>/xtr_heldout_packages.json.
 
 Each run is a subprocess in its own --runs folder (its wall time is the whole recipe: mining or
 cache reads, baselines, training, evaluation); the entry is read from the run's eval.json, never
-assembled by hand. Resumable at every level: a run whose entry exists is skipped, a run with
+assembled by hand. With `--jobs N`, a run that fails beside others is tried once more alone
+after them; a run folder refuses a command with other settings than the one that started it.
+Resumable at every level: a run whose entry exists is skipped, a run with
 checkpoints continues with `--resume`, and `--budget_s` stops the whole command in time (a run
 still going is stopped - its last checkpoint kept - and the exit status is 75: call the same
 command again). For a machine that keeps nothing between calls (the lent GPU), `--state` is
@@ -372,8 +374,24 @@ def main(argv: list[str] | None = None) -> int:
 
     # --jobs N: N runs side by side (on a GPU one small encoder's step leaves the device mostly
     # idle, so runs of different seeds share it); each run's output goes to its folder's stdout.log
+    # a run that fails beside others (GPU or host memory: 18 quick runs started together on an 80 GB
+    # H100 lost 6, 13 did not) is tried once more alone after them; failing alone is an error
+    failed = []
+
+    def one_beside_others(job: tuple[str, int, str]) -> bool:
+        try:
+            return one(*job)
+        except SystemExit as error:
+            if args.jobs == 1:
+                raise
+            print(f"{error} beside other runs: trying it again alone once they end", flush=True)
+            failed.append(job)
+            return True
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        finished = all(list(pool.map(lambda job: one(*job), todo)))
+        finished = all(list(pool.map(one_beside_others, todo)))
+    for job in failed:
+        finished = one(*job) and finished
     if args.out is not None:
         save_out(args.out, runs, results)
     if results.exists():

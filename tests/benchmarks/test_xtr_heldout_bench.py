@@ -151,3 +151,34 @@ def test_a_run_started_with_other_flags_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="failed"):  # the same flags: the run is tried again
         bench.main(argv + ["--", "--optim.lr", "4e-4"])
     assert len(calls) == 2
+
+
+def test_a_run_failing_beside_others_is_retried_alone(tmp_path, monkeypatch):
+    """--jobs > 1: a run that fails while others run is tried once more alone after them; one
+    that fails alone too stops the benchmark with its error."""
+    calls, fail_twice = [], {"seed": 1}
+
+    def flaky_run(command, budget, log=None):
+        seed = int(command[command.index("--train.seed") + 1])
+        calls.append(seed)
+        if seed == fail_twice["seed"] and calls.count(seed) <= fail_twice.get("times", 1):
+            raise SystemExit(f"{command} failed with exit status 1")
+        out = tmp_path / command[command.index("--out_dir") + 1]
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval.json").write_text(json.dumps(_eval(0.6, 0.7)))
+        return True
+
+    monkeypatch.setattr(bench, "run_one", flaky_run)
+    monkeypatch.setattr(bench, "seed_flag", lambda: "--train.seed")
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "r.json"
+    argv = ["--runs", str(tmp_path / "runs"), "--results", str(results), "--seeds", "0,1,2", "--variants",
+            "inbatch", "--jobs", "3"]
+    assert bench.main(argv) == 0
+    assert sorted(calls) == [0, 1, 1, 2] and calls[-1] == 1  # the retry comes after the others
+    assert sorted(r["seed"] for r in json.loads(results.read_text())) == [0, 1, 2]
+    calls.clear()
+    fail_twice.update(seed=3, times=2)
+    with pytest.raises(SystemExit, match="failed with exit status 1"):
+        bench.main(argv[:-4] + ["--seeds", "3,4", "--variants", "inbatch", "--jobs", "2"])
+    assert sorted(calls) == [3, 3, 4]
