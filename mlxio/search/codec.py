@@ -315,20 +315,21 @@ class PQCodec:
         divides its [queries, n] scores by the norms instead of scaling [n, D] vectors.
         `scratch` (a `scoring.Scratch`): the vectors and temporaries go in its reused buffers
         (valid until its next use), the same values."""
-        codes = np.asarray(codes)
+        codes, ids = np.asarray(codes), np.asarray(ids, np.intp)
         n, m = codes.shape
-        if scratch is None:
-            flat = codes.astype(np.intp) + (np.arange(m, dtype=np.intp) * KSUB)[None, :]
-            out = np.take(self._flat, flat, axis=0).reshape(n, self.dim)
-            out += np.take(self._rot_centroids, np.asarray(ids, np.intp), axis=0)  # take: ~3x fancy indexing
-        else:  # mode="clip": take buffers `out` in mode "raise"; codes are < KSUB, ids checked
-            ids = np.asarray(ids, np.intp)
-            if n and int(ids.max()) >= len(self._rot_centroids):
-                raise IndexError(f"centroid id {int(ids.max())} out of range ({len(self._rot_centroids)} centroids)")
-            flat = np.add(codes, (np.arange(m, dtype=np.intp) * KSUB)[None, :], out=scratch.get("flat", (n, m), np.intp))
-            out = np.take(self._flat, flat, axis=0, mode="clip",
-                          out=scratch.get("decoded", (n, m, self.dim // m))).reshape(n, self.dim)
-            out += np.take(self._rot_centroids, ids, axis=0, mode="clip", out=scratch.get("centroid", (n, self.dim)))
+        # take(mode="clip") writes into given buffers (mode "raise" buffers them itself); codes are
+        # < KSUB by their dtype, ids are checked here
+        if n and (int(ids.max()) >= len(self._rot_centroids) or int(ids.min()) < 0):
+            bad = int(ids.max()) if int(ids.max()) >= len(self._rot_centroids) else int(ids.min())
+            raise IndexError(f"centroid id {bad} out of range ({len(self._rot_centroids)} centroids)")
+
+        def buffer(name, shape, dtype=np.float32):
+            return None if scratch is None else scratch.get(name, shape, dtype)
+
+        flat = np.add(codes, (np.arange(m, dtype=np.intp) * KSUB)[None, :], out=buffer("flat", (n, m), np.intp))
+        out = np.take(self._flat, flat, axis=0, mode="clip",
+                      out=buffer("decoded", (n, m, self.dim // m))).reshape(n, self.dim)
+        out += np.take(self._rot_centroids, ids, axis=0, mode="clip", out=buffer("centroid", (n, self.dim)))
         norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", out, out)), 1e-12)
         if not normalise:
             return out, norms

@@ -831,3 +831,23 @@ def test_bm25_uses_the_evaluation_terms(tmp_path):
         ref = ranking.bm25_text_matrix([query], codes)[0]
         np.testing.assert_allclose(index.bm25(query)[index.live_ids], ref, rtol=1e-5, atol=1e-6)
     assert index.bm25("the of a")[index.live_ids].max() == 0.0  # stop words only: no match
+
+
+def test_pq_decode_rotated_with_and_without_scratch():
+    """The reused buffers give the same bits as fresh arrays, normalised or not, twice in a row
+    (a buffer reused); a centroid id out of range is an IndexError either way."""
+    from mlxio.search.scoring import Scratch
+
+    rng = np.random.default_rng(3)
+    c = codec.train_named("pq16", _clustered(rng, n=600, noise=0.4), 8, 0, residual_sample=_clustered(rng, n=300, noise=0.4))
+    scratch = Scratch()
+    for n in (37, 5):
+        cids, codes = c.encode(_clustered(rng, n=n, noise=0.4))
+        np.testing.assert_array_equal(c.decode_rotated(cids, codes, scratch=scratch), c.decode_rotated(cids, codes))
+        (v1, n1), (v2, n2) = (c.decode_rotated(cids, codes, normalise=False, scratch=s) for s in (None, scratch))
+        np.testing.assert_array_equal(v1, v2)
+        np.testing.assert_array_equal(n1, n2)
+    for bad in (len(c.centroids), -1):
+        for s in (None, scratch):
+            with pytest.raises(IndexError, match=f"centroid id {bad} out of range"):
+                c.decode_rotated(np.array([0, bad]), codes[:2], scratch=s)
