@@ -92,7 +92,8 @@ PRESETS = {
     # 256 x 15, lr 2e-4 gave +0.081, 6e-4 +0.076, 8e-4 +0.075; 20 or 30 steps +0.080 to +0.083;
     # temperature 0.02 +0.085, 0.05 +0.070. On a 2-core CPU a step of 256 trains at ~7 pairs/s
     # against 8.8 for micro-batches of 12 (the in-batch MaxSim grows with the square of the batch):
-    # training takes ~1.5x as long. Hard negatives: see docs/retriever.md (none here)
+    # training takes ~1.5x as long; there, 3 seeds: +0.078 / +0.067 against +0.072 / +0.050
+    # (benchmarks/results/cpu/xtr_heldout_packages.json). Hard negatives: docs/retriever.md (none here)
     "quick": Config(lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR), loss=LossConfig(temperature=0.03),
                     data=DataConfig(hard_negatives=0),
                     optim=OptimConfig(lr=4e-4, warmup_steps=2, total_steps=15, weight_decay=0.0),
