@@ -54,22 +54,24 @@ class _Stop(Exception):
 
 
 def small_data() -> list[str]:
-    """Retriever overrides for a slow CPU: the smoke preset's corpus (stdlib email/) and its small
-    evaluation (the quick run's untrained baseline embeds 5,000+ candidates before step 1); the
+    """Retriever overrides for a slow CPU: the smoke preset's corpus (stdlib email/, no PyPI
+    packages, no held-out packages) and its small evaluation (the quick run's untrained baseline embeds 5,000+ candidates before step 1); the
     model, micro-batch (32, grad cache) and lengths stay the quick run's, its steps of 32 x 2 (the
     email corpus has ~130 training pairs, fewer than quick's 256 a step)."""
     from mlxio.data import pairs
 
-    return ["--data.source", str(pairs.stdlib_root() / "email"), "--data.eval_fraction", "0.3",
+    return ["--data.source", str(pairs.stdlib_root() / "email"), "--data.packages", "", "--data.heldout_packages", "",
+            "--data.eval_fraction", "0.3",
             "--data.eval_queries", "40", "--data.min_eval_queries", "10", "--data.min_eval_candidates", "40",
             "--train.accum", "2"]
 
 
 def _recipe_argv(recipe: str, work: Path, steps: int, extra: list[str]) -> list[str]:
+    # --overwrite: the prime, fresh and warm runs share one out_dir (each stops after N steps)
     if recipe == "retriever":
-        return ["--preset", "quick", "--out_dir", str(work / "run"), "--cache_dir", str(work / "cache"),
+        return ["--preset", "quick", "--out_dir", str(work / "run"), "--overwrite", "--cache_dir", str(work / "cache"),
                 "--train.log_every", "1", "--train.eval_interval", "1", *extra]
-    argv = ["--preset", "quick", "--out_dir", str(work / "run"), "--eval.before", "false",
+    argv = ["--preset", "quick", "--out_dir", str(work / "run"), "--overwrite", "--eval.before", "false",
             "--train.log_every", "1", *extra]
     from mlxio.sandbox.backend import bwrap_path
 
