@@ -56,12 +56,15 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def write_result(name: str, payload: dict, machine_name: str = "cpu", root: Path = RESULTS) -> Path:
+def write_result(name: str, payload: dict, machine_name: str = "cpu", root: Path = RESULTS,
+                 path: Path | None = None) -> Path:
     """Write <root>/<machine_name>/<name>.json (root: benchmarks/results, or dev/results for a
-    study; $BENCH_RESULTS overrides both) with machine and version info."""
-    out_dir = Path(os.environ.get("BENCH_RESULTS", root)) / machine_name
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.json"
+    study; $BENCH_RESULTS overrides both), or `path` alone when given, with machine and version
+    info."""
+    if path is None:
+        path = Path(os.environ.get("BENCH_RESULTS", root)) / machine_name / f"{name}.json"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "versions": versions(), **payload}
     path.write_text(json.dumps(record, indent=2) + "\n")

@@ -27,19 +27,13 @@ def gpu_count() -> int:
 
 
 def write(name: str, payload: dict, machine: str, out: str | None = None, root: Path | None = None) -> Path:
-    """benchmarks/results/<machine>/<name>.json (or <root>/<machine>/..., or `out`, or
-    $BENCH_RESULTS/<machine>/...) with machine and version info (benchmarks.common) plus the
-    load average and GPU."""
+    """benchmarks/results/<machine>/<name>.json (or <root>/<machine>/..., or
+    $BENCH_RESULTS/<machine>/...), or `out` alone (the committed results stay as they are), with
+    machine and version info (benchmarks.common) plus the load average and GPU."""
     from benchmarks.common import RESULTS, write_result
 
     payload = {"load_avg": os.getloadavg(), "gpu": gpu_name(), **payload}
-    path = write_result(name, payload, machine, root or RESULTS)
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(path.read_text())
-        if Path(out).resolve() != path.resolve():
-            path.unlink()
-        path = Path(out)
+    path = write_result(name, payload, machine, root or RESULTS, path=Path(out) if out else None)
     print(path)
     return path
 

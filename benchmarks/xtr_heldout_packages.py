@@ -102,9 +102,11 @@ def entry(preset: str, seed: int, hard: bool, command: list[str], wall_s: float,
 
 def record(path: Path, new: dict) -> None:
     """Add `new` to the JSON list at `path`, replacing an entry of the same preset, seed,
-    hard_negatives and command."""
+    hard_negatives, command and settings (steps, contrastive batch, learning rate: the same
+    command names another setting once its preset changes)."""
     def key(r):
-        return r["preset"], r.get("seed"), r["hard_negatives"], r["command"]
+        return (r["preset"], r.get("seed"), r["hard_negatives"], r["command"], r.get("steps"),
+                r.get("contrastive_batch"), r.get("lr"))
 
     rows = json.loads(path.read_text()) if path.exists() else []
     rows = [r for r in rows if key(r) != key(new)] + [new]

@@ -182,3 +182,16 @@ def test_a_run_failing_beside_others_is_retried_alone(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="failed with exit status 1"):
         bench.main(argv[:-4] + ["--seeds", "3,4", "--variants", "inbatch", "--jobs", "2"])
     assert sorted(calls) == [3, 3, 4]
+
+
+def test_record_replaces_a_rerun_but_keeps_an_older_preset(tmp_path):
+    """The same command run again replaces its entry; the same command once the preset changed
+    (other steps, batch or learning rate) is another setting and is kept beside it."""
+    path = tmp_path / "r.json"
+    base = {"preset": "quick", "seed": 0, "hard_negatives": False, "command": "python -m recipes.xtr_lora",
+            "steps": 80, "contrastive_batch": 12}
+    bench.record(path, base | {"wall_s": 1.0})
+    bench.record(path, base | {"wall_s": 2.0})
+    assert [r["wall_s"] for r in json.loads(path.read_text())] == [2.0]
+    bench.record(path, base | {"steps": 15, "contrastive_batch": 256, "lr": 4e-4, "wall_s": 3.0})
+    assert [r["wall_s"] for r in json.loads(path.read_text())] == [2.0, 3.0]
