@@ -55,9 +55,10 @@ class _Stop(Exception):
 
 def small_data() -> list[str]:
     """Retriever overrides for a slow CPU: the smoke preset's corpus (stdlib email/, no PyPI
-    packages, no held-out packages) and its small evaluation (the quick run's untrained baseline embeds 5,000+ candidates before step 1); the
-    model, micro-batch (32, grad cache) and lengths stay the quick run's, its steps of 32 x 2 (the
-    email corpus has ~130 training pairs, fewer than quick's 256 a step)."""
+    packages, no held-out packages) and its small evaluation (the quick run's untrained baseline
+    embeds 5,000+ candidates before step 1); the model, micro-batch (32, grad cache) and lengths
+    stay the quick run's, its steps of 32 x 2 (the email corpus has ~130 training pairs, fewer
+    than quick's 256 a step)."""
     from mlxio.data import pairs
 
     return ["--data.source", str(pairs.stdlib_root() / "email"), "--data.packages", "", "--data.heldout_packages", "",

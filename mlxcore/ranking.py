@@ -289,13 +289,16 @@ def evaluate_modes(semantic: np.ndarray, bm25: np.ndarray, positives: np.ndarray
     comparison. Metrics: P@1, MRR@10, Recall@10, nDCG@10. hybrid_minus_semantic: `paired_difference`
     of the two modes' per-query reciprocal ranks @10 (is a hybrid loss more than noise?).
     """
-    fusion = {"rrf": ranking_metrics(hybrid(semantic, bm25), positives)}
-    fusion |= {f"interp@{a:g}": ranking_metrics(interpolate(semantic, bm25, a), positives) for a in ALPHAS}
     name = "rrf" if alpha is None else f"interp@{alpha:g}"
+    fusion = {}
+    for variant, weight in (("rrf", None), *((f"interp@{a:g}", a) for a in ALPHAS)):
+        fused = hybrid(semantic, bm25, weight)  # one [n_queries, n_docs] matrix at a time
+        fusion[variant] = ranking_metrics(fused, positives)
+        if variant == name:
+            hybrid_rr = reciprocal_ranks(fused, positives)
     return {"semantic": ranking_metrics(semantic, positives), "hybrid": fusion[name],
             "hybrid_fusion": name, "fusion": fusion,
-            "hybrid_minus_semantic": paired_difference(reciprocal_ranks(hybrid(semantic, bm25, alpha), positives),
-                                                       reciprocal_ranks(semantic, positives))}
+            "hybrid_minus_semantic": paired_difference(hybrid_rr, reciprocal_ranks(semantic, positives))}
 
 
 def paired_difference(a: np.ndarray, b: np.ndarray) -> dict:

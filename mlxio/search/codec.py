@@ -319,9 +319,11 @@ class PQCodec:
         n, m = codes.shape
         # take(mode="clip") writes into given buffers (mode "raise" buffers them itself); codes are
         # < KSUB by their dtype, ids are checked here
-        if n and (int(ids.max()) >= len(self._rot_centroids) or int(ids.min()) < 0):
-            bad = int(ids.max()) if int(ids.max()) >= len(self._rot_centroids) else int(ids.min())
-            raise IndexError(f"centroid id {bad} out of range ({len(self._rot_centroids)} centroids)")
+        if n:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= len(self._rot_centroids):
+                raise IndexError(f"centroid id {hi if hi >= len(self._rot_centroids) else lo} out of range "
+                                 f"({len(self._rot_centroids)} centroids)")
 
         def buffer(name, shape, dtype=np.float32):
             return None if scratch is None else scratch.get(name, shape, dtype)
