@@ -26,19 +26,7 @@ mkdir -p runs/.cache
 default=$(python3 -c 'from mlxio.data import pypi_sources as p; print(",".join(p.DEFAULT_PACKAGES))')
 wide=$(python3 -c 'from mlxio.data import pypi_sources as p; print(",".join(p.WIDE_PACKAGES))')
 # mine every library once (16 cores) before the runs start: they would each mine them otherwise
-python3 - <<'PY'
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
-from mlxio.data import pairs, pypi_sources
-
-def mine(spec):
-    root = pypi_sources.fetch(spec, "runs/.cache").root  # the unpacked copy: the recipe's path
-    return spec, len(pairs.mine_corpus([Path(root)], cache_dir="runs/.cache", extras=True).pairs)
-
-with ProcessPoolExecutor(12) as pool:
-    for spec, n in pool.map(mine, pypi_sources.WIDE_PACKAGES):
-        print(f"{spec}: {n} pairs")
-PY
+python3 dev/gpu/premine.py WIDE_PACKAGES --workers 12
 before="--data.packages $default --data.max_eval_candidates 0 --train.steps 200 --optim.total_steps 200"
 declare -A flags=(
   [base]="$before"

@@ -26,19 +26,7 @@ M=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H200 &
 mkdir -p runs/.cache
 [ -d runs/.cache/pypi/sympy-1.13.3 ] || tar xJf /tmp/pypi_sources.tar.xz -C runs/.cache
 # mine every library once before the runs start: they would each mine them otherwise
-python3 - <<'PY'
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
-from mlxio.data import pairs, pypi_sources
-
-def mine(spec):
-    root = pypi_sources.fetch(spec, "runs/.cache").root
-    return spec, len(pairs.mine_corpus([Path(root)], cache_dir="runs/.cache", extras=True).pairs)
-
-with ProcessPoolExecutor(8) as pool:
-    for spec, n in pool.map(mine, pypi_sources.DEFAULT_PACKAGES):
-        print(f"{spec}: {n} pairs")
-PY
+python3 dev/gpu/premine.py DEFAULT_PACKAGES --workers 8
 # every lever names its settings: the preset changed under the study (gc256x15lr4 is quick now)
 gc="--train.grad_cache true --train.accum 8 --optim.warmup_steps 2"
 declare -A flags=(
