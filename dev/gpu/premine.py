@@ -7,6 +7,11 @@ sources must already lie unpacked in CACHE/pypi (dev/gpu/pack_pypi_cache.sh's ta
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
