@@ -16,6 +16,13 @@
 #   gc256x15lr6, gc256x15lr8: 15 steps at lr 6e-4, 8e-4; gc256x20lr6: 20 steps at 6e-4
 #   gc512x8lr8:  one batch of 512 (64 x 8), 8 steps at lr 8e-4, warmup 1    (4,096 pairs)
 #   gc256x15lr4t02, gc256x15lr4t05: gc256x15lr4 at temperature 0.02, 0.05 (quick: 0.03)
+# Then, on top of the quick preset (gc256x15lr4), the levers that need no new code:
+#   q_mw0, q_mw03:   margin-loss weight 0 (InfoNCE alone), 0.3 (quick: 0.1)
+#   q_minlr2:        cosine decay to 0.2 x lr instead of 0
+#   q_r8, q_r32:     LoRA rank 8 / 32 (alpha 2 x rank, as quick's 16 / 32)
+#   q_a64:           rank 16 at alpha 64 (the LoRA update scaled 4, not 2)
+#   q_wu0, q_clip0:  no warm-up; no gradient clipping
+#   q_t025, q_lr5:   temperature 0.025; lr 5e-4
 #   bash dev/gpu/xtr_quick_levers.sh [LEVER...]     # default: all of them
 # Each lever records into benchmarks/results/<machine>/xtr_quick_levers_<lever>.json; the
 # committed xtr_quick_levers.json is those files' entries, concatenated. To record finished runs
@@ -43,6 +50,19 @@ declare -A flags=(
   [gc512x8lr8]="--train.grad_cache true --train.accum 8 --optim.warmup_steps 1 --train.micro_batch 64 --train.steps 8 --optim.lr 8e-4"
   [gc256x15lr4t02]="$gc --train.micro_batch 32 --train.steps 15 --optim.lr 4e-4 --loss.temperature 0.02"
   [gc256x15lr4t05]="$gc --train.micro_batch 32 --train.steps 15 --optim.lr 4e-4 --loss.temperature 0.05"
+)
+q="$gc --train.micro_batch 32 --train.steps 15 --optim.lr 4e-4"  # the quick preset
+flags+=(
+  [q_mw0]="$q --loss.margin_weight 0"
+  [q_mw03]="$q --loss.margin_weight 0.3"
+  [q_minlr2]="$q --optim.min_lr_ratio 0.2"
+  [q_r8]="$q --lora.rank 8 --lora.alpha 16"
+  [q_r32]="$q --lora.rank 32 --lora.alpha 64"
+  [q_a64]="$q --lora.alpha 64"
+  [q_wu0]="${q/--optim.warmup_steps 2/--optim.warmup_steps 0}"
+  [q_clip0]="$q --optim.clip_norm 0"
+  [q_t025]="$q --loss.temperature 0.025"
+  [q_lr5]="${q/--optim.lr 4e-4/--optim.lr 5e-4}"
 )
 levers=("$@"); [ ${#levers[@]} -gt 0 ] || levers=("${!flags[@]}")
 for lever in "${levers[@]}"; do
