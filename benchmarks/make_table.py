@@ -422,16 +422,36 @@ def grad_cache(r: dict) -> bool:
     return r["contrastive_batch"] > (LEGACY_MICRO_BATCH[r["preset"]] if micro is None else int(micro))
 
 
+# settings a run's command may change, named in its label where they differ from its preset's
+COMMAND_SETTINGS = (("--lora.alpha", "LoRA alpha"), ("--loss.margin_weight", "margin weight"),
+                    ("--optim.min_lr_ratio", "min lr ratio"), ("--optim.clip_norm", "clip"),
+                    ("--optim.warmup_steps", "warm-up"))
+
+
+def preset_value(preset: str, flag: str):
+    """The value `recipes.xtr_lora`'s PRESETS[preset] gives a setting (flag "--optim.lr")."""
+    from recipes.xtr_lora_config import PRESETS
+
+    value = PRESETS[preset]
+    for name in flag[2:].split("."):
+        value = getattr(value, name)
+    return value
+
+
 def data_label(r: dict) -> str:
     """The libraries a run trained on (the stdlib counted), a LoRA rank set on its command, its
     learning rate and a temperature other than the presets' 0.03 (recorded in the entry, else on
-    its command, else - older entries - the preset's learning rate as it was then)."""
+    its command, else - older entries - the preset's learning rate as it was then), then any
+    COMMAND_SETTINGS its command sets to another value than its preset's."""
     rank = command_flag(r, "--lora.rank")
     lr = r.get("lr") or command_flag(r, "--optim.lr") or LEGACY_LR.get(r["preset"])
     temperature = r.get("temperature") or command_flag(r, "--loss.temperature")
     shown = temperature is not None and float(temperature) != PRESET_TEMPERATURE
+    others = [(name, value) for flag, name in COMMAND_SETTINGS
+              if (value := command_flag(r, flag)) is not None and float(value) != preset_value(r["preset"], flag)]
     return (f"{len(r.get('train_sources') or [])}{', LoRA r' + rank if rank else ''}"
-            f"{f', lr {float(lr):g}' if lr else ''}{f', temperature {float(temperature):g}' if shown else ''}")
+            f"{f', lr {float(lr):g}' if lr else ''}{f', temperature {float(temperature):g}' if shown else ''}"
+            + "".join(f", {name} {float(value):g}" for name, value in others))
 
 
 def run_label(r: dict) -> str:
