@@ -572,6 +572,26 @@ def cpu_blas_section() -> list[str]:
             f"| {fix['encoder_tokens_per_s_median']:,.0f} | {b['encoder_speedup']:.1f}x |", ""]
 
 
+def cpu_malloc_section() -> list[str]:
+    """The retriever's CPU training with glibc's malloc defaults and with freed memory kept."""
+    b = load("cpu", "cpu_malloc")
+    if not b:
+        return []
+    s = b["settings"]
+    rows = [f"| {r['malloc']} | {r['train_s']:.1f} | {r['samples_per_s']:.2f} | {r['minor_faults'] / 1e6:.2f} M "
+            f"| {r['user_s']:.0f} | {r['system_s']:.0f} | {r['max_rss_mb']:,.0f} |" for r in b["runs"]]
+    k = b["keep_over_glibc"]
+    return [f"### Linux CPU: glibc's malloc defaults vs freed memory kept (cpu, {b['machine']['cpu_count']} cores; "
+            "benchmarks/cpu_malloc.py)", "",
+            f"`{s['command']}`: the `quick` recipe, {s['steps']} steps of {s['contrastive_batch']} pairs, each run "
+            "in its own process, variants alternating; the same losses in every run "
+            f"({'yes' if b['same_losses'] else 'NO'}).", "",
+            "| malloc | training s | samples/s | minor page faults | user CPU s | system CPU s | peak RSS MB |",
+            "|---|---|---|---|---|---|---|", *rows, "",
+            f"Kept over glibc's defaults: training {k['train_speedup']:.2f}x as fast, {k['minor_faults']:.2f}x the page "
+            f"faults, {k['system_s']:.2f}x the system CPU time, {k['max_rss']:.2f}x the peak resident set.", ""]
+
+
 FLAGS = {"gradient_checkpointing": "--memory.gradient_checkpointing true",
          "bf16": "--memory.compute_dtype bfloat16", "eval_interval": "--train.eval_interval 4",
          "eval_micro_batches": "--memory.eval_micro_batches true", "profile_memory": "--profile-memory",
@@ -738,6 +758,7 @@ def performance_sections(bars: list) -> list[str]:
     lines += quantization_llm_section()
     lines += memory_options_section()
     lines += cpu_blas_section()
+    lines += cpu_malloc_section()
     lines += cold_start_section()
     lines += worker_overhead_section()
     lines += search_scale_section()

@@ -16,7 +16,10 @@ importing the module as a library still changes nothing); `tests/conftest.py` do
    `mlxcore.ffn_cuda`). These import MLX, after step 1;
 4. with MLXIO_CACHE_LIMIT_MB set, caps what MLX's allocator keeps of freed buffers
    (`mx.set_cache_limit`): processes that share one GPU (`benchmarks/xtr_heldout_packages.py
-   --jobs`) hand freed memory back instead of each keeping its own pool.
+   --jobs`) hand freed memory back instead of each keeping its own pool;
+5. where MLX runs on the CPU of a Linux machine, has glibc reuse freed memory instead of
+   handing it back to the kernel (`mlxio.host_memory.keep_freed_memory`; MLXIO_MALLOC=glibc
+   leaves glibc's defaults).
 
 A second call does nothing (it returns the first call's BLAS status).
 """
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import os
 
-from mlxio import blas, kernel_cache
+from mlxio import blas, host_memory, kernel_cache
 
 _done: list[str] = []  # the BLAS status of the first call, once it has run
 
@@ -37,7 +40,9 @@ def setup() -> str:
         return _done[0]
     status = blas.ensure_fast_blas()
     kernel_cache.configure()
-    from mlxcore import cuda_jit, ffn_cuda  # (these import mlx.core: after the BLAS)
+    import mlx.core as mx  # (this and the next import MLX: after the BLAS)
+
+    from mlxcore import cuda_jit, ffn_cuda
     from mlxio import cuda_ext
     from mlxio.cuda_build import COMPILER
 
@@ -48,8 +53,8 @@ def setup() -> str:
         if not limit.isdigit():
             raise ValueError(f"MLXIO_CACHE_LIMIT_MB={limit!r}: give a whole number of megabytes (0 or more), "
                              "or unset it")
-        import mlx.core as mx
-
         mx.set_cache_limit(int(limit) << 20)
+    if mx.default_device() == mx.cpu:
+        host_memory.keep_freed_memory()
     _done.append(status)
     return status
