@@ -27,6 +27,7 @@ A second call does nothing (it returns the first call's BLAS status).
 from __future__ import annotations
 
 import os
+import sys
 
 from mlxio import blas, host_memory, kernel_cache
 
@@ -49,12 +50,15 @@ def setup() -> str:
     cuda_jit.register_compiler(COMPILER)
     if cuda_ext.load() is not None:
         ffn_cuda.register_extension(cuda_ext.load())
-    if limit := os.environ.get("MLXIO_CACHE_LIMIT_MB"):
-        if not limit.isdigit():
-            raise ValueError(f"MLXIO_CACHE_LIMIT_MB={limit!r}: give a whole number of megabytes (0 or more), "
-                             "or unset it")
-        mx.set_cache_limit(int(limit) << 20)
-    if mx.default_device() == mx.cpu:
-        host_memory.keep_freed_memory()
+    try:
+        if limit := os.environ.get("MLXIO_CACHE_LIMIT_MB"):
+            if not limit.isdigit():
+                raise ValueError(f"MLXIO_CACHE_LIMIT_MB={limit!r}: give a whole number of megabytes (0 or more), "
+                                 "or unset it")
+            mx.set_cache_limit(int(limit) << 20)
+        if mx.default_device() == mx.cpu:
+            host_memory.keep_freed_memory()
+    except ValueError as err:  # a mistake in the environment: one line, before any work
+        sys.exit(f"error: {err}")
     _done.append(status)
     return status

@@ -50,7 +50,19 @@ def test_cache_limit_from_the_environment():
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == 96 << 20
     bad = run("from mlxio.runtime import setup; setup()", {"MLXIO_CACHE_LIMIT_MB": "2GB"})
-    assert bad.returncode != 0 and "MLXIO_CACHE_LIMIT_MB='2GB': give a whole number of megabytes" in bad.stderr
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines() == [  # one line, no traceback
+        "error: MLXIO_CACHE_LIMIT_MB='2GB': give a whole number of megabytes (0 or more), or unset it"]
+
+
+def test_a_bad_malloc_setting_is_one_line():
+    if mx.default_device() != mx.cpu:
+        pytest.skip("MLXIO_MALLOC is read where MLX runs on the CPU")
+    bad = run("from mlxio.runtime import setup; setup()", {"MLXIO_MALLOC": "jemalloc"})
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines() == [
+        "error: MLXIO_MALLOC='jemalloc': give 'keep' (the default: reuse freed memory) or 'glibc' "
+        "(glibc's defaults), or unset it"]
 
 
 def test_late_setup_warns():
