@@ -47,10 +47,9 @@ def run_recipe(malloc: str, steps: int, out_dir: Path, cache_dir: str) -> dict:
     with open(log, "w") as handle:
         proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT,
                                 env={**os.environ, "MLXIO_MALLOC": malloc})
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
-        raise SystemExit(f"cpu_malloc: {' '.join(cmd)} failed ({proc.returncode}): {log.read_text()[-2000:]}")
+        _, status, usage = os.wait4(proc.pid, 0)  # (Popen.wait would not give the child's rusage)
+    if code := os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"cpu_malloc: {' '.join(cmd)} failed ({code}): {log.read_text()[-2000:]}")
     run = json.loads((out_dir / "eval.json").read_text())["run"]
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     return {"malloc": malloc, "train_s": run["phases"]["train"]["wall_s"], "samples_per_s": run["samples_per_s"],
@@ -65,6 +64,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=3, help="training steps of 256 pairs per run")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each variant, alternating")
     ap.add_argument("--machine", default="cpu")
+    ap.add_argument("--cache_dir", default="runs/.cache", help="the recipe's cache (mined corpus, untrained evaluation)")
     ap.add_argument("--out", default=None, help="write the JSON here instead")
     args = ap.parse_args(argv)
     if not 2 <= args.steps <= 100 or not 1 <= args.repeats <= 10:
@@ -72,9 +72,8 @@ def main(argv=None) -> dict:
     from benchmarks.gpu_common import write
 
     with tempfile.TemporaryDirectory(prefix="cpu_malloc_") as tmp:
-        cache = os.environ.get("CPU_MALLOC_CACHE", "runs/.cache")
-        run_recipe("keep", 2, Path(tmp) / "prime", cache)  # corpus and untrained evaluation cached
-        runs = [run_recipe(malloc, args.steps, Path(tmp) / f"{malloc}_{i}", cache)
+        run_recipe("keep", 2, Path(tmp) / "prime", args.cache_dir)  # corpus and untrained evaluation cached
+        runs = [run_recipe(malloc, args.steps, Path(tmp) / f"{malloc}_{i}", args.cache_dir)
                 for i in range(args.repeats) for malloc in ("glibc", "keep")]
     for r in runs:
         print({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items() if k != "losses"}, flush=True)
