@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
                           profile_memory=flags.profile_memory)
     batches = tokens.batches(cfg.train.micro_batch, cfg.train.accum, cfg.train.seed,
                              DataPosition(**resumed.meta["data_position"]) if resumed else DataPosition(),
-                             cfg.data.bucket, world)
+                             cfg.data.bucket, world, cfg.train.batch_order)
     params, opt_state, train_s, micro = train(cfg, loop, step_fn, params, opt_state, batches, trainable, plan, on_dev)
     records = loop.reporter.read() if world.is_main else []
     samples_per_step, steps_run = cfg.train.micro_batch * cfg.train.accum, loop.end - start_step

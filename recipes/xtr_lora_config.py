@@ -17,6 +17,7 @@ from mlxcore.optim import OptimConfig
 from mlxcore.retriever import LossConfig
 from mlxio.data import pairs, pypi_sources
 from mlxio.data.xtr_data import DataConfig
+from mlxio.data.token_cache import BATCH_ORDERS
 from mlxio.errors import ConfigError
 from mlxio.run import checkpoint, config
 from mlxio.weights import quantize as quant_io
@@ -41,6 +42,10 @@ class TrainConfig:
     # their documents), computed micro-batch by micro-batch (mlxcore.grad_cache: GradCache): the
     # in-batch negatives of a large batch in the memory of one micro-batch; ~1.3x a plain step's time
     grad_cache: bool = False
+    # how pairs form an optimizer step (mlxio.data.token_cache.batch_plan): "length" (similar
+    # lengths together: least padding), "random" (a uniform sample per step), "neighbours"
+    # (consecutive pairs by source file: in-batch negatives from the same code)
+    batch_order: str = bounded("length", choices=BATCH_ORDERS)
     seed: int = bounded(0, ge=0, le=MAX_SEED)
     # mx.compile the training step and the evaluation's forward + MaxSim. None (auto): yes, except
     # on a CUDA device, where a fresh machine compiles each fused kernel with NVRTC (3-4 s each:

@@ -23,6 +23,10 @@
 #   q_a64:           rank 16 at alpha 64 (the LoRA update scaled 4, not 2)
 #   q_wu0, q_clip0:  no warm-up; no gradient clipping
 #   q_t025, q_lr5:   temperature 0.025; lr 5e-4
+# And how the pairs form a step (--train.batch_order; quick: "length", similar lengths together):
+#   q_rand:          a uniform sample per step ("random")
+#   q_nb:            consecutive pairs by source file ("neighbours": in-batch negatives of the same code)
+#   q_nb_t05:        q_nb at temperature 0.05; q_nb_lr2: q_nb at lr 2e-4
 #   bash dev/gpu/xtr_quick_levers.sh [LEVER...]     # default: all of them
 # Each lever records into benchmarks/results/<machine>/xtr_quick_levers_<lever>.json; the
 # committed xtr_quick_levers.json is those files' entries, concatenated. To record finished runs
@@ -63,6 +67,10 @@ flags+=(
   [q_clip0]="$q --optim.clip_norm 0"
   [q_t025]="$q --loss.temperature 0.025"
   [q_lr5]="${q/--optim.lr 4e-4/--optim.lr 5e-4}"
+  [q_rand]="$q --train.batch_order random"
+  [q_nb]="$q --train.batch_order neighbours"
+  [q_nb_t05]="$q --train.batch_order neighbours --loss.temperature 0.05"
+  [q_nb_lr2]="${q/--optim.lr 4e-4/--optim.lr 2e-4} --train.batch_order neighbours"
 )
 levers=("$@"); [ ${#levers[@]} -gt 0 ] || levers=("${!flags[@]}")
 for lever in "${levers[@]}"; do

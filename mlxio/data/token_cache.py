@@ -182,27 +182,46 @@ class DataPosition:
     batch_index: int = 0
 
 
+BATCH_ORDERS = ("length", "random", "neighbours")
+
+
 def batch_plan(lengths: np.ndarray, micro_batch: int, accum: int, seed: int, epoch: int,
-               chunk_steps: int = 64) -> list[np.ndarray]:
+               chunk_steps: int = 64, order: str = "length",
+               neighbour_order: np.ndarray | None = None) -> list[np.ndarray]:
     """One epoch's optimizer steps: a list of int64 [accum, micro_batch] index arrays.
 
-    Examples are shuffled, cut into chunks of `chunk_steps` steps, sorted by length inside
-    each chunk (so a step holds similar lengths and pads little, while the chunk keeps the
-    order random), and the steps are shuffled. The tail that fills no whole step is left out
-    of this epoch. Deterministic in (seed, epoch); each example appears at most once.
+    order "length": examples are shuffled, cut into chunks of `chunk_steps` steps, sorted by
+    length inside each chunk (so a step holds similar lengths and pads little, while the chunk
+    keeps the order random). "random": shuffled, nothing sorted (every step a uniform sample).
+    "neighbours": the examples in `neighbour_order` (int [n], a permutation: e.g. by source
+    file, so that a step's in-batch negatives come from the same code), started at a random
+    offset, cut into consecutive steps. Then the steps are shuffled. The tail that fills no
+    whole step is left out of this epoch. Deterministic in (seed, epoch); each example appears
+    at most once.
     """
     step = micro_batch * accum
     if micro_batch < 1 or accum < 1:
         raise DataError(f"batch plan: micro_batch and accum must be >= 1, got "
                         f"{micro_batch}, {accum}")
+    if order not in BATCH_ORDERS:
+        raise DataError(f"batch plan: order must be one of {BATCH_ORDERS}, got {order!r}")
     rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(len(lengths))
-    order = order[:len(order) // step * step]
+    n = len(lengths)
+    if order == "neighbours":
+        if neighbour_order is None or sorted(np.asarray(neighbour_order).tolist()) != list(range(n)):
+            raise DataError(f"batch plan: order 'neighbours' needs neighbour_order, a permutation of {n} examples")
+        n_steps = n // step
+        walk = np.roll(np.asarray(neighbour_order, np.int64), -int(rng.integers(max(n, 1))))[:n_steps * step]
+        steps = list(walk.reshape(n_steps, accum, micro_batch))
+        return [steps[i] for i in rng.permutation(n_steps)]
+    perm = rng.permutation(n)
+    perm = perm[:len(perm) // step * step]
     chunk = step * chunk_steps
     steps = []
-    for start in range(0, len(order), chunk):
-        part = order[start:start + chunk]
-        part = part[np.argsort(lengths[part], kind="stable")]
+    for start in range(0, len(perm), chunk):
+        part = perm[start:start + chunk]
+        if order == "length":
+            part = part[np.argsort(lengths[part], kind="stable")]
         steps.extend(part[i:i + step].reshape(accum, micro_batch)
                      for i in range(0, len(part), step))
     return [steps[i] for i in rng.permutation(len(steps))]
@@ -252,17 +271,19 @@ def make_batch(cache: TokenCache, indices: np.ndarray, bucket: int = 32, pad_id:
 def iterate_batches(cache: TokenCache, micro_batch: int, accum: int, seed: int,
                     start: DataPosition = DataPosition(), bucket: int = 32,
                     length_field: str = "doc", pad_id: int = 0,
-                    fields: Sequence[str] = ("query", "doc"),
+                    fields: Sequence[str] = ("query", "doc"), order: str = "length",
+                    neighbour_order: np.ndarray | None = None,
                     ) -> Iterator[tuple[DataPosition, dict[str, np.ndarray]]]:
     """Endless (resume position, batch) pairs from `start`, epoch after epoch.
 
     The position given with a batch is where to resume once that batch is consumed: save
     it with the checkpoint, pass it back as `start`, and the run continues exactly there.
+    order, neighbour_order: how examples form steps (`batch_plan`).
     """
     lengths = cache.lengths(length_field)
     epoch, index = start.epoch, start.batch_index
     while True:
-        plan = batch_plan(lengths, micro_batch, accum, seed, epoch)
+        plan = batch_plan(lengths, micro_batch, accum, seed, epoch, order=order, neighbour_order=neighbour_order)
         if not plan:
             raise DataError(f"{cache.path}: {cache.n} examples fill no step of "
                             f"{micro_batch} x {accum}: lower train.micro_batch or train.accum, or add data")

@@ -23,18 +23,22 @@ from mlxio.run import distributed
 
 @attrs.frozen
 class TrainTokens:
-    """The training pairs in the token cache: fields query, doc (and neg0.. with hard negatives)."""
+    """The training pairs in the token cache: fields query, doc (and neg0.. with hard negatives);
+    source_order: int64 [n], the pairs in order of their source file and line (for steps of
+    neighbouring code, `batch_plan`'s order "neighbours")."""
 
     cache: TokenCache
     fields: tuple[str, ...]
     neg_fields: tuple[str, ...]
+    source_order: np.ndarray
 
     def batches(self, micro_batch: int, accum: int, seed: int, position: DataPosition, bucket: int,
-                world: distributed.World) -> Prefetcher:
+                world: distributed.World, order: str = "length") -> Prefetcher:
         """(position, batch) per optimizer step from `position` on, prefetched two ahead: every
-        rank walks the same global plan of batches (`iterate_batches`) and keeps its share of
-        each micro-batch; hard negatives stacked (`stack_negatives`)."""
-        steps = iterate_batches(self.cache, micro_batch, accum, seed, position, bucket, fields=self.fields)
+        rank walks the same global plan of batches (`iterate_batches`, steps formed by `order`)
+        and keeps its share of each micro-batch; hard negatives stacked (`stack_negatives`)."""
+        steps = iterate_batches(self.cache, micro_batch, accum, seed, position, bucket, fields=self.fields,
+                                order=order, neighbour_order=self.source_order)
         return Prefetcher(distributed.shard_batches(stack_negatives(steps, self.neg_fields), world), depth=2)
 
 
@@ -44,7 +48,12 @@ def tokenise(train: list, data: DataConfig, tokenizer, cache_dir: Path) -> Train
     fields, neg_fields = token_fields(train, data.hard_negatives)
     cache = build_or_open(cache_dir / "tokens", fields, hf_tokenize(tokenizer), tokenizer_id=tokenizer_identity(tokenizer),
                           max_lengths={f: data.max_query_len if f == "query" else data.max_doc_len for f in fields})
-    return TrainTokens(cache, tuple(fields), neg_fields)
+    return TrainTokens(cache, tuple(fields), neg_fields, source_order(train))
+
+
+def source_order(train: list) -> np.ndarray:
+    """int64 [n]: the indices of `train`'s pairs sorted by (source file, line), stable."""
+    return np.array(sorted(range(len(train)), key=lambda i: (train[i].source, train[i].line)), np.int64)
 
 
 def token_fields(train: list, k: int) -> tuple[dict[str, list[str]], tuple[str, ...]]:
