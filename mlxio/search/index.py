@@ -69,6 +69,11 @@ BATCH_QUERIES = 1024  # queries per batch: bounds the (query, candidate) bookkee
 # 1.28 / 1.10 / 0.99 s on 1 / 2 / 4 / 8 / 16 threads, one query's p50 65 / 33 / 24 / 28 / 34 ms.
 # Results are the same bits on any number.
 MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 16, 4
+# candidate generation threads at most (a batch's queries, one task each). A query's generation is
+# ~0.5 ms, a third of it NumPy calls holding the GIL: more threads queue on it. On a 16-core H100
+# host, 1,000 queries over 1,000 functions took 0.56 / 0.41 / 0.50 / 0.52 / 0.75 s on 1 / 2 / 4 / 8
+# / 16 threads, 2,000 over 3,700 functions 2.43 / 1.42 / 1.42 / 1.47 / 1.87 s (dev/LOG.md, 2026-11-28)
+MAX_WORKERS_GENERATE = 4
 
 
 class SearchArgumentError(store.MlxioError, ValueError):
@@ -324,7 +329,8 @@ class Index:
                         out.append(_top(hits, scores[hits], top_k))
                 continue
             k = max(candidates or self.candidates, top_k)
-            pools = _map(lambda i, k=k: self.generate(qs[i], nprobe or self.nprobe, k), batch, _workers(len(batch)))
+            pools = _map(lambda i, k=k: self.generate(qs[i], nprobe or self.nprobe, k), batch,
+                         min(_workers(len(batch)), MAX_WORKERS_GENERATE))
             if mode == "hybrid":
                 pools, lexical_scores = self._join_bm25([queries[i] for i in batch], pools)
             block = block_tokens or (scoring.CHUNK_TOKENS if len(batch) == 1 else BATCH_BLOCK_TOKENS)

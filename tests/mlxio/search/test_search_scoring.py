@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,6 +51,48 @@ def test_probe_estimate_matches_the_dense_reference(seed, k, n_docs, n_q, nprobe
     np.testing.assert_array_equal(found, want_found)
     assert est.dtype == np.float32 and found.dtype == np.int64
     np.testing.assert_allclose(est, want, atol=2e-7)
+
+
+def _assignment_loop(indptr, docs, n_docs, probes, probe_scores, deleted):
+    """The kernel before `np.maximum.at`: one assignment per probed list, lists in ascending
+    score so that the best wins, rows added in token order (the bits batched search was
+    checked against)."""
+    n_q = len(probes)
+    scores = np.asarray(probe_scores, np.float32)
+    floor = scores.min(axis=1)
+    order = np.argsort(scores, axis=1, kind="stable")
+    probes = np.take_along_axis(np.asarray(probes, np.int64), order, axis=1)
+    excess = np.take_along_axis(scores - floor[:, None], order, axis=1).astype(np.float64)
+    span = 2.0 ** np.ceil(np.log2(float(excess.max(initial=0.0)) * n_q + 1.0))
+    total, row = np.zeros(n_docs, np.float64), np.zeros(n_docs, np.float64)
+    for t in range(n_q):
+        for p, value in zip(probes[t], excess[t] + span, strict=True):
+            row[docs[indptr[p]:indptr[p + 1]]] = value
+        total += row
+        row.fill(0.0)
+    if deleted is not None:
+        total[deleted] = 0.0
+    found = np.flatnonzero(total)
+    reached = np.floor(total[found] / span)
+    return found, ((total[found] - reached * span) / n_q + floor.mean(dtype=np.float64)).astype(np.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 12), n_docs=st.integers(1, 40),
+       n_q=st.integers(1, 6), nprobe=st.integers(1, 5), cells=st.sampled_from([1, 7, 40, 1 << 21]))
+def test_probe_estimate_is_the_assignment_loops_bits_in_any_chunking(seed, k, n_docs, n_q, nprobe, cells):
+    rng = np.random.default_rng(seed)
+    indptr, docs = _lists(rng, k, n_docs)
+    nprobe = min(nprobe, k)
+    probes = np.stack([rng.choice(k, nprobe, replace=False) for _ in range(n_q)])
+    scores = rng.uniform(-1, 1, (n_q, nprobe)).astype(np.float32)
+    deleted = rng.random(n_docs) < 0.2
+    with pytest.MonkeyPatch.context() as patch:  # tokens in chunks of cells // n_docs (at least 1)
+        patch.setattr(scoring, "PROBE_CELLS", cells)
+        found, est = scoring.probe_estimate(indptr, docs, n_docs, probes, scores, deleted)
+    want_found, want = _assignment_loop(indptr, docs, n_docs, probes, scores, deleted)
+    np.testing.assert_array_equal(found, want_found)
+    np.testing.assert_array_equal(est.view(np.uint32), want.view(np.uint32))
 
 
 def test_probe_estimate_with_no_postings():
