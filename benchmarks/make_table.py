@@ -425,7 +425,20 @@ def grad_cache(r: dict) -> bool:
 # settings a run's command may change, named in its label where they differ from its preset's
 COMMAND_SETTINGS = (("--lora.alpha", "LoRA alpha"), ("--loss.margin_weight", "margin weight"),
                     ("--optim.min_lr_ratio", "min lr ratio"), ("--optim.clip_norm", "clip"),
-                    ("--optim.warmup_steps", "warm-up"))
+                    ("--optim.warmup_steps", "warm-up"), ("--train.batch_order", "batch order"))
+
+
+def same_setting(given: str, preset) -> bool:
+    """Whether a command's value of a setting (text) is the preset's: numbers as numbers."""
+    return given == preset if isinstance(preset, str) else float(given) == preset
+
+
+def shown_setting(value: str) -> str:
+    """A setting's value as a label shows it: numbers as %g, words as they are."""
+    try:
+        return f"{float(value):g}"
+    except ValueError:
+        return value
 
 
 def preset_value(preset: str, flag: str):
@@ -448,10 +461,10 @@ def data_label(r: dict) -> str:
     temperature = r.get("temperature") or command_flag(r, "--loss.temperature")
     shown = temperature is not None and float(temperature) != PRESET_TEMPERATURE
     others = [(name, value) for flag, name in COMMAND_SETTINGS
-              if (value := command_flag(r, flag)) is not None and float(value) != preset_value(r["preset"], flag)]
+              if (value := command_flag(r, flag)) is not None and not same_setting(value, preset_value(r["preset"], flag))]
     return (f"{len(r.get('train_sources') or [])}{', LoRA r' + rank if rank else ''}"
             f"{f', lr {float(lr):g}' if lr else ''}{f', temperature {float(temperature):g}' if shown else ''}"
-            + "".join(f", {name} {float(value):g}" for name, value in others))
+            + "".join(f", {name} {shown_setting(value)}" for name, value in others))
 
 
 def run_label(r: dict) -> str:

@@ -16,8 +16,8 @@ from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
 from mlxcore.optim import OptimConfig
 from mlxcore.retriever import LossConfig
 from mlxio.data import pairs, pypi_sources
-from mlxio.data.xtr_data import DataConfig
 from mlxio.data.token_cache import BATCH_ORDERS
+from mlxio.data.xtr_data import DataConfig
 from mlxio.errors import ConfigError
 from mlxio.run import checkpoint, config
 from mlxio.weights import quantize as quant_io

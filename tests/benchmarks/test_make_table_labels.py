@@ -22,3 +22,8 @@ def test_a_changed_setting_is_named():
 def test_a_setting_at_the_presets_value_adds_nothing():
     assert make_table.data_label(entry("--optim.warmup_steps 2 --loss.margin_weight 0.1")) == "7, lr 0.0004"
     assert make_table.data_label(entry()) == "7, lr 0.0004"
+
+
+def test_a_worded_setting_is_named_as_given():
+    assert make_table.data_label(entry("--train.batch_order random")) == "7, lr 0.0004, batch order random"
+    assert make_table.data_label(entry("--train.batch_order length")) == "7, lr 0.0004"  # quick's own

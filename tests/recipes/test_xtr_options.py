@@ -18,6 +18,7 @@ from recipes import xtr_lora
     (["--data.negative_relative_margin", "1"], "data.negative_relative_margin"),
     (["--data.negative_absolute_margin", "-0.1"], "data.negative_absolute_margin"),
     (["--data.negative_miners", "bm25,dense"], "data.negative_miners"),
+    (["--train.batch_order", "shuffled"], "train.batch_order"),
 ])
 def test_bad_values_are_one_line_naming_the_option(flags, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")) as err:
@@ -32,3 +33,5 @@ def test_good_values_parse():
                              "--data.negative_guide", "runs/first/merged"])
     assert (cfg.train.dev_eval_every, cfg.train.grad_cache, cfg.data.negative_miners) == (3, True, ("bm25", "model"))
     assert (cfg.data.negative_rank_min, cfg.data.negative_guide) == (1, "runs/first/merged")
+    for order in ("length", "random", "neighbours"):
+        assert xtr_lora.parse(["--preset", "smoke", "--train.batch_order", order])[0].train.batch_order == order

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer
 
 from mlxio.data.token_cache import (
+    BATCH_ORDERS,
     DataPosition,
     Prefetcher,
     batch_plan,
@@ -108,15 +109,42 @@ def test_bad_inputs_and_corrupt_cache(tmp_path, tokenizer):
 
 @given(lengths=st.lists(st.integers(1, 300), min_size=0, max_size=300),
        micro=st.integers(1, 8), accum=st.integers(1, 4), seed=st.integers(0, 3),
-       epoch=st.integers(0, 3))
-def test_batch_plan_properties(lengths, micro, accum, seed, epoch):
+       epoch=st.integers(0, 3), order=st.sampled_from(BATCH_ORDERS))
+def test_batch_plan_properties(lengths, micro, accum, seed, epoch, order):
     lengths = np.array(lengths, np.int64)
-    plan = batch_plan(lengths, micro, accum, seed, epoch)
+    neighbours = np.random.default_rng(seed).permutation(len(lengths))
+    plan = batch_plan(lengths, micro, accum, seed, epoch, order=order, neighbour_order=neighbours)
     assert all(step.shape == (accum, micro) for step in plan)
     used = np.concatenate([s.ravel() for s in plan]) if plan else np.zeros(0, np.int64)
     assert len(np.unique(used)) == len(used) == len(lengths) // (micro * accum) * micro * accum
-    again = batch_plan(lengths, micro, accum, seed, epoch)
+    again = batch_plan(lengths, micro, accum, seed, epoch, order=order, neighbour_order=neighbours)
     assert all(np.array_equal(a, b) for a, b in zip(plan, again, strict=True))
+    if order == "neighbours" and plan:  # each step: a run of consecutive examples in neighbour_order (cyclic)
+        where = np.argsort(neighbours)
+        for step in plan:
+            at = where[step.ravel()]
+            assert np.all(np.diff(at) % len(lengths) == 1)
+
+
+def test_batch_plan_orders_differ_as_documented():
+    lengths = np.random.default_rng(0).integers(1, 500, 640)
+    source = np.random.default_rng(1).permutation(640)
+    random = batch_plan(lengths, 8, 4, seed=0, epoch=0, order="random")
+    by_length = batch_plan(lengths, 8, 4, seed=0, epoch=0, order="length")
+
+    def spread(steps):  # mean length range inside a step
+        return np.mean([np.ptp(lengths[s]) for s in steps])
+
+    assert spread(by_length) < spread(random) / 4  # random steps are not sorted by length
+    near = batch_plan(lengths, 8, 4, seed=0, epoch=0, order="neighbours", neighbour_order=source)
+    later = batch_plan(lengths, 8, 4, seed=0, epoch=1, order="neighbours", neighbour_order=source)
+    assert {frozenset(s.ravel().tolist()) for s in near} != {frozenset(s.ravel().tolist()) for s in later}  # offset per epoch
+    with pytest.raises(DataError, match="neighbour_order"):
+        batch_plan(lengths, 8, 4, seed=0, epoch=0, order="neighbours")
+    with pytest.raises(DataError, match="neighbour_order"):
+        batch_plan(lengths, 8, 4, seed=0, epoch=0, order="neighbours", neighbour_order=np.zeros(640, np.int64))
+    with pytest.raises(DataError, match="order must be one of"):
+        batch_plan(lengths, 8, 4, seed=0, epoch=0, order="sorted")
 
 
 def test_batch_plan_groups_lengths_and_varies_by_epoch():
