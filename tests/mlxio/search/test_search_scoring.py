@@ -18,6 +18,19 @@ def _lists(rng: np.random.Generator, k: int, n_docs: int) -> tuple[np.ndarray, n
     return indptr, np.concatenate(parts).astype(np.int32)
 
 
+def _probed(rng: np.random.Generator, k: int, n_docs: int, n_q: int, nprobe: int):
+    """Random inverted lists and a query's probes: (indptr, docs, probes int [n_q, P], scores
+    float32 [n_q, P]) with P = min(nprobe, k) distinct lists per token, ties between a token's
+    probes in about a third of the draws."""
+    indptr, docs = _lists(rng, k, n_docs)
+    nprobe = min(nprobe, k)
+    probes = np.stack([rng.choice(k, nprobe, replace=False) for _ in range(n_q)])
+    scores = rng.uniform(-1, 1, (n_q, nprobe)).astype(np.float32)
+    if rng.random() < 0.3:
+        scores[:, -1] = scores[:, 0]
+    return indptr, docs, probes, scores
+
+
 def _reference(indptr, docs, n_docs, probes, probe_scores, deleted):
     """The estimate spelt out: a [tokens, documents] matrix of each token's best probe score."""
     floor = probe_scores.min(axis=1)
@@ -39,12 +52,7 @@ def _reference(indptr, docs, n_docs, probes, probe_scores, deleted):
        n_q=st.integers(1, 6), nprobe=st.integers(1, 5), with_deleted=st.booleans())
 def test_probe_estimate_matches_the_dense_reference(seed, k, n_docs, n_q, nprobe, with_deleted):
     rng = np.random.default_rng(seed)
-    indptr, docs = _lists(rng, k, n_docs)
-    nprobe = min(nprobe, k)
-    probes = np.stack([rng.choice(k, nprobe, replace=False) for _ in range(n_q)])
-    scores = rng.uniform(-1, 1, (n_q, nprobe)).astype(np.float32)
-    if rng.random() < 0.3:  # ties between probes of one token
-        scores[:, -1] = scores[:, 0]
+    indptr, docs, probes, scores = _probed(rng, k, n_docs, n_q, nprobe)
     deleted = rng.random(n_docs) < 0.3 if with_deleted else None
     found, est = scoring.probe_estimate(indptr, docs, n_docs, probes, scores, deleted)
     want_found, want = _reference(indptr, docs, n_docs, probes, scores, deleted)
@@ -82,10 +90,7 @@ def _assignment_loop(indptr, docs, n_docs, probes, probe_scores, deleted):
        n_q=st.integers(1, 6), nprobe=st.integers(1, 5), cells=st.sampled_from([1, 7, 40, 1 << 21]))
 def test_probe_estimate_is_the_assignment_loops_bits_in_any_chunking(seed, k, n_docs, n_q, nprobe, cells):
     rng = np.random.default_rng(seed)
-    indptr, docs = _lists(rng, k, n_docs)
-    nprobe = min(nprobe, k)
-    probes = np.stack([rng.choice(k, nprobe, replace=False) for _ in range(n_q)])
-    scores = rng.uniform(-1, 1, (n_q, nprobe)).astype(np.float32)
+    indptr, docs, probes, scores = _probed(rng, k, n_docs, n_q, nprobe)
     deleted = rng.random(n_docs) < 0.2
     with pytest.MonkeyPatch.context() as patch:  # tokens in chunks of cells // n_docs (at least 1)
         patch.setattr(scoring, "PROBE_CELLS", cells)
