@@ -1,10 +1,12 @@
 """The per-query kernels of index search, as pure NumPy functions over one segment's arrays.
 
 - `probe_estimate`: the candidate stage's centroid-level MaxSim estimate of every document on
-  the probed inverted lists: every probed posting gathered at once, each (token, document)'s
-  best probe kept by one `np.maximum.at`, a few NumPy calls per query (0.28 -> 0.10 ms a query
-  over 1,000 functions on one core here, the same bits as the loop of one assignment per probed
-  list it replaced; batched search's generation threads no longer queue on the GIL).
+  the probed inverted lists. Short lists: every probed posting gathered at once, each (token,
+  document)'s best probe kept by one `np.maximum.at`, a few NumPy calls per query (0.28 -> 0.10
+  ms a query over 1,000 functions on one core here; batched search's generation threads no
+  longer queue on the GIL). Long lists: plain assignments per list (a list's documents are
+  unique, and lists are visited in ascending probe score, so the best probe a document is on
+  wins) into one reused row, faster there than `ufunc.at`. Both give the same bits.
 - `doc_chunks`: the exact re-rank decodes the candidates' tokens a block of about
   `CHUNK_TOKENS` tokens at a time (for one query; `Index.search_many` uses larger blocks), so the
   decoded vectors (1.5 MB at 1,024 x 384 float32) stay in the CPU cache between the decode, the
@@ -43,7 +45,13 @@ CHUNK_TOKENS = 1024
 GEMM_MIN_MACS = 100**3  # products are padded past this (OpenBLAS's small-matrix kernels; module doc)
 
 
-PROBE_CELLS = 1 << 21  # token x document cells of `probe_estimate`'s buffer (16 MB of float64)
+PROBE_CELLS = 1 << 21  # token x document cells of `probe_estimate`'s gather buffer (16 MB of float64)
+# mean postings per probed list up to which `probe_estimate` gathers (beyond: one assignment per
+# list). One core here, 24 tokens x 8 probes (dev/probe_kernel_crossover.py,
+# dev/results/cpu/probe_kernel_crossover.json): over 5,000 / 50,000 documents, lists of 100
+# postings 0.28 / 0.91 ms gathered vs 0.48 / 1.01 ms assigned, 300: 0.43 / 1.26 vs 0.62 / 1.24,
+# 1,000: 0.95 / 2.24 vs 1.05 / 1.82, 3,000: 2.64 / 5.41 vs 2.30 / 3.10
+GATHER_MAX_POSTINGS = 256
 
 
 def probe_estimate(indptr: np.ndarray, ivf_docs: np.ndarray, n_docs: int, probes: np.ndarray,
@@ -56,22 +64,52 @@ def probe_estimate(indptr: np.ndarray, ivf_docs: np.ndarray, n_docs: int, probes
     A document's estimate is the mean over query tokens t of the best score among t's probes
     whose list holds it, or t's lowest probe score when none does.
 
-    Every posting of every probed list gets its probe's excess over the token's floor + `span`
-    in one gather, the best per (token, document) kept by one `np.maximum.at` into a [tokens,
-    documents] buffer (`PROBE_CELLS` cells at most: tokens in chunks on large indexes); the
-    tokens' rows are added in token order. A handful of NumPy calls per query, not a few per
-    probed list: batched search runs generation on threads, which Python code held on the GIL.
-    `span`, a power of two above any document's summed excess, makes total = span x (tokens
-    that reached it) + summed excess, both exact in float64: the documents reached are those
-    with total > 0, without a separate mask."""
-    n_q, n_probes = np.shape(probes)
+    Each posting of a probed list gets its probe's excess over the token's floor + `span`, the
+    best per (token, document) kept, and the tokens' rows are added in token order
+    (`_summed_best`). `span`, a power of two above any document's summed excess, makes total =
+    span x (tokens that reached it) + summed excess, both exact in float64: the documents
+    reached are those with total > 0, without a separate mask."""
+    n_q = len(probes)
     scores = np.asarray(probe_scores, np.float32)
     floor = scores.min(axis=1)  # [Tq]
     excess = (scores - floor[:, None]).astype(np.float64)  # >= 0
     span = 2.0 ** np.ceil(np.log2(float(excess.max(initial=0.0)) * n_q + 1.0))
-    probes = np.asarray(probes, np.int64)
+    total = _summed_best(indptr, ivf_docs, n_docs, np.asarray(probes, np.int64), excess + span)
+    if deleted is not None:
+        total[deleted] = 0.0
+    found = np.flatnonzero(total)
+    reached = np.floor(total[found] / span)
+    summed = total[found] - reached * span
+    return found.astype(np.int64), (summed / n_q + floor.mean(dtype=np.float64)).astype(np.float32)
+
+
+def _summed_best(indptr: np.ndarray, ivf_docs: np.ndarray, n_docs: int, probes: np.ndarray,
+                 values: np.ndarray) -> np.ndarray:
+    """float64 [n_docs]: sum over tokens t (in order) of the largest values[t, p] (> 0) among t's
+    probes p whose list holds the document, 0 for none. Two ways, the same bits:
+
+    - short lists (mean <= GATHER_MAX_POSTINGS postings): every probed posting gathered at
+      once, each (token, document)'s best kept by one `np.maximum.at` into a [tokens, documents]
+      buffer of at most PROBE_CELLS cells. A handful of NumPy calls per query: batched search
+      generates candidates on threads, and per-list Python work queued them on the GIL.
+    - long lists: per token, one assignment per list in ascending value (the best one a document
+      is on is left), the row added and cleared: fewer, larger copies than `ufunc.at` makes.
+    """
+    n_q, n_probes = probes.shape
     starts, lengths = indptr[probes], indptr[probes + 1] - indptr[probes]  # [Tq, P] each
     total = np.zeros(n_docs, np.float64)
+    if lengths.size and lengths.mean() > GATHER_MAX_POSTINGS:
+        order = np.argsort(values, axis=1, kind="stable")  # ascending: a better probe overwrites
+        lo = np.take_along_axis(starts, order, axis=1).tolist()
+        hi = np.take_along_axis(starts + lengths, order, axis=1).tolist()
+        ordered = np.take_along_axis(values, order, axis=1).tolist()
+        row = np.zeros(n_docs, np.float64)
+        for t in range(n_q):
+            for a, b, value in zip(lo[t], hi[t], ordered[t], strict=True):
+                row[ivf_docs[a:b]] = value
+            total += row
+            row.fill(0.0)
+        return total
     chunk = max(1, PROBE_CELLS // max(n_docs, 1))
     best = np.zeros((min(chunk, n_q), n_docs), np.float64)
     for t0 in range(0, n_q, chunk):
@@ -80,18 +118,13 @@ def probe_estimate(indptr: np.ndarray, ivf_docs: np.ndarray, n_docs: int, probes
         if count.sum():
             ends = np.cumsum(count)
             at = np.repeat(starts[t0:t1].ravel() - (ends - count), count) + np.arange(ends[-1])  # postings
-            row = np.repeat(np.arange(t1 - t0) * n_docs, n_probes)  # each (token, probe)'s row offset
-            flat = best[:t1 - t0].reshape(-1)
-            np.maximum.at(flat, np.repeat(row, count) + ivf_docs[at], np.repeat((excess[t0:t1] + span).ravel(), count))
+            row_at = np.repeat(np.arange(t1 - t0) * n_docs, n_probes)  # each (token, probe)'s row offset
+            np.maximum.at(best[:t1 - t0].reshape(-1), np.repeat(row_at, count) + ivf_docs[at],
+                          np.repeat(values[t0:t1].ravel(), count))
         for t in range(t1 - t0):
             total += best[t]
         best.fill(0.0)
-    if deleted is not None:
-        total[deleted] = 0.0
-    found = np.flatnonzero(total)
-    reached = np.floor(total[found] / span)
-    summed = total[found] - reached * span
-    return found.astype(np.int64), (summed / n_q + floor.mean(dtype=np.float64)).astype(np.float32)
+    return total
 
 
 def doc_chunks(lengths: np.ndarray, limit: int = CHUNK_TOKENS) -> list[tuple[int, int]]:

@@ -62,9 +62,9 @@ def test_probe_estimate_matches_the_dense_reference(seed, k, n_docs, n_q, nprobe
 
 
 def _assignment_loop(indptr, docs, n_docs, probes, probe_scores, deleted):
-    """The kernel before `np.maximum.at`: one assignment per probed list, lists in ascending
-    score so that the best wins, rows added in token order (the bits batched search was
-    checked against)."""
+    """The kernel as it was before its gathered path, spelt out: one assignment per probed list,
+    lists in ascending score so that the best wins, rows added in token order (the bits batched
+    search was checked against)."""
     n_q = len(probes)
     scores = np.asarray(probe_scores, np.float32)
     floor = scores.min(axis=1)
@@ -87,13 +87,15 @@ def _assignment_loop(indptr, docs, n_docs, probes, probe_scores, deleted):
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 12), n_docs=st.integers(1, 40),
-       n_q=st.integers(1, 6), nprobe=st.integers(1, 5), cells=st.sampled_from([1, 7, 40, 1 << 21]))
-def test_probe_estimate_is_the_assignment_loops_bits_in_any_chunking(seed, k, n_docs, n_q, nprobe, cells):
+       n_q=st.integers(1, 6), nprobe=st.integers(1, 5), cells=st.sampled_from([1, 7, 40, 1 << 21]),
+       gather_max=st.sampled_from([-1, 10, 1 << 30]))
+def test_probe_estimate_is_the_assignment_loops_bits_in_any_chunking(seed, k, n_docs, n_q, nprobe, cells, gather_max):
     rng = np.random.default_rng(seed)
     indptr, docs, probes, scores = _probed(rng, k, n_docs, n_q, nprobe)
     deleted = rng.random(n_docs) < 0.2
     with pytest.MonkeyPatch.context() as patch:  # tokens in chunks of cells // n_docs (at least 1)
         patch.setattr(scoring, "PROBE_CELLS", cells)
+        patch.setattr(scoring, "GATHER_MAX_POSTINGS", gather_max)  # -1: always the loop; 1 << 30: always gathered
         found, est = scoring.probe_estimate(indptr, docs, n_docs, probes, scores, deleted)
     want_found, want = _assignment_loop(indptr, docs, n_docs, probes, scores, deleted)
     np.testing.assert_array_equal(found, want_found)
