@@ -208,7 +208,7 @@ def batch_plan(lengths: np.ndarray, micro_batch: int, accum: int, seed: int, epo
     rng = np.random.default_rng([seed, epoch])
     n = len(lengths)
     if order == "neighbours":
-        if neighbour_order is None or sorted(np.asarray(neighbour_order).tolist()) != list(range(n)):
+        if neighbour_order is None or not np.array_equal(np.sort(neighbour_order), np.arange(n)):
             raise DataError(f"batch plan: order 'neighbours' needs neighbour_order, a permutation of {n} examples")
         n_steps = n // step
         walk = np.roll(np.asarray(neighbour_order, np.int64), -int(rng.integers(max(n, 1))))[:n_steps * step]

@@ -70,9 +70,10 @@ BATCH_QUERIES = 1024  # queries per batch: bounds the (query, candidate) bookkee
 # Results are the same bits on any number.
 MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 16, 4
 # candidate generation threads at most (a batch's queries, one task each). A query's generation is
-# ~0.5 ms, a third of it NumPy calls holding the GIL: more threads queue on it. On a 16-core H100
+# ~0.5 ms, mostly Python and small NumPy calls that hold the GIL: more threads queue on it. On a 16-core H100
 # host, 1,000 queries over 1,000 functions took 0.56 / 0.41 / 0.50 / 0.52 / 0.75 s on 1 / 2 / 4 / 8
-# / 16 threads, 2,000 over 3,700 functions 2.43 / 1.42 / 1.42 / 1.47 / 1.87 s (dev/LOG.md, 2026-11-28)
+# / 16 threads, 2,000 over 3,700 functions 2.43 / 1.42 / 1.42 / 1.47 / 1.87 s (one run; the
+# measurement is dev/search_generation_workers.py; dev/LOG.md, 2026-11-28)
 MAX_WORKERS_GENERATE = 4
 
 
