@@ -95,28 +95,40 @@ def _summed_best(indptr: np.ndarray, ivf_docs: np.ndarray, n_docs: int, probes: 
     - long lists: per token, one assignment per list in ascending value (the best one a document
       is on is left), the row added and cleared: fewer, larger copies than `ufunc.at` makes.
     """
-    n_q, n_probes = probes.shape
     starts, lengths = indptr[probes], indptr[probes + 1] - indptr[probes]  # [Tq, P] each
-    total = np.zeros(n_docs, np.float64)
     if lengths.size and lengths.mean() > GATHER_MAX_POSTINGS:
-        order = np.argsort(values, axis=1, kind="stable")  # ascending: a better probe overwrites
-        lo = np.take_along_axis(starts, order, axis=1).tolist()
-        hi = np.take_along_axis(starts + lengths, order, axis=1).tolist()
-        ordered = np.take_along_axis(values, order, axis=1).tolist()
-        row = np.zeros(n_docs, np.float64)
-        for t in range(n_q):
-            for a, b, value in zip(lo[t], hi[t], ordered[t], strict=True):
-                row[ivf_docs[a:b]] = value
-            total += row
-            row.fill(0.0)
-        return total
+        return _summed_best_assigned(ivf_docs, n_docs, starts, lengths, values)
+    return _summed_best_gathered(ivf_docs, n_docs, starts, lengths, values)
+
+
+def _summed_best_assigned(ivf_docs: np.ndarray, n_docs: int, starts: np.ndarray, lengths: np.ndarray,
+                          values: np.ndarray) -> np.ndarray:
+    """`_summed_best` by one assignment per probed list (starts, lengths, values [Tq, P])."""
+    order = np.argsort(values, axis=1, kind="stable")  # ascending: a better probe overwrites
+    lo = np.take_along_axis(starts, order, axis=1).tolist()
+    hi = np.take_along_axis(starts + lengths, order, axis=1).tolist()
+    ordered = np.take_along_axis(values, order, axis=1).tolist()
+    total, row = np.zeros(n_docs, np.float64), np.zeros(n_docs, np.float64)
+    for t in range(len(lo)):
+        for a, b, value in zip(lo[t], hi[t], ordered[t], strict=True):
+            row[ivf_docs[a:b]] = value
+        total += row
+        row.fill(0.0)
+    return total
+
+
+def _summed_best_gathered(ivf_docs: np.ndarray, n_docs: int, starts: np.ndarray, lengths: np.ndarray,
+                          values: np.ndarray) -> np.ndarray:
+    """`_summed_best` by one `np.maximum.at` per chunk of tokens (starts, lengths, values [Tq, P])."""
+    n_q, n_probes = starts.shape
+    total = np.zeros(n_docs, np.float64)
     chunk = max(1, PROBE_CELLS // max(n_docs, 1))
     best = np.zeros((min(chunk, n_q), n_docs), np.float64)
     for t0 in range(0, n_q, chunk):
         t1 = min(t0 + chunk, n_q)
         count = lengths[t0:t1].ravel()
-        if count.sum():
-            ends = np.cumsum(count)
+        ends = np.cumsum(count)
+        if ends[-1]:
             at = np.repeat(starts[t0:t1].ravel() - (ends - count), count) + np.arange(ends[-1])  # postings
             row_at = np.repeat(np.arange(t1 - t0) * n_docs, n_probes)  # each (token, probe)'s row offset
             np.maximum.at(best[:t1 - t0].reshape(-1), np.repeat(row_at, count) + ivf_docs[at],
