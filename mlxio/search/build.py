@@ -31,7 +31,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from mlxio.data import pairs
+from mlxio.data import pairs, polyglot
 from mlxio.data.lines import object_lines
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_QUERIES_BYTES, MAX_SOURCE_BYTES, read_regular, regular_kind
@@ -86,7 +86,7 @@ def _file_docs(path: Path, skipped: Counter | None = None) -> list[dict]:
                     path, MAX_SOURCE_BYTES)
     items = [*corpus.pairs, *corpus.distractors, *corpus.extras]
     return [{"id": f"{s.source}:{s.line}:{s.name}", "code": s.code, "path": s.source,
-             "line": s.line, "name": s.name} for s in sorted(items, key=lambda s: s.line)]
+             "line": s.line, "end_line": s.end_line, "name": s.name} for s in sorted(items, key=lambda s: s.line)]
 
 
 def source_kind(source: Path) -> str:
@@ -104,7 +104,7 @@ def scan(source: Path, known: dict | None = None, skipped: Counter | None = None
     if source.is_dir():
         units = []
         odd: Counter = Counter()
-        for path, _ in pairs.python_files([source], odd):
+        for path, _ in pairs.source_files([source], odd, polyglot.SUFFIXES):
             try:
                 st = path.stat()
                 entry = known.get(str(path))
