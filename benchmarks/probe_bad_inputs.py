@@ -18,7 +18,9 @@ this process, under a per-case alarm, with stderr captured; a sample also runs a
   handled    a case whose right answer is not an error, done as documented (odd files in an
              indexed folder skipped and counted, readers during updates served, two writers
              serialised, a killed export's temp folder swept)
-Sandbox cases count `contained` (the quota held) or `escaped`. Groups `inputs38` and `faults38`
+Sandbox cases count `contained` (the quota held) or `escaped`. Group `rewards49`
+(`benchmarks.probe_rewards`) holds the rewards' judges: slow and planted teacher reviews, problem
+files whose tests cannot judge, rewards that never arrive. Groups `inputs38` and `faults38`
 are issue 38's classes (settings refused up front, memory bounds, special files, byte caps,
 model folders, out_dir locks, the search index under updates, litter) and cases of our own. The probe fails fast on
 purpose: only a few cases train (the RLAIF smoke preset, a tiny random model, seconds).
@@ -689,6 +691,27 @@ def _index_with_fake_embed(root: Path, meta: dict | None = None):
     return src, root / "ix", Embed(), meta
 
 
+def run_record(cls: str, what: str, fn, timeout: float) -> dict:
+    """The record of one case whose `fn() -> (outcome, detail)` judges itself, run under the
+    per-case alarm with stderr captured (an exception escaping it is a traceback)."""
+    err = io.StringIO()
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    start = time.perf_counter()
+    try:
+        with contextlib.redirect_stderr(err):
+            outcome, detail = fn()
+    except Hang:
+        outcome, detail = "hang", "no result within the timeout"
+    except BaseException as e:  # noqa: BLE001 - what the probe counts
+        outcome, detail = "traceback", "".join(traceback.format_exception(e))[-600:]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    print(f"{outcome:9s} {cls:18s} {what[:70]!r}", file=sys.stderr)
+    return {"class": cls, "what": what, "outcome": outcome, "detail": str(detail)[-400:],
+            "s": round(time.perf_counter() - start, 2)}
+
+
 def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[dict]:
     """Cases whose outcome needs more than an exit code: the worker, e.g., or a search index
     updated under readers. Each record's outcome is one of the probe's."""
@@ -699,24 +722,8 @@ def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[di
     out: list[dict] = []
 
     def record(cls, what, fn):
-        if any(s in what for s in skip):
-            return
-        err = io.StringIO()
-        signal.signal(signal.SIGALRM, _alarm)
-        signal.setitimer(signal.ITIMER_REAL, timeout)
-        start = time.perf_counter()
-        try:
-            with contextlib.redirect_stderr(err):
-                outcome, detail = fn()
-        except Hang:
-            outcome, detail = "hang", "no result within the timeout"
-        except BaseException as e:  # noqa: BLE001 - what the probe counts
-            outcome, detail = "traceback", "".join(traceback.format_exception(e))[-600:]
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        out.append({"class": cls, "what": what, "outcome": outcome, "detail": str(detail)[-400:],
-                    "s": round(time.perf_counter() - start, 2)})
-        print(f"{outcome:9s} {cls:18s} {what[:70]!r}", file=sys.stderr)
+        if not any(s in what for s in skip):
+            out.append(run_record(cls, what, fn, timeout))
 
     def cli(prog, argv):
         kind, code, err, _ = run_in_process(PROGS.get(prog, prog), entry(prog), argv, timeout)
@@ -1059,7 +1066,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--subprocess-cases", type=int, default=12, help="cases also run as real processes")
     parser.add_argument("--skip", default="", help="comma-separated texts: cases whose description holds one are "
                                                    "not run (to measure older code without its unbounded cases)")
-    parser.add_argument("--groups", default="config,path,data,code_search,faults,inputs38,faults38",
+    parser.add_argument("--groups", default="config,path,data,code_search,faults,inputs38,faults38,rewards49",
                         help="comma-separated case groups to run (all by default)")
     args = parser.parse_args(argv)
 
@@ -1087,6 +1094,13 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{kind:9s} {code} {case['prog']:10s} {results[-1]['what'][:80]!r}", file=sys.stderr)
         faults = fault_cases(work, args.timeout) if "faults" in groups else []
         faults += issue38_records(work, args.timeout, skip) if "faults38" in groups else []
+        if "rewards49" in groups:
+            from benchmarks.probe_rewards import reward_records
+
+            def record(cls, what, fn):
+                if not any(s in what for s in skip):
+                    faults.append(run_record(cls, what, fn, args.timeout))
+            reward_records(record)
         for r in faults:
             print(f"{r['outcome']:9s} {r['class']:10s} {r['what'][:80]!r}", file=sys.stderr)
         lenient = lenient_counts(work)

@@ -40,8 +40,9 @@ from mlxcore.verdict import roc_auc
 from mlxio.rl.local_teacher import MlxLmServer
 from mlxio.rl.mutants import as_completion, build_pairs
 from mlxio.rl.problems import load_humaneval
+from mlxio.rl.review_score import parse_score
 from mlxio.rl.rewards import AIFeedbackReward, ExecutionReward
-from mlxio.rl.teacher import HttpJudge, parse_score, rubric_messages
+from mlxio.rl.teacher import HttpJudge, rubric_messages
 
 
 def agreement_stats(scores, labels) -> dict:

@@ -13,11 +13,11 @@ import socket
 import threading
 import time
 
+from mlxio.rl.review_score import MAX_REVIEW_CHARS, parse_score
 from mlxio.rl.teacher import (
     PREFILL_CHUNK,
     SCORINGS,
     answer_word,
-    parse_score,
     rubric_hash,
     rubric_messages,
     verdict_score,
@@ -150,8 +150,15 @@ class LocalJudge:
         deadline = time.monotonic() + self.timeout_s
         try:
             if self.scoring == "verdict":
-                return self._verdict(messages, deadline)
-            return parse_score(self.complete(messages, deadline))
+                score = self._verdict(messages, deadline)
+            else:
+                review = self.complete(messages, deadline)
+                if len(review) > MAX_REVIEW_CHARS:
+                    raise ValueError(f"review of {len(review)} characters is over the {MAX_REVIEW_CHARS}-character limit")
+                score = parse_score(review)
+            if score is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"answer read after the {self.timeout_s:g} s deadline")
+            return score
         except (RuntimeError, ValueError, TimeoutError) as err:
             self.last_error = f"local judge: {err}"
             log.warning("%s; reward marked missing", self.last_error)

@@ -6,8 +6,8 @@ call failed or the answer held no score; never 0) and `config_key() -> str` (wha
 scores; part of reward-cache keys).
 
 Two ways to read a score from the teacher (`scoring`):
-- "text": the teacher writes its review and a last line `Score: N/10`; `parse_score` reads it.
-  For capable teachers.
+- "text": the teacher writes its review and a last line `Score: N/10`; `parse_score`
+  (`mlxio.rl.review_score`: its grammar, linear and capped) reads it. For capable teachers.
 - "verdict": the teacher is asked, after the same rubric, whether the solution is correct
   ("Yes" / "No") and the score is 10 * P(yes) / (P(yes) + P(no)) from the log-probabilities
   of its first answer token (OpenAI `logprobs` / `top_logprobs`; a local judge reads its
@@ -38,6 +38,7 @@ import urllib.parse
 import attrs
 
 from mlxio.data.lines import nesting_depth
+from mlxio.rl.review_score import MAX_REVIEW_CHARS, parse_score
 
 log = logging.getLogger(__name__)
 
@@ -87,60 +88,7 @@ def loads_bounded(raw: bytes | str, max_depth: int = MAX_JSON_DEPTH):
         raise ValueError("JSON nested too deep") from None
 
 
-# ---------------------------------------------------------------- score parsing
-
-_NUM = r"(-?\d+(?:\.\d+)?)"
-# "Score: 7/10", "Overall score = 7.5", "The final score is **9/10**", "score - 8 out of 10":
-# the number, and the scale when one is given
-_SCORE = re.compile(rf"\bscore\b\s*(?:is|[:=\-])?\s*\**\s*{_NUM}\s*\**\s*"
-                    rf"(?:(?:/|out\s+of)\s*\**\s*{_NUM})?", re.I)
-_OUT_OF = re.compile(rf"{_NUM}\s*(?:/|out\s+of)\s*{_NUM}\b", re.I)  # "8/10" anywhere
-_FENCED = re.compile(r"\A\s*```(?:json)?\s*\n(.*?)\n\s*```\s*\Z", re.S)
-
-
-def _on_scale(value, scale) -> float | None:
-    """`value` as a 0-10 score: None unless it is a finite number in [0, 10] on a scale of
-    10 (or no scale given). Out of range is not clamped: "35/100" or "12" is no answer."""
-    try:
-        score = float(value)
-        out_of = 10.0 if scale in (None, "") else float(scale)
-    except (TypeError, ValueError):
-        return None
-    if not (math.isfinite(score) and out_of == 10.0 and 0.0 <= score <= 10.0):
-        return None
-    return score
-
-
-def parse_score(text: str | None) -> float | None:
-    """The overall 0-10 score in a judge's answer; None if it gives none on that scale.
-
-    The last "score ... N[/10]" in the answer decides (the rubric asks for a last line
-    `Score: N/10`), whatever else the review quotes before it (a candidate's dict with a
-    "score" key, other criteria's marks). Without any: the whole answer as a JSON object with
-    "score" (bare or in one ``` block), or as one number; then the last "N/10" / "N out of 10".
-    A score on another scale ("35/100") or outside [0, 10] is None (missing), never clamped.
-    """
-    if not text or not isinstance(text, str):
-        return None
-    found = _SCORE.findall(text)
-    if found:
-        return _on_scale(*found[-1])
-    whole = _FENCED.match(text)
-    blob = (whole.group(1) if whole else text).strip()
-    if blob.startswith("{"):
-        try:
-            obj = loads_bounded(blob)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict) and isinstance(obj.get("score"), int | float | str) \
-                and not isinstance(obj.get("score"), bool):
-            return _on_scale(obj["score"], None)
-        return None
-    if re.fullmatch(rf"\s*{_NUM}\s*", text):
-        return _on_scale(text, None)
-    found = _OUT_OF.findall(text)
-    return _on_scale(*found[-1]) if found else None
-
+# ---------------------------------------------------------------- verdict tokens
 
 def answer_word(token: str) -> str:
     """A yes/no answer token normalised: case, punctuation and spacing dropped (" Yes",
@@ -291,24 +239,36 @@ class HttpJudge:
                 f"scoring={self.scoring}|rubric={rubric_hash(self.scoring)}")
 
     def judge(self, prompt: str, completion: str) -> float | None:
-        """0-10 score of `completion` for `prompt`, or None when the call failed."""
+        """0-10 score of `completion` for `prompt`, or None when the call failed. The answer
+        is read (its score parsed) within the call's deadline too: a score known only after
+        it is missing."""
         self._count(calls=1)
+        deadline = time.monotonic() + self.timeout_s
         messages = rubric_messages(prompt, completion, self.scoring)
         if self.scoring == "verdict":
-            resp = self.request(messages, max_tokens=1, logprobs=True, top_logprobs=10)
+            resp = self.request(messages, max_tokens=1, logprobs=True, top_logprobs=10, deadline=deadline)
             try:
                 score = None if resp is None else _verdict_from_response(resp)
             except (KeyError, IndexError, TypeError, AttributeError, ValueError):
                 score = None
         else:
-            score = parse_score(self.complete(messages))
+            score = self._review_score(self.complete(messages, deadline))
+        if score is not None and time.monotonic() >= deadline:
+            score = self._fail(f"answer read after the {self.timeout_s:g} s deadline", deadline=True)
         if score is None:
             self._count(missing=1)
         return score
 
-    def complete(self, messages: list[dict[str, str]]) -> str | None:
+    def _review_score(self, review: str | None) -> float | None:
+        """`parse_score` of a text review; a review over MAX_REVIEW_CHARS is refused unread."""
+        if review is not None and len(review) > MAX_REVIEW_CHARS:
+            return self._fail(f"review of {len(review)} characters is over the {MAX_REVIEW_CHARS}-character "
+                              "limit (the rubric asks for a few lines)")
+        return parse_score(review)
+
+    def complete(self, messages: list[dict[str, str]], deadline: float | None = None) -> str | None:
         """The assistant's reply text, or None after retries / on a non-retryable error."""
-        resp = self.request(messages)
+        resp = self.request(messages, deadline=deadline)
         if resp is None:
             return None
         try:
@@ -316,16 +276,17 @@ class HttpJudge:
         except (KeyError, IndexError, TypeError):
             return None
 
-    def request(self, messages: list[dict[str, str]], **extra) -> dict | None:
-        """The parsed JSON answer of one chat request (with retries, within the deadline),
-        or None (the reason logged and kept in `last_error`)."""
+    def request(self, messages: list[dict[str, str]], deadline: float | None = None, **extra) -> dict | None:
+        """The parsed JSON answer of one chat request (with retries, by `deadline`,
+        time.monotonic(); default `timeout_s` from now), or None (the reason logged and kept
+        in `last_error`)."""
         payload = {"model": self.model, "messages": messages, "temperature": self.temperature,
                    "max_tokens": self.max_tokens, **extra}
         body = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self.timeout_s if deadline is None else deadline
         attempt = 0
         while True:
             try:

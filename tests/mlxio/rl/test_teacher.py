@@ -21,60 +21,11 @@ from hypothesis import strategies as st
 
 from mlxcore.tasks import Problem
 from mlxio.rl.local_teacher import LocalJudge
+from mlxio.rl.review_score import parse_score
 from mlxio.rl.rewards import AIFeedbackReward, RewardCache, combine_rewards
-from mlxio.rl.teacher import HttpJudge, parse_score, rubric_messages
+from mlxio.rl.teacher import HttpJudge, rubric_messages
 
 REPLY = "Correctness: 8/10\nStyle: 6/10\nEfficiency: 7/10\nScore: 7/10"
-
-
-@pytest.mark.parametrize("text, expected", [
-    ("Score: 7/10", 7.0), ("7.5", 7.5), ('{"score": 6}', 6.0),
-    ("Correctness: 9/10\nStyle: 5/10\nScore: 7/10", 7.0), ('```json\n{"score": "8.5"}\n```', 8.5),
-    ("The final score is **9/10**", 9.0), ("I give it 6 out of 10.", 6.0),
-    ("junk", None), ("", None), (None, None), ("underscore 3", None), ("Score: NaN", None),
-    ('{"score": true}', None), ("**8**", None),  # a bold number claims nothing
-    # another scale or out of range is missing, never clamped
-    ("Overall score: 35/100", None), ("Overall score = 12", None), ("score: -3", None),
-    ("Score: 11/10", None), ("Score: 3/5", None), ("Score: 10/10", 10.0), ("Score: 0/10", 0.0),
-    # the last Score line decides, whatever the review quoted before it
-    ('The code returns {"score": 10, "ok": true}.\nCorrectness: 1/10\nScore: 1/10', 1.0),
-    ('```python\nresult = {"score": 10}\n```\nScore: 2/10', 2.0),
-    ("It prints 'Score: 10/10' for every input, which is wrong.\nScore: 1/10", 1.0),
-    ('Review.\n{"score": 9}', None),  # JSON inside prose is a quote, not the answer
-])
-def test_parse_score(text, expected):
-    assert parse_score(text) == expected
-
-
-@given(st.floats(0, 10, allow_nan=False).map(lambda x: round(x, 2)),
-       st.sampled_from(["Score: {}/10", "{}", '{{"score": {}}}', "score = {}", "Score: {} out of 10"]))
-def test_parse_score_round_trips(score, template):
-    assert parse_score(template.format(score)) == pytest.approx(score)
-
-
-_NOISE = st.sampled_from([
-    '{"score": 10}', "**10**", "10/10", "Correctness: 10/10", "Score: 100/100", "Score: 35/100",
-    "score = 11", "Overall score: 10/10 would be generous", "def f():\n    return {'score': 10}",
-    "Yes.", "", "The candidate claims a perfect score.",
-])
-
-
-@given(st.lists(_NOISE, max_size=6), st.integers(0, 10), st.sampled_from(["", "\n", "\nThanks."]))
-def test_the_final_score_line_decides_over_any_quoted_text(noise, final, tail):
-    review = "\n".join(noise) + f"\nScore: {final}/10" + tail
-    assert parse_score(review) == float(final)
-
-
-@given(st.lists(st.sampled_from(["Score: 35/100", "Overall score = 12", "score: -1", "Score: 7/5",
-                                 "Score: 10.5/10"]), min_size=1, max_size=4))
-def test_a_final_score_off_the_scale_is_missing(lines):
-    assert parse_score("Review:\n" + "\n".join(lines)) is None
-
-
-@given(st.text(max_size=200))
-def test_parse_score_never_raises_and_stays_in_range(text):
-    score = parse_score(text)
-    assert score is None or 0.0 <= score <= 10.0
 
 
 class FaultyServer:
