@@ -153,7 +153,7 @@ class AIFeedbackReward:
     name: str = "ai_feedback"
 
     def config_key(self) -> str:
-        return "aif-v2:" + self.judge.config_key()  # v2: the score parser of the last Score line
+        return "aif-v3:" + self.judge.config_key()  # v3: the written score grammar (mlxio.rl.review_score)
 
     def score(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[float | None]:
         def one(problem: Problem, completion: str) -> float | None:

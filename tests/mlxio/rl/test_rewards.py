@@ -163,7 +163,7 @@ def test_ai_feedback_reward_maps_and_keeps_missing():
     judge = TableJudge({"a": 7.0, "b": None, "c": 10.0, "d": 0.0})
     reward = AIFeedbackReward(judge)
     assert reward.score([ADD] * 4, ["a", "b", "c", "d"]) == [0.7, None, 1.0, 0.0]
-    assert reward.config_key() == "aif-v2:table"
+    assert reward.config_key() == "aif-v3:table"
 
 
 # ---------------------------------------------------------------- cache
