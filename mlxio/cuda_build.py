@@ -18,6 +18,8 @@ from functools import cache
 from pathlib import Path
 
 from mlxio import kernel_cache
+from mlxio.errors import MlxioError
+from mlxio.run.atomic import write_bytes_atomic
 
 
 def _nvrtc_paths() -> list[str]:
@@ -89,11 +91,8 @@ def ptx(source: str) -> bytes:
         return path.read_bytes()
     code = _compile(source, path.stem)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(code)
-        os.replace(tmp, path)
-    except OSError:
+        write_bytes_atomic(path, code, "kernel cache")
+    except (OSError, MlxioError):
         pass  # a read-only cache: compile again next time
     return code
 

@@ -29,16 +29,18 @@ import io
 import json
 import logging
 import os
+import stat
 import subprocess
 import tarfile
-import tempfile
 import threading
 import time
-from contextlib import contextmanager
+import zlib
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from mlxio.errors import DataError
-from mlxio.run.atomic import replace_file
+from mlxio.inputs import kind_of, size_text
+from mlxio.run.atomic import check_slot, open_new, replace_file, run_dir, temp_sibling
 
 log = logging.getLogger("mlxio")
 ENV = "MLXIO_KERNEL_CACHE"
@@ -172,52 +174,159 @@ def export_cache(archive: str | os.PathLike, folder: str | None = None) -> dict:
         raise DataError(f"no compiled kernels in {folder}", fix="run a recipe on the GPU first (it fills the cache)")
     manifest = {"mlx": _mlx_version(), "gpu_arch": _gpu_arch(), "files": len(files),
                 "bytes": sum(p.stat().st_size for p in files)}
-    archive = Path(archive)
-    tmp = archive.with_name(archive.name + ".partial")
-    with tarfile.open(tmp, "w:gz") as tar:
+    archive = check_slot(archive, "kernel cache archive")  # a link or device there: refused before any work
+    tmp = temp_sibling(archive)
+    with os.fdopen(open_new(tmp, "kernel cache archive"), "wb") as handle, tarfile.open(fileobj=handle, mode="w:gz") as tar:
         data = json.dumps(manifest).encode()
         info = tarfile.TarInfo(MANIFEST)
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))
         for p in files:
             tar.add(p, arcname=f"ptx/{p.relative_to(folder)}")
-    replace_file(tmp, archive)
+    replace_file(tmp, archive, "kernel cache archive")
     return manifest
+
+
+# What an archive may hold, checked from its headers before anything is unpacked (a real
+# cache: a few hundred files, about a hundred MB unpacked).
+MAX_ARCHIVE_BYTES = 1 << 30
+MAX_MEMBERS = 100_000
+MAX_UNPACKED_BYTES = 4 << 30
+MAX_MANIFEST_BYTES = 64 << 10
+_MAKE_ONE = "make one with `python -m mlxio.kernel_cache_cli export FILE`"
 
 
 def import_cache(archive: str | os.PathLike, folder: str | None = None, check: bool = True) -> dict:
     """Unpack an `export_cache` archive into the kernel cache `folder` (default: the one in use);
     kernels already there are kept. With `check`, refuses (DataError) an archive built by another
-    MLX version or for another GPU architecture: their kernels would not load, or not be the same ones."""
+    MLX version or for another GPU architecture: their kernels would not load, or not be the same
+    ones. The archive must be a regular file of at most MAX_ARCHIVE_BYTES holding a JSON-object
+    manifest and regular files under `ptx/` (normalised names), at most MAX_MEMBERS of them and
+    MAX_UNPACKED_BYTES in all (`archive_members`): anything else is one DataError line."""
     archive = Path(archive)
-    try:
-        tar = tarfile.open(archive, "r:*")
-    except (OSError, tarfile.TarError) as err:
-        raise DataError(f"cannot read kernel cache archive: {err}", where=str(archive)) from None
-    with tar:
+    fd = _open_archive(archive)
+    with os.fdopen(fd, "rb") as handle:
         try:
-            manifest = json.loads(tar.extractfile(MANIFEST).read())
-        except (KeyError, AttributeError, ValueError):
-            raise DataError("not a kernel cache archive (no kernel_cache.json)", where=str(archive),
-                            fix="make one with `python -m mlxio.kernel_cache_cli export FILE`") from None
-        here = {"mlx": _mlx_version(), "gpu_arch": _gpu_arch()}
-        for key, value in here.items():
-            if check and value and manifest.get(key) and manifest[key] != value:
-                raise DataError(f"kernel cache built for {key} {manifest[key]!r}, this machine has {value!r}",
-                                where=str(archive), fix="build the cache on this kind of machine (or --no-check)")
-        dest = Path(folder or cache_dir())
-        dest.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-            members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith("ptx/")]
-            tar.extractall(tmp, members=members, filter="data")
-            added = 0
-            for src in Path(tmp, "ptx").rglob("*"):
-                target = dest / src.relative_to(Path(tmp, "ptx"))
-                if src.is_file() and not target.exists():
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(src, target)  # same file system: each kernel appears whole or not at all
-                    added += 1
+            tar = tarfile.open(fileobj=handle, mode="r:*")
+        except (OSError, EOFError, tarfile.TarError, zlib.error) as err:
+            raise DataError(f"cannot read kernel cache archive: {err}", where=str(archive), fix=_MAKE_ONE) from None
+        with tar:
+            manifest_member, kernels = archive_members(tar, str(archive))
+            manifest = _manifest(tar, manifest_member, str(archive))
+            here = {"mlx": _mlx_version(), "gpu_arch": _gpu_arch()}
+            for key, value in here.items():
+                if check and value and manifest.get(key) and manifest[key] != value:
+                    raise DataError(f"kernel cache built for {key} {manifest[key]!r}, this machine has {value!r}",
+                                    where=str(archive), fix="build the cache on this kind of machine (or --no-check)")
+            dest = Path(folder or cache_dir())
+            dest.mkdir(parents=True, exist_ok=True)
+            added = sum(_add_kernel(tar, member, dest, str(archive)) for member in kernels)
     return {**manifest, "added": added, "folder": str(dest)}
+
+
+def _open_archive(archive: Path) -> int:
+    """A read descriptor of `archive` when it is a regular file of at most MAX_ARCHIVE_BYTES
+    (never blocking on a FIFO, never reading a device); else a DataError naming it."""
+    try:
+        fd = os.open(archive, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise DataError(f"cannot read kernel cache archive: {err.strerror}", where=str(archive), fix=_MAKE_ONE) from None
+    st = os.fstat(fd)
+    problem = (None if stat.S_ISREG(st.st_mode) else f"is {kind_of(st.st_mode)}, not a regular file") or \
+        (f"is {st.st_size} bytes, more than the {size_text(MAX_ARCHIVE_BYTES)} allowed"
+         if st.st_size > MAX_ARCHIVE_BYTES else None)
+    if problem:
+        os.close(fd)
+        raise DataError(f"the kernel cache archive {problem}", where=str(archive), fix=_MAKE_ONE)
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _bad_name(name: str) -> bool:
+    """Whether a member name leaves `ptx/` or is not normalised ('ptx/../x', '/x', 'ptx//x', NUL)."""
+    parts = name.split("/")
+    return (len(parts) < 2 or parts[0] != "ptx" or "\0" in name or "\\" in name
+            or any(part in ("", ".", "..") for part in parts[1:]))
+
+
+def archive_members(tar: tarfile.TarFile, where: str) -> tuple[tarfile.TarInfo, list[tarfile.TarInfo]]:
+    """(the manifest's member, the kernel files) of a kernel cache archive, read from its headers
+    alone; a DataError names the first member that is not a regular file under `ptx/` with a
+    normalised name, or the count / total size past MAX_MEMBERS / MAX_UNPACKED_BYTES."""
+    manifest, kernels, total = None, [], 0
+    try:
+        for count, member in enumerate(iter(tar.next, None), 1):
+            if count > MAX_MEMBERS:
+                raise DataError(f"the kernel cache archive holds more than {MAX_MEMBERS} members", where=where, fix=_MAKE_ONE)
+            if member.name == MANIFEST and member.isfile() and manifest is None:
+                manifest = member
+            elif member.isdir() and not _bad_name(member.name.rstrip("/") + "/x"):
+                continue
+            elif not member.isfile():
+                raise DataError(f"not a kernel cache archive: member {member.name[:120]!r} is not a regular file "
+                                "(links, devices and FIFOs are never unpacked)", where=where, fix=_MAKE_ONE)
+            elif _bad_name(member.name):
+                raise DataError(f"not a kernel cache archive: member {member.name[:120]!r} is not a plain path under ptx/",
+                                where=where, fix=_MAKE_ONE)
+            else:
+                total += member.size
+                kernels.append(member)
+            if total > MAX_UNPACKED_BYTES:
+                raise DataError(f"the kernel cache archive unpacks to more than {size_text(MAX_UNPACKED_BYTES)}",
+                                where=where, fix=_MAKE_ONE)
+    except (OSError, EOFError, tarfile.TarError, zlib.error) as err:
+        raise DataError(f"cannot read kernel cache archive: {err}", where=where, fix=_MAKE_ONE) from None
+    if manifest is None:
+        raise DataError(f"not a kernel cache archive (no {MANIFEST})", where=where, fix=_MAKE_ONE)
+    return manifest, kernels
+
+
+def _manifest(tar: tarfile.TarFile, member: tarfile.TarInfo, where: str) -> dict:
+    """The archive's manifest: a JSON object of at most MAX_MANIFEST_BYTES whose `mlx` and
+    `gpu_arch` are strings or null; anything else a DataError naming the field."""
+    bad = DataError(f"{MANIFEST} is not a kernel cache manifest (a JSON object with mlx and gpu_arch)",
+                    where=where, fix=_MAKE_ONE)
+    if member.size > MAX_MANIFEST_BYTES:
+        raise bad
+    try:
+        data = json.loads(tar.extractfile(member).read(MAX_MANIFEST_BYTES))
+    except (OSError, EOFError, tarfile.TarError, zlib.error, ValueError, RecursionError):
+        raise bad from None
+    if not isinstance(data, dict) or any(not isinstance(data.get(k), (str, type(None))) for k in ("mlx", "gpu_arch")):
+        raise bad
+    return data
+
+
+def _add_kernel(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, where: str) -> int:
+    """Write one kernel file of the archive under `dest` (1), or keep the one already there (0).
+    Folders below `dest` are made without following a link (`run_dir`), the file is written to a
+    new temp file (`open_new`) and hard-linked into place, so nothing there is ever overwritten."""
+    parts = member.name.split("/")[1:]
+    folder = dest
+    for part in parts[:-1]:
+        folder = run_dir(folder / part, "kernel cache folder")
+    target = check_slot(folder / parts[-1], "kernel")
+    if os.path.lexists(target):
+        return 0
+    tmp = temp_sibling(target)
+    try:
+        with os.fdopen(open_new(tmp, "kernel"), "wb") as out:
+            source = tar.extractfile(member)
+            remaining = member.size
+            while remaining > 0 and (chunk := source.read(min(remaining, 1 << 20))):
+                out.write(chunk)
+                remaining -= len(chunk)
+        try:
+            os.link(tmp, target)  # each kernel appears whole or not at all; one already there wins
+        except FileExistsError:
+            return 0
+        return 1
+    except (EOFError, tarfile.TarError, zlib.error) as err:  # a member cut short or corrupt
+        raise DataError(f"cannot read kernel cache archive member {member.name[:120]!r}: {err}", where=where,
+                        fix=_MAKE_ONE) from None
+    finally:
+        with suppress(OSError):
+            os.unlink(tmp)
 
 
 # ---- which kernel modules a step needs (CUDA JIT-compiles one per op and dtypes, ~3.5 s each

@@ -49,6 +49,8 @@ import threading
 import time
 from pathlib import Path
 
+from mlxio.run import atomic
+
 log = logging.getLogger("mlxio")
 ENV = "MLXIO_KERNEL_PREWARM"
 
@@ -142,11 +144,15 @@ def move_finished(staging: Path, dest: Path) -> int:
         target = dest / ptx.relative_to(staging)
         if target.exists():
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
+        folder = dest
+        for part in ptx.relative_to(staging).parts[:-1]:  # never through a link planted in the cache
+            folder = atomic.run_dir(folder / part, "kernel cache folder")
         for src in (txt, cu, ptx):  # the .ptx last: a reader that sees it finds the .txt
-            tmp = target.with_name(f".{src.name}.{os.getpid()}.part")
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, target.with_suffix(src.suffix))
+            final = target.with_suffix(src.suffix)
+            tmp = atomic.temp_sibling(final)
+            with open(src, "rb") as source, os.fdopen(atomic.open_new(tmp, "kernel"), "wb") as out:
+                shutil.copyfileobj(source, out)
+            atomic.replace_file(tmp, final, "kernel")
         moved += 1
     return moved
 

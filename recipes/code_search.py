@@ -44,7 +44,7 @@ import numpy as np
 from mlxio.data.lines import object_lines
 from mlxio.errors import ConfigError, DataError, StrictArgumentParser, at_least_one, cli_main
 from mlxio.run import budget
-from mlxio.run.atomic import regular_target
+from mlxio.run.atomic import check_slot
 from mlxio.run.config import check_path_text
 from mlxio.run.runlog import write_text_atomic
 from mlxio.search import build as search_build
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.queries is not None and args.output is not None and _same_file(args.queries, args.output):
         parser.error(f"--output {args.output} is the --queries file; it would be overwritten")
     if args.output is not None:
-        regular_target(args.output)  # /dev/null, a FIFO, ...: refused before any work
+        check_slot(args.output, "search results")  # /dev/null, a FIFO, ...: refused before any work
     if args.queries is not None:
         rows = _read_queries(args.queries)
         ranked, idx = search(args.index, [r["query"] for r in rows], args.mode, args.top_k, args.alpha, args.fusion)

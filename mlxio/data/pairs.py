@@ -34,7 +34,7 @@ from mlxio import pyparse
 from mlxio.data import polyglot
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_SOURCE_BYTES, read_regular, regular_kind
-from mlxio.run.atomic import replace_file
+from mlxio.run.runlog import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -260,10 +260,7 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or unreadable: mine again and rewrite it
     corpus = _mine(lib_files, other, min_body_lines)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(attrs.asdict(corpus)))
-    replace_file(tmp, path)  # atomic: readers never see half a file
+    write_text_atomic(path, json.dumps(attrs.asdict(corpus)), "mined corpus cache")  # readers never see half a file
     return _with_odd(corpus, odd)
 
 

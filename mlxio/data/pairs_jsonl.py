@@ -14,6 +14,7 @@ from mlxio.data.lines import MAX_LINE_BYTES, BadLine, check_text, decode_json_li
 from mlxio.data.pairs import Pair
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_DATA_BYTES, read_regular
+from mlxio.run.runlog import write_text_atomic
 
 
 @attrs.frozen(kw_only=True)
@@ -111,10 +112,10 @@ def read_jsonl(path: Path | str, lenient: bool = False,
 
 def write_jsonl(path: Path | str, pairs: Iterable[Pair]) -> None:
     """Write pairs as JSONL that `read_jsonl` reads back (source/line/name kept as extras)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for p in pairs:
-            row = {"query": p.query, "code": p.code, "source": p.source, "line": p.line,
-                   "name": p.name}
-            if p.negatives:
-                row["negatives"] = list(p.negatives)
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    lines = []
+    for p in pairs:
+        row = {"query": p.query, "code": p.code, "source": p.source, "line": p.line, "name": p.name}
+        if p.negatives:
+            row["negatives"] = list(p.negatives)
+        lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+    write_text_atomic(Path(path), "".join(lines), "pairs file")

@@ -138,7 +138,7 @@ def _unpack(archive: Path, dest: Path) -> None:
             with zipfile.ZipFile(archive) as z:
                 z.extractall(tmp)
         else:
-            shutil.unpack_archive(str(archive), str(tmp), format="gztar")
+            shutil.unpack_archive(str(archive), str(tmp), format="gztar", filter="data")  # no links out, no devices
         try:
             os.rename(tmp, dest)
         except OSError:

@@ -30,6 +30,7 @@ import numpy as np
 
 from mlxcore.buckets import padded_length
 from mlxio.errors import DataError
+from mlxio.run.atomic import run_dir
 
 Tokenize = Callable[[list[str], int], list[list[int]]]
 FORMAT = 1  # bump when the on-disk layout changes, so old caches are not misread
@@ -151,8 +152,8 @@ def build_or_open(root: Path | str, fields: Mapping[str, Sequence[str]], tokeniz
     final = root / cache_key(tokenizer_id, lengths, data_hash(fields))
     if final.exists():
         return open_cache(final)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+    run_dir(root, "token cache folder")  # a link there is refused, never written through
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=root))  # mode 0700: nobody else plants a link in it
     try:
         for name, texts in fields.items():
             tokens, offsets = _tokenize_field(texts, tokenize, lengths[name])

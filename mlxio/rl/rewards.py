@@ -28,7 +28,7 @@ from mlxcore.tasks import Problem
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl.judge import CodeJudge, SandboxConfig
 from mlxio.rl.problems import defines, fenced_blocks, parses
-from mlxio.run.atomic import replace_file
+from mlxio.run.atomic import open_new, replace_file, run_dir
 from mlxio.sandbox import SandboxLimits, Verdict
 
 # ---------------------------------------------------------------- reward functions
@@ -176,8 +176,7 @@ class RewardCache:
     """
 
     def __init__(self, path: str | os.PathLike, max_segments: int = 64) -> None:
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir(path, "reward cache folder")
         self.hits = self.misses = 0
         self._data: dict[str, float] = {}
         self._pending: dict[str, float] = {}
@@ -239,11 +238,11 @@ class RewardCache:
     def _write_segment(self, entries: dict[str, float]) -> None:
         name = f"seg-{time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}.jsonl"
         tmp = self.path / f".tmp-{name}"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with os.fdopen(open_new(tmp, "reward cache"), "w", encoding="utf-8") as f:
             f.writelines(json.dumps([k, v]) + "\n" for k, v in entries.items())
             f.flush()
             os.fsync(f.fileno())
-        replace_file(tmp, self.path / name)
+        replace_file(tmp, self.path / name, "reward cache")
         dir_fd = os.open(self.path, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

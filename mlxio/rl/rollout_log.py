@@ -24,6 +24,7 @@ import numpy as np
 from mlxcore.digest import hashed_int
 from mlxcore.tasks import Problem
 from mlxio.errors import DataError
+from mlxio.run.atomic import append_text
 from mlxio.run.runlog import MetricsLog
 
 LOG_NAME = "rollouts.jsonl"
@@ -67,8 +68,7 @@ class RolloutLog(MetricsLog):
                    per_reward: dict[str, np.ndarray]) -> None:
         """Append one step's lines in one write."""
         lines = "".join(json.dumps(r) + "\n" for r in records(step, problems, completions, per_reward))
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(lines)
+        append_text(self.path, lines, "rollout log")
 
 
 def log_path(path: str | Path) -> Path:

@@ -57,38 +57,171 @@ def _exchange(a: Path, b: Path) -> bool:
 
 _KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "FIFO"),
           (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory"))
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
-def regular_target(path: str | os.PathLike) -> Path:
-    """The file an atomic write of `path` replaces: `path` (or, through symlinks, the file it
-    names) when that is a regular file or does not exist yet. Anything else (`/dev/null`,
-    `/dev/full`, a FIFO, a socket, a directory) is a DiskError: renaming over it would
-    replace the device node itself."""
+def _what_is(path: Path, st: os.stat_result, hard_links: bool) -> str | None:
+    """None when `st` (an lstat) is a file a run may write at `path`; else what it is instead."""
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            return f"a symbolic link (to {os.readlink(path)})"
+        except OSError:
+            return "a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "a " + next((name for test, name in _KINDS if test(st.st_mode)), "special file")
+    if hard_links and st.st_nlink > 1:
+        return f"a file with {st.st_nlink} hard links (writing it would change the other names too)"
+    return None
+
+
+def _slot_error(path: Path, what: str, found: str) -> DiskError:
+    fix = ("remove the link (a run never writes through one), or pick another folder" if "link" in found
+           else "pass the path of a regular file (or a new one)")
+    return DiskError(f"cannot write the {what}: its path is {found}, not a regular file", where=str(path), fix=fix)
+
+
+def check_slot(path: str | os.PathLike, what: str = "output", *, hard_links: bool = False) -> Path:
+    """`path` when a run may put its file there: absent, or a regular file (with no other hard
+    link when `hard_links`: the file is written in place). A symlink (dangling or not), a FIFO,
+    a device, a socket or a directory is a DiskError naming it; nothing is followed."""
     path = Path(path)
-    real = Path(os.path.realpath(path)) if path.is_symlink() else path
     try:
-        mode = os.stat(real).st_mode
+        st = os.lstat(path)
     except FileNotFoundError:
-        return real
-    except OSError:  # unreadable: let the write itself report it
-        return real
-    if stat.S_ISREG(mode):
-        return real
-    kind = next((name for test, name in _KINDS if test(mode)), "special file")
-    raise DiskError(f"{path} is a {kind}, not a regular file; an output is never written over one",
-                    where=str(path), fix="pass the path of a regular file (or a new one)")
+        return path
+    except OSError:  # unreadable: the write itself reports it
+        return path
+    found = _what_is(path, st, hard_links)
+    if found:
+        raise _slot_error(path, what, found)
+    return path
 
 
-def replace_file(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
-    """`os.replace(tmp, path)` when `path` is a regular file or absent (`regular_target`);
-    else `tmp` is removed and the DiskError raised."""
+regular_target = check_slot  # an output path checked before any work (`code_search search --output`)
+
+
+def run_dir(path: str | os.PathLike, what: str = "run folder") -> Path:
+    """`path` as a directory a run writes into, created with its missing parents. A symlink
+    there (a folder the run names inside the user's, such as `checkpoints/`, moved elsewhere by
+    a link) or anything else but a directory is a DiskError; nothing is followed."""
+    path = Path(path)
     try:
-        target = regular_target(path)
+        os.mkdir(path)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return run_dir(path, what)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        found = _what_is(path, st, False) or "a file"
+        raise DiskError(f"cannot write the {what}: its path is {found}, not a directory", where=str(path),
+                        fix="remove it (a run never writes through a link), or pick another folder")
+    return path
+
+
+def private_dir(path: str | os.PathLike) -> Path:
+    """A new directory only this user can enter (mode 0700, as `mkdtemp`), so nobody else can
+    plant a link among the files written into it before `publish_dir` opens it up."""
+    os.mkdir(path, 0o700)
+    return Path(path)
+
+
+def publish_dir(path: str | os.PathLike) -> None:
+    """Give a `private_dir` the mode an ordinary `mkdir` would (0777 less the umask)."""
+    os.chmod(path, 0o777 & ~_UMASK)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
+def open_new(path: str | os.PathLike, what: str = "output", mode: int = 0o666) -> int:
+    """A descriptor of a new file at `path`, for writing (O_CREAT | O_EXCL | O_NOFOLLOW: a link
+    or any file already there is a DiskError naming it, never opened)."""
+    path = Path(path)
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
+    except FileExistsError:
+        check_slot(path, what, hard_links=True)
+        raise _slot_error(path, what, "a file that is already there") from None
+
+
+def open_in_place(path: str | os.PathLike, what: str = "output", *, append: bool = False, read: bool = False) -> int:
+    """A descriptor of the regular file at `path` (created when absent) to write in place
+    (appended to when `append`, readable too when `read`): opened without following a link and
+    without blocking on a FIFO, then refused (DiskError naming it) unless it is a regular file
+    with no other hard link - so a link planted where a run's log or lock belongs never gets
+    another file truncated, appended to or created elsewhere."""
+    path = Path(path)
+    flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+    flags |= os.O_APPEND if append else 0
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO, errno.EISDIR, errno.EWOULDBLOCK):
+            check_slot(path, what, hard_links=True)
+            raise _slot_error(path, what, "not a plain file") from None
+        raise
+    st = os.fstat(fd)
+    found = _what_is(path, st, hard_links=True)
+    if found:
+        os.close(fd)
+        raise _slot_error(path, what, found)
+    if _NONBLOCK:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_NONBLOCK)
+    return fd
+
+
+def append_text(path: str | os.PathLike, text: str, what: str = "log") -> None:
+    """Append `text` to the log at `path` in one write (`open_in_place`)."""
+    fd = open_in_place(path, what, append=True)
+    with os.fdopen(fd, "ab") as handle:
+        handle.write(text.encode("utf-8"))
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, what: str = "output") -> None:
+    """Write `data` to a new temp file beside `path` (`open_new`), fsync, then rename it over
+    `path`; on any failure (disk full, ...) the temp file is removed and `path` keeps its old
+    contents. Anything at `path` but a regular file (a link, device, FIFO, socket, folder) is a
+    DiskError naming it, left as it was."""
+    path = check_slot(path, what)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(path.parent)  # temp files of writers killed before their rename
+    tmp = temp_sibling(path)
+    fd = open_new(tmp, what)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        replace_file(tmp, path, what)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def replace_file(tmp: str | os.PathLike, path: str | os.PathLike, what: str = "output") -> None:
+    """`os.replace(tmp, path)` when `path` is a regular file or absent (`check_slot`: a rename
+    never follows a link, and one is refused rather than replaced); else `tmp` is removed and
+    the DiskError raised."""
+    try:
+        check_slot(path, what)
     except DiskError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    os.replace(tmp, target)
+    os.replace(tmp, path)
 
 
 # `.NAME.tmp-PID-HEX` / `.NAME.old-PID-HEX`: a temporary sibling of NAME written by process PID
@@ -149,11 +282,22 @@ def _fsync_tree(root: Path) -> None:
         fsync_path(folder)
 
 
-def replace_dir(tmp: Path, final: Path) -> None:
-    """Put the complete directory `tmp` at `final` (replacing any directory there)."""
-    if final.exists() and not final.is_dir():
-        raise DiskError(f"{final} is a file, not a directory", where=str(final),
-                        fix="remove it or pick another output directory")
+def check_dir_slot(final: Path, what: str) -> None:
+    """A DiskError unless `final` is absent or a directory (not a link to one)."""
+    try:
+        st = os.lstat(final)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        found = _what_is(final, st, False) or "a file"
+        raise DiskError(f"cannot write the {what}: its path is {found}, not a directory", where=str(final),
+                        fix="remove it (a run never writes through a link), or pick another output directory")
+
+
+def replace_dir(tmp: Path, final: Path, what: str = "output") -> None:
+    """Put the complete directory `tmp` at `final` (replacing any directory there; a link or a
+    file there is a DiskError)."""
+    check_dir_slot(final, what)
     if final.exists():
         if not _exchange(tmp, final):
             old = temp_sibling(final, "old")
@@ -175,19 +319,17 @@ def replace_dir(tmp: Path, final: Path) -> None:
 def atomic_dir(final: str | Path, what: str = "output") -> Iterator[Path]:
     """Yield a fresh temporary sibling of `final`; rename it into place when the block ends."""
     final = Path(final)
-    if final.exists() and not final.is_dir():
-        raise DiskError(f"cannot write the {what}: {final} is a file, not a directory", where=str(final),
-                        fix="remove it or pick another output directory")
+    check_dir_slot(final, what)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         sweep_stale(final.parent)  # what an export killed earlier left
-        tmp = temp_sibling(final)
-        tmp.mkdir()
+        tmp = private_dir(temp_sibling(final))
     except OSError as err:
         raise _disk_error(err, what, final) from None
     try:
         yield tmp
         _fsync_tree(tmp)
+        publish_dir(tmp)
         replace_dir(tmp, final)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)

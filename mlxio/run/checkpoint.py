@@ -42,7 +42,17 @@ import numpy as np
 from mlxcore.tree import Tree, flatten, unflatten
 from mlxio.errors import CheckpointError, LoadError
 from mlxio.inputs import MiB, read_regular
-from mlxio.run.atomic import disk_error, fsync_path, pid_alive  # noqa: F401  (pid_alive: re-exported)
+from mlxio.run.atomic import (  # noqa: F401  (pid_alive: re-exported)
+    check_dir_slot,
+    disk_error,
+    fsync_path,
+    open_new,
+    pid_alive,
+    private_dir,
+    publish_dir,
+    replace_file,
+    run_dir,
+)
 from mlxio.weights.safeload import read_safetensors
 
 log = logging.getLogger(__name__)
@@ -105,7 +115,8 @@ def _canonical(obj: Any) -> bytes:
 # ------------------------------------------------------------------------------ durability
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
+    """`data` in a new file at `path` (never through a link: `open_new`), fsynced."""
+    with os.fdopen(open_new(path, "checkpoint"), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -202,11 +213,10 @@ def save(run_dir: str | Path, step: int, trees: dict[str, Tree], meta: dict,
 
 
 def _save(root: Path, step: int, flats: dict, meta_bytes: bytes, keep_last: int) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
+    run_dir(root, "checkpoints folder")  # a link there is refused, never written through
     clean_stale(root)
     final = root / f"step-{step:08d}"
-    tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    tmp = private_dir(root / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         files = {}
         for name, flat in flats.items():
@@ -224,6 +234,8 @@ def _save(root: Path, step: int, flats: dict, meta_bytes: bytes, keep_last: int)
         manifest = {**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
         _write_bytes(tmp / MANIFEST, _canonical(manifest))
         fsync_path(tmp)
+        publish_dir(tmp)
+        check_dir_slot(final, "checkpoint")
         if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside
             old = root / f"{TMP_PREFIX}old-{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
             os.rename(final, old)
@@ -237,7 +249,7 @@ def _save(root: Path, step: int, flats: dict, meta_bytes: bytes, keep_last: int)
         raise
     pointer_tmp = root / f"{TMP_PREFIX}{LATEST}-{os.getpid()}-{secrets.token_hex(4)}"
     _write_bytes(pointer_tmp, f"{final.name}\n".encode())
-    os.replace(pointer_tmp, root / LATEST)
+    replace_file(pointer_tmp, root / LATEST, "checkpoint pointer")
     fsync_path(root)
     _prune(root, keep=final, keep_last=keep_last)
     return final

@@ -29,7 +29,7 @@ import numpy as np
 
 from mlxcore.tree import Tree, combine, partition
 from mlxio.errors import CheckpointError, TrainingDiverged, at_least_one, cli_main
-from mlxio.run import checkpoint, distributed, memprof
+from mlxio.run import atomic, checkpoint, distributed, memprof
 from mlxio.run.atomic import sweep_stale
 from mlxio.run.runlog import write_json_atomic
 
@@ -81,7 +81,7 @@ def claim_out_dir(out_dir: Path, resume: bool, overwrite: bool = False) -> bool:
     key = os.path.realpath(out_dir)
     taken = key not in _HELD
     if taken:
-        fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = atomic.open_in_place(out_dir / LOCK_NAME, "run's lock file", read=True)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxio.errors import ConfigError, RunError
+from mlxio.run.atomic import open_in_place
 from mlxio.run.runlog import MetricsLog
 
 log = logging.getLogger("mlxio.progress")
@@ -252,7 +253,7 @@ class TensorBoardWriter:
         log_dir.mkdir(parents=True, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.0"
         self.path = log_dir / name
-        self.handle = self.path.open("ab")
+        self.handle = os.fdopen(open_in_place(self.path, "TensorBoard log", append=True), "ab")
         self._write(event_bytes(time.time(), 0, file_version="brain.Event:2"))
 
     def _write(self, data: bytes) -> None:

@@ -2,41 +2,25 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from mlxio.run.atomic import regular_target, replace_file, sweep_stale, temp_sibling
+from mlxio.run.atomic import append_text, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` to a temp file beside `path`, fsync, then rename over it; on any failure
-    (disk full, ...) the temp file is removed and `path` keeps its old contents. A `path` that
-    exists and is not a regular file (a device, FIFO, socket) is refused (DiskError)."""
-    path = regular_target(path)  # never renamed over /dev/null, a FIFO, ...
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale(path.parent)  # temp files of writers killed before their rename
-    tmp = temp_sibling(path)
-    try:
-        with open(tmp, "x", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+def write_text_atomic(path: Path, text: str, what: str = "output") -> None:
+    """`text` written atomically at `path` (`atomic.write_bytes_atomic`: a temp file beside it,
+    fsync, rename; a link, device, FIFO or folder at `path` is a DiskError, left as it was)."""
+    write_bytes_atomic(path, text.encode("utf-8"), what)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to a temp file beside `path`, fsync, then rename over it."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=float) + "\n")
+def write_json_atomic(path: Path, data: Any, what: str = "output") -> None:
+    """Write JSON to a temp file beside `path`, fsync, then rename over it (`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=float) + "\n", what)
 
 
 class MetricsLog:
@@ -50,7 +34,7 @@ class MetricsLog:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
-            path.write_text("")
+            write_bytes_atomic(path, b"", "metrics log")
         elif path.exists():
             from mlxio.errors import RunError
             from mlxio.inputs import MAX_DATA_BYTES, read_regular
@@ -59,13 +43,10 @@ class MetricsLog:
                                 fix="move it away, then resume").decode("utf-8", "replace")
             kept = [line for line in text.splitlines()
                     if line.strip() and _step_of(line) <= resume_step]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            replace_file(tmp, path)
+            write_text_atomic(path, "".join(line + "\n" for line in kept), "metrics log")
 
     def write(self, record: dict) -> None:
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record, default=float) + "\n")
+        append_text(self.path, json.dumps(record, default=float) + "\n", "metrics log")
 
     def read(self) -> list[dict]:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]

@@ -48,7 +48,7 @@ import numpy as np
 
 from mlxio.errors import MlxioError
 from mlxio.inputs import MiB, read_regular
-from mlxio.run import checkpoint
+from mlxio.run import atomic, checkpoint
 from mlxio.run.checkpoint import pid_alive
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def writer_lock(index_dir: Path):
     import fcntl
 
     index_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(index_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fd = atomic.open_in_place(index_dir / LOCK_NAME, "index's lock file", read=True)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -138,8 +138,7 @@ def new_generation(index_dir: Path) -> tuple[Path, Path]:
         raise IndexError_(f"{index_dir}: not a directory")
     taken = [int(m.group(1)) for e in index_dir.iterdir() if (m := _GEN.match(e.name) or _TMP.match(e.name))]
     number = max(taken, default=0) + 1
-    tmp = index_dir / f".tmp-gen-{number:06d}-{os.getpid()}"
-    tmp.mkdir()
+    tmp = atomic.private_dir(index_dir / f".tmp-gen-{number:06d}-{os.getpid()}")
     return tmp, index_dir / f"gen-{number:06d}"
 
 
@@ -182,7 +181,7 @@ def commit(tmp: Path, final: Path, manifest: dict, known: dict | None = None) ->
         checkpoint.fsync_path(path)
     manifest = {**manifest, "format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
     data = json.dumps(manifest, indent=1).encode()
-    with (tmp / "manifest.json").open("wb") as f:
+    with os.fdopen(atomic.open_new(tmp / "manifest.json", "index manifest"), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -190,13 +189,11 @@ def commit(tmp: Path, final: Path, manifest: dict, known: dict | None = None) ->
         if path.is_dir():
             checkpoint.fsync_path(path)
     checkpoint.fsync_path(tmp)
+    atomic.publish_dir(tmp)
+    atomic.check_dir_slot(final, "index generation")
     os.rename(tmp, final)
     index_dir = final.parent
-    pointer_tmp = index_dir / f".CURRENT.{os.getpid()}"
-    pointer_tmp.write_text(final.name + "\n")
-    with pointer_tmp.open("rb") as f:
-        os.fsync(f.fileno())
-    os.replace(pointer_tmp, index_dir / "CURRENT")
+    atomic.write_bytes_atomic(index_dir / "CURRENT", (final.name + "\n").encode(), "index pointer")
     checkpoint.fsync_path(index_dir)
     clean_stale(index_dir)
 

