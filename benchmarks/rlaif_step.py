@@ -23,9 +23,12 @@ Same work on both sides (issue 19 item 1): PEFT's adapters are set to MLX's init
 (A transposed, B = 0), and `torch.optim.AdamW` gets the per-step lr / eps that make its update
 MLX's (no bias correction, warm-up from 0: `benchmarks.retriever_models.torch_adamw_groups`).
 Before timing, each side runs `--check-steps` steps from those weights on the same batch and
-records the loss and pre-clip gradient norm; a PyTorch variant whose first loss, first gradient
-norm or last checked loss is off MLX's (`mlx`, or `--reference`) by more than the dtype's
-tolerance (`benchmarks.common.TOLERANCE`) is marked `"invalid": true` and left out of the ratios.
+records the loss and pre-clip gradient norm, and a probe: the loss and LoRA gradients of the
+first micro-batch with fixed non-zero advantages. A PyTorch variant whose first gradient norm,
+probe loss or gradient cosines are off MLX's (`mlx`, or the first full-precision MLX row) by
+more than the dtype's tolerance (`benchmarks.rlaif_agreement`: well-conditioned quantities only;
+the loss itself is a near-zero mean of +/- terms) is marked `"invalid": true` and left out of
+the ratios.
 
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b --completion-len 256 \
@@ -49,7 +52,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from benchmarks.common import TOLERANCE, agreement
+from benchmarks import rlaif_agreement
 from benchmarks.generation import SHAPES, mlx_model, torch_model
 
 
@@ -144,6 +147,8 @@ def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
                            eval_micro_batches=opts["eval_micro"])
     state = init_state(opt, params)
     batch = mlx_batch(data, micro, cfg)
+    probe_loss, probe_grads = rlaif_agreement.mlx_probe(loss_fn(model, cfg), params,
+                                                        mlx_batch(rlaif_agreement.probe_data(data, micro), micro, cfg))
     times, check = [], {"steps": args.check_steps, "loss": [], "grad_norm": []}
     old_limit = mx.set_memory_limit(int(args.mlx_cap_gb * 1e9)) if opts["cap"] else None
     try:
@@ -162,6 +167,7 @@ def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
     check["seconds"] = sum(times[:args.check_steps])
     return {"step_s": times[args.check_steps + args.warmup:], "peak_bytes": mx.get_peak_memory(),
             "loss": metrics["loss"].item(), "check": check, "options": opts,
+            "probe": {"loss": probe_loss}, "probe_grads": probe_grads,
             **({"memory_limit_bytes": int(args.mlx_cap_gb * 1e9)} if opts["cap"] else {})}
 
 
@@ -217,10 +223,15 @@ def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.nd
     loss_fn = torch.compile(torch_loss) if compiled else torch_loss
     if keep and not (data["mask"][:, -keep:].all() and not data["mask"][:, :-keep].any()):
         raise ValueError(f"logits_to_keep={keep} needs every row's completion in the last {keep} positions")
+    def to_torch(arrays: dict) -> dict:
+        return {k: torch.from_numpy(v).to(dev).long() if k == "tokens" else torch.from_numpy(v).to(dev)
+                for k, v in arrays.items()}
+
     rows = len(data["tokens"])
-    mbs = [{k: torch.from_numpy(v[i:i + micro]).to(dev).long() if k == "tokens"
-            else torch.from_numpy(v[i:i + micro]).to(dev) for k, v in data.items()}
-           for i in range(0, rows, micro)]
+    mbs = [to_torch({k: v[i:i + micro] for k, v in data.items()}) for i in range(0, rows, micro)]
+    probe_loss, probe_grads = rlaif_agreement.torch_probe(
+        model, lambda m, mb: loss_fn(m, mb, cfg.beta, cfg.clip_eps, keep),
+        to_torch(rlaif_agreement.probe_data(data, micro)), sorted({k.rsplit(".", 1)[0] for k in lora_state}))
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     times, check = [], {"steps": args.check_steps, "loss": [], "grad_norm": []}
     if dev.type == "cuda":
@@ -246,6 +257,7 @@ def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.nd
     check["seconds"] = sum(times[:args.check_steps])
     model.unload()  # take the adapters out again: the next variant starts from the base model
     return {"step_s": times[args.check_steps + args.warmup:], "loss": float(total), "check": check,
+            "probe": {"loss": probe_loss}, "probe_grads": probe_grads,
             "peak_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else None}
 
 
@@ -255,14 +267,16 @@ def reference_run(runs: dict[str, dict]) -> str | None:
                  and "error" not in r), None)
 
 
-def mark_agreement(runs: dict[str, dict], dtype: str) -> None:
+def mark_agreement(runs: dict[str, dict], grads: dict[str, dict], dtype: str) -> None:
     """Each PyTorch variant gets its "agreement" with the reference MLX run
-    (`benchmarks.common.agreement`) and "invalid": true when it does not do the same work."""
+    (`benchmarks.rlaif_agreement.agreement`: first gradient norm, probe loss and gradient
+    cosines; `grads`: each run's probe gradients) and "invalid": true when it does not do the
+    same work."""
     ref = reference_run(runs)
     for fw, r in runs.items():
         if fw.startswith("torch") and "error" not in r:
-            r["agreement"] = (agreement(runs[ref], r, dtype) if ref is not None
-                              else {"ok": False, "reason": "no MLX run to compare"})
+            r["agreement"] = (rlaif_agreement.agreement(runs[ref], r, grads.get(ref, {}), grads.get(fw, {}), dtype)
+                              if ref is not None else {"ok": False, "reason": "no MLX run to compare"})
             r["agreement"]["against"] = ref
             r["invalid"] = not r["agreement"]["ok"]
 
@@ -313,7 +327,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--check-steps", type=int, default=3,
                     help="identical steps run and compared across frameworks before timing")
-    ap.add_argument("--dtype", default="bfloat16", choices=sorted(TOLERANCE), help="the base model's dtype")
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(rlaif_agreement.TOLERANCE), help="the base model's dtype")
     ap.add_argument("--chunk", type=int, default=512, help="MLX: completion tokens scored per log-prob chunk")
     ap.add_argument("--layers", type=int, default=None, help="override the shape's layer count (quick CPU checks)")
     # mlx[_qlora][_ckpt][_eval_micro][_norecompute][_cap]: see the module doc
@@ -347,13 +361,14 @@ def run_all(args, command: str) -> dict:
     data = batch_arrays(args.rows, args.prompt_len, args.completion_len, SHAPES[args.shape]["vocab_size"])
     tokens = args.rows * (args.prompt_len + args.completion_len)
     lora_state = lora_arrays(mlx_policy(args.shape, tm, args.dtype)[1])  # both sides start here
-    runs = {}
+    runs, grads = {}, {}  # grads: each run's probe gradients (rlaif_agreement), kept out of the JSON
     section = {}
     for fw in args.frameworks:
         try:
             r = (run_mlx(args.shape, tm, data, args.micro, args, fw) if fw.startswith("mlx")
                  else run_torch(tm, data, args.micro, args, fw.startswith("torch_compile"), lora_state,
                                 keep=args.completion_len if fw.endswith("_keep") else 0))
+            grads[fw] = r.pop("probe_grads")
             r["median_s"] = statistics.median(r["step_s"])
             r["tokens_per_s"] = tokens / r["median_s"]
         except Exception as err:  # record and go on with the other variants
@@ -363,14 +378,14 @@ def run_all(args, command: str) -> dict:
         if device == "cuda":
             torch.cuda.empty_cache()
         print(fw, {k: v for k, v in r.items() if k != "step_s"}, flush=True)
-        section = write_section(args, command, tokens, runs)  # after each variant: a cut-off run keeps them
+        section = write_section(args, command, tokens, runs, grads)  # after each variant: a cut-off run keeps them
     return section
 
 
-def write_section(args, command: str, tokens: int, runs: dict) -> dict:
+def write_section(args, command: str, tokens: int, runs: dict, grads: dict) -> dict:
     from benchmarks.gpu_common import write
 
-    mark_agreement(runs, args.dtype)
+    mark_agreement(runs, grads, args.dtype)
     section = {"command": command,
                "settings": {"shape": args.shape, "layers": SHAPES[args.shape]["num_hidden_layers"],
                             "weights": "random (shape only)", "dtype": f"{args.dtype} base, float32 LoRA",
@@ -382,9 +397,11 @@ def write_section(args, command: str, tokens: int, runs: dict) -> dict:
                             "mlx_cap_gb": args.mlx_cap_gb,
                             "loss": "PPO-clip 0.2 + 0.04 k3 KL, grpo aggregation",
                             "mlx_device": str(mx.default_device()), "check_steps": args.check_steps,
-                            "tolerance": TOLERANCE[args.dtype],
+                            "tolerance": rlaif_agreement.TOLERANCE[args.dtype],
                             "agreement": "PEFT adapters set to MLX's initial LoRA; torch AdamW given MLX's "
-                                         "per-step lr / eps (torch_adamw_groups); checked before timing"},
+                                         "per-step lr / eps (torch_adamw_groups); checked before timing: first "
+                                         "pre-clip gradient norm, probe loss (advantages fixed at "
+                                         f"{rlaif_agreement.PROBE_ADVANTAGE}) and gradient cosines"},
                "runs": runs, "ratios": ratios(runs)}
     key = f"{args.shape}_{args.prompt_len}+{args.completion_len}"
     write("rlaif_step", {"sections": {key: section}}, args.machine, out=args.out)
