@@ -1100,7 +1100,12 @@ def main(argv: list[str] | None = None) -> dict:
             def record(cls, what, fn):
                 if not any(s in what for s in skip):
                     faults.append(run_record(cls, what, fn, args.timeout))
-            reward_records(record)
+
+            def cli(prog, argv):
+                kind, _, err, _ = run_in_process(PROGS.get(prog, prog), entry(prog), argv, args.timeout)
+                last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
+                return kind, last if kind in ("clear", "unclear") else err[-400:]
+            reward_records(record, work, cli)
         for r in faults:
             print(f"{r['outcome']:9s} {r['class']:10s} {r['what'][:80]!r}", file=sys.stderr)
         lenient = lenient_counts(work)

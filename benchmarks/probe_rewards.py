@@ -11,6 +11,7 @@ import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 class ReviewServer:
@@ -85,10 +86,120 @@ def _review_case(review: str, expected: float | None):
     return run
 
 
-def reward_records(record: Callable[[str, str, Callable], None]) -> None:
+# ---------------------------------------------------------------- problems without a reference
+
+PROMPT = 'def mean_and_label(xs):\n    """(mean of xs, "high" if it is over 1 else "low")."""\n'
+TEST = ("def check(candidate):\n    m, label = candidate([1, 2, 3])\n    assert abs(m - 2.0) < 1e-9\n"
+        "    assert label.lower() == 'high'\n    assert candidate([0.5])[1].lower() == 'low'\n")
+RIGHT = "```python\ndef mean_and_label(xs):\n    m = sum(xs) / len(xs)\n    return m, 'high' if m > 1 else 'low'\n```"
+WRONG = {  # each trips the tests' own code (TypeError, AttributeError, ValueError) rather than an assert
+    "returns None": "    return None",
+    "returns (mean, None)": "    return sum(xs) / len(xs), None",
+    "returns a list": "    return [sum(xs)]",
+    "returns a string": "    return 'high'",
+    "returns a dict": "    return {'mean': 2.0}",
+    "raises ValueError": "    raise ValueError('no')",
+}
+_CALLS = "    assert candidate([1, 2, 3])[0] == 2.0\n"
+UNJUDGEABLE = {
+    "tests that raise before the call": "def check(candidate):\n    raise RuntimeError('broken')\n" + _CALLS,
+    "tests that hang before the call": "def check(candidate):\n    while True:\n        pass\n" + _CALLS,
+    "tests that flood their output": "def check(candidate):\n    while True:\n        print('x' * 10000)\n" + _CALLS,
+    "a name error after the call": "def check(candidate):\n    candidate([1])\n    helper_not_defined()\n",
+    "tests without an assert": "def check(candidate):\n    candidate([1, 2, 3])\n",
+    "tests that swallow every error": "def check(candidate):\n    try:\n    " + _CALLS
+                                      + "    except Exception:\n        pass\n",
+    "tests that do not load": "def check(candidate)\n" + _CALLS,
+    "no check function": "def test(candidate):\n" + _CALLS,
+}
+
+
+def _problem_file(path: Path, tests: dict[str, str]) -> Path:
+    path.write_text("".join(json.dumps({"task_id": name, "prompt": PROMPT, "entry_point": "mean_and_label",
+                                        "test": test}) + "\n" for name, test in tests.items()))
+    return path
+
+
+def _judge():
+    from mlxio.rl.judge import CodeJudge
+    from mlxio.sandbox import SandboxLimits
+
+    return CodeJudge(SandboxLimits(timeout_s=3.0, memory_mb=256), workers=2)
+
+
+def _wrong_answer_case(body: str):
+    def run():
+        from mlxcore.tasks import Problem
+        from mlxio.rl.rewards import ExecutionReward
+        from mlxio.sandbox import SandboxLimits
+
+        problem = Problem(task_id="mean", prompt=PROMPT, entry_point="mean_and_label", test=TEST)
+        completion = f"```python\ndef mean_and_label(xs):\n{body}\n```"
+        reward = ExecutionReward(SandboxLimits(timeout_s=3.0, memory_mb=256), workers=1).score([problem], [completion])
+        return ("handled", "reward 0.0") if reward == [0.0] else ("silent", f"reward {reward} for a wrong answer")
+    return run
+
+
+def _pass_at_1_case(work: Path):
+    def run():
+        from unittest import mock
+
+        from mlxio.rl import evaluation
+        from mlxio.rl.problems import read_problems_jsonl
+
+        path = _problem_file(work / "one_of_four.jsonl", {"mean/0": TEST})
+        judge = _judge()
+        problems = evaluation.judgeable(read_problems_jsonl(path), str(path), judge)
+        texts = [RIGHT, *(f"```python\ndef mean_and_label(xs):\n{b}\n```" for b in list(WRONG.values())[:3])]
+        cfg = evaluation.EvalConfig(samples=4, greedy=False, resamples=100)
+        with mock.patch.object(evaluation, "_decode", lambda policy, ps, c, n, *a: texts[: len(ps) * n]):
+            out = evaluation.evaluate(None, problems, cfg, [], None, judge=judge, temperature=1.0)
+        got = out["sampled"]["pass@1"]
+        return ("handled" if got == 0.25 and not out["sampled"]["missing"] else "silent"), \
+            f"pass@1 {got}, missing {out['sampled']['missing']}"
+    return run
+
+
+def _unjudgeable_case(work: Path, name: str):
+    def run():
+        import logging
+
+        from mlxio.rl import evaluation
+        from mlxio.rl.problems import read_problems_jsonl
+
+        path = _problem_file(work / f"{len(list(work.iterdir()))}.jsonl", {"good": TEST, name: UNJUDGEABLE[name]})
+        lines: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda r: lines.append(r.getMessage())
+        logging.getLogger("mlxio.rl.evaluation").addHandler(handler)
+        try:
+            kept = evaluation.judgeable(read_problems_jsonl(path), str(path), _judge())
+        finally:
+            logging.getLogger("mlxio.rl.evaluation").removeHandler(handler)
+        named = [line for line in lines if line.startswith(f"{path}:2: problem {name!r} cannot be judged")]
+        if [p.task_id for p in kept] == ["good"] and len(named) == 1:
+            return "handled", named[0][len(str(path)):][:200]
+        return "silent", f"kept {[p.task_id for p in kept]}, lines {lines}"
+    return run
+
+
+def reward_records(record: Callable[[str, str, Callable], None], work: Path,
+                   cli: Callable[[str, list[str]], tuple[str, str]]) -> None:
     """Every case of this module, through `record(class, what, fn)` (the probe's runner: fn()
-    returns (outcome, detail) under its timer)."""
+    returns (outcome, detail) under its timer); `cli(prog, argv)` runs an entry point as the
+    probe does, returning (outcome, its last line); `work` is a scratch folder."""
     for what, review, expected in SLOW_REVIEWS:
         record("review parse (49)", what, _review_case(review, expected))
     for what, review, expected in PLANTED_REVIEWS:
         record("review score (49)", what, _review_case(review, expected))
+    problems = work / "problems49"
+    problems.mkdir()
+    record("no reference (49)", "a problem file as documented, 1 right answer of 4: pass@1", _pass_at_1_case(problems))
+    for what, body in WRONG.items():
+        record("no reference (49)", f"a wrong answer that trips the tests' own code: {what}", _wrong_answer_case(body))
+    for name in UNJUDGEABLE:
+        record("no reference (49)", f"a problem file with {name}: left out, named", _unjudgeable_case(problems, name))
+    nothing = _problem_file(problems / "nothing_judges.jsonl", {k: UNJUDGEABLE[k] for k in list(UNJUDGEABLE)[3:6]})
+    record("no reference (49)", "rlaif_qwen --data.problems: no problem's tests can judge",
+           lambda: cli("rlaif_qwen", ["--preset", "smoke", "--data.problems", str(nothing),
+                                      "--out_dir", str(work / "rlaif49_nothing")]))

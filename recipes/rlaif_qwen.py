@@ -62,6 +62,7 @@ from mlxio.rl.grpo import (
     step_seed,
     update_rows,
 )
+from mlxio.rl.judge import CodeJudge
 from mlxio.rl.rewards import RewardCache
 from mlxio.rl.rollout_log import RolloutLog
 from mlxio.rl.warm_up import warm_up
@@ -114,7 +115,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     jit = kernel_cache.use_compile(cfg.compile)
     # MLXIO_KERNEL_PREWARM=1 on CUDA: child processes compile the first step's kernels meanwhile
     kernel_warm.for_rlaif(cfg.memory.compute_dtype, jit)
-    train, eval_sets = load_problems(cfg.data)  # cheap: a bad file fails before the model loads
+    # before the model loads: a bad file fails, and a --data.problems file's tests are checked
+    # against trivially wrong candidates (mlxio.rl.judge: problems that cannot judge are left out)
+    train, eval_sets = load_problems(cfg.data, judge=CodeJudge(cfg.sandbox.limits(), cfg.sandbox.workers))
     clock.lap("setup: checks, prewarm, problems")
     world = context.start(out, to_dict(cfg), cfg.train.seed, resume, overwrite)  # out holds every rank's reward cache
     prompt_share, local_group = rank_share(cfg.prompts_per_step, cfg.group_size, cfg.train.accum, world)

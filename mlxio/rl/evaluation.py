@@ -30,7 +30,7 @@ from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxcore.tasks import Problem
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl.judge import CodeJudge, SandboxConfig
-from mlxio.rl.problems import extract_code, load_humaneval, load_problems_jsonl
+from mlxio.rl.problems import extract_code, load_humaneval, read_problems_jsonl
 from mlxio.rl.rewards import combine_rewards
 from mlxio.run.runlog import write_json_atomic
 from mlxio.sandbox import SandboxLimits
@@ -132,13 +132,34 @@ def heldout_split(problems: Sequence[Problem], fraction: float, salt: str = "rla
     return train, held
 
 
-def load_problems(cfg: DataConfig) -> tuple[list[Problem], dict[str, list[Problem]]]:
+def judgeable(numbered: Sequence[tuple[int, Problem]], path: str, judge: CodeJudge) -> list[Problem]:
+    """The problems of the file `path` ((line number, problem) each) whose tests can judge a
+    candidate (`CodeJudge.check_problem`); each other one is left out with one warning line
+    naming file:line and task id. DataError when none is left."""
+    checks = judge.check_problems([p for _, p in numbered])
+    kept, left = [], []
+    for (lineno, problem), check in zip(numbered, checks, strict=True):
+        if check.sound is False:
+            why = " ".join(check.why.split())[:300]
+            left.append(f"{path}:{lineno}: problem {problem.task_id!r} cannot be judged ({why})")
+            log.warning("%s; left out (give it tests that fail a wrong answer, or a canonical_solution that "
+                        "passes them)", left[-1])
+        else:  # sound, or undecided (the sandbox failed): its verdicts say so one by one (missing)
+            kept.append(problem)
+    if not kept:
+        raise DataError(f"no problem can be judged: {left[0] if left else path}",
+                        fix="give each problem tests that fail a wrong answer (see docs/rlaif.md, Your problems)")
+    return kept
+
+
+def load_problems(cfg: DataConfig, judge: CodeJudge | None = None) -> tuple[list[Problem], dict[str, list[Problem]]]:
     """(training problems, {evaluation set name: held-out problems}) of the RLAIF recipe's
     data config. Procedural
     (mlxcore.tasks): sets "heldout" (other instances of the training templates) and
     "heldout_families" (families never trained on); HumanEval or a JSONL file (`problems`,
     overriding `source`): "heldout", split by hashed task id. `transfer` ("humaneval") adds
-    HumanEval's held-out split as the set "humaneval"."""
+    HumanEval's held-out split as the set "humaneval". With a `judge`, the problems of a
+    JSONL file whose tests cannot judge are left out first (`judgeable`)."""
     if cfg.problems is None and cfg.source == "procedural":
         ts = tasks.build(cfg.families, cfg.heldout_families, cfg.difficulty,
                          cfg.train_per_template, cfg.heldout_per_template, cfg.task_seed)
@@ -146,7 +167,11 @@ def load_problems(cfg: DataConfig) -> tuple[list[Problem], dict[str, list[Proble
         if ts.heldout_families:
             sets["heldout_families"] = ts.heldout_families
     else:
-        problems = load_problems_jsonl(cfg.problems) if cfg.problems else load_humaneval()
+        if cfg.problems:
+            numbered = read_problems_jsonl(cfg.problems)
+            problems = ([p for _, p in numbered] if judge is None else judgeable(numbered, cfg.problems, judge))
+        else:
+            problems = load_humaneval()
         train, held = heldout_split(problems, cfg.heldout_fraction)
         sets = {"heldout": held}
     if not train:

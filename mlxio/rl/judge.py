@@ -7,10 +7,20 @@ It runs the extracted program against the tests in the two-process sandbox
 reads only plain values back). When the tests' own code misbehaves after the candidate
 answered (hangs with no call pending, floods its output, raises something that is neither an
 assertion nor the candidate's exception), the sandbox cannot tell a broken test from one
-tripped by a wrong answer (a `None` where a number belongs). The judge then runs the problem's
-reference solution once (cached per problem and limits): if it passes, the tests are sound
-and the candidate's verdict stands as a failure; if it does not (or the problem has no
-reference), the verdict is "infra": a missing reward, never the candidate's 0.
+tripped by a wrong answer (a `None` where a number belongs). The judge settles it by whether
+the problem's tests can judge at all (`tests_can_judge`, cached per problem and limits): with
+a reference solution, when it passes them; without one (the own-problems format), when they
+treat trivially wrong candidates as wrong (`PROBES`: one returning None, one raising, one
+returning a constant string): none of them passes, the raising one fails by its own exception
+(the tests call the candidate before anything of their own breaks), and the tests' own error
+differs between two wrong answers (it depends on the answer). Then the candidate's verdict
+stands as a failure (reward 0, a fail in pass@k); otherwise the verdict is "infra": a missing
+reward, never the candidate's 0. Tests that break only after a right answer passed every
+assert cannot be told from a wrong answer without a reference: give such problems one.
+
+`check_problem` runs the probes and the reference (when given) on a problem's tests up front:
+the RLAIF recipe leaves out, with one line each, the problems of a `--data.problems` file
+whose tests cannot judge.
 
 `SandboxConfig` (the recipes' `sandbox.*`) holds the limits and parallelism of its checks.
 """
@@ -18,7 +28,8 @@ reference), the verdict is "infra": a missing reward, never the candidate's 0.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import attrs
 
@@ -40,6 +51,10 @@ class SandboxConfig:
     # refused unless this is true
     allow_weak: bool = False
 
+    def limits(self) -> SandboxLimits:
+        """The limits of one check under these settings."""
+        return SandboxLimits(timeout_s=self.timeout_s, memory_mb=self.memory_mb, disk_mb=self.disk_mb)
+
 
 def _prelude(problem: Problem) -> str:
     """The problem's prompt, run in the judge's process for its trusted helpers (HumanEval's
@@ -49,6 +64,57 @@ def _prelude(problem: Problem) -> str:
 
 def _problem_key(problem: Problem) -> tuple[str, str, str, str]:
     return problem.prompt, problem.test, problem.entry_point, problem.canonical_solution
+
+
+# Trivially wrong candidates (`{name}`: the entry point), in the order they are tried: tests
+# that can judge fail every one.
+PROBES = {
+    "raises": "def {name}(*args, **kwargs):\n    raise RuntimeError('a candidate that always raises')\n",
+    "returns None": "def {name}(*args, **kwargs):\n    return None\n",
+    "returns a constant string": "def {name}(*args, **kwargs):\n    return 'mlxio: a constant answer'\n",
+}
+
+
+@attrs.frozen(kw_only=True)
+class TestsCheck:
+    """Whether a problem's tests can judge a candidate: `sound` True / False, or None when
+    the sandbox itself failed (undecided: not cached); `why` says what was seen."""
+
+    sound: bool | None
+    why: str = ""
+
+
+def _probe_verdict(name: str, v: Verdict) -> TestsCheck | None:
+    """What one probe's verdict decides on its own (None: nothing yet)."""
+    if v.status == "passed":
+        return TestsCheck(sound=False, why=f"its tests pass a candidate that {name}")
+    if v.problem_fault:
+        return TestsCheck(sound=False, why=f"its prompt or tests do not load: {v.detail}")
+    if v.status == "infra" and not v.judge_fault:
+        return TestsCheck(sound=None, why=f"the sandbox failed: {v.detail}")
+    if name == "raises" and v.judge_fault:
+        return TestsCheck(sound=False, why=f"its tests break in their own code (a candidate that raises is not "
+                                           f"failed by its exception): {v.detail}")
+    if name == "raises" and v.status != "failed":  # a timeout or load error of a one-line candidate: the box
+        return TestsCheck(sound=None, why=f"a candidate that raises got {v.status!r}: {v.detail}")
+    return None
+
+
+def probe_tests(check: Callable[[str], Verdict]) -> TestsCheck:
+    """Whether tests can judge, from `check(probe name) -> Verdict` of the `PROBES` in turn
+    (stopping at the first that decides): none passes, the raising one fails by its own
+    exception, and the tests' own error (if any) differs between the two wrong answers."""
+    seen = {}
+    for name in PROBES:
+        seen[name] = check(name)
+        decided = _probe_verdict(name, seen[name])
+        if decided is not None:
+            return decided
+    none, constant = seen["returns None"], seen["returns a constant string"]
+    if none.judge_fault and constant.judge_fault and none.detail == constant.detail:
+        return TestsCheck(sound=False, why=f"its tests fail in their own code whatever the candidate answers: "
+                                           f"{none.detail}")
+    return TestsCheck(sound=True, why="its tests fail trivially wrong candidates")
 
 
 @attrs.define(eq=False)
@@ -63,12 +129,16 @@ class CodeJudge:
 
     def run(self, problem: Problem, code: str) -> Verdict:
         """The verdict of the program `code` (already extracted) on `problem`."""
-        verdict = run_check(code, problem.test, problem.entry_point, self.limits,
-                            prelude=_prelude(problem))
-        if verdict.judge_fault and self.tests_sound(problem):
-            return attrs.evolve(verdict, status=verdict.fault_status or "failed", judge_fault=False,
-                                detail=f"{verdict.detail} (the reference solution passes these tests)")
+        verdict = self._check(problem, code)
+        if verdict.judge_fault:
+            check = self.tests_can_judge(problem)
+            if check.sound:
+                return attrs.evolve(verdict, status=verdict.fault_status or "failed", judge_fault=False,
+                                    detail=f"{verdict.detail} ({check.why})")
         return verdict
+
+    def _check(self, problem: Problem, code: str) -> Verdict:
+        return run_check(code, problem.test, problem.entry_point, self.limits, prelude=_prelude(problem))
 
     def verdict(self, problem: Problem, completion: str) -> Verdict:
         """The verdict of a raw model completion (its code extracted as for the rewards)."""
@@ -78,31 +148,57 @@ class CodeJudge:
         """One verdict per (problem, completion), in order."""
         if len(problems) != len(completions):
             raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
-        if self.workers <= 1 or len(problems) <= 1:
-            return [self.verdict(p, c) for p, c in zip(problems, completions, strict=True)]
+        return self._map(self.verdict, problems, completions)
+
+    def _map(self, fn, *args: Sequence) -> list:
+        if self.workers <= 1 or len(args[0]) <= 1:
+            return [fn(*a) for a in zip(*args, strict=True)]
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(self.workers) as pool:
-            return list(pool.map(self.verdict, problems, completions))
+            return list(pool.map(fn, *args))
 
     def passed(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[bool | None]:
         """True / False per completion; None where the judge itself failed (missing)."""
         return [None if v.status == "infra" else v.passed for v in self.verdicts(problems, completions)]
 
-    def tests_sound(self, problem: Problem) -> bool:
-        """Whether the problem's reference solution passes its tests under these limits (so
-        the tests' own misbehaviour was the candidate's doing); False without a reference."""
-        if not problem.canonical_solution.strip():
-            return False
+    def tests_can_judge(self, problem: Problem) -> TestsCheck:
+        """Whether the problem's tests tell a wrong answer (so their own misbehaviour was the
+        candidate's doing): its reference solution passes them, or, without one, they fail the
+        trivially wrong candidates of `PROBES` (see the module doc). Cached per problem."""
         key = _problem_key(problem)
         with self._lock:
             if key in self._sound:
                 return self._sound[key]
-        code = extract_code(problem.canonical_solution, problem)
-        verdict = run_check(code, problem.test, problem.entry_point, self.limits,
-                            prelude=_prelude(problem))
-        sound = verdict.status == "passed"
-        if verdict.status != "infra" or verdict.judge_fault:  # not a sandbox that failed to start
+        if problem.canonical_solution.strip():
+            found = self._reference_check(problem)
+        else:
+            found = probe_tests(partial(self._probe, problem))
+        if found.sound is not None:
             with self._lock:
-                self._sound[key] = sound
-        return sound
+                self._sound[key] = found
+        return found
+
+    def check_problem(self, problem: Problem) -> TestsCheck:
+        """Whether `problem` can be judged, checked up front: its tests fail the trivially
+        wrong candidates of `PROBES`, and its reference solution (when given) passes them."""
+        probed = probe_tests(partial(self._probe, problem))
+        if probed.sound is not True or not problem.canonical_solution.strip():
+            return probed
+        return self._reference_check(problem)
+
+    def check_problems(self, problems: Sequence[Problem]) -> list[TestsCheck]:
+        """`check_problem` of each problem, `workers` at a time."""
+        return self._map(self.check_problem, problems)
+
+    def _probe(self, problem: Problem, name: str) -> Verdict:
+        return self._check(problem, PROBES[name].format(name=problem.entry_point))
+
+    def _reference_check(self, problem: Problem) -> TestsCheck:
+        verdict = self._check(problem, extract_code(problem.canonical_solution, problem))
+        if verdict.status == "passed":
+            return TestsCheck(sound=True, why="the reference solution passes these tests")
+        if verdict.status == "infra" and not (verdict.judge_fault or verdict.problem_fault):
+            return TestsCheck(sound=None, why=f"the sandbox failed: {verdict.detail}")
+        return TestsCheck(sound=False, why=f"its reference solution does not pass its tests "
+                                           f"({verdict.status}: {verdict.detail})")

@@ -22,6 +22,11 @@ _FIELDS = ("task_id", "prompt", "entry_point", "test")
 def load_problems_jsonl(path: str | os.PathLike) -> list[Problem]:
     """Problems from a JSONL file (optionally .gz), one object per line with the fields of
     `Problem`; extra keys are ignored. Errors name file:line and field."""
+    return [problem for _, problem in read_problems_jsonl(path)]
+
+
+def read_problems_jsonl(path: str | os.PathLike) -> list[tuple[int, Problem]]:
+    """(line number, problem) of each problem of a JSONL file, as `load_problems_jsonl`."""
     path = Path(path)
     data = read_regular(path, what="problems file", max_bytes=MAX_PROBLEMS_BYTES,
                         fix="pass a readable JSONL file of problems to --data.problems")
@@ -50,8 +55,8 @@ def load_problems_jsonl(path: str | os.PathLike) -> list[Problem]:
             raise DataError(f"{path}:{lineno}: field 'task_id' repeats {row['task_id']!r}",
                             fix="give every problem its own task_id")
         seen.add(row["task_id"])
-        problems.append(Problem(**{k: row[k] for k in _FIELDS},
-                                canonical_solution=row.get("canonical_solution", "")))
+        problems.append((lineno, Problem(**{k: row[k] for k in _FIELDS},
+                                         canonical_solution=row.get("canonical_solution", ""))))
     return problems
 
 

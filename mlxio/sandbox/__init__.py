@@ -166,6 +166,9 @@ class Verdict:
     # problem's reference solution to tell).
     judge_fault: bool = False
     fault_status: str = ""
+    # "infra" because the problem's own prelude or tests did not load (raised, or ran out of
+    # time before the judge waited for the candidate): no candidate can pass this problem
+    problem_fault: bool = False
 
     @property
     def passed(self) -> bool:
@@ -494,8 +497,8 @@ def _decide(out: _Outputs, nonce: str, timed_out: bool, worker, **meta) -> Verdi
                        detail="the problem's tests exceeded the output limit", **common)
     if timed_out:  # a verdict drained after the kill may describe the kill itself
         if out.progress == "":
-            return Verdict(status="infra", detail="the problem's prelude or tests did not load "
-                           "within the wall-clock limit", **common)
+            return Verdict(status="infra", problem_fault=True, detail="the problem's prelude or tests did not "
+                           "load within the wall-clock limit", **common)
         if out.progress not in _CANDIDATE_TIME:
             return Verdict(status="infra", judge_fault=True, fault_status="timeout",
                            detail="wall-clock limit reached in the tests' own code (no call "
@@ -504,7 +507,8 @@ def _decide(out: _Outputs, nonce: str, timed_out: bool, worker, **meta) -> Verdi
     if ok and result.get("status") in STATUSES:
         fault = bool(result.get("judge_fault"))
         return Verdict(status=result["status"], detail=str(result.get("detail", "")),
-                       judge_fault=fault, fault_status="failed" if fault else "", **common)
+                       judge_fault=fault, fault_status="failed" if fault else "",
+                       problem_fault=result["status"] == "infra" and not fault, **common)
     why = "no verdict from the judge" if result is None else "judge verdict without valid nonce"
     return Verdict(status="infra", detail=f"{why}; judge stderr: {cap['judge_err'].text()}",
                    **common)

@@ -76,16 +76,16 @@ def test_evaluation_and_reward_ask_the_same_judge(monkeypatch, judge):
 HANG_AFTER = TEST + "    while True:\n        pass\n"
 FLOOD_AFTER = TEST + "    while True:\n        print('x' * 10000)\n"
 RAISE_AFTER = TEST + "    raise RuntimeError('the test itself is broken')\n"
+HANGING_PROMPT = "import time\nwhile True:\n    time.sleep(0.1)\n" + PROMPT
 
 
 @pytest.mark.parametrize("test, prompt", [
-    (HANG_AFTER, PROMPT), (FLOOD_AFTER, PROMPT), (RAISE_AFTER, PROMPT),
-    (TEST, "import time\nwhile True:\n    time.sleep(0.1)\n" + PROMPT),  # a prompt that hangs
+    (HANG_AFTER, PROMPT), (FLOOD_AFTER, PROMPT), (RAISE_AFTER, PROMPT), (TEST, HANGING_PROMPT),
 ])
-@pytest.mark.parametrize("reference", ["", "    return a + b\n"])
-def test_the_judges_own_failure_is_missing(judge, test, prompt, reference):
+def test_the_judges_own_failure_is_missing(judge, test, prompt):
+    """With a reference solution that these tests fail, a right answer's trouble is the tests'."""
     problem = Problem(task_id="broken", prompt=prompt, entry_point="add", test=test,
-                      canonical_solution=reference)
+                      canonical_solution="    return a + b\n")
     assert judge.passed([problem], [HONEST]) == [None]
     reward = ExecutionReward(LIMITS, workers=1)
     assert reward.score([problem], [HONEST]) == [None]
@@ -107,8 +107,9 @@ def test_a_wrong_answer_that_trips_sound_tests_fails(judge):
     judge cannot tell and says missing."""
     wrong = "```python\ndef add(a, b):\n    if isinstance(a, float):\n        return None\n    return a + b\n```"
     assert judge.passed([ADD], [wrong]) == [False]
+    # without a reference, the tests fail trivially wrong candidates, so they can judge: a fail
     no_reference = Problem(task_id="add2", prompt=PROMPT, entry_point="add", test=TEST)
-    assert judge.passed([no_reference], [wrong]) == [None]
+    assert judge.passed([no_reference], [wrong]) == [False]
     # a wrong answer that makes the tests' own loop run forever: a timeout, i.e. 0
     loop_test = "def check(candidate):\n    for _ in range(candidate(2, 3)):\n        pass\n    assert candidate(2, 3) == 5\n"
     looped = Problem(task_id="add3", prompt=PROMPT, entry_point="add", test=loop_test,
@@ -118,7 +119,8 @@ def test_a_wrong_answer_that_trips_sound_tests_fails(judge):
 
 
 def test_pass_at_1_leaves_missing_verdicts_out(monkeypatch, judge):
-    broken = Problem(task_id="broken", prompt=PROMPT, entry_point="add", test=RAISE_AFTER)
+    broken = Problem(task_id="broken", prompt=PROMPT, entry_point="add", test=RAISE_AFTER,
+                     canonical_solution="    return a + b\n")  # which fails these tests: they are broken
     texts = {"add": [HONEST, "```python\ndef add(a, b):\n    return 0\n```"], "broken": [HONEST, HONEST]}
 
     def decode(policy, problems, cfg, n, *a):
