@@ -13,9 +13,11 @@ it was; wall and CPU seconds both):
 - batched: the CLI, `code_search search --index I --queries Q --output R --mode M`, end to end
   (model load, query encoding in batches of 32, `Index.search_many`), per mode;
 - one at a time (the peer, what `--queries` did before): the same batch-encoded query vectors,
-  `Index.search` per query; `identical`: every query's (document, score) list equal, bit for bit;
-- single-query latency: `Index.search` (one padded product per ~1,024-token block,
-  `scoring.blocked_product`, one BLAS thread per worker) against the re-rank before batched
+  `Index.search` per query; `identical`: every query's (document, score) list equal, bit for bit
+  (what BLAS kernels that round alike give), `same_documents`: the same documents in the same
+  order, `max_score_difference` (what the search promises: at most `scoring.score_tolerance`);
+- single-query latency: `Index.search` (one product per ~1,024-token block, `scoring.product`,
+  one BLAS thread per worker) against the re-rank before batched
   search (`legacy_search`: one plain product per ~1,024-token chunk, allocating its arrays), as
   it ran (OpenBLAS's default threads) and on one BLAS thread, interleaved query by query;
 - encoding alone: how many queries rank differently when each is encoded alone (batch of 1,
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
             "cli_wall_s": wall, "cli_cpu_s": cpu, "search_many_wall_s": search_wall, "search_many_cpu_s": search_cpu,
             "one_at_a_time_wall_s": one_wall, "one_at_a_time_cpu_s": one_cpu, "speedup_search": one_wall / search_wall,
             "identical": many == one, "queries_differing": sum(a != b for a, b in zip(many, one, strict=True)),
+            "same_documents": [[d for d, _ in hits] for hits in many] == [[d for d, _ in hits] for hits in one],
+            "max_score_difference": max((abs(x - y) for a, b in zip(many, one, strict=True)
+                                         for (_, x), (_, y) in zip(a, b, strict=False)), default=0.0),
             "cli_rankings_match": [json.loads(line)["doc_ids"] for line in out.read_text().splitlines()]
                                   == [[index.record(d)["id"] for d, _ in hits] for hits in many],
         }

@@ -23,8 +23,6 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from mlxio.search import scoring
-
 NBITS = (1, 2, 4)
 KSUB = 256  # codewords per PQ subspace: one byte per code
 
@@ -251,7 +249,7 @@ class PQCodec:
     _rot_centroids: np.ndarray = attrs.field(init=False, eq=False, repr=False)
     _half_norms: np.ndarray = attrs.field(init=False, eq=False, repr=False)
     _flat: np.ndarray = attrs.field(init=False, eq=False, repr=False)
-    _rotation_t: np.ndarray = attrs.field(init=False, eq=False, repr=False)
+    _rotation64: np.ndarray = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         c = np.asarray(self.centroids, np.float32)
@@ -260,7 +258,7 @@ class PQCodec:
         object.__setattr__(self, "_rot_centroids", np.ascontiguousarray(c @ r))
         object.__setattr__(self, "_half_norms", 0.5 * np.einsum("mkd,mkd->mk", books, books))
         object.__setattr__(self, "_flat", np.ascontiguousarray(books.reshape(-1, books.shape[2])))
-        object.__setattr__(self, "_rotation_t", np.ascontiguousarray(r.T))
+        object.__setattr__(self, "_rotation64", np.asarray(r, np.float64))
 
     @property
     def dim(self) -> int:
@@ -283,11 +281,11 @@ class PQCodec:
                 "codec_codebooks": np.asarray(self.codebooks, np.float16)}
 
     def rotate(self, q: np.ndarray) -> np.ndarray:
-        """Queries in the basis `decode_rotated` returns: q @ rotation (inner products kept), a
-        row the same bits whatever rows it is rotated with (`scoring.blocked_product`: search
-        rotates a batch's queries stacked)."""
-        q = np.ascontiguousarray(q, np.float32)
-        return scoring.blocked_product(q, 0, len(q), self._rotation_t) if len(q) else q @ self.rotation
+        """Queries float32 [n, D] in the basis `decode_rotated` returns: q @ rotation (inner
+        products kept), summed in float64 and rounded once, so a row is within one float32 ulp
+        per element whatever rows it is rotated with (search rotates a batch's queries stacked;
+        `scoring.score_tolerance` counts this)."""
+        return (np.asarray(q, np.float64) @ self._rotation64).astype(np.float32)
 
     def encode(self, x: np.ndarray, chunk: int = 32768, cids: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:

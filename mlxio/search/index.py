@@ -206,10 +206,11 @@ class Index:
         pools[i], decoding each document once for all the queries that need it: the union of the
         pools is decoded in blocks of about `block_tokens` tokens; in a block, each run of
         consecutive documents wanted by the same queries is one product with those queries'
-        tokens stacked (`scoring.query_runs`, `blocked_product`), so a query's scores are the
-        same bits in any batch. Blocks run on `workers` threads (default: one per usable core, at
-        most MAX_WORKERS_BATCH for several queries and MAX_WORKERS_ONE for one), BLAS on one
-        thread each."""
+        tokens stacked (`scoring.query_runs`, `product`), so a query's scores in a batch are
+        within `scoring.score_tolerance` of its scores alone (BLAS rounds by the product's
+        shape). Blocks run on `workers` threads (default: one per usable core, at most
+        MAX_WORKERS_BATCH for several queries and MAX_WORKERS_ONE for one), BLAS on one thread
+        each; the blocks, so the results, do not depend on the number."""
         q_len = np.array([len(q) for q in qs], np.int64)
         q_all = self.codec.rotate(np.concatenate(qs) if qs else np.zeros((0, self.codec.dim), np.float32))  # [sum Tq, D]
         q_first = np.cumsum(q_len) - q_len  # query i's tokens: q_all[q_first[i]:][:q_len[i]]
@@ -254,7 +255,7 @@ class Index:
                     stacked = np.take(q_all, tokens, axis=0, mode="clip",
                                       out=scratch.get("queries", (len(tokens), q_all.shape[1])))
                 lo, hi = int(doc_starts[a]), int(doc_ends[b - 1])
-                sims = scoring.blocked_product(vectors, lo, hi, stacked, scratch)
+                sims = scoring.product(vectors, lo, hi, stacked, scratch)
                 maxima = scoring.doc_maxima(sims, norms[lo:hi], doc_starts[a:b] - lo)  # [b - a, tokens]
                 best[pair_at[p0]:pair_at[p0] + maxima.size] = maxima.ravel()  # pairs by document, then query
 
@@ -301,10 +302,15 @@ class Index:
                     alpha: float | None = None, fusion: str = "interp", nprobe: int | None = None,
                     candidates: int | None = None, block_tokens: int | None = None
                     ) -> list[list[tuple[int, float]]]:
-        """`search` of every query (qs[i]: queries[i]'s token embeddings), the same results bit
-        for bit, with the exact re-rank shared: `BATCH_QUERIES` queries at a time, each candidate
-        decoded once per batch (`maxsim_many`, in blocks of `block_tokens`; default
-        `BATCH_BLOCK_TOKENS`, or `scoring.CHUNK_TOKENS` for a single query)."""
+        """`search` of every query (qs[i]: queries[i]'s token embeddings), with the exact
+        re-rank shared: `BATCH_QUERIES` queries at a time, each candidate decoded once per batch
+        (`maxsim_many`, in blocks of `block_tokens`; default `BATCH_BLOCK_TOKENS`, or
+        `scoring.CHUNK_TOKENS` for a single query).
+
+        Against `search` of each query alone: the same candidates and BM25 scores (bit for bit),
+        each semantic score within `scoring.score_tolerance` (BLAS rounds a product by its
+        shape), and so the same ranking except that documents whose scores lie that close may
+        trade places; equal scores are ordered by document id in both."""
         check_args(top_k, alpha, nprobe, candidates)
         if block_tokens is not None and (not isinstance(block_tokens, int) or isinstance(block_tokens, bool)
                                          or block_tokens < 1):

@@ -12,21 +12,20 @@
   decoded vectors (1.5 MB at 1,024 x 384 float32) stay in the CPU cache between the decode, the
   product and the max; on 256 stdlib candidates (~43,000 tokens) that took the re-rank from ~60
   to ~36 ms on one core here.
-- `query_runs` + `blocked_product` + `doc_maxima` + `token_means`: in a block, consecutive
-  documents wanted by the same queries are one run, scored by one product of the run's tokens
-  with those queries' tokens stacked (one query: the whole block; a batch of 1,000 queries over
-  1,000 documents: mostly one document against its ~256 queries, [~125, 384] x [384, ~3,900]),
-  then each document's max per query token and each (document, query) pair's mean. A pair's
-  score must be the same bits whatever else its product held, so that batched search
-  (`Index.search_many`) gives one-at-a-time search's bits. OpenBLAS's blocked sgemm kernel
-  does that (an element's sum runs along k the same way in any shape of product), but its
-  other paths round differently: the "direct" kernel (untransposed operands, AVX-512, < 28 x
-  512^2 multiply-adds), the small-matrix kernels (<= 100^3, SkylakeX-class cores) and gemv (one
-  row or column). Measured on this 2-core AVX-512 VM (OpenBLAS 0.3.31): every product of more
-  than 100^3 multiply-adds with 2 or more rows and columns gave equal bits, most below did not;
-  `blocked_product` pads to that. The previous kernel (one product per document per query, so
-  small products throughout) spent 11 of the 14 s of a 1,000 x 1,000 batch on ~290,000 calls
-  holding the GIL in between; this one 6 s on 1,000 GEMMs at ~83 GFLOP/s (506 GFLOP).
+- `query_runs` + `product` + `doc_maxima` + `token_means`: in a block, consecutive documents
+  wanted by the same queries are one run, scored by one product of the run's tokens with those
+  queries' tokens stacked (one query: the whole block; a batch of 1,000 queries over 1,000
+  documents: mostly one document against its ~256 queries, [~125, 384] x [384, ~3,900]), then
+  each document's max per query token and each (document, query) pair's mean. The previous
+  kernel (one product per document per query, so small products throughout) spent 11 of the 14 s
+  of a 1,000 x 1,000 batch on ~290,000 calls holding the GIL in between.
+- `score_tolerance`: how far a score may move with the product's shape. BLAS sums each element
+  of a product in an order of its choosing (OpenBLAS's kernels differ by CPU - Haswell, Zen,
+  SkylakeX, Sandybridge - and, within one kernel set, by the product's shape), so a pair's score
+  is not the same bits batched and alone. Everything else in a score (norms, maxima, the mean
+  in token order) is computed the same way in any batch, so the two differ by at most the
+  float32 error bound of the dot products (and of the queries' rotation), which
+  `score_tolerance` states; batched search promises that, not equal bits (`Index.search_many`).
 
 Not used: asymmetric distance computation (per-query lookup tables of each subspace's codeword
 scores instead of decoding). With ~15 query tokens and 6 dimensions a byte it gathers 15 floats
@@ -42,7 +41,7 @@ import math
 import numpy as np
 
 CHUNK_TOKENS = 1024
-GEMM_MIN_MACS = 100**3  # products are padded past this (OpenBLAS's small-matrix kernels; module doc)
+UNIT_ROUNDOFF = 2.0**-24  # float32: a correctly rounded operation's relative error is at most this
 
 
 PROBE_CELLS = 1 << 21  # token x document cells of `probe_estimate`'s gather buffer (16 MB of float64)
@@ -172,26 +171,34 @@ class Scratch:
         return buffer[:size].reshape(shape)
 
 
-def blocked_product(a: np.ndarray, lo: int, hi: int, b: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
-    """a[lo:hi] @ b.T, float32 [hi - lo, C], of rows of a [n, D] (row-major) and b [C >= 1, D]
-    (C-contiguous), computed by BLAS's blocked kernel, so every element is the same bits in a
-    product of any shape: b gets a zero row when it has one, and the product more than
-    `GEMM_MIN_MACS` multiply-adds from the rows after hi (or zero rows past a's end), their
-    results dropped. b is passed transposed (OpenBLAS's row-major "direct" kernel is for
-    untransposed operands only). `scratch`: the product goes in its buffer "product"."""
-    n, (c, d) = hi - lo, b.shape
-    if c < 2:
-        b = np.concatenate([b, np.zeros((2 - c, d), b.dtype)])
-    rows = max(n, 2, GEMM_MIN_MACS // (len(b) * d) + 1)
-    if rows == n:
-        x = a[lo:hi]
-    elif lo + rows <= len(a):
-        x = a[lo:lo + rows]
-    else:
-        x = np.zeros((rows, d), a.dtype)
-        x[:n] = a[lo:hi]
-    out = np.matmul(x, b.T, out=None if scratch is None else scratch.get("product", (rows, len(b)), x.dtype))
-    return out if rows == n and c == len(b) else out[:n, :c]
+def product(a: np.ndarray, lo: int, hi: int, b: np.ndarray, scratch: Scratch | None = None) -> np.ndarray:
+    """a[lo:hi] @ b.T, float32 [hi - lo, C], of rows of a [n, D] and b [C, D] (one BLAS call;
+    its rounding depends on the BLAS and the shape: `score_tolerance`). `scratch`: the product
+    goes in its buffer "product"."""
+    x = a[lo:hi]
+    return np.matmul(x, b.T, out=None if scratch is None else scratch.get("product", (len(x), len(b)), x.dtype))
+
+
+def _gamma(n: int) -> float:
+    """n u / (1 - n u): the relative error bound of a float32 sum or dot product of n terms in
+    any order (Higham, Accuracy and Stability of Numerical Algorithms, 3.1), u = 2^-24."""
+    return n * UNIT_ROUNDOFF / (1.0 - n * UNIT_ROUNDOFF)
+
+
+def score_tolerance(dim: int, n_query_tokens: int, query_norm: float = 1.0) -> float:
+    """The most a MaxSim score may differ between two computations that sum the products in
+    different orders (batched and one-at-a-time search; two BLAS kernel sets), for query tokens
+    of norm at most `query_norm` in `dim` dimensions (n_query_tokens >= 1).
+
+    Each path's dot product q.d is within gamma_dim |q| |d| of the exact one (any summation
+    order, FMA or not), the query's rotation (float64, rounded to float32) within 2u per
+    element, so the two similarities q.d / |d| (the same |d| in both) differ by at most
+    2 (gamma_dim + 2u) |q| (1 + gamma_dim) plus their division's rounding, 2u |q| (1 + gamma_dim);
+    the max over document tokens moves no more than its inputs; the mean over query tokens,
+    summed in the same order in both, adds at most 2 gamma_Tq + 2u of the largest similarity."""
+    bound = query_norm * (1.0 + _gamma(dim + 2))  # |q.d| / |d| at most this
+    per_similarity = 2.0 * (_gamma(dim) + 3.0 * UNIT_ROUNDOFF) * bound
+    return per_similarity + (2.0 * _gamma(max(n_query_tokens - 1, 1)) + 2.0 * UNIT_ROUNDOFF) * bound
 
 
 def doc_maxima(sims: np.ndarray, norms: np.ndarray, starts: np.ndarray) -> np.ndarray:

@@ -156,4 +156,5 @@ def test_the_model_reads_whole_rows():
     assert lengths == [128]
     np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5)
     for (path, a), (_, b) in zip(tree_flatten(got_grads), tree_flatten(want_grads), strict=True):
-        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-7, err_msg=path)
+        b = np.array(b)  # T and T - 1 rows sum in other orders: tolerance relative to the tensor's scale
+        np.testing.assert_allclose(np.array(a), b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()), err_msg=path)
