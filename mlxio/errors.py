@@ -137,8 +137,11 @@ def _network_error(err: BaseException) -> bool:
 def one_line(text: str, limit: int = 2000) -> str:
     """Collapse a message to one line (newlines would break the contract), at most `limit` chars:
     a long word (a deep path) is shortened in its middle first, then the message in its middle,
-    so its end - the "; <how to fix>" - always survives."""
-    words = str(text).split()
+    so its end - the "; <how to fix>" - always survives. Credentials in it (a URL's `user:pass@`,
+    `?api_key=`) are masked (`mlxio.redact`)."""
+    from mlxio.redact import redact_text
+
+    words = redact_text(str(text)).split()
     text = " ".join(words)
     if len(text) <= limit:
         return text

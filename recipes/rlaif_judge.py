@@ -44,6 +44,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache
 from mlxio.errors import ConfigError, DataError
+from mlxio.redact import redact_config
 from mlxio.rl import rollout_log, verifier
 from mlxio.rl.judge import CodeJudge
 from mlxio.run import checkpoint, config, context
@@ -169,7 +170,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
     trunk = llm_lora.trunk(model, cut)
     logger.info("frozen blocks 0-%d: hidden states of %d verdict prompts", cut - 1, sum(map(len, sets.values())))
     sets = {name: verifier.with_states(data, trunk, cfg.eval.batch) for name, data in sets.items()}
-    results = {"config": to_dict(cfg), "data": {name: s.counts() for name, s in sets.items()},
+    results = {"config": redact_config(to_dict(cfg)), "data": {name: s.counts() for name, s in sets.items()},
                "sources": [str(p) for p in logs] + ["sampled: " + str(out / rollout_log.LOG_NAME)]}
     logger.info("verdict prompts: %s", ", ".join(f"{k} {v['n']} ({v['n_pass']} pass)" for k, v in results["data"].items()))
 

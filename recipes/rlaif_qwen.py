@@ -44,6 +44,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
+from mlxio.redact import redact_config
 from mlxio.rl import auto_batch, grpo, rewards, rollout, shapes
 from mlxio.rl.evaluation import (
     evaluate_phase,
@@ -164,7 +165,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     evaluate_all = partial(evaluate_phase, eval_sets=eval_sets, ev=cfg.eval, sandbox=cfg.sandbox,
                            temperature=cfg.temperature, top_p=cfg.top_p, stop_at_code_end=cfg.stop_at_code_end,
                            fns=fns, cache=cache, out_dir=out, run_id=run_id)
-    results = {"config": to_dict(cfg), "eval": {name: {} for name in eval_sets}}
+    results = {"config": redact_config(to_dict(cfg)), "eval": {name: {} for name in eval_sets}}
     if cfg.eval.before and world.is_main:
         # "before" is the base model: LoRA off (every lora_b zero), whatever step a resumed
         # run is at, so it can be computed (or finished) at any time

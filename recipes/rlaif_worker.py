@@ -34,6 +34,7 @@ from mlxcore.optim import make_optimizer
 from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache, rpc
 from mlxio.errors import CheckpointError, ConfigError, RunError
+from mlxio.redact import redact_config
 from mlxio.rl import grpo, rollout
 from mlxio.rl.worker import (
     PAD_ID,
@@ -136,7 +137,7 @@ class Worker:
                 "max_line_bytes": self.max_line_bytes, "vocab_size": s.vocab,
                 "eos_token_ids": sorted(int(t) for t in s.policy.tokenizer.eos_token_ids),
                 "pad_id": PAD_ID, "accumulation": cfg.train.accum, "inner_epochs": cfg.inner_epochs},
-            "config": to_dict(cfg),
+            "config": redact_config(to_dict(cfg)),
             "model": str(s.policy.source or cfg.model),
             "step": s.step,
         }
@@ -244,7 +245,7 @@ class Worker:
         out.mkdir(parents=True, exist_ok=True)
         self._claim(s, out)
         meta = {**s.run_id, "rng": checkpoint.rng_snapshot(),
-                "data_position": {"prompts": s.step * s.cfg.prompts_per_step}, "config": to_dict(s.cfg),
+                "data_position": {"prompts": s.step * s.cfg.prompts_per_step}, "config": redact_config(to_dict(s.cfg)),
                 "client": params.get("meta")}
         path = checkpoint.save(out, s.step, {context.TRAINABLE: s.params, context.OPT_STATE: s.state}, meta,
                                keep_last=s.cfg.train.keep_checkpoints)

@@ -38,6 +38,7 @@ import urllib.parse
 import attrs
 
 from mlxio.data.lines import nesting_depth
+from mlxio.redact import redact_text
 from mlxio.rl.review_score import MAX_REVIEW_CHARS, parse_score
 
 log = logging.getLogger(__name__)
@@ -208,7 +209,7 @@ class HttpJudge:
                            "/v1/chat/completions")
         parts = urllib.parse.urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"teacher url {base_url!r}: expected http://host[:port][/v1]")
+            raise ValueError(f"teacher url {redact_text(base_url)!r}: expected http://host[:port][/v1]")
         if scoring not in SCORINGS:
             raise ValueError(f"scoring {scoring!r}: expected one of {SCORINGS}")
         if not (math.isfinite(timeout_s) and timeout_s > 0):
@@ -310,7 +311,7 @@ class HttpJudge:
                 return self._fail(str(err), deadline=True)
 
     def _fail(self, why: str, deadline: bool = False) -> None:
-        self.last_error = f"teacher {self.url}: {why}"
+        self.last_error = f"teacher {redact_text(self.url)}: {redact_text(why)}"
         if deadline:
             self._count(deadlines=1)
         log.warning("%s; reward marked missing", self.last_error)

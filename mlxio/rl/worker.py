@@ -29,6 +29,7 @@ import numpy as np
 
 from mlxio import rpc
 from mlxio.errors import ConfigError, StrictArgumentParser, one_line
+from mlxio.redact import install_log_redaction
 from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION
 from mlxio.run import budget
 
@@ -165,6 +166,7 @@ def serve_stdio(argv: list[str] | None, server_of: Callable[[int], rpc.Server], 
     proto = protocol_stdout()
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="%(asctime)s worker[%(process)d] %(levelname)s %(message)s")
+    install_log_redaction()  # no credential (a teacher URL's user:pass@) reaches a log line
     server = server_of(args.max_line_bytes)
     log.info("ready (protocol %s, max line %d bytes)", PROTOCOL_VERSION, args.max_line_bytes)
     how = server.serve(sys.stdin.buffer, proto)

@@ -441,20 +441,23 @@ def check_url(name: str, url: str, where: str | None = None) -> None:
     a malformed one would fail only at the first request)."""
     import urllib.parse
 
+    from mlxio.redact import redact_text
+
     fix = f"set --{name} to http://HOST[:PORT][/PATH], e.g. http://127.0.0.1:8080/v1"
+    shown = repr(redact_text(url)[:80])  # no user:pass@ in the message
     if any(c.isspace() for c in url) or any(ord(c) < 32 for c in url):
-        raise ConfigError(f"{name}: {url[:80]!r} contains whitespace or control characters", where=where, fix=fix)
+        raise ConfigError(f"{name}: {shown} contains whitespace or control characters", where=where, fix=fix)
     try:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError as err:  # "Invalid IPv6 URL", "Port out of range 0-65535", a non-numeric port
-        raise ConfigError(f"{name}: {url[:80]!r} is not a valid URL ({err})", where=where, fix=fix) from None
+        raise ConfigError(f"{name}: {shown} is not a valid URL ({err})", where=where, fix=fix) from None
     if parts.scheme not in ("http", "https"):
-        raise ConfigError(f"{name}: {url[:80]!r} must start with http:// or https://", where=where, fix=fix)
+        raise ConfigError(f"{name}: {shown} must start with http:// or https://", where=where, fix=fix)
     if not parts.hostname:
-        raise ConfigError(f"{name}: {url[:80]!r} names no host", where=where, fix=fix)
+        raise ConfigError(f"{name}: {shown} names no host", where=where, fix=fix)
     if port == 0:
-        raise ConfigError(f"{name}: {url[:80]!r}: port 0 is not a server's port", where=where, fix=fix)
+        raise ConfigError(f"{name}: {shown}: port 0 is not a server's port", where=where, fix=fix)
 
 
 def check_schedule(optim: Any, steps: int, where: str | None = None) -> None:

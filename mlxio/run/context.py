@@ -29,6 +29,7 @@ import numpy as np
 
 from mlxcore.tree import Tree, combine, partition
 from mlxio.errors import CheckpointError, TrainingDiverged, at_least_one, cli_main
+from mlxio.redact import install_log_redaction, redact_config, redact_text
 from mlxio.run import atomic, checkpoint, distributed, memprof
 from mlxio.run.atomic import sweep_stale
 from mlxio.run.runlog import write_json_atomic
@@ -49,11 +50,12 @@ def start(out_dir: Path, config: dict, seed: int, resume: bool = False, overwrit
     world = distributed.init()
     logging.basicConfig(level=logging.INFO if world.is_main else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    install_log_redaction()  # no credential (a teacher URL's user:pass@) reaches a log line
     out_dir.mkdir(parents=True, exist_ok=True)
     if world.is_main:
         claim_out_dir(out_dir, resume, overwrite)
     if world.is_main and not resume:
-        write_json_atomic(out_dir / "config.json", config)
+        write_json_atomic(out_dir / "config.json", redact_config(config))
     random.seed(seed)
     np.random.seed(seed)
     mx.random.seed(seed)
@@ -120,7 +122,7 @@ def _this_process() -> str:
     import socket
     import time
 
-    command = " ".join(sys.argv)[:200] or "python"
+    command = redact_text(" ".join(sys.argv))[:200] or "python"
     text = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}"
     return " ".join(text.split()).replace("; ", ", ")
 
@@ -223,7 +225,7 @@ def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distri
         if found is not None:
             check_config(found[0], found[2], run_id, config, legacy_keys, config_hash, defaults)
             found = (found[0], current_tree_names(found[0], found[1]), found[2])
-        write_json_atomic(out_dir / "config.json", config)
+        write_json_atomic(out_dir / "config.json", redact_config(config))
     found = distributed.broadcast_checkpoint(found, template, world)
     if found is None:
         log.info("no checkpoint in %s: starting fresh", out_dir)

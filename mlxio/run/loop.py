@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 
 from mlxcore.tree import Tree
+from mlxio.redact import redact_config
 from mlxio.run import distributed, memprof, outcome
 from mlxio.run.context import check_divergence, checkpoint_due, save
 from mlxio.run.reporting import Reporter, progress
@@ -59,7 +60,9 @@ class TrainLoop:
         """The loop of a run whose `train` settings (`train.steps`, `checkpoint_every`,
         `max_consecutive_skips`) are the recipe's; rank 0 opens the reporter (metrics.jsonl,
         continued after step `start` when `resumed`; TensorBoard / W&B per `report_to`; one log
-        line per record off a terminal, naming the `headline` metrics)."""
+        line per record off a terminal, naming the `headline` metrics). `config` is recorded
+        (checkpoints, W&B) with its credentials masked (`mlxio.redact`)."""
+        config = redact_config(config)
         reporter = None
         if world.is_main:
             reporter = Reporter(out_dir, report_to=report_to, config=config, project=project,

@@ -11,6 +11,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from mlxio.redact import redact_text
 from mlxio.run.runlog import write_text_atomic
 
 # package that embeds a model -> the hub id of that model
@@ -99,7 +100,7 @@ def write_card(out_dir: Path, *, title: str, base: str, summary: str, data: str,
         lines += ["## Use", "", usage.strip(), ""]
     lines += ["Written by mlx-retrieval-rl (MLX)."]
     path = out_dir / "README.md"
-    write_text_atomic(path, "\n".join(lines) + "\n", "model card")
+    write_text_atomic(path, redact_text("\n".join(lines) + "\n"), "model card")  # the command: no user:pass@
     return path
 
 
