@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks import make_table_rlaif
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -339,6 +341,7 @@ def default_run_sections() -> list[str]:
                            f"| {mode} | {b['pass@1']:.3f} {ci(b['ci95'])} | {a['pass@1']:.3f} {ci(a['ci95'])} "
                            f"| {d['mean']:+.3f} {ci(d['ci95'])} |")
         out.append("")
+    out += make_table_rlaif.arms_section("h200")
     j = load("cpu", "judge_auc")
     if j:
         sets = j["sets"]

@@ -27,6 +27,7 @@ from mlxio.rl.judge import SandboxConfig
 from mlxio.rl.rewards import RewardConfig, TeacherConfig
 from mlxio.rl.rollout import ENGINES
 from mlxio.rl.shapes import ShapePlan, ShapesConfig
+from mlxio.rl.verdict_reward import VerdictJudgeReward
 from mlxio.run import distributed
 from mlxio.run.config import check, check_schedule, check_url
 from mlxio.weights import llm
@@ -173,7 +174,8 @@ def shape_plan(cfg: Config, prompt_lengths, prompts: int, rows: int) -> ShapePla
 
 def reward_fns(cfg: Config) -> list:
     """[(reward, weight)] of `cfg`'s rewards, teacher and sandbox (`mlxio.rl.rewards.from_config`)."""
-    return rewards.from_config(cfg.rewards, cfg.teacher, cfg.sandbox, cfg.dequantize)
+    judge = VerdictJudgeReward(cfg.teacher.judge) if cfg.teacher.judge else None  # --teacher.judge: batched, in process
+    return rewards.from_config(cfg.rewards, cfg.teacher, cfg.sandbox, cfg.dequantize, verdict_judge=judge)
 
 
 def validate_grpo(cfg: Config) -> None:

@@ -44,10 +44,14 @@ class EvalConfig:
 
     problems: int = bounded(0, ge=0, le=1_000_000)  # how many problems of each evaluation set (0 = all of them)
     samples: int = bounded(16, ge=0, le=4096)  # sampled completions per problem (n of the pass@k estimator; 0 = none)
+    # on the transfer sets (data.transfer, e.g. HumanEval's 164): None = `samples`; fewer keeps their cost down
+    transfer_samples: int | None = bounded(None, ge=0, le=4096)
     temperature: float | None = bounded(None, gt=0, le=100)  # sampling temperature (None: the training temperature)
     greedy: bool = True  # also one greedy completion per problem
     max_new_tokens: int = bounded(384, ge=1, le=MAX_NEW_TOKENS)
     batch: int = bounded(8, ge=1, le=4096)  # prompts decoded together (x samples sequences)
+    # prompts decoded together for the greedy completions (0: batch x samples, the rows of a sampled chunk)
+    greedy_batch: int = bounded(0, ge=0, le=4096)
     seed: int = bounded(1234, ge=0, le=MAX_SEED)  # sampling seed: the same before and after training (paired comparison)
     resamples: int = bounded(10_000, ge=1, le=10_000_000)  # bootstrap resamples for the 95% intervals
     timeout_s: float = bounded(10.0, gt=0, le=3600)  # per sandboxed check of one completion
@@ -57,6 +61,7 @@ class EvalConfig:
 
 
 SOURCES = ("procedural", "humaneval")
+TRANSFER_SETS = ("humaneval", "humaneval_all")  # the evaluation set "humaneval": its held-out split, or all 164
 
 
 @attrs.frozen(kw_only=True)
@@ -81,6 +86,7 @@ class DataConfig:
     task_seed: int = bounded(0, ge=0, le=MAX_SEED)
     # extra evaluation sets beside the held-out split: "humaneval" (its held-out split, by
     # heldout_fraction) measures transfer from the procedural tasks
+    # "humaneval_all": all 164 problems (the procedural tasks never train on HumanEval)
     transfer: tuple[str, ...] = ()
 
 
@@ -91,8 +97,11 @@ def validate_data(cfg: DataConfig) -> None:
     if not 0.0 < cfg.heldout_fraction < 1.0:
         raise ConfigError(f"data.heldout_fraction: must be in (0, 1), got {cfg.heldout_fraction}")
     for name in cfg.transfer:
-        if name != "humaneval":
-            raise ConfigError(f"data.transfer: unknown evaluation set {name!r}; choose from humaneval")
+        if name not in TRANSFER_SETS:
+            raise ConfigError(f"data.transfer: unknown evaluation set {name!r}; choose from "
+                              + ", ".join(TRANSFER_SETS))
+    if len(cfg.transfer) > 1:
+        raise ConfigError(f"data.transfer: {', '.join(cfg.transfer)} are the same set: give one")
     if cfg.max_train < 0:
         raise ConfigError(f"data.max_train: must be >= 0 (0 = all), got {cfg.max_train}")
     if cfg.problems is not None or cfg.source != "procedural":
@@ -179,6 +188,8 @@ def load_problems(cfg: DataConfig, judge: CodeJudge | None = None) -> tuple[list
                         where=cfg.problems or cfg.source, fix="pass more problems or a smaller --data.heldout_fraction")
     if "humaneval" in cfg.transfer:
         sets["humaneval"] = heldout_split(load_humaneval(), cfg.heldout_fraction)[1]
+    elif "humaneval_all" in cfg.transfer:
+        sets["humaneval"] = load_humaneval()
     return (train[: cfg.max_train] if cfg.max_train else train), sets
 
 
@@ -199,16 +210,18 @@ def eval_judge(ev: EvalConfig, sandbox: SandboxConfig) -> CodeJudge:
 
 
 def _decode(policy, problems: Sequence[Problem], cfg: EvalConfig, n: int, temperature: float,
-            top_p: float, stop_at_code_end: bool) -> list[str]:
-    """n completions per problem, problem-major: [len(problems) * n] texts. Chunk i samples
-    with seed cfg.seed + i, so the same model gives the same texts on every call."""
+            top_p: float, stop_at_code_end: bool, batch: int | None = None) -> list[str]:
+    """n completions per problem, problem-major: [len(problems) * n] texts, `batch` problems
+    (default cfg.batch) a call. Chunk i samples with seed cfg.seed + i, so the same model gives
+    the same texts on every call."""
     from mlxio.rl.rollout import generate_group
     from mlxio.run.reporting import progress
 
     texts = []
-    starts = range(0, len(problems), cfg.batch)
+    batch = batch or cfg.batch
+    starts = range(0, len(problems), batch)
     for i, start in enumerate(progress(starts, desc=f"eval decode (n={n})", unit="chunk", every_s=20.0)):
-        chunk = problems[start: start + cfg.batch]
+        chunk = problems[start: start + batch]
         ro = generate_group(policy, [instruction(p) for p in chunk], group_size=n,
                             temperature=temperature, top_p=top_p,
                             max_new_tokens=cfg.max_new_tokens, seed=cfg.seed + i,
@@ -252,7 +265,8 @@ def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache, *
             if ni:
                 per_problem[p.task_id].update(passed=int(ci), n=int(ni))
     if cfg.greedy:
-        texts = _decode(policy, problems, cfg, 1, 0.0, 1.0, stop_at_code_end)
+        texts = _decode(policy, problems, cfg, 1, 0.0, 1.0, stop_at_code_end,
+                        cfg.greedy_batch or cfg.batch * max(cfg.samples, 1))
         ok = judge.passed(problems, texts)
         judged = np.array([g for g in ok if g is not None], np.float64)
         out["greedy"] = {**_interval(judged, cfg), "missing": sum(g is None for g in ok)}
@@ -356,6 +370,7 @@ def evaluate_phase(policy, phase: str, *, eval_sets: dict[str, Sequence[Problem]
     judge = eval_judge(ev, sandbox)
 
     def one(name: str) -> dict:
-        return evaluate(policy, eval_sets[name], ev, fns, cache, judge=judge,
+        cfg = ev if name != "humaneval" or ev.transfer_samples is None else attrs.evolve(ev, samples=ev.transfer_samples)
+        return evaluate(policy, eval_sets[name], cfg, fns, cache, judge=judge,
                         temperature=temperature, top_p=top_p, stop_at_code_end=stop_at_code_end)
     return evaluate_sets(one, list(eval_sets), out_dir / f"eval_{phase}.json", {**run_id, "phase": phase})

@@ -340,6 +340,9 @@ class TeacherConfig:
     url: str | None = bounded(None, nonempty=True)  # OpenAI-compatible endpoint, e.g. http://localhost:8080/v1
     model: str = bounded("default", nonempty=True)  # mlx_lm.server: "default_model" (the --model it serves)
     local: str | None = bounded(None, nonempty=True)  # or an mlx-lm model dir / GGUF judged locally
+    # or a verdict judge run in the training process, every completion of a step in a few batched
+    # passes (mlxio.rl.verdict_reward): recipes.rlaif_judge's adapters/ folder, or "untrained"
+    judge: str | None = bounded(None, nonempty=True)
     # one deadline per judge call: connect, headers, body, retries and back-off (HTTP), or the
     # wait for the model plus generation (local); a call past it is a missing reward
     timeout_s: float = bounded(30.0, gt=0, le=3600)
@@ -350,15 +353,22 @@ class TeacherConfig:
 
 
 def from_config(rewards: RewardConfig, teacher: TeacherConfig, sandbox: SandboxConfig,
-                dequantize: bool = True) -> list[tuple[RewardFn, float]]:
+                dequantize: bool = True, verdict_judge: RewardFn | None = None) -> list[tuple[RewardFn, float]]:
     """[(reward, weight)] of the reward options (zero weights left out; a judge only if
-    `teacher` configures one; `dequantize`: a local teacher's base, as the policy's)."""
+    `teacher` configures one; `dequantize`: a local teacher's base, as the policy's;
+    `verdict_judge`: the reward that `teacher.judge` names, built by the caller, e.g.
+    `mlxio.rl.verdict_reward.VerdictJudgeReward`)."""
     limits = SandboxLimits(timeout_s=sandbox.timeout_s, memory_mb=sandbox.memory_mb, disk_mb=sandbox.disk_mb)
     fns = [(ExecutionReward(limits, sandbox.workers), rewards.execution),
            (FormatReward(), rewards.format), (PrintableReward(), rewards.printable)]
-    if teacher.url and teacher.local:
-        raise ConfigError("teacher: set either --teacher.url or --teacher.local, not both")
+    if sum(x is not None for x in (teacher.url, teacher.local, teacher.judge)) > 1:
+        raise ConfigError("teacher: set one of --teacher.url, --teacher.local and --teacher.judge")
     judge = None
+    if teacher.judge:
+        if verdict_judge is None:
+            raise ConfigError("teacher.judge: this program builds no in-process judge", fix="use --teacher.url")
+        weight = 0.5 if rewards.ai_feedback is None else rewards.ai_feedback
+        return [(fn, w) for fn, w in [*fns, (verdict_judge, weight)] if w > 0]
     if teacher.url:
         from mlxio.rl.teacher import HttpJudge
         judge = HttpJudge(teacher.url, teacher.model, timeout_s=teacher.timeout_s,
@@ -371,6 +381,6 @@ def from_config(rewards: RewardConfig, teacher: TeacherConfig, sandbox: SandboxC
     weight = (0.5 if judge else 0.0) if weight is None else weight
     if weight > 0:
         if judge is None:
-            raise ConfigError("rewards.ai_feedback > 0 needs --teacher.url or --teacher.local")
+            raise ConfigError("rewards.ai_feedback > 0 needs --teacher.url, --teacher.local or --teacher.judge")
         fns.append((AIFeedbackReward(judge), weight))
     return [(fn, w) for fn, w in fns if w > 0]

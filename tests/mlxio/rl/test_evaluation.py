@@ -22,6 +22,8 @@ def test_load_problems_sources():
     train, sets = load_problems(DataConfig(max_train=5, heldout_families=(), transfer=("humaneval",)))
     assert len(train) == 5 and list(sets) == ["heldout", "humaneval"]
     assert all(p.task_id.startswith("HumanEval/") for p in sets["humaneval"])
+    _, sets = load_problems(DataConfig(max_train=5, heldout_families=(), transfer=("humaneval_all",)))
+    assert len(sets["humaneval"]) == 164  # the procedural tasks never train on HumanEval: all of it is held out
 
 
 @pytest.mark.parametrize("change,field", [
@@ -38,6 +40,7 @@ def test_load_problems_sources():
     ({"max_train": -2}, "data.max_train"),
     ({"heldout_fraction": 1.5}, "data.heldout_fraction"),
     ({"transfer": ("mbpp",)}, "data.transfer"),
+    ({"transfer": ("humaneval", "humaneval_all")}, "data.transfer"),
 ])
 def test_config_errors_name_the_field(change, field):
     with pytest.raises(ConfigError, match=rf"^{field}: "):

@@ -1,0 +1,215 @@
+"""benchmarks.rlaif_arms's results: one JSON (every arm, seed and evaluation set: sampled and
+greedy pass@1 with 95% intervals, the paired after - before against the shared "before", the
+curves, the judges' AUCs, the targets met or not) and one PNG, from the run folders in `work`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import RESULTS, write_result
+from mlxio.rl import rollout_log
+from mlxio.rl.evaluation import EvalConfig, compare
+
+SETS = ("heldout", "heldout_families", "humaneval")
+CURVE_KEYS = ("reward_mean", "pass_rate", "entropy", "kl", "reward/ai_feedback", "reward/execution", "step_s",
+              "gen_tokens_per_s")
+ARM_NOTES = {
+    "execution": "(a) the sandbox's verdict (+ format 0.2); every arm: entropy floor 0.3, equal-group skipping",
+    "trained_judge": "(b) the trained verdict judge (its own seed) as the only reward; no test runs in training",
+    "untrained_judge": "(c) the judge's base with LoRA off as the only reward (control)",
+}
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def side(res: dict | None) -> dict | None:
+    """pass@1 and 95% interval of one phase of one set, sampled and greedy."""
+    if not res:
+        return None
+    s, g = res.get("sampled") or {}, res.get("greedy") or {}
+    return {"sampled": s.get("pass@1"), "sampled_ci95": s.get("ci95"), "n": s.get("n"),
+            "greedy": g.get("pass@1"), "greedy_ci95": g.get("ci95"), "problems": res.get("problems"),
+            "missing": (s.get("missing") or 0) + (g.get("missing") or 0)}
+
+
+def curves(run: Path) -> list[dict]:
+    """The run's metrics.jsonl records, the plotted keys only."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{"step": r["step"], **{k: r.get(k) for k in CURVE_KEYS if k in r}} for r in rows]
+
+
+def one_run(work: Path, arm: str, seed: int, before: dict, ev: EvalConfig) -> dict:
+    """One arm x seed: its status, the sets before / after / paired diff, its curves."""
+    run = work / f"{arm}_s{seed}"
+    res = _read_json(run / "eval.json")
+    cur = curves(run)
+    out = {"arm": arm, "seed": seed, "judge_seed": seed if arm == "trained_judge" else None,
+           "status": "done" if res else ("partial" if cur else "not run"),
+           "steps_done": cur[-1]["step"] if cur else 0, "sets": {}, "curves": cur}
+    if res:
+        out["wall_s"] = res.get("wall_s")
+        for name, entry in res["eval"].items():
+            after = entry.get("after")
+            b = before.get(name)
+            diff = compare(b, after, ev) if (b and after) else {}
+            out["sets"][name] = {"before": side(b), "after": side(after), "diff": diff}
+    return out
+
+
+def judges(work: Path, seeds: list[int]) -> dict:
+    """Each judge's held-out AUCs (untrained and trained, 95% intervals) and its data sizes."""
+    out = {}
+    for s in seeds:
+        res = _read_json(work / f"judge_s{s}" / "eval.json")
+        if not res or "eval" not in res:
+            out[str(s)] = {"status": "not run"}
+            continue
+        out[str(s)] = {"status": "done", "data": res.get("data"), "wall_s": res.get("wall_s"),
+                       **{name: {j: {k: r.get(j, {}).get(k) for k in ("auc", "ci95")} for j in ("untrained", "trained")}
+                          for name, r in res["eval"].items()}}
+    return out
+
+
+def judge_overlap(work: Path, seeds: list[int], eval_ids: set[str]) -> dict:
+    """How many of each judge's training problems (task ids) are in the RLAIF evaluation sets
+    (0 expected: the judge trains on the procedural training split only)."""
+    out = {}
+    for s in seeds:
+        jd = work / f"judge_s{s}"
+        cfg = _read_json(jd / "config.json") or {}
+        fams = tuple((cfg.get("data") or {}).get("heldout_families", ("parsing",)))
+        frac = (cfg.get("data") or {}).get("heldout_fraction", 0.2)
+        path = jd / rollout_log.LOG_NAME
+        if not path.is_file():
+            continue
+        train = {r["task_id"] for r in rollout_log.read_rows(path)
+                 if rollout_log.split_of(r["task_id"], fams, frac) == "train"}
+        out[str(s)] = {"train_problems": len(train), "in_eval_sets": len(train & eval_ids)}
+    return out
+
+
+def _mean(xs: list[float]) -> float | None:
+    return float(np.mean(xs)) if xs else None
+
+
+def targets(runs: list[dict], seeds: list[int]) -> dict:
+    """Issue 47's targets, each met / not met / not measured, with the figures they read."""
+    def gains(arm: str, name: str = "heldout", mode: str = "sampled") -> list[dict]:
+        return [r["sets"][name]["diff"][mode] for r in runs
+                if r["arm"] == arm and name in r["sets"] and mode in r["sets"][name]["diff"]]
+
+    out = {}
+    a, b, c = gains("execution"), gains("trained_judge"), gains("untrained_judge")
+    fam = gains("execution", "heldout_families", "greedy")
+    if len(a) == len(seeds):
+        out["a_heldout_gain_above_0_every_seed"] = {"met": all(g["ci95"][0] > 0 for g in a),
+                                                   "lower_bounds": [g["ci95"][0] for g in a]}
+    if len(fam) == len(seeds):
+        # "not below its before-value by more than its interval": the paired greedy difference's
+        # 95% interval reaches 0 (it is not significantly negative)
+        out["a_family_greedy_not_below_before"] = {"met": all(g["ci95"][1] >= 0 for g in fam),
+                                                  "diffs": [g["mean"] for g in fam],
+                                                  "upper_bounds": [g["ci95"][1] for g in fam]}
+    ma, mb, mc = _mean([g["mean"] for g in a]), _mean([g["mean"] for g in b]), _mean([g["mean"] for g in c])
+    if b and ma is not None:
+        out["b_half_of_a_gain"] = {"met": mb >= 0.5 * ma, "mean_gain_b": mb, "mean_gain_a": ma}
+        out["b_gain_above_0_on_2_of_3"] = {"met": sum(g["ci95"][0] > 0 for g in b) >= 2,
+                                          "lower_bounds": [g["ci95"][0] for g in b]}
+    if b and c:
+        # "clearly below": every seed's untrained-judge gain below the same seed's trained-judge gain
+        per_seed = [(x["mean"], y["mean"]) for x, y in zip(b, c, strict=False)]
+        out["c_clearly_below_b"] = {"met": mc < mb and all(y < x for x, y in per_seed), "mean_gain_b": mb,
+                                    "mean_gain_c": mc}
+    for key in ("a_heldout_gain_above_0_every_seed", "a_family_greedy_not_below_before", "b_half_of_a_gain",
+                "b_gain_above_0_on_2_of_3", "c_clearly_below_b"):
+        out.setdefault(key, {"met": None, "note": "not measured: runs missing"})
+    return out
+
+
+def write(work: Path, seeds: list[int], arms: list[str], machine: str, path: Path | None, command: str) -> Path:
+    """Write results/<machine>/rlaif_arms.json and .png from the run folders in `work`."""
+    before_json = _read_json(work / "before" / "before.json") or {}
+    before = before_json.get("sets", {})
+    ev = EvalConfig()  # the paired bootstrap's resamples and seed (the recipe's defaults)
+    runs = [one_run(work, arm, s, before, ev) for arm in arms for s in seeds]
+    eval_ids = {t for res in before.values() for t in res.get("per_problem", {})}
+    setup = _read_json(work / "command.json") or {}
+    payload = {"command": command, "experiment": setup, "arms": {a: ARM_NOTES[a] for a in arms}, "seeds": seeds,
+               "before": {"note": "the base model (LoRA off) with fixed evaluation seeds: the same for every arm and "
+                                  "seed, evaluated once", "sets": {k: side(v) for k, v in before.items()}},
+               "runs": runs, "judges": judges(work, seeds), "judge_training_overlap": judge_overlap(work, seeds, eval_ids),
+               "timing": _read_json(work / "timing.json"), "targets": targets(runs, seeds)}
+    out = write_result("rlaif_arms", payload, machine, path=path)
+    plot(payload, out.with_suffix(".png"))
+    return out
+
+
+def plot(payload: dict, path: Path) -> Path:
+    """Reward, pass rate, entropy and KL per step (a line per run, colour per arm) above pass@1
+    before / after with 95% interval bars per arm and seed on each evaluation set."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"execution": "tab:blue", "trained_judge": "tab:green", "untrained_judge": "tab:red"}
+    fig, axes = plt.subplots(2, 4, figsize=(18, 8))
+    for ax, key in zip(axes[0], ("reward_mean", "pass_rate", "entropy", "kl"), strict=True):
+        for r in payload["runs"]:
+            pts = [(c["step"], c[key]) for c in r["curves"] if c.get(key) is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), color=colours[r["arm"]], alpha=0.8, lw=1.2,
+                        label=f"{r['arm']} s{r['seed']}")
+        ax.set_title(key + (" (sandbox; arm a only: b and c run no tests)" if key == "pass_rate" else ""), fontsize=9)
+        ax.set_xlabel("step")
+    axes[0][0].legend(fontsize=6, ncol=1)
+    for ax, name in zip(axes[1], SETS, strict=False):
+        b = payload["before"]["sets"].get(name)
+        x = 0
+        ticks, labels = [], []
+        if b and b["sampled"] is not None:
+            lo, hi = b["sampled_ci95"]
+            ax.errorbar([x], [b["sampled"]], yerr=[[b["sampled"] - lo], [hi - b["sampled"]]], fmt="o", color="black")
+            ticks.append(x)
+            labels.append("before")
+            x += 1
+        for r in payload["runs"]:
+            a = r["sets"].get(name, {}).get("after")
+            if a and a["sampled"] is not None:
+                lo, hi = a["sampled_ci95"]
+                ax.errorbar([x], [a["sampled"]], yerr=[[a["sampled"] - lo], [hi - a["sampled"]]], fmt="o",
+                            color=colours[r["arm"]])
+                ticks.append(x)
+                labels.append(f"{r['arm'].split('_')[0][:5]} s{r['seed']}")
+                x += 1
+        ax.set_xticks(ticks, labels, rotation=60, fontsize=7)
+        ax.set_title(f"{name}: sampled pass@1, 95% CI (after; before in black)", fontsize=9)
+    ax = axes[1][3]
+    for i, j in enumerate(payload["judges"].values()):
+        for k, judge in enumerate(("untrained", "trained")):
+            r = (j.get("heldout") or {}).get(judge) or {}
+            if r.get("auc") is not None and r.get("ci95"):
+                ax.errorbar([i * 3 + k], [r["auc"]], yerr=[[r["auc"] - r["ci95"][0]], [r["ci95"][1] - r["auc"]]],
+                            fmt="o", color="tab:green" if judge == "trained" else "tab:red")
+    ax.axhline(0.5, color="grey", lw=0.8)
+    ax.set_title("judge ROC AUC on held-out instances (red untrained, green trained; per judge seed)", fontsize=8)
+    fig.suptitle("RLAIF arms x seeds (SmolLM2-135M): training curves and held-out pass@1", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["RESULTS", "write", "plot", "targets"]

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call of the RLAIF arms experiment (dev/gpu/rlaif_calls.md), from the checkout's root:
+# install what dev/gpu/rlaif_stage.sh staged (if this machine has not yet), run or resume every
+# arm x seed (benchmarks.rlaif_arms) until DEADLINE seconds, then put the results in $OUT:
+# rlaif_arms.json (+ .png) and arms.tar.xz (every run's metrics, evaluations, logs, rollouts and
+# the judges' adapters: `--summarize` re-makes the JSON from it anywhere).
+#   bash dev/gpu/rlaif_arms_call.sh 530
+set -uo pipefail
+deadline=${1:-530}
+bash dev/gpu/rlaif_device.sh || exit 3
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+W=/tmp/arms
+nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
+python3 -m benchmarks.rlaif_arms --work $W --deadline_s "$deadline" --judge "--sandbox.workers 8"
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+python3 -m benchmarks.rlaif_arms --work $W --summarize --results "$OUT/rlaif_arms.json" 2>&1 | tail -3
+(cd $W && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -path './judge_s*/adapters/*' \) \
+   -not -path '*/checkpoints/*' -not -path '*/reward_cache/*' -print0 | tar cf - --null -T - | xz -T0 -6 > "$OUT/arms.tar.xz")
+ls -la "$OUT"
+for f in $W/*.log; do echo "== $f"; tail -n 2 "$f"; done
