@@ -138,6 +138,18 @@ def targets(runs: list[dict], seeds: list[int]) -> dict:
     return out
 
 
+def gpu_name() -> str | None:
+    """The GPU nvidia-smi names on this machine (None elsewhere)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
 def write(work: Path, seeds: list[int], arms: list[str], machine: str, path: Path | None, command: str) -> Path:
     """Write results/<machine>/rlaif_arms.json and .png from the run folders in `work`."""
     before_json = _read_json(work / "before" / "before.json") or {}
@@ -146,7 +158,7 @@ def write(work: Path, seeds: list[int], arms: list[str], machine: str, path: Pat
     runs = [one_run(work, arm, s, before, ev) for arm in arms for s in seeds]
     eval_ids = {t for res in before.values() for t in res.get("per_problem", {})}
     setup = _read_json(work / "command.json") or {}
-    payload = {"command": command, "experiment": setup, "arms": {a: ARM_NOTES[a] for a in arms}, "seeds": seeds,
+    payload = {"command": command, "gpu": gpu_name(), "experiment": setup, "arms": {a: ARM_NOTES[a] for a in arms}, "seeds": seeds,
                "before": {"note": "the base model (LoRA off) with fixed evaluation seeds: the same for every arm and "
                                   "seed, evaluated once", "sets": {k: side(v) for k, v in before.items()}},
                "runs": runs, "judges": judges(work, seeds), "judge_training_overlap": judge_overlap(work, seeds, eval_ids),
@@ -170,7 +182,7 @@ def plot(payload: dict, path: Path) -> Path:
         for r in payload["runs"]:
             pts = [(c["step"], c[key]) for c in r["curves"] if c.get(key) is not None]
             if pts:
-                ax.plot(*zip(*pts, strict=True), color=colours[r["arm"]], alpha=0.8, lw=1.2,
+                ax.plot(*zip(*pts, strict=True), color=colours[r["arm"]], alpha=0.8, lw=1.2, marker=".", ms=3,
                         label=f"{r['arm']} s{r['seed']}")
         ax.set_title(key + (" (sandbox; arm a only: b and c run no tests)" if key == "pass_rate" else ""), fontsize=9)
         ax.set_xlabel("step")

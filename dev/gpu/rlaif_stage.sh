@@ -37,5 +37,5 @@ for p in "$tmp"/part.?; do
   n=$((n + 1)); mkdir -p "$root/.gpu/r$n"; mv "$p" "$root/.gpu/r$n/stage.part$n"
 done
 sha256sum "$tmp/stage.tar.xz" | cut -d' ' -f1 > "$tmp/sha"
-for d in "$root"/.gpu/r?; do cp "$tmp/sha" "$d/stage.sha256"; echo "$n" > "$d/stage.parts"; done
+for d in "$root"/.gpu/r?; do cp "$tmp/sha" "$d/stage.sha256"; echo "$n" > "$d/stage.count"; done
 du -sh "$root"/.gpu/r?
