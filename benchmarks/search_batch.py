@@ -53,8 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def prepare(work: Path, n: int, seed: int = 0) -> tuple[Path, Path, float | None]:
     """(index dir, queries JSONL, seconds to build it or None when reused) for n stdlib pairs."""
     from mlxio.data import pairs
+    from mlxio.search.searcher import build_index
     from mlxio.weights.encoders import default_encoder_path
-    from recipes import code_search
 
     work.mkdir(parents=True, exist_ok=True)
     corpus = pairs.mine_corpus(cache_dir=work / "mine", extras=False)
@@ -68,7 +68,7 @@ def prepare(work: Path, n: int, seed: int = 0) -> tuple[Path, Path, float | None
     corpus_path.write_text(docs)
     queries_path.write_text(queries)
     t = time.perf_counter()
-    code_search.build_index(corpus_path, str(default_encoder_path()), index, rebuild=True, progress=False)
+    build_index(corpus_path, str(default_encoder_path()), index, rebuild=True, progress=False)
     return index, queries_path, time.perf_counter() - t
 
 
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.functions < 1 or args.latency_queries < 1:
         raise SystemExit("--functions and --latency-queries must be >= 1")
+    from mlxio.search.searcher import Searcher
     from recipes import code_search
 
     index_dir, queries_path, build_s = prepare(args.work, args.functions)
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     texts = [r["query"] for r in rows]
     result: dict = {"functions": args.functions, "queries": len(texts), "index_build_s": build_s,
                     "load_avg_start": os.getloadavg(), "cores": len(os.sched_getaffinity(0)), "modes": {}}
-    searcher = code_search.Searcher(index_dir)
+    searcher = Searcher(index_dir)
     index = searcher.index
     result.update(tokens=int(index.n_tokens), nprobe=index.nprobe, candidates=index.candidates, codec=index.codec.name)
     vecs = [v.astype(np.float32) for v in searcher.embedder.embed(texts)]

@@ -29,11 +29,11 @@ THREADS = (1, 2, 4, 8, 16)
 
 def time_generation(work: Path, functions: int) -> dict:
     """{"functions", "documents", "tokens", "queries", "generate_s": {threads: seconds}} on one index."""
-    from recipes import code_search
+    from mlxio.search.searcher import Searcher
 
     index_dir, queries_path, _ = prepare(work, functions)
     texts = [json.loads(line)["query"] for line in queries_path.read_text().splitlines()][:2000]
-    searcher = code_search.Searcher(index_dir)
+    searcher = Searcher(index_dir)
     index = searcher.index
     vecs = [v.astype(np.float32) for v in searcher.embedder.embed(texts)]
     result = {"functions": functions, "documents": index.n_docs, "tokens": int(index.n_tokens),

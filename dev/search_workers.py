@@ -25,11 +25,11 @@ from mlxio.search.index import Index
 
 
 def main(work: Path, out: Path) -> dict:
-    from recipes import code_search
+    from mlxio.search.searcher import Searcher
 
     index_dir, queries_path, _ = prepare(work, 1000)
     texts = [json.loads(line)["query"] for line in queries_path.read_text().splitlines()]
-    searcher = code_search.Searcher(index_dir)
+    searcher = Searcher(index_dir)
     index = searcher.index
     vecs = [v.astype(np.float32) for v in searcher.embedder.embed(texts)]
     original = Index.maxsim_many

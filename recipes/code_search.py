@@ -36,152 +36,21 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-
 from mlxio.data.lines import object_lines
-from mlxio.errors import ConfigError, DataError, StrictArgumentParser, at_least_one, cli_main
-from mlxio.run import budget
+from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
 from mlxio.run.atomic import check_slot
 from mlxio.run.config import check_path_text
 from mlxio.run.runlog import write_text_atomic
 from mlxio.search import build as search_build
-from mlxio.search.embed import Embedder, assign_on_device, encode_on_device
-from mlxio.search.index import FUSIONS, Index, SearchArgumentError, check_args
-from mlxio.search.store import IndexError_
-from mlxio.weights.encoders import load_encoder, model_digest
+from mlxio.search.index import FUSIONS, Index
+from mlxio.search.searcher import build_index, search
 
-log = logging.getLogger("code_search")
 PROG = "python -m recipes.code_search"
 MODES = ("semantic", "bm25", "hybrid")
 # backstops: the encoder's max_position_embeddings and the memory budget refuse far less (checked at load)
 MAX_LENGTH = 1 << 20  # tokens of one document or query
-
-
-def _progress_bar(desc: str):
-    """A progress callback (done, total, seconds): a tqdm bar with functions/s on a terminal,
-    periodic log lines otherwise (mlxio.run.reporting.progress)."""
-    from mlxio.run.reporting import interactive, progress
-
-    state = {"bar": None, "t0": time.perf_counter(), "n0": 0}
-
-    def update(done: int, total: int, seconds: float) -> None:
-        if state["bar"] is None:
-            state["t0"], state["n0"] = time.perf_counter(), done
-            if interactive():
-                from tqdm import tqdm
-                state["bar"] = tqdm(total=total, desc=desc, unit="fn", file=sys.stderr, dynamic_ncols=True,
-                                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
-                                               "[{elapsed}<{remaining}{postfix}]")
-            else:
-                state["bar"] = progress(total=total, desc=desc, unit="fn", every_s=15.0, logger=log)
-        bar = state["bar"]
-        bar.update(done - bar.n)
-        rate = (done - state["n0"]) / max(time.perf_counter() - state["t0"], 1e-9)
-        bar.set_postfix_str(f"{rate:.1f} fn/s")
-        if done >= total:
-            bar.close()
-
-    return update
-
-
-def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 256, batch_size: int = 32,
-                max_query_len: int = 32, codec: str = search_build.DEFAULT_CODEC, rebuild: bool = False, alpha: float | None = None,
-                fusion_from: Path | None = None, progress: bool = True, compact: bool = False
-                ) -> search_build.Report:
-    """Index (or update the index of) `source` (`compact`: merge its segments into one);
-    returns what was done."""
-    if not source.exists():
-        raise DataError(f"{source}: no such file or folder; give a folder of .py files or a corpus JSONL")
-    encoder = load_encoder(model)
-    check_lengths(encoder, {"--max-doc-len": max_doc_len, "--max-query-len": max_query_len}, model)
-    budget.check_encoder(encoder.spec.model, batch_size, max_doc_len, "max-doc-len", max_doc_len, backward=False,
-                         where=str(model), fix="lower --max-doc-len or --batch-size")
-    model_id = str(Path(model).resolve()) if Path(model).is_dir() else str(model)
-    embedder = Embedder(encoder, max_doc_len, batch_size)
-    import mlx.core as mx
-
-    log.info("embedding on %s (MLX default device)", mx.default_device())
-
-    def embed(texts, report):
-        return embedder.embed(texts, progress=report)
-
-    if alpha is not None:
-        fusion = {"alpha": alpha, "source": "--alpha at index time"}
-    elif fusion_from is not None:
-        fusion = search_build.fusion_from_eval(fusion_from)
-    else:
-        fusion = search_build.default_fusion(model)
-    meta = {"model": model_id, "model_digest": model_digest(encoder.path), "max_doc_len": max_doc_len,
-            "max_query_len": max_query_len, "dim": embedder.dim}
-    on_gpu = mx.default_device() == mx.gpu
-    return search_build.update(source, index_dir, embed, meta, codec=codec, rebuild=rebuild, compact=compact,
-                               fusion=fusion, progress=_progress_bar("embedding") if progress else None,
-                               assign=assign_on_device if on_gpu else None,
-                               encode=encode_on_device if on_gpu else None)
-
-
-def check_model(index: Index, encoder) -> None:
-    """The encoder at the index's model path is the one that embedded its documents (the same
-    weights and tokenizer: `model_digest`), else an IndexError_: queries embedded by other
-    weights than the documents rank by noise."""
-    recorded = index.manifest.get("model_digest")
-    if recorded is None:
-        log.warning("%s: built before indexes recorded their model's digest; cannot check that %s is unchanged "
-                    "(`index --rebuild` records it)", index.gen, index.manifest.get("model"))
-        return
-    now = model_digest(encoder.path)
-    if now != recorded:
-        raise IndexError_(f"the model at {index.manifest.get('model')} changed since this index was built (weights "
-                          f"or tokenizer digest {recorded[:12]} -> {now[:12]}): its queries would not match the "
-                          "documents' vectors", where=str(index.root),
-                          fix="update the index with `index SRC --model MODEL --index DIR` (it rebuilds), or "
-                              "search with the model it was built with")
-
-
-def check_lengths(encoder, lengths: dict[str, int], where: str) -> None:
-    """Token lengths within the encoder's position embeddings (BERT: max_position_embeddings;
-    T5's relative positions have none): a ConfigError naming the option, before any embedding."""
-    limit = getattr(encoder.spec.model, "max_position_embeddings", None)
-    for name, value in lengths.items():
-        if limit is not None and value > limit:
-            raise ConfigError(f"{name}: {value} tokens is more than the model's max_position_embeddings ({limit})",
-                              where=str(where), fix=f"set {name} {limit} or less")
-
-
-class Searcher:
-    """An index plus the encoder it was built with (loaded once for many queries)."""
-
-    def __init__(self, index_dir: Path, need_encoder: bool = True):
-        self.index = Index(index_dir)
-        self.embedder = None
-        if need_encoder:
-            m = self.index.manifest
-            encoder = load_encoder(m["model"])
-            check_model(self.index, encoder)
-            self.embedder = Embedder(encoder, int(m.get("max_query_len", 32)))
-
-    def search(self, queries: list[str], mode: str, top_k: int = 10, alpha: float | None = None,
-               fusion: str = "interp", nprobe: int | None = None, candidates: int | None = None
-               ) -> list[list[tuple[int, float]]]:
-        """Ranked (document, score) lists, one per query: the queries encoded in batches and
-        re-ranked together (`Index.search_many`: the results of one-at-a-time search)."""
-        check_args(top_k, alpha, nprobe, candidates)
-        for i, q in enumerate(queries):
-            if not isinstance(q, str) or not q.strip():
-                raise SearchArgumentError(f"query {i + 1} is empty")
-        embs = self.embedder.embed(queries) if mode != "bm25" else [None] * len(queries)
-        return self.index.search_many(queries, [None if e is None else e.astype(np.float32) for e in embs], mode,
-                                      top_k, alpha, fusion, nprobe, candidates)
-
-
-def search(index_dir: Path, queries: list[str], mode: str, top_k: int = 10, alpha: float | None = None,
-           fusion: str = "interp") -> tuple[list[list[tuple[int, float]]], Index]:
-    """Ranked (document, score) lists per query, and the index (for `index.record(i)`)."""
-    searcher = Searcher(index_dir, need_encoder=mode != "bm25")
-    return searcher.search(queries, mode, top_k, alpha, fusion), searcher.index
 
 
 def _read_queries(path: Path) -> list[dict]:

@@ -22,6 +22,7 @@ from lock_holder import holding
 from mlxio import inputs
 from mlxio.errors import ConfigError, DataError, DiskError, MlxioError, RunError, cli_main
 from mlxio.run import budget, checkpoint, context
+from mlxio.search import searcher
 from recipes import code_search, rlaif_qwen, xtr_lora
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -496,10 +497,10 @@ def test_a_changed_model_is_refused_by_search_and_rebuilt_by_update(tmp_path):
     class Encoder:
         path = model
 
-    code_search.check_model(Index(idx), Encoder())  # same weights: fine
+    searcher.check_model(Index(idx), Encoder())  # same weights: fine
     (model / "model.safetensors").write_bytes(b"new weights")
     with pytest.raises(MlxioError, match="changed since this index was built") as err:
-        code_search.check_model(Index(idx), Encoder())
+        searcher.check_model(Index(idx), Encoder())
     assert str(idx) in err.value.contract_line()
     report = build.update(tmp_path / "src", idx, FakeEmbed(), {**META, "model": str(model),
                                                               "model_digest": model_digest(model)})
