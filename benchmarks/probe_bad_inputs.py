@@ -744,10 +744,10 @@ def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[di
 
     from mlxio import rpc
     from mlxio.run.config import to_dict
-    from recipes.rlaif_config import PRESETS, validate
-    from recipes.rlaif_worker import Worker
+    from recipes.rlaif_config import PRESETS
+    from recipes.rlaif_worker import make_worker
 
-    worker = Worker(PRESETS, validate)
+    worker = make_worker()
     server = worker.server()
 
     def call(method, **params):

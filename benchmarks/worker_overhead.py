@@ -50,8 +50,8 @@ from mlxio.rl import grpo, rollout
 from mlxio.rl.worker import padded
 from mlxio.rl.worker_protocol import SCHEMAS
 from mlxio.run.config import to_dict
-from recipes.rlaif_config import PRESETS, batch_settings, validate
-from recipes.rlaif_worker import Worker
+from recipes.rlaif_config import PRESETS, batch_settings
+from recipes.rlaif_worker import make_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {  # byte-level tiny tokenizer: one token per character
@@ -71,7 +71,7 @@ class Client:
         if thread:
             to_server, from_client = os.pipe()
             to_client, from_server = os.pipe()
-            server = Worker(PRESETS, validate).server()
+            server = make_worker().server()
             self.thread = threading.Thread(target=server.serve, daemon=True, args=(
                 os.fdopen(to_server, "rb"), os.fdopen(from_server, "wb")))
             self.thread.start()
@@ -113,7 +113,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
     out = tempfile.mkdtemp(prefix="worker_overhead_")
     cfg = attrs.evolve(base, model=model, out_dir=out)
     config = to_dict(cfg)
-    local = Worker(PRESETS, validate)
+    local = make_worker()
     local.initialize({"preset": "smoke", "config": config})
     s = local.session
     client = Client({**os.environ, "PYTHONPATH": str(ROOT)}, thread)

@@ -1,6 +1,6 @@
 """Configuration of the RLAIF recipe (`recipes.rlaif_qwen`) and its worker
 (`recipes.rlaif_worker`): the option tree, its presets, the cross-field checks, and how the
-options reach the library (`load_policy`, `loss_fn`, `batch_settings`, `reward_fns`). Every
+options reach the library (`open_session`, `load_policy`, `loss_fn`, `batch_settings`, `reward_fns`). Every
 field is a command-line option (`--group_size 8`, `--optim.lr 1e-5`); `python -m
 recipes.rlaif_qwen --help` lists them with their defaults. The sections live beside the code
 they configure: `data`, `eval` in mlxio.rl.evaluation, `rewards`, `teacher` in
@@ -19,8 +19,9 @@ from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, MAX_STEPS, bounded
 from mlxcore.lora import LoraConfig
 from mlxcore.optim import OptimConfig
 from mlxcore.policy import GrpoConfig
+from mlxio import kernel_cache
 from mlxio.errors import ConfigError
-from mlxio.rl import grpo, rewards, shapes
+from mlxio.rl import grpo, rewards, session, shapes
 from mlxio.rl.evaluation import DataConfig, EvalConfig, validate_data
 from mlxio.rl.grpo import TINY_PREFIX, MemoryConfig  # TINY_PREFIX + "llama": a tiny random model
 from mlxio.rl.judge import SandboxConfig
@@ -28,8 +29,8 @@ from mlxio.rl.rewards import RewardConfig, TeacherConfig
 from mlxio.rl.rollout import ENGINES
 from mlxio.rl.shapes import ShapePlan, ShapesConfig
 from mlxio.rl.verdict_reward import VerdictJudgeReward
-from mlxio.run import distributed
-from mlxio.run.config import check, check_schedule, check_url
+from mlxio.run import budget, distributed
+from mlxio.run.config import check, check_schedule, check_url, to_dict
 from mlxio.weights import llm
 from mlxio.weights.llm import TINY_KINDS
 from mlxio.weights.llm_lora import RECOMPUTABLE
@@ -151,6 +152,20 @@ def load_policy(cfg: Config) -> llm.Policy:
     return grpo.load_model(cfg.model, cfg.lora, cfg.lora_layers, cfg.train.seed, dequantize=cfg.dequantize,
                            compute_dtype=cfg.memory.compute_dtype,
                            lengths={"max_new_tokens": cfg.max_new_tokens, "eval.max_new_tokens": cfg.eval.max_new_tokens})
+
+
+def open_session(cfg: Config, world: distributed.World = distributed.SINGLE) -> session.Session:
+    """The policy `cfg` trains, once its step's memory is known to fit (`budget.check_rlaif`,
+    before any rollout), with its compiled step over this rank's loss, LoRA tree, optimizer
+    state and run identity (`mlxio.rl.session.build`): the recipe's and the worker's one builder."""
+    policy = load_policy(cfg)
+    budget.check_rlaif(policy.config, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+                       max_new_tokens=cfg.max_new_tokens, accum=cfg.train.accum, ev=cfg.eval, world_size=world.size,
+                       where=str(policy.source or cfg.model))
+    loss = distributed.data_parallel_loss(loss_fn(policy.model, cfg, world), world)
+    return session.build(policy, loss, cfg.optim, seed=cfg.train.seed, jit=kernel_cache.use_compile(cfg.compile),
+                         run_id=grpo.run_identity(to_dict(cfg), policy), reduce_grads=distributed.grad_reducer(world),
+                         eval_micro_batches=cfg.memory.eval_micro_batches)
 
 
 def loss_fn(model, cfg: Config, world: distributed.World = distributed.SINGLE):

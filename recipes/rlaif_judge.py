@@ -40,12 +40,10 @@ import mlx.core as mx
 
 from mlxcore import policy as pg
 from mlxcore import verdict
-from mlxcore.optim import make_optimizer
-from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache
 from mlxio.errors import ConfigError, DataError
 from mlxio.redact import redact_config
-from mlxio.rl import rollout_log, verifier
+from mlxio.rl import rollout_log, session, verifier
 from mlxio.rl.judge import CodeJudge
 from mlxio.run import checkpoint, config, context
 from mlxio.run.config import to_dict
@@ -148,18 +146,17 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
     policy = load_policy(cfg)
     model = policy.model
     answers = verifier.answer_ids(policy.tokenizer, str(policy.source or cfg.model))
-    optimizer = make_optimizer(cfg.optim)
     # blocks before the first LoRA block never change: their output is computed once per prompt
     cut = len(model.layers) - (cfg.lora_layers or len(model.layers))
     logits = llm_lora.last_logits(model, cut)
-    step_fn = make_train_step(verdict.verdict_loss_fn(logits), optimizer,
-                              clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,
-                              jit=kernel_cache.use_compile(cfg.compile))
-    params = llm_lora.lora_tree(model)
-    run_id = {"config_hash": config_hash(to_dict(cfg)), "base_model": str(policy.source)}
-    params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
+    sess = session.build(policy, verdict.verdict_loss_fn(logits), cfg.optim, seed=cfg.train.seed,
+                         jit=kernel_cache.use_compile(cfg.compile),
+                         run_id={"config_hash": config_hash(to_dict(cfg)), "base_model": str(policy.source)})
+    run_id = sess.run_id
+    params, state, found = context.resume_into(resume, out, run_id, sess.params, sess.state, world,
                                                to_dict(cfg), Config.LEGACY_KEYS, config_hash,
                                                defaults=config.default_values(Config))
+    step_fn = sess.step_fn
     start_step = found.step if found else 0
 
     # ---- data: rollouts of its own (sampled with LoRA still off), then every log

@@ -40,8 +40,6 @@ import mlx.core as mx
 
 from mlxcore import packing
 from mlxcore import policy as pg
-from mlxcore.optim import make_optimizer
-from mlxcore.step import init_state, make_train_step
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
 from mlxio.redact import redact_config
@@ -57,7 +55,6 @@ from mlxio.rl.grpo import (
     build_batch,
     prompt_indices,
     rank_share,
-    run_identity,
     shared_advantages,
     step_record,
     step_seed,
@@ -67,7 +64,7 @@ from mlxio.rl.judge import CodeJudge
 from mlxio.rl.rewards import RewardCache
 from mlxio.rl.rollout_log import RolloutLog
 from mlxio.rl.warm_up import warm_up
-from mlxio.run import budget, config, context, distributed
+from mlxio.run import config, context, distributed
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
@@ -81,8 +78,7 @@ from recipes.rlaif_config import (
     PRESETS,
     Config,
     batch_settings,
-    load_policy,
-    loss_fn,
+    open_session,
     reward_fns,
     shape_plan,
     validate,
@@ -123,23 +119,13 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     world = context.start(out, to_dict(cfg), cfg.train.seed, resume, overwrite)  # out holds every rank's reward cache
     prompt_share, local_group = rank_share(cfg.prompts_per_step, cfg.group_size, cfg.train.accum, world)
     clock.lap("setup: run context")
-    policy = load_policy(cfg)
-    budget.check_rlaif(policy.config, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
-                       max_new_tokens=cfg.max_new_tokens, accum=cfg.train.accum, ev=cfg.eval, world_size=world.size,
-                       where=str(policy.source or cfg.model))  # before any rollout
-    clock.lap("setup: policy (load, dequantise, LoRA)")
-    model = policy.model
+    sess = open_session(cfg, world)  # the memory check comes before any rollout
+    clock.lap("setup: policy (load, dequantise, LoRA), step")
+    policy, model, step_fn, run_id = sess.policy, sess.model, sess.step_fn, sess.run_id
     fns = reward_fns(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
-    optimizer = make_optimizer(cfg.optim)
-    step_fn = make_train_step(distributed.data_parallel_loss(loss_fn(model, cfg, world), world), optimizer,
-                              clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed, jit=jit,
-                              reduce_grads=distributed.grad_reducer(world),
-                              eval_micro_batches=cfg.memory.eval_micro_batches)
-    params = llm_lora.lora_tree(model)  # what trains: the LoRA tree, bound to the frozen model in the loss
-    distributed.check_replicated(params, world, "initial LoRA weights")
-    run_id = run_identity(to_dict(cfg), policy)
-    params, state, found = context.resume_into(resume, out, run_id, params, init_state(optimizer, params), world,
+    distributed.check_replicated(sess.params, world, "initial LoRA weights")
+    params, state, found = context.resume_into(resume, out, run_id, sess.params, sess.state, world,
                                                to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash,
                                                defaults=config.default_values(Config))
     start_step = found.step if found else 0

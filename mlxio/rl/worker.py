@@ -9,8 +9,8 @@ rewards are computed in the trainer. One process serves both roles:
     trainer:   train_step(token ids, completion masks, advantages[, reference log-probs])
                -> loss, pg_loss, kl, grad_norm, step;  save / load / eval_logprobs
 
-The methods are the RLAIF recipe's own (`recipes.rlaif_worker`: its config, policy, loss,
-batch and compiled step, mlxio.rl.grpo and mlxcore.step, and its atomic checkpoints), so a
+The methods (`mlxio.rl.worker_methods`) are the RLAIF recipe's own: its config, session
+(`mlxio.rl.session`: policy, loss, compiled step), batch and atomic checkpoints, so a
 train_step there equals the recipe's step on the same batch and a checkpoint either writes the
 other resumes. Protocol and schemas: docs/worker-protocol.md and mlxio.rl.worker_protocol;
 framing: mlxio.rpc.

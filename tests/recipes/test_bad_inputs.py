@@ -146,9 +146,9 @@ def test_worker_generate_is_bounded(tmp_path):
     from mlxio import rpc
     from mlxio.run.config import to_dict
     from recipes.rlaif_config import PRESETS
-    from recipes.rlaif_worker import Worker
+    from recipes.rlaif_worker import make_worker
 
-    worker = Worker()
+    worker = make_worker()
     server = worker.server()
 
     def call(method, **params):

@@ -23,8 +23,8 @@ from mlxio.rl.worker_protocol import PROTOCOL_VERSION, SCHEMAS
 from mlxio.run import checkpoint
 from mlxio.run.config import to_dict
 from recipes import rlaif_qwen as rq
-from recipes.rlaif_config import PRESETS, load_policy, validate
-from recipes.rlaif_worker import Worker
+from recipes.rlaif_config import PRESETS, load_policy
+from recipes.rlaif_worker import make_worker
 from tests.recipes.test_rlaif_e2e import SPECS, LetterReward, make_problems, write_problems
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def recipe_step(tmp_path_factory, problems_file):
 
 def test_train_step_equals_the_recipes_step(recipe_step, tmp_path):
     cfg, record, trees = recipe_step
-    worker = Worker(PRESETS, validate)
+    worker = make_worker()
     init = rpc_call(worker, "initialize", preset="smoke", config={**to_dict(cfg), "out_dir": str(tmp_path)},
                     protocol_version=PROTOCOL_VERSION)
     assert init["protocol_version"] == PROTOCOL_VERSION and init["step"] == 0
@@ -127,14 +127,14 @@ def test_train_step_equals_the_recipes_step(recipe_step, tmp_path):
 def test_worker_loads_the_recipes_checkpoint(recipe_step):
     """Same checkpoints both ways: the worker resumes from the recipe's run dir."""
     cfg, record, trees = recipe_step
-    worker = Worker(PRESETS, validate)
+    worker = make_worker()
     rpc_call(worker, "initialize", preset="smoke", config=to_dict(cfg))
     loaded = rpc_call(worker, "load")
     assert loaded["step"] == 1 and loaded["path"].endswith("step-00000001")
     assert_same_trees(lora_of(worker.session.params),
                       {f"{k}": np.array(v) for k, v in tree_flatten(trees["trainable"])})
     # another config (another run identity) is refused by name
-    other = Worker(PRESETS, validate)
+    other = make_worker()
     rpc_call(other, "initialize", preset="smoke", config={**to_dict(cfg), "beta": 0.5})
     response = json.loads(other.server().handle_line(rpc.encode(
         {"jsonrpc": "2.0", "id": 2, "method": "load", "params": {}}).rstrip()))
@@ -144,7 +144,7 @@ def test_worker_loads_the_recipes_checkpoint(recipe_step):
 def test_load_resumes_exactly_and_given_logprobs_match(problems_file, tmp_path):
     cfg = smoke_cfg(tmp_path / "run", problems_file)
     config = to_dict(cfg)
-    a = Worker(PRESETS, validate)
+    a = make_worker()
     rpc_call(a, "initialize", preset="smoke", config=config)
     gen1 = rpc_call(a, "generate", prompts=["def f(x):", "sort a list"], temperature=1.0)
     rpc_call(a, "train_step", **train_params(gen1, group_adv(gen1)))
@@ -156,7 +156,7 @@ def test_load_resumes_exactly_and_given_logprobs_match(problems_file, tmp_path):
     uninterrupted = rpc_call(a, "train_step", **batch2)
     lora_a = lora_of(a.session.params)
 
-    b = Worker(PRESETS, validate)  # a fresh worker (a new process in test_rust_client)
+    b = make_worker()  # a fresh worker (a new process in test_rust_client)
     rpc_call(b, "initialize", preset="smoke", config=config)
     loaded = rpc_call(b, "load")
     assert loaded == {"step": 1, "path": str(tmp_path / "run" / "checkpoints" / "step-00000001"),
@@ -165,7 +165,7 @@ def test_load_resumes_exactly_and_given_logprobs_match(problems_file, tmp_path):
     assert resumed == {**uninterrupted, "seconds": resumed["seconds"]}
     assert_same_trees(lora_a, lora_of(b.session.params))
 
-    c = Worker(PRESETS, validate)  # the KL reference given by the client instead
+    c = make_worker()  # the KL reference given by the client instead
     rpc_call(c, "initialize", preset="smoke", config=config)
     rpc_call(c, "load")
     given = rpc_call(c, "train_step", **batch2, ref_logprobs=ref)
@@ -186,7 +186,7 @@ def test_load_takes_a_checkpoint_written_before_newer_options(problems_file, tmp
     config leaves them at their defaults, by the newest and by step; one this config sets
     otherwise is refused naming that setting alone (not out_dir, outside the hash)."""
     cfg = smoke_cfg(tmp_path / "run", problems_file)
-    worker = Worker(PRESETS, validate)
+    worker = make_worker()
     rpc_call(worker, "initialize", preset="smoke", config=to_dict(cfg))
     s = worker.session
     old = {k: v for k, v in to_dict(cfg).items() if k != "memory"}  # written before memory.* existed
@@ -198,7 +198,7 @@ def test_load_takes_a_checkpoint_written_before_newer_options(problems_file, tmp
                                         "meta": {"position": 6}}
     assert rpc_call(worker, "load", step=3)["step"] == 3
 
-    other = Worker(PRESETS, validate)
+    other = make_worker()
     rpc_call(other, "initialize", preset="smoke", config={**to_dict(cfg), "memory": {"logprob_chunk": 256}})
     for params in ({}, {"step": 3}):
         error = rpc_error(other, "load", **params)
@@ -213,7 +213,7 @@ def test_two_writers_never_share_a_run_directory(problems_file, tmp_path):
     the worker holds it, a recipe run into it (another process) is refused naming the worker."""
     out = tmp_path / "run"
     out.mkdir()
-    worker = Worker(PRESETS, validate)
+    worker = make_worker()
     rpc_call(worker, "initialize", preset="smoke", config=to_dict(smoke_cfg(out, problems_file)))
     with holding(out) as holder:
         for method in ("save", "load"):
@@ -235,7 +235,7 @@ def test_two_writers_never_share_a_run_directory(problems_file, tmp_path):
 
 
 def test_generate_stop_strings_and_logprobs(problems_file, tmp_path):
-    worker = Worker(PRESETS, validate)
+    worker = make_worker()
     rpc_call(worker, "initialize", preset="smoke", config=to_dict(smoke_cfg(tmp_path, problems_file)))
     free = rpc_call(worker, "generate", prompts=["abc"], n=6, max_tokens=24, temperature=1.0, seed=7)
     assert all(len(c) == len(lp) for c, lp in zip(free["completion_tokens"], free["logprobs"], strict=True))
@@ -271,7 +271,7 @@ def lines_through(server, *lines: bytes) -> list[dict]:
 
 
 def test_errors_get_responses_and_the_server_goes_on():
-    server = Worker(PRESETS, validate, max_line_bytes=200).server()
+    server = make_worker(max_line_bytes=200).server()
     req = lambda i, m, **p: json.dumps({"jsonrpc": "2.0", "id": i, "method": m, "params": p}).encode()  # noqa: E731
     got = lines_through(
         server,
@@ -301,7 +301,7 @@ def test_errors_get_responses_and_the_server_goes_on():
 
 
 def test_initialize_names_what_is_wrong():
-    server = Worker(PRESETS, validate).server()
+    server = make_worker().server()
 
     def error(params):
         line = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": params})

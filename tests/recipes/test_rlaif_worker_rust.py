@@ -16,8 +16,7 @@ import pytest
 
 from mlxio.rl import grpo
 from mlxio.run import checkpoint
-from recipes.rlaif_config import PRESETS, validate
-from recipes.rlaif_worker import Worker
+from recipes.rlaif_worker import make_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "tests" / "worker_client"
@@ -64,7 +63,7 @@ def test_rust_trainer_over_pipes_resumes_exactly(client, tmp_path):
     np.testing.assert_allclose(batches[0]["advantages"], adv, rtol=1e-4, atol=1e-4)
 
     # the same two batches in one uninterrupted in-process worker: identical results
-    worker = Worker(PRESETS, validate)
+    worker = make_worker()
     server = worker.server()
 
     def call(method, params):
