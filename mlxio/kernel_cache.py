@@ -209,7 +209,8 @@ def import_cache(archive: str | os.PathLike, folder: str | None = None, check: b
         try:
             tar = tarfile.open(fileobj=handle, mode="r:*")
         except (OSError, EOFError, tarfile.TarError, zlib.error) as err:
-            raise DataError(f"cannot read kernel cache archive: {err}", where=str(archive), fix=_MAKE_ONE) from None
+            raise DataError(f"not a kernel cache archive: not a tar or tar.gz file ({_why(err)})", where=str(archive),
+                            fix=_MAKE_ONE) from None
         with tar:
             manifest_member, kernels = archive_members(tar, str(archive))
             manifest = _manifest(tar, manifest_member, str(archive))
@@ -222,6 +223,11 @@ def import_cache(archive: str | os.PathLike, folder: str | None = None, check: b
             dest.mkdir(parents=True, exist_ok=True)
             added = sum(_add_kernel(tar, member, dest, str(archive)) for member in kernels)
     return {**manifest, "added": added, "folder": str(dest)}
+
+
+def _why(err: BaseException) -> str:
+    """The first line of an error's text, shortened (tarfile's can span several)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
 
 
 def _open_archive(archive: Path) -> int:
@@ -275,7 +281,7 @@ def archive_members(tar: tarfile.TarFile, where: str) -> tuple[tarfile.TarInfo, 
                 raise DataError(f"the kernel cache archive unpacks to more than {size_text(MAX_UNPACKED_BYTES)}",
                                 where=where, fix=_MAKE_ONE)
     except (OSError, EOFError, tarfile.TarError, zlib.error) as err:
-        raise DataError(f"cannot read kernel cache archive: {err}", where=where, fix=_MAKE_ONE) from None
+        raise DataError(f"cannot read kernel cache archive: {_why(err)}", where=where, fix=_MAKE_ONE) from None
     if manifest is None:
         raise DataError(f"not a kernel cache archive (no {MANIFEST})", where=where, fix=_MAKE_ONE)
     return manifest, kernels
@@ -322,7 +328,7 @@ def _add_kernel(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, where
             return 0
         return 1
     except (EOFError, tarfile.TarError, zlib.error) as err:  # a member cut short or corrupt
-        raise DataError(f"cannot read kernel cache archive member {member.name[:120]!r}: {err}", where=where,
+        raise DataError(f"cannot read kernel cache archive member {member.name[:120]!r}: {_why(err)}", where=where,
                         fix=_MAKE_ONE) from None
     finally:
         with suppress(OSError):

@@ -60,7 +60,7 @@ def padded(rows: list[list], width: int, dtype, fill=0) -> np.ndarray:
     return out
 
 
-def check_generate(model_config: dict, prompts: int, n: int, max_tokens: int) -> None:
+def check_generate(model_config: dict, prompts: int, n: int, max_tokens: int, prompt_tokens: int = 16) -> None:
     """A `generate` that cannot finish is refused before it starts (INVALID_PARAMS naming the
     field): more than MAX_GENERATE_ROWS sequences, more tokens than the model's positions, or
     a KV cache larger than the machine's memory (`mlxio.run.budget`)."""
@@ -73,10 +73,45 @@ def check_generate(model_config: dict, prompts: int, n: int, max_tokens: int) ->
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.max_tokens: {max_tokens} is more than the model's "
                            f"max_position_embeddings ({limit})", {"field": "params.max_tokens"})
     try:
-        budget.require(budget.rollout_bytes(rows, max_tokens + 16, model_config), "params.n", n,
+        budget.require(budget.rollout_bytes(rows, max_tokens + prompt_tokens, model_config), "params.n", n,
                        f"{rows} sequences x {max_tokens} tokens (KV cache)", "ask for fewer sequences or tokens")
     except ConfigError as err:
         raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.n"}) from None
+
+
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token of `tokenizer` stands for (its longest vocabulary entry; a
+    byte-level BPE entry has one character per byte), at least 1; 64 when it has no vocabulary view."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    try:
+        return max((len(t) for t in hf.get_vocab()), default=1) or 1
+    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab
+        return 64
+
+
+def check_prompts(model_config: dict, tokenizer, prompts: list[str], max_tokens: int,
+                  encode: Callable[[str], list[int]]) -> int:
+    """The longest prompt's token count, once every prompt plus `max_tokens` fits the model's
+    positions; else INVALID_PARAMS naming `params.prompts[i]`. A prompt with more characters
+    than the positions times the longest token could cover is refused before it is tokenised
+    (a 4.5 MB prompt: at once, not after gigabytes of prefill)."""
+    limit = model_config.get("max_position_embeddings")
+    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    room = None if limit is None else limit - max_tokens
+    widest = longest_token_chars(tokenizer) if limit is not None else 0
+    longest = 0
+    for i, prompt in enumerate(prompts):
+        field = {"field": f"params.prompts[{i}]"}
+        if room is not None and len(prompt) > room * widest:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.prompts[{i}]: {len(prompt)} characters cannot fit in the "
+                               f"model's {limit} positions with max_tokens {max_tokens} (at most {widest} characters "
+                               "a token); send a shorter prompt", field)
+        count = len(encode(prompt))
+        if room is not None and count > room:
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.prompts[{i}]: {count} tokens + max_tokens {max_tokens} is "
+                               f"more than the model's max_position_embeddings ({limit}); send a shorter prompt", field)
+        longest = max(longest, count)
+    return longest
 
 
 def check_rows(model_config: dict, rows: list, accum: int) -> None:

@@ -26,6 +26,7 @@ from mlxio.rl.session import Session
 from mlxio.rl.worker import (
     PAD_ID,
     check_generate,
+    check_prompts,
     check_rows,
     finite,
     merged,
@@ -114,13 +115,17 @@ class Worker:
         s = self._session()
         cfg = self.cfg
         n, max_tokens = params.get("n", cfg.group_size), params.get("max_tokens", cfg.max_new_tokens)
+        chat = params.get("chat_template", True)
         check_generate(s.policy.config, len(params["prompts"]), n, max_tokens)
+        longest = check_prompts(s.policy.config, s.policy.tokenizer, params["prompts"], max_tokens,
+                                lambda p: rollout.encode_prompt(s.policy.tokenizer, p, chat))
+        check_generate(s.policy.config, len(params["prompts"]), n, max_tokens, longest)
         t0 = time.perf_counter()
         ro = rollout.generate_group(
             llm_lora.bound_policy(s.policy, s.params), params["prompts"], n,
             params.get("temperature", cfg.temperature), params.get("top_p", cfg.top_p), max_tokens,
             params.get("seed", grpo.step_seed(cfg.train.seed, s.step)),
-            use_chat_template=params.get("chat_template", True),
+            use_chat_template=chat,
             stop_at_code_end=params.get("stop_at_code_end", cfg.stop_at_code_end),
             stop=tuple(params.get("stop", ())), compiled=kernel_cache.use_compile(cfg.compile))
         return {"texts": ro.texts, "prompt_tokens": ro.prompt_tokens,

