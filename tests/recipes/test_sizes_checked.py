@@ -23,9 +23,9 @@ def worker_call(tmp_path_factory):
     from mlxio import rpc
     from mlxio.run.config import to_dict
     from recipes.rlaif_config import PRESETS
-    from recipes.rlaif_worker import Worker
+    from recipes.rlaif_worker import make_worker
 
-    server = Worker().server()
+    server = make_worker().server()
 
     def call(method, **params):
         line = rpc.encode({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
