@@ -183,6 +183,57 @@ def _unjudgeable_case(work: Path, name: str):
     return run
 
 
+# ---------------------------------------------------------------- rewards that never arrive
+
+def _closed_port() -> int:
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def _smoke(work: Path, name: str, *argv: str) -> list[str]:
+    return ["--preset", "smoke", "--eval.before", "false", "--out_dir", str(work / name), *argv]
+
+
+def _teacher_case(cli, work: Path, name: str, review: str | None, *extra: str):
+    """The smoke recipe with a teacher that answers `review` (None: 503), or none listening
+    (`review` == "closed")."""
+    def run():
+        if review == "closed":
+            return cli("rlaif_qwen", _smoke(work, name, "--teacher.url", f"http://127.0.0.1:{_closed_port()}/v1",
+                                           "--teacher.timeout_s", "2", "--teacher.retries", "0", *extra))
+        with ReviewServer(review) as server:
+            return cli("rlaif_qwen", _smoke(work, name, "--teacher.url", server.url, "--teacher.timeout_s", "5",
+                                           "--teacher.retries", "0", *extra))
+    return run
+
+
+def _allow_missing_case(cli, work: Path):
+    def run():
+        import logging
+
+        said: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda r: said.append(r.getMessage())
+        logging.getLogger("rlaif_qwen").addHandler(handler)
+        try:
+            kind, line = cli("rlaif_qwen", _smoke(work, "allow", "--teacher.url", f"http://127.0.0.1:{_closed_port()}/v1",
+                                                  "--teacher.timeout_s", "2", "--teacher.retries", "0",
+                                                  "--rewards.allow_missing", "true", "--train.steps", "2",
+                                                  "--optim.total_steps", "2", "--eval.after", "false"))
+        finally:
+            logging.getLogger("rlaif_qwen").removeHandler(handler)
+        going_on = [m for m in said if "going on as --rewards.allow_missing asks" in m]
+        if kind == "silent" and len(going_on) == 2:  # exit 0 is right here, said at both steps
+            return "handled", going_on[-1][:200]
+        return ("silent" if kind == "silent" else kind), f"{len(going_on)} lines said it; {line[-200:]}"
+    return run
+
+
 def reward_records(record: Callable[[str, str, Callable], None], work: Path,
                    cli: Callable[[str, list[str]], tuple[str, str]]) -> None:
     """Every case of this module, through `record(class, what, fn)` (the probe's runner: fn()
@@ -203,3 +254,16 @@ def reward_records(record: Callable[[str, str, Callable], None], work: Path,
     record("no reference (49)", "rlaif_qwen --data.problems: no problem's tests can judge",
            lambda: cli("rlaif_qwen", ["--preset", "smoke", "--data.problems", str(nothing),
                                       "--out_dir", str(work / "rlaif49_nothing")]))
+    runs = work / "runs49"
+    runs.mkdir()
+    record("missing rewards (49)", "the teacher unreachable (nothing listens)", _teacher_case(cli, runs, "closed", "closed"))
+    record("missing rewards (49)", "the teacher answers 503 every time", _teacher_case(cli, runs, "503", None))
+    record("missing rewards (49)", "the teacher's reviews hold no score line",
+           _teacher_case(cli, runs, "noscore", "Looks fine to me. 10/10 would be generous."))
+    record("missing rewards (49)", "every execution check out of time (--sandbox.timeout_s 0.05)",
+           lambda: cli("rlaif_qwen", _smoke(runs, "timeout", "--sandbox.timeout_s", "0.05")))
+    record("missing rewards (49)", "--grpo.mask_truncated with every completion cut (max_new_tokens 2)",
+           lambda: cli("rlaif_qwen", _smoke(runs, "truncated", "--grpo.mask_truncated", "true", "--max_new_tokens", "2",
+                                            "--train.steps", "2", "--optim.total_steps", "2")))
+    record("missing rewards (49)", "the teacher unreachable with --rewards.allow_missing: said at every step",
+           _allow_missing_case(cli, runs))

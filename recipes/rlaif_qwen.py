@@ -43,7 +43,7 @@ from mlxcore import policy as pg
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
 from mlxio.redact import redact_config
-from mlxio.rl import auto_batch, grpo, rewards, rollout, shapes
+from mlxio.rl import auto_batch, grpo, reward_health, rewards, rollout, shapes
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,
@@ -124,6 +124,10 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     policy, model, step_fn, run_id = sess.policy, sess.model, sess.step_fn, sess.run_id
     fns = reward_fns(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
+    # rewards that never arrive, per source (mlxio.rl.reward_health): a run stops on them
+    health = reward_health.MissingRewards()
+    execution = next((fn for fn, _ in fns if isinstance(fn, rewards.ExecutionReward)), None)
+    empty_steps = 0  # steps whose update had nothing to train on (said at each)
     distributed.check_replicated(sess.params, world, "initial LoRA weights")
     params, state, found = context.resume_into(resume, out, run_id, sess.params, sess.state, world,
                                                to_dict(cfg), Config.LEGACY_KEYS, grpo.config_hash,
@@ -194,6 +198,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 min_decode_batch=cfg.shapes.min_decode_batch)
         answered = [problems[i] for i in ro.prompt_index]
         rew = rewards.combine_rewards(fns, answered, ro.texts, cache)
+        missing = health.add(rew.per_reward, execution.judge.take_statuses() if execution else None, world)
+        reward_health.guard(health, cfg.rewards.max_missing_share, cfg.rewards.allow_missing, step + 1, logger)
         if rollout_log is not None:
             rollout_log.write_step(step + 1, answered, ro.texts, rew.per_reward)
         prompt_ids = prompt_share.start + ro.prompt_index
@@ -221,9 +227,17 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                 cfg = attrs.evolve(cfg, train=attrs.evolve(cfg.train, accum=accum))
                 planned = planned and shape_plan(cfg, prompt_lens, local_prompts, effective)
         t2 = time.perf_counter()
+        if batch is None:  # like a skipped non-finite step: counted, said, and a run of only these fails
+            empty_steps += 1
+            absent = distributed.gather_np(rew.missing, world)
+            logger.warning("step %d trained nothing: %s (%d such steps so far)", step + 1,
+                           reward_health.no_update_reason(row_stats, len(absent), int(absent.sum()),
+                                                          cfg.grpo.mask_truncated, cfg.grpo.skip_equal_groups),
+                           empty_steps)
         met = set(ro.shapes) | ({shapes.update_key(batch, one_graph)} if batch is not None else set())
         record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
-                  **row_stats, "update_skipped": int(batch is None), "new_shapes": len(met - seen),
+                  **row_stats, **missing, "update_skipped": int(batch is None), "updates_empty": empty_steps,
+                  "new_shapes": len(met - seen),
                   **decode_record(ro), "update_s": t2 - t1, "step_s": time.perf_counter() - t0}
         seen |= met
         window.add(record)
@@ -240,7 +254,10 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         components = sorted({k for r in loop.reporter.read() for k in r if k.startswith("reward/")})
         plot_curves(loop.reporter.read(), out / "curves.png", (CURVES[0], *components, *CURVES[1:]),
                     f"rlaif_qwen: {model_name} (means over each {cfg.train.log_every}-step logging window)")
-    if not loop.finish(state, (loop.end - start_step) * cfg.inner_epochs, f"rlaif_qwen memory: {model_name}"):
+    results["rewards"] = health.summary()
+    logger.info("missing rewards: %s", reward_health.summary_line(results["rewards"]))
+    if not loop.finish(state, (loop.end - start_step) * cfg.inner_epochs, f"rlaif_qwen memory: {model_name}",
+                       empty_updates=empty_steps * cfg.inner_epochs):
         return results if loop.stopped_early else {"rank": world.rank}
 
     # ---- exports (mlx-lm adapters, fused model), held-out evaluation after training, cards

@@ -27,7 +27,9 @@ whose tests cannot judge.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -37,6 +39,8 @@ from mlxcore.fields import bounded
 from mlxcore.tasks import Problem
 from mlxio.rl.problems import extract_code, parses
 from mlxio.sandbox import SandboxLimits, Verdict, run_check
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True)
@@ -126,6 +130,7 @@ class CodeJudge:
     workers: int = 2
     _sound: dict = attrs.field(factory=dict, init=False, repr=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+    _statuses: Counter = attrs.field(factory=Counter, init=False, repr=False)
 
     def run(self, problem: Problem, code: str) -> Verdict:
         """The verdict of the program `code` (already extracted) on `problem`."""
@@ -133,9 +138,20 @@ class CodeJudge:
         if verdict.judge_fault:
             check = self.tests_can_judge(problem)
             if check.sound:
-                return attrs.evolve(verdict, status=verdict.fault_status or "failed", judge_fault=False,
-                                    detail=f"{verdict.detail} ({check.why})")
+                verdict = attrs.evolve(verdict, status=verdict.fault_status or "failed", judge_fault=False,
+                                       detail=f"{verdict.detail} ({check.why})")
+        with self._lock:
+            self._statuses[verdict.status] += 1
+        if verdict.status == "infra":
+            log.warning("sandbox: no verdict on problem %r (%s); marked missing", problem.task_id,
+                        " ".join(verdict.detail.split())[:300])
         return verdict
+
+    def take_statuses(self) -> Counter:
+        """How many verdicts of each status `run` gave since the last call (then reset)."""
+        with self._lock:
+            taken, self._statuses = self._statuses, Counter()
+        return taken
 
     def _check(self, problem: Problem, code: str) -> Verdict:
         return run_check(code, problem.test, problem.entry_point, self.limits, prelude=_prelude(problem))

@@ -331,6 +331,11 @@ class RewardConfig:
     printable: float = bounded(0.0, ge=0, le=1000)  # share of printable-ASCII characters (a shaping reward; smoke)
     ai_feedback: float | None = bounded(None, ge=0, le=1000)  # None: 0.5 when a teacher is configured, else off
     cache: bool = True  # persistent cache in out_dir/reward_cache
+    # a run stops (one line) once a reward source has been missing for more than this share of
+    # its completions so far (the sandbox broken, the teacher unreachable), or execution checks
+    # timed out that often (mlxio.rl.reward_health); 1 never stops
+    max_missing_share: float = bounded(0.5, ge=0, le=1)
+    allow_missing: bool = False  # go on past max_missing_share anyway, saying so at every step
 
 
 @attrs.frozen(kw_only=True)

@@ -101,11 +101,13 @@ class TrainLoop:
         """Whether this process ends before the run's last step (--stop_after)."""
         return self.end < self.steps
 
-    def finish(self, opt_state: Tree, updates: int, title: str, keep_reporter: bool = False) -> bool:
+    def finish(self, opt_state: Tree, updates: int, title: str, keep_reporter: bool = False,
+               empty_updates: int = 0) -> bool:
         """After the loop: the display and reporter closed (the reporter left open with
         `keep_reporter`, for the run's results: `reporter.write_summary`, then `close`), the memory
         profile written (memory.json + memory.png titled `title`), RunError if none of this
-        process's `updates` optimizer updates applied, and every rank waits until the last
+        process's `updates` optimizer updates applied (non-finite, or `empty_updates` of them
+        with nothing to train on), and every rank waits until the last
         checkpoint exists. True when the run is complete and this is rank 0: evaluation and
         export come next."""
         self.bar.close()
@@ -114,7 +116,8 @@ class TrainLoop:
                 self.reporter.close()
             if self.profiler is not None:
                 self.profiler.write(self.out_dir, title=title)
-        outcome.require_progress(opt_state, self.skips_before, updates, str(self.out_dir / "metrics.jsonl"))
+        outcome.require_progress(opt_state, self.skips_before, updates, str(self.out_dir / "metrics.jsonl"),
+                                 empty=empty_updates)
         distributed.barrier(self.world)
         if self.stopped_early:
             log.info("stopped after step %d as asked (--stop_after); resume with --resume", self.end)
