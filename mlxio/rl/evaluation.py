@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -28,10 +29,10 @@ from mlxcore.digest import hashed_int
 from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, bounded
 from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxcore.tasks import Problem
-from mlxio.errors import ConfigError, DataError
+from mlxio.errors import ConfigError, DataError, MlxioError
 from mlxio.rl.judge import CodeJudge, SandboxConfig
 from mlxio.rl.problems import extract_code, load_humaneval, read_problems_jsonl
-from mlxio.rl.rewards import combine_rewards
+from mlxio.rl.rewards import RewardCache, combine_rewards
 from mlxio.run.runlog import write_json_atomic
 from mlxio.sandbox import SandboxLimits
 
@@ -141,11 +142,29 @@ def heldout_split(problems: Sequence[Problem], fraction: float, salt: str = "rla
     return train, held
 
 
-def judgeable(numbered: Sequence[tuple[int, Problem]], path: str, judge: CodeJudge) -> list[Problem]:
+def checks_dir() -> Path:
+    """Where problems found sound are remembered (`CodeJudge.check_problems`' `known`):
+    `$XDG_CACHE_HOME/mlx-retrieval-rl/tests_checks` (default `~/.cache/...`)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-retrieval-rl" / "tests_checks"
+
+
+def _known_checks() -> RewardCache | None:
+    """The store of `checks_dir()`, or None (every problem checked again) where it cannot be
+    written."""
+    try:
+        return RewardCache(checks_dir())
+    except (OSError, MlxioError) as err:
+        log.warning("cannot keep the problems' test checks in %s (%s); checking them all", checks_dir(), err)
+        return None
+
+
+def judgeable(numbered: Sequence[tuple[int, Problem]], path: str, judge: CodeJudge, known=None) -> list[Problem]:
     """The problems of the file `path` ((line number, problem) each) whose tests can judge a
-    candidate (`CodeJudge.check_problem`); each other one is left out with one warning line
-    naming file:line and task id. DataError when none is left."""
-    checks = judge.check_problems([p for _, p in numbered])
+    candidate (`CodeJudge.check_problem`; `known`: the sound ones remembered from earlier
+    runs); each other one is left out with one warning line naming file:line and task id.
+    DataError when none is left."""
+    log.info("checking the tests of %d problems of %s against trivially wrong candidates", len(numbered), path)
+    checks = judge.check_problems([p for _, p in numbered], known)
     kept, left = [], []
     for (lineno, problem), check in zip(numbered, checks, strict=True):
         if check.sound is False:
@@ -178,7 +197,8 @@ def load_problems(cfg: DataConfig, judge: CodeJudge | None = None) -> tuple[list
     else:
         if cfg.problems:
             numbered = read_problems_jsonl(cfg.problems)
-            problems = ([p for _, p in numbered] if judge is None else judgeable(numbered, cfg.problems, judge))
+            problems = ([p for _, p in numbered] if judge is None else
+                        judgeable(numbered, cfg.problems, judge, _known_checks()))
         else:
             problems = load_humaneval()
         train, held = heldout_split(problems, cfg.heldout_fraction)

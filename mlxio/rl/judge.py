@@ -27,6 +27,8 @@ whose tests cannot judge.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 from collections import Counter
@@ -70,6 +72,7 @@ def _problem_key(problem: Problem) -> tuple[str, str, str, str]:
     return problem.prompt, problem.test, problem.entry_point, problem.canonical_solution
 
 
+CHECKS_VERSION = "tests-check-v1"  # of `check_problem`'s rule: stored results of another version are not read
 # Trivially wrong candidates (`{name}`: the entry point), in the order they are tried: tests
 # that can judge fail every one.
 PROBES = {
@@ -203,9 +206,25 @@ class CodeJudge:
             return probed
         return self._reference_check(problem)
 
-    def check_problems(self, problems: Sequence[Problem]) -> list[TestsCheck]:
-        """`check_problem` of each problem, `workers` at a time."""
-        return self._map(self.check_problem, problems)
+    def check_problems(self, problems: Sequence[Problem], known=None) -> list[TestsCheck]:
+        """`check_problem` of each problem, `workers` at a time. `known`: a persistent store
+        (`mlxio.rl.rewards.RewardCache`'s get / put / flush) of the problems found sound under
+        these limits before, which are not run again (a problem file is checked once, not at
+        every run); only sound ones are stored, so a refusal always says why."""
+        keys = [self._check_key(p) for p in problems]
+        todo = [i for i, k in enumerate(keys) if known is None or known.get(k) != 1.0]
+        found = dict(zip(todo, self._map(self.check_problem, [problems[i] for i in todo]), strict=True))
+        if known is not None:
+            for i, check in found.items():
+                if check.sound:
+                    known.put(keys[i], 1.0)
+            known.flush()
+        return [found.get(i, TestsCheck(sound=True, why="found sound before")) for i in range(len(problems))]
+
+    def _check_key(self, problem: Problem) -> str:
+        """What a stored `check_problem` result stands for: the probes, the limits, the problem."""
+        data = json.dumps([CHECKS_VERSION, PROBES, attrs.asdict(self.limits), *_problem_key(problem)])
+        return hashlib.sha256(data.encode()).hexdigest()
 
     def _probe(self, problem: Problem, name: str) -> Verdict:
         return self._check(problem, PROBES[name].format(name=problem.entry_point))

@@ -119,3 +119,24 @@ def test_a_problem_file_is_checked_when_loaded(tmp_path, caplog, judge):
     none_left = write_problems(tmp_path / "none.jsonl", rows[1:3])
     with pytest.raises(DataError, match=r"no problem can be judged: .*none\.jsonl:1: problem 'no assert'"):
         evaluation.judgeable(read_problems_jsonl(none_left), str(none_left), judge)
+
+
+def test_problems_found_sound_are_not_checked_again(tmp_path, monkeypatch):
+    """A problem file is checked once: the sound problems are remembered (per limits and probe
+    set), the others checked again so their refusal can say why."""
+    from mlxio.rl.rewards import RewardCache
+
+    good = Problem(task_id="good", prompt=PROMPT, entry_point="mean_and_label", test=TEST)
+    bad = attrs.evolve(good, task_id="bad", test=UNJUDGEABLE["no assert"])
+    counting = CodeJudge(LIMITS, workers=1)
+    runs = []
+    real = CodeJudge._check
+    monkeypatch.setattr(CodeJudge, "_check", lambda self, problem, code: runs.append(problem.task_id)
+                        or real(self, problem, code))
+    first = counting.check_problems([good, bad], RewardCache(tmp_path / "known"))
+    assert [c.sound for c in first] == [True, False] and runs.count("good") == 3
+    runs.clear()
+    again = counting.check_problems([good, bad], RewardCache(tmp_path / "known"))  # a new run, read from disk
+    assert [c.sound for c in again] == [True, False] and "good" not in runs and "bad" in runs
+    other_limits = CodeJudge(attrs.evolve(LIMITS, timeout_s=4.0), workers=1)
+    assert other_limits._check_key(good) != counting._check_key(good)
