@@ -52,9 +52,9 @@ def setup() -> str:
         ffn_cuda.register_extension(cuda_ext.load())
     try:
         if limit := os.environ.get("MLXIO_CACHE_LIMIT_MB"):
-            if not limit.isdigit():
-                raise ValueError(f"MLXIO_CACHE_LIMIT_MB={limit!r}: give a whole number of megabytes (0 or more), "
-                                 "or unset it")
+            if not (limit.isascii() and limit.isdigit()) or len(limit) > 12:  # at most 10^12 MB: past any machine
+                raise ValueError(f"MLXIO_CACHE_LIMIT_MB={limit[:40]!r}: give a whole number of megabytes (0 to "
+                                 "999999999999), or unset it")
             mx.set_cache_limit(int(limit) << 20)
         if mx.default_device() == mx.cpu:
             host_memory.keep_freed_memory()

@@ -60,6 +60,9 @@ def _read_queries(path: Path) -> list[dict]:
             raise DataError(f"{path}:{lineno}: needs a string 'query' and an 'id'")
         if not row["query"].strip():
             raise DataError(f"{path}:{lineno}: empty query")
+        if isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)):  # NaN would be written back as invalid JSON
+            raise DataError(f"{path}:{lineno}: query id {str(row['id'])[:40]} is a {type(row['id']).__name__}; "
+                            "give each query a string or integer id")
         key = json.dumps(row["id"])
         if key in seen:
             raise DataError(f"{path}:{lineno}: query id {row['id']!r} already used on line {seen[key]}; ids must be unique")
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         rows = _read_queries(args.queries)
         ranked, idx = search(args.index, [r["query"] for r in rows], args.mode, args.top_k, args.alpha, args.fusion)
         names = {d: idx.record(d)["id"] for d in sorted({d for hits in ranked for d, _ in hits})}  # each record read once
-        lines = [json.dumps({"query_id": row["id"], "doc_ids": [names[d] for d, _ in hits]})
+        lines = [json.dumps({"query_id": row["id"], "doc_ids": [names[d] for d, _ in hits]}, allow_nan=False)
                  for row, hits in zip(rows, ranked, strict=True)]
         if args.output is None:
             sys.stdout.write("".join(line + "\n" for line in lines))

@@ -127,6 +127,25 @@ def _task(ev: pairs.EvalSet, eval_queries: int, seed: int) -> Task:
                 digest=_digest(ev.queries, ev.candidates, ev.positives.tolist(), test.tolist()))
 
 
+def cap_chars(corpus: pairs.Corpus, max_chars: int, label: str) -> pairs.Corpus:
+    """`corpus` with every query, code, negative and snippet cut to `max_chars` characters
+    (`--data.max_chars`, as a JSONL source's rows are); how many texts were cut is logged."""
+    cut = 0
+
+    def short(text: str) -> str:
+        nonlocal cut
+        cut += len(text) > max_chars
+        return text[:max_chars]
+
+    found = tuple(attrs.evolve(p, query=short(p.query), code=short(p.code), negatives=tuple(short(n) for n in p.negatives))
+                  for p in corpus.pairs)
+    distractors = tuple(attrs.evolve(s, code=short(s.code)) for s in corpus.distractors)
+    extras = tuple(attrs.evolve(s, code=short(s.code)) for s in corpus.extras)
+    if cut:
+        log.info("%s: %d text(s) longer than --data.max_chars %d cut to it", label, cut, max_chars)
+    return pairs.Corpus(pairs=found, distractors=distractors, extras=extras, report=corpus.report)
+
+
 def relabel(corpus: pairs.Corpus, root: Path, label: str) -> pairs.Corpus:
     """`corpus` with every source path written `label/<path under root>`: the split by file (a
     hash of that name) and the candidate ids are then the same wherever the sources live (the
@@ -222,16 +241,17 @@ def load_data(data: DataConfig, cache_dir: Path, seed: int, model_tokens=None, m
     else:
         log.info("mining (query, code) pairs from %s (cached in %s)", source, cache_dir)
         stdlib = data.source is None
-        base = relabel(pairs.mine_corpus([source], cache_dir=cache_dir), source,
-                       "python-stdlib" if stdlib else source.name)
+        base = cap_chars(relabel(pairs.mine_corpus([source], cache_dir=cache_dir), source,
+                                 "python-stdlib" if stdlib else source.name), data.max_chars, str(source))
         base_info = {"name": "python-stdlib" if stdlib else str(source),
                      "version": sys.version.split()[0] if stdlib else "",
                      "licence": "PSF-2.0" if stdlib else "unknown", "kind": "stdlib" if stdlib else "folder"}
     corpora, infos = [(base_info["name"], base)], [base_info]
     for src in pypi_sources.fetch_all(specs, cache_dir):
         log.info("mining %s %s (%s) from %s", src.name, src.version, src.licence, src.root)
-        corpora.append((src.name, relabel(pairs.mine_corpus([Path(src.root)], cache_dir=cache_dir, extras=True),
-                                          Path(src.root), f"{src.name}-{src.version}")))
+        mined = relabel(pairs.mine_corpus([Path(src.root)], cache_dir=cache_dir, extras=True), Path(src.root),
+                        f"{src.name}-{src.version}")
+        corpora.append((src.name, cap_chars(mined, data.max_chars, src.name)))
         infos.append({"name": src.name, "version": src.version, "licence": src.licence, "kind": "pypi",
                       "archive": Path(src.archive).name if src.archive else "(unpacked sources only)"})
     corpora, removed = merge_corpora(corpora)

@@ -6,6 +6,7 @@ and `extract_code` (the program the execution reward runs in the sandbox).
 from __future__ import annotations
 
 import ast
+import keyword
 import os
 import re
 from pathlib import Path
@@ -48,9 +49,9 @@ def read_problems_jsonl(path: str | os.PathLike) -> list[tuple[int, Problem]]:
             check_text(row.get("canonical_solution", ""), "field 'canonical_solution'", allow_empty=True)
         except BadLine as bad:
             raise DataError(f"{path}:{lineno}: {bad}", fix="fix or remove that line") from None
-        if not row["entry_point"].isidentifier():
-            raise DataError(f"{path}:{lineno}: field 'entry_point' is not an identifier",
-                            fix="fix or remove that line")
+        if not row["entry_point"].isidentifier() or keyword.iskeyword(row["entry_point"]):
+            raise DataError(f"{path}:{lineno}: field 'entry_point' {row['entry_point'][:40]!r} is not a function name "
+                            "(an identifier, not a keyword such as 'class')", fix="fix or remove that line")
         if row["task_id"] in seen:
             raise DataError(f"{path}:{lineno}: field 'task_id' repeats {row['task_id']!r}",
                             fix="give every problem its own task_id")

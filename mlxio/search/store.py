@@ -255,9 +255,11 @@ def check_fields(manifest: dict, path: Path) -> None:
     for key in ("codec", "model", "source", "units_kind", "model_digest"):
         if key in manifest and not isinstance(manifest[key], str):
             raise bad(key, "a string")
-    segments = manifest.get("segments", [])
+    segments = manifest.get("segments")
     if not isinstance(segments, list):
         raise bad("segments", "a list")
+    if not segments:  # a build never writes one: searching it would answer every query with nothing
+        raise IndexError_(f"{path}: lists no segments, so it holds no documents; rebuild with `index --rebuild`")
     for i, seg in enumerate(segments):
         if not isinstance(seg, dict) or not isinstance(seg.get("name"), str) or not _SEGMENT.match(seg["name"]):
             raise IndexError_(f"{path}: segments[{i}] is not a segment entry; rebuild with `index --rebuild`")
