@@ -178,7 +178,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                           resumed=found is not None, opt_state=state, project="rlaif_qwen", desc="rlaif",
                           report_to=cfg.report_to, headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"),
                           hint="Lower optim.lr or beta, or check the rewards.", profile_memory=profile_memory,
-                          keep_last=cfg.train.keep_checkpoints, every_s=600.0, logger=logger)
+                          keep_last=cfg.train.keep_checkpoints, logger=logger)
     clock.lap("setup: train loop")
     window = WindowMean()  # a logged record holds the means over the steps since the last one
     for step in range(loop.start, loop.end):

@@ -275,10 +275,10 @@ def train(cfg: Config, loop: TrainLoop, step_fn, params, opt_state, batches, tra
             mx.eval(params, opt_state, [m for _, m in pending])
             elapsed = time.perf_counter() - tic
             train_s += elapsed
+            last = pending[-1][1]  # the progress line shows the last evaluated step's loss
+            loop.bar.set_postfix(loss=f"{float(last['loss']):.4f}", lr=f"{float(last['lr']):.2e}")
             for record in windows.records(pending, elapsed):
                 loop.write(record)  # a window of non-finite (skipped) steps has no loss mean
-                loop.bar.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}", lr=f"{record['lr']:.2e}",
-                                     sps=f"{record['samples_per_s']:.1f}")
             loop.bar.update(len(pending))
             peak = mx.get_peak_memory()  # before the profiler resets it
             loop.end_step(step_no + 1, opt_state, partition(params, trainable)[0], attrs.asdict(position),

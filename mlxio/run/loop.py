@@ -26,7 +26,7 @@ from mlxcore.tree import Tree
 from mlxio.redact import redact_config
 from mlxio.run import distributed, memprof, outcome
 from mlxio.run.context import check_divergence, checkpoint_due, save
-from mlxio.run.reporting import Reporter, progress
+from mlxio.run.reporting import HEARTBEAT_S, Reporter, progress
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class TrainLoop:
     def open(cls, out_dir: Path, world: distributed.World, *, run_id: dict, config: dict, train, start: int,
              end: int, resumed: bool, opt_state: Tree, project: str, desc: str, report_to: tuple[str, ...],
              headline: tuple[str, ...], hint: str, profile_memory: bool = False, keep_last: int = 3,
-             every_s: float = 300.0, logger: logging.Logger | None = None) -> TrainLoop:
+             every_s: float = HEARTBEAT_S, logger: logging.Logger | None = None) -> TrainLoop:
         """The loop of a run whose `train` settings (`train.steps`, `checkpoint_every`,
         `max_consecutive_skips`) are the recipe's; rank 0 opens the reporter (metrics.jsonl,
         continued after step `start` when `resumed`; TensorBoard / W&B per `report_to`; one log
@@ -68,9 +68,10 @@ class TrainLoop:
             reporter = Reporter(out_dir, report_to=report_to, config=config, project=project,
                                 resume_step=start if resumed else None, total_steps=end, start_step=start,
                                 headline=headline, logger=logger)
-        # off a terminal each record is already a log line (Reporter): no second progress format
+        # off a terminal each record is a log line (Reporter); the display adds one only after
+        # `every_s` with none (a long step or compile), whatever the logging interval
         bar = progress(total=end, initial=start, desc=desc, unit="step", every_s=every_s,
-                       disable=reporter is None or reporter.console)
+                       disable=reporter is None)
         return cls(out_dir=out_dir, world=world, run_id=run_id, config=config, start=start, end=end,
                    steps=train.steps, checkpoint_every=train.checkpoint_every,
                    max_consecutive_skips=train.max_consecutive_skips, keep_last=keep_last, hint=hint,
@@ -81,6 +82,8 @@ class TrainLoop:
         """A metrics record (rank 0 writes it; the other ranks have none to write)."""
         if self.reporter is not None:
             self.reporter.write(record)
+            if self.reporter.console:
+                self.bar.printed_elsewhere()
 
     def checkpoint_due(self, step_no: int) -> bool:
         return checkpoint_due(step_no, self.checkpoint_every, self.end)

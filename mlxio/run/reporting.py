@@ -1,8 +1,9 @@
 """Run reporting that works in a terminal, in a log file and in the tracking tools users expect.
 
 - `progress(...)`: a tqdm bar when stderr is a terminal; otherwise one `logging` line at most
-  every `every_s` seconds (done / total, rate, ETA) and one at the end, so `make train > log`,
-  nohup and CI show progress too. Used for training, mining, evaluation and indexing.
+  every `every_s` seconds (done / total, rate, ETA), one at least every `HEARTBEAT_S` while it
+  runs (a heartbeat thread) and one at the end, so `make train > log`, nohup and CI show
+  progress too. Used for training, mining, evaluation and indexing.
 - `WindowMean`: the mean of every metric over the steps since the last logged record (a logged
   record is never one sampled step); `StepWindows`: the same for steps evaluated lazily, in runs.
 - `Reporter`: one logged record goes to metrics.jsonl, and optionally to TensorBoard event
@@ -21,7 +22,9 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -52,27 +55,43 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else (f"{minutes}m{secs:02d}s" if minutes else f"{secs}s")
 
 
+HEARTBEAT_S = 30.0  # off a terminal, the longest a progress display stays silent
+CLOCK = time.perf_counter  # progress displays' clock when none is given (tests inject one)
+
+
 class LogProgress:
     """tqdm's small interface (`update`, `set_postfix`, `close`, iteration, context manager)
-    written as periodic log lines: `desc: 120/500 files (24%), 31.2 files/s, ETA 12s`."""
+    written as log lines: `desc: 120/500 files (24%), 31.2 files/s, ETA 12s | loss=0.31`, one
+    when an update comes `every_s` after the last line, and one from a heartbeat when
+    `HEARTBEAT_S` pass with no line at all (a long step, a slow compile: a run never goes quiet
+    for minutes, whatever its logging interval). `clock` (seconds; default `CLOCK`) is
+    injectable; `heartbeat` False leaves the thread out (`tick` is then the caller's)."""
 
     def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
-                 unit: str = "it", initial: int = 0, every_s: float = 30.0, logger=None):
+                 unit: str = "it", initial: int = 0, every_s: float = 30.0, logger=None,
+                 clock=None, heartbeat: bool = True):
         self.iterable, self.desc, self.unit, self.every_s = iterable, desc, unit, every_s
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable) + initial
         self.total, self.n, self.initial = total, initial, initial
         self.log = logger or log
-        self.start = self.last = time.perf_counter()
+        self.clock = clock or CLOCK
+        self.start = self.last = self.clock()
         self.postfix: dict[str, Any] = {}
         self.closed = False
         self.printed = initial  # `n` at the last line printed: close() does not print it again
+        self._stop = threading.Event()
+        if heartbeat:
+            threading.Thread(target=_heartbeat, args=(weakref.ref(self), self._stop), daemon=True,
+                             name=f"progress heartbeat: {desc}").start()
 
     def __iter__(self) -> Iterator:
-        for item in self.iterable:
-            yield item
-            self.update(1)
-        self.close()
+        try:
+            for item in self.iterable:
+                yield item
+                self.update(1)
+        finally:  # also when the loop stops early (the generator is closed)
+            self.close()
 
     def __enter__(self):
         return self
@@ -93,7 +112,7 @@ class LogProgress:
         pass
 
     def line(self) -> str:
-        elapsed = time.perf_counter() - self.start
+        elapsed = self.clock() - self.start
         rate = (self.n - self.initial) / elapsed if elapsed > 0 else 0.0
         parts = [f"{self.n}/{self.total}" if self.total else f"{self.n}", self.unit]
         if self.total:
@@ -103,22 +122,46 @@ class LogProgress:
             text += f", ETA {format_duration((self.total - self.n) / rate)}"
         elif self.n >= (self.total or math.inf):
             text += f", done in {format_duration(elapsed)}"
+        elif self.n == self.initial:
+            text += f", {format_duration(elapsed)} in"
         if self.postfix:
             text += " | " + " ".join(f"{k}={v}" if k else str(v) for k, v in self.postfix.items())
         return text
 
     def update(self, n: int = 1):
         self.n += n
-        now = time.perf_counter()
-        if now - self.last >= self.every_s:
-            self.last, self.printed = now, self.n
-            self.log.info(self.line())
+        if self.clock() - self.last >= self.every_s:
+            self._print()
+
+    def tick(self) -> None:
+        """A line if none was logged for `HEARTBEAT_S` (the heartbeat thread calls this)."""
+        if not self.closed and self.clock() - self.last >= min(HEARTBEAT_S, self.every_s):
+            self._print()
+
+    def printed_elsewhere(self) -> None:
+        """Another line just showed the progress (a metrics record): the silence starts now."""
+        self.last = self.clock()
+
+    def _print(self) -> None:
+        self.last, self.printed = self.clock(), self.n
+        self.log.info(self.line())
 
     def close(self):
         if not self.closed:
             self.closed = True
+            self._stop.set()
             if self.n > self.printed:
                 self.log.info(self.line())
+
+
+def _heartbeat(bar_ref, stop: threading.Event) -> None:
+    """Until the bar closes or is gone: `tick` it every few seconds."""
+    while not stop.wait(min(5.0, HEARTBEAT_S / 6)):
+        bar = bar_ref()
+        if bar is None:
+            return
+        bar.tick()
+        del bar
 
 
 def progress(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",

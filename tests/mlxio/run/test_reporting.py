@@ -4,6 +4,8 @@ by tensorboard's own reader, the console record line."""
 import io
 import logging
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,80 @@ def test_results_table_and_scalars_name_both_tasks():
     assert line.startswith("held-out files: fine-tuned semantic MRR@10 0.700 (+0.100)") and "held-out packages:" in line
     scalars = eval_scalars(results)
     assert scalars["eval/packages/fine-tuned/semantic/mrr@10"] == 0.7 and scalars["eval/files/bm25/p@1"] == 0.5
+
+
+class FakeClock:
+    """Seconds that move only when the test says so."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_progress_speaks_after_30_s_of_silence_whatever_the_updates(caplog):
+    """Off a terminal a step that takes minutes still gets a line every HEARTBEAT_S (the
+    heartbeat's `tick`), with the step, rate, ETA and the recipe's postfix; a metrics line
+    printed elsewhere restarts the silence; an update after `every_s` prints too."""
+    caplog.set_level(logging.INFO, logger="mlxio.progress")
+    clock = FakeClock()
+    bar = reporting.LogProgress(total=200, desc="training", unit="step", every_s=30.0, clock=clock, heartbeat=False)
+    lines = lambda: [r.getMessage() for r in caplog.records]  # noqa: E731
+    bar.tick()
+    assert lines() == []
+    clock.now += 30.0  # compiling the first step: nothing done yet, still a line
+    bar.tick()
+    assert lines() == ["training: 0/200 step (0%), 0 step/s, 30s in"]
+    clock.now += 10.0
+    bar.update(1)
+    bar.set_postfix(loss="0.5000")
+    clock.now += 19.9
+    bar.tick()
+    assert len(lines()) == 1
+    clock.now += 0.1  # 30 s after the last line
+    bar.tick()
+    assert lines()[-1] == "training: 1/200 step (0%), 0.0167 step/s, ETA 3h19m | loss=0.5000"
+    clock.now += 20.0
+    bar.printed_elsewhere()  # a metrics record's line
+    clock.now += 29.0
+    bar.tick()
+    assert len(lines()) == 2
+    clock.now += 1.0
+    bar.update(1)  # an update `every_s` after the last line prints
+    assert lines()[-1].startswith("training: 2/200 step (1%)") and len(lines()) == 3
+    bar.close()
+    clock.now += 100.0
+    bar.tick()  # closed: silent
+    assert len(lines()) == 3
+
+
+def test_the_heartbeat_thread_ticks_until_the_bar_closes(caplog, monkeypatch):
+    """The thread (polling every HEARTBEAT_S / 6) prints a line once the injected clock has moved
+    HEARTBEAT_S, and ends when the bar closes. Waits for events, not for a time."""
+    caplog.set_level(logging.INFO, logger="mlxio.progress")
+    monkeypatch.setattr(reporting, "HEARTBEAT_S", 0.06)
+    clock = FakeClock()
+    bar = reporting.LogProgress(total=10, desc="eval", unit="batch", every_s=1e9, clock=clock)
+    thread = next(t for t in threading.enumerate() if t.name == "progress heartbeat: eval")
+    clock.now += 1.0
+    for _ in range(2000):
+        if caplog.records:
+            break
+        time.sleep(0.005)
+    assert caplog.records[0].getMessage().startswith("eval: 0/10 batch (0%)")
+    bar.close()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+
+
+def test_a_bar_left_early_stops_its_heartbeat():
+    bar = reporting.LogProgress(range(10), desc="left early", clock=FakeClock())
+    for i in bar:
+        if i == 2:
+            break
+    del i
+    import gc
+
+    gc.collect()
+    assert bar.closed
