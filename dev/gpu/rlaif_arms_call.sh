@@ -2,8 +2,9 @@
 # One device call of the RLAIF arms experiment (dev/gpu/rlaif_calls.md), from the checkout's root:
 # install what dev/gpu/rlaif_stage.sh staged (if this machine has not yet), run or resume every
 # arm x seed (benchmarks.rlaif_arms) until DEADLINE seconds, then put the results in $OUT:
-# rlaif_arms.json (+ .png) and arms.tar.xz (every run's metrics, evaluations, logs, rollouts and
-# the judges' adapters: `--summarize` re-makes the JSON from it anywhere).
+# rlaif_arms.json (+ .png), arms.tar.xz (every run's metrics, evaluations and logs: `--summarize`
+# re-makes the JSON from it anywhere), rollouts.tar.xz (every judged rollout) and judges.tar (the
+# judges' adapters).
 #   bash dev/gpu/rlaif_arms_call.sh 530
 set -uo pipefail
 deadline=${1:-530}
@@ -11,10 +12,13 @@ bash dev/gpu/rlaif_device.sh || exit 3
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 W=/tmp/arms
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
-python3 -m benchmarks.rlaif_arms --work $W --deadline_s "$deadline" --judge "--sandbox.workers 8"
+python3 -m benchmarks.rlaif_arms --work $W --deadline_s "$deadline" --judge "--sandbox.workers 8 --sample.batch 32 --eval.batch 32"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 python3 -m benchmarks.rlaif_arms --work $W --summarize --results "$OUT/rlaif_arms.json" 2>&1 | tail -3
-(cd $W && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -path './judge_s*/adapters/*' \) \
-   -not -path '*/checkpoints/*' -not -path '*/reward_cache/*' -print0 | tar cf - --null -T - | xz -T0 -6 > "$OUT/arms.tar.xz")
+(cd $W && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' \
+   -not -path '*/reward_cache/*' -not -path '*/adapters/*' -not -path '*/fused/*' -not -name rollouts.jsonl -print0 \
+   | tar cf - --null -T - | xz -T0 -6 > "$OUT/arms.tar.xz")
+(cd $W && find . -name rollouts.jsonl -print0 | tar cf - --null -T - | xz -T0 -6 > "$OUT/rollouts.tar.xz")
+(cd $W && tar cf "$OUT/judges.tar" judge_s*/adapters 2>/dev/null)
 ls -la "$OUT"
 for f in $W/*.log; do echo "== $f"; tail -n 2 "$f"; done

@@ -58,3 +58,24 @@ def test_targets_read_the_paired_intervals():
     t = targets(runs, [0, 1, 2])
     assert not t["a_heldout_gain_above_0_every_seed"]["met"] and not t["a_family_greedy_not_below_before"]["met"]
     assert targets(runs[:3], [0, 1, 2])["b_half_of_a_gain"]["met"] is None  # not run: said so, not guessed
+
+
+def test_the_readme_table_shows_every_seed_with_its_interval(tmp_path, monkeypatch):
+    import json
+
+    from benchmarks import make_table_rlaif
+
+    d = {"mean": 0.25, "ci95": [0.125, 0.375]}
+    side = {"sampled": 0.2, "greedy": 0.3, "problems": 96}
+    runs = [{"arm": arm, "seed": s, "sets": {"heldout": {"diff": {"sampled": d}}} if arm != "untrained_judge" else {}}
+            for arm in arms.ARMS for s in (0, 1)]
+    (tmp_path / "h200").mkdir()
+    (tmp_path / "h200" / "rlaif_arms.json").write_text(json.dumps(
+        {"runs": runs, "seeds": [0, 1], "arms": {a: "" for a in arms.ARMS}, "before": {"sets": {"heldout": side}},
+         "judges": {"0": {"status": "done", "heldout": {"untrained": {"auc": 0.43}, "trained": {"auc": 0.89}}}},
+         "targets": {"b_half_of_a_gain": {"met": False}, "c_clearly_below_b": {"met": None}}}))
+    monkeypatch.setattr(make_table_rlaif, "RESULTS", tmp_path)
+    text = "\n".join(make_table_rlaif.arms_section("h200"))
+    assert "| (a) execution reward | s0: +0.250 [+0.125, +0.375]<br>s1: +0.250 [+0.125, +0.375] |" in text
+    assert "| (c) untrained judge only | s0: -<br>s1: - |" in text  # not finished: said, not hidden
+    assert "s0 0.430 -> 0.890" in text and "b_half_of_a_gain NOT met; c_clearly_below_b not measured" in text
