@@ -95,6 +95,29 @@ def ensure_fast_blas() -> str:
     return status
 
 
+SETUP_HINT = ("call `from mlxio.runtime import setup; setup()` first thing in the program (in a notebook, "
+              "its first cell, then restart the kernel), before anything imports mlx")
+_checked: list[bool] = []
+
+
+def check_fast_blas() -> str:
+    """For the library's entry points that load a model (`load_encoder`, `load_policy`): in a
+    program that never called `mlxio.runtime.setup()`, the fast BLAS when MLX is not imported
+    yet, and otherwise one warning per process (MLX's CPU wheel then runs its reference BLAS,
+    ~40x slower matmuls) naming the call that fixes it. Returns `status`."""
+    if status != "unset" or _checked:
+        return status
+    _checked.append(True)
+    if "mlx.core" not in sys.modules:
+        return ensure_fast_blas()
+    if platform.system() == "Linux" and not _has_cuda_build() and os.environ.get("MLXIO_BLAS", "auto") != "off":
+        import warnings
+
+        warnings.warn(f"mlxio: mlx was imported before mlxio.runtime.setup(), so MLX's CPU matmuls run on its "
+                      f"reference BLAS (~40x slower): {SETUP_HINT}", RuntimeWarning, stacklevel=3)
+    return status
+
+
 @functools.cache
 def _controller():
     from threadpoolctl import ThreadpoolController

@@ -28,6 +28,7 @@ from tokenizers.processors import TemplateProcessing
 from mlxcore import bert, t5
 from mlxcore.encoder import EncoderSpec
 from mlxcore.tree import unflatten
+from mlxio import blas
 from mlxio.errors import LoadError
 from mlxio.inputs import MAX_MODEL_JSON_BYTES, read_regular, regular_kind
 from mlxio.run import atomic
@@ -322,6 +323,7 @@ def model_digest(directory: str | os.PathLike) -> str:
 def load_encoder(path_or_hub_id: str | os.PathLike, *, dtype=mx.float32, lora_scale: float = 1.0,
                  lora_dropout: float = 0.0) -> LoadedEncoder:
     """Load a T5 or BERT encoder (plus projection, tokenizer) from a directory or hub id."""
+    blas.check_fast_blas()  # without mlxio.runtime.setup(): one warning naming it
     root = resolve_path(path_or_hub_id)
     model_dir, dense_dir = _sentence_transformer_modules(root)
     config_file = model_dir / "config.json"

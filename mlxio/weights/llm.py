@@ -22,6 +22,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
+from mlxio import blas
 from mlxio.errors import LoadError
 from mlxio.inputs import regular_kind
 from mlxio.run.atomic import atomic_dir
@@ -109,6 +110,7 @@ def load_policy(path_or_id: str | Path | None = None, *, dequantize: bool = Fals
     many times faster than MLX's quantised kernels); `dtype` ("float32", "bfloat16", ...) casts
     the floating parameters.
     """
+    blas.check_fast_blas()  # without mlxio.runtime.setup(): one warning naming it
     policy = _load(path_or_id)
     if not dequantize and dtype is None:
         return policy

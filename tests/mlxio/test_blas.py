@@ -99,3 +99,27 @@ def test_explicit_path_on_cuda_build(monkeypatch):
         monkeypatch.setattr(blas, "status", "unset")
         monkeypatch.setenv("MLXIO_BLAS", path)
         assert blas.ensure_fast_blas() == "openblas:" + path
+
+
+@pytest.mark.skipif(blas.find_openblas() is None or sys.platform != "linux" or blas._has_cuda_build(),
+                    reason="MLX's Linux CPU wheel and a system OpenBLAS")
+def test_a_program_without_setup_is_warned_once_and_one_with_it_is_fast():
+    """A notebook-style program that imports the library and loads a model without
+    `mlxio.runtime.setup()` gets one RuntimeWarning naming the call (two loads, one warning); the
+    same program with setup() first gets OpenBLAS and no warning. (`check_fast_blas` also loads
+    the fast BLAS itself when MLX is not imported yet: the third case.)"""
+    load = ("from mlxio.weights.encoders import default_encoder_path, load_encoder; "
+            "load_encoder(default_encoder_path()); load_encoder(default_encoder_path()); ")
+    report = "from mlxio import blas; print('status', blas.status)"
+    bare = run("import warnings; warnings.simplefilter('default'); " + load + report)
+    assert bare.returncode == 0, bare.stderr
+    warned = [line for line in bare.stderr.splitlines() if "RuntimeWarning" in line]
+    assert len(warned) == 1 and "mlxio.runtime import setup; setup()" in warned[0], bare.stderr
+    assert "status unset" in bare.stdout
+    fast = run("from mlxio.runtime import setup; setup(); import warnings; warnings.simplefilter('default'); "
+               + load + report)
+    assert fast.returncode == 0, fast.stderr
+    assert "RuntimeWarning" not in fast.stderr and "status openblas:" in fast.stdout
+    first = run("from mlxio import blas; import sys; print(blas.check_fast_blas().startswith('openblas:'), "
+                "'mlx.core' in sys.modules)")
+    assert first.stdout.split() == ["True", "False"], first.stderr
