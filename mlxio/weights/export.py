@@ -232,7 +232,9 @@ def write_retriever_cards(out_dir: Path, *, base: str, results: dict, command: s
             out_dir / "colbert", title="Multi-vector code retriever (PyLate / ColBERT)", base=base,
             summary=f"{trained} This folder is the model as trained, in PyLate's ColBERT format "
                     "(no query/document prefix tokens, no query expansion, no skiplist: the encoding "
-                    "used in training). Metrics below are MaxSim's (`semantic`).",
+                    "used in training). Metrics below are MaxSim's (`semantic`). PyLate 1.6 needs "
+                    "sentence-transformers 5.3 (its pin): `pip install sentence-transformers==5.3.0 datasets ujson` "
+                    "and `pip install --no-deps pylate==1.6.0` (its other pins clash with recent torch).",
             data=data, metrics=metrics, command=command, library="PyLate",
             tags=("ColBERT", "PyLate", "sentence-transformers", "code-search", "mlx"),
             usage="""```python
