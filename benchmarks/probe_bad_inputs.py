@@ -20,7 +20,9 @@ this process, under a per-case alarm, with stderr captured; a sample also runs a
              serialised, a killed export's temp folder swept)
 Sandbox cases count `contained` (the quota held) or `escaped`. Group `rewards49`
 (`benchmarks.probe_rewards`) holds the rewards' judges: slow and planted teacher reviews, problem
-files whose tests cannot judge, rewards that never arrive. Groups `inputs38` and `faults38`
+files whose tests cannot judge, rewards that never arrive. Group `files49`
+(`benchmarks.probe_run_folders`) holds links planted in run folders, credentials in a teacher URL,
+sizes nobody checked and inputs that crashed. Groups `inputs38` and `faults38`
 are issue 38's classes (settings refused up front, memory bounds, special files, byte caps,
 model folders, out_dir locks, the search index under updates, litter) and cases of our own. The probe fails fast on
 purpose: only a few cases train (the RLAIF smoke preset, a tiny random model, seconds).
@@ -1066,7 +1068,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--subprocess-cases", type=int, default=12, help="cases also run as real processes")
     parser.add_argument("--skip", default="", help="comma-separated texts: cases whose description holds one are "
                                                    "not run (to measure older code without its unbounded cases)")
-    parser.add_argument("--groups", default="config,path,data,code_search,faults,inputs38,faults38,rewards49",
+    parser.add_argument("--groups", default="config,path,data,code_search,faults,inputs38,faults38,rewards49,files49",
                         help="comma-separated case groups to run (all by default)")
     args = parser.parse_args(argv)
 
@@ -1094,18 +1096,22 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{kind:9s} {code} {case['prog']:10s} {results[-1]['what'][:80]!r}", file=sys.stderr)
         faults = fault_cases(work, args.timeout) if "faults" in groups else []
         faults += issue38_records(work, args.timeout, skip) if "faults38" in groups else []
+        def record(cls, what, fn):
+            if not any(s in what for s in skip):
+                faults.append(run_record(cls, what, fn, args.timeout))
+
+        def cli(prog, argv):
+            kind, _, err, _ = run_in_process(PROGS.get(prog, prog), entry(prog), argv, args.timeout)
+            last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
+            return kind, last if kind in ("clear", "unclear") else err[-400:]
         if "rewards49" in groups:
             from benchmarks.probe_rewards import reward_records
 
-            def record(cls, what, fn):
-                if not any(s in what for s in skip):
-                    faults.append(run_record(cls, what, fn, args.timeout))
-
-            def cli(prog, argv):
-                kind, _, err, _ = run_in_process(PROGS.get(prog, prog), entry(prog), argv, args.timeout)
-                last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
-                return kind, last if kind in ("clear", "unclear") else err[-400:]
             reward_records(record, work, cli)
+        if "files49" in groups:
+            from benchmarks.probe_run_folders import folder_records
+
+            folder_records(record, work, cli, args.timeout)
         for r in faults:
             print(f"{r['outcome']:9s} {r['class']:10s} {r['what'][:80]!r}", file=sys.stderr)
         lenient = lenient_counts(work)

@@ -62,13 +62,13 @@ class RolloutLog(MetricsLog):
     """`out_dir/rollouts.jsonl`, continued after step `resume_step` (None: started afresh)."""
 
     def __init__(self, out_dir: Path, resume_step: int | None = None) -> None:
-        super().__init__(Path(out_dir) / LOG_NAME, resume_step=resume_step)
+        super().__init__(Path(out_dir) / LOG_NAME, resume_step=resume_step, what="rollout log")
 
     def write_step(self, step: int, problems: Sequence[Problem], completions: Sequence[str],
                    per_reward: dict[str, np.ndarray]) -> None:
         """Append one step's lines in one write."""
         lines = "".join(json.dumps(r) + "\n" for r in records(step, problems, completions, per_reward))
-        append_text(self.path, lines, "rollout log")
+        append_text(self.path, lines, self.what)
 
 
 def log_path(path: str | Path) -> Path:

@@ -79,7 +79,8 @@ def _what_is(path: Path, st: os.stat_result, hard_links: bool) -> str | None:
 def _slot_error(path: Path, what: str, found: str) -> DiskError:
     fix = ("remove the link (a run never writes through one), or pick another folder" if "link" in found
            else "pass the path of a regular file (or a new one)")
-    return DiskError(f"cannot write the {what}: its path is {found}, not a regular file", where=str(path), fix=fix)
+    kind = "" if "hard links" in found else ", not a regular file"
+    return DiskError(f"cannot write the {what}: its path is {found}{kind}", where=str(path), fix=fix)
 
 
 def check_slot(path: str | os.PathLike, what: str = "output", *, hard_links: bool = False) -> Path:

@@ -55,7 +55,7 @@ def start(out_dir: Path, config: dict, seed: int, resume: bool = False, overwrit
     if world.is_main:
         claim_out_dir(out_dir, resume, overwrite)
     if world.is_main and not resume:
-        write_json_atomic(out_dir / "config.json", redact_config(config))
+        write_json_atomic(out_dir / "config.json", redact_config(config), "run config")
     random.seed(seed)
     np.random.seed(seed)
     mx.random.seed(seed)
@@ -225,7 +225,7 @@ def resume(out_dir: Path, run_id: dict, template: dict[str, Tree], world: distri
         if found is not None:
             check_config(found[0], found[2], run_id, config, legacy_keys, config_hash, defaults)
             found = (found[0], current_tree_names(found[0], found[1]), found[2])
-        write_json_atomic(out_dir / "config.json", redact_config(config))
+        write_json_atomic(out_dir / "config.json", redact_config(config), "run config")
     found = distributed.broadcast_checkpoint(found, template, world)
     if found is None:
         log.info("no checkpoint in %s: starting fresh", out_dir)

@@ -30,11 +30,11 @@ class MetricsLog:
     that was killed) are dropped first, so the file reads as one uninterrupted run.
     """
 
-    def __init__(self, path: Path, resume_step: int | None = None):
-        self.path = path
+    def __init__(self, path: Path, resume_step: int | None = None, what: str = "metrics log"):
+        self.path, self.what = path, what
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
-            write_bytes_atomic(path, b"", "metrics log")
+            write_bytes_atomic(path, b"", what)
         elif path.exists():
             from mlxio.errors import RunError
             from mlxio.inputs import MAX_DATA_BYTES, read_regular
@@ -43,10 +43,10 @@ class MetricsLog:
                                 fix="move it away, then resume").decode("utf-8", "replace")
             kept = [line for line in text.splitlines()
                     if line.strip() and _step_of(line) <= resume_step]
-            write_text_atomic(path, "".join(line + "\n" for line in kept), "metrics log")
+            write_text_atomic(path, "".join(line + "\n" for line in kept), what)
 
     def write(self, record: dict) -> None:
-        append_text(self.path, json.dumps(record, default=float) + "\n", "metrics log")
+        append_text(self.path, json.dumps(record, default=float) + "\n", self.what)
 
     def read(self) -> list[dict]:
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]

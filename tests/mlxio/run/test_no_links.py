@@ -60,13 +60,13 @@ def _metrics_start(out: Path) -> None:
 
 def _metrics_append(out: Path) -> None:
     log = MetricsLog.__new__(MetricsLog)
-    log.path = out / "metrics.jsonl"
+    log.path, log.what = out / "metrics.jsonl", "metrics log"
     log.write({"step": 1})
 
 
 def _rollout_append(out: Path) -> None:
     log = RolloutLog.__new__(RolloutLog)
-    log.path = out / "rollouts.jsonl"
+    log.path, log.what = out / "rollouts.jsonl", "rollout log"
     log.write_step(1, [], [], {})
 
 
