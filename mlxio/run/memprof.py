@@ -28,7 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from mlxio.run.runlog import write_json_atomic
+from mlxio.run.runlog import save_figure, write_json_atomic
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024
@@ -167,6 +167,5 @@ def plot(records: list[dict], path: Path, title: str) -> Path | None:
     ax.legend(fontsize=8)
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path

@@ -78,6 +78,18 @@ def plot_curves(records: list[dict], path: Path, keys: tuple[str, ...], title: s
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("optimizer step")
     fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
+
+
+def save_figure(fig, path: Path) -> None:
+    """A matplotlib figure as a PNG at `path`, written atomically (`write_bytes_atomic`: never
+    through a link), then closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=110, format="png")
+    plt.close(fig)
+    write_bytes_atomic(path, buffer.getvalue(), "plot")

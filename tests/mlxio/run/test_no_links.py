@@ -17,7 +17,7 @@ from mlxio.errors import DiskError
 from mlxio.rl.rewards import RewardCache
 from mlxio.rl.rollout_log import RolloutLog
 from mlxio.run import atomic, checkpoint, context
-from mlxio.run.runlog import MetricsLog, write_json_atomic
+from mlxio.run.runlog import MetricsLog, plot_curves, write_json_atomic
 from mlxio.search import store
 
 VICTIM = b"someone else's file\n"
@@ -90,6 +90,10 @@ def _latest(out: Path) -> None:
     checkpoint.save(out, 1, {"trainable": {"w": np.zeros(2, np.float32)}}, {})
 
 
+def _plot(out: Path) -> None:
+    plot_curves([{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5}], out / "curves.png", ("loss",), "run")
+
+
 # (writer, the file of the run folder it writes)
 WRITERS = {
     "config.json": (_config, "config.json"),
@@ -99,9 +103,10 @@ WRITERS = {
     "run lock": (_lock, ".lock"),
     "index lock": (_index_lock, ".lock"),
     "checkpoint LATEST": (_latest, "checkpoints/LATEST"),
+    "curves.png": (_plot, "curves.png"),
 }
 
-RENAMED = {"config.json", "metrics.jsonl (fresh)", "checkpoint LATEST"}  # written whole, renamed into place
+RENAMED = {"config.json", "metrics.jsonl (fresh)", "checkpoint LATEST", "curves.png"}  # written whole, renamed into place
 
 
 @given(writer=st.sampled_from(sorted(WRITERS)), kind=st.sampled_from(KINDS))
