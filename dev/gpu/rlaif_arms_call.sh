@@ -5,14 +5,15 @@
 # rlaif_arms.json (+ .png), arms.tar.xz (every run's metrics, evaluations and logs: `--summarize`
 # re-makes the JSON from it anywhere), rollouts.tar.xz (every judged rollout) and judges.tar (the
 # judges' adapters).
-#   bash dev/gpu/rlaif_arms_call.sh 530
+#   bash dev/gpu/rlaif_arms_call.sh 530 [recipe flags, e.g. --train.steps 80: the same in every call]
 set -uo pipefail
 deadline=${1:-530}
+shift || true
 bash dev/gpu/rlaif_device.sh || exit 3
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 W=/tmp/arms
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
-python3 -m benchmarks.rlaif_arms --work $W --deadline_s "$deadline" --judge "--sandbox.workers 8 --sample.batch 32 --eval.batch 32"
+python3 -m benchmarks.rlaif_arms --work $W --deadline_s "$deadline" --judge "--sandbox.workers 8 --sample.batch 32 --eval.batch 32" -- "$@"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 python3 -m benchmarks.rlaif_arms --work $W --summarize --results "$OUT/rlaif_arms.json" 2>&1 | tail -3
 (cd $W && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' \
