@@ -11,11 +11,11 @@ deadline=${1:-530}
 shift || true
 bash dev/gpu/rlaif_device.sh || exit 3
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-W=/tmp/arms
-nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
-python3 -m benchmarks.rlaif_arms --work $W --deadline_s "$deadline" --judge "--sandbox.workers 8 --sample.batch 32 --eval.batch 32" -- "$@"
-nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
-python3 -m benchmarks.rlaif_arms --work $W --summarize --results "$OUT/rlaif_arms.json" 2>&1 | tail -3
+W=${ARMS_WORK:-/tmp/arms}  # ARMS_WORK, ARMS_FLAGS (e.g. "--rehearse --seeds 0"): a rehearsal elsewhere
+nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
+python3 -m benchmarks.rlaif_arms --work $W ${ARMS_FLAGS:-} --deadline_s "$deadline" --judge "--sandbox.workers 8 --sample.batch 32 --eval.batch 32" -- "$@"
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader 2>/dev/null
+python3 -m benchmarks.rlaif_arms --work $W ${ARMS_FLAGS:-} --summarize --results "$OUT/rlaif_arms.json" 2>&1 | tail -3
 (cd $W && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' \
    -not -path '*/reward_cache/*' -not -path '*/adapters/*' -not -path '*/fused/*' -not -name rollouts.jsonl -print0 \
    | tar cf - --null -T - | xz -T0 -6 > "$OUT/arms.tar.xz")
