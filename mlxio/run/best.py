@@ -22,6 +22,7 @@ import attrs
 from mlxcore.tree import Tree
 from mlxio.errors import CheckpointError
 from mlxio.run import checkpoint
+from mlxio.run.atomic import run_dir
 
 BEST = "best"
 TREE = "trainable"
@@ -57,6 +58,7 @@ class BestKeeper:
         value = float(metrics[self.metric])
         if not math.isfinite(value) or value <= self.value:
             return False
+        run_dir(self.root, "best checkpoint folder")  # a link planted at out_dir/best is refused
         checkpoint.save(self.root, step, {TREE: trainable}, {"metric": self.metric, "value": value,
                                                              "metrics": metrics}, keep_last=1)
         self.step, self.value = step, value

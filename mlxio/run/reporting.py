@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxio.errors import ConfigError, RunError
-from mlxio.run.atomic import open_in_place
+from mlxio.run.atomic import open_in_place, run_dir
 from mlxio.run.runlog import MetricsLog
 
 log = logging.getLogger("mlxio.progress")
@@ -293,7 +293,7 @@ class TensorBoardWriter:
     """Scalars as a TensorBoard event file in `log_dir` (what `SummaryWriter.add_scalar` writes)."""
 
     def __init__(self, log_dir: Path):
-        log_dir.mkdir(parents=True, exist_ok=True)
+        run_dir(log_dir, "TensorBoard folder")  # never a link to another folder
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.0"
         self.path = log_dir / name
         self.handle = os.fdopen(open_in_place(self.path, "TensorBoard log", append=True), "ab")

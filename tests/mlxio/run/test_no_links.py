@@ -141,9 +141,9 @@ def test_plain_files_are_written_as_before(tmp_path):
     assert (out / "metrics.jsonl").read_text() == '{"step": 2}\n'
 
 
-@pytest.mark.parametrize("folder", ["checkpoints", "reward_cache", "tokens"])
+@pytest.mark.parametrize("folder", ["checkpoints", "reward_cache", "tokens", "best", "tensorboard"])
 def test_a_symlinked_folder_inside_the_run_folder_is_refused(tmp_path, folder):
-    """A folder the run names (checkpoints/, the reward cache, the token cache) moved elsewhere
+    """A folder the run names (checkpoints/, the reward cache, the token cache, best/, TensorBoard's) moved elsewhere
     by a link: refused, nothing written where it points."""
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     out.mkdir()
@@ -154,6 +154,14 @@ def test_a_symlinked_folder_inside_the_run_folder_is_refused(tmp_path, folder):
             checkpoint.save(out, 1, {"trainable": {"w": np.zeros(2, np.float32)}}, {})
         elif folder == "reward_cache":
             RewardCache(out / folder)
+        elif folder == "best":
+            from mlxio.run.best import BestKeeper
+
+            BestKeeper(root=out / folder, metric="mrr").offer(1, {"mrr": 0.5}, {"w": np.zeros(2, np.float32)})
+        elif folder == "tensorboard":
+            from mlxio.run.reporting import TensorBoardWriter
+
+            TensorBoardWriter(out / folder)
         else:
             from mlxio.data.token_cache import build_or_open
 
