@@ -52,7 +52,9 @@ class RpcError(Exception):
         self.code, self.message, self.data = code, message, data
 
     def to_json(self) -> dict:
-        err = {"code": self.code, "message": self.message}
+        from mlxio.redact import redact_text
+
+        err = {"code": self.code, "message": redact_text(self.message)}  # no user:pass@ sent back
         if self.data is not None:
             err["data"] = self.data
         return err

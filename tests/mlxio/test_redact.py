@@ -108,3 +108,10 @@ def test_the_error_line_is_redacted(capsys):
         cli_main("rlaif", fail_raw, [])
     err = capsys.readouterr().err
     assert "hunter2" not in err and "sk-9" not in err
+
+
+def test_worker_error_responses_are_redacted():
+    from mlxio import rpc
+
+    err = rpc.RpcError(rpc.INVALID_PARAMS, "params.config.teacher.url: 'http://bob:hunter2@h/v1' is refused")
+    assert "hunter2" not in json.dumps(err.to_json()) and "http://***@h/v1" in err.to_json()["message"]
