@@ -86,7 +86,7 @@ def stdlib_snippets(n: int, seed: int = 0, min_chars: int = 40) -> list[str]:
 
 def batches(ids: np.ndarray, mask: np.ndarray, batch_size: int, bucket: int):
     """Length-sorted batches, each cut to its longest row rounded up to a multiple of bucket."""
-    from mlxcore.buckets import padded_length
+    from mlxcore.train.buckets import padded_length
 
     lengths = mask.sum(1)
     order = np.argsort(-lengths, kind="stable")
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     import transformers
     from transformers import BertModel
 
-    from mlxcore.encoder import token_embeddings
+    from mlxcore.retrieval.encoder import token_embeddings
     from mlxio.blas import status as blas_status
     from mlxio.weights.encoders import default_encoder_path, load_encoder, tokenize
 

@@ -1,6 +1,6 @@
 """Rollout generation: MLX's decode engines (`mlxio.rl.rollout.generate_group`: "batch",
-mlx-lm's BatchGenerator; "static", `mlxio.rl.decode` over `mlxcore.decode_step`'s compiled fixed-shape step, with
-`mlxcore.decode_fused`'s forward; "static-generic", the same engine with the mlx-lm forward, as
+mlx-lm's BatchGenerator; "static", `mlxio.rl.decode` over `mlxcore.models.decode_step`'s compiled fixed-shape step, with
+`mlxcore.models.decode_fused`'s forward; "static-generic", the same engine with the mlx-lm forward, as
 it was before the fused one) vs PyTorch transformers `generate`, the same weights, sampling at
 temperature 1.
 
@@ -241,13 +241,14 @@ def graph_nodes(outputs: list[mx.array]) -> dict:
 def step_graphs(model, prompts: list[list[int]], group: int) -> dict:
     """One decode step's graph, as each engine builds it: "batch" (mlx-lm's GenerationBatch._step
     on a BatchKVCache, plus the per-row log-probability picks `generate_group` makes), "static"
-    (the compiled fused step, `mlxcore.decode_fused`) and "static-generic" (the compiled mlx-lm
+    (the compiled fused step, `mlxcore.models.decode_fused`) and "static-generic" (the compiled mlx-lm
     forward on StaticKVCache); host_build_ms: host time to build it (the
     forward + sampling + per-row split; the compiled step's call), not evaluating it."""
     from mlx_lm.models.cache import BatchKVCache
     from mlx_lm.sample_utils import make_sampler
 
-    from mlxcore import buckets, decode_step
+    from mlxcore.models import decode_step
+    from mlxcore.train import buckets
     from mlxio.rl import decode
     from mlxio.rl.rollout import _prefill
 

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import write_result
-from mlxcore import policy as pg
-from mlxcore import verdict
+from mlxcore.rl import policy as pg
+from mlxcore.rl import verdict
 from mlxio.rl import rollout_log, verifier
 from mlxio.run import checkpoint
 from mlxio.run.flags import parse_args

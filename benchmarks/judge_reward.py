@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import write_result
-from mlxcore import verdict
-from mlxcore.tasks import Problem
+from mlxcore.rl import verdict
+from mlxcore.rl.tasks import Problem
 from mlxio.rl import rollout_log
 from mlxio.rl.evaluation import compare
-from mlxio.rl.judge import CodeJudge
+from mlxio.rl.execution import CodeJudge
 from mlxio.rl.local_teacher import MlxLmServer
 from mlxio.run.flags import parse_args
 from mlxio.weights import llm

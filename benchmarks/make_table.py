@@ -100,7 +100,7 @@ def retriever_section(machine: str, data: dict, bars: list, name: str = "retriev
 
 def generation_section(machine: str, data: dict, bars: list) -> list[str]:
     """Rollout generation: mlx-lm's BatchGenerator ("batch", the old path) vs the static engine
-    (mlxio.rl.decode with mlxcore.decode_fused's step; "static-generic": the same engine with the
+    (mlxio.rl.decode with mlxcore.models.decode_fused's step; "static-generic": the same engine with the
     mlx-lm forward, the static engine before the fused step) vs transformers generate, in one run
     on the same weights."""
     def ratio(x):

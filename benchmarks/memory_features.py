@@ -6,8 +6,8 @@ contrastive loss (`grad_cache`: one micro-batch, plain, against --grad-cache MIC
 as ONE contrastive batch computed micro-batch by micro-batch, e.g. 16x16 = 256).
 
 Each configuration runs in its own child process (so peak memory and allocator caches belong
-to one configuration), on the recipe's step: `mlxcore.retriever.contrastive_loss_fn` in
-`mlxcore.step.make_train_step` (mx.compile), LoRA r=16 on query/value, AdamW, full-length
+to one configuration), on the recipe's step: `mlxcore.retrieval.objective.contrastive_loss_fn` in
+`mlxcore.train.step.make_train_step` (mx.compile), LoRA r=16 on query/value, AdamW, full-length
 synthetic batches (every token real). Weights are random with the real shapes (MiniLM-L6 or
 BERT-base), which changes neither memory nor speed, so the GPU machine needs no model files.
 Peak = MLX's high-water mark over the timed steps; activation peak = peak - memory held before
@@ -43,25 +43,27 @@ def measure(cfg: dict) -> dict:
     """One configuration, in this process: {peak_mb, base_mb, activation_peak_mb, samples_per_s, ...}."""
     import mlx.core as mx
 
-    from mlxcore import bert, lora, precision, retriever
-    from mlxcore.encoder import EncoderSpec
-    from mlxcore.optim import OptimConfig, make_optimizer
-    from mlxcore.step import init_state, make_train_step
-    from mlxcore.tree import combine, unflatten
+    from mlxcore.models import bert
+    from mlxcore.retrieval import objective
+    from mlxcore.retrieval.encoder import EncoderSpec
+    from mlxcore.train import lora, precision
+    from mlxcore.train.optim import OptimConfig, make_optimizer
+    from mlxcore.train.step import init_state, make_train_step
+    from mlxcore.train.tree import combine, unflatten
     from mlxio.run import memprof
     from mlxio.run.batch_probe import synthetic_batch
 
     model = bert.BertConfig(**MODELS[cfg["model"]])
-    spec = retriever.with_checkpointing(EncoderSpec(kind="bert", model=model, lora_scale=2.0),
+    spec = objective.with_checkpointing(EncoderSpec(kind="bert", model=model, lora_scale=2.0),
                                         cfg["checkpointing"])
     keys = iter(mx.random.split(mx.random.key(0), 400))
     base = unflatten({k: 0.02 * mx.random.normal(s, key=next(keys)) for k, s in bert.param_shapes(model).items()})
     params = combine(base, lora.init(mx.random.key(1), lora.target_dims(base, ("query", "value")), 16))
     params = precision.cast_frozen(params, lora.is_lora_path, cfg["dtype"])
     optimizer = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=2, total_steps=1000))
-    step = make_train_step(retriever.contrastive_loss_fn(spec), optimizer,
+    step = make_train_step(objective.contrastive_loss_fn(spec), optimizer,
                            eval_micro_batches=cfg.get("eval_micro_batches", False),
-                           grad_cache=retriever.contrastive_parts(spec) if cfg.get("grad_cache") else None)
+                           grad_cache=objective.contrastive_parts(spec) if cfg.get("grad_cache") else None)
     opt_state = init_state(optimizer, params)
     batches = [synthetic_batch(model.vocab_size, cfg["micro"], cfg["accum"], cfg["query_len"], cfg["doc_len"], seed=i)
                for i in range(2)]

@@ -3,7 +3,7 @@ and the same batches, float32. One PNG with both loss curves; the JSON holds bot
 relative difference of the loss at the last step (target <= 1%).
 
 MLX runs the recipe's compiled step (`make_train_step` over `contrastive_loss_fn`, AdamW from
-`mlxcore.optim`: MLX's AdamW has no bias correction, lr read from the schedule at the step
+`mlxcore.train.optim`: MLX's AdamW has no bias correction, lr read from the schedule at the step
 before increment). The PyTorch side implements exactly that update by hand (decoupled weight
 decay, m / (sqrt(v) + eps), the same lr per step from the same schedule function, global-norm
 clipping at 1.0), so the two runs differ only by floating-point rounding.
@@ -28,11 +28,11 @@ from benchmarks import retriever_models as rm
 
 
 def mlx_curve(model, projection, name, batches, optim_cfg) -> list[float]:
-    from mlxcore import lora
-    from mlxcore.optim import make_optimizer
-    from mlxcore.retriever import LossConfig, contrastive_loss_fn
-    from mlxcore.step import init_state, make_train_step
-    from mlxcore.tree import combine
+    from mlxcore.retrieval.objective import LossConfig, contrastive_loss_fn
+    from mlxcore.train import lora
+    from mlxcore.train.optim import make_optimizer
+    from mlxcore.train.step import init_state, make_train_step
+    from mlxcore.train.tree import combine
 
     params = rm.mlx_params(model, projection)
     adapters = lora.init(mx.random.key(0), lora.target_dims(params, rm.TARGETS[name]), rm.LORA_RANK)
@@ -51,8 +51,8 @@ def mlx_curve(model, projection, name, batches, optim_cfg) -> list[float]:
 def torch_curve(model, projection, name, batches, optim_cfg, adapters, device) -> list[float]:
     import torch
 
-    from mlxcore.optim import schedule
-    from mlxcore.tree import flatten
+    from mlxcore.train.optim import schedule
+    from mlxcore.train.tree import flatten
 
     lr_at = schedule(optim_cfg)
     flat = {k: np.array(v) for k, v in flatten(adapters).items()}
@@ -88,7 +88,7 @@ def main(argv=None) -> dict:
     import torch
 
     from benchmarks.gpu_common import write
-    from mlxcore.optim import OptimConfig
+    from mlxcore.train.optim import OptimConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--machine", default="cpu")

@@ -332,10 +332,10 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
            "silent" if exported or kind == "silent" else kind, err)
 
     # the retriever recipe: every loss NaN for fewer steps than the consecutive-skip limit
-    from mlxcore import retriever
+    from mlxcore.retrieval import objective
     from recipes import xtr_lora
 
-    real_loss = retriever.contrastive_loss_fn
+    real_loss = objective.contrastive_loss_fn
 
     def poisoned(*a):
         loss_fn = real_loss(*a)
@@ -345,14 +345,14 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
             return loss * float("nan"), aux
         return nan_loss
 
-    retriever.contrastive_loss_fn = poisoned
+    objective.contrastive_loss_fn = poisoned
     try:
         run_dir = work / "xtr_nonfinite"
         kind, code, err, _ = run_in_process("xtr_lora", xtr_lora.main, [
             "--preset", "smoke", "--cache_dir", str(work / "cache"), "--out_dir", str(run_dir), "--train.steps", "3",
             "--optim.total_steps", "3", "--train.max_consecutive_skips", "10"], timeout)
     finally:
-        retriever.contrastive_loss_fn = real_loss
+        objective.contrastive_loss_fn = real_loss
     exported = (run_dir / "merged").exists() or (run_dir / "eval.json").exists()
     record("silent run", "every loss NaN (xtr smoke, 3 steps < skip limit)",
            "silent" if exported or kind == "silent" else kind, err)
@@ -382,9 +382,9 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
 def disk_full_records(work: Path) -> list[dict]:
     import mlx.core as mx
 
-    from mlxcore import lora
-    from mlxcore.lora import LoraConfig
-    from mlxcore.tree import combine
+    from mlxcore.train import lora
+    from mlxcore.train.lora import LoraConfig
+    from mlxcore.train.tree import combine
     from mlxio.errors import DiskError
     from mlxio.weights import export, llm, llm_lora
     from mlxio.weights.encoders import default_encoder_path, load_encoder
@@ -782,7 +782,7 @@ def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[di
     def overflowing_norms():  # every gradient finite, their norm not: the update must count as skipped
         import mlx.core as mx
 
-        from mlxcore import optim
+        from mlxcore.train import optim
 
         opt = optim.make_optimizer(optim.OptimConfig(lr=0.1, warmup_steps=0, total_steps=10))
         t = optim.skip_if_non_finite(optim.chain(optim.clip(1.0), optim.apply_optimizer(opt)))

@@ -121,7 +121,7 @@ def _problem_file(path: Path, tests: dict[str, str]) -> Path:
 
 
 def _judge():
-    from mlxio.rl.judge import CodeJudge
+    from mlxio.rl.execution import CodeJudge
     from mlxio.sandbox import SandboxLimits
 
     return CodeJudge(SandboxLimits(timeout_s=3.0, memory_mb=256), workers=2)
@@ -129,7 +129,7 @@ def _judge():
 
 def _wrong_answer_case(body: str):
     def run():
-        from mlxcore.tasks import Problem
+        from mlxcore.rl.tasks import Problem
         from mlxio.rl.rewards import ExecutionReward
         from mlxio.sandbox import SandboxLimits
 

@@ -23,7 +23,8 @@ import os
 import time
 from pathlib import Path
 
-from mlxcore import quant, ranking
+from mlxcore.retrieval import ranking
+from mlxcore.train import quant
 from mlxio.data import pairs, xtr_data
 from mlxio.run import flags
 from mlxio.search.evaluation import Evaluator

@@ -2,7 +2,7 @@
 
 The reference is the float32 model (the shipped Q4_1 GGUF dequantised: what the recipe trains
 on CPU). Each variant re-quantises every linear and the (tied) token embedding group-wise with
-MLX's own `nn.quantize` (affine) or with `mlxcore.quant`'s symmetric variant packed into the
+MLX's own `nn.quantize` (affine) or with `mlxcore.train.quant`'s symmetric variant packed into the
 same layers, then measures perplexity on HumanEval prompts + canonical solutions (real Python)
 and the bytes of the quantised weights.
 
@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlxcore import quant
+from mlxcore.train import quant
 from mlxio.weights.llm import load_policy
 
 VARIANTS = {"8bit_g64": (8, 64, "affine"), "6bit_g64": (6, 64, "affine"), "4bit_g32": (4, 32, "affine"),
@@ -76,7 +76,7 @@ def weight_count(model) -> int:
 
 def quantize_model(model, bits: int, group: int, mode: str) -> None:
     """In place: MLX's affine quantisation, then for `symmetric` the same layers re-packed with
-    max-abs scales and a centred zero point (mlxcore.quant.quantize_symmetric)."""
+    max-abs scales and a centred zero point (mlxcore.train.quant.quantize_symmetric)."""
     floats = {name: m.weight for name, m in model.named_modules() if isinstance(m, LAYERS)}
     ragged = [name for name, w in floats.items() if w.shape[-1] % group]
     if ragged:

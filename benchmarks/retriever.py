@@ -3,8 +3,8 @@
 Per (model, framework, batch) one child process (so peak memory and allocator caches belong to
 one framework): encoding throughput (documents of 256 tokens, forward only, no LoRA) then the
 training step (queries 32 + documents 256 tokens, MaxSim, InfoNCE + 0.1 x margin, backward to
-LoRA r=16 on q/v, AdamW, clip 1.0). MLX: `mlxcore.retriever.contrastive_loss_fn` inside
-`mlxcore.step.make_train_step` (mx.compile) and a compiled `token_embeddings`. PyTorch:
+LoRA r=16 on q/v, AdamW, clip 1.0). MLX: `mlxcore.retrieval.objective.contrastive_loss_fn` inside
+`mlxcore.train.step.make_train_step` (mx.compile) and a compiled `token_embeddings`. PyTorch:
 transformers model + PEFT LoRA, eager and torch.compile (loss function compiled; backward and
 fused AdamW outside). float32 on CPU, bf16 on GPU (weights, LoRA and activations).
 Same work on both sides, checked before timing: both start from one set of weights and LoRA
@@ -92,12 +92,12 @@ def run_mlx(name: str, batch: int, args) -> dict:
     import mlx.core as mx
 
     from benchmarks import retriever_models as rm
-    from mlxcore import lora
-    from mlxcore.encoder import token_embeddings
-    from mlxcore.optim import make_optimizer
-    from mlxcore.retriever import LossConfig, contrastive_loss_fn
-    from mlxcore.step import init_state, make_train_step
-    from mlxcore.tree import combine, map_leaves
+    from mlxcore.retrieval.encoder import token_embeddings
+    from mlxcore.retrieval.objective import LossConfig, contrastive_loss_fn
+    from mlxcore.train import lora
+    from mlxcore.train.optim import make_optimizer
+    from mlxcore.train.step import init_state, make_train_step
+    from mlxcore.train.tree import combine, map_leaves
 
     model, projection, real = rm.torch_model(name)
     base = rm.mlx_params(model, projection)
@@ -184,8 +184,8 @@ def run_torch(name: str, batch: int, args, compiled: bool) -> dict:
     import torch
 
     from benchmarks import retriever_models as rm
-    from mlxcore import lora
-    from mlxcore.tree import flatten
+    from mlxcore.train import lora
+    from mlxcore.train.tree import flatten
 
     mx.set_default_device(mx.cpu)  # MLX only draws the LoRA init here
     dev = torch.device("cuda" if args.gpu else "cpu")

@@ -1,7 +1,7 @@
 """The retriever step's two implementations, built from ONE set of weights, for the benchmarks.
 
-MLX side: the recipe's own pieces (`mlxcore.retriever.contrastive_loss_fn`, `mlxcore.lora`,
-`mlxcore.step.make_train_step`). PyTorch side: the transformers model (T5EncoderModel /
+MLX side: the recipe's own pieces (`mlxcore.retrieval.objective.contrastive_loss_fn`, `mlxcore.train.lora`,
+`mlxcore.train.step.make_train_step`). PyTorch side: the transformers model (T5EncoderModel /
 BertModel) with LoRA through PEFT (hand LoRA with the same math when PEFT is missing), the same
 MaxSim + InfoNCE + margin loss written in torch. The torch model is created first (random init
 for the T5-base / XTR-base shape, real all-MiniLM-L6-v2 weights where the package is installed)
@@ -125,7 +125,7 @@ def mlx_params(model, projection) -> dict:
     """The MLX params tree (HF-keyed, float32) holding the torch model's current weights."""
     import mlx.core as mx
 
-    from mlxcore.tree import unflatten
+    from mlxcore.train.tree import unflatten
     from mlxio.weights.encoders import sanitize
 
     kind = "t5" if model.config.model_type == "t5" else "bert"
@@ -137,8 +137,8 @@ def mlx_params(model, projection) -> dict:
 
 
 def encoder_spec(model):
-    from mlxcore import bert, t5
-    from mlxcore.encoder import EncoderSpec
+    from mlxcore.models import bert, t5
+    from mlxcore.retrieval.encoder import EncoderSpec
 
     cfg = model.config.to_dict()
     if model.config.model_type == "t5":
@@ -208,7 +208,7 @@ def HandLora(base, a, b):  # noqa: N802 (a class factory: torch is imported lazi
 
 
 def torch_embed(model, projection, ids, mask):
-    """Unit-norm token embeddings [B, T, D] (as mlxcore.encoder.token_embeddings)."""
+    """Unit-norm token embeddings [B, T, D] (as mlxcore.retrieval.encoder.token_embeddings)."""
     import torch
 
     h = model(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -277,8 +277,8 @@ def step_flops(cfg, batch: int, query_len: int = QUERY_LEN, doc_len: int = DOC_L
 
 def optim_config():
     """The benchmark's optimizer (the recipe's: mlxcore.optim AdamW, no bias correction, linear
-    warm-up from 0 then cosine, clip 1.0), as an `mlxcore.optim.OptimConfig`."""
-    from mlxcore.optim import OptimConfig
+    warm-up from 0 then cosine, clip 1.0), as an `mlxcore.train.optim.OptimConfig`."""
+    from mlxcore.train.optim import OptimConfig
 
     return OptimConfig(lr=2e-4, warmup_steps=10, total_steps=1000, weight_decay=0.0)
 

@@ -40,7 +40,7 @@ def mlx_probe(loss_fn, params, batch) -> tuple[float, dict[str, np.ndarray]]:
     {LoRA path: float32 gradient}); `params` is the LoRA tree."""
     import mlx.core as mx
 
-    from mlxcore.tree import flatten
+    from mlxcore.train.tree import flatten
 
     micro = {k: v[0] for k, v in batch.items()}
     loss, grads = mx.value_and_grad(lambda p: loss_fn(p, micro, mx.random.key(0))[0])(params)

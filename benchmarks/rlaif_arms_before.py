@@ -16,7 +16,7 @@ if __name__ == "__main__":
 import logging
 from pathlib import Path
 
-from mlxcore import policy as pg
+from mlxcore.rl import policy as pg
 from mlxio.rl.evaluation import evaluate_phase, load_problems
 from mlxio.run import context
 from mlxio.run.config import to_dict

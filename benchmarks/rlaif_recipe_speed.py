@@ -53,7 +53,7 @@ class Spies:
     def install(self):
         """Put the spies in place; returns a function that takes them out."""
         try:
-            from mlxcore import decode_fused, decode_step
+            from mlxcore.models import decode_fused, decode_step
         except ImportError:  # (older trees, for a before / after comparison: the step in mlxio)
             from mlxio.rl import decode as decode_step
             from mlxio.rl import decode_fused

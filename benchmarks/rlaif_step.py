@@ -2,9 +2,9 @@
 the same loss in PyTorch (transformers model + PEFT LoRA, eager and torch.compile).
 
 MLX: `mlxio.rl.grpo.make_loss` (the recipe's loss, `recipes.rlaif_config.loss_fn`, a pure function of the LoRA tree: log-probs
-of the completion tokens from the last hidden states in chunks (`mlxcore.logprobs`: no [rows,
-T, vocab] logits), PPO-clipped ratio, k3 KL to the LoRA-off reference, `mlxcore.policy`)
-inside `mlxcore.step.make_train_step` with the "full" preset's LoRA (r=16 on q/k/v/o) and
+of the completion tokens from the last hidden states in chunks (`mlxcore.rl.logprobs`: no [rows,
+T, vocab] logits), PPO-clipped ratio, k3 KL to the LoRA-off reference, `mlxcore.rl.policy`)
+inside `mlxcore.train.step.make_train_step` with the "full" preset's LoRA (r=16 on q/k/v/o) and
 AdamW, gradient accumulation over micro-batches. Variants by name: `mlx` one compiled graph per
 step, `_eval_micro` one per micro-batch, `_qlora` a 4-bit group-64 base (QLoRA; no PyTorch
 peer here: bitsandbytes is not installed), `_ckpt` gradient checkpointing (mx.checkpoint per
@@ -116,15 +116,15 @@ def mlx_policy(shape: str, tm, dtype: str, qlora: bool = False):
 def lora_arrays(lora_tree) -> dict[str, np.ndarray]:
     """MLX's LoRA tree as float32 numpy arrays by path (`model.layers.0.self_attn.q_proj.lora_a`
     [in, r], `.lora_b` [r, out]): what `retriever_models.copy_adapters_into_peft` copies."""
-    from mlxcore.tree import flatten
+    from mlxcore.train.tree import flatten
 
     return {path: np.array(leaf.astype(mx.float32)) for path, leaf in flatten(lora_tree).items()}
 
 
 def mlx_batch(data: dict, micro: int, cfg) -> dict:
     """The recipe's step batch (`mlxio.rl.grpo.build_batch`'s leaves) from the arrays."""
-    from mlxcore.packing import target_positions
-    from mlxcore.policy import loss_weights
+    from mlxcore.rl.packing import target_positions
+    from mlxcore.rl.policy import loss_weights
 
     accum = len(data["tokens"]) // micro
     arrays = {**data, "weights": np.array(loss_weights(mx.array(data["mask"]), cfg.grpo.loss_type, micro,
@@ -135,8 +135,8 @@ def mlx_batch(data: dict, micro: int, cfg) -> dict:
 
 
 def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
-    from mlxcore.optim import make_optimizer
-    from mlxcore.step import init_state, make_train_step
+    from mlxcore.train.optim import make_optimizer
+    from mlxcore.train.step import init_state, make_train_step
     from recipes.rlaif_config import loss_fn
 
     opts = variant(name)

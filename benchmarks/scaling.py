@@ -63,11 +63,11 @@ def mlx_rank(args) -> None:
     import mlx.core as mx
 
     from benchmarks import retriever_models as rm
-    from mlxcore import lora
-    from mlxcore.optim import make_optimizer
-    from mlxcore.retriever import LossConfig, contrastive_loss_fn
-    from mlxcore.step import init_state, make_train_step
-    from mlxcore.tree import combine, map_leaves
+    from mlxcore.retrieval.objective import LossConfig, contrastive_loss_fn
+    from mlxcore.train import lora
+    from mlxcore.train.optim import make_optimizer
+    from mlxcore.train.step import init_state, make_train_step
+    from mlxcore.train.tree import combine, map_leaves
     from mlxio.run import distributed
 
     world = distributed.init()
@@ -168,8 +168,8 @@ def torch_rank(args) -> None:
     import torch.distributed as dist
 
     from benchmarks import retriever_models as rm
-    from mlxcore import lora
-    from mlxcore.tree import flatten
+    from mlxcore.train import lora
+    from mlxcore.train.tree import flatten
 
     gpu = not args.cpu
     dist.init_process_group("nccl" if gpu else "gloo")

@@ -214,7 +214,7 @@ def _query_encode_ms(queries: list[str]) -> np.ndarray:
 
 
 def phase_stdlib_search(cache: Path, work: Path) -> dict:
-    from mlxcore import ranking
+    from mlxcore.retrieval import ranking
 
     c = _load_cache(cache)
     out = {}
@@ -422,7 +422,7 @@ def run_stdlib(args) -> dict:
 
     import mlx.core as mx
 
-    from mlxcore import ranking
+    from mlxcore.retrieval import ranking
     from mlxio import blas
     from mlxio.search import build
     from mlxio.search.embed import Embedder, assign_on_device, encode_on_device
@@ -814,7 +814,7 @@ def _decompressed_scores(index: Index, q: np.ndarray, q_off: np.ndarray, device:
 
 
 def _ranks_of(scores: np.ndarray, positives: np.ndarray) -> np.ndarray:
-    from mlxcore import ranking
+    from mlxcore.retrieval import ranking
 
     return ranking.positive_ranks(scores, positives).astype(np.float64)
 

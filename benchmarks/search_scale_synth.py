@@ -114,7 +114,7 @@ _W: dict = {}  # per worker process: the base index's records and their identifi
 
 
 def _terms_of(codes: list[str]) -> list[Counter]:
-    from mlxcore.ranking import doc_terms
+    from mlxcore.retrieval.ranking import doc_terms
 
     return [Counter(doc_terms(c)) for c in codes]
 

@@ -2,7 +2,7 @@
 pipe to `python -m recipes.rlaif_worker` vs the same work called in-process.
 
 In-process: the library calls the recipe makes (`mlxio.rl.rollout.generate_group`;
-`mlxio.rl.grpo.build_batch` + the compiled `mlxcore.step` + eval) on the same config, weights
+`mlxio.rl.grpo.build_batch` + the compiled `mlxcore.train.step` + eval) on the same config, weights
 and batch. Over the protocol: the client's json.dumps, the pipe, the worker's parse, schema
 check, list -> array packing, the same work, and the result back. The two alternate call by
 in blocks (each side idle while the other runs; a call-by-call alternation measured thread
@@ -44,7 +44,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.common import median, write_result
-from mlxcore import buckets
+from mlxcore.train import buckets
 from mlxio import rpc
 from mlxio.rl import grpo, rollout
 from mlxio.rl.worker import padded

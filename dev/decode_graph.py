@@ -1,5 +1,5 @@
 """Primitives and host time of one static decode step, per layer and per step: the mlx-lm forward
-on `StaticKVCache` ("generic", `mlxcore.decode_step.make_step`) against `mlxcore.decode_fused`'s
+on `StaticKVCache` ("generic", `mlxcore.models.decode_step.make_step`) against `mlxcore.models.decode_fused`'s
 step ("fused"), on random weights of a shape from `benchmarks.generation.SHAPES`.
 
 A batch-64 decode step on a GPU is host-bound (MLX's host time per primitive, views included),
@@ -50,7 +50,8 @@ def random_model(shape: str, layers: int | None, dtype: str):
 
 def caches_for(model, batch: int, prompt_len: int, new_tokens: int):
     """A [batch] static cache after `prompt_len` random tokens (one prefill, copied per row)."""
-    from mlxcore import buckets, decode_step
+    from mlxcore.models import decode_step
+    from mlxcore.train import buckets
     from mlxio.rl.rollout import _prefill
 
     vocab = model.args.vocab_size

@@ -1,5 +1,5 @@
 """T5's ReLU feed-forward, forward + input gradient, with the ReLU in the wi GEMM's cuBLASLt
-epilogue (`mlxcore.ffn_cuda`) against the path it replaces (MLX's GEMMs + `relu_cuda`'s bit-mask
+epilogue (`mlxcore.kernels.ffn_cuda`) against the path it replaces (MLX's GEMMs + `relu_cuda`'s bit-mask
 ReLU; both share that backward), at the t5-base b128 step's shapes, on MLX's CUDA build with the
 compiled `mlxio.cuda_ext`.
 
@@ -27,7 +27,9 @@ def run(steps: int) -> list[dict]:
     import numpy as np
 
     from benchmarks.kernel_profile import profile
-    from mlxcore import ffn_cuda, lora, t5
+    from mlxcore.kernels import ffn_cuda
+    from mlxcore.models import t5
+    from mlxcore.train import lora
     from mlxio import cuda_ext
 
     if cuda_ext.load() is None:

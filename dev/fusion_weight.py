@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import write_result  # noqa: E402
 from dev import RESULTS  # noqa: E402
-from mlxcore import ranking  # noqa: E402
+from mlxcore.retrieval import ranking  # noqa: E402
 
 # weights stored per query: the recipe's candidates, 1.0 (semantic alone) and a few between
 GRID = tuple(sorted({*ranking.ALPHAS, 0.85, 0.93, 1.0}))

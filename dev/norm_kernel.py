@@ -1,10 +1,10 @@
-"""The frozen-weight norm backward on the GPU: mlxcore.norm_cuda's kernel vs MLX's own vjp vs
+"""The frozen-weight norm backward on the GPU: mlxcore.kernels.norm_cuda's kernel vs MLX's own vjp vs
 PyTorch's, per call, on the retriever step's shapes (bf16 rows x D).
 
 Per (kind, rows, D), in one process on one GPU:
 - `mlx_fused_vjp`: the vjp of `mx.fast.layer_norm(x, w, b)` / `rms_norm(x, w)` for x only
-  (what MLX computes without mlxcore.norm: x, w and b gradients together);
-- `mlx_weight_free`: the weight-free norm's vjp applied to g * w (mlxcore.norm off CUDA);
+  (what MLX computes without mlxcore.models.norm: x, w and b gradients together);
+- `mlx_weight_free`: the weight-free norm's vjp applied to g * w (mlxcore.models.norm off CUDA);
 - `ours`: `norm_cuda.norm_vjp` (one kernel);
 - `torch`: `aten.native_layer_norm_backward` with output mask (x only) - layer norm only.
 All four compute the same dx; each side's max |difference| from the float32 reference is
@@ -44,7 +44,7 @@ def measure(kind: str, rows: int, d: int, eps: float = 1e-12) -> dict:
     import mlx.core as mx
     import numpy as np
 
-    from mlxcore import norm_cuda
+    from mlxcore.kernels import norm_cuda
 
     k = mx.random.split(mx.random.key(rows + d), 4)
     x = (mx.random.normal((rows, d), key=k[0]) * 2 + 0.5).astype(mx.bfloat16)
@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     import mlx.core as mx
 
-    from mlxcore import cuda_jit
+    from mlxcore.kernels import cuda_jit
 
     if not cuda_jit.available():
         ap.error("needs MLX's CUDA build on a GPU, with NVRTC")

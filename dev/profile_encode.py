@@ -4,7 +4,7 @@ MiniLM (384 wide, 12 heads of 32) at batch 128 x 256 tokens encoded 0.69x PyTorc
 H100 while T5-base encoded 4.1x. This times the compiled forward of the benchmark's encoders
 with the recipe's code and with one piece swapped at a time, to find the piece that costs:
 - "recipe": `mx.fast.scaled_dot_product_attention` with an additive float padding mask, GELU
-  as the polynomial erf (`mlxcore.bert.gelu_erf`);
+  as the polynomial erf (`mlxcore.models.bert.gelu_erf`);
 - "bool mask": the same SDPA with a boolean mask (may take a different kernel);
 - "no mask": SDPA without a mask (upper bound for the attention kernel);
 - "plain attention": matmul + softmax written out;
@@ -32,8 +32,8 @@ from mlx.utils import tree_map
 from benchmarks import retriever_models as rm
 from benchmarks.common import median, time_repeats
 from dev import RESULTS
-from mlxcore import bert, t5
-from mlxcore.encoder import token_embeddings
+from mlxcore.models import bert, t5
+from mlxcore.retrieval.encoder import token_embeddings
 
 
 def _plain_attention(q, k, v, bias, scale):

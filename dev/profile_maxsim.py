@@ -1,6 +1,6 @@
 """Where the MLX retriever step's time goes at batch 128: MaxSim's broadcast matmul.
 
-`mlxcore.retrieval.token_similarities` computes q[:, None] @ d[None]^T, a broadcast batched
+`mlxcore.retrieval.late_interaction.token_similarities` computes q[:, None] @ d[None]^T, a broadcast batched
 matmul [Bq, 1, Tq, D] @ [1, Bd, D, Td]; PyTorch's einsum turns the same product into ONE GEMM
 [Bq*Tq, D] @ [D, Bd*Td]. This times forward+backward of MaxSim both ways (and the encoder's
 share of the step) on the benchmark's shapes, to show whether the broadcast form is the gap.
@@ -21,7 +21,7 @@ import time
 
 import mlx.core as mx
 
-from mlxcore import retrieval
+from mlxcore.retrieval import late_interaction
 
 
 def gemm_similarities(q, d):
@@ -53,18 +53,18 @@ def main(argv=None) -> dict:
     dtype = mx.float32 if args.machine == "cpu" else mx.bfloat16
     rows = []
     for name, dim in (("minilm", 384), ("t5-base (xtr projection)", 128)):
-        q = retrieval.l2_normalize(mx.random.normal((args.batch, 32, dim))).astype(dtype)
-        d = retrieval.l2_normalize(mx.random.normal((args.batch, 256, dim))).astype(dtype)
+        q = late_interaction.l2_normalize(mx.random.normal((args.batch, 32, dim))).astype(dtype)
+        d = late_interaction.l2_normalize(mx.random.normal((args.batch, 256, dim))).astype(dtype)
         qm, dm = mx.ones((args.batch, 32)), mx.ones((args.batch, 256))
 
         def loss(q, d, sims_fn, qm=qm, dm=dm):
             s = sims_fn(q, d)
-            s = mx.where(dm.astype(mx.bool_)[None, :, None, :], s, retrieval.NEG)
-            scores = retrieval._mean_over_query(s.max(-1), qm[:, None, :])
-            return retrieval.contrastive_loss(scores)[0]
+            s = mx.where(dm.astype(mx.bool_)[None, :, None, :], s, late_interaction.NEG)
+            scores = late_interaction._mean_over_query(s.max(-1), qm[:, None, :])
+            return late_interaction.contrastive_loss(scores)[0]
 
         row = {"model": name, "batch": args.batch, "dim": dim}
-        for label, fn in (("broadcast (current)", retrieval.token_similarities), ("one GEMM", gemm_similarities)):
+        for label, fn in (("broadcast (current)", late_interaction.token_similarities), ("one GEMM", gemm_similarities)):
             grad = mx.compile(mx.value_and_grad(lambda q, d, fn=fn: loss(q, d, fn), argnums=(0, 1)))
             mx.reset_peak_memory()
             row[f"{label} fwd+bwd s"] = timed(grad, q, d)

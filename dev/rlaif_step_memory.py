@@ -1,6 +1,6 @@
 """Where the RLAIF update step's memory goes (issue 33 item 2), on the code path the GPU runs:
 `recipes.rlaif_config.loss_fn` (hidden states, chunked log-probs, the policy loss) inside
-`mlxcore.step.make_train_step`, the "full" preset's LoRA (r=16 on q, k, v, o) and AdamW, random
+`mlxcore.train.step.make_train_step`, the "full" preset's LoRA (r=16 on q, k, v, o) and AdamW, random
 weights of a `benchmarks.generation.SHAPES` shape in bf16.
 
 Three accounts, one JSON (`dev/results/<machine>/rlaif_step_memory.json`):
@@ -226,9 +226,9 @@ def run_step(step, params, state, batch, limit: int | None = None, trace: bool =
 
 def measured(args) -> dict:
     """Peaks of the variants at `--rows` x (prompt + completion), `--vocab`, blocks `--layers`."""
-    from mlxcore import step as step_mod
-    from mlxcore.optim import make_optimizer
-    from mlxcore.step import init_state, make_train_step
+    from mlxcore.train import step as step_mod
+    from mlxcore.train.optim import make_optimizer
+    from mlxcore.train.step import init_state, make_train_step
     from recipes.rlaif_config import loss_fn
 
     variants = {  # name: (recompute, accum, eval_micro, micro-batches chained)
@@ -282,7 +282,7 @@ def head_account(args) -> dict:
     """The log-prob head alone at the real vocabulary: peak of the gradient of
     `gathered_logprobs` over `--head-rows` scored positions, chunk = all of them."""
     from benchmarks.generation import SHAPES
-    from mlxcore.logprobs import head_logprobs
+    from mlxcore.rl.logprobs import head_logprobs
 
     vocab, hidden = SHAPES[args.shape]["vocab_size"], SHAPES[args.shape]["hidden_size"]
     w = (mx.random.normal((vocab, hidden), key=mx.random.key(0)) * 0.02).astype(mx.bfloat16)

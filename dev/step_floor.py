@@ -29,7 +29,7 @@ from dev import RESULTS
 
 # t5-base's encoder
 LAYERS, D_MODEL, HEADS, D_KV, D_FF = 12, 768, 12, 64, 3072
-NEG_INF = -1e9  # mlxcore.t5's finite padding bias
+NEG_INF = -1e9  # mlxcore.models.t5's finite padding bias
 
 
 def step_gemms(batch: int = 128, query_len: int = rm.QUERY_LEN, doc_len: int = rm.DOC_LEN) -> list[dict]:
@@ -55,7 +55,7 @@ def gemm_flops(gemms: list[dict]) -> float:
 
 def attention_shapes(batch: int = 128, query_len: int = rm.QUERY_LEN, doc_len: int = rm.DOC_LEN) -> list[dict]:
     """Attention calls of one step, [rows, heads, length, d_kv] each: the documents as they are,
-    the queries packed 128 / 32 to a row (`mlxcore.t5.pack_sequences` on CUDA)."""
+    the queries packed 128 / 32 to a row (`mlxcore.models.t5.pack_sequences` on CUDA)."""
     pack = 128 // query_len if 128 % query_len == 0 and batch % (128 // query_len) == 0 else 1
     return [{"name": "doc", "rows": batch, "length": doc_len, "pack": 1, "count": LAYERS},
             {"name": "query", "rows": batch // pack, "length": query_len * pack, "pack": pack, "count": LAYERS}]

@@ -23,11 +23,11 @@ from dev import RESULTS
 
 
 def run(model, projection, name: str, batch: int, steps: int, dtype, doc_len: int, profile: bool) -> dict:
-    from mlxcore import lora
-    from mlxcore.optim import OptimConfig, make_optimizer
-    from mlxcore.retriever import LossConfig, contrastive_loss_fn
-    from mlxcore.step import init_state, make_train_step
-    from mlxcore.tree import combine, map_leaves
+    from mlxcore.retrieval.objective import LossConfig, contrastive_loss_fn
+    from mlxcore.train import lora
+    from mlxcore.train.optim import OptimConfig, make_optimizer
+    from mlxcore.train.step import init_state, make_train_step
+    from mlxcore.train.tree import combine, map_leaves
 
     base = rm.mlx_params(model, projection)
     adapters = lora.init(mx.random.key(0), lora.target_dims(base, rm.TARGETS[name]), rm.LORA_RANK)

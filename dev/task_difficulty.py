@@ -1,4 +1,4 @@
-"""Base pass rate of the RLAIF policy on the procedural tasks (mlxcore.tasks), per family and
+"""Base pass rate of the RLAIF policy on the procedural tasks (mlxcore.rl.tasks), per family and
 difficulty level: the figure the task source is tuned by (RL needs groups in which some
 samples pass and some fail; the target is ~10-60% on training instances).
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from benchmarks.common import write_result
 from dev import RESULTS
-from mlxcore import tasks
+from mlxcore.rl import tasks
 from mlxio.rl import rollout
 from mlxio.rl.evaluation import instruction
 from mlxio.rl.rewards import ExecutionReward, FormatReward

@@ -35,8 +35,8 @@ import numpy as np
 
 from benchmarks.common import write_result
 from dev import RESULTS
-from mlxcore.tasks import Problem
-from mlxcore.verdict import roc_auc
+from mlxcore.rl.tasks import Problem
+from mlxcore.rl.verdict import roc_auc
 from mlxio.rl.local_teacher import MlxLmServer
 from mlxio.rl.mutants import as_completion, build_pairs
 from mlxio.rl.problems import load_humaneval
@@ -112,7 +112,7 @@ def text_rubric_probe(server: MlxLmServer, problems: list[Problem], n: int,
 def recipe_run(server: MlxLmServer | None, args, out: Path) -> dict:
     """Train a few steps (optionally with the teacher); per-step metrics and reward components."""
     import recipes.rlaif_qwen as rq
-    from mlxcore.optim import OptimConfig
+    from mlxcore.train.optim import OptimConfig
     from mlxio.rl import rewards
     from mlxio.rl.evaluation import EvalConfig
     from mlxio.rl.rewards import RewardConfig, TeacherConfig

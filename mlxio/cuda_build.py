@@ -1,10 +1,10 @@
-"""Compiles mlxcore's CUDA kernels once per machine (`mlxcore.cuda_jit` launches them).
+"""Compiles mlxcore's CUDA kernels once per machine (`mlxcore.kernels.cuda_jit` launches them).
 
 NVRTC is called through ctypes - the library MLX's CUDA build ships and loads - on the
 self-contained sources (no headers: a kernel compiles in well under a second), and the PTX is
 cached beside MLX's own kernels (`<MLX_PTX_CACHE_DIR>/mlxcore`, the folder `mlxio.kernel_cache`
 configures), keyed by a hash of the source, written atomically. `mlxio.runtime.setup()`
-registers `COMPILER` with `mlxcore.cuda_jit`.
+registers `COMPILER` with `mlxcore.kernels.cuda_jit`.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def ptx(source: str) -> bytes:
 
 
 class _Compiler:
-    """What `mlxcore.cuda_jit.register_compiler` expects."""
+    """What `mlxcore.kernels.cuda_jit.register_compiler` expects."""
 
     def available(self) -> bool:
         return nvrtc() is not None

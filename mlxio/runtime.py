@@ -11,9 +11,9 @@ importing the module as a library still changes nothing); `tests/conftest.py` do
    called later it leaves the reference BLAS in place (~40x slower matmuls) and logs a warning;
 2. points MLX's on-disk GPU kernel cache at a persistent folder (`mlxio.kernel_cache.configure`:
    MLX reads MLX_PTX_CACHE_DIR when it first compiles a kernel);
-3. gives mlxcore's own CUDA kernels their compiler (`mlxio.cuda_build` into `mlxcore.cuda_jit`)
+3. gives mlxcore's own CUDA kernels their compiler (`mlxio.cuda_build` into `mlxcore.kernels.cuda_jit`)
    and, where it is built, the fused feed-forward its GEMM (`mlxio.cuda_ext` into
-   `mlxcore.ffn_cuda`). These import MLX, after step 1;
+   `mlxcore.kernels.ffn_cuda`). These import MLX, after step 1;
 4. with MLXIO_CACHE_LIMIT_MB set, caps what MLX's allocator keeps of freed buffers
    (`mx.set_cache_limit`): processes that share one GPU (`benchmarks/xtr_heldout_packages.py
    --jobs`) hand freed memory back instead of each keeping its own pool;
@@ -43,7 +43,7 @@ def setup() -> str:
     kernel_cache.configure()
     import mlx.core as mx  # (this and the next import MLX: after the BLAS)
 
-    from mlxcore import cuda_jit, ffn_cuda
+    from mlxcore.kernels import cuda_jit, ffn_cuda
     from mlxio import cuda_ext
     from mlxio.cuda_build import COMPILER
 

@@ -4,7 +4,7 @@ options reach the library (`open_session`, `load_policy`, `loss_fn`, `batch_sett
 field is a command-line option (`--group_size 8`, `--optim.lr 1e-5`); `python -m
 recipes.rlaif_qwen --help` lists them with their defaults. The sections live beside the code
 they configure: `data`, `eval` in mlxio.rl.evaluation, `rewards`, `teacher` in
-mlxio.rl.rewards, `sandbox` in mlxio.rl.judge, `memory` in mlxio.rl.grpo, `lora`, `optim`,
+mlxio.rl.rewards, `sandbox` in mlxio.rl.execution, `memory` in mlxio.rl.grpo, `lora`, `optim`,
 `grpo` in mlxcore; `train` (the loop's length and cadence) is the recipe's own.
 """
 
@@ -16,15 +16,15 @@ from typing import ClassVar
 import attrs
 
 from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, MAX_STEPS, bounded
-from mlxcore.lora import LoraConfig
-from mlxcore.optim import OptimConfig
-from mlxcore.policy import GrpoConfig
+from mlxcore.rl.policy import GrpoConfig
+from mlxcore.train.lora import LoraConfig
+from mlxcore.train.optim import OptimConfig
 from mlxio import kernel_cache
 from mlxio.errors import ConfigError
 from mlxio.rl import grpo, rewards, session, shapes
 from mlxio.rl.evaluation import DataConfig, EvalConfig, validate_data
+from mlxio.rl.execution import SandboxConfig
 from mlxio.rl.grpo import TINY_PREFIX, MemoryConfig  # TINY_PREFIX + "llama": a tiny random model
-from mlxio.rl.judge import SandboxConfig
 from mlxio.rl.rewards import RewardConfig, TeacherConfig
 from mlxio.rl.rollout import ENGINES
 from mlxio.rl.shapes import ShapePlan, ShapesConfig
@@ -79,7 +79,7 @@ class Config:
     clip_eps: float | None = bounded(None, gt=0, lt=1)  # PPO ratio clipping; set it when inner_epochs > 1
     inner_epochs: int = bounded(1, ge=1, le=100)
     # loss aggregation, clip-higher, GSPO ratios, entropy, dynamic sampling, truncation masking
-    # (mlxcore.policy.GrpoConfig; docs/rlaif.md says when to use each)
+    # (mlxcore.rl.policy.GrpoConfig; docs/rlaif.md says when to use each)
     grpo: GrpoConfig = GrpoConfig()
     # mx.compile the update step and the rollout's decode step. None (auto): yes, except on a
     # CUDA device, where each fused kernel costs 3-4 s of NVRTC compilation on a fresh machine

@@ -14,10 +14,10 @@ Serve it (OpenAI-compatible; `HttpJudge(scoring="verdict")`, the RLAIF recipe's 
 
 Top to bottom: config -> base + LoRA (the policy's loader, `mlxio.rl.grpo.load_model`) -> judged
 completions: the logs, and rollouts sampled here from the procedural tasks and judged by the
-rewards' own sandboxed judge (`mlxio.rl.judge.CodeJudge`) into out_dir/rollouts.jsonl -> split
+rewards' own sandboxed judge (`mlxio.rl.execution.CodeJudge`) into out_dir/rollouts.jsonl -> split
 by task id (training problems; held-out instances; held-out families, never trained on) ->
 verdict prompts (`mlxio.rl.verifier`) -> compiled steps on balanced batches (half passing, half
-failing; the loss is the cross-entropy of the answer token, `mlxcore.verdict`) -> AUC of the
+failing; the loss is the cross-entropy of the answer token, `mlxcore.rl.verdict`) -> AUC of the
 verdict score (P(yes) + P(neither) / 2) untrained and trained on each held-out set -> adapters
 in mlx-lm's format. Outputs in out_dir: rollouts.jsonl, metrics.jsonl, checkpoints/, adapters/,
 eval.json (AUCs), eval_rows.jsonl (every held-out completion with both judges' scores). Options and presets: recipes/rlaif_judge_config.py.
@@ -38,13 +38,13 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 
-from mlxcore import policy as pg
-from mlxcore import verdict
+from mlxcore.rl import policy as pg
+from mlxcore.rl import verdict
 from mlxio import kernel_cache
 from mlxio.errors import ConfigError, DataError
 from mlxio.redact import redact_config
 from mlxio.rl import rollout_log, session, verifier
-from mlxio.rl.judge import CodeJudge
+from mlxio.rl.execution import CodeJudge
 from mlxio.run import checkpoint, config, context
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args

@@ -1,6 +1,6 @@
 """Configuration of the verdict-judge recipe (`recipes.rlaif_judge`): the option tree, its presets,
 the cross-field checks and the judge's base (`load_policy`); `sample` lives beside its code
-(mlxio.rl.verifier), `sandbox` in mlxio.rl.judge. Every field is a command-line option (`--data.logs a.jsonl,b.jsonl`,
+(mlxio.rl.verifier), `sandbox` in mlxio.rl.execution. Every field is a command-line option (`--data.logs a.jsonl,b.jsonl`,
 `--optim.lr 1e-4`); `python -m recipes.rlaif_judge --help` lists them with their defaults.
 """
 
@@ -10,13 +10,13 @@ from typing import ClassVar
 
 import attrs
 
-from mlxcore import tasks
 from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
-from mlxcore.lora import LoraConfig
-from mlxcore.optim import OptimConfig
+from mlxcore.rl import tasks
+from mlxcore.train.lora import LoraConfig
+from mlxcore.train.optim import OptimConfig
 from mlxio.errors import ConfigError
 from mlxio.rl import grpo
-from mlxio.rl.judge import SandboxConfig
+from mlxio.rl.execution import SandboxConfig
 from mlxio.rl.verifier import SampleConfig
 from mlxio.run.config import check
 from mlxio.weights import llm

@@ -13,8 +13,8 @@ Run:  python -m recipes.rlaif_qwen                      # quick preset: SmolLM2-
 
 Each step: P prompts from the training split, G sampled completions per prompt (mlx-lm's
 batched generation, current policy = base + LoRA), rewards (cached), group-normalised
-advantages, then `inner_epochs` updates of the pure policy loss (mlxcore.policy) through the
-compiled, accumulating, clipping, non-finite-guarded step of mlxcore.step. The KL reference is
+advantages, then `inner_epochs` updates of the pure policy loss (mlxcore.rl.policy) through the
+compiled, accumulating, clipping, non-finite-guarded step of mlxcore.train.step. The KL reference is
 the same model with every lora_b zeroed (LoRA off), so no second model is held in memory. The
 loss is a pure function of the LoRA tree: `mlxio.weights.llm_lora.bind` lays it over the frozen
 model, which is never re-pointed after loading.
@@ -38,8 +38,8 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 
-from mlxcore import packing
-from mlxcore import policy as pg
+from mlxcore.rl import packing
+from mlxcore.rl import policy as pg
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
 from mlxio.redact import redact_config
@@ -51,6 +51,7 @@ from mlxio.rl.evaluation import (
     load_problems,
     record_phase,
 )
+from mlxio.rl.execution import CodeJudge
 from mlxio.rl.grpo import (
     build_batch,
     prompt_indices,
@@ -60,7 +61,6 @@ from mlxio.rl.grpo import (
     step_seed,
     update_rows,
 )
-from mlxio.rl.judge import CodeJudge
 from mlxio.rl.rewards import RewardCache
 from mlxio.rl.rollout_log import RolloutLog
 from mlxio.rl.warm_up import warm_up
@@ -113,7 +113,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     # MLXIO_KERNEL_PREWARM=1 on CUDA: child processes compile the first step's kernels meanwhile
     kernel_warm.for_rlaif(cfg.memory.compute_dtype, jit)
     # before the model loads: a bad file fails, and a --data.problems file's tests are checked
-    # against trivially wrong candidates (mlxio.rl.judge: problems that cannot judge are left out)
+    # against trivially wrong candidates (mlxio.rl.execution: problems that cannot judge are left out)
     train, eval_sets = load_problems(cfg.data, judge=CodeJudge(cfg.sandbox.limits(), cfg.sandbox.workers))
     clock.lap("setup: checks, prewarm, problems")
     world = context.start(out, to_dict(cfg), cfg.train.seed, resume, overwrite)  # out holds every rank's reward cache

@@ -35,11 +35,12 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 
-from mlxcore import precision, retriever
-from mlxcore.buckets import padded_length
-from mlxcore.optim import make_optimizer
-from mlxcore.step import init_state, make_train_step
-from mlxcore.tree import combine, partition
+from mlxcore.retrieval import objective
+from mlxcore.train import precision
+from mlxcore.train.buckets import padded_length
+from mlxcore.train.optim import make_optimizer
+from mlxcore.train.step import init_state, make_train_step
+from mlxcore.train.tree import combine, partition
 from mlxio import kernel_cache
 from mlxio.data import xtr_data, xtr_tokens
 from mlxio.data.token_cache import DataPosition
@@ -137,9 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = make_optimizer(cfg.optim)
     if cfg.train.grad_cache and world.size > 1:
         raise ConfigError("train.grad_cache runs on one process (its documents are not gathered across ranks)")
-    grad_cache = retriever.training_parts(model.spec, cfg.loss, quant_io.parse_rules(cfg.quant.qat, "quant.qat"),
+    grad_cache = objective.training_parts(model.spec, cfg.loss, quant_io.parse_rules(cfg.quant.qat, "quant.qat"),
                                           cfg.lora.scale) if cfg.train.grad_cache else None
-    loss_fn = retriever.training_loss(model.spec, cfg.loss, quant_io.parse_rules(cfg.quant.qat, "quant.qat"),
+    loss_fn = objective.training_loss(model.spec, cfg.loss, quant_io.parse_rules(cfg.quant.qat, "quant.qat"),
                                       cfg.lora.scale, distributed.document_gather(world))
     step_fn = make_train_step(distributed.data_parallel_loss(loss_fn, world),
                               optimizer, trainable=trainable, clip_norm=cfg.optim.clip_norm, seed=cfg.train.seed,

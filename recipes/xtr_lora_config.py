@@ -11,10 +11,10 @@ from typing import ClassVar
 
 import attrs
 
-from mlxcore import lora, precision
 from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
-from mlxcore.optim import OptimConfig
-from mlxcore.retriever import LossConfig
+from mlxcore.retrieval.objective import LossConfig
+from mlxcore.train import lora, precision
+from mlxcore.train.optim import OptimConfig
 from mlxio.data import pairs, pypi_sources
 from mlxio.data.token_cache import BATCH_ORDERS
 from mlxio.data.xtr_data import DataConfig
@@ -39,7 +39,7 @@ class TrainConfig:
     # steps and at the last; the best step by dev MRR@10 is kept (out_dir/best/), evaluated and exported
     dev_eval_every: int = bounded(0, ge=0, le=MAX_STEPS)
     # all micro_batch x accum pairs of a step form ONE contrastive batch (every query against all
-    # their documents), computed micro-batch by micro-batch (mlxcore.grad_cache: GradCache): the
+    # their documents), computed micro-batch by micro-batch (mlxcore.train.grad_cache: GradCache): the
     # in-batch negatives of a large batch in the memory of one micro-batch; ~1.3x a plain step's time
     grad_cache: bool = False
     # how pairs form an optimizer step (mlxio.data.token_cache.batch_plan): "length" (similar

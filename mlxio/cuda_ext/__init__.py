@@ -1,6 +1,6 @@
 """An optional compiled extension for MLX's CUDA build: a cuBLASLt GEMM with a ReLU epilogue.
 
-`gemm_epilogue.cpp` defines the MLX primitive `matmul_relu_aux` that `mlxcore.ffn_cuda` uses in
+`gemm_epilogue.cpp` defines the MLX primitive `matmul_relu_aux` that `mlxcore.kernels.ffn_cuda` uses in
 T5's ReLU feed-forward; `mlxio.runtime.setup()` registers it there when it is built. Build it once on a
 machine with MLX's CUDA build, the CUDA toolkit, CMake, fmt's headers and nanobind 3.0
 (`pip install "nanobind>=3.0,<3.2"`, MLX 0.32.4's ABI):
@@ -22,7 +22,7 @@ def load():
     MLXCORE_GEMM_EPILOGUE=0 (read once per process)."""
     if os.environ.get("MLXCORE_GEMM_EPILOGUE", "1") == "0":
         return None
-    from mlxcore import cuda_jit
+    from mlxcore.kernels import cuda_jit
 
     if not cuda_jit.on_cuda():
         return None

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 import attrs
 import numpy as np
 
-from mlxcore import ranking
+from mlxcore.retrieval import ranking
 from mlxio.data.pairs import Pair
 
 _COMMENT = re.compile(r"#[^\n]*")
@@ -135,7 +135,7 @@ class Tokens:
 
 def maxsim(queries: Tokens, i: int, docs: Tokens, cands: Sequence[int]) -> np.ndarray:
     """MaxSim float32 [len(cands)] of query i against documents `cands`: for each real query
-    token the best cosine over the document's real tokens, averaged (`mlxcore.retrieval.maxsim`).
+    token the best cosine over the document's real tokens, averaged (`mlxcore.retrieval.late_interaction.maxsim`).
     The reference of `maxsim_many`, one query at a time in NumPy."""
     cands = np.asarray(cands, np.int64)
     if len(cands) == 0:

@@ -28,7 +28,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from mlxcore.buckets import padded_length
+from mlxcore.train.buckets import padded_length
 from mlxio.errors import DataError
 from mlxio.run.atomic import run_dir
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import buckets
+from mlxcore.train import buckets
 from mlxio.errors import ConfigError
 from mlxio.rl.grpo import MemoryConfig
 from mlxio.run import batch_sizer
@@ -31,7 +31,7 @@ BatchOf = Callable[[dict, np.ndarray, np.ndarray], dict]  # (packed, advantages,
 
 
 def full_length_rows(rows: int, prompt_len: int, new_tokens: int, vocab: int, seed: int = 0) -> dict:
-    """A packed batch (`mlxcore.packing.pack_tokens`' keys) of `rows` prompt + completion rows at full
+    """A packed batch (`mlxcore.rl.packing.pack_tokens`' keys) of `rows` prompt + completion rows at full
     length: every completion `new_tokens` long, random ids."""
     rng = np.random.default_rng(seed)
     length = prompt_len + new_tokens

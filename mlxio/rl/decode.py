@@ -1,14 +1,14 @@
-"""The static decode engine's host loop around `mlxcore.decode_step`'s compiled step.
+"""The static decode engine's host loop around `mlxcore.models.decode_step`'s compiled step.
 
-`decode` picks the step for a model (`step_and_state`: `mlxcore.decode_fused`'s step for float
+`decode` picks the step for a model (`step_and_state`: `mlxcore.models.decode_fused`'s step for float
 Llama / Qwen2 models on a GPU, else the mlx-lm forward on the static cache) and keeps it for
 reuse across calls (`compiled_step`, `fused_step`); it queues `sync_every` steps at a time and
 reads their tokens to the host one block behind the device (the next block is queued first),
 checking EOS and stop conditions there. Rows that have ended keep decoding (their extra tokens
-are dropped) until the live ones fit a smaller size of `batches` (`mlxcore.buckets.batch_ladder`:
+are dropped) until the live ones fit a smaller size of `batches` (`mlxcore.train.buckets.batch_ladder`:
 N, then halving), when the live rows are gathered into a batch of that size
-(`mlxcore.decode_step.take_rows`): a handful of shapes per run, each compiled once, and ended
-rows stop costing compute (`row_steps`). With `mlxcore.decode_step.row_sampler` a row samples
+(`mlxcore.models.decode_step.take_rows`): a handful of shapes per run, each compiled once, and ended
+rows stop costing compute (`row_steps`). With `mlxcore.models.decode_step.row_sampler` a row samples
 the same tokens whatever rows share its batch. It times the host's share of each step (`stats`).
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import decode_fused
-from mlxcore.decode_step import (
+from mlxcore.models import decode_fused
+from mlxcore.models.decode_step import (
     StaticKVCache,
     all_rows,
     decode_state,
@@ -102,7 +102,7 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
         `mlxio.kernel_cache`), at more host time per step.
     fused: decode with `decode_fused`'s step where the model allows; None: on a GPU
         (`step_and_state`).
-    batches: batch sizes to compact to as rows end (`mlxcore.buckets.batch_ladder(B, ...)`): after each read of
+    batches: batch sizes to compact to as rows end (`mlxcore.train.buckets.batch_ladder(B, ...)`): after each read of
         a block, once the rows still live fit a smaller size of `batches`, they (and ended rows
         up to that size) are gathered into a batch of it (`take_rows`); the device is then one
         block ahead, so a row costs at most two blocks of steps after it ended. None: the batch

@@ -3,11 +3,11 @@ recipe's `data.*`) and the training and held-out sets they give (`load_problems`
 fixed held-out split and the before/after evaluation (`EvalConfig`, `eval.*`).
 
 Each evaluation set (held-out problems) is scored two ways: pass@1 of n sampled completions per
-problem at the sampling temperature (the unbiased estimator of `mlxcore.passk`, n = 16 by
+problem at the sampling temperature (the unbiased estimator of `mlxcore.rl.passk`, n = 16 by
 default) and pass@1 of one greedy completion; each with a 95% bootstrap interval over problems.
 Before and after training sample with the same seeds, and their difference is bootstrapped
 paired over problems (`compare`). Every completion is judged by the same `CodeJudge` as the
-execution reward (`mlxio.rl.judge`: candidate and tests in two sandboxed processes, plain
+execution reward (`mlxio.rl.execution`: candidate and tests in two sandboxed processes, plain
 values between them), so pass@1 cannot be had by a trick the reward would not pay for. A
 verdict the judge could not give (its own failure) is left out of that problem's n, never
 counted as a fail; how many were left out is recorded as `missing`.
@@ -24,13 +24,13 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from mlxcore import tasks
 from mlxcore.digest import hashed_int
 from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, bounded
-from mlxcore.passk import mean_ci, paired_diff_ci, pass_at_k
-from mlxcore.tasks import Problem
+from mlxcore.rl import tasks
+from mlxcore.rl.passk import mean_ci, paired_diff_ci, pass_at_k
+from mlxcore.rl.tasks import Problem
 from mlxio.errors import ConfigError, DataError, MlxioError
-from mlxio.rl.judge import CodeJudge, SandboxConfig
+from mlxio.rl.execution import CodeJudge, SandboxConfig
 from mlxio.rl.problems import extract_code, load_humaneval, read_problems_jsonl
 from mlxio.rl.rewards import RewardCache, combine_rewards
 from mlxio.run.runlog import write_json_atomic
@@ -69,7 +69,7 @@ TRANSFER_SETS = ("humaneval", "humaneval_all")  # the evaluation set "humaneval"
 class DataConfig:
     """Where the RLAIF recipe's problems come from (its `data.*`; `load_problems`)."""
 
-    # "procedural": generated problems with hidden tests (mlxcore.tasks; the embedded 135M
+    # "procedural": generated problems with hidden tests (mlxcore.rl.tasks; the embedded 135M
     # model passes some, so rewards vary); "humaneval": OpenAI HumanEval (164, the transfer test)
     source: str = "procedural"  # checked by validate_data
     problems: str | None = bounded(None, nonempty=True)  # JSONL of problems with tests (overrides `source`)
@@ -183,7 +183,7 @@ def judgeable(numbered: Sequence[tuple[int, Problem]], path: str, judge: CodeJud
 def load_problems(cfg: DataConfig, judge: CodeJudge | None = None) -> tuple[list[Problem], dict[str, list[Problem]]]:
     """(training problems, {evaluation set name: held-out problems}) of the RLAIF recipe's
     data config. Procedural
-    (mlxcore.tasks): sets "heldout" (other instances of the training templates) and
+    (mlxcore.rl.tasks): sets "heldout" (other instances of the training templates) and
     "heldout_families" (families never trained on); HumanEval or a JSONL file (`problems`,
     overriding `source`): "heldout", split by hashed task id. `transfer` ("humaneval") adds
     HumanEval's held-out split as the set "humaneval". With a `judge`, the problems of a

@@ -1,5 +1,5 @@
 """The RLAIF policy update's building blocks, shared by the recipe (`recipes.rlaif_qwen`) and its
-worker (`recipes.rlaif_worker`): the policy with fresh LoRA, the loss handed to mlxcore.step,
+worker (`recipes.rlaif_worker`): the policy with fresh LoRA, the loss handed to mlxcore.train.step,
 frozen (no-gradient) log-probabilities and the step's batch, and the update's memory options
 (`MemoryConfig`, the recipe's `memory.*`). Each function takes the settings it reads.
 """
@@ -12,13 +12,13 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import packing
-from mlxcore import policy as pg
 from mlxcore.digest import hashed_int
 from mlxcore.fields import bounded
-from mlxcore.logprobs import gathered_logprobs
-from mlxcore.lora import LoraConfig
-from mlxcore.precision import COMPUTE_DTYPES
+from mlxcore.rl import packing
+from mlxcore.rl import policy as pg
+from mlxcore.rl.logprobs import gathered_logprobs
+from mlxcore.train.lora import LoraConfig
+from mlxcore.train.precision import COMPUTE_DTYPES
 from mlxio.errors import ConfigError
 from mlxio.run import checkpoint, distributed
 from mlxio.weights import llm, llm_lora
@@ -32,12 +32,12 @@ class MemoryConfig:
     """The update's memory options (the RLAIF recipe's `memory.*`)."""
 
     # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
-    # activations instead of `accum` of them (see mlxcore.step). Quick preset, 3 steps on 2
+    # activations instead of `accum` of them (see mlxcore.train.step). Quick preset, 3 steps on 2
     # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape, before the
     # chunked log-probs): peak 58.1 -> 29.3 GB at 2.5% lower speed
     eval_micro_batches: bool = True
     # log-probs are scored this many completion tokens at a time from the last hidden states
-    # (mlxcore.logprobs): [chunk, vocab] logits at once, never [rows, T, vocab]
+    # (mlxcore.rl.logprobs): [chunk, vocab] logits at once, never [rows, T, vocab]
     logprob_chunk: int = bounded(512, ge=1, le=1 << 20)
     # mx.checkpoint per transformer block: its activations are recomputed in the backward pass
     # (peak memory of one block's instead of all blocks', about a third more compute)
@@ -184,8 +184,8 @@ def shared_advantages(total: np.ndarray, missing: np.ndarray, prompt_ids: np.nda
 
 def make_loss(model, beta: float, clip_eps: float | None, grpo: pg.GrpoConfig, memory: MemoryConfig,
               world: distributed.World = distributed.SINGLE):
-    """loss_fn(lora, micro_batch, key) -> (loss, metrics) for mlxcore.step: the policy loss as a
-    pure function of the LoRA tree (`mlxcore.policy.policy_loss_fn` over the model's hidden
+    """loss_fn(lora, micro_batch, key) -> (loss, metrics) for mlxcore.train.step: the policy loss as a
+    pure function of the LoRA tree (`mlxcore.rl.policy.policy_loss_fn` over the model's hidden
     states and frozen LM head: log-probs at the batch's positions, no [rows, T, vocab] logits;
     `memory`: its gradient checkpointing, recomputed parts and log-prob chunk).
     On several ranks (`world`) the entropy target and clip fraction read every rank's
@@ -199,8 +199,8 @@ def frozen_logprobs(model, lora_params, tokens: mx.array, mask: np.ndarray, posi
                     chunk: int) -> mx.array:
     """Log-probs under `lora_params` without gradient, one micro-batch at a time: tokens [N, T],
     mask [N, T - 1], positions [N / micro, P] (`packing.target_positions(mask)`) -> [N, T - 1]
-    float32, 0 where mask is 0 (`mlxcore.logprobs.gathered_logprobs`). The model reads whole
-    rows, as the loss's does (`mlxcore.policy.policy_loss_fn`), so both compute the same states."""
+    float32, 0 where mask is 0 (`mlxcore.rl.logprobs.gathered_logprobs`). The model reads whole
+    rows, as the loss's does (`mlxcore.rl.policy.policy_loss_fn`), so both compute the same states."""
     hidden, head = llm_lora.hidden_states(model), llm_lora.lm_head(model)
     micro = tokens.shape[0] // positions.shape[0]
     parts = []
@@ -252,7 +252,7 @@ def build_batch(model, params, packed: dict, adv: np.ndarray, valid: np.ndarray,
     set the loss weights. drop_empty (one process only: every rank must run the same number of
     micro-batches): rows with nothing to score go last and micro-batches of them alone are not
     run; None when no row is left (no update this step). Leaves: tokens, mask, weights
-    (`mlxcore.policy.loss_weights` over the whole step: on several ranks (`world`, each with
+    (`mlxcore.rl.policy.loss_weights` over the whole step: on several ranks (`world`, each with
     its share of the step's completions) over every rank's rows, from their gathered token
     counts), positions [k, P] (`packing.target_positions`; P = `positions_width` where the
     scored tokens fit it: fixed beforehand, `mlxio.rl.shapes`), advantages, old_logp, ref_logp.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.rl.rewards import ExecutionReward
 
 # (pattern, replacement), tried in order on the canonical solution; the first that fails wins

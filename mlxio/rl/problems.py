@@ -1,5 +1,5 @@
 """Coding problems from files and the code a completion offers for them: the JSONL / HumanEval
-loaders of `mlxcore.tasks.Problem`s (errors name file:line and field), fenced-block reading
+loaders of `mlxcore.rl.tasks.Problem`s (errors name file:line and field), fenced-block reading
 and `extract_code` (the program the execution reward runs in the sandbox).
 """
 
@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio import pyparse
 from mlxio.data.lines import BadLine, check_text, decode_json_line
 from mlxio.errors import DataError

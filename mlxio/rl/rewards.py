@@ -24,9 +24,9 @@ import attrs
 import numpy as np
 
 from mlxcore.fields import bounded
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.errors import ConfigError, DataError
-from mlxio.rl.judge import CodeJudge, SandboxConfig
+from mlxio.rl.execution import CodeJudge, SandboxConfig
 from mlxio.rl.problems import defines, fenced_blocks, parses
 from mlxio.run.atomic import open_new, replace_file, run_dir
 from mlxio.sandbox import SandboxLimits, Verdict
@@ -74,7 +74,7 @@ class _OfEachCompletion:
 @attrs.frozen
 class ExecutionReward:
     """1.0 when the extracted code passes the problem's tests in the sandbox, 0.0 when it
-    fails / times out / errors, None when the judge itself failed (`mlxio.rl.judge`: the
+    fails / times out / errors, None when the judge itself failed (`mlxio.rl.execution`: the
     sandbox broke, or the problem's own tests misbehaved and its reference does not pass)."""
 
     limits: SandboxLimits = SandboxLimits()

@@ -3,7 +3,7 @@
 `generate_group` decodes G completions for each of P prompts as one batch of N = P * G
 sequences, with a sampler from `mlx_lm.sample_utils.make_sampler`. Each prompt is prefilled once
 and its KV cache handed to all G of its sequences. Two decode engines: "static"
-(`mlxio.rl.decode` over `mlxcore.decode_step`: one compiled step over a preallocated KV cache,
+(`mlxio.rl.decode` over `mlxcore.models.decode_step`: one compiled step over a preallocated KV cache,
 the same shapes every step, EOS / stops checked every 16 steps, ended rows compacted away at a
 few batch sizes with `min_decode_batch`; the default on a GPU, where it removes the per-token
 host work and shape changes that bound "batch") and "batch" (`mlx_lm.generate.BatchGenerator`: its
@@ -21,7 +21,7 @@ in 10 minutes on a fresh H100). With buckets, ended sequences stay in the batch 
 are ignored) until the live ones fit the next smaller bucket (N, then powers of two below it),
 so a run compiles a handful of batch shapes. The sampler draws only for the live rows, in their
 order, so every draw has the shape it has without buckets: the same texts for the same seed.
-Prompts are then also prefilled in power-of-two chunks (`mlxcore.buckets.prefill_chunks`): a few prefill shapes
+Prompts are then also prefilled in power-of-two chunks (`mlxcore.train.buckets.prefill_chunks`): a few prefill shapes
 for prompts of any length (the same KV cache up to float rounding).
 """
 
@@ -37,8 +37,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from mlxcore import decode_step
-from mlxcore.buckets import (
+from mlxcore.models import decode_step
+from mlxcore.train.buckets import (
     batch_ladder,
     cache_length,
     decode_buckets,
@@ -278,8 +278,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
     `prompt_width` ("static" only): prompts are prefilled left-padded to this many cached
     tokens (prompt - 1) whenever they fit, so every call has the same prefill and KV cache
     shapes (`mlxio.rl.shapes.plan`). `min_decode_batch` ("static" only): as rows end, the
-    decode batch shrinks through `mlxcore.buckets.batch_ladder(N, min_decode_batch)` (N, halving);
-    None keeps N rows to the end. Rows sample the same tokens either way (`mlxcore.decode_step.row_sampler`,
+    decode batch shrinks through `mlxcore.train.buckets.batch_ladder(N, min_decode_batch)` (N, halving);
+    None keeps N rows to the end. Rows sample the same tokens either way (`mlxcore.models.decode_step.row_sampler`,
     up to the float rounding of the forward at another batch size).
     `bucket_decode` ("batch" only): keep the decode batch at a few sizes (see the module doc);
     None: on when the default device is a GPU (where each new size compiles kernels), off on the

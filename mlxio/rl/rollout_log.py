@@ -22,7 +22,7 @@ import attrs
 import numpy as np
 
 from mlxcore.digest import hashed_int
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.errors import DataError
 from mlxio.run.atomic import append_text
 from mlxio.run.runlog import MetricsLog

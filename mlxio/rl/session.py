@@ -10,8 +10,8 @@ from pathlib import Path
 
 import attrs
 
-from mlxcore.optim import OptimConfig, make_optimizer
-from mlxcore.step import init_state, make_train_step
+from mlxcore.train.optim import OptimConfig, make_optimizer
+from mlxcore.train.step import init_state, make_train_step
 from mlxio.weights import llm, llm_lora
 
 
@@ -20,7 +20,7 @@ class Session:
     """What a training process holds between steps.
 
     policy: the frozen model (LoRA layers in place) and its tokenizer; step_fn: `(params, state,
-    batch, step_no) -> (params, state, metrics)` (mlxcore.step); params: the trained LoRA tree
+    batch, step_no) -> (params, state, metrics)` (mlxcore.train.step); params: the trained LoRA tree
     (the model is never re-pointed: the loss binds it); state: the optimizer state; run_id: what a
     checkpoint must match to be resumed; step: optimizer steps taken; claimed: run directories
     this process locked (the worker's `save` / `load`)."""

@@ -10,7 +10,7 @@ and the training prompts' lengths:
 - prefill [prompts, prompt_width]: every prompt left-padded to the longest training prompt's
   `bucket_width` (cached tokens: a prompt's last token is fed by the first decode step);
 - decode [rows, cache_slots] for rows in `decode_batches`: the rank's P x G rows, then the
-  compaction ladder (`mlxcore.buckets.batch_ladder`: halving down to `min_decode_batch`), the
+  compaction ladder (`mlxcore.train.buckets.batch_ladder`: halving down to `min_decode_batch`), the
   slots `cache_length(prompt_width, max_new_tokens)`;
 - update [micro, width, positions(width)] for width in `update_widths`: the `bucket_width`s
   from the shortest possible row (shortest prompt + 1 token) to the longest (longest prompt +
@@ -33,8 +33,8 @@ from collections.abc import Iterable
 import attrs
 import mlx.core as mx
 
-from mlxcore.buckets import batch_ladder, bucket_width, cache_length
 from mlxcore.fields import bounded
+from mlxcore.train.buckets import batch_ladder, bucket_width, cache_length
 from mlxio.errors import ConfigError
 
 
@@ -51,7 +51,7 @@ class ShapesConfig:
     # the gpu preset's 5; 1: every step at the longest possible row, one update shape)
     update_widths: int = bounded(0, ge=0, le=64)
     # the static engine's decode batch shrinks as rows end, through N, N/2, ... down to this many
-    # rows (mlxcore.buckets.batch_ladder; >= N: never), so ended rows stop costing compute
+    # rows (mlxcore.train.buckets.batch_ladder; >= N: never), so ended rows stop costing compute
     min_decode_batch: int = bounded(8, ge=1, le=65536)
     # run every listed shape once before step 1 (its compilation then falls there). None: with
     # `fixed` on a GPU

@@ -2,7 +2,7 @@
 every completion of a step is asked the teacher's verdict question ("Is the candidate solution
 correct? ... Yes or No", `mlxio.rl.verifier.verdict_prompt`) in a few padded forward passes of
 the judge (`recipes.rlaif_judge`'s base + LoRA adapter, or its base alone: the untrained judge),
-and scored P(yes) + P(neither) / 2 in [0, 1] (`mlxcore.verdict.verdict_scores`, the served
+and scored P(yes) + P(neither) / 2 in [0, 1] (`mlxcore.rl.verdict.verdict_scores`, the served
 judge's score / 10). No test runs: the judge reads the prompt and the completion only.
 
 One batched pass per step replaces one HTTP or local call per completion: a local judge reads
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.errors import ConfigError
 
 UNTRAINED = "untrained"
@@ -80,7 +80,7 @@ class VerdictJudgeReward:
         """[N] verdict scores in [0, 1] (NaN for prompts over `max_tokens`)."""
         import mlx.core as mx
 
-        from mlxcore import verdict
+        from mlxcore.rl import verdict
         from mlxio.rl import verifier
 
         tokenizer, answers, trunk, logits_fn, params = self._load()
@@ -108,8 +108,8 @@ def _load_judge(adapters: str, model: str | None, lora_cfg: dict):
     import mlx.core as mx
     from mlx.utils import tree_unflatten
 
-    from mlxcore import policy as pg
-    from mlxcore.lora import LoraConfig
+    from mlxcore.rl import policy as pg
+    from mlxcore.train.lora import LoraConfig
     from mlxio.rl import grpo, verifier
     from mlxio.weights import llm_lora
 

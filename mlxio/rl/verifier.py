@@ -3,7 +3,7 @@
 chat request), training batches of them, P(yes) under a LoRA tree, AUC per evaluation set, and
 rollouts sampled and judged in the sandbox for a user who has no logs yet (`SampleConfig`: the
 recipe's `sample.*`). The recipe that
-trains the judge is `recipes.rlaif_judge`; the pure pieces are `mlxcore.verdict`.
+trains the judge is `recipes.rlaif_judge`; the pure pieces are `mlxcore.rl.verdict`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import tasks, verdict
 from mlxcore.digest import hashed_int
 from mlxcore.fields import MAX_SEED, bounded
-from mlxcore.tasks import Problem
+from mlxcore.rl import tasks, verdict
+from mlxcore.rl.tasks import Problem
 from mlxio.errors import ConfigError
 from mlxio.rl import rollout_log
-from mlxio.rl.judge import CodeJudge
+from mlxio.rl.execution import CodeJudge
 from mlxio.rl.teacher import MIN_ANSWER_MASS, rubric_messages
 
 ANSWERS = ("Yes", "No")  # the one-token answers the judge is taught (what the chat turn starts with)
@@ -138,7 +138,7 @@ def batch_arrays(data: Encoded, idx: Sequence[int], answers: Answers) -> dict:
 
 
 def train_batch(data: Encoded, step: int, per_step: int, accum: int, answers: Answers, seed: int) -> dict:
-    """Step `step`'s balanced batch (`mlxcore.verdict.balanced_indices`: per_step / 2 passing,
+    """Step `step`'s balanced batch (`mlxcore.rl.verdict.balanced_indices`: per_step / 2 passing,
     per_step / 2 failing), leaves [accum, per_step / accum, ...], both classes alike in every
     micro-batch."""
     pos, neg = np.flatnonzero(data.labels), np.flatnonzero(~data.labels)
@@ -222,7 +222,7 @@ class SampleConfig:
 def sampling_problems(cfg: SampleConfig, heldout_families: Sequence[str]) -> list[Problem]:
     """The procedural problems to sample: training and
     held-out instances of `cfg.families`, problems of each held-out family; task ids as the
-    RLAIF recipe's (`mlxcore.tasks.build`), interleaved over templates."""
+    RLAIF recipe's (`mlxcore.rl.tasks.build`), interleaved over templates."""
     def group(fams, split, count, label):
         return [tasks.instances(f, t, lv, split, count, cfg.task_seed, label)
                 for f in fams for t in tasks.template_names(f) for lv in cfg.difficulty if count]

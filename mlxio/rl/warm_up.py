@@ -20,7 +20,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import decode_step
+from mlxcore.models import decode_step
 from mlxio.rl import decode, grpo, rollout
 from mlxio.rl.shapes import ShapePlan, update_key
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import buckets, packing
-from mlxcore import policy as pg
+from mlxcore.rl import packing
+from mlxcore.rl import policy as pg
+from mlxcore.train import buckets
 from mlxio import kernel_cache, rpc
 from mlxio.errors import CheckpointError, ConfigError, RunError
 from mlxio.redact import redact_config

@@ -26,11 +26,12 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import lora, retriever
-from mlxcore.optim import OptimConfig, make_optimizer
-from mlxcore.precision import cast_frozen
-from mlxcore.step import init_state, make_train_step
-from mlxcore.tree import combine
+from mlxcore.retrieval import objective
+from mlxcore.train import lora
+from mlxcore.train.optim import OptimConfig, make_optimizer
+from mlxcore.train.precision import cast_frozen
+from mlxcore.train.step import init_state, make_train_step
+from mlxcore.train.tree import combine
 from mlxio.errors import ConfigError, MlxioError
 from mlxio.weights.encoders import default_encoder_path, load_encoder
 from mlxio.weights.quantize import parse_rules
@@ -50,7 +51,7 @@ class ProbeSpec:
     doc_len: int = 128
     gradient_checkpointing: bool = False
     compute_dtype: str = "float32"
-    temperature: float = 0.07  # the recipe's loss config (cfg.loss; defaults as retriever.LossConfig)
+    temperature: float = 0.07  # the recipe's loss config (cfg.loss; defaults as objective.LossConfig)
     margin: float = 0.2
     margin_weight: float = 0.1
     xtr_k_train: int = 0
@@ -76,18 +77,18 @@ def build(spec: ProbeSpec):
     """(encoder spec, params, trainable predicate) as the recipe builds them, options applied."""
     encoder = load_encoder(spec.model or default_encoder_path(),
                            lora_scale=lora.LoraConfig(rank=spec.lora_rank, alpha=spec.lora_alpha).scale)
-    targets = spec.targets or retriever.DEFAULT_TARGETS[encoder.spec.kind]
+    targets = spec.targets or objective.DEFAULT_TARGETS[encoder.spec.kind]
     adapters = lora.init(mx.random.key(0), lora.target_dims(encoder.params, targets), spec.lora_rank)
     params = cast_frozen(combine(encoder.params, adapters), lora.is_lora_path, spec.compute_dtype)
-    return retriever.with_checkpointing(encoder.spec, spec.gradient_checkpointing), params, lora.is_lora_path
+    return objective.with_checkpointing(encoder.spec, spec.gradient_checkpointing), params, lora.is_lora_path
 
 
 def loss_of(spec: ProbeSpec, enc_spec):
-    """The recipe's training loss at the spec's settings (`retriever.training_loss`)."""
-    cfg = retriever.LossConfig(temperature=spec.temperature, margin=spec.margin, margin_weight=spec.margin_weight,
+    """The recipe's training loss at the spec's settings (`objective.training_loss`)."""
+    cfg = objective.LossConfig(temperature=spec.temperature, margin=spec.margin, margin_weight=spec.margin_weight,
                                xtr_k_train=spec.xtr_k_train)
     scale = lora.LoraConfig(rank=spec.lora_rank, alpha=spec.lora_alpha).scale
-    return retriever.training_loss(enc_spec, cfg, parse_rules(spec.qat, "qat"), scale)
+    return objective.training_loss(enc_spec, cfg, parse_rules(spec.qat, "qat"), scale)
 
 
 def synthetic_batch(vocab_size: int, micro_batch: int, accum: int, query_len: int, doc_len: int,

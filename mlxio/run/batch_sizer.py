@@ -26,8 +26,8 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from mlxcore.lora import LoraConfig
-from mlxcore.retriever import LossConfig
+from mlxcore.retrieval.objective import LossConfig
+from mlxcore.train.lora import LoraConfig
 from mlxio.errors import ConfigError
 from mlxio.run.runlog import write_json_atomic
 

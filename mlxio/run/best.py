@@ -19,7 +19,7 @@ from pathlib import Path
 
 import attrs
 
-from mlxcore.tree import Tree
+from mlxcore.train.tree import Tree
 from mlxio.errors import CheckpointError
 from mlxio.run import checkpoint
 from mlxio.run.atomic import run_dir

@@ -5,7 +5,7 @@ Layout of a run directory::
     run_dir/checkpoints/
         LATEST                      # one line: "step-00001200"
         step-00001200/
-            params.safetensors      # one file per tree, dotted keys (mlxcore.tree.flatten)
+            params.safetensors      # one file per tree, dotted keys (mlxcore.train.tree.flatten)
             opt_state.safetensors
             meta.json               # JSON-able meta; "step" added
             manifest.json           # SHA-256 and size of every other file, and its own hash
@@ -39,7 +39,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from mlxcore.tree import Tree, flatten, unflatten
+from mlxcore.train.tree import Tree, flatten, unflatten
 from mlxio.errors import CheckpointError, LoadError
 from mlxio.inputs import MiB, read_regular
 from mlxio.run.atomic import (  # noqa: F401  (pid_alive: re-exported)

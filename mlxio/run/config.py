@@ -492,7 +492,7 @@ def check_out_dir(path: str | Path, name: str) -> Path:
 def check_targets(targets: tuple[str, ...], layer_paths: list[str], name: str = "lora.targets",
                   where: str | None = None) -> None:
     """Every LoRA target matches at least one of the model's linear layers (`layer_paths`)."""
-    from mlxcore.lora import matches_target
+    from mlxcore.train.lora import matches_target
 
     unmatched = [t for t in targets if not any(matches_target(p, (t,)) for p in layer_paths)]
     if unmatched:

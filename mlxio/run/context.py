@@ -27,7 +27,7 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from mlxcore.tree import Tree, combine, partition
+from mlxcore.train.tree import Tree, combine, partition
 from mlxio.errors import CheckpointError, TrainingDiverged, at_least_one, cli_main
 from mlxio.redact import install_log_redaction, redact_config, redact_text
 from mlxio.run import atomic, checkpoint, distributed, memprof

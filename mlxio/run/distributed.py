@@ -28,7 +28,7 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxcore.digest import hashed_int
-from mlxcore.tree import Tree, flatten, unflatten
+from mlxcore.train.tree import Tree, flatten, unflatten
 from mlxio.errors import ConfigError, MlxioError
 
 
@@ -128,7 +128,7 @@ def all_gather(x: mx.array, world: World) -> mx.array:
 
 
 def document_gather(world: World):
-    """`gather_docs` for `mlxcore.retriever.contrastive_loss_fn`: every rank's document
+    """`gather_docs` for `mlxcore.retrieval.objective.contrastive_loss_fn`: every rank's document
     embeddings [n, T, D] (differentiable) and masks [n, T], and the global indices of this
     rank's queries' positives [n_queries]; None for one rank."""
     if world.size == 1:
@@ -155,7 +155,7 @@ def gather_np(x: np.ndarray, world: World) -> np.ndarray:
 
 
 def grad_reducer(world: World) -> Callable[[Tree], Tree] | None:
-    """`reduce_grads` for `mlxcore.step.make_train_step`: the mean of the ranks' gradients
+    """`reduce_grads` for `mlxcore.train.step.make_train_step`: the mean of the ranks' gradients
     (MLX's `nn.average_gradients`, which packs small leaves into few all-reduces); None for a
     single rank."""
     if world.size == 1:
@@ -193,7 +193,7 @@ def data_parallel_loss(loss_fn: Callable, world: World) -> Callable:
 
 
 def rank_mean(world: World) -> Callable[[mx.array], mx.array] | None:
-    """`across_ranks` for a loss (`mlxcore.policy.policy_loss`): x -> the mean of x over the
+    """`across_ranks` for a loss (`mlxcore.rl.policy.policy_loss`): x -> the mean of x over the
     ranks in value (an all-sum), this rank's x in gradient. A loss term f(mean of x) built on
     it, with its gradient averaged by `grad_reducer`, has the gradient of f over every rank's
     data: f' x (1/R) sum_r dx_r. None for a single rank."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from mlxcore.tree import Tree
+from mlxcore.train.tree import Tree
 from mlxio.redact import redact_config
 from mlxio.run import distributed, memprof, outcome
 from mlxio.run.context import check_divergence, checkpoint_due, save

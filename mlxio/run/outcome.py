@@ -11,7 +11,7 @@ log = logging.getLogger(__name__)
 
 
 def skips(opt_state: dict) -> int:
-    """Updates skipped so far (the counter `mlxcore.step` keeps in the optimizer state)."""
+    """Updates skipped so far (the counter `mlxcore.train.step` keeps in the optimizer state)."""
     return int(opt_state["skips"])
 
 

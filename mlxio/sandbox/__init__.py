@@ -51,7 +51,7 @@ Design, and what each layer stops:
    pipe (loaded, candidate loaded, call pending, reply received), so a timeout is charged to
    whoever held the clock; tests that raise something other than an assertion or the
    candidate's own exception, flood their output or hang with no call pending are
-   `judge_fault` verdicts, which `mlxio.rl.judge` settles with the problem's reference solution.
+   `judge_fault` verdicts, which `mlxio.rl.execution` settles with the problem's reference solution.
 Known limits: the judge sees return values, not side effects (a test that checks in-place
 mutation of an argument cannot pass), returned iterators/generators are refused, and
 exceptions cross as builtin types by name; these only ever turn a pass into a fail. A kernel
@@ -162,7 +162,7 @@ class Verdict:
     # "infra" because the problem's own test code misbehaved after the candidate answered
     # (hung, flooded its output, raised something other than an assertion or the
     # candidate's exception): possibly provoked by the candidate's answers. `fault_status` is
-    # the candidate's status should the tests prove sound (`mlxio.rl.judge` runs the
+    # the candidate's status should the tests prove sound (`mlxio.rl.execution` runs the
     # problem's reference solution to tell).
     judge_fault: bool = False
     fault_status: str = ""

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 import mlx.core as mx
 import numpy as np
 
-from mlxcore.encoder import token_embeddings
+from mlxcore.retrieval.encoder import token_embeddings
 from mlxio.data.token_cache import hf_tokenize, length_sorted_batches
 
 Progress = Callable[[int, int, float], None]  # (texts done, texts total, seconds elapsed)

@@ -2,7 +2,7 @@
 
 Texts are tokenised once, sorted by length and embedded in batches padded to a bucket, so a
 handful of compiled shapes serve the whole corpus and padding costs little. Ranking and fusion
-of the scores are pure (`mlxcore.ranking`); the search index's own streaming embedder is
+of the scores are pure (`mlxcore.retrieval.ranking`); the search index's own streaming embedder is
 `mlxio.search.embed`. Used by the xtr_lora recipe's evaluation and its data (pooled vectors).
 """
 
@@ -14,8 +14,8 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import retrieval
-from mlxcore.encoder import EncoderSpec, hidden_states, token_embeddings
+from mlxcore.retrieval import late_interaction
+from mlxcore.retrieval.encoder import EncoderSpec, hidden_states, token_embeddings
 from mlxio import kernel_cache
 from mlxio.data.token_cache import hf_tokenize, length_sorted_batches
 
@@ -33,7 +33,7 @@ def _mean_pooled(params: dict, ids: mx.array, mask: mx.array, spec: EncoderSpec)
     """sentence-transformers' Pooling(mean) + Normalize over the encoder's hidden states."""
     h = hidden_states(params, ids, mask, spec)
     m = mask.astype(h.dtype)[..., None]
-    return retrieval.l2_normalize((h * m).sum(1) / mx.maximum(m.sum(1), 1.0))
+    return late_interaction.l2_normalize((h * m).sum(1) / mx.maximum(m.sum(1), 1.0))
 
 
 def embed_pooled(params: dict, spec: EncoderSpec, tokenizer, texts: Sequence[str], max_length: int,
@@ -92,11 +92,11 @@ def tokens_and_pooled(hidden: Embedded) -> tuple[Embedded, np.ndarray]:
     blocks, pooled = [], np.zeros((hidden.n, 0), np.float32)
     for rows, h, mask in hidden.blocks:
         m = mask.astype(h.dtype)[..., None]
-        v = np.array(retrieval.l2_normalize((h * m).sum(1) / mx.maximum(m.sum(1), 1.0)))
+        v = np.array(late_interaction.l2_normalize((h * m).sum(1) / mx.maximum(m.sum(1), 1.0)))
         if pooled.shape[1] != v.shape[-1]:
             pooled = np.zeros((hidden.n, v.shape[-1]), np.float32)
         pooled[rows] = v
-        tokens = retrieval.l2_normalize(h)
+        tokens = late_interaction.l2_normalize(h)
         mx.eval(tokens)
         blocks.append((rows, tokens, mask))
     return Embedded(blocks=blocks, n=hidden.n), pooled
@@ -109,7 +109,7 @@ def maxsim_matrix(queries: Embedded, docs: Embedded, compiled: bool | None = Non
     from mlxio.run.reporting import progress
 
     scores = np.zeros((queries.n, docs.n), np.float32)
-    score = _maybe_compile(retrieval.maxsim, compiled)
+    score = _maybe_compile(late_interaction.maxsim, compiled)
     for q_rows, q_emb, q_mask in progress(queries.blocks, desc=desc, unit="batch", every_s=15.0):
         for d_rows, d_emb, d_mask in docs.blocks:
             block = score(q_emb, q_mask, d_emb, d_mask)

@@ -3,7 +3,7 @@ the candidates by MaxSim (semantic), fused with BM25 (hybrid), and the baselines
 compared with (BM25, the untrained encoder; cached, they do not change between runs).
 
 Embedding is I/O-free but stateful (tokenisers, batching: `mlxio.search.embeddings`); the
-metrics and the fusion are pure (`mlxcore.ranking`). Used by the xtr_lora recipe and the
+metrics and the fusion are pure (`mlxcore.retrieval.ranking`). Used by the xtr_lora recipe and the
 quantization benchmark.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from mlxcore import ranking
-from mlxcore.encoder import hidden_states
+from mlxcore.retrieval import ranking
+from mlxcore.retrieval.encoder import hidden_states
 from mlxio.data import xtr_data
 from mlxio.search import embeddings
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxcore import ranking
+from mlxcore.retrieval import ranking
 from mlxio import blas
 from mlxio.search import codec as codec_mod
 from mlxio.search import lexical, scoring, store

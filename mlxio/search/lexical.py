@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mlxcore import ranking
+from mlxcore.retrieval import ranking
 from mlxio.search.segment import Segment
 
 BM25_K1, BM25_B = 1.2, 0.75

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxcore import ranking
+from mlxcore.retrieval import ranking
 from mlxio.search import store
 from mlxio.search.codec import Codec, PQCodec, centroid_dtype
 from mlxio.search.store import IndexError_

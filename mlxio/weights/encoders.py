@@ -25,9 +25,9 @@ import numpy as np
 from tokenizers import Tokenizer
 from tokenizers.processors import TemplateProcessing
 
-from mlxcore import bert, t5
-from mlxcore.encoder import EncoderSpec
-from mlxcore.tree import unflatten
+from mlxcore.models import bert, t5
+from mlxcore.retrieval.encoder import EncoderSpec
+from mlxcore.train.tree import unflatten
 from mlxio import blas
 from mlxio.errors import LoadError
 from mlxio.inputs import MAX_MODEL_JSON_BYTES, read_regular, regular_kind

@@ -1,6 +1,6 @@
 """Export a LoRA-trained retriever: a merged Hugging Face model directory and a PEFT adapter.
 
-Merged: LoRA folded into the base weights (`mlxcore.lora.merge`, every adapter counted),
+Merged: LoRA folded into the base weights (`mlxcore.train.lora.merge`, every adapter counted),
 written as `model.safetensors` with the HF names transformers expects, beside the original
 config, tokenizer and sentence-transformers files; a projection (XTR / ColBERT) goes to a
 sentence-transformers `2_Dense/` module (`linear.weight`, bias-free, identity activation).
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlxcore import lora
-from mlxcore.tree import flatten
+from mlxcore.train import lora
+from mlxcore.train.tree import flatten
 from mlxio.errors import MlxioError
 from mlxio.run.atomic import atomic_dir
 from mlxio.weights import cards

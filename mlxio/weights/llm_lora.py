@@ -1,9 +1,9 @@
-"""LoRA on mlx-lm causal LMs with `mlxcore.lora`'s math, applied as a pure function of the LoRA tree.
+"""LoRA on mlx-lm causal LMs with `mlxcore.train.lora`'s math, applied as a pure function of the LoRA tree.
 
 The targeted linears of the last `num_layers` blocks become `LoraLinear` modules: `linear` (the
 base, float or quantised: QLoRA) + `lora_a` [in, r] + `lora_b` [r, out], mlx-lm's layout, so the
 adapters saved here load with `mlx_lm.load(base, adapter_path=dir)` and `mlx_lm fuse`. Their
-forward adds `mlxcore.lora.delta`, the retriever's LoRA term.
+forward adds `mlxcore.train.lora.delta`, the retriever's LoRA term.
 
 After loading, the model is never re-pointed. A LoRA tree (what the optimizer trains, what a
 checkpoint stores) is applied by `bind(model, lora)`, which returns a new module tree that
@@ -24,10 +24,10 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import llama, qwen2, qwen3
 from mlx_lm.models.activations import swiglu
 
-from mlxcore import lora
-from mlxcore.lora import LoraConfig, matches_target
-from mlxcore.recompute import recomputed
-from mlxcore.tree import Tree, partition
+from mlxcore.train import lora
+from mlxcore.train.lora import LoraConfig, matches_target
+from mlxcore.train.recompute import recomputed
+from mlxcore.train.tree import Tree, partition
 from mlxio.run.atomic import atomic_dir
 from mlxio.weights.llm import Policy, save_model_dir
 
@@ -35,12 +35,12 @@ _LINEAR_TYPES = (nn.Linear, nn.QuantizedLinear)
 
 
 class LoraLinear(nn.Module):
-    """`linear(x) + mlxcore.lora.delta(x, lora_a, lora_b, scale)`: [..., in] -> [..., out].
+    """`linear(x) + mlxcore.train.lora.delta(x, lora_a, lora_b, scale)`: [..., in] -> [..., out].
 
     The low-rank term is computed in the adapters' dtype (float32) and cast to x's, as mlx-lm's
     `LoRALinear` does, so half-precision activations over a quantised base keep a float32 update.
     With `recompute_delta` (set on the training view's copies, `recomputing`) the term is
-    `mlxcore.recompute.recomputed`: the backward pass keeps x, not its float32 copy
+    `mlxcore.train.recompute.recomputed`: the backward pass keeps x, not its float32 copy
     ([..., in] x 4 bytes a layer: 2 of them per attention block of a bf16 base under mx.compile).
     """
 
@@ -86,7 +86,7 @@ def lora_keys(model: nn.Module, targets: tuple[str, ...]) -> list[str]:
 
 def apply_lora(model: nn.Module, lora_cfg: LoraConfig, num_layers: int | None, key: mx.array) -> Tree:
     """Turn the targeted linears of the last `num_layers` blocks (None = all) into `LoraLinear`s
-    with adapters from `mlxcore.lora.init` (A ~ U(+-1/sqrt(in)), B = 0: the model's outputs are
+    with adapters from `mlxcore.train.lora.init` (A ~ U(+-1/sqrt(in)), B = 0: the model's outputs are
     unchanged), freeze everything but the adapters; returns the LoRA tree (the trainable leaves,
     `model.`-rooted paths as in `model.parameters()`).
 
@@ -206,7 +206,7 @@ _SWIGLU_MLPS = (llama.MLP, qwen2.MLP, qwen3.MLP)
 
 class RecomputedMLP(nn.Module):
     """An mlx-lm SwiGLU feed-forward (`_SWIGLU_MLPS`) whose product silu(g) * u is
-    `mlxcore.recompute.recomputed`: the backward pass keeps g and u, not also sigmoid(g) and
+    `mlxcore.train.recompute.recomputed`: the backward pass keeps g and u, not also sigmoid(g) and
     silu(g) (2 of 4 [rows, T, ffn] arrays a block). Same forward, same gradients."""
 
     def __init__(self, mlp: nn.Module):
@@ -336,7 +336,7 @@ def save_adapters(model: nn.Module, lora_params: Tree, lora_cfg: LoraConfig, num
 
 
 def fused_linear(layer: LoraLinear, dequantize: bool = False) -> nn.Module:
-    """The base linear with its adapter folded in by `mlxcore.lora.merge` (W + scale * (A @ B).T);
+    """The base linear with its adapter folded in by `mlxcore.train.lora.merge` (W + scale * (A @ B).T);
     a quantised base is dequantised, merged and re-quantised at its own bits and group size
     (left dequantised when `dequantize`)."""
     base = layer.linear

@@ -17,9 +17,9 @@ from pathlib import Path
 import attrs
 import mlx.core as mx
 
-from mlxcore import lora, quant
-from mlxcore.quant import QUANT_KEYS
-from mlxcore.tree import Tree, flatten, unflatten
+from mlxcore.train import lora, quant
+from mlxcore.train.quant import QUANT_KEYS
+from mlxcore.train.tree import Tree, flatten, unflatten
 from mlxio.errors import ConfigError, LoadError
 from mlxio.run.atomic import atomic_dir
 from mlxio.run.runlog import write_json_atomic
@@ -35,12 +35,12 @@ class QuantConfig:
     """Quantisation rules: fake-quantised training and the quantised export (the retriever's
     `quant.*`; `parse_rules`, `save_ptq`)."""
 
-    qat: tuple[str, ...] = ()  # rules ("*=4/64", see mlxcore.quant.parse_rule): fake-quantise while training
+    qat: tuple[str, ...] = ()  # rules ("*=4/64", see mlxcore.train.quant.parse_rule): fake-quantise while training
     ptq: tuple[str, ...] = ()  # rules: quantise the merged model after training; save it and evaluate it
 
 
 def parse_rules(texts: tuple[str, ...], field: str) -> tuple[quant.QuantRule, ...]:
-    """Quant rules from config strings ("*=4/64", see `mlxcore.quant.parse_rule`); ConfigError
+    """Quant rules from config strings ("*=4/64", see `mlxcore.train.quant.parse_rule`); ConfigError
     naming the field and the rule."""
     try:
         return tuple(quant.parse_rule(text) for text in texts)

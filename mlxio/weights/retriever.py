@@ -1,5 +1,5 @@
 """The retriever a run trains: an encoder (`mlxio.weights.encoders.load_encoder`) with LoRA
-adapters on its attention projections (`mlxcore.lora`), a trainable projection when one is
+adapters on its attention projections (`mlxcore.train.lora`), a trainable projection when one is
 asked for and the checkpoint has none, and the memory options (blocks under `mx.checkpoint`,
 the frozen base in bf16 while the float32 one is kept for evaluation and export)."""
 
@@ -10,9 +10,10 @@ import logging
 import attrs
 import mlx.core as mx
 
-from mlxcore import lora, precision, retriever
-from mlxcore.encoder import EncoderSpec, init_projection
-from mlxcore.tree import Tree, combine, count_params, flatten, partition
+from mlxcore.retrieval import objective
+from mlxcore.retrieval.encoder import EncoderSpec, init_projection
+from mlxcore.train import lora, precision
+from mlxcore.train.tree import Tree, combine, count_params, flatten, partition
 from mlxio.run import config
 from mlxio.weights.encoders import LoadedEncoder, load_encoder
 
@@ -45,7 +46,7 @@ def load_trainable(model_path: str, lora_cfg: lora.LoraConfig, *, projection_dim
     linear layer and every length in `max_lengths` ({setting name: tokens}) fits its position
     embeddings (ConfigError naming the setting)."""
     encoder = load_encoder(model_path, lora_scale=lora_cfg.scale, lora_dropout=lora_cfg.dropout)
-    targets = lora_cfg.targets or retriever.DEFAULT_TARGETS[encoder.spec.kind]
+    targets = lora_cfg.targets or objective.DEFAULT_TARGETS[encoder.spec.kind]
     config.check_targets(targets, [path[: -len(".weight")] for path, leaf in flatten(encoder.params).items()
                                    if path.endswith(".weight") and leaf.ndim == 2], where=model_path)
     max_positions = getattr(encoder.spec.model, "max_position_embeddings", None)
@@ -60,7 +61,7 @@ def load_trainable(model_path: str, lora_cfg: lora.LoraConfig, *, projection_dim
     if train_projection:
         params = combine(params, {"projection": init_projection(projection_key, encoder.spec.d_model,
                                                                 projection_dim)})
-    model = TrainableRetriever(encoder=encoder, spec=retriever.with_checkpointing(encoder.spec, gradient_checkpointing),
+    model = TrainableRetriever(encoder=encoder, spec=objective.with_checkpointing(encoder.spec, gradient_checkpointing),
                                params=params, untrained=params, targets=targets, train_projection=train_projection)
     log.info("%s encoder %s: %d params, %d trainable (LoRA r=%d on %s%s)", encoder.spec.kind, model_path,
              count_params(params), model.trainable_params, lora_cfg.rank, ",".join(targets),

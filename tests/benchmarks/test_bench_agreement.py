@@ -73,7 +73,7 @@ def test_torch_adamw_groups_match_mlx_schedule():
 
     import mlx.core as mx
 
-    from mlxcore.optim import schedule
+    from mlxcore.train.optim import schedule
 
     cfg = rm.optim_config()
     lr_at = schedule(cfg)

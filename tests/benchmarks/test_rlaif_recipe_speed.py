@@ -9,7 +9,7 @@ import json
 import pytest
 
 from benchmarks import rlaif_recipe_speed
-from mlxcore import decode_fused
+from mlxcore.models import decode_fused
 from mlxio.rl import grpo, rollout
 
 pytestmark = pytest.mark.slow

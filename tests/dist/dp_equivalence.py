@@ -34,11 +34,12 @@ if __name__ == "__main__":
 import mlx.core as mx
 import numpy as np
 
-from mlxcore import bert, lora
-from mlxcore.encoder import EncoderSpec
-from mlxcore.optim import OptimConfig, make_optimizer
-from mlxcore.step import init_state, make_train_step
-from mlxcore.tree import combine, flatten, partition, unflatten
+from mlxcore.models import bert
+from mlxcore.train import lora
+from mlxcore.retrieval.encoder import EncoderSpec
+from mlxcore.train.optim import OptimConfig, make_optimizer
+from mlxcore.train.step import init_state, make_train_step
+from mlxcore.train.tree import combine, flatten, partition, unflatten
 from mlxio.run import distributed
 
 STEPS, GLOBAL_MICRO, ACCUM = 5, 12, 2
@@ -57,7 +58,7 @@ OPTIM = OptimConfig(name="adamw", lr=1e-2, weight_decay=0.01, warmup_steps=1, to
 
 def xtr_run(world: distributed.World, mode: str) -> tuple[dict, list[float]]:
     """Final LoRA weights and per-step losses of the retriever recipe's loss and step."""
-    from mlxcore.retriever import LossConfig, contrastive_loss_fn
+    from mlxcore.retrieval.objective import LossConfig, contrastive_loss_fn
 
     cfg = bert.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                           intermediate_size=64, max_position_embeddings=32)
@@ -116,9 +117,9 @@ def rlaif_run(world: distributed.World, mode: str = "rlaif") -> tuple[dict, list
     """Final LoRA weights and per-step metrics of the RLAIF recipe's loss, batch and step."""
     import attrs
 
-    from mlxcore import packing
-    from mlxcore.lora import LoraConfig
-    from mlxcore.policy import GrpoConfig
+    from mlxcore.rl import packing
+    from mlxcore.train.lora import LoraConfig
+    from mlxcore.rl.policy import GrpoConfig
     from mlxio import kernel_cache
     from mlxio.rl import grpo
     from mlxio.weights import llm, llm_lora

@@ -30,7 +30,7 @@ def run(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess
 def test_importing_the_packages_changes_nothing():
     """Only `mlxio.runtime.setup()` sets the process up: importing mlxio, mlxcore or a recipe
     loads no BLAS, sets no variable and imports no MLX."""
-    out = run("import sys; import mlxio, mlxio.blas, mlxio.runtime, mlxcore.tasks, recipes; "
+    out = run("import sys; import mlxio, mlxio.blas, mlxio.runtime, mlxcore.rl.tasks, recipes; "
               "print(mlxio.blas.status, 'mlx.core' in sys.modules)")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["unset", "False"]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from mlxcore import cuda_jit
+from mlxcore.kernels import cuda_jit
 from mlxio import cuda_ext
 
 

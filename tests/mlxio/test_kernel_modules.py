@@ -11,9 +11,10 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.sample_utils import make_sampler
 
-from mlxcore import buckets, decode_fused, decode_step
-from mlxcore import policy as pg
-from mlxcore.lora import LoraConfig
+from mlxcore.models import decode_fused, decode_step
+from mlxcore.rl import policy as pg
+from mlxcore.train import buckets
+from mlxcore.train.lora import LoraConfig
 from mlxio import kernel_cache
 from mlxio.rl import decode, rollout
 from mlxio.weights import llm, llm_lora

@@ -325,7 +325,7 @@ def test_policy_folder_checked_at_load(name, words, model_dirs, tmp_path, capsys
 # ---------------------------------------------------------------- runs: non-finite norms, out_dir
 
 def test_an_overflowing_gradient_norm_skips_the_step():
-    from mlxcore import optim
+    from mlxcore.train import optim
 
     opt = optim.make_optimizer(optim.OptimConfig(lr=0.1, warmup_steps=0, total_steps=10))
     params = {"w": mx.ones((4,))}

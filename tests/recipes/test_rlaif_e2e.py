@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlxcore.optim import make_optimizer
-from mlxcore.step import init_state, make_train_step
+from mlxcore.train.optim import make_optimizer
+from mlxcore.train.step import init_state, make_train_step
 from mlxio.errors import CheckpointError, ConfigError, RunError, TrainingDiverged
 from mlxio.rl import grpo
 from mlxio.rl.evaluation import EvalConfig

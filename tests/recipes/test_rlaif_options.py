@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from mlxcore.policy import GrpoConfig
+from mlxcore.rl.policy import GrpoConfig
 from mlxio.errors import ConfigError
 from mlxio.rl import auto_batch, grpo
 from mlxio.run import distributed
@@ -64,7 +64,7 @@ def test_dropping_empty_micro_batches_changes_no_loss_or_gradient(loss_type):
     """Rows with nothing to score go last and micro-batches of them alone are not run: the
     step's loss and gradient are those of the full batch (not so for bnpo, whose value depends
     on how rows fall into micro-batches by its definition)."""
-    from mlxcore.step import accumulate
+    from mlxcore.train.step import accumulate
 
     cfg = attrs.evolve(SMOKE, grpo=GrpoConfig(loss_type=loss_type), clip_eps=0.2, beta=0.04,
                        train=attrs.evolve(SMOKE.train, accum=4), memory=attrs.evolve(SMOKE.memory, logprob_chunk=8))
@@ -100,8 +100,8 @@ def test_auto_batch_plan_takes_the_largest_micro_batch_that_fits(tmp_path):
     cfg = attrs.evolve(SMOKE, memory=attrs.evolve(SMOKE.memory, auto_batch=True, budget_mb=1e6))
     policy = load_policy(cfg)
     model, params = policy.model, grpo.llm_lora.lora_tree(policy.model)
-    from mlxcore.optim import make_optimizer
-    from mlxcore.step import init_state, make_train_step
+    from mlxcore.train.optim import make_optimizer
+    from mlxcore.train.step import init_state, make_train_step
 
     opt = make_optimizer(cfg.optim)
     step_fn = make_train_step(loss_fn(model, cfg), opt, jit=False, eval_micro_batches=True)

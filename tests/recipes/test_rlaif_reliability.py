@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 from killer import SLOW_FSYNC, kill_until_done
 
-from mlxcore.tree import flatten
+from mlxcore.train.tree import flatten
 from mlxio.run import checkpoint
 
 pytestmark = pytest.mark.slow

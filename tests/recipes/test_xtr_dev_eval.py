@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from mlxcore.tree import flatten
+from mlxcore.train.tree import flatten
 from mlxio.run.best import BestKeeper
 from recipes import xtr_lora
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tracking_files  # noqa: I001  (tests/ helper)
 
-from mlxcore import retrieval, retriever
-from mlxcore.encoder import token_embeddings
-from mlxcore.tree import combine, flatten
+from mlxcore.retrieval import late_interaction, objective
+from mlxcore.retrieval.encoder import token_embeddings
+from mlxcore.train.tree import combine, flatten
 from mlxio.errors import CheckpointError
 from mlxio.run import checkpoint
 from mlxio.weights.encoders import default_encoder_path, load_encoder, tokenize
@@ -62,7 +62,7 @@ def test_training_lowers_the_loss_on_training_batches(run):
     encoder = load_encoder(default_encoder_path(), lora_scale=cfg.lora.scale)
     trees, _ = final_trees(root / "full")
     trained = combine(encoder.params, trees["trainable"])
-    loss_fn = retriever.contrastive_loss_fn(encoder.spec, cfg.loss)
+    loss_fn = objective.contrastive_loss_fn(encoder.spec, cfg.loss)
     from mlxio.data import xtr_data
     train_pairs, _ = xtr_data.load_task(cfg.data, root / "cache", cfg.train.seed)
     batch = train_pairs[:16]
@@ -253,7 +253,7 @@ def test_pylate_loads_the_trained_multivector_model(run):
     d_ids, d_mask = tokenize(encoder.tokenizer, SNIPPETS, 64)
     q = token_embeddings(params, mx.array(q_ids), mx.array(q_mask), encoder.spec)
     d = token_embeddings(params, mx.array(d_ids), mx.array(d_mask), encoder.spec)
-    ours = np.array(retrieval.maxsim(q, mx.array(q_mask), d, mx.array(d_mask)))
+    ours = np.array(late_interaction.maxsim(q, mx.array(q_mask), d, mx.array(d_mask)))
     ours_sum = ours * np.asarray(q_mask).sum(1, keepdims=True)
     pq = model.encode(QUERIES, is_query=True)
     pd = model.encode(SNIPPETS, is_query=False)
@@ -270,7 +270,7 @@ def test_sentence_transformers_loads_the_single_vector_view(run):
     to the same pooling of MLX's hidden states; cosine scores agree."""
     pytest.importorskip("torch")
     st = pytest.importorskip("sentence_transformers")
-    from mlxcore.encoder import hidden_states
+    from mlxcore.retrieval.encoder import hidden_states
 
     root, _, _ = run
     model = st.SentenceTransformer(str(root / "full" / "merged"), device="cpu")

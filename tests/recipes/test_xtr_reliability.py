@@ -11,8 +11,8 @@ import mlx.core as mx
 import pytest
 from killer import SLOW_FSYNC, kill_until_done
 
-from mlxcore import retriever
-from mlxcore.tree import flatten
+from mlxcore.retrieval import objective
+from mlxcore.train.tree import flatten
 from mlxio.errors import RunError, TrainingDiverged
 from mlxio.run import checkpoint
 from recipes import xtr_lora
@@ -37,7 +37,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
     assert xtr_lora.main([*args, "--stop_after", "4"]) == {"stopped_at": 4}
     path, good, meta = checkpoint.load_latest(tmp_path / "run")
     assert meta["step"] == 4
-    real = retriever.contrastive_loss_fn
+    real = objective.contrastive_loss_fn
 
     def poisoned(*args):
         loss_fn = real(*args)
@@ -47,7 +47,7 @@ def test_non_finite_steps_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
             return loss * float("nan"), aux
         return nan_loss
 
-    monkeypatch.setattr(retriever, "contrastive_loss_fn", poisoned)
+    monkeypatch.setattr(objective, "contrastive_loss_fn", poisoned)
     with pytest.raises(TrainingDiverged, match="step 7: 3 non-finite steps in a row"):
         xtr_lora.main([*args, "--resume"])
     after_path, after, after_meta = checkpoint.load_latest(tmp_path / "run")

@@ -1,5 +1,5 @@
 """False-negative-aware hard-negative mining (mlxio/data/hard_negatives.py): MaxSim over padded
-float16 tokens against MLX's `retrieval.maxsim` (atol 1e-5 on the same float16 values); the
+float16 tokens against MLX's `late_interaction.maxsim` (atol 1e-5 on the same float16 values); the
 MaxSim miner against brute force; the guard's rank window and margins (sentence-transformers'
 `mine_hard_negatives` semantics: a candidate above (1 - relative margin) x the positive's score
 or within the absolute margin of it goes); and the whole path with a planted false negative."""
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxcore import retrieval
+from mlxcore.retrieval import late_interaction
 from mlxio.data import hard_negatives, pairs, xtr_data
 
 
@@ -32,7 +32,7 @@ def test_maxsim_matches_mlx(seed, n, tq, td):
     cands = rng.permutation(n)[:int(rng.integers(1, n + 1))]
     got = hard_negatives.maxsim(q, 0, d, cands)
     mask = lambda t: mx.array(np.arange(t.vectors.shape[1])[None, :] < t.lengths[:, None])  # noqa: E731
-    want = retrieval.maxsim(mx.array(q.vectors[:1].astype(np.float32)), mask(q)[:1],
+    want = late_interaction.maxsim(mx.array(q.vectors[:1].astype(np.float32)), mask(q)[:1],
                             mx.array(d.vectors.astype(np.float32)), mask(d))
     np.testing.assert_allclose(got, np.array(want)[0, cands], atol=1e-5)
 

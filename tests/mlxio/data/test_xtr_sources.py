@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxcore import retrieval
+from mlxcore.retrieval import late_interaction
 from mlxio.data import hard_negatives, pairs, pairs_jsonl, pypi_sources, xtr_data, xtr_tokens
 from mlxio.errors import DataError
 
@@ -225,21 +225,21 @@ def test_zero_hard_negatives_is_todays_loss_exactly(bq, extra_docs, tq, td, k_tr
     q_mask = mx.array(rng.random((bq, tq)) < 0.8) | (mx.arange(tq) == 0)[None]
     d_mask = mx.array(rng.random((bd, td)) < 0.8) | (mx.arange(td) == 0)[None]
     if k_train:
-        scores = retrieval.xtr_scores(q, q_mask, d, d_mask, k_train)
+        scores = late_interaction.xtr_scores(q, q_mask, d, d_mask, k_train)
     else:
-        scores = retrieval.maxsim(q, q_mask, d, d_mask)
+        scores = late_interaction.maxsim(q, q_mask, d, d_mask)
     if bd < 2:
         return
-    today, parts = retrieval.contrastive_loss(scores)
+    today, parts = late_interaction.contrastive_loss(scores)
     empty, empty_mask = mx.zeros((0, 3, dim)), mx.zeros((0, 3), mx.bool_)
-    loss, parts_hn = retrieval.hard_negative_loss(q, q_mask, d, d_mask, empty, empty_mask, xtr_k_train=k_train)
+    loss, parts_hn = late_interaction.hard_negative_loss(q, q_mask, d, d_mask, empty, empty_mask, xtr_k_train=k_train)
     assert loss.item() == today.item()
     assert parts_hn["info_nce"].item() == parts["info_nce"].item()
     # with negatives: the same as today's loss over documents + negatives as extra columns
     neg, neg_mask = _unit(rng, (2 * bq, td + 2, dim)), mx.ones((2 * bq, td + 2), mx.bool_)
-    loss_n, _ = retrieval.hard_negative_loss(q, q_mask, d, d_mask, neg, neg_mask)
-    ref = mx.concatenate([retrieval.maxsim(q, q_mask, d, d_mask), retrieval.maxsim(q, q_mask, neg, neg_mask)], 1)
-    assert abs(loss_n.item() - retrieval.contrastive_loss(ref)[0].item()) < 1e-4
+    loss_n, _ = late_interaction.hard_negative_loss(q, q_mask, d, d_mask, neg, neg_mask)
+    ref = mx.concatenate([late_interaction.maxsim(q, q_mask, d, d_mask), late_interaction.maxsim(q, q_mask, neg, neg_mask)], 1)
+    assert abs(loss_n.item() - late_interaction.contrastive_loss(ref)[0].item()) < 1e-4
     assert loss_n.item() >= 0.0
 
 
@@ -266,7 +266,7 @@ def test_tokens_in_text_order_and_pooled_over_real_tokens():
 
 
 def test_one_forward_gives_token_embeddings_and_the_single_vector_view():
-    from mlxcore.encoder import hidden_states
+    from mlxcore.retrieval.encoder import hidden_states
     from mlxio.search import embeddings
     from mlxio.weights.encoders import default_encoder_path, load_encoder
 

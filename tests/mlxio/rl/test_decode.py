@@ -1,4 +1,4 @@
-"""The "static" decode engine (mlxio.rl.decode's host loop over mlxcore.decode_step's compiled
+"""The "static" decode engine (mlxio.rl.decode's host loop over mlxcore.models.decode_step's compiled
 fixed-shape step, EOS / stops checked every few steps) against mlx-lm's BatchGenerator ("batch"): greedy token identity on tiny
 random llama / qwen2 (left-padded prompts of different lengths, EOS mid-way, stop strings,
 LoRA on a 4-bit base), valid sampled tokens, and one trace of the step per call."""
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
-from mlxcore import decode_fused, decode_step
-from mlxcore.lora import LoraConfig
-from mlxcore.packing import completion_logprobs
+from mlxcore.models import decode_fused, decode_step
+from mlxcore.rl.packing import completion_logprobs
+from mlxcore.train.lora import LoraConfig
 from mlxio.rl import decode
 from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm, llm_lora

@@ -4,7 +4,7 @@
 import attrs
 import pytest
 
-from mlxcore import tasks
+from mlxcore.rl import tasks
 from mlxio.errors import ConfigError
 from mlxio.rl.evaluation import DataConfig, load_problems, validate_data
 from recipes import rlaif_qwen as rq  # the recipe's command line (its data checks)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio import sandbox
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl.problems import extract_code, load_humaneval, load_problems_jsonl

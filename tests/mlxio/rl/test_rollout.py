@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
-from mlxcore.lora import LoraConfig
-from mlxcore.packing import completion_logprobs
+from mlxcore.rl.packing import completion_logprobs
+from mlxcore.train.lora import LoraConfig
 from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm, llm_lora
 

@@ -1,11 +1,11 @@
 """Decode batch buckets (issue 19 item 2a): with `bucket_decode` the decode batch only takes the
-sizes of `mlxcore.buckets.decode_buckets(N)`, and the completions are exactly those of mlx-lm's shrinking batch
+sizes of `mlxcore.train.buckets.decode_buckets(N)`, and the completions are exactly those of mlx-lm's shrinking batch
 for the same seed (the sampler draws for the live rows only)."""
 
 import numpy as np
 import pytest
 
-from mlxcore.buckets import decode_buckets
+from mlxcore.train.buckets import decode_buckets
 from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm
 

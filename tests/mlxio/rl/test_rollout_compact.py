@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.sample_utils import make_sampler
 
-from mlxcore import buckets, decode_step
+from mlxcore.models import decode_step
+from mlxcore.train import buckets
 from mlxio.rl import decode, rollout
 from mlxio.rl.rollout import generate_group
 from mlxio.weights import llm

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxcore.packing import completion_logprobs
-from mlxcore.tasks import Problem
+from mlxcore.rl.packing import completion_logprobs
+from mlxcore.rl.tasks import Problem
 from mlxio.rl import rollout
 from mlxio.rl.evaluation import human_eval_completion
 from mlxio.rl.problems import code_block_end, extract_code, fenced_blocks

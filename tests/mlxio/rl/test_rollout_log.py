@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.errors import DataError
 from mlxio.rl import rollout_log
 from mlxio.rl.rollout_log import Judged, RolloutLog

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxcore import buckets, packing
+from mlxcore.rl import packing
+from mlxcore.train import buckets
 from mlxio.rl import grpo, shapes
 from mlxio.rl.rollout import generate_group
 from mlxio.rl.shapes import ShapesConfig

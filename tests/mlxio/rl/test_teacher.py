@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.rl.local_teacher import LocalJudge
 from mlxio.rl.review_score import parse_score
 from mlxio.rl.rewards import AIFeedbackReward, RewardCache, combine_rewards

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.rl.local_teacher import MlxLmServer
 from mlxio.rl.rewards import AIFeedbackReward, RewardCache, combine_rewards
 from mlxio.rl.teacher import HttpJudge

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.errors import ConfigError, LoadError
-from mlxio.rl.judge import SandboxConfig
+from mlxio.rl.execution import SandboxConfig
 from mlxio.rl.rewards import RewardConfig, TeacherConfig, from_config
 from mlxio.rl.verdict_reward import UNTRAINED, VerdictJudgeReward, adapter_config
 from recipes.rlaif_config import Config, reward_fns

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxcore.lora import LoraConfig
-from mlxcore.tree import map_leaves
+from mlxcore.train.lora import LoraConfig
+from mlxcore.train.tree import map_leaves
 from mlxio.errors import ConfigError
 from mlxio.rl import verifier
 from mlxio.rl.rollout_log import Judged

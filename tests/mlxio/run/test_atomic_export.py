@@ -14,7 +14,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from mlxcore.lora import LoraConfig
+from mlxcore.train.lora import LoraConfig
 from mlxio.errors import DiskError
 from mlxio.run.atomic import atomic_dir
 from mlxio.weights import export, llm, llm_lora
@@ -94,8 +94,8 @@ def _half_then_enospc(real):
 
 
 def test_simulated_enospc_in_merged_and_peft_export(encoder, tmp_path, monkeypatch):
-    from mlxcore import lora
-    from mlxcore.tree import combine
+    from mlxcore.train import lora
+    from mlxcore.train.tree import combine
 
     dims = lora.target_dims(encoder.params, ("query", "value"))
     params = combine(encoder.params, lora.init(mx.random.key(0), dims, 4))

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxcore import retriever
-from mlxcore.optim import OptimConfig, make_optimizer
-from mlxcore.step import init_state, make_train_step
+from mlxcore.retrieval import objective
+from mlxcore.train.optim import OptimConfig, make_optimizer
+from mlxcore.train.step import init_state, make_train_step
 from mlxio.errors import ConfigError
 from mlxio.run import batch_probe, batch_sizer
 from mlxio.run.batch_sizer import Probe
@@ -123,7 +123,7 @@ def test_lowering_the_budget_shrinks_the_batch_and_the_trainer_survives():
     # train here at the chosen split of the same effective batch: peak stays within budget
     enc_spec, params, trainable = batch_probe.build(batch_probe.ProbeSpec(micro_batch=plan.micro_batch, **SPEC))
     optimizer = make_optimizer(OptimConfig(lr=1e-4, warmup_steps=1, total_steps=4))
-    step = make_train_step(retriever.contrastive_loss_fn(enc_spec), optimizer, trainable=trainable)
+    step = make_train_step(objective.contrastive_loss_fn(enc_spec), optimizer, trainable=trainable)
     opt_state = init_state(optimizer, params, trainable)
     full = batch_probe.synthetic_batch(enc_spec.model.vocab_size, EFFECTIVE, 1, SPEC["query_len"], SPEC["doc_len"])
     batch = batch_sizer.split_batch(full, plan.micro_batch)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxcore.tree import flatten
+from mlxcore.train.tree import flatten
 from mlxio.run.best import BestKeeper
 
 

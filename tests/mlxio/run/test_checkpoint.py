@@ -95,7 +95,7 @@ def test_save_load_identity(params, opt, step):
 
 
 def test_optimizer_state_round_trip(tmp_path):
-    from mlxcore.optim import OptimConfig, make_optimizer
+    from mlxcore.train.optim import OptimConfig, make_optimizer
     params = {"layers": [{"w": mx.ones((3, 2))}]}
     opt = make_optimizer(OptimConfig())
     state = opt.init(params)

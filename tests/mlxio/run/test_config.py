@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxcore.lora import LoraConfig
-from mlxcore.optim import OptimConfig
+from mlxcore.train.lora import LoraConfig
+from mlxcore.train.optim import OptimConfig
 from mlxio.errors import ConfigError
 from mlxio.run import config, flags
 

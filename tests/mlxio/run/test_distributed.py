@@ -180,7 +180,7 @@ def test_sharded_positions_stay_global():
 def test_xtr_recipe_resumes_on_another_rank_count(tmp_path):
     """Steps 1-2 on one process, 3-4 on two launched ranks == steps 1-4 on one process; rank 0
     alone writes (one metrics line per step, one checkpoint per save)."""
-    from mlxcore.tree import flatten
+    from mlxcore.train.tree import flatten
     from mlxio.run import checkpoint
     from recipes import xtr_lora
 
@@ -217,7 +217,7 @@ def test_rlaif_rank_share_splits_prompts_or_groups():
 
 
 def test_rlaif_batch_drops_empty_micro_batches_on_one_rank_only():
-    from mlxcore.policy import GrpoConfig
+    from mlxcore.rl.policy import GrpoConfig
     from mlxio.rl import grpo
 
     with pytest.raises(ValueError, match="drop_empty: one process only"):

@@ -3,7 +3,7 @@
 import mlx.core as mx
 import pytest
 
-from mlxcore.encoder import token_embeddings
+from mlxcore.retrieval.encoder import token_embeddings
 from mlxio.search import embeddings
 from mlxio.weights.encoders import default_encoder_path, load_encoder
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_search_index import META, FakeEmbed, _write_sources  # tests/ helpers
 
-from mlxcore import ranking
+from mlxcore.retrieval import ranking
 from mlxio.search import build, lexical, scoring
 from mlxio.search import index as index_mod
 from mlxio.search.index import Index, SearchArgumentError

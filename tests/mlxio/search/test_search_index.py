@@ -13,7 +13,7 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from mlxcore import ranking
+from mlxcore.retrieval import ranking
 from mlxio.errors import DataError
 from mlxio.search import build, codec, store
 from mlxio.search.index import (
@@ -820,7 +820,7 @@ def test_old_format_index_is_refused_with_one_line_and_rebuilt(tmp_path, caplog)
 
 
 def test_bm25_uses_the_evaluation_terms(tmp_path):
-    """The index's BM25 scores equal mlxcore.ranking's evaluation BM25 (doc_terms over the
+    """The index's BM25 scores equal mlxcore.retrieval.ranking's evaluation BM25 (doc_terms over the
     documents, query_terms of the query: stemmed plurals, no stop words)."""
     src, idx = tmp_path / "src", tmp_path / "idx"
     _write_sources(src)

@@ -13,8 +13,8 @@ from tokenizers.implementations import BertWordPieceTokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
-from mlxcore.encoder import hidden_states, token_embeddings
-from mlxcore.tree import flatten
+from mlxcore.retrieval.encoder import hidden_states, token_embeddings
+from mlxcore.train.tree import flatten
 from mlxio.errors import LoadError
 from mlxio.weights.encoders import default_encoder_path, load_encoder, tokenize
 

@@ -10,7 +10,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm import generate
 from mlx_lm.utils import load as mlx_lm_load
 
-from mlxcore.lora import LoraConfig
+from mlxcore.train.lora import LoraConfig
 from mlxio.weights import import_gguf, llm, llm_lora
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.utils import load as mlx_lm_load
 
-from mlxcore.lora import LoraConfig
+from mlxcore.train.lora import LoraConfig
 from mlxio.errors import LoadError
 from mlxio.weights import gguf_llm, llm, llm_lora
 

@@ -1,5 +1,5 @@
 """`memory.recompute`: parts of each block recomputed in the backward pass
-(`mlxio.weights.llm_lora.recomputing`, `mlxcore.recompute.recomputed`) give the same hidden
+(`mlxio.weights.llm_lora.recomputing`, `mlxcore.train.recompute.recomputed`) give the same hidden
 states and LoRA gradients and keep less alive; unknown parts are refused."""
 
 import mlx.core as mx
@@ -7,11 +7,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
-
-from mlxcore.lora import LoraConfig
-from mlxcore.recompute import recomputed
-from mlxio.weights import llm, llm_lora
 from tests.mlxcore.test_memory_options import live_peak
+
+from mlxcore.train.lora import LoraConfig
+from mlxcore.train.recompute import recomputed
+from mlxio.weights import llm, llm_lora
 
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
 

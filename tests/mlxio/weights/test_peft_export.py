@@ -11,9 +11,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcore import lora
-from mlxcore.encoder import token_embeddings
-from mlxcore.tree import combine, flatten, unflatten
+from mlxcore.retrieval.encoder import token_embeddings
+from mlxcore.train import lora
+from mlxcore.train.tree import combine, flatten, unflatten
 from mlxio.weights import export
 from mlxio.weights.encoders import default_encoder_path, load_encoder, tokenize
 
