@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from benchmarks.common import write_result
-from mlxcore import verdict
+from mlxcore.rl import verdict
 from mlxio.rl.verdict_reward import UNTRAINED, VerdictJudgeReward
 
 

@@ -4,10 +4,10 @@
 //   matmul_relu_aux(a [M, K], w [N, K]) -> [relu(a @ w^T) [M, N], bits [M, N / 8] uint8]
 //
 // T5's feed-forward is wo(relu(wi(x))): its wi GEMM writes relu(.) and the bits in one pass, in
-// place of a GEMM and a ReLU kernel (`mlxcore.ffn_cuda`). The bits are cuBLASLt's
+// place of a GEMM and a ReLU kernel (`mlxcore.kernels.ffn_cuda`). The bits are cuBLASLt's
 // (CUBLASLT_EPILOGUE_RELU_AUX): one per element of the column-major N x M result, i.e.
 // row-major [M, N] with element 8 v + i in bit i of byte v, N a multiple of 128 - the layout of
-// `mlxcore.relu_cuda`'s bits, whose backward kernel reads them. (cuBLASLt's DRELU epilogue for
+// `mlxcore.kernels.relu_cuda`'s bits, whose backward kernel reads them. (cuBLASLt's DRELU epilogue for
 // the backward GEMM was measured and dropped: on the H100 it runs as a separate 640 us kernel
 // after the GEMM, against 138 us for relu_cuda's; benchmarks/results/h100/session13.)
 //
