@@ -27,9 +27,9 @@ KERNELS = ("Sandybridge", "Haswell", "Zen", "SkylakeX")
 # the tests that compare products computed in different shapes (batched and alone, chunked and
 # whole, T and T - 1 rows) or against float64 references; pass others as arguments
 # (all of tests/mlxcore took over 100 minutes a kernel set on the shared 2-core machine)
-NUMERIC_TESTS = ["tests/mlxio/search", "tests/mlxcore/test_policy_purity.py", "tests/mlxcore/test_retrieval.py",
-                 "tests/mlxcore/test_maxsim_dtype.py", "tests/mlxcore/test_ranking.py", "tests/mlxcore/test_core.py",
-                 "tests/mlxcore/test_lora_linear.py", "tests/mlxcore/test_logprobs.py"]
+NUMERIC_TESTS = ["tests/mlxio/search", "tests/mlxcore/rl/test_policy_purity.py", "tests/mlxcore/retrieval/test_late_interaction.py",
+                 "tests/mlxcore/retrieval/test_maxsim_dtype.py", "tests/mlxcore/retrieval/test_ranking.py", "tests/mlxcore/train/test_core.py",
+                 "tests/mlxcore/train/test_lora_linear.py", "tests/mlxcore/rl/test_logprobs.py"]
 REPORT_KERNELS = """
 import json, threadpoolctl
 from mlxio.runtime import setup
