@@ -1,8 +1,9 @@
 """Index a code base with a trained (or any) multi-vector encoder and search it.
 
     python -m recipes.code_search index SRC --model MODEL_DIR --index INDEX_DIR
-        SRC: a folder of Python files (every non-trivial function is indexed) or a corpus JSONL
-        of {"id": str, "code": str} lines. MODEL_DIR: e.g. runs/xtr_lora/merged (exported by
+        SRC: a folder of source files (every non-trivial function of its Python, JavaScript,
+        TypeScript, Go, Rust and Java files is indexed) or a corpus JSONL of {"id": str, "code":
+        str} lines. MODEL_DIR: e.g. runs/xtr_lora/merged (exported by
         recipes.xtr_lora) or any encoder directory / hub id that recipes.xtr_lora accepts.
         Run again on the same INDEX_DIR to update it: only files whose content changed are
         re-embedded (into a small new segment; their old documents are tombstoned), deleted ones
@@ -12,6 +13,9 @@
     python -m recipes.code_search search --index INDEX_DIR --queries Q.jsonl --output R.jsonl
         Q.jsonl lines: {"id": str, "query": str}; R.jsonl lines: {"query_id", "doc_ids"} (best first).
     python -m recipes.code_search verify --index INDEX_DIR     (full SHA-256 check of every file)
+    python -m recipes.code_search serve --index INDEX_DIR [--watch SRC] [--transport stdio|http --port N]
+        An MCP server for coding agents (tools search, index_status, reindex; docs/code-search.md
+        has the agent configuration); --watch SRC re-indexes files as they are saved.
 
 The index is compressed (ColBERTv2-style centroid + a product-quantised, PCA-rotated residual:
 66 bytes per 384-dim token; --codec 1bit/2bit/4bit for the scalar residual), memory-mapped, and
@@ -32,6 +36,7 @@ if __name__ == "__main__":
     setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -47,6 +52,7 @@ from mlxio.search import build as search_build
 from mlxio.search.index import FUSIONS, Index
 from mlxio.search.searcher import build_index, search
 
+log = logging.getLogger("code_search")
 PROG = "python -m recipes.code_search"
 MODES = ("semantic", "bm25", "hybrid")
 # backstops: the encoder's max_position_embeddings and the memory budget refuse far less (checked at load)
@@ -115,6 +121,8 @@ def make_parser() -> argparse.ArgumentParser:
                        help="also merge every segment into one (updates add small segments and tombstones)")
     index.add_argument("--alpha", type=_unit_float, help="store this hybrid semantic weight")
     index.add_argument("--fusion-from", type=Path, help="eval.json of the training run (default: MODEL/../eval.json)")
+    index.add_argument("--pool-factor", type=at_least_one("a pool factor", 64), default=1,
+                       help="keep about 1/N of each function's token vectors (clustered, as PyLate's pool_factor)")
     index.add_argument("--no-progress", action="store_true")
     find = sub.add_parser("search", help="search an index", allow_abbrev=False)
     find.add_argument("query", nargs="?", help="one query (prints ranked results)")
@@ -128,6 +136,17 @@ def make_parser() -> argparse.ArgumentParser:
                       help="documents re-ranked by MaxSim")
     find.add_argument("--queries", type=Path, help="JSONL of {id, query}")
     find.add_argument("--output", type=Path, help="rankings JSONL (with --queries)")
+    serve = sub.add_parser("serve", help="serve the index to coding agents over MCP (stdio or streamable HTTP)",
+                           allow_abbrev=False)
+    serve.add_argument("--index", type=Path, required=True)
+    serve.add_argument("--watch", type=Path, metavar="SRC",
+                       help="keep the index fresh: re-index SRC's changed files as they are saved")
+    serve.add_argument("--model", help="encoder to build the index with when --index holds none yet (with --watch)")
+    serve.add_argument("--pool-factor", type=at_least_one("a pool factor", 64), default=1,
+                       help="with --model: pool each function's token vectors (as `index --pool-factor`)")
+    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="http: address to listen on")
+    serve.add_argument("--port", type=at_least_one("a port", 65535), default=8765, help="http: port (path /mcp)")
     check = sub.add_parser("verify", help="check every index file against the manifest (full SHA-256)",
                            allow_abbrev=False)
     check.add_argument("--index", type=Path, required=True)
@@ -137,14 +156,14 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = make_parser()
     args = parser.parse_args(argv)
-    for name in ("index", "source", "output", "queries", "fusion_from"):  # before anything loads or is created
+    for name in ("index", "source", "output", "queries", "fusion_from", "watch"):  # before anything loads or is created
         if getattr(args, name, None) is not None:
             check_path_text(getattr(args, name), name, "SOURCE" if name == "source" else "--" + name.replace("_", "-"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if args.command == "index":
         report = build_index(args.source, args.model, args.index, args.max_doc_len, args.batch_size,
                              args.max_query_len, args.codec, args.rebuild, args.alpha, args.fusion_from,
-                             progress=not args.no_progress, compact=args.compact)
+                             progress=not args.no_progress, compact=args.compact, pool_factor=args.pool_factor)
         if report.rebuilt_because:
             print(f"rebuilt from scratch: {report.rebuilt_because}")
         print(f"indexed {report.documents} documents into {args.index} ({report.embedded} embedded, "
@@ -154,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
         if report.skipped:  # never silent: a file left out is named in the log and counted here
             print(f"skipped {sum(report.skipped.values())} source files: "
                   + ", ".join(f"{n} {why}" for why, n in sorted(report.skipped.items())))
+        return
+    if args.command == "serve":
+        _serve(args)
         return
     if args.command == "verify":
         idx = Index(args.index, full_hashes=True)
@@ -188,6 +210,26 @@ def main(argv: list[str] | None = None) -> None:
         doc = idx.record(i)
         snippet = next((ln.strip() for ln in doc["code"].splitlines() if ln.strip()), "")
         print(f"{rank:2d}. {doc['path']}:{doc['line']} {doc['name']}  ({score:.3f})\n      {snippet[:100]}")
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """Load the index and its encoder once, start watching, then serve until the client goes."""
+    from mlxio.search import mcp_server
+    from mlxio.search.live import open_live
+
+    if args.watch is not None and not args.watch.is_dir():
+        raise DataError(f"--watch {args.watch}: not a folder; give the source folder the index was built from")
+    with contextlib.redirect_stdout(sys.stderr):  # stdio: stdout carries the protocol alone
+        live = open_live(args.index, args.watch, args.model, args.pool_factor)
+        if args.watch is not None:
+            live.start_watching()
+    status = live.status()
+    log.info("serving %s (%d functions, model %s)%s over %s", args.index, status["documents"], status["model"],
+             f", watching {args.watch}" if args.watch is not None else "", args.transport)
+    try:
+        mcp_server.serve(live, args.transport, args.host, args.port)
+    finally:
+        live.stop()
 
 
 def cli(argv: list[str] | None = None) -> int:

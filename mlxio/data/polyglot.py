@@ -118,6 +118,8 @@ def _walk(node, prefix: str, language: str, lines: list[str], out: list[Function
                 _add(child, value, prefix, language, lines, out)
         elif kind in _SCOPES:
             name = child.child_by_field_name("name") or child.child_by_field_name("type")
+            while name is not None and name.type in ("generic_type", "scoped_type_identifier"):
+                name = name.child_by_field_name("type") or name.child_by_field_name("name")  # Foo<T> -> Foo
             scope = f"{prefix}{_text(name)}." if name is not None else prefix
             body = child.child_by_field_name("body")
             _walk(body if body is not None else child, scope, language, lines, out)

@@ -241,7 +241,8 @@ def open_compatible(index_dir: Path, meta: dict, codec: str, kind: str, why: lis
             why.append(f"the existing index is unusable ({str(err)[:200]})")
         return None
     m = old.manifest
-    wanted = {**{k: meta.get(k) for k in ("model", "model_digest", "max_doc_len", "dim")}, "units_kind": kind,
+    wanted = {**{k: meta.get(k) for k in ("model", "model_digest", "max_doc_len", "dim", "pool_factor")},
+              "units_kind": kind,
               "codec": codec_mod.canonical_name(codec, int(meta["dim"]))}
     changed = [f"{k} {str(m.get(k))[:16]!r} -> {str(v)[:16]!r}" for k, v in wanted.items() if m.get(k) != v]
     if changed:

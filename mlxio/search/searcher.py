@@ -4,6 +4,7 @@ queries (`recipes.code_search` is the command line over both)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -14,6 +15,7 @@ import numpy as np
 from mlxio.errors import ConfigError, DataError
 from mlxio.run import budget
 from mlxio.search import build as search_build
+from mlxio.search import pooling
 from mlxio.search.embed import Embedder, assign_on_device, encode_on_device
 from mlxio.search.index import Index, SearchArgumentError, check_args
 from mlxio.search.store import IndexError_
@@ -51,13 +53,16 @@ def progress_bar(desc: str):
 
 def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 256, batch_size: int = 32,
                 max_query_len: int = 32, codec: str = search_build.DEFAULT_CODEC, rebuild: bool = False, alpha: float | None = None,
-                fusion_from: Path | None = None, progress: bool = True, compact: bool = False
-                ) -> search_build.Report:
-    """Index (or update the index of) `source` (`compact`: merge its segments into one);
-    returns what was done."""
+                fusion_from: Path | None = None, progress: bool = True, compact: bool = False,
+                pool_factor: int = 1, encoder=None, embed_lock=None) -> search_build.Report:
+    """Index (or update the index of) `source` (`compact`: merge its segments into one;
+    `pool_factor` > 1: each document's token vectors pooled to about 1 / pool_factor of them,
+    `mlxio.search.pooling`); returns what was done. `encoder`: `model` already loaded (a
+    server that keeps its index fresh loads it once); `embed_lock`: held around each batch of
+    embedding (the server's queries use the same encoder from other threads)."""
     if not source.exists():
-        raise DataError(f"{source}: no such file or folder; give a folder of .py files or a corpus JSONL")
-    encoder = load_encoder(model)
+        raise DataError(f"{source}: no such file or folder; give a folder of source files or a corpus JSONL")
+    encoder = load_encoder(model) if encoder is None else encoder
     check_lengths(encoder, {"--max-doc-len": max_doc_len, "--max-query-len": max_query_len}, model)
     budget.check_encoder(encoder.spec.model, batch_size, max_doc_len, "max-doc-len", max_doc_len, backward=False,
                          where=str(model), fix="lower --max-doc-len or --batch-size")
@@ -68,8 +73,10 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
     log.info("embedding on %s (MLX default device)", mx.default_device())
 
     def embed(texts, report):
-        return embedder.embed(texts, progress=report)
+        with embed_lock if embed_lock is not None else contextlib.nullcontext():
+            return embedder.embed(texts, progress=report)
 
+    embed = pooling.pooled(embed, pool_factor)
     if alpha is not None:
         fusion = {"alpha": alpha, "source": "--alpha at index time"}
     elif fusion_from is not None:
@@ -78,6 +85,8 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
         fusion = search_build.default_fusion(model)
     meta = {"model": model_id, "model_digest": model_digest(encoder.path), "max_doc_len": max_doc_len,
             "max_query_len": max_query_len, "dim": embedder.dim}
+    if pool_factor > 1:  # recorded only when used: indexes built before pooling existed stay compatible
+        meta["pool_factor"] = pool_factor
     on_gpu = mx.default_device() == mx.gpu
     return search_build.update(source, index_dir, embed, meta, codec=codec, rebuild=rebuild, compact=compact,
                                fusion=fusion, progress=progress_bar("embedding") if progress else None,

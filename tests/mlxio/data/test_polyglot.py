@@ -78,7 +78,7 @@ pub fn count_words(line: &str) -> usize {
     words.count()
 }
 
-impl Stack {
+impl<T: Clone> Stack<T> {
     /** Pop the top item off the stack. */
     fn pop(&mut self) -> Option<i32> {
         let top = self.items.pop();

@@ -1,0 +1,143 @@
+"""Code search per language on held-out packages, and what token pooling does to the index:
+each language's documented functions (`mlxio.data.package_sources.HELDOUT`: PyPI, npm and
+Debian packages, mined by `mlxio.data.pairs` with tree-sitter beyond Python) are indexed as
+`code_search index` does (pq codec), then searched by their doc comments' first sentences.
+
+    python -m benchmarks.search_languages [--model DIR] [--languages python,go] [--pool_factors 1,2,3]
+        [--max_queries 200] [--max_candidates 1000] [--cache_dir runs/cache] [--work runs/bench_languages]
+
+Per language: MRR@10, P@1 and Recall@10 of the index's semantic, BM25 and hybrid (RRF) rankings
+with --model (default: the embedded all-MiniLM-L6-v2), the queries and candidates (every
+documented function of the packages, then their undocumented ones, topped up with their short
+ones, a seeded sample of --max_candidates kept with every query's positive: `pairs.eval_set`
+with every file held out), and each package's licence.
+With several --pool_factors, an index per factor from the same document vectors
+(`mlxio.search.pooling`): its bytes (all files, and the token payload alone) and its semantic
+MRR@10. Writes benchmarks/results/<machine>/search_languages.json (--out to override).
+"""
+
+from __future__ import annotations
+
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import write_result
+from mlxio.data import package_sources, pairs, polyglot
+from mlxio.search import build, store
+from mlxio.search.embed import Embedder
+from mlxio.search.index import Index
+from mlxio.search.pooling import pooled
+from mlxio.weights.encoders import default_encoder_path, load_encoder, model_digest
+
+MODES = (("semantic", "interp"), ("bm25", "interp"), ("hybrid", "rrf"))
+
+
+def suffixes_of(language: str) -> tuple[str, ...]:
+    """The file suffixes mined for `language` (TypeScript: .ts and .tsx)."""
+    return tuple(s for s in polyglot.SUFFIXES if polyglot.LANGUAGE_NAMES[polyglot.language_of(f"x{s}")] == language)
+
+
+def metrics(ranked: list[list[str]], positives: list[str]) -> dict:
+    """MRR@10, P@1 and Recall@10 of ranked id lists against each query's one positive id."""
+    ranks = [hits.index(p) + 1 if p in hits[:10] else None for hits, p in zip(ranked, positives, strict=True)]
+    n = max(len(ranks), 1)
+    return {"mrr@10": round(sum(1.0 / r for r in ranks if r) / n, 4),
+            "p@1": round(sum(r == 1 for r in ranks) / n, 4),
+            "recall@10": round(sum(r is not None for r in ranks) / n, 4)}
+
+
+def index_bytes(index_dir: Path) -> dict:
+    """Bytes of the live generation: every file, and the token payload (centroid ids +
+    residual codes) alone."""
+    gen = store.current(index_dir)
+    files = [p for p in gen.rglob("*") if p.is_file()]
+    tokens = sum(p.stat().st_size for p in files if p.name in ("cids.bin", "residuals.bin"))
+    return {"bytes": sum(p.stat().st_size for p in files), "token_bytes": tokens}
+
+
+def evaluate_language(language: str, encoder, model: str, args) -> dict:
+    started = time.perf_counter()
+    sources = [package_sources.fetch_entry(e, args.cache_dir) for e in package_sources.HELDOUT[language]]
+    corpus = pairs.mine_corpus([root for _, root in sources], suffixes=suffixes_of(language))
+    task = pairs.eval_set(corpus, eval_fraction=1.0, min_queries=0, min_candidates=args.max_candidates,
+                          max_queries=args.max_queries, max_candidates=args.max_candidates, strict=False)
+    work = Path(args.work) / language
+    work.mkdir(parents=True, exist_ok=True)
+    corpus_file = work / "corpus.jsonl"
+    ids = [str(j) for j in range(len(task.candidates))]
+    corpus_file.write_text("".join(json.dumps({"id": i, "code": c}) + "\n" for i, c in zip(ids, task.candidates, strict=True)))
+    t0 = time.perf_counter()
+    vectors = dict(zip(task.candidates, Embedder(encoder, args.max_doc_len, 32).embed(list(task.candidates)), strict=True))
+    embed_s = time.perf_counter() - t0
+    queries = list(task.queries)
+    q_vecs = [v.astype(np.float32) for v in Embedder(encoder, args.max_query_len, 32).embed(queries)]
+    positives = [ids[p] for p in task.positives]
+    meta = {"model": model, "model_digest": model_digest(encoder.path), "max_doc_len": args.max_doc_len,
+            "max_query_len": args.max_query_len, "dim": next(iter(vectors.values())).shape[1]}
+
+    def lookup(texts, progress=None):
+        return [vectors[t] for t in texts]
+
+    entry = {"language": language, "queries": len(queries), "candidates": len(task.candidates),
+             "packages": [s.as_dict() | {"mined": str(root)} for s, root in sources],
+             "pairs_mined": len(corpus.pairs), "embed_s": round(embed_s, 1), "pooling": {}}
+    for factor in args.pool_factors:
+        index_dir = work / f"index-pool{factor}"
+        build.update(corpus_file, index_dir, pooled(lookup, factor), meta, rebuild=True)
+        index = Index(index_dir)
+        results = {}
+        for mode, fusion in MODES if factor == 1 else MODES[:1]:
+            ranked = index.search_many(queries, q_vecs, mode, top_k=10, fusion=fusion)
+            results[mode if mode != "hybrid" else "hybrid_rrf"] = metrics(
+                [[index.record(d)["id"] for d, _ in hits] for hits in ranked], positives)
+        pooled_entry = {"tokens": index.n_tokens, **index_bytes(index_dir), "semantic": results["semantic"]}
+        entry["pooling"][str(factor)] = pooled_entry
+        if factor == 1:
+            entry.update(results)
+    entry["seconds"] = round(time.perf_counter() - started, 1)
+    return entry
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="encoder directory (default: the embedded all-MiniLM-L6-v2)")
+    parser.add_argument("--languages", default=",".join(package_sources.HELDOUT))
+    parser.add_argument("--pool_factors", default="1,2,3")
+    parser.add_argument("--max_queries", type=int, default=200)
+    parser.add_argument("--max_candidates", type=int, default=1000, help="per language (a seeded sample)")
+    parser.add_argument("--max_doc_len", type=int, default=256)
+    parser.add_argument("--max_query_len", type=int, default=32)
+    parser.add_argument("--cache_dir", type=Path, default=Path("runs/cache"))
+    parser.add_argument("--work", type=Path, default=Path("runs/bench_languages"))
+    parser.add_argument("--machine", default="cpu")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    args.pool_factors = [int(f) for f in args.pool_factors.split(",")]
+    if 1 not in args.pool_factors:
+        args.pool_factors.insert(0, 1)
+    model = args.model or str(default_encoder_path())
+    encoder = load_encoder(model)
+    entries = []
+    for language in args.languages.split(","):
+        entries.append(evaluate_language(language, encoder, model, args))
+        e = entries[-1]
+        print(f"{language}: {e['queries']} queries / {e['candidates']} candidates: "
+              + ", ".join(f"{m} {e[m]['mrr@10']:.3f}" for m in ("semantic", "bm25", "hybrid_rrf"))
+              + "; pooling " + ", ".join(f"x{f}: {p['bytes'] / 1e6:.2f} MB {p['semantic']['mrr@10']:.3f}"
+                                         for f, p in e["pooling"].items()), flush=True)
+    payload = {"model": Path(model).name if args.model is None else model, "max_queries": args.max_queries,
+               "pool_factors": args.pool_factors, "languages": entries}
+    print(write_result("search_languages", payload, args.machine, path=args.out))
+
+
+if __name__ == "__main__":
+    main()
