@@ -32,6 +32,7 @@ SNIPPET_LINES = 20       # lines of a hit's code returned with it
 SNIPPET_CHARS = 2000
 FILTER_POOL = 200        # results a filtered search ranks before filtering (at least 20 x k)
 WATCH_DEBOUNCE_MS = 200  # changes closer than this are one update
+WATCH_POLL_MS = 500      # the watcher wakes this often with no change (to see stop())
 
 
 @attrs.frozen(kw_only=True)
@@ -191,10 +192,13 @@ class LiveIndex:
         def wanted(change, path: str) -> bool:
             return path.endswith(suffixes) and default(change, path)
 
-        if ready is not None:
-            ready.set()
         for changes in watchfiles.watch(self.source, watch_filter=wanted, stop_event=self._stop,
-                                        debounce=WATCH_DEBOUNCE_MS, raise_interrupt=False):
+                                        debounce=WATCH_DEBOUNCE_MS, raise_interrupt=False,
+                                        rust_timeout=WATCH_POLL_MS, yield_on_timeout=True):
+            if not changes:  # a timeout: the watcher is armed (nothing saved since is missed)
+                if ready is not None:
+                    ready.set()
+                continue
             log.info("%d file change(s): updating the index", len(changes))
             try:
                 self.update()
@@ -208,7 +212,8 @@ class LiveIndex:
         ready = threading.Event()
         self._watcher = threading.Thread(target=self.watch, args=(ready,), name="index-watcher", daemon=True)
         self._watcher.start()
-        ready.wait(10)
+        if not ready.wait(60):
+            raise SearchArgumentError(f"could not start watching {self.source}")
 
     def stop(self) -> None:
         self._stop.set()
