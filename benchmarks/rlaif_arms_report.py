@@ -13,6 +13,7 @@ import numpy as np
 from benchmarks.common import RESULTS, write_result
 from mlxio.rl import rollout_log
 from mlxio.rl.evaluation import EvalConfig, compare
+from mlxio.run.runlog import save_figure
 
 SETS = ("heldout", "heldout_families", "humaneval")
 CURVE_KEYS = ("reward_mean", "pass_rate", "entropy", "kl", "reward/ai_feedback", "reward/execution", "step_s",
@@ -219,8 +220,7 @@ def plot(payload: dict, path: Path) -> Path:
     ax.set_title("judge ROC AUC on held-out instances (red untrained, green trained; per judge seed)", fontsize=8)
     fig.suptitle("RLAIF arms x seeds (SmolLM2-135M): training curves and held-out pass@1", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(fig, path)
     return path
 
 
