@@ -92,8 +92,8 @@ class Children:
 
     def start(self, name: str, argv: list[str]) -> None:
         log = open(self.work / f"{name}.log", "ab")  # noqa: SIM115  (held by the child)
-        # each child keeps at most 8 GB of freed buffers: ten of them share one GPU
-        env = {"MLXIO_CACHE_LIMIT_MB": "8192", **os.environ, "PYTHONUNBUFFERED": "1"}
+        # each child keeps at most 4 GB of freed buffers: a dozen of them share one GPU
+        env = {"MLXIO_CACHE_LIMIT_MB": "4096", **os.environ, "PYTHONUNBUFFERED": "1"}
         self.procs[name] = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT, env=env,
                                             start_new_session=True)
         self.started[name] = time.time()

@@ -101,6 +101,24 @@ def judge_overlap(work: Path, seeds: list[int], eval_ids: set[str]) -> dict:
     return out
 
 
+def gpu_use(work: Path) -> dict | None:
+    """Mean / max GPU utilisation (%) and max memory used (MiB) of nvidia-smi's 15 s samples in
+    work/gpu_util.log ("timestamp, 85 %, 12345 MiB" lines; dev/gpu/rlaif_arms_call.sh)."""
+    path = work / "gpu_util.log"
+    if not path.is_file():
+        return None
+    util, mem = [], []
+    for line in path.read_text().splitlines():
+        parts = [p.strip().split()[0] for p in line.split(",")[1:3] if p.strip()]
+        if len(parts) == 2 and all(p.isdigit() for p in parts):
+            util.append(int(parts[0]))
+            mem.append(int(parts[1]))
+    if not util:
+        return None
+    return {"samples": len(util), "util_mean_pct": round(float(np.mean(util)), 1), "util_max_pct": max(util),
+            "memory_max_mib": max(mem)}
+
+
 def _mean(xs: list[float]) -> float | None:
     return float(np.mean(xs)) if xs else None
 
@@ -163,7 +181,8 @@ def write(work: Path, seeds: list[int], arms: list[str], machine: str, path: Pat
                "before": {"note": "the base model (LoRA off) with fixed evaluation seeds: the same for every arm and "
                                   "seed, evaluated once", "sets": {k: side(v) for k, v in before.items()}},
                "runs": runs, "judges": judges(work, seeds), "judge_training_overlap": judge_overlap(work, seeds, eval_ids),
-               "timing": _read_json(work / "timing.json"), "targets": targets(runs, seeds)}
+               "timing": _read_json(work / "timing.json"), "gpu_use": gpu_use(work),
+               "targets": targets(runs, seeds)}
     out = write_result("rlaif_arms", payload, machine, path=path)
     plot(payload, out.with_suffix(".png"))
     return out

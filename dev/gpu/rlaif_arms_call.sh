@@ -13,8 +13,11 @@ bash dev/gpu/rlaif_device.sh || exit 3
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 W=${ARMS_WORK:-/tmp/arms}  # ARMS_WORK, ARMS_FLAGS (e.g. "--rehearse --seeds 0"): a rehearsal elsewhere
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null
+mkdir -p $W && (while sleep 15; do nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used \
+  --format=csv,noheader >> $W/gpu_util.log 2>/dev/null || break; done) &
+mon=$!
 python3 -m benchmarks.rlaif_arms --work $W ${ARMS_FLAGS:-} --deadline_s "$deadline" --judge "--sandbox.workers 8 --sample.batch 32 --eval.batch 32" -- "$@"
-nvidia-smi --query-gpu=name,memory.used --format=csv,noheader 2>/dev/null
+kill $mon 2>/dev/null
 python3 -m benchmarks.rlaif_arms --work $W ${ARMS_FLAGS:-} --summarize --results "$OUT/rlaif_arms.json" 2>&1 | tail -3
 (cd $W && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' \
    -not -path '*/reward_cache/*' -not -path '*/adapters/*' -not -path '*/fused/*' -not -name rollouts.jsonl -print0 \
