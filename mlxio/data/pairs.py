@@ -227,7 +227,8 @@ MINER_VERSION = 1  # bump when mining rules change, so cached corpora are not re
 
 def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
                 max_files: int | None = None, extras: bool = True,
-                cache_dir: Path | str | None = None, suffixes: Sequence[str] = (".py",)) -> Corpus:
+                cache_dir: Path | str | None = None, suffixes: Sequence[str] = (".py",),
+                show_progress: bool = True) -> Corpus:
     """Mine (docstring first sentence -> code) pairs, distractors and extras (see Corpus).
 
     Pairs need a first sentence of >= 3 words and a body that is not trivial and spans
@@ -238,14 +239,15 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
     JSON keyed by the settings and every file's path, size and mtime, and reused (the whole
     stdlib takes ~10-20 CPU-seconds to mine; reading the cache ~1 s). `suffixes`: the files
     mined under a folder (a file named as a root is mined whatever its suffix; see
-    `polyglot.SUFFIXES` for every language).
+    `polyglot.SUFFIXES` for every language). `show_progress` False: no "mining" progress display
+    (a caller that mines file by file shows its own).
     """
     odd: Counter = Counter()
     files = source_files(list(roots) if roots is not None else [stdlib_root()], odd, suffixes)
     lib_files = [f for f, lib in files if lib][:max_files]
     other = [f for f, lib in files if not lib] if extras else []
     if cache_dir is None:
-        return _with_odd(_mine(lib_files, other, min_body_lines), odd)
+        return _with_odd(_mine(lib_files, other, min_body_lines, show_progress), odd)
     stats = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in lib_files + other]
     key = [MINER_VERSION, sys.version, min_body_lines, len(lib_files), stats]
     blob = json.dumps(key if tuple(suffixes) == (".py",) else [*key, sorted(suffixes)])
@@ -259,7 +261,7 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
                                 report=MineReport(**data["report"])), odd)
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or unreadable: mine again and rewrite it
-    corpus = _mine(lib_files, other, min_body_lines)
+    corpus = _mine(lib_files, other, min_body_lines, show_progress)
     write_text_atomic(path, json.dumps(attrs.asdict(corpus)), "mined corpus cache")  # readers never see half a file
     return _with_odd(corpus, odd)
 
@@ -270,14 +272,14 @@ def _with_odd(corpus: Corpus, odd: Counter) -> Corpus:
     return attrs.evolve(corpus, report=report)
 
 
-def _mine(lib_files: list[Path], other: list[Path], min_body_lines: int) -> Corpus:
+def _mine(lib_files: list[Path], other: list[Path], min_body_lines: int, show_progress: bool = True) -> Corpus:
     found: dict[str, list] = {"pairs": [], "distractors": [], "extras": []}
     seen: set[str] = set()
     counts = Counter()
     from mlxio.run.reporting import progress
 
     todo = [(f, True) for f in lib_files] + [(f, False) for f in other]
-    for path, lib in progress(todo, desc="mining", unit="file", every_s=10.0):
+    for path, lib in progress(todo, desc="mining", unit="file", every_s=10.0) if show_progress else todo:
         language = polyglot.language_of(path)
         try:
             raw = read_regular(path, what="source file", max_bytes=MAX_SOURCE_BYTES)

@@ -57,6 +57,7 @@ def format_duration(seconds: float) -> str:
 
 HEARTBEAT_S = 30.0  # off a terminal, the longest a progress display stays silent
 CLOCK = time.perf_counter  # progress displays' clock when none is given (tests inject one)
+MIN_RATE_S = 1.0  # a progress line gives a rate (and ETA) only over at least this many seconds
 
 
 class LogProgress:
@@ -112,12 +113,16 @@ class LogProgress:
         pass
 
     def line(self) -> str:
+        """`desc: done/total unit (pct%)`, then the rate and ETA once `MIN_RATE_S` have passed
+        (over less, a rate measures the clock, not the work), or `done in` / `... in`."""
         elapsed = self.clock() - self.start
-        rate = (self.n - self.initial) / elapsed if elapsed > 0 else 0.0
+        rate = (self.n - self.initial) / elapsed if elapsed >= MIN_RATE_S else 0.0
         parts = [f"{self.n}/{self.total}" if self.total else f"{self.n}", self.unit]
         if self.total:
             parts[-1] += f" ({100 * self.n / self.total:.0f}%)"
-        text = f"{self.desc}: {' '.join(parts)}, {rate:.3g} {self.unit}/s"
+        text = f"{self.desc}: {' '.join(parts)}"
+        if rate > 0:
+            text += f", {rate:.3g} {self.unit}/s"
         if self.total and rate > 0 and self.n < self.total:
             text += f", ETA {format_duration((self.total - self.n) / rate)}"
         elif self.n >= (self.total or math.inf):
@@ -129,6 +134,8 @@ class LogProgress:
         return text
 
     def update(self, n: int = 1):
+        if self.closed:
+            return
         self.n += n
         if self.clock() - self.last >= self.every_s:
             self._print()

@@ -35,6 +35,7 @@ from mlxio.data import pairs, polyglot
 from mlxio.data.lines import object_lines
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_QUERIES_BYTES, MAX_SOURCE_BYTES, read_regular, regular_kind
+from mlxio.run import reporting
 from mlxio.search import codec as codec_mod
 from mlxio.search import store
 from mlxio.search.index import (
@@ -79,7 +80,7 @@ class Unit:
 
 
 def _file_docs(path: Path, skipped: Counter | None = None) -> list[dict]:
-    corpus = pairs.mine_corpus([path])
+    corpus = pairs.mine_corpus([path], show_progress=False)  # apply_units shows one line for all files
     if corpus.report.undecodable and skipped is not None:
         skipped["not UTF-8 or unreadable"] += 1
         log.warning("%s: not UTF-8 (nor its coding cookie), unreadable or over %d bytes: not indexed",
@@ -285,7 +286,8 @@ def apply_units(kind: str, units: list[Unit], index_dir: Path, embed: EmbedFn, m
         log.info("index is up to date: nothing changed")
         return Report(documents=old.n_docs, embedded=0, units_changed=0, units_removed=0, units_kept=keep,
                       seconds=time.perf_counter() - started, rebuilt=False, segments=len(old.segments))
-    new_docs: dict[str, list[dict]] = {u.key: u.load() for u in changed}
+    reading = changed if progress is None else reporting.progress(changed, desc="reading", unit="file", every_s=15.0)
+    new_docs: dict[str, list[dict]] = {u.key: u.load() for u in reading}
     flat = [d for u in changed for d in new_docs[u.key]]
     old_segs = old.segments if old is not None else []
     dead = {s.name: set(np.flatnonzero(s.deleted).tolist()) if s.deleted is not None else set() for s in old_segs}
@@ -317,6 +319,7 @@ def apply_units(kind: str, units: list[Unit], index_dir: Path, embed: EmbedFn, m
         segments = [{k: v for k, v in info.items() if k != "deleted"} for info in segments]
         new_name = segment_name(number)
         remap: dict[str, np.ndarray] = {}
+        firsts: dict[str, int] = {}  # a changed unit's first slot (none: it holds no document)
         if merged or flat:
             writer = Writer(tmp / new_name, trained)
             for seg in merged:  # live documents of the merged segments, in order
@@ -329,7 +332,7 @@ def apply_units(kind: str, units: list[Unit], index_dir: Path, embed: EmbedFn, m
                     blob = seg.record_blob(j)
                     lo, hi = seg.offsets[j], seg.offsets[j + 1]
                     writer.add(json.loads(zlib.decompress(blob)), seg.cids[lo:hi], seg.residuals[lo:hi], record_blob=blob)
-            firsts, pos = {}, 0
+            pos = 0
             for u in changed:
                 firsts[u.key] = writer.n_docs
                 for doc in new_docs[u.key]:
@@ -340,7 +343,7 @@ def apply_units(kind: str, units: list[Unit], index_dir: Path, embed: EmbedFn, m
         units_out = {}
         for u in units:
             if u.key in new_docs:
-                units_out[u.key] = [u.digest, u.size, u.mtime_ns, new_name, firsts[u.key], len(new_docs[u.key])]
+                units_out[u.key] = [u.digest, u.size, u.mtime_ns, new_name, firsts.get(u.key, 0), len(new_docs[u.key])]
                 continue
             sha, _, _, seg_name, first, count = old_units[u.key]
             if seg_name in remap and count:

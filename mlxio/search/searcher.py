@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 
 def progress_bar(desc: str):
     """A progress callback (done, total, seconds): a tqdm bar with functions/s on a terminal,
-    periodic log lines otherwise (mlxio.run.reporting.progress)."""
+    periodic log lines otherwise (mlxio.run.reporting.progress); one bar, closed once at the
+    total (later calls at the total, as when every document was embedded for the codec, are
+    not shown again)."""
     from mlxio.run.reporting import interactive, progress
 
     state = {"bar": None, "t0": time.perf_counter(), "n0": 0}
@@ -42,10 +44,13 @@ def progress_bar(desc: str):
             else:
                 state["bar"] = progress(total=total, desc=desc, unit="fn", every_s=15.0, logger=log)
         bar = state["bar"]
+        if state.get("closed"):  # a phase after embedding reports the total again: already shown
+            return
         bar.update(done - bar.n)
-        rate = (done - state["n0"]) / max(time.perf_counter() - state["t0"], 1e-9)
-        bar.set_postfix_str(f"{rate:.1f} fn/s")
+        if interactive():  # the bar's format has no rate of its own (a log line has)
+            bar.set_postfix_str(f"{(done - state['n0']) / max(time.perf_counter() - state['t0'], 1e-9):.1f} fn/s")
         if done >= total:
+            state["closed"] = True
             bar.close()
 
     return update

@@ -32,6 +32,8 @@ def test_window_mean_averages_since_the_last_pop():
 def test_progress_off_a_terminal_is_log_lines(caplog, monkeypatch):
     monkeypatch.setattr("sys.stderr", io.StringIO())  # not a TTY
     caplog.set_level(logging.INFO, logger="mlxio.progress")
+    ticks = iter(range(0, 1000, 2))  # 2 s a reading: long enough for a rate
+    monkeypatch.setattr(reporting, "CLOCK", lambda: float(next(ticks)))
     bar = reporting.progress(range(5), desc="mining", unit="file", every_s=0.0)
     assert isinstance(bar, reporting.LogProgress)
     assert list(bar) == [0, 1, 2, 3, 4]
@@ -130,7 +132,7 @@ def test_progress_speaks_after_30_s_of_silence_whatever_the_updates(caplog):
     assert lines() == []
     clock.now += 30.0  # compiling the first step: nothing done yet, still a line
     bar.tick()
-    assert lines() == ["training: 0/200 step (0%), 0 step/s, 30s in"]
+    assert lines() == ["training: 0/200 step (0%), 30s in"]
     clock.now += 10.0
     bar.update(1)
     bar.set_postfix(loss="0.5000")
@@ -183,3 +185,26 @@ def test_a_bar_left_early_stops_its_heartbeat():
 
     gc.collect()
     assert bar.closed
+
+
+def test_a_rate_only_over_a_second_or_more(caplog):
+    """A phase done within MIN_RATE_S gets no rate (`4.13e+05 fn/s` measured the clock): its line
+    says what was done and how long it took; over more, the rate and ETA."""
+    caplog.set_level(logging.INFO, logger="mlxio.progress")
+    clock = FakeClock()
+    quick = reporting.LogProgress(total=3, desc="embedding", unit="fn", every_s=15.0, clock=clock, heartbeat=False)
+    clock.now += 0.01
+    quick.update(3)
+    quick.close()
+    slow = reporting.LogProgress(total=300, desc="embedding", unit="fn", every_s=15.0, clock=clock, heartbeat=False)
+    clock.now += 20.0
+    slow.update(100)
+    slow.update(0)  # nothing new, and not 15 s after the last line: silent
+    clock.now += 20.0
+    slow.update(200)
+    slow.close()
+    slow.update(5)  # a closed bar takes no more updates, prints nothing
+    assert [r.getMessage() for r in caplog.records] == [
+        "embedding: 3/3 fn (100%), done in 0s",
+        "embedding: 100/300 fn (33%), 5 fn/s, ETA 40s",
+        "embedding: 300/300 fn (100%), 7.5 fn/s, done in 40s"]
