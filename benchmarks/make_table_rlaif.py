@@ -25,6 +25,10 @@ def _gain(d: dict | None) -> str:
     return f"{d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
 
 
+def _ci(pair) -> str:
+    return "" if not pair else f"[{pair[0]:.3f}, {pair[1]:.3f}]"
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
@@ -60,8 +64,13 @@ def arms_section(machine: str = "h200") -> list[str]:
         out.append("Judge ROC AUC on held-out instances, per judge-training seed (untrained -> trained): "
                    + "; ".join(f"s{s} {_pct(a['untrained']['auc'])} -> {_pct(a['trained']['auc'])}" for s, a in aucs)
                    + ".")
+    jm = _load("cpu", "judge_mutants")
     mut = (_load("cpu", "judge_auc") or {}).get("sets", {}).get("humaneval_mutants")
-    if mut and "trained" in mut:
+    if jm:
+        out.append(f"HumanEval canonical vs mutant AUC (cpu/judge_mutants.json, {jm['pairs']} completions of "
+                   f"{jm['problems']} problems, 95% CI): "
+                   + "; ".join(f"{name} {_pct(j['auc'])} {_ci(j['ci95'])}" for name, j in jm["judges"].items()) + ".")
+    elif mut and "trained" in mut:
         out.append(f"HumanEval canonical vs mutant AUC (cpu/judge_auc.json, {mut['n']} completions): untrained "
                    f"{mut['untrained']['auc']:.3f}, trained {mut['trained']['auc']:.3f}.")
     t = r.get("targets", {})
