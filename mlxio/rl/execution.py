@@ -83,7 +83,7 @@ PROBES = {
 
 
 @attrs.frozen(kw_only=True)
-class TestsCheck:
+class Judgeability:
     """Whether a problem's tests can judge a candidate: `sound` True / False, or None when
     the sandbox itself failed (undecided: not cached); `why` says what was seen."""
 
@@ -91,23 +91,23 @@ class TestsCheck:
     why: str = ""
 
 
-def _probe_verdict(name: str, v: Verdict) -> TestsCheck | None:
+def _probe_verdict(name: str, v: Verdict) -> Judgeability | None:
     """What one probe's verdict decides on its own (None: nothing yet)."""
     if v.status == "passed":
-        return TestsCheck(sound=False, why=f"its tests pass a candidate that {name}")
+        return Judgeability(sound=False, why=f"its tests pass a candidate that {name}")
     if v.problem_fault:
-        return TestsCheck(sound=False, why=f"its prompt or tests do not load: {v.detail}")
+        return Judgeability(sound=False, why=f"its prompt or tests do not load: {v.detail}")
     if v.status == "infra" and not v.judge_fault:
-        return TestsCheck(sound=None, why=f"the sandbox failed: {v.detail}")
+        return Judgeability(sound=None, why=f"the sandbox failed: {v.detail}")
     if name == "raises" and v.judge_fault:
-        return TestsCheck(sound=False, why=f"its tests break in their own code (a candidate that raises is not "
+        return Judgeability(sound=False, why=f"its tests break in their own code (a candidate that raises is not "
                                            f"failed by its exception): {v.detail}")
     if name == "raises" and v.status != "failed":  # a timeout or load error of a one-line candidate: the box
-        return TestsCheck(sound=None, why=f"a candidate that raises got {v.status!r}: {v.detail}")
+        return Judgeability(sound=None, why=f"a candidate that raises got {v.status!r}: {v.detail}")
     return None
 
 
-def probe_tests(check: Callable[[str], Verdict]) -> TestsCheck:
+def probe_tests(check: Callable[[str], Verdict]) -> Judgeability:
     """Whether tests can judge, from `check(probe name) -> Verdict` of the `PROBES` in turn
     (stopping at the first that decides): none passes, the raising one fails by its own
     exception, and the tests' own error (if any) differs between the two wrong answers."""
@@ -119,9 +119,9 @@ def probe_tests(check: Callable[[str], Verdict]) -> TestsCheck:
             return decided
     none, constant = seen["returns None"], seen["returns a constant string"]
     if none.judge_fault and constant.judge_fault and none.detail == constant.detail:
-        return TestsCheck(sound=False, why=f"its tests fail in their own code whatever the candidate answers: "
+        return Judgeability(sound=False, why=f"its tests fail in their own code whatever the candidate answers: "
                                            f"{none.detail}")
-    return TestsCheck(sound=True, why="its tests fail trivially wrong candidates")
+    return Judgeability(sound=True, why="its tests fail trivially wrong candidates")
 
 
 @attrs.define(eq=False)
@@ -181,7 +181,7 @@ class CodeJudge:
         """True / False per completion; None where the judge itself failed (missing)."""
         return [None if v.status == "infra" else v.passed for v in self.verdicts(problems, completions)]
 
-    def tests_can_judge(self, problem: Problem) -> TestsCheck:
+    def tests_can_judge(self, problem: Problem) -> Judgeability:
         """Whether the problem's tests tell a wrong answer (so their own misbehaviour was the
         candidate's doing): its reference solution passes them, or, without one, they fail the
         trivially wrong candidates of `PROBES` (see the module doc). Cached per problem."""
@@ -198,7 +198,7 @@ class CodeJudge:
                 self._sound[key] = found
         return found
 
-    def check_problem(self, problem: Problem) -> TestsCheck:
+    def check_problem(self, problem: Problem) -> Judgeability:
         """Whether `problem` can be judged, checked up front: its tests fail the trivially
         wrong candidates of `PROBES`, and its reference solution (when given) passes them."""
         probed = probe_tests(partial(self._probe, problem))
@@ -206,7 +206,7 @@ class CodeJudge:
             return probed
         return self._reference_check(problem)
 
-    def check_problems(self, problems: Sequence[Problem], known=None) -> list[TestsCheck]:
+    def check_problems(self, problems: Sequence[Problem], known=None) -> list[Judgeability]:
         """`check_problem` of each problem, `workers` at a time. `known`: a persistent store
         (`mlxio.rl.rewards.RewardCache`'s get / put / flush) of the problems found sound under
         these limits before, which are not run again (a problem file is checked once, not at
@@ -219,7 +219,7 @@ class CodeJudge:
                 if check.sound:
                     known.put(keys[i], 1.0)
             known.flush()
-        return [found.get(i, TestsCheck(sound=True, why="found sound before")) for i in range(len(problems))]
+        return [found.get(i, Judgeability(sound=True, why="found sound before")) for i in range(len(problems))]
 
     def _check_key(self, problem: Problem) -> str:
         """What a stored `check_problem` result stands for: the probes, the limits, the problem."""
@@ -229,11 +229,11 @@ class CodeJudge:
     def _probe(self, problem: Problem, name: str) -> Verdict:
         return self._check(problem, PROBES[name].format(name=problem.entry_point))
 
-    def _reference_check(self, problem: Problem) -> TestsCheck:
+    def _reference_check(self, problem: Problem) -> Judgeability:
         verdict = self._check(problem, extract_code(problem.canonical_solution, problem))
         if verdict.status == "passed":
-            return TestsCheck(sound=True, why="the reference solution passes these tests")
+            return Judgeability(sound=True, why="the reference solution passes these tests")
         if verdict.status == "infra" and not (verdict.judge_fault or verdict.problem_fault):
-            return TestsCheck(sound=None, why=f"the sandbox failed: {verdict.detail}")
-        return TestsCheck(sound=False, why=f"its reference solution does not pass its tests "
+            return Judgeability(sound=None, why=f"the sandbox failed: {verdict.detail}")
+        return Judgeability(sound=False, why=f"its reference solution does not pass its tests "
                                            f"({verdict.status}: {verdict.detail})")

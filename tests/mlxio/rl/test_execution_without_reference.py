@@ -140,3 +140,14 @@ def test_problems_found_sound_are_not_checked_again(tmp_path, monkeypatch):
     assert [c.sound for c in again] == [True, False] and "good" not in runs and "bad" in runs
     other_limits = CodeJudge(attrs.evolve(LIMITS, timeout_s=4.0), workers=1)
     assert other_limits._check_key(good) != counting._check_key(good)
+
+
+def test_the_judge_counts_its_verdicts_by_status():
+    """What a run's missing-reward guard reads: each verdict `run` gave, by status, since the
+    last look (a check out of time is a timeout, counted)."""
+    counting = CodeJudge(attrs.evolve(LIMITS, timeout_s=1.0), workers=1)
+    problem = Problem(task_id="mean", prompt=PROMPT, entry_point="mean_and_label", test=TEST)
+    loops = "```python\ndef mean_and_label(xs):\n    while True:\n        pass\n```"
+    assert counting.passed([problem] * 3, [RIGHT, WRONG[0], loops]) == [True, False, False]
+    assert counting.take_statuses() == {"passed": 1, "failed": 1, "timeout": 1}
+    assert counting.take_statuses() == {}
