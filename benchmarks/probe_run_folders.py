@@ -270,6 +270,16 @@ def folder_records(record: Callable, work: Path, cli: Callable, timeout: float) 
         return ("clear" if "result" in after else "unclear"), error[:200]
     record("sizes49", "worker generate: one 4.5 MB prompt", huge_prompt)
 
+    def long_problem():
+        rows = [{"task_id": f"T/{i}", "prompt": f"def add{i}(a, b):\n", "entry_point": f"add{i}",
+                 "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"} for i in range(8)]
+        rows[3]["prompt"] = "# " + "x" * 4_500_000 + "\ndef add3(a, b):\n"
+        problems = w / "long-problem.jsonl"
+        problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return cli("rlaif_qwen", ["--preset", "smoke", "--out_dir", str(w / "long-problem"), *NO_EVAL,
+                                  "--data.problems", str(problems)])
+    record("sizes49", "rlaif_qwen --data.problems: one 4.5 MB prompt", long_problem)
+
     fifo = w / "archive.fifo"
     os.mkfifo(fifo)
     sparse = w / "sparse.tar.gz"

@@ -43,7 +43,7 @@ from mlxcore.rl import policy as pg
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
 from mlxio.redact import redact_config
-from mlxio.rl import auto_batch, grpo, reward_health, rewards, rollout, shapes
+from mlxio.rl import auto_batch, grpo, prompt_limits, reward_health, rewards, rollout, shapes
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,
@@ -122,6 +122,9 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     sess = open_session(cfg, world)  # the memory check comes before any rollout
     clock.lap("setup: policy (load, dequantise, LoRA), step")
     policy, model, step_fn, run_id = sess.policy, sess.model, sess.step_fn, sess.run_id
+    prompt_limits.check_problems(policy.config, policy.tokenizer, {"train": (train, cfg.max_new_tokens), **{
+        name: (problems, cfg.eval.max_new_tokens) for name, problems in eval_sets.items()}}, instruction,
+        lambda text: rollout.encode_prompt(policy.tokenizer, text), cfg.data.problems or cfg.data.source)
     fns = reward_fns(cfg) + list(extra_rewards)
     cache = RewardCache(out / "reward_cache") if cfg.rewards.cache else None
     # rewards that never arrive, per source (mlxio.rl.reward_health): a run stops on them

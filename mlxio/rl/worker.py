@@ -30,6 +30,7 @@ import numpy as np
 from mlxio import rpc
 from mlxio.errors import ConfigError, StrictArgumentParser, one_line
 from mlxio.redact import install_log_redaction
+from mlxio.rl.prompt_limits import prompt_overflow
 from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION
 from mlxio.run import budget
 
@@ -79,38 +80,15 @@ def check_generate(model_config: dict, prompts: int, n: int, max_tokens: int, pr
         raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.n"}) from None
 
 
-def longest_token_chars(tokenizer) -> int:
-    """The most characters one token of `tokenizer` stands for (its longest vocabulary entry; a
-    byte-level BPE entry has one character per byte), at least 1; 64 when it has no vocabulary view."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
-    try:
-        return max((len(t) for t in hf.get_vocab()), default=1) or 1
-    except Exception:  # noqa: BLE001 - a tokenizer without get_vocab
-        return 64
-
-
 def check_prompts(model_config: dict, tokenizer, prompts: list[str], max_tokens: int,
                   encode: Callable[[str], list[int]]) -> int:
     """The longest prompt's token count, once every prompt plus `max_tokens` fits the model's
-    positions; else INVALID_PARAMS naming `params.prompts[i]`. A prompt with more characters
-    than the positions times the longest token could cover is refused before it is tokenised
-    (a 4.5 MB prompt: at once, not after gigabytes of prefill)."""
-    limit = model_config.get("max_position_embeddings")
-    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
-    room = None if limit is None else limit - max_tokens
-    widest = longest_token_chars(tokenizer) if limit is not None else 0
-    longest = 0
-    for i, prompt in enumerate(prompts):
-        field = {"field": f"params.prompts[{i}]"}
-        if room is not None and len(prompt) > room * widest:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.prompts[{i}]: {len(prompt)} characters cannot fit in the "
-                               f"model's {limit} positions with max_tokens {max_tokens} (at most {widest} characters "
-                               "a token); send a shorter prompt", field)
-        count = len(encode(prompt))
-        if room is not None and count > room:
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.prompts[{i}]: {count} tokens + max_tokens {max_tokens} is "
-                               f"more than the model's max_position_embeddings ({limit}); send a shorter prompt", field)
-        longest = max(longest, count)
+    positions (`mlxio.rl.prompt_limits`); else INVALID_PARAMS naming `params.prompts[i]`."""
+    longest, over = prompt_overflow(model_config, tokenizer, prompts, max_tokens, encode)
+    if over is not None:
+        i, why = over
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.prompts[{i}]: {why}; send a shorter prompt or ask for fewer "
+                           "tokens", {"field": f"params.prompts[{i}]"})
     return longest
 
 

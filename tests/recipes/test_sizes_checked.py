@@ -38,7 +38,7 @@ def worker_call(tmp_path_factory):
 
 @pytest.mark.parametrize(("prompt", "words"), [
     ("x" * (4_500_000), "characters cannot fit"),  # refused before tokenising
-    ("x" * 2100, "tokens + max_tokens 4 is more than the model's max_position_embeddings (2048)"),
+    ("x" * 2100, "tokens + 4 new tokens is more than the model's max_position_embeddings (2048)"),
 ])
 def test_a_prompt_longer_than_the_model_is_one_error_and_the_worker_goes_on(worker_call, prompt, words):
     from mlxio import rpc
@@ -153,3 +153,19 @@ def test_a_link_planted_in_the_cache_folder_is_refused(tmp_path):
     with pytest.raises(DiskError, match="symbolic link"):
         kernel_cache.import_cache(path, str(dest))
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_problem_longer_than_the_model_is_refused_before_training(tmp_path, capsys):
+    """A problems file whose one prompt cannot fit the model's positions: one line naming the
+    problem before any step (it failed, or grew, at the step that sampled it)."""
+    from tests.recipes.test_bad_inputs import assert_line
+
+    rows = [{"task_id": f"T/{i}", "prompt": f"def add{i}(a, b):\n", "entry_point": f"add{i}",
+             "test": f"def check(candidate):\n    assert candidate(1, 2) == 3\n"} for i in range(8)]
+    rows[3]["prompt"] = "# " + "x" * 5000 + f"\ndef add3(a, b):\n"
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert_line("rlaif_qwen", ["--preset", "smoke", "--out_dir", str(tmp_path / "run"), "--data.problems", str(problems),
+                               "--eval.before", "false", "--eval.after", "false"], capsys, 1,
+                "'T/3'", "max_position_embeddings (2048)", str(problems))
+    assert not (tmp_path / "run" / "checkpoints").exists()
