@@ -161,8 +161,8 @@ def test_a_problem_longer_than_the_model_is_refused_before_training(tmp_path, ca
     from tests.recipes.test_bad_inputs import assert_line
 
     rows = [{"task_id": f"T/{i}", "prompt": f"def add{i}(a, b):\n", "entry_point": f"add{i}",
-             "test": f"def check(candidate):\n    assert candidate(1, 2) == 3\n"} for i in range(8)]
-    rows[3]["prompt"] = "# " + "x" * 5000 + f"\ndef add3(a, b):\n"
+             "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"} for i in range(8)]
+    rows[3]["prompt"] = "# " + "x" * 5000 + "\ndef add3(a, b):\n"
     problems = tmp_path / "problems.jsonl"
     problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert_line("rlaif_qwen", ["--preset", "smoke", "--out_dir", str(tmp_path / "run"), "--data.problems", str(problems),
