@@ -296,6 +296,11 @@ def evaluate(policy, problems: Sequence[Problem], cfg: EvalConfig, fns, cache, *
         if fns:
             res = combine_rewards(fns, problems, texts, cache)
             out["mean_reward"] = float(np.nanmean(res.total))
+    for mode in ("sampled", "greedy"):
+        lost = out.get(mode, {}).get("missing", 0)
+        if lost:  # the judge's own failures: counted in the results, and said
+            log.warning("evaluation (%s): %d verdicts missing (the judge failed; left out of pass@1, see the "
+                        "sandbox lines above)", mode, lost)
     out["per_problem"] = per_problem
     out["n"] = cfg.samples
     return out

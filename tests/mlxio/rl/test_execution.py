@@ -4,6 +4,8 @@ failures are missing (None), never the candidate's 0."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -118,7 +120,7 @@ def test_a_wrong_answer_that_trips_sound_tests_fails(judge):
     assert judge.verdict(looped, huge).status == "timeout"
 
 
-def test_pass_at_1_leaves_missing_verdicts_out(monkeypatch, judge):
+def test_pass_at_1_leaves_missing_verdicts_out(monkeypatch, caplog, judge):
     broken = Problem(task_id="broken", prompt=PROMPT, entry_point="add", test=RAISE_AFTER,
                      canonical_solution="    return a + b\n")  # which fails these tests: they are broken
     texts = {"add": [HONEST, "```python\ndef add(a, b):\n    return 0\n```"], "broken": [HONEST, HONEST]}
@@ -128,8 +130,13 @@ def test_pass_at_1_leaves_missing_verdicts_out(monkeypatch, judge):
 
     monkeypatch.setattr(evaluation, "_decode", decode)
     cfg = evaluation.EvalConfig(samples=2, greedy=True, resamples=100)
-    out = evaluation.evaluate(None, [ADD, broken], cfg, [], None, judge=judge, temperature=1.0)
+    with caplog.at_level(logging.WARNING):
+        out = evaluation.evaluate(None, [ADD, broken], cfg, [], None, judge=judge, temperature=1.0)
     assert out["sampled"]["missing"] == 2 and out["greedy"]["missing"] == 1
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("evaluation (")]
+    assert said == ["evaluation (sampled): 2 verdicts missing (the judge failed; left out of pass@1, see the sandbox "
+                    "lines above)", "evaluation (greedy): 1 verdicts missing (the judge failed; left out of pass@1, "
+                    "see the sandbox lines above)"]
     assert out["sampled"]["pass@1"] == pytest.approx(0.5)  # add only: 1 of 2
     assert out["greedy"]["pass@1"] == pytest.approx(1.0)
     assert "passed" not in out["per_problem"]["broken"]
