@@ -25,23 +25,11 @@ from functools import cache
 
 import mlx.core as mx
 
-from mlxcore.kernels import norm_cuda
+from mlxcore.kernels import dispatch
 
 
 def _rows(x: mx.array) -> tuple[int, ...]:
     return tuple(range(x.ndim - 1))
-
-
-def _x_grad(kind: str, x: mx.array, w: mx.array, g: mx.array, eps: float,
-            extra: mx.array | None = None) -> mx.array:
-    """d(norm(x) * w)/dx applied to g (+ extra, a second gradient of x), x, g [..., D], w [D]."""
-    if norm_cuda.usable(x):
-        return norm_cuda.norm_vjp(kind, x, w, g, eps, extra)
-    if kind == "layer":
-        _, (dx,) = mx.vjp(lambda x: mx.fast.layer_norm(x, None, None, eps), [x], [g * w])
-    else:
-        _, (dx,) = mx.vjp(lambda x: mx.fast.rms_norm(x, None, eps), [x], [g * w])
-    return dx if extra is None else extra + dx
 
 
 @cache
@@ -55,7 +43,7 @@ def _layer_norm(eps: float):
         x, w, b = primals
         g = cotangent
         x_hat = mx.fast.layer_norm(x, None, None, eps)
-        return (_x_grad("layer", x, w, g, eps), (g * x_hat).sum(_rows(x)).astype(w.dtype),
+        return (dispatch.norm_input_grad("layer", x, w, g, eps), (g * x_hat).sum(_rows(x)).astype(w.dtype),
                 g.sum(_rows(x)).astype(b.dtype))
 
     return f
@@ -65,9 +53,7 @@ def _layer_norm(eps: float):
 def _rms_norm(eps: float, residual: bool):
     @mx.custom_function
     def f(x, w):
-        # ours writes x's dtype; MLX's promotes x with w, so a weight of another dtype goes there
-        y = (norm_cuda.rms_norm(x, w, eps) if norm_cuda.usable(x) and w.dtype == x.dtype
-             else mx.fast.rms_norm(x, w, eps))
+        y = dispatch.rms_norm(x, w, eps)
         return (x, y) if residual else y
 
     @f.vjp
@@ -75,7 +61,7 @@ def _rms_norm(eps: float, residual: bool):
         x, w = primals
         g_x, g = cotangents if residual else (None, cotangents)
         dw = (g * mx.fast.rms_norm(x, None, eps)).sum(_rows(x)).astype(w.dtype)
-        return _x_grad("rms", x, w, g, eps, g_x), dw
+        return dispatch.norm_input_grad("rms", x, w, g, eps, g_x), dw
 
     return f
 

@@ -20,7 +20,7 @@ from typing import ClassVar
 import attrs
 import mlx.core as mx
 
-from mlxcore.kernels import bias_cuda, cuda_jit, ffn_cuda, relu_cuda
+from mlxcore.kernels import dispatch
 from mlxcore.models import norm
 from mlxcore.models.hf_config import HFConfig, choice
 from mlxcore.train import quant
@@ -126,7 +126,7 @@ FUSED_VJP_LENGTH = 128
 def pack_factor(batch: int, length: int) -> int:
     """How many sequences to lay end to end (1: none) so that attention's backward runs fused:
     FUSED_VJP_LENGTH / length when that divides evenly and divides the batch, on CUDA only."""
-    if not cuda_jit.on_cuda():
+    if not dispatch.on_cuda():
         return 1
     if length % FUSED_VJP_LENGTH == 0 or FUSED_VJP_LENGTH % length:
         return 1
@@ -189,8 +189,8 @@ def gelu_new(x: mx.array) -> mx.array:
 
 
 def relu(x: mx.array) -> mx.array:
-    """max(x, 0); on MLX's CUDA build `relu_cuda`'s, whose backward reads a bitmask, not x."""
-    return relu_cuda.relu(x) if relu_cuda.usable(x) else mx.maximum(x, 0.0)
+    """max(x, 0) (`mlxcore.kernels.dispatch.relu`: on CUDA a kernel whose backward reads a bitmask)."""
+    return dispatch.relu(x)
 
 
 def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float,
@@ -210,11 +210,10 @@ def _block(block: dict, h: mx.array, bias: mx.array, cfg: T5Config, scale: float
     if cfg.feed_forward_proj == "gated-gelu":
         inner = (gelu_new(quant.linear(dense["wi_0"], x, scale, dropout, keys[4]))
                  * quant.linear(dense["wi_1"], x, scale, dropout, keys[6]))
-    elif ffn_cuda.usable(dense["wi"], dense["wo"], x, dropout):  # the ReLU in the wi GEMM's epilogue
-        return ffn_cuda.relu_ffn(x, dense["wi"]["weight"], dense["wo"]["weight"], h)
-    else:
-        inner = relu(quant.linear(dense["wi"], x, scale, dropout, keys[4]))
-    return quant.linear(dense["wo"], inner, scale, dropout, keys[5], residual=h)
+        return quant.linear(dense["wo"], inner, scale, dropout, keys[5], residual=h)
+    # the ReLU in the wi GEMM's epilogue where the kernel runs, else wi, ReLU and wo as layers
+    return dispatch.relu_ffn(dense["wi"], dense["wo"], x, h, dropout, unfused=lambda: quant.linear(
+        dense["wo"], relu(quant.linear(dense["wi"], x, scale, dropout, keys[4])), scale, dropout, keys[5], residual=h))
 
 
 def embed(params: dict, input_ids: mx.array, mask: mx.array, cfg: T5Config) -> tuple[mx.array, mx.array]:
@@ -235,7 +234,7 @@ def blocks(params: dict, h: mx.array, bias: mx.array, cfg: T5Config, lora_scale:
     """
     table = params["encoder"]["block"][0]["layer"][0]["SelfAttention"]["relative_attention_bias"]["weight"]
     pos = position_bias(table, h.shape[1], cfg).astype(h.dtype)
-    bias = bias_cuda.add_heads(pos, bias) if bias_cuda.usable(pos, bias) else pos + bias
+    bias = dispatch.add_heads(pos, bias)
     for block, block_key in zip(params["encoder"]["block"], layer_keys(key, cfg.num_layers), strict=True):
         # The dropout key is closed over, not an input: mx.checkpoint differentiates every
         # input, and random bits have no vjp.

@@ -14,7 +14,7 @@ from itertools import accumulate
 import attrs
 import mlx.core as mx
 
-from mlxcore.kernels import cuda_jit
+from mlxcore.kernels import dispatch
 from mlxcore.models import bert, t5
 from mlxcore.models.t5 import FUSED_VJP_LENGTH, layer_keys
 from mlxcore.retrieval.late_interaction import l2_normalize
@@ -79,7 +79,7 @@ def joint_length(shapes: list[tuple[int, int]]) -> int | None:
     None: on CUDA, for two or more batches whose lengths all divide it and whose B T tokens fill
     whole rows: FUSED_VJP_LENGTH where the longest T is shorter and that fits (so attention's
     backward runs fused, as `t5.pack_factor` arranges for one batch), else the longest T."""
-    if len(shapes) < 2 or not cuda_jit.on_cuda():
+    if len(shapes) < 2 or not dispatch.on_cuda():
         return None
     longest = max(t for _, t in shapes)
     for length in (max(longest, FUSED_VJP_LENGTH), longest):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxcore.kernels import maxsim_cuda
+from mlxcore.kernels import dispatch
+from mlxcore.kernels.dispatch import max_last  # noqa: F401  (the MLX-ops path, tested here)
 
 # Floor for padded document tokens: finite (no inf * 0 = NaN in gradients) and far below any
 # cosine, so padding never wins a max while a document has one real token.
@@ -33,24 +34,6 @@ def _gemm_similarities(q: mx.array, d: mx.array) -> mx.array:
     bq, tq, dim = q.shape
     bd, td, _ = d.shape
     return (q.reshape(bq * tq, dim) @ d.reshape(bd * td, dim).T).reshape(bq, tq, bd, td)
-
-
-@mx.custom_function
-def max_last(s: mx.array) -> mx.array:
-    """s.max(-1), s [..., T] -> [...], whose gradient goes to the first maximum only (PyTorch's
-    `max(dim)` rule) through an argmax: one read of s and one written gradient. MLX's own max
-    vjp splits it among ties (equality mask, count, divide, select: four passes over the
-    [Bq, Tq, Bd, Td] similarities, 0.8 of the MiniLM b128 step's 21 ms on the H100). Used off
-    CUDA, where `maxsim_cuda` does not run (MLX's CUDA argmax alone took 0.6 ms there)."""
-    return s.max(-1)
-
-
-@max_last.vjp
-def _max_last_vjp(s, cotangent, output):
-    # (a one-input custom function gets its primal and cotangent as arrays, not tuples)
-    first = mx.argmax(s, axis=-1, keepdims=True)
-    hit = mx.arange(s.shape[-1], dtype=first.dtype) == first
-    return mx.where(hit, cotangent[..., None], 0.0).astype(s.dtype)
 
 
 def token_similarities(q: mx.array, d: mx.array) -> mx.array:
@@ -81,10 +64,7 @@ def maxsim(q: mx.array, q_mask: mx.array, d: mx.array, d_mask: mx.array) -> mx.a
     `maxsim_cuda.masked_max` (masking, max and argmax in one pass), elsewhere `max_last`.
     """
     sims = _gemm_similarities(q, d)
-    if maxsim_cuda.usable(sims):  # one read of sims forward, one write backward
-        best = maxsim_cuda.masked_max(sims, d_mask, NEG)
-    else:
-        best = max_last(mx.where(d_mask.astype(mx.bool_)[None, None, :, :], sims, NEG))
+    best = dispatch.masked_max(sims, d_mask, NEG)  # one read of sims forward, one write backward
     best = best.transpose(0, 2, 1).astype(mx.float32)  # [Bq, Bd, Tq]
     return _mean_over_query(best, q_mask[:, None, :])
 

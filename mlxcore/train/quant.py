@@ -25,7 +25,7 @@ import re
 import attrs
 import mlx.core as mx
 
-from mlxcore.kernels import rows_cuda
+from mlxcore.kernels import dispatch
 from mlxcore.train import lora
 from mlxcore.train.tree import Tree, flatten, unflatten
 
@@ -193,9 +193,7 @@ def embed(layer: dict, ids: mx.array, dim: int) -> mx.array:
     dequantised, so the float table never exists.
     """
     if not is_quantized(layer):
-        if rows_cuda.usable(layer["weight"], ids):
-            return rows_cuda.take_rows(layer["weight"], ids)
-        return layer["weight"][ids]
+        return dispatch.take_rows(layer["weight"], ids)
     bits, group_size = layer_format(layer, dim)
     flat = ids.reshape(-1)
     rows = mx.dequantize(layer["weight"][flat], layer["scales"][flat], layer["biases"][flat],

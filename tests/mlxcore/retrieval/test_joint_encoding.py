@@ -49,7 +49,7 @@ def _batch(rng, n, length):
 @pytest.fixture
 def joint_on(monkeypatch):
     """encoder.joint_length as on CUDA; counts the encoder passes run."""
-    monkeypatch.setattr(encoder, "cuda_jit", types.SimpleNamespace(on_cuda=lambda: True))
+    monkeypatch.setattr(encoder, "dispatch", types.SimpleNamespace(on_cuda=lambda: True))
     passes = []
     for module in (t5, bert):
         blocks = module.blocks
@@ -115,7 +115,7 @@ def test_joint_length_rules(joint_on):
 
 
 def test_joint_length_is_off_without_cuda():
-    assert encoder.joint_length([(128, 32), (128, 256)]) is None or encoder.cuda_jit.on_cuda()
+    assert encoder.joint_length([(128, 32), (128, 256)]) is None or encoder.dispatch.on_cuda()
 
 
 def test_block_diagonal_bias_is_what_keeps_sequences_apart(joint_on, monkeypatch):
