@@ -88,6 +88,8 @@ class LiveIndex:
         self._embed_queries = embed_queries
         self._update_index = update_index
         recorded = self._index.manifest.get("source")
+        if source is not None and recorded and Path(source).resolve() == Path(recorded).resolve():
+            source = recorded  # the index's files are keyed by the path as it was given
         self.source = Path(source) if source is not None else (Path(recorded) if recorded else None)
         self._update_lock = threading.Lock()
         self.encode_lock = threading.Lock()  # one MLX caller at a time (queries, and updates' batches)
@@ -238,11 +240,12 @@ def open_live(index_dir: Path, source: Path | None = None, model: str | None = N
             raise SearchArgumentError(f"{index_dir}: no index yet; give --model MODEL and --watch SRC to build it")
         encoder = load_encoder(model)
         searcher.build_index(source, model, index_dir, progress=False, pool_factor=pool_factor, encoder=encoder)
-    manifest = Index(index_dir).manifest
+    index = Index(index_dir)
+    manifest = index.manifest
     if exists:
         encoder = load_encoder(manifest["model"])
+    searcher.check_model(index, encoder)
     query_embedder = Embedder(encoder, int(manifest.get("max_query_len", 32)))
-    searcher.check_model(Index(index_dir), encoder)
 
     def update_index(src: Path, idx: Path, compact: bool) -> search_build.Report:
         return searcher.build_index(src, manifest["model"], idx, int(manifest.get("max_doc_len", 256)),

@@ -124,3 +124,14 @@ def test_an_update_that_fails_keeps_the_old_generation(tmp_path):
         live.update()
     assert live.index is before and "KeyboardInterrupt" in live.status()["last_error"]
     assert np.array_equal(live.index.live_ids, before.live_ids)
+
+
+def test_the_same_folder_by_another_path_reuses_the_index(tmp_path):
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src, n_files=2)
+    embed = FakeEmbed()
+    build.update(src, idx, embed, META)
+    (tmp_path / "link").symlink_to(src)
+    live = LiveIndex(idx, embed, lambda s, i, compact: build.update(s, i, embed, META, compact=compact),
+                     tmp_path / "link")
+    assert live.source == src and live.update().embedded == 0  # not every file again under new names
