@@ -43,6 +43,7 @@ class Spies:
     """Shape keys seen per step (a step = a `generate_group` call), by what saw them."""
 
     def __init__(self) -> None:
+        self.t0 = time.perf_counter()  # before the recipe is imported: to_step_end_s counts its imports
         self.step = 0
         self.first: dict[tuple, int] = {}  # key -> the step that first saw it
         self.calls: list[dict] = []  # per generate_group call: seconds, tokens, decode stats
@@ -70,6 +71,8 @@ class Spies:
             ro = gen(*a, **k)
             self.calls.append({"seconds": time.perf_counter() - t0, "tokens": sum(map(len, ro.completion_tokens)),
                                "decode_stats": getattr(ro, "decode_stats", None)})
+            if len(self.calls) > 1:  # the previous step ended when this one started
+                self.calls[-2]["end_s"] = t0 - self.t0
             return ro
 
         def prefill_batch(model, prompts, *a, **k):
@@ -126,6 +129,8 @@ def summary(steps: list[dict], engine_tps: float | None, before: int) -> dict:
         for b, (n, sec) in s.get("decode_by_batch", {}).items():
             by_batch[b] = [by_batch.get(b, [0, 0.0])[0] + n, by_batch.get(b, [0, 0.0])[1] + sec]
     out = {"first_step_s": steps[0]["step_s"] if steps else None,
+           "to_first_step_end_s": steps[0].get("to_step_end_s") if steps else None,  # imports, setup, warm-up included
+           "max_later_reward_s": max((s.get("reward_s") or 0.0 for s in later), default=None),
            "median_later_step_s": med, "max_later_step_s": max(times) if times else None,
            "spikes_after_step_1": [s["step"] for s in later if med and s["step_s"] > SPIKE * med],
            "new_shapes_after_step_1": sum(s["new_shapes"] for s in later),
@@ -133,7 +138,7 @@ def summary(steps: list[dict], engine_tps: float | None, before: int) -> dict:
            "median_gen_tokens_per_s": statistics.median(gen) if gen else None,
            "engine_tokens_per_s": engine_tps,
            "decode_ms_per_step_by_batch": {b: 1e3 * sec / n for b, (n, sec) in by_batch.items() if n}}
-    for key in ("decode_steps", "decode_row_steps", "gen_ms_per_decode_step"):
+    for key in ("decode_steps", "decode_row_steps", "gen_ms_per_decode_step", "gen_s", "reward_s", "update_s"):
         values = [s[key] for s in later if s.get(key) is not None]
         if values:
             out[f"median_{key}"] = statistics.median(values)
@@ -191,7 +196,9 @@ def main(argv: list[str] | None = None) -> dict:
                       "gen_s": call["seconds"], "completion_tokens": call["tokens"],
                       "new_shapes": sum(found.values()), "new_shapes_by_kind": found,
                       "recipe_new_shapes": r.get("new_shapes"),
-                      **{k: r[k] for k in ("decode_steps", "decode_row_steps", "update_s", "truncated") if k in r}})
+                      "to_step_end_s": call.get("end_s"),
+                      **{k: r[k] for k in ("decode_steps", "decode_row_steps", "reward_s", "update_s", "truncated")
+                         if k in r}})
         if r.get("decode_steps"):  # generation's wall time per decode step (prefill and stop checks included)
             steps[-1]["gen_ms_per_decode_step"] = 1e3 * call["seconds"] / r["decode_steps"]
         stats = call["decode_stats"] or {}

@@ -52,7 +52,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from benchmarks import rlaif_agreement
+from benchmarks import rlaif_agreement, rlaif_step_profile
 from benchmarks.generation import SHAPES, mlx_model, torch_model
 
 
@@ -165,7 +165,10 @@ def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
         if old_limit is not None:
             mx.set_memory_limit(old_limit)
     check["seconds"] = sum(times[:args.check_steps])
-    return {"step_s": times[args.check_steps + args.warmup:], "peak_bytes": mx.get_peak_memory(),
+    peak = mx.get_peak_memory()
+    phases = ({"phases": rlaif_step_profile.mlx_phases(loss_fn(model, cfg), step, params, state, batch)}
+              if getattr(args, "profile", False) and name == "mlx" else {})
+    return {"step_s": times[args.check_steps + args.warmup:], "peak_bytes": peak, **phases,
             "loss": metrics["loss"].item(), "check": check, "options": opts,
             "probe": {"loss": probe_loss}, "probe_grads": probe_grads,
             **({"memory_limit_bytes": int(args.mlx_cap_gb * 1e9)} if opts["cap"] else {})}
@@ -255,10 +258,18 @@ def run_torch(tm, data, micro, args, compiled: bool, lora_state: dict[str, np.nd
             check["loss"].append(float(total))
             check["grad_norm"].append(float(norm))
     check["seconds"] = sum(times[:args.check_steps])
+    peak = torch.cuda.max_memory_allocated() if dev.type == "cuda" else None
+    phases = {}
+    if getattr(args, "profile", False):
+        def optimizer_step():
+            torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.clip_norm)
+            opt.step()
+
+        phases["phases"] = rlaif_step_profile.torch_phases(
+            model, lambda m, mb: loss_fn(m, mb, cfg.beta, cfg.clip_eps, keep), mbs, optimizer_step)
     model.unload()  # take the adapters out again: the next variant starts from the base model
     return {"step_s": times[args.check_steps + args.warmup:], "loss": float(total), "check": check,
-            "probe": {"loss": probe_loss}, "probe_grads": probe_grads,
-            "peak_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else None}
+            "probe": {"loss": probe_loss}, "probe_grads": probe_grads, "peak_bytes": peak, **phases}
 
 
 def reference_run(runs: dict[str, dict]) -> str | None:
@@ -334,6 +345,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--frameworks", nargs="+", default=["mlx", "mlx_eval_micro", "torch", "torch_compile"])
     ap.add_argument("--mlx-cap-gb", type=float, default=12.0,
                     help="MLX's memory limit (GB) for the _cap variants (default: torch.compile's H100 peak)")
+    ap.add_argument("--profile", action="store_true",
+                    help="after timing, the plain mlx row's and the torch rows' steps split into forward / backward / "
+                         "optimizer (benchmarks.rlaif_step_profile)")
     ap.add_argument("--out", default=None, help="write the result here (default benchmarks/results/<machine>/)")
     ap.add_argument("--merge", nargs="+", metavar="FILE",
                     help="instead of running: merge these result files' sections into --out")

@@ -43,7 +43,7 @@ from mlxcore.rl import policy as pg
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
 from mlxio.redact import redact_config
-from mlxio.rl import auto_batch, grpo, prompt_limits, reward_health, rewards, rollout, shapes
+from mlxio.rl import auto_batch, grpo, prompt_limits, reward_health, reward_overlap, rewards, rollout, shapes
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,
@@ -188,19 +188,26 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         t0 = time.perf_counter()
         idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.train.seed)
         problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
-        # eager (`jit` False, CUDA's default): mlx-lm's compiled swiglu / sampler run unfused too,
-        # so a fresh machine compiles no fused kernel modules (kernel_cache.unfused)
-        with context.region(loop.profiler, "rollout"), kernel_cache.compile_notice(
-                "rollout generation", (len(problems), local_group, cfg.max_new_tokens)), kernel_cache.unfused(not jit):
-            ro = rollout.generate_group(
-                llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group, cfg.temperature,
-                cfg.top_p, cfg.max_new_tokens,
-                distributed.rank_seed(step_seed(cfg.train.seed, step), world),
-                stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit,
-                prompt_width=planned.prompt_width if planned else None,
-                min_decode_batch=cfg.shapes.min_decode_batch)
-        answered = [problems[i] for i in ro.prompt_index]
-        rew = rewards.combine_rewards(fns, answered, ro.texts, cache)
+        # each completion's sandbox check starts as its row ends (mlxio.rl.reward_overlap)
+        prefetch = reward_overlap.Prefetch(fns, lambda row, ps=problems: ps[row // local_group], cache,
+                                           cfg.sandbox.workers, enabled=cfg.sandbox.overlap)
+        with prefetch:
+            # eager (`jit` False, CUDA's default): mlx-lm's compiled swiglu / sampler run unfused too,
+            # so a fresh machine compiles no fused kernel modules (kernel_cache.unfused)
+            with context.region(loop.profiler, "rollout"), kernel_cache.compile_notice(
+                    "rollout generation", (len(problems), local_group, cfg.max_new_tokens)), \
+                    kernel_cache.unfused(not jit):
+                ro = rollout.generate_group(
+                    llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group,
+                    cfg.temperature, cfg.top_p, cfg.max_new_tokens,
+                    distributed.rank_seed(step_seed(cfg.train.seed, step), world),
+                    stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit,
+                    prompt_width=planned.prompt_width if planned else None,
+                    min_decode_batch=cfg.shapes.min_decode_batch, on_row_end=prefetch.on_row_end)
+            t_gen = time.perf_counter()
+            answered = [problems[i] for i in ro.prompt_index]
+            rew = rewards.combine_rewards(prefetch.fns, answered, ro.texts, cache)  # waits for the checks left
+        t_reward = time.perf_counter()
         missing = health.add(rew.per_reward, execution.judge.take_statuses() if execution else None, world)
         reward_health.guard(health, cfg.rewards.max_missing_share, cfg.rewards.allow_missing, step + 1, logger)
         if rollout_log is not None:
@@ -240,8 +247,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
         met = set(ro.shapes) | ({shapes.update_key(batch, one_graph)} if batch is not None else set())
         record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
                   **row_stats, **missing, "update_skipped": int(batch is None), "updates_empty": empty_steps,
-                  "new_shapes": len(met - seen),
-                  **decode_record(ro), "update_s": t2 - t1, "step_s": time.perf_counter() - t0}
+                  "new_shapes": len(met - seen), **decode_record(ro), "gen_s": t_gen - t0, "reward_s": t_reward - t_gen,
+                  "update_s": t2 - t1, "step_s": time.perf_counter() - t0}
         seen |= met
         window.add(record)
         if (step + 1) % cfg.train.log_every == 0 or step + 1 == loop.end:

@@ -88,7 +88,8 @@ def step_and_state(model, sampler, caches: list[StaticKVCache], sampler_key=None
 def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache], max_new_tokens: int,
            is_done: Callable[[int, list[int]], int | None], sync_every: int = SYNC_EVERY,
            sampler_key=None, fused: bool | None = None, compiled: bool = True,
-           batches: Sequence[int] | None = None) -> tuple:
+           batches: Sequence[int] | None = None,
+           on_end: Callable[[int, list[int], bool], None] | None = None) -> tuple:
     """Decode up to `max_new_tokens` tokens for each row of the batch that `caches` hold
     (consumed: the list is emptied, so the step's in-place cache updates can take the buffers).
 
@@ -109,6 +110,8 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
         stays at B until every row has ended.
     is_done(row, new_tokens) -> the number of `new_tokens` (this block's tokens of a live row)
         the row keeps when it ended among them, else None; called once a block, in row order.
+    on_end(row, tokens, ended): called once per row as soon as its tokens are final (is_done
+        cut it, or it reached max_new_tokens), while the device decodes the other rows.
     Returns (tokens, logprobs, ended, stats): per row the kept token list and float32 list, [B]
     bool ended (is_done cut it; False: it reached max_new_tokens), and a dict: steps (decode
     steps run), row_steps (rows computed, summed over the steps), batches (the batch sizes
@@ -145,6 +148,8 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
             logprobs_out[i] += lps[j][: len(new)]
             if len(tokens_out[i]) >= max_new_tokens:
                 live[i] = False
+            if on_end is not None and not live[i]:
+                on_end(int(i), tokens_out[i], bool(ended[i]))
 
     pending = None
     stats = {"steps": 0, "row_steps": 0, "batches": [n], "syncs": 0, "call_s": 0.0, "queue_s": 0.0, "read_s": 0.0,

@@ -56,6 +56,9 @@ class SandboxConfig:
     # without bubblewrap (or macOS sandbox-exec) untrusted code would run without file isolation:
     # refused unless this is true
     allow_weak: bool = False
+    # check each completion as soon as its row ends, while the rest of the batch decodes
+    # (mlxio.rl.reward_overlap; the same rewards as checking them all afterwards)
+    overlap: bool = True
 
     def limits(self) -> SandboxLimits:
         """The limits of one check under these settings."""

@@ -94,10 +94,12 @@ def load_model(model: str | None, lora: LoraConfig, lora_layers: int | None, see
 
 def config_hash(config: dict) -> str:
     """The hash of a config (as a dict: `to_dict(cfg)`) over the fields that change the
-    training: not the output dir, the logging nor the array shapes (`shapes`: padding, float
-    rounding apart, changes no number; runs from before the section resume)."""
+    training: not the output dir, the logging, the array shapes (`shapes`: padding, float
+    rounding apart, changes no number; runs from before the section resume) nor whether rewards
+    overlap the rollout (`sandbox.overlap`: the same rewards)."""
     rest = {k: v for k, v in config.items() if k != "shapes"}
-    return checkpoint.config_hash({**rest, "out_dir": None, "report_to": None,
+    sandbox = {k: v for k, v in config.get("sandbox", {}).items() if k != "overlap"}
+    return checkpoint.config_hash({**rest, "out_dir": None, "report_to": None, **({"sandbox": sandbox} if sandbox else {}),
                                    "train": {**config["train"], "log_every": None}})
 
 

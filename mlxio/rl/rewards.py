@@ -204,6 +204,11 @@ class RewardCache:
                 self.hits += 1
             return value
 
+    def holds(self, key: str) -> bool:
+        """Whether `key` has a value (not counted as a hit or a miss)."""
+        with self._lock:
+            return key in self._pending or key in self._data
+
     def put(self, key: str, value: float) -> None:
         if not np.isfinite(value):
             raise ValueError(f"reward cache values must be finite, got {value!r}")

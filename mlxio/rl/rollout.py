@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
+from functools import partial
 
 import attrs
 import mlx.core as mx
@@ -260,7 +262,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
                    use_chat_template: bool = True, stop_at_code_end: bool = False,
                    stop: tuple[str, ...] = (), bucket_decode: bool | None = None,
                    engine: str = "auto", compiled: bool = True, prompt_width: int | None = None,
-                   min_decode_batch: int | None = None) -> Rollouts:
+                   min_decode_batch: int | None = None,
+                   on_row_end: Callable[[int, str], None] | None = None) -> Rollouts:
     """Sample `group_size` completions per prompt, all N = len(prompts) * group_size decoded
     together; deterministic for a given `seed` (mlx-lm's samplers draw from MLX's global PRNG,
     which is seeded here). temperature 0 is greedy. `stop_at_code_end`: a sequence also ends
@@ -279,7 +282,10 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
     tokens (prompt - 1) whenever they fit, so every call has the same prefill and KV cache
     shapes (`mlxio.rl.shapes.plan`). `min_decode_batch` ("static" only): as rows end, the
     decode batch shrinks through `mlxcore.train.buckets.batch_ladder(N, min_decode_batch)` (N, halving);
-    None keeps N rows to the end. Rows sample the same tokens either way (`mlxcore.models.decode_step.row_sampler`,
+    None keeps N rows to the end. `on_row_end(row, text)`: called once per completion (row =
+    prompt index * group_size + sample) as soon as it is final, with the text it gets in the
+    result, while the other rows decode (`mlxio.rl.reward_overlap`). Rows sample the same tokens
+    either way (`mlxcore.models.decode_step.row_sampler`,
     up to the float rounding of the forward at another batch size).
     `bucket_decode` ("batch" only): keep the decode batch at a few sizes (see the module doc);
     None: on when the default device is a GPU (where each new size compiles kernels), off on the
@@ -303,6 +309,8 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         sampler = make_sampler(temp=temperature, top_p=top_p)
         stoppers = lambda n: ([CodeBlockStop(n)] if stop_at_code_end else []) + (  # noqa: E731
             [StopStrings(n, tuple(stop))] if any(stop) else [])
+        text_of = partial(completion_text, tokenizer, set(tokenizer.eos_token_ids), stop_at_code_end, tuple(stop))
+        on_end = None if on_row_end is None else (lambda i, tokens, done: on_row_end(i, text_of(tokens, done)))
         engine = resolve_engine(engine)
         if engine == "static" and all(len(t) == 1 for t in prompt_tokens):
             engine = "batch"  # nothing to cache before the first step: mlx-lm's path does it
@@ -310,23 +318,17 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         if engine == "static":
             completions, logprobs, finished, stats, shapes = _decode_static(
                 model, tokenizer, prompt_tokens, group_size, max_new_tokens, stoppers,
-                (float(temperature), float(top_p)), compiled, prompt_width, min_decode_batch)
+                (float(temperature), float(top_p)), compiled, prompt_width, min_decode_batch, on_end)
             decode_sizes = None
         else:
             stats = None
             completions, logprobs, finished, decode_sizes = _decode_batch(
                 model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
-                bucket_decode)
+                bucket_decode, on_end)
     finally:
         model.train(was_training)
     seconds = time.perf_counter() - start
-    eos = set(tokenizer.eos_token_ids)
-    texts = [tokenizer.decode(c[:-1] if done and c and c[-1] in eos else c)
-             for c, done in zip(completions, finished, strict=True)]
-    if stop_at_code_end:  # the closing token may carry more text ("```\n"): cut at the fence
-        texts = [t[:end] if (end := code_block_end(t)) is not None else t for t in texts]
-    if any(stop):
-        texts = [cut_at_stop(t, tuple(stop)) for t in texts]
+    texts = [text_of(c, done) for c, done in zip(completions, finished, strict=True)]
     return Rollouts(
         prompt_tokens=prompt_tokens, completion_tokens=completions,
         logprobs=[np.asarray(lp, np.float32) for lp in logprobs], texts=texts,
@@ -335,11 +337,21 @@ def generate_group(policy, prompts: list[str], group_size: int = 8, temperature:
         decode_batch_sizes=decode_sizes, decode_stats=stats, shapes=shapes)
 
 
+def completion_text(tokenizer, eos: set[int], stop_at_code_end: bool, stop: tuple[str, ...],
+                    tokens: list[int], done: bool) -> str:
+    """A completion's text from its tokens (`done`: it ended, an ending EOS is dropped): cut at
+    its first code block's end and at the first `stop` string, as `generate_group` asks."""
+    text = tokenizer.decode(tokens[:-1] if done and tokens and tokens[-1] in eos else tokens)
+    if stop_at_code_end and (end := code_block_end(text)) is not None:  # the closing token may carry more text
+        text = text[:end]
+    return cut_at_stop(text, stop) if any(stop) else text
+
+
 def _decode_static(model, tokenizer, prompt_tokens, group_size, max_new_tokens, stoppers,
                    settings: tuple[float, float], compiled: bool = True, prompt_width: int | None = None,
-                   min_decode_batch: int | None = None):
+                   min_decode_batch: int | None = None, on_end=None):
     """`generate_group`'s "static" engine: (completions, logprobs, finished, stats, shapes) of N
-    sequences; settings: (temperature, top_p); shapes: `Rollouts.shapes`."""
+    sequences; settings: (temperature, top_p); shapes: `Rollouts.shapes`; on_end: `decode.decode`'s."""
     n = len(prompt_tokens) * group_size
     prefilled = prefill_batch(model, [t[:-1] for t in prompt_tokens], mx.default_device().type == mx.gpu,
                               prompt_width)
@@ -364,15 +376,15 @@ def _decode_static(model, tokenizer, prompt_tokens, group_size, max_new_tokens, 
     first = [prompt_tokens[i // group_size][-1] for i in range(n)]
     batches = batch_ladder(n, min_decode_batch) if min_decode_batch else None
     out = decode.decode(model, decode_step.row_sampler(*settings, n), first, caches, max_new_tokens, is_done,
-                        sampler_key=(*settings, n), compiled=compiled, batches=batches)
+                        sampler_key=(*settings, n), compiled=compiled, batches=batches, on_end=on_end)
     shapes = (("prefill", len(prompt_tokens), width), *(("decode", b, slots) for b in out[3]["batches"]))
     return (*out, shapes)
 
 
 def _decode_batch(model, tokenizer, sampler, prompt_tokens, group_size, max_new_tokens, stoppers,
-                  bucket_decode):
+                  bucket_decode, on_end=None):
     """`generate_group`'s "batch" engine (mlx-lm's BatchGenerator): (completions, logprobs,
-    finished, decode batch sizes or None)."""
+    finished, decode batch sizes or None); on_end(row, tokens, ended) once a row is final."""
     n = len(prompt_tokens) * group_size
     if bucket_decode is None:
         bucket_decode = mx.default_device().type == mx.gpu
@@ -413,13 +425,14 @@ def _decode_batch(model, tokenizer, sampler, prompt_tokens, group_size, max_new_
             completions[i].append(r.token)
             logprobs[i].append(lp)
             finished[i] |= r.finish_reason == "stop"
-            if not stops or r.finish_reason == "stop":
-                continue
-            piece = tokenizer.decode([r.token])
-            if any([s.add(i, piece) for s in stops]):  # (a list: every stopper sees it)
-                finished[i] = True
-                if r.finish_reason is None:  # (at max_new_tokens it is out already)
-                    closed.append(r.uid)
+            if stops and r.finish_reason != "stop":
+                piece = tokenizer.decode([r.token])
+                if any([s.add(i, piece) for s in stops]):  # (a list: every stopper sees it)
+                    finished[i] = True
+                    if r.finish_reason is None:  # (at max_new_tokens it is out already)
+                        closed.append(r.uid)
+            if on_end is not None and (r.finish_reason is not None or r.uid in closed):
+                on_end(i, completions[i], bool(finished[i]))
         if closed:  # out of the batch: no more tokens (nor decode work) for them
             with mx.stream(gen.stream):
                 gen.remove(closed)

@@ -19,7 +19,7 @@ and the training prompts' lengths:
   when the update is one graph, `memory.eval_micro_batches` false).
 
 So a run sees at most 1 + len(decode_batches) + len(update_widths) (x accum for one graph)
-shapes, whatever its data: the gpu preset 1 + 4 + 5 = 10 (`tests/mlxio/rl/test_shapes.py`
+shapes, whatever its data: the gpu preset 1 + 3 + 2 = 6 (`tests/mlxio/rl/test_shapes.py`
 checks the bound per preset and that random steps stay inside the list). A prompt longer than
 the training set's (none in a recipe run) falls back to its own bucket, a shape outside the list.
 `ShapePlan.keys` are the keys `Rollouts.shapes` and `update_key` report, so the recipe counts the

@@ -356,3 +356,25 @@ def test_planned_shapes_warm_up_and_compaction_change_no_number(problems_file, t
         assert a["decode_steps"] == b["decode_steps"] and a["decode_row_steps"] <= b["decode_row_steps"]
     assert [r["new_shapes"] for r in runs["planned"]] == [0, 0]
     assert runs["plain"][0]["new_shapes"] >= 3  # prefill, decode, update
+
+
+def test_rewards_overlapping_the_rollout_change_nothing(full_run, tmp_path):
+    """Run a checks each completion while the batch decodes (`sandbox.overlap`, the default);
+    this run checks them after generation for 2 steps, then resumes with the overlap on: the
+    same rewards, rollouts and trained weights, and every step records gen_s, reward_s, update_s."""
+    cfg_a, _ = full_run
+    assert cfg_a.sandbox.overlap
+    cfg = attrs.evolve(cfg_a, out_dir=str(tmp_path / "run_c"), sandbox=attrs.evolve(cfg_a.sandbox, overlap=False))
+    rq.run(cfg, stop_after=2, extra_rewards=EXTRA)
+    rq.run(attrs.evolve(cfg, sandbox=cfg_a.sandbox), resume=True, extra_rewards=EXTRA)
+    read = lambda out, name: [json.loads(line) for line in Path(out, name).read_text().splitlines()]  # noqa: E731
+    assert read(cfg.out_dir, "rollouts.jsonl") == read(cfg_a.out_dir, "rollouts.jsonl")
+    records, records_a = read(cfg.out_dir, "metrics.jsonl"), read(cfg_a.out_dir, "metrics.jsonl")
+    for key in ("reward_mean", "reward/execution", "loss", "kl"):
+        assert [r[key] for r in records] == [r[key] for r in records_a], key
+    assert all(r["gen_s"] > 0 and r["reward_s"] >= 0 and r["update_s"] > 0 for r in records + records_a)
+    (a, _), (b, _) = final_trees(cfg_a.out_dir), final_trees(cfg.out_dir)
+    for name in ("trainable", "opt_state"):
+        fa, fb = dict(tree_flatten(a[name])), dict(tree_flatten(b[name]))
+        for k in fa:
+            np.testing.assert_array_equal(np.array(fa[k]), np.array(fb[k]), err_msg=f"{name}.{k}")

@@ -2,7 +2,7 @@
 over many random steps of each preset (prompt and completion lengths, rows left out of the
 update drawn by hypothesis) the prefill, decode and update shapes the recipe's own functions
 produce are in the plan's list, and the list is small: at most 1 + len(decode ladder) +
-len(update widths) (x accum for a one-graph update), 10 for the gpu preset."""
+len(update widths) (x accum for a one-graph update), 6 for the gpu preset."""
 
 import attrs
 import numpy as np
@@ -31,10 +31,10 @@ def _plan(name: str, cfg=None):
 def test_the_gpu_presets_list():
     p = _plan("gpu")
     assert p.prompt_width == 192 and p.cache_slots == 512
-    assert p.decode_batches == (64, 32, 16, 8)
-    assert p.update_widths == (96, 128, 192, 256, 384)
-    assert p.positions == (512, 1536, 3584, 5120, 5120)  # 32 rows x min(160, width - 89), in 512s
-    assert len(p.keys()) == 1 + 4 + 5 == 10
+    assert p.decode_batches == (64, 32, 16)  # shapes.min_decode_batch 16
+    assert p.update_widths == (256, 384)  # the largest 2 of 96, 128, 192, 256, 384 (shapes.update_widths 2)
+    assert p.positions == (5120, 5120)  # 32 rows x min(160, width - 89), in 512s
+    assert len(p.keys()) == 1 + 3 + 2 == 6
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# RLAIF speed on a lent GPU, one device call (<= 9 minutes): the update step against
+# torch.compile with the agreement check (0.5B, then the 3B shape), the 0.5B step split into
+# phases, the decode benchmark's engine figure and `--preset gpu`'s tokens/s in the same call,
+# and a cold start with an empty kernel cache. Each phase has its own time limit and writes
+# its JSON under $OUT at once, so a phase cut off still leaves the others.
+#
+#   device: bash dev/gpu/gpu_device.sh && bash dev/gpu/rlaif_speed.sh     (after the staging:
+#           MLX, SmolLM2, bubblewrap; peft among the staged wheels; optional .gpu/k/kernels-*.tar.gz)
+#   here:   SMALL=1 OUT=/tmp/rs bash dev/gpu/rlaif_speed.sh               (tiny shapes on the CPU)
+#
+# $OUT gets (<= 8 files): rlaif_step.json, rlaif_step_3b.json, generation.json,
+# rlaif_recipe_speed.json, cold_start_rlaif.json, log.txt. Copy the JSON to
+# benchmarks/results/<machine>/ (merge rlaif_step_3b.json into rlaif_step.json with
+# `python -m benchmarks.rlaif_step --merge ... --out ...`).
+set -uo pipefail
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/rlaif_speed}
+PY=${PY:-python3}
+M=${MACHINE:-h200}
+mkdir -p "$OUT"
+LOG=$OUT/log.txt
+T0=$(date +%s)
+say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+phase() {  # phase NAME LIMIT_S CMD...: run CMD under a time limit, its output appended to the log
+  local name=$1 limit=$2; shift 2
+  say "start $name (limit ${limit}s): $*"
+  timeout "$limit" "$@" >> "$LOG" 2>&1
+  say "end $name: rc=$?"
+}
+if [ -n "${SMALL:-}" ]; then  # the CPU rehearsal: every command at tiny shapes
+  M=cpu
+  STEP=(--shape llama-tiny --rows 4 --micro 2 --prompt-len 8 --completion-len 8 --dtype float32 --chunk 8
+        --steps 1 --warmup 0 --check-steps 1)
+  STEP3=("${STEP[@]}")
+  GEN=(--shapes llama-tiny --new-tokens 8 --prompt-len 8 --dtype float32 --repeats 1 --torch-repeats 0)
+  RECIPE=(--preset smoke --train.steps 3)
+  LIMIT=(900 300 300 300 600)  # step, generation, recipe, cold start, step 3B
+else
+  STEP=(--shape qwen2.5-0.5b --completion-len 256)
+  STEP3=(--shape qwen2.5-coder-3b --completion-len 384 --steps 3 --warmup 1)
+  GEN=(--shapes smollm2-135m --new-tokens 256 --repeats 2 --torch-repeats 0 --engines static --bandwidth 4.8e12)
+  RECIPE=(--preset gpu --train.steps 12)
+  LIMIT=(150 50 100 130 100)
+fi
+say "rlaif_speed on $M: $("$PY" -c 'import mlx.core as mx; print(mx.__version__, mx.default_device())' 2>&1)"
+# warm kernels: the archive when carried (cold start below uses its own empty folder)
+for k in .gpu/k/kernels-*.tar.gz; do
+  [ -f "$k" ] && phase kernels_import 60 "$PY" -m mlxio.kernel_cache_cli import "$k"
+done
+
+# 1. update step, 0.5B: MLX vs torch.compile (full logits and logits_to_keep), agreement-checked,
+#    then the MLX step split into phases (forward / forward+backward / whole step)
+phase step_0.5b "${LIMIT[0]}" "$PY" -m benchmarks.rlaif_step --machine "$M" "${STEP[@]}" \
+  --frameworks mlx torch_compile_keep torch_compile --profile --out "$OUT/rlaif_step.json"
+# 2. the decode benchmark's engine figure, then --preset gpu in the same call, against it
+phase generation "${LIMIT[1]}" "$PY" -m benchmarks.generation --machine "$M" "${GEN[@]}" --out "$OUT/generation.json"
+ENGINE=$("$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))['runs']; print(r[-1]['static_median'])" \
+  "$OUT/generation.json" 2>/dev/null || echo "")
+phase recipe_gpu "${LIMIT[2]}" "$PY" -m benchmarks.rlaif_recipe_speed --machine "$M" --label after48 \
+  ${ENGINE:+--engine-tokens-per-s "$ENGINE"} --out "$OUT/rlaif_recipe_speed.json" -- "${RECIPE[@]}" \
+  --out_dir /tmp/rlaif_speed_run
+# 3. cold start: the same preset with an empty kernel cache (its own folder), to the third step
+COLD=$(mktemp -d)
+MLX_PTX_CACHE_DIR=$COLD/ptx MLXIO_KERNEL_PREWARM=1 phase cold_start "${LIMIT[3]}" \
+  "$PY" -m benchmarks.rlaif_recipe_speed --machine "$M" --label cold48 --out "$OUT/cold_start_rlaif.json" \
+  -- "${RECIPE[@]}" --train.steps 3 --out_dir /tmp/rlaif_speed_cold
+rm -rf "$COLD"
+# 4. the 3B shape, last (the least needed): MLX vs torch.compile with logits_to_keep
+phase step_3b "${LIMIT[4]}" "$PY" -m benchmarks.rlaif_step --machine "$M" "${STEP3[@]}" \
+  --frameworks mlx torch_compile_keep --out "$OUT/rlaif_step_3b.json"
+say "done in $(( $(date +%s) - T0 )) s; files: $(ls "$OUT" | tr '\n' ' ')"
