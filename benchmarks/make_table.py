@@ -188,9 +188,9 @@ def quantization_llm_section() -> list[str]:
 
 
 def training_sections() -> list[str]:
-    """RLAIF update step (h100) and QAT vs PTQ on the retriever task (h100)."""
+    """RLAIF update step (h200, h100) and QAT vs PTQ on the retriever task (h100)."""
     out = []
-    for machine in ("h100", "cpu"):
+    for machine in ("h200", "h100", "cpu"):
         r = load(machine, "rlaif_step")
         if not r:
             continue
@@ -211,6 +211,7 @@ def training_sections() -> list[str]:
                 out.append(f"| {fw} | {run['median_s']:.3f} | {fmt(run['tokens_per_s'])} "
                            f"| {fmt((run.get('peak_bytes') or 0) / 1e9, 1)} | {agreed} | {times(ratio)} |")
             out.append("")
+            out += step_phases(section["runs"])
         for key, text in r.get("notes", {}).items():
             out += [f"{key}: {text}", ""]
     q = load("h100", "quantization_qat")
@@ -223,6 +224,19 @@ def training_sections() -> list[str]:
                        f"| {v['qat_then_ptq']:.3f} | {v['recovered_share'] * 100:.0f}% |")
         out += ["", q["note"], ""]
     return out
+
+
+def step_phases(runs: dict) -> list[str]:
+    """The rows' steps split into phases (`rlaif_step --profile`), ms, when measured."""
+    split = {fw: run["phases"] for fw, run in runs.items() if run.get("phases")}
+    if not split:
+        return []
+    cols = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
+    return ["Where the step's time goes (`--profile`: each phase timed alone between barriers; backward = "
+            "forward+backward - forward, optimizer = step - forward+backward), ms:", "",
+            "| framework | forward | backward | clip + optimizer | step |", "|---|---|---|---|---|",
+            *(f"| {fw} | " + " | ".join(f"{p[c]:.1f}" if c in p else "" for c in cols) + " |" for fw, p in split.items()),
+            ""]
 
 
 def _ratio(data, model, batch, kind, peer):

@@ -7,7 +7,8 @@
 #
 #   device: bash dev/gpu/gpu_device.sh && bash dev/gpu/rlaif_speed.sh     (after the staging:
 #           MLX, SmolLM2, bubblewrap; peft among the staged wheels; optional .gpu/k/kernels-*.tar.gz)
-#   here:   SMALL=1 OUT=/tmp/rs bash dev/gpu/rlaif_speed.sh               (tiny shapes on the CPU)
+#   here:   SMALL=1 PY=.venv/bin/python OUT=/tmp/rs bash dev/gpu/rlaif_speed.sh   (tiny shapes on the CPU)
+#   ONLY="recipe_gpu cold_start" runs only those phases; BUDGET=540 (s) bounds the whole script.
 #
 # $OUT gets (<= 8 files): rlaif_step.json, rlaif_step_3b.json, generation.json,
 # rlaif_recipe_speed.json, cold_start_rlaif.json, log.txt. Copy the JSON to
@@ -22,8 +23,13 @@ mkdir -p "$OUT"
 LOG=$OUT/log.txt
 T0=$(date +%s)
 say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$LOG"; }
+BUDGET=${BUDGET:-540}  # seconds for the whole script: no phase runs past it
 phase() {  # phase NAME LIMIT_S CMD...: run CMD under a time limit, its output appended to the log
   local name=$1 limit=$2; shift 2
+  local left=$(( T0 + BUDGET - $(date +%s) ))
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 20 ]; then say "skip $name: ${left}s of the budget left"; return; fi
+  case " ${ONLY:-$name} " in *" $name "*) ;; *) say "skip $name (ONLY=$ONLY)"; return;; esac
   say "start $name (limit ${limit}s): $*"
   timeout "$limit" "$@" >> "$LOG" 2>&1
   say "end $name: rc=$?"
@@ -36,12 +42,13 @@ if [ -n "${SMALL:-}" ]; then  # the CPU rehearsal: every command at tiny shapes
   GEN=(--shapes llama-tiny --new-tokens 8 --prompt-len 8 --dtype float32 --repeats 1 --torch-repeats 0)
   RECIPE=(--preset smoke --train.steps 3)
   LIMIT=(900 300 300 300 600)  # step, generation, recipe, cold start, step 3B
+  BUDGET=3600
 else
   STEP=(--shape qwen2.5-0.5b --completion-len 256)
   STEP3=(--shape qwen2.5-coder-3b --completion-len 384 --steps 3 --warmup 1)
   GEN=(--shapes smollm2-135m --new-tokens 256 --repeats 2 --torch-repeats 0 --engines static --bandwidth 4.8e12)
   RECIPE=(--preset gpu --train.steps 12)
-  LIMIT=(150 50 100 130 100)
+  LIMIT=(140 45 95 120 120)
 fi
 say "rlaif_speed on $M: $("$PY" -c 'import mlx.core as mx; print(mx.__version__, mx.default_device())' 2>&1)"
 # warm kernels: the archive when carried (cold start below uses its own empty folder)
