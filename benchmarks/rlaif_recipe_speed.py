@@ -59,11 +59,14 @@ class Spies:
             from mlxio.rl import decode as decode_step
             from mlxio.rl import decode_fused
         from mlxio.rl import grpo, rollout
-        from recipes import rlaif_qwen
+        from recipes import rlaif_config, rlaif_qwen
 
-        loss_name = "loss_fn" if hasattr(rlaif_qwen, "loss_fn") else "make_loss"  # (older trees: make_loss)
+        # where the recipe's step is built looks the loss up: the session builder (rlaif_config),
+        # older trees the recipe module (loss_fn, or make_loss)
+        loss_owner = rlaif_config if hasattr(rlaif_config, "open_session") else rlaif_qwen
+        loss_name = "loss_fn" if hasattr(loss_owner, "loss_fn") else "make_loss"
         gen, prefill, forward = rollout.generate_group, rollout.prefill_batch, decode_fused.forward
-        mask, frozen, make_loss = decode_step.StaticKVCache.make_mask, grpo.frozen_logprobs, getattr(rlaif_qwen, loss_name)
+        mask, frozen, make_loss = decode_step.StaticKVCache.make_mask, grpo.frozen_logprobs, getattr(loss_owner, loss_name)
 
         def generate_group(*a, **k):
             self.step += 1
@@ -103,7 +106,7 @@ class Spies:
 
         spied = [(rollout, "generate_group", generate_group), (rollout, "prefill_batch", prefill_batch),
                  (decode_fused, "forward", fused_forward), (decode_step.StaticKVCache, "make_mask", make_mask),
-                 (grpo, "frozen_logprobs", frozen_logprobs), (rlaif_qwen, loss_name, counting_loss)]
+                 (grpo, "frozen_logprobs", frozen_logprobs), (loss_owner, loss_name, counting_loss)]
         originals = [(owner, name, getattr(owner, name)) for owner, name, _ in spied]
         for owner, name, fn in spied:
             setattr(owner, name, fn)

@@ -52,7 +52,7 @@ def mlx_phases(loss_fn, step, params, state, batch, repeats: int = 3) -> dict:
     `batch` leaves [accum, micro, ...]; `params` and `state` are not changed."""
     import mlx.core as mx
 
-    from mlxcore.step import accumulate
+    from mlxcore.train.step import accumulate
 
     accum = batch["tokens"].shape[0]
     keys = mx.random.split(mx.random.key(0), accum)

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import attrs
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.rl.rewards import AIFeedbackReward, ExecutionReward, RewardCache, RewardFn, _problem_text
 
 PER_COMPLETION = (ExecutionReward, AIFeedbackReward)  # score(pairs)[i] depends on pair i alone

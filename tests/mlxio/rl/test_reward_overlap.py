@@ -9,7 +9,7 @@ import attrs
 import numpy as np
 import pytest
 
-from mlxcore.tasks import Problem
+from mlxcore.rl.tasks import Problem
 from mlxio.rl import rollout
 from mlxio.rl.reward_overlap import Prefetch
 from mlxio.rl.rewards import AIFeedbackReward, FormatReward, RewardCache, combine_rewards
