@@ -43,7 +43,16 @@ from mlxcore.rl import policy as pg
 from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
 from mlxio.redact import redact_config
-from mlxio.rl import auto_batch, grpo, prompt_limits, reward_health, reward_overlap, rewards, rollout, shapes
+from mlxio.rl import (
+    auto_batch,
+    grpo,
+    prompt_limits,
+    reward_health,
+    reward_overlap,
+    rewards,
+    rollout,
+    shapes,
+)
 from mlxio.rl.evaluation import (
     evaluate_phase,
     format_table,
