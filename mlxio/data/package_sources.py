@@ -164,6 +164,20 @@ HELDOUT: dict[str, tuple[str, ...]] = {
 }
 
 
+REGISTRIES = ("npm:", "deb:")  # prefixes of the entries a corpus list may name beside PyPI's "name==version"
+
+
+def entry_name(entry: str) -> str:
+    """The package name of an entry "npm:name@version..." or "deb:name=version..." (PEP 503
+    normalised, as PyPI's names are compared)."""
+    from mlxio.data import pypi_sources
+
+    registry, _, rest = entry.partition(":")
+    spec = rest.partition(":")[0]
+    name = spec.rpartition("@")[0] if registry == "npm" else spec.partition("=")[0]
+    return pypi_sources.canonical(name or spec)
+
+
 def fetch_entry(entry: str, cache_dir: Path | str) -> tuple[Source, Path]:
     """(the package, the folder of it to mine) of one HELDOUT-style entry
     "registry:spec[:folder][:licence]" (registry pypi, npm or deb)."""

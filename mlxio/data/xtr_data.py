@@ -16,7 +16,7 @@ import attrs
 import numpy as np
 
 from mlxcore.fields import bounded
-from mlxio.data import hard_negatives, pairs, pairs_jsonl, pypi_sources
+from mlxio.data import hard_negatives, package_sources, pairs, pairs_jsonl, polyglot, pypi_sources
 from mlxio.errors import DataError
 from mlxio.run.reporting import progress
 from mlxio.run.runlog import write_json_atomic
@@ -51,7 +51,9 @@ class DataConfig:
     package_eval_queries: int = bounded(800, ge=0, le=10_000_000)  # test queries from the held-out packages (0: eval_queries)
     package_eval_candidates: int = bounded(2500, ge=0, le=10_000_000)  # candidates from the held-out packages (0: all)
     package_dev_queries: int = bounded(200, ge=0, le=10_000_000)  # held-out-package dev queries (disjoint from its test ones) for the hybrid weight
-    # pinned PyPI packages mined beside `source` (downloaded once by pip into cache_dir/pypi)
+    # pinned packages mined beside `source`: PyPI's "name==version" (downloaded once by pip into
+    # cache_dir/pypi), npm's "npm:name@version" and Debian's "deb:name=version[:folder][:licence]"
+    # (mlxio.data.package_sources; their JavaScript, TypeScript, Go, Rust and Java functions too)
     packages: tuple[str, ...] = pypi_sources.DEFAULT_PACKAGES
     heldout_packages: tuple[str, ...] = pypi_sources.DEFAULT_HELDOUT  # never trained on: the transfer test
     hard_negatives: int = bounded(1, ge=0, le=64)  # K hard negatives per query beside the in-batch ones (0: in-batch only)
@@ -226,12 +228,14 @@ def load_data(data: DataConfig, cache_dir: Path, seed: int, model_tokens=None, m
     """
     source = Path(data.source) if data.source else pairs.stdlib_root()
     specs = tuple(getattr(data, "packages", ()))
+    other_specs = tuple(s for s in specs if s.startswith(package_sources.REGISTRIES))
+    specs = tuple(s for s in specs if not s.startswith(package_sources.REGISTRIES))
     heldout = tuple(pypi_sources.canonical(n) for n in getattr(data, "heldout_packages", ()))
-    if heldout and not specs:  # no packages mined (--data.packages ""): none to hold out either
+    if heldout and not specs and not other_specs:  # no packages mined (--data.packages ""): none to hold out either
         log.info("data.packages is empty: no held-out packages (%s not mined); the held-out files are the test",
                  ", ".join(heldout))
         heldout = ()
-    named = {pypi_sources.parse_spec(s)[0] for s in specs}
+    named = {pypi_sources.parse_spec(s)[0] for s in specs} | {package_sources.entry_name(s) for s in other_specs}
     unknown = sorted(set(heldout) - named)
     if unknown:
         raise DataError(f"data.heldout_packages: {unknown} not among data.packages {sorted(named)}")
@@ -247,12 +251,15 @@ def load_data(data: DataConfig, cache_dir: Path, seed: int, model_tokens=None, m
                      "version": sys.version.split()[0] if stdlib else "",
                      "licence": "PSF-2.0" if stdlib else "unknown", "kind": "stdlib" if stdlib else "folder"}
     corpora, infos = [(base_info["name"], base)], [base_info]
-    for src in pypi_sources.fetch_all(specs, cache_dir):
-        log.info("mining %s %s (%s) from %s", src.name, src.version, src.licence, src.root)
-        mined = relabel(pairs.mine_corpus([Path(src.root)], cache_dir=cache_dir, extras=True), Path(src.root),
+    fetched = [(src, Path(src.root), "pypi") for src in pypi_sources.fetch_all(specs, cache_dir)]
+    fetched += [(*package_sources.fetch_entry(s, cache_dir), s.split(":", 1)[0]) for s in other_specs]
+    for src, root, kind in fetched:
+        log.info("mining %s %s (%s) from %s", src.name, src.version, src.licence, root)
+        suffixes = (".py",) if kind == "pypi" else polyglot.SUFFIXES
+        mined = relabel(pairs.mine_corpus([root], cache_dir=cache_dir, extras=True, suffixes=suffixes), root,
                         f"{src.name}-{src.version}")
-        corpora.append((src.name, cap_chars(mined, data.max_chars, src.name)))
-        infos.append({"name": src.name, "version": src.version, "licence": src.licence, "kind": "pypi",
+        corpora.append((pypi_sources.canonical(src.name), cap_chars(mined, data.max_chars, src.name)))
+        infos.append({"name": src.name, "version": src.version, "licence": src.licence, "kind": kind,
                       "archive": Path(src.archive).name if src.archive else "(unpacked sources only)"})
     corpora, removed = merge_corpora(corpora)
     for info, (label, corpus) in zip(infos, corpora, strict=True):

@@ -345,3 +345,43 @@ def test_a_small_pairs_file_is_evaluated_on_what_it_holds_out(world, tmp_path, c
     with pytest.raises(DataError, match="--data.eval_fraction") as err:  # too few to evaluate at all
         xtr_data.load_data(attrs.evolve(small, source=str(_jsonl(tmp_path / "tiny.jsonl", 30))), cache, seed=0)
     assert "\n" not in str(err.value) and "--data.min_eval_queries" in str(err.value)
+
+
+def _go_functions(tag: str, n: int) -> str:
+    return "package p\n" + "".join(f'''
+// {tag.capitalize()}F{i} computes the {tag} quantity number {i} of x and y.
+func {tag.capitalize()}F{i}(x, y int) int {{
+\ttotal := x*{i} + y
+\treturn total - {i}*y
+}}
+''' for i in range(n))
+
+
+def test_npm_and_debian_packages_are_mined_in_their_languages(world, monkeypatch):
+    from mlxio.data import package_sources
+
+    base, cache = world
+    fetched = []
+
+    def fake_entry(entry, cache_dir):
+        name = package_sources.entry_name(entry)
+        root = cache_dir / "fake" / name
+        if not root.is_dir():
+            (root / "sub").mkdir(parents=True)
+            for i in range(3):
+                (root / "sub" / f"m{i}.go").write_text(_go_functions(f"{name.split('-')[1]}{i}", 4))
+        fetched.append(entry)
+        return package_sources.Source(name=name, version="1.0-1", licence="BSD-3-Clause", root=str(root),
+                                      archive=""), root
+
+    monkeypatch.setattr(package_sources, "fetch_entry", fake_entry)
+    data = Data(source=str(base), packages=("alpha==1.0", "deb:golang-gamma-dev=1.0-1", "deb:golang-delta-dev=2.0-1"),
+                heldout_packages=("golang-delta-dev",))
+    d = xtr_data.load_data(data, cache, seed=0)
+    assert fetched == ["deb:golang-gamma-dev=1.0-1", "deb:golang-delta-dev=2.0-1"]
+    info = {s["name"]: s for s in d.sources}
+    assert (info["golang-gamma-dev"]["kind"], info["golang-gamma-dev"]["licence"]) == ("deb", "BSD-3-Clause")
+    assert info["golang-gamma-dev"]["pairs"] == 12 and info["golang-delta-dev"]["role"] == "heldout_package"
+    assert any(p.source.endswith(".go") and "computes the gamma" in p.query for p in d.train)
+    assert not any("delta" in p.query for p in d.train)
+    assert all(c.startswith("golang-delta-dev-1.0-1/") for c in d.package_task.candidate_ids)
