@@ -48,18 +48,27 @@ else
   STEP3=(--shape qwen2.5-coder-3b --completion-len 384 --steps 3 --warmup 1)
   GEN=(--shapes smollm2-135m --new-tokens 256 --repeats 2 --torch-repeats 0 --engines static --bandwidth 4.8e12)
   RECIPE=(--preset gpu --train.steps 12)
-  LIMIT=(140 45 95 120 120)
+  LIMIT=(200 70 100 130 150)
 fi
+# PEFT for the PyTorch rows: from a carried wheel when the image lacks it (pure Python)
+PEFT=$("$PY" -c 'import peft; print(peft.__version__)' 2>/dev/null)
+if [ -z "$PEFT" ]; then
+  for w in .gpu/*/peft-*.whl .gpu/*/wheels/peft-*.whl; do
+    [ -f "$w" ] && "$PY" -m pip install -q --no-index --no-deps --target /tmp/site48 "$w" \
+      && export PYTHONPATH=$PYTHONPATH:/tmp/site48 && PEFT="installed from $w" && break
+  done
+fi
+say "peft: ${PEFT:-missing: the PyTorch rows will fail}"
 say "rlaif_speed on $M: $("$PY" -c 'import mlx.core as mx; print(mx.__version__, mx.default_device())' 2>&1)"
 # warm kernels: the archive when carried (cold start below uses its own empty folder)
 for k in .gpu/k/kernels-*.tar.gz; do
   [ -f "$k" ] && phase kernels_import 60 "$PY" -m mlxio.kernel_cache_cli import "$k"
 done
 
-# 1. update step, 0.5B: MLX vs torch.compile (full logits and logits_to_keep), agreement-checked,
-#    then the MLX step split into phases (forward / forward+backward / whole step)
+# 1. update step, 0.5B: MLX vs torch.compile with logits_to_keep (TRL's way; FULL_LOGITS=1 adds
+#    the full-logits peer), agreement-checked, then each row's step split into phases
 phase step_0.5b "${LIMIT[0]}" "$PY" -m benchmarks.rlaif_step --machine "$M" "${STEP[@]}" \
-  --frameworks mlx torch_compile_keep torch_compile --profile --out "$OUT/rlaif_step.json"
+  --frameworks mlx torch_compile_keep ${FULL_LOGITS:+torch_compile} --profile --out "$OUT/rlaif_step.json"
 # 2. the decode benchmark's engine figure, then --preset gpu in the same call, against it
 phase generation "${LIMIT[1]}" "$PY" -m benchmarks.generation --machine "$M" "${GEN[@]}" --out "$OUT/generation.json"
 ENGINE=$("$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))['runs']; print(r[-1]['static_median'])" \
