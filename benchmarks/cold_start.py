@@ -8,7 +8,7 @@ step: imports, weights, data, compilation of nothing yet), `first_step_s` (the f
 mx.compile tracing and, on a GPU, NVRTC kernel compilation for its shapes) and `steps_s` (the end
 of each of the first N steps); `recipe_imported_s` (the recipe module imported: MLX, mlx-lm,
 transformers) and, in `compile_log`, the setup's phases as the recipe logs them (mlxio.phases).
-The kernel cache (`MLXIO_KERNEL_CACHE`, see mlxio.kernel_cache)
+The kernel cache (`MLXIO_KERNEL_CACHE`, see mlxio.gpu.kernel_cache)
 is a new empty folder for the "fresh" run and the same folder again for the "warm" run; a
 "prime" run with its own throw-away kernel cache fills the data caches first (mined pairs,
 token cache, the retriever's untrained baseline), so fresh and warm differ only in kernels.
@@ -86,7 +86,7 @@ def _recipe_argv(recipe: str, work: Path, steps: int, extra: list[str]) -> list[
 def child(recipe: str, work: Path, steps: int, extra: list[str]) -> dict:
     import logging
 
-    from mlxio import kernel_cache
+    from mlxio.gpu import kernel_cache
     from mlxio.run import reporting
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -136,7 +136,7 @@ def run_one(recipe: str, work: Path, kcache: Path, args, label: str, timeout: in
     extra = args.retriever_args if recipe == "retriever" else args.rlaif_args
     cmd = [sys.executable, "-m", "benchmarks.cold_start", "--child", recipe, "--work", str(work),
            "--steps", str(args.steps), "--", *extra]
-    from mlxio.kernel_cache import contents
+    from mlxio.gpu.kernel_cache import contents
 
     before = contents(kcache)
     start = time.time()

@@ -1020,7 +1020,7 @@ def issue38_records(work: Path, timeout: float, skip: list[str] = ()) -> list[di
 
     # litter after a kill: a killed export's temp folder, swept at the next export
     def litter():
-        from mlxio.run.atomic import atomic_dir
+        from mlxio.atomic import atomic_dir
 
         d = w / "litter"
         d.mkdir()

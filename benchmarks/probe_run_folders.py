@@ -199,7 +199,7 @@ def folder_records(record: Callable, work: Path, cli: Callable, timeout: float) 
         cache = w / "ptx-cache"
         victim = _plant(cache / "sub", "dir link", victims)
         archive = _archive(w / "k-sub.tar.gz", [("ptx/sub/a.ptx", b"kernel")])
-        outcome, detail = _process(["-m", "mlxio.kernel_cache_cli", "import", str(archive), "--no-check"], timeout,
+        outcome, detail = _process(["-m", "mlxio.gpu.kernel_cache_cli", "import", str(archive), "--no-check"], timeout,
                                    {"MLX_PTX_CACHE_DIR": str(cache)})
         return _judged(outcome, detail, _harmed(victim, "dir link"))
     record("links49", "kernel_cache_cli import: a folder link inside the cache", kernel_cache_link)
@@ -288,7 +288,7 @@ def folder_records(record: Callable, work: Path, cli: Callable, timeout: float) 
     for what, archive in (("/dev/zero", "/dev/zero"), ("a FIFO", fifo), ("a 2 GiB sparse file", sparse),
                           ("a member claiming 5 GiB", _huge_member_archive(w / "huge.tar.gz"))):
         record("sizes49", f"kernel_cache_cli import {what}",
-               lambda archive=archive: _process(["-m", "mlxio.kernel_cache_cli", "import", str(archive)], timeout,
+               lambda archive=archive: _process(["-m", "mlxio.gpu.kernel_cache_cli", "import", str(archive)], timeout,
                                                 {"MLX_PTX_CACHE_DIR": str(w / "ptx-sizes")}))
 
     # ---- 8: inputs that crashed, or were taken silently
@@ -299,7 +299,7 @@ def folder_records(record: Callable, work: Path, cli: Callable, timeout: float) 
                           ("a ptx/../ member", _archive(w / "dotdot.tar.gz", [("ptx/../escape.ptx", b"x")])),
                           ("a ptx/../../ member", _archive(w / "dotdot2.tar.gz", [("ptx/../../escape.ptx", b"x")]))):
         def kernel_case(archive=archive):
-            outcome, detail = _process(["-m", "mlxio.kernel_cache_cli", "import", str(archive)], timeout,
+            outcome, detail = _process(["-m", "mlxio.gpu.kernel_cache_cli", "import", str(archive)], timeout,
                                        {"MLX_PTX_CACHE_DIR": str(w / "ptx-8" / "ptx")})
             escaped = [p for p in (w / "ptx-8").rglob("escape.ptx")] + list(w.glob("escape.ptx"))
             return ("damaged", f"unpacked outside: {escaped}") if escaped else (outcome, detail)

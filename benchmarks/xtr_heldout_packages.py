@@ -218,10 +218,10 @@ def pack_state(runs: Path, out: Path) -> None:
 
 
 def save_kernels(out: Path) -> None:
-    """The GPU kernel cache in use -> out (`mlxio.kernel_cache.export_cache`), when there is one
+    """The GPU kernel cache in use -> out (`mlxio.gpu.kernel_cache.export_cache`), when there is one
     and it fits what a device call brings back; nothing on a CPU."""
-    from mlxio import kernel_cache
     from mlxio.errors import DataError
+    from mlxio.gpu import kernel_cache
 
     if not kernel_cache.on_gpu():
         return
@@ -314,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         unpack(args.pypi_tarball, cache)
     runs.mkdir(parents=True, exist_ok=True)
     if args.kernels is not None and args.kernels.exists():  # compiled GPU kernels of an earlier call
-        from mlxio import kernel_cache
         from mlxio.errors import DataError
+        from mlxio.gpu import kernel_cache
 
         try:
             print(f"kernel cache: {kernel_cache.import_cache(args.kernels)}", flush=True)

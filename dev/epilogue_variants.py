@@ -15,8 +15,8 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.kernel_profile import profile
-from mlxcore import cuda_ext
 from mlxcore.kernels import relu_cuda
+from mlxio.gpu import cuda_ext
 from mlxio.runtime import setup
 
 setup()  # the kernel compiler of relu_cuda (MLX is already imported: no BLAS matters here)

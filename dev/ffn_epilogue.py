@@ -1,7 +1,7 @@
 """T5's ReLU feed-forward, forward + input gradient, with the ReLU in the wi GEMM's cuBLASLt
 epilogue (`mlxcore.kernels.ffn_cuda`) against the path it replaces (MLX's GEMMs + `relu_cuda`'s bit-mask
 ReLU; both share that backward), at the t5-base b128 step's shapes, on MLX's CUDA build with the
-compiled `mlxio.cuda_ext`.
+compiled `mlxio.gpu.cuda_ext`.
 
 Both sides compute the same function of the same bfloat16 inputs (their agreement is recorded
 before timing); the time is the kernels' device time per step (12 layers, `kernel_profile`).
@@ -30,10 +30,10 @@ def run(steps: int) -> list[dict]:
     from mlxcore.kernels import ffn_cuda
     from mlxcore.models import t5
     from mlxcore.train import lora
-    from mlxio import cuda_ext
+    from mlxio.gpu import cuda_ext
 
     if cuda_ext.load() is None:
-        raise SystemExit("ffn_epilogue: build mlxio.cuda_ext first (python -m mlxio.cuda_ext)")
+        raise SystemExit("ffn_epilogue: build mlxio.gpu.cuda_ext first (python -m mlxio.gpu.cuda_ext)")
     rng = np.random.default_rng(0)
     wi = mx.array((rng.normal(size=(D_FF, D_MODEL)) / np.sqrt(D_MODEL)).astype(np.float32)).astype(mx.bfloat16)
     wo = mx.array((rng.normal(size=(D_MODEL, D_FF)) / np.sqrt(D_FF)).astype(np.float32)).astype(mx.bfloat16)

@@ -10,8 +10,11 @@ it works (mlxcore holds the pure computation):
 - `sandbox/`: untrusted code run in isolated processes;
 - `run/`: a run's scaffolding (config files and flags, checkpoints, the loop's cadence, logs,
   ranks, memory);
+- `gpu/`: MLX's compiled GPU kernels (cache, export / import, warm-up), NVRTC for ours, the
+  fused feed-forward's C++ extension;
 - beside them: the process's set-up (`runtime.setup()`, which every entry point calls first:
-  importing this package changes nothing), MLX's CPU BLAS (`blas`) and GPU kernel cache
-  (`kernel_cache`, `kernel_warm`, `cuda_build`, `cuda_ext`), bounded input reading (`inputs`),
-  JSON-RPC framing (`rpc`), thread-safe `ast.parse` (`pyparse`), the error types (`errors`).
+  importing this package changes nothing), MLX's CPU BLAS (`blas`), writes that never leave a
+  half file or follow a link (`atomic`), bounded input reading (`inputs`), JSON-RPC framing
+  (`rpc`), thread-safe `ast.parse` (`pyparse`), credentials masked (`redact`), the error types
+  (`errors`).
 """

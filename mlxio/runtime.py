@@ -9,10 +9,10 @@ importing the module as a library still changes nothing); `tests/conftest.py` do
 1. gives MLX's Linux CPU wheel an optimised BLAS (`mlxio.blas.ensure_fast_blas`). This one
    has a deadline: the dynamic linker binds MLX's BLAS when `mlx.core` is first imported, so
    called later it leaves the reference BLAS in place (~40x slower matmuls) and logs a warning;
-2. points MLX's on-disk GPU kernel cache at a persistent folder (`mlxio.kernel_cache.configure`:
+2. points MLX's on-disk GPU kernel cache at a persistent folder (`mlxio.gpu.kernel_cache.configure`:
    MLX reads MLX_PTX_CACHE_DIR when it first compiles a kernel);
-3. gives mlxcore's own CUDA kernels their compiler (`mlxio.cuda_build` into `mlxcore.kernels.cuda_jit`)
-   and, where it is built, the fused feed-forward its GEMM (`mlxio.cuda_ext` into
+3. gives mlxcore's own CUDA kernels their compiler (`mlxio.gpu.cuda_build` into `mlxcore.kernels.cuda_jit`)
+   and, where it is built, the fused feed-forward its GEMM (`mlxio.gpu.cuda_ext` into
    `mlxcore.kernels.ffn_cuda`). These import MLX, after step 1;
 4. with MLXIO_CACHE_LIMIT_MB set, caps what MLX's allocator keeps of freed buffers
    (`mx.set_cache_limit`): processes that share one GPU (`benchmarks/xtr_heldout_packages.py
@@ -29,7 +29,8 @@ from __future__ import annotations
 import os
 import sys
 
-from mlxio import blas, host_memory, kernel_cache
+from mlxio import blas, host_memory
+from mlxio.gpu import kernel_cache
 
 _done: list[str] = []  # the BLAS status of the first call, once it has run
 
@@ -44,8 +45,8 @@ def setup() -> str:
     import mlx.core as mx  # (this and the next import MLX: after the BLAS)
 
     from mlxcore.kernels import cuda_jit, ffn_cuda
-    from mlxio import cuda_ext
-    from mlxio.cuda_build import COMPILER
+    from mlxio.gpu import cuda_ext
+    from mlxio.gpu.cuda_build import COMPILER
 
     cuda_jit.register_compiler(COMPILER)
     if cuda_ext.load() is not None:

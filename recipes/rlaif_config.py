@@ -19,8 +19,8 @@ from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, MAX_STEPS, bounded
 from mlxcore.rl.policy import GrpoConfig
 from mlxcore.train.lora import LoraConfig
 from mlxcore.train.optim import OptimConfig
-from mlxio import kernel_cache
 from mlxio.errors import ConfigError
+from mlxio.gpu import kernel_cache
 from mlxio.rl import grpo, rewards, session, shapes
 from mlxio.rl.evaluation import DataConfig, EvalConfig, validate_data
 from mlxio.rl.execution import SandboxConfig

@@ -40,8 +40,8 @@ import mlx.core as mx
 
 from mlxcore.rl import policy as pg
 from mlxcore.rl import verdict
-from mlxio import kernel_cache
 from mlxio.errors import ConfigError, DataError
+from mlxio.gpu import kernel_cache
 from mlxio.redact import redact_config
 from mlxio.rl import rollout_log, session, verifier
 from mlxio.rl.execution import CodeJudge

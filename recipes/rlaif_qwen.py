@@ -40,8 +40,8 @@ import mlx.core as mx
 
 from mlxcore.rl import packing
 from mlxcore.rl import policy as pg
-from mlxio import kernel_cache, kernel_warm
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
+from mlxio.gpu import kernel_cache, kernel_warm
 from mlxio.redact import redact_config
 from mlxio.rl import (
     auto_batch,

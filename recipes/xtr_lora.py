@@ -41,10 +41,10 @@ from mlxcore.train.buckets import padded_length
 from mlxcore.train.optim import make_optimizer
 from mlxcore.train.step import init_state, make_train_step
 from mlxcore.train.tree import combine, partition
-from mlxio import kernel_cache
 from mlxio.data import xtr_data, xtr_tokens
 from mlxio.data.token_cache import DataPosition
 from mlxio.errors import ConfigError, LoadError
+from mlxio.gpu import kernel_cache
 from mlxio.run import batch_sizer, budget, config, context, distributed
 from mlxio.run.best import BestKeeper
 from mlxio.run.flags import parse_args

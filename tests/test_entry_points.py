@@ -76,6 +76,6 @@ def test_conftest_sets_up_first():
 def test_the_check_sees_the_entry_points():
     names = {str(p.relative_to(ROOT)) for p in ENTRY_POINTS}
     assert {"recipes/xtr_lora.py", "recipes/rlaif_qwen.py", "recipes/rlaif_worker.py", "mlxio/run/batch_probe.py",
-            "mlxio/kernel_warm.py", "mlxio/cuda_ext/__main__.py", "benchmarks/encode.py", "dev/sweep.py",
+            "mlxio/gpu/kernel_warm.py", "mlxio/gpu/cuda_ext/__main__.py", "benchmarks/encode.py", "dev/sweep.py",
             "tests/dist/collectives.py"} <= names
     assert not {"mlxio/runtime.py", "recipes/rlaif_config.py", "recipes/xtr_lora_config.py"} & names

@@ -30,7 +30,7 @@ dpkg -x $S/x/bubblewrap_*.deb $S/bw || exit 3
 command -v bwrap >/dev/null || cp $S/bw/usr/bin/bwrap /usr/bin/ || exit 3  # the sandbox looks in /usr/bin
 if [ -z "${RLAIF_REHEARSE:-}" ]; then
   $PY -c 'import mlx.core as mx; print("mlx", mx.__version__, "on", mx.default_device())' || exit 3
-  $PY -m mlxio.kernel_cache_cli import $S/x/kernels-sm90-mlx0.32.4.tar.gz || say "kernel archive not imported"
+  $PY -m mlxio.gpu.kernel_cache_cli import $S/x/kernels-sm90-mlx0.32.4.tar.gz || say "kernel archive not imported"
 fi
 touch $S/installed
 say "installed in $(( $(date +%s) - t0 )) s; bwrap: $(command -v bwrap)"

@@ -3,7 +3,7 @@
 The kernels' sources (norm_cuda, maxsim_cuda) are self-contained - `PRELUDE` plus a template
 and `extern "C"` entry points, bfloat16 handled as 16-bit integers, no headers - and run through
 `mx.fast.precompiled_cuda_kernel`. Turning a source into PTX is I/O (a C library, a disk cache),
-so it lives in `mlxio.cuda_build`, which `mlxio.runtime.setup()` registers here (`register_compiler`).
+so it lives in `mlxio.gpu.cuda_build`, which `mlxio.runtime.setup()` registers here (`register_compiler`).
 Why not `mx.fast.cuda_kernel`: it recompiles its source with NVRTC in every process, MLX's
 device headers included, and never keeps the result (~2 s a kernel at every start). Without a
 registered compiler, or off MLX's CUDA build, `available()` is False and the callers take their
@@ -40,7 +40,7 @@ STORAGE = {mx.float32: "float", mx.bfloat16: "bf16"}
 
 
 class Compiler(Protocol):
-    """Turns a kernel source into PTX (`mlxio.cuda_build.COMPILER`)."""
+    """Turns a kernel source into PTX (`mlxio.gpu.cuda_build.COMPILER`)."""
 
     def available(self) -> bool: ...
 

@@ -7,7 +7,7 @@ PyTorch's `max(dim)`). Backward: each warp writes its row of the gradient, the c
 that index (when the token is real) and 0 elsewhere. Against MLX's ops this replaces a masked
 copy, a max, and the max vjp's equality mask / tie count / divide / select - five passes over
 the step's largest tensor ([128, 32, 128, 256] at batch 128) - by one read and one write.
-Launched by `mlxcore.kernels.cuda_jit` (compiled once per machine by `mlxio.cuda_build`): MLX's CUDA
+Launched by `mlxcore.kernels.cuda_jit` (compiled once per machine by `mlxio.gpu.cuda_build`): MLX's CUDA
 build only (`usable`).
 """
 

@@ -10,7 +10,7 @@ read once (up to 16 bytes per lane per load), the mean / variance (layer norm) o
 
 with gw = g * w, plus `extra` (a second gradient of x, e.g. a pre-norm block's residual path)
 when given, is written once. Launched by `mlxcore.kernels.cuda_jit` (compiled once per machine by
-`mlxio.cuda_build`), so it exists only on MLX's CUDA build; `usable` says when it applies (GPU
+`mlxio.gpu.cuda_build`), so it exists only on MLX's CUDA build; `usable` says when it applies (GPU
 stream, D a multiple of 128 up to 8192).
 """
 

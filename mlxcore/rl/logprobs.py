@@ -14,7 +14,7 @@ chunk computes J while its logits are at hand, and the output is logp + sum((h -
 (sg: stop_gradient; h - h is exactly 0), whose backward is `cotangent[:, None] * J` - the
 fused-linear-cross-entropy idea of Liger-Kernel, applied to per-token log-probs whose
 cotangent is not known in the forward pass. (A plain linear surrogate rather than
-`mx.custom_function`, so `mx.export_function` traces it too: mlxio.kernel_cache.) So the head's two matmuls are each done once,
+`mx.custom_function`, so `mx.export_function` traces it too: mlxio.gpu.kernel_cache.) So the head's two matmuls are each done once,
 as in plain autodiff, and the extra memory is J itself ([rows, H], the size of the hidden
 states). `mx.depends` chains the chunks, so one chunk's [chunk, V] buffers are freed before
 the next is computed. Splitting the vocabulary as well (Cut Cross-Entropy's online logsumexp)

@@ -13,7 +13,7 @@ under `mx.compile`: peak memory unchanged). Here the recomputation's inputs depe
 output cotangents (`mx.depends`), so it runs only once the backward pass has reached it.
 
 A custom vjp (`mx.custom_function`): `mx.export_function` cannot trace it, so graphs traced
-for `mlxio.kernel_cache.traced_ops` are built without it.
+for `mlxio.gpu.kernel_cache.traced_ops` are built without it.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import attrs
 
+from mlxio.atomic import run_dir
 from mlxio.errors import DataError
-from mlxio.run.atomic import run_dir
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ import attrs
 import numpy as np
 
 from mlxcore.train.buckets import padded_length
+from mlxio.atomic import run_dir
 from mlxio.errors import DataError
-from mlxio.run.atomic import run_dir
 
 Tokenize = Callable[[list[str], int], list[list[int]]]
 FORMAT = 1  # bump when the on-disk layout changes, so old caches are not misread

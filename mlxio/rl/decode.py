@@ -100,7 +100,7 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
         `compiled_step`); None compiles a new one.
     compiled: `mx.compile` the step (True), or run the same step eagerly: no fused kernels, so
         nothing to compile on a fresh CUDA machine (NVRTC takes 3-4 s a module there, see
-        `mlxio.kernel_cache`), at more host time per step.
+        `mlxio.gpu.kernel_cache`), at more host time per step.
     fused: decode with `decode_fused`'s step where the model allows; None: on a GPU
         (`step_and_state`).
     batches: batch sizes to compact to as rows end (`mlxcore.train.buckets.batch_ladder(B, ...)`): after each read of

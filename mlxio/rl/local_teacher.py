@@ -206,7 +206,7 @@ class MlxLmServer:
         blas = find_openblas()
         if blas and os.environ.get("MLXIO_BLAS", "auto") != "off":
             env["LD_PRELOAD"] = ":".join(filter(None, [blas, env.get("LD_PRELOAD")]))
-        from mlxio.run.atomic import open_in_place
+        from mlxio.atomic import open_in_place
 
         out = os.fdopen(open_in_place(self.log_path, "teacher server log", append=True), "ab") \
             if self.log_path else subprocess.DEVNULL  # never through a link planted at the log's path

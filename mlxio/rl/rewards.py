@@ -25,10 +25,10 @@ import numpy as np
 
 from mlxcore.fields import bounded
 from mlxcore.rl.tasks import Problem
+from mlxio.atomic import open_new, replace_file, run_dir
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl.execution import CodeJudge, SandboxConfig
 from mlxio.rl.problems import defines, fenced_blocks, parses
-from mlxio.run.atomic import open_new, replace_file, run_dir
 from mlxio.sandbox import SandboxLimits, Verdict
 
 # ---------------------------------------------------------------- reward functions

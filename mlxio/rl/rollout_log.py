@@ -23,8 +23,8 @@ import numpy as np
 
 from mlxcore.digest import hashed_int
 from mlxcore.rl.tasks import Problem
+from mlxio.atomic import append_text
 from mlxio.errors import DataError
-from mlxio.run.atomic import append_text
 from mlxio.run.runlog import MetricsLog
 
 LOG_NAME = "rollouts.jsonl"

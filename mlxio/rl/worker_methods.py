@@ -19,8 +19,9 @@ import numpy as np
 from mlxcore.rl import packing
 from mlxcore.rl import policy as pg
 from mlxcore.train import buckets
-from mlxio import kernel_cache, rpc
+from mlxio import rpc
 from mlxio.errors import CheckpointError, ConfigError, RunError
+from mlxio.gpu import kernel_cache
 from mlxio.redact import redact_config
 from mlxio.rl import grpo, rollout
 from mlxio.rl.session import Session

@@ -20,9 +20,9 @@ from pathlib import Path
 import attrs
 
 from mlxcore.train.tree import Tree
+from mlxio.atomic import run_dir
 from mlxio.errors import CheckpointError
 from mlxio.run import checkpoint
-from mlxio.run.atomic import run_dir
 
 BEST = "best"
 TREE = "trainable"

@@ -40,9 +40,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore.train.tree import Tree, flatten, unflatten
-from mlxio.errors import CheckpointError, LoadError
-from mlxio.inputs import MiB, read_regular
-from mlxio.run.atomic import (  # noqa: F401  (pid_alive: re-exported)
+from mlxio.atomic import (  # noqa: F401  (pid_alive: re-exported)
     check_dir_slot,
     disk_error,
     fsync_path,
@@ -53,6 +51,8 @@ from mlxio.run.atomic import (  # noqa: F401  (pid_alive: re-exported)
     replace_file,
     run_dir,
 )
+from mlxio.errors import CheckpointError, LoadError
+from mlxio.inputs import MiB, read_regular
 from mlxio.weights.safeload import read_safetensors
 
 log = logging.getLogger(__name__)

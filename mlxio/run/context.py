@@ -28,10 +28,11 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore.train.tree import Tree, combine, partition
+from mlxio import atomic
+from mlxio.atomic import sweep_stale
 from mlxio.errors import CheckpointError, TrainingDiverged, at_least_one, cli_main
 from mlxio.redact import install_log_redaction, redact_config, redact_text
-from mlxio.run import atomic, checkpoint, distributed, memprof
-from mlxio.run.atomic import sweep_stale
+from mlxio.run import checkpoint, distributed, memprof
 from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger(__name__)

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from mlxio.atomic import open_in_place, run_dir
 from mlxio.errors import ConfigError, RunError
-from mlxio.run.atomic import open_in_place, run_dir
 from mlxio.run.runlog import MetricsLog
 
 log = logging.getLogger("mlxio.progress")

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from mlxio.run.atomic import append_text, write_bytes_atomic
+from mlxio.atomic import append_text, write_bytes_atomic
 
 log = logging.getLogger(__name__)
 

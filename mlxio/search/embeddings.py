@@ -16,8 +16,8 @@ import numpy as np
 
 from mlxcore.retrieval import late_interaction
 from mlxcore.retrieval.encoder import EncoderSpec, hidden_states, token_embeddings
-from mlxio import kernel_cache
 from mlxio.data.token_cache import hf_tokenize, length_sorted_batches
+from mlxio.gpu import kernel_cache
 
 
 @attrs.frozen

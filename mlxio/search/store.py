@@ -46,9 +46,10 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxio import atomic
 from mlxio.errors import MlxioError
 from mlxio.inputs import MiB, read_regular
-from mlxio.run import atomic, checkpoint
+from mlxio.run import checkpoint
 from mlxio.run.checkpoint import pid_alive
 
 log = logging.getLogger(__name__)

@@ -28,10 +28,9 @@ from tokenizers.processors import TemplateProcessing
 from mlxcore.models import bert, t5
 from mlxcore.retrieval.encoder import EncoderSpec
 from mlxcore.train.tree import unflatten
-from mlxio import blas
+from mlxio import atomic, blas
 from mlxio.errors import LoadError
 from mlxio.inputs import MAX_MODEL_JSON_BYTES, read_regular, regular_kind
-from mlxio.run import atomic
 from mlxio.weights import safeload
 from mlxio.weights.model_check import check_model_config
 

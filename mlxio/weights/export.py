@@ -21,8 +21,8 @@ import mlx.core as mx
 
 from mlxcore.train import lora
 from mlxcore.train.tree import flatten
+from mlxio.atomic import atomic_dir
 from mlxio.errors import MlxioError
-from mlxio.run.atomic import atomic_dir
 from mlxio.weights import cards
 from mlxio.weights.encoders import LoadedEncoder, read_weights
 

@@ -23,9 +23,9 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
 
 from mlxio import blas
+from mlxio.atomic import atomic_dir
 from mlxio.errors import LoadError
 from mlxio.inputs import regular_kind
-from mlxio.run.atomic import atomic_dir
 from mlxio.weights import gguf_llm, safeload
 from mlxio.weights.model_check import check_model_config, header_shapes
 

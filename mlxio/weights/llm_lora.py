@@ -28,7 +28,7 @@ from mlxcore.train import lora
 from mlxcore.train.lora import LoraConfig, matches_target
 from mlxcore.train.recompute import recomputed
 from mlxcore.train.tree import Tree, partition
-from mlxio.run.atomic import atomic_dir
+from mlxio.atomic import atomic_dir
 from mlxio.weights.llm import Policy, save_model_dir
 
 _LINEAR_TYPES = (nn.Linear, nn.QuantizedLinear)

@@ -120,7 +120,7 @@ def rlaif_run(world: distributed.World, mode: str = "rlaif") -> tuple[dict, list
     from mlxcore.rl import packing
     from mlxcore.train.lora import LoraConfig
     from mlxcore.rl.policy import GrpoConfig
-    from mlxio import kernel_cache
+    from mlxio.gpu import kernel_cache
     from mlxio.rl import grpo
     from mlxio.weights import llm, llm_lora
     from recipes import rlaif_qwen as rq

@@ -428,7 +428,7 @@ def test_disk_full_on_a_real_tmpfs(tmp_path):
 # ---------------------------------------------------------------- litter
 
 def test_a_killed_exports_temp_folder_is_swept(tmp_path):
-    from mlxio.run.atomic import atomic_dir
+    from mlxio.atomic import atomic_dir
     from mlxio.run.runlog import write_json_atomic
 
     dead = 2**22 + 12345  # above the default pid_max: no such process

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxio import kernel_cache
 from mlxio.errors import DataError
+from mlxio.gpu import kernel_cache
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""mlxcore.kernels.cuda_jit (launching, the compiler registry) and mlxio.cuda_build (NVRTC, the disk
+"""mlxcore.kernels.cuda_jit (launching, the compiler registry) and mlxio.gpu.cuda_build (NVRTC, the disk
 cache): kernels compiled once and read back from the cache, a bad source fails with NVRTC's own
 message. The compile tests need MLX's CUDA build; elsewhere `available()` is False and the norm /
 MaxSim code takes MLX's ops (tests/mlxcore/models/test_norm.py, tests/mlxcore/retrieval/test_late_interaction.py)."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mlxcore.kernels import cuda_jit
-from mlxio import cuda_build
+from mlxio.gpu import cuda_build
 
 ADD_ONE = r"""
 extern "C" __global__ void add_one(const float* x, float* y, int n) {

@@ -1,4 +1,4 @@
-"""mlxcore.kernels.ffn_cuda (CUDA build with the compiled mlxio.cuda_ext only) against the composition it
+"""mlxcore.kernels.ffn_cuda (CUDA build with the compiled mlxio.gpu.cuda_ext only) against the composition it
 replaces, residual + maximum(x @ wi.T, 0) @ wo.T: values and every gradient (x, wi, wo, residual),
 eager and compiled, within GEMM rounding (the fused GEMM may pick another cuBLASLt kernel: a
 float32 reference of the same inputs bounds both), and the sign bits exactly. Plus the
@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mlxcore.kernels import ffn_cuda
-from mlxio import cuda_ext
+from mlxio.gpu import cuda_ext
 
-pytestmark = pytest.mark.skipif(cuda_ext.load() is None, reason="needs the built mlxio.cuda_ext (CUDA)")
+pytestmark = pytest.mark.skipif(cuda_ext.load() is None, reason="needs the built mlxio.gpu.cuda_ext (CUDA)")
 
 TOL = {mx.float32: 2e-3, mx.bfloat16: 3e-2}
 

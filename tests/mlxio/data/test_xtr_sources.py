@@ -290,7 +290,7 @@ def test_eager_evaluation_embeds_and_scores_as_the_compiled_one(monkeypatch):
     `kernel_cache.use_compile` (compiled off the GPU, eager on it)."""
     import mlx.core as mx
 
-    from mlxio import kernel_cache
+    from mlxio.gpu import kernel_cache
     from mlxio.search import embeddings
     from mlxio.weights.encoders import default_encoder_path, load_encoder
 

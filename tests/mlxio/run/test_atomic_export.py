@@ -15,8 +15,8 @@ import mlx.core as mx
 import pytest
 
 from mlxcore.train.lora import LoraConfig
+from mlxio.atomic import atomic_dir
 from mlxio.errors import DiskError
-from mlxio.run.atomic import atomic_dir
 from mlxio.weights import export, llm, llm_lora
 
 

@@ -12,7 +12,7 @@ before `mlx.core` is imported) points MLX at a known, persistent place:
 `MLXIO_KERNEL_CACHE=off` keeps MLX's own default. No effect on the CPU or Metal builds (they
 compile no NVRTC kernels), but harmless there.
 
-`export_cache(archive)` / `import_cache(archive)` (CLI: `python -m mlxio.kernel_cache_cli export|import|info`)
+`export_cache(archive)` / `import_cache(archive)` (CLI: `python -m mlxio.gpu.kernel_cache_cli export|import|info`)
 carry a warm cache to another machine with the same MLX version and GPU architecture (compute
 capability: an H100's kernels serve an H200), whose first run then starts as a warm one (a team
 builds it once, e.g. on a GPU CI runner, and shares it). MLX keeps per kernel module a `.ptx`
@@ -38,9 +38,9 @@ import zlib
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from mlxio.atomic import check_slot, open_new, replace_file, run_dir, temp_sibling
 from mlxio.errors import DataError
 from mlxio.inputs import kind_of, size_text
-from mlxio.run.atomic import check_slot, open_new, replace_file, run_dir, temp_sibling
 
 log = logging.getLogger("mlxio")
 ENV = "MLXIO_KERNEL_CACHE"
@@ -193,7 +193,7 @@ MAX_ARCHIVE_BYTES = 1 << 30
 MAX_MEMBERS = 100_000
 MAX_UNPACKED_BYTES = 4 << 30
 MAX_MANIFEST_BYTES = 64 << 10
-_MAKE_ONE = "make one with `python -m mlxio.kernel_cache_cli export FILE`"
+_MAKE_ONE = "make one with `python -m mlxio.gpu.kernel_cache_cli export FILE`"
 
 
 def import_cache(archive: str | os.PathLike, folder: str | None = None, check: bool = True) -> dict:
@@ -370,7 +370,7 @@ def unfused(active: bool):
     """Run `mx.compile`d functions (mlx-lm's swiglu and sampler) as their plain ops inside, when
     `active`: an eager step on a fresh CUDA machine then compiles no fused kernel modules (each
     one a new NVRTC compilation) and uses MLX's precompiled elementwise kernels; same values
-    (see tests/mlxio/test_kernel_modules.py). Left alone when MLX_DISABLE_COMPILE is set."""
+    (see tests/mlxio/gpu/test_kernel_modules.py). Left alone when MLX_DISABLE_COMPILE is set."""
     import mlx.core as mx
 
     if not active or os.environ.get("MLX_DISABLE_COMPILE"):

@@ -5,7 +5,7 @@ T5's ReLU feed-forward; `mlxio.runtime.setup()` registers it there when it is bu
 machine with MLX's CUDA build, the CUDA toolkit, CMake, fmt's headers and nanobind 3.0
 (`pip install "nanobind>=3.0,<3.2"`, MLX 0.32.4's ABI):
 
-    python -m mlxio.cuda_ext          # -> mlxio/cuda_ext/_gemm_epilogue.*.so
+    python -m mlxio.gpu.cuda_ext          # -> mlxio/gpu/cuda_ext/_gemm_epilogue.*.so
 
 Without it (or with MLXCORE_GEMM_EPILOGUE=0) everything runs as before: `load()` is None.
 """
@@ -27,7 +27,7 @@ def load():
     if not cuda_jit.on_cuda():
         return None
     try:
-        from mlxio.cuda_ext import _gemm_epilogue
+        from mlxio.gpu.cuda_ext import _gemm_epilogue
     except ImportError:
         return None
     return _gemm_epilogue

@@ -2,7 +2,7 @@
 
 NVRTC is called through ctypes - the library MLX's CUDA build ships and loads - on the
 self-contained sources (no headers: a kernel compiles in well under a second), and the PTX is
-cached beside MLX's own kernels (`<MLX_PTX_CACHE_DIR>/mlxcore`, the folder `mlxio.kernel_cache`
+cached beside MLX's own kernels (`<MLX_PTX_CACHE_DIR>/mlxcore`, the folder `mlxio.gpu.kernel_cache`
 configures), keyed by a hash of the source, written atomically. `mlxio.runtime.setup()`
 registers `COMPILER` with `mlxcore.kernels.cuda_jit`.
 """
@@ -17,9 +17,9 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from mlxio import kernel_cache
+from mlxio.atomic import write_bytes_atomic
 from mlxio.errors import MlxioError
-from mlxio.run.atomic import write_bytes_atomic
+from mlxio.gpu import kernel_cache
 
 
 def _nvrtc_paths() -> list[str]:

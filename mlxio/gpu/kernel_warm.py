@@ -2,11 +2,11 @@
 
 MLX's CUDA backend compiles a kernel module with NVRTC the first time it is used, one after
 another (a process-wide lock), ~3.5 s each on the lent H100's host, and keeps it on disk
-(`mlxio.kernel_cache`). Modules are named by what they compute and their dtypes, not by array
+(`mlxio.gpu.kernel_cache`). Modules are named by what they compute and their dtypes, not by array
 shapes: `gather_float32_int32_1` holds that gather for every index rank and size. So a graph
 of a few tiny arrays compiles the same module as the real step - and separate processes
 compile in parallel. `start(jobs)` launches one child process per module (`python -m
-mlxio.kernel_warm KEY`: imports MLX alone, builds `module_graph(KEY)`, evaluates it, exits),
+mlxio.gpu.kernel_warm KEY`: imports MLX alone, builds `module_graph(KEY)`, evaluates it, exits),
 each with its own empty staging folder as MLX's cache; when a child ends, its module moves into
 the run's cache folder, where the recipe's process finds it when it first needs it (it compiles
 any it needs sooner itself: the same bytes).
@@ -49,7 +49,7 @@ import threading
 import time
 from pathlib import Path
 
-from mlxio.run import atomic
+from mlxio import atomic
 
 log = logging.getLogger("mlxio")
 ENV = "MLXIO_KERNEL_PREWARM"
@@ -110,7 +110,7 @@ def module_graph(key) -> list:
 def rlaif_modules(dtype: str = "float32") -> list[tuple]:
     """The modules of the RLAIF recipe's eager rollout and update for a `dtype` policy (the
     dequantised GGUF default: float32), as the H100's fresh cache listed them (session 7) less
-    those the recipe no longer needs (tests/mlxio/test_kernel_modules.py checks the traced steps need
+    those the recipe no longer needs (tests/mlxio/gpu/test_kernel_modules.py checks the traced steps need
     no other)."""
     return [("gather", dtype, "int32", 1),  # embedding lookups, the static cache's rows
             ("gather", "int32", "int32", 1),  # the rows' left padding
@@ -202,7 +202,7 @@ def start(jobs: list[tuple], dest: str | os.PathLike) -> Prewarm:
         staging.mkdir()
         env = {**os.environ, "MLX_PTX_CACHE_DIR": str(staging), "MLXIO_KERNEL_CACHE": str(staging)}
         env.pop(ENV, None)
-        proc = subprocess.Popen([sys.executable, "-m", "mlxio.kernel_warm", json.dumps(key)], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "mlxio.gpu.kernel_warm", json.dumps(key)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=open(staging / "log.txt", "w"))
         procs.append(("_".join(map(str, key)), proc, staging, time.perf_counter()))
     warm = Prewarm(procs, dest, root)
@@ -213,7 +213,7 @@ def start(jobs: list[tuple], dest: str | os.PathLike) -> Prewarm:
 def for_rlaif(compute_dtype: str, jit: bool) -> Prewarm | None:
     """`start(rlaif_jobs(compute_dtype))` into the kernel cache in use when enabled
     (MLXIO_KERNEL_PREWARM=1), on a CUDA device, for the eager steps (`jit` False); else None."""
-    from mlxio import kernel_cache
+    from mlxio.gpu import kernel_cache
 
     if not enabled() or jit or not kernel_cache.on_gpu():
         return None

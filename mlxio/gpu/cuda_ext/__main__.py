@@ -1,4 +1,4 @@
-"""Build the extension: python -m mlxio.cuda_ext [--build-dir DIR] (see the package docstring)."""
+"""Build the extension: python -m mlxio.gpu.cuda_ext [--build-dir DIR] (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ def main(argv: list[str] | None = None) -> int:
 
     cuda = getattr(mx, "cuda", None)
     if cuda is None or not cuda.is_available():
-        print("mlxio.cuda_ext: needs MLX's CUDA build (pip install 'mlx[cuda]') on a machine with an NVIDIA GPU",
+        print("mlxio.gpu.cuda_ext: needs MLX's CUDA build (pip install 'mlx[cuda]') on a machine with an NVIDIA GPU",
               file=sys.stderr)
         return 2
     for tool, hint in (("cmake", "pip install cmake"), ("nvcc", "the CUDA toolkit (for cuBLASLt's headers)")):
         if shutil.which(tool) is None and not (tool == "nvcc" and Path("/usr/local/cuda/bin/nvcc").exists()):
-            print(f"mlxio.cuda_ext: {tool} not found; install {hint}", file=sys.stderr)
+            print(f"mlxio.gpu.cuda_ext: {tool} not found; install {hint}", file=sys.stderr)
             return 2
     try:
         import nanobind  # noqa: F401
     except ImportError:
-        print('mlxio.cuda_ext: nanobind not found; pip install "nanobind>=3.0,<3.2" (the ABI of MLX 0.32.4)', file=sys.stderr)
+        print('mlxio.gpu.cuda_ext: nanobind not found; pip install "nanobind>=3.0,<3.2" (the ABI of MLX 0.32.4)', file=sys.stderr)
         return 2
     build = Path(args.build_dir or tempfile.mkdtemp(prefix="mlxcore-cuda-ext-"))
     cuda = "/usr/local/cuda" if Path("/usr/local/cuda").exists() else None
@@ -45,11 +45,11 @@ def main(argv: list[str] | None = None) -> int:
         + ([f"-DFMT_ROOT={Path(args.fmt_root).resolve()}"] if args.fmt_root else [])
     for cmd in (configure, ["cmake", "--build", str(build), "-j"]):
         if subprocess.run(cmd).returncode:
-            print(f"mlxio.cuda_ext: failed: {' '.join(cmd)}", file=sys.stderr)
+            print(f"mlxio.gpu.cuda_ext: failed: {' '.join(cmd)}", file=sys.stderr)
             return 1
     built = sorted(build.glob("_gemm_epilogue*.so"))
     if not built:
-        print(f"mlxio.cuda_ext: no _gemm_epilogue*.so under {build}", file=sys.stderr)
+        print(f"mlxio.gpu.cuda_ext: no _gemm_epilogue*.so under {build}", file=sys.stderr)
         return 1
     for so in built:
         shutil.copy2(so, HERE / so.name)

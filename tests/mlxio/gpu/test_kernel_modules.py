@@ -15,7 +15,7 @@ from mlxcore.models import decode_fused, decode_step
 from mlxcore.rl import policy as pg
 from mlxcore.train import buckets
 from mlxcore.train.lora import LoraConfig
-from mlxio import kernel_cache
+from mlxio.gpu import kernel_cache
 from mlxio.rl import decode, rollout
 from mlxio.weights import llm, llm_lora
 
@@ -148,7 +148,7 @@ def _rlaif_step_ops(model) -> list:
 def test_prewarm_covers_every_module_of_the_rlaif_steps():
     """`kernel_warm.rlaif_modules` lists every gather / scatter / dynamic-offset module the eager
     rollout and update trace to, and each warm-up graph traces to its own module."""
-    from mlxio import kernel_warm
+    from mlxio.gpu import kernel_warm
 
     needed = kernel_warm.module_keys(_rlaif_step_ops(llm.tiny_policy("llama", seed=0).model))
     assert needed and needed <= set(kernel_warm.rlaif_modules()), needed - set(kernel_warm.rlaif_modules())
@@ -159,7 +159,7 @@ def test_prewarm_covers_every_module_of_the_rlaif_steps():
 def test_prewarm_covers_a_bf16_base():
     """With `--memory.compute_dtype bfloat16` the steps' modules are the bf16 base's gathers and
     the float32 log-probs': `kernel_warm.rlaif_jobs` lists them all."""
-    from mlxio import kernel_warm
+    from mlxio.gpu import kernel_warm
 
     model = llm.tiny_policy("llama", seed=0).model
     model.set_dtype(mx.bfloat16)

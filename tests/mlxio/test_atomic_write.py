@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from mlxio.atomic import replace_file
 from mlxio.errors import DiskError
-from mlxio.run.atomic import replace_file
 from mlxio.run.runlog import write_json_atomic, write_text_atomic
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _specials(tmp_path: Path) -> dict[str, Path]:

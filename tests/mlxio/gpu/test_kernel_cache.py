@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-from mlxio import kernel_cache
+from mlxio.gpu import kernel_cache
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cache_dir_in_child(env: dict) -> str:
@@ -91,15 +91,15 @@ def test_export_import_round_trip(tmp_path, monkeypatch):
 
 
 def test_cli_info_runs_once_without_runpy_warning(tmp_path):
-    """`python -m mlxio.kernel_cache_cli info`: one JSON line counting the cache's files, and no
-    "found in sys.modules" RuntimeWarning (running mlxio.kernel_cache itself with -m gave one,
+    """`python -m mlxio.gpu.kernel_cache_cli info`: one JSON line counting the cache's files, and no
+    "found in sys.modules" RuntimeWarning (running mlxio.gpu.kernel_cache itself with -m gave one,
     since the package's start-up had already imported it)."""
     import json
 
     (tmp_path / "k").mkdir()
     (tmp_path / "k" / "a.ptx").write_bytes(b"12345")
     base = {k: v for k, v in os.environ.items() if k not in ("MLX_PTX_CACHE_DIR", "MLXIO_KERNEL_CACHE")}
-    out = subprocess.run([sys.executable, "-m", "mlxio.kernel_cache_cli", "info"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "mlxio.gpu.kernel_cache_cli", "info"], capture_output=True, text=True,
                          env={**base, "PYTHONPATH": str(ROOT), "MLXIO_KERNEL_CACHE": str(tmp_path / "k")},
                          cwd=ROOT, check=True)
     assert json.loads(out.stdout) == {"folder": str(tmp_path / "k"), "files": 1, "bytes": 5}
@@ -141,7 +141,7 @@ def test_retriever_compile_setting_leaves_the_trajectory_hash(monkeypatch):
 def test_prewarm_moves_only_finished_modules(tmp_path):
     """A module moves once MLX wrote its `.cu` (last of its three files); the cache's own
     modules are kept; long names (nested folders) keep their layout."""
-    from mlxio import kernel_warm
+    from mlxio.gpu import kernel_warm
 
     staging, dest = tmp_path / "staging", tmp_path / "cache"
     for name, suffixes in (("done", ".ptx .txt .cu"), ("writing", ".ptx .txt"), ("deep/sub/done2", ".ptx .txt .cu"),
@@ -161,7 +161,7 @@ def test_prewarm_moves_only_finished_modules(tmp_path):
 def test_prewarm_jobs_run(tmp_path, monkeypatch):
     """The RLAIF prewarm's children (one per kernel module) run to the end (here on the CPU,
     where they compile nothing to move); off unless MLXIO_KERNEL_PREWARM=1 and on a CUDA device."""
-    from mlxio import kernel_warm
+    from mlxio.gpu import kernel_warm
     from recipes.rlaif_config import PRESETS
 
     dtype = PRESETS["quick"].memory.compute_dtype
