@@ -3,7 +3,7 @@ timed on its own with a barrier (mx.eval / torch.cuda.synchronize) at its end, o
 
 - `forward`: the loss of every micro-batch (no gradient);
 - `forward_backward`: the loss and LoRA gradients of every micro-batch, summed (MLX: the
-  step's own `mlxcore.step.accumulate`, one compiled graph);
+  step's own `mlxcore.train.step.accumulate`, one compiled graph);
 - `step`: the whole step (clipping and the optimizer on top).
 `backward` = forward_backward - forward and `optimizer` = step - forward_backward are the
 differences of medians. MLX's phases are compiled like its step; PyTorch's run the variant's

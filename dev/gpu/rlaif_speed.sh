@@ -62,7 +62,7 @@ say "peft: ${PEFT:-missing: the PyTorch rows will fail}"
 say "rlaif_speed on $M: $("$PY" -c 'import mlx.core as mx; print(mx.__version__, mx.default_device())' 2>&1)"
 # warm kernels: the archive when carried (cold start below uses its own empty folder)
 for k in .gpu/k/kernels-*.tar.gz; do
-  [ -f "$k" ] && phase kernels_import 60 "$PY" -m mlxio.kernel_cache_cli import "$k"
+  [ -f "$k" ] && phase kernels_import 60 "$PY" -m mlxio.gpu.kernel_cache_cli import "$k"
 done
 
 # 1. update step, 0.5B: MLX vs torch.compile with logits_to_keep (TRL's way; FULL_LOGITS=1 adds
