@@ -723,6 +723,20 @@ def search_scale_section() -> list[str]:
                   "alone).", ""]
 
 
+def search_serve_sections() -> list[str]:
+    """`code_search serve` (search_serve.json) and search per language with token pooling
+    (search_languages.json): each benchmark renders its own table."""
+    from benchmarks import search_languages, search_serve
+
+    out = []
+    for machine in ("cpu", "h100", "h200"):
+        for module, name in ((search_serve, "search_serve"), (search_languages, "search_languages")):
+            payload = load(machine, name)
+            if payload:
+                out += module.section(payload, machine)
+    return out
+
+
 def search_batch_section() -> list[str]:
     """`code_search search --queries`: batched against one query at a time (<machine>/search_batch.json)."""
     out = []
@@ -793,6 +807,7 @@ def performance_sections(bars: list) -> list[str]:
     lines += worker_overhead_section()
     lines += search_scale_section()
     lines += search_batch_section()
+    lines += search_serve_sections()
     lines += heldout_packages_section()
     lines += rlaif_learning_section()
     lines += judge_auc_section()

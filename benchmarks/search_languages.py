@@ -32,11 +32,6 @@ import numpy as np
 
 from benchmarks.common import write_result
 from mlxio.data import package_sources, pairs, polyglot
-from mlxio.search import build, store
-from mlxio.search.embed import Embedder
-from mlxio.search.index import Index
-from mlxio.search.pooling import pooled
-from mlxio.weights.encoders import default_encoder_path, load_encoder, model_digest
 
 MODES = (("semantic", "interp"), ("bm25", "interp"), ("hybrid", "rrf"))
 
@@ -58,6 +53,8 @@ def metrics(ranked: list[list[str]], positives: list[str]) -> dict:
 def index_bytes(index_dir: Path) -> dict:
     """Bytes of the live generation: every file, and the token payload (centroid ids +
     residual codes) alone."""
+    from mlxio.search import store
+
     gen = store.current(index_dir)
     files = [p for p in gen.rglob("*") if p.is_file()]
     tokens = sum(p.stat().st_size for p in files if p.name in ("cids.bin", "residuals.bin"))
@@ -65,6 +62,12 @@ def index_bytes(index_dir: Path) -> dict:
 
 
 def evaluate_language(language: str, encoder, model: str, args) -> dict:
+    from mlxio.search import build
+    from mlxio.search.embed import Embedder
+    from mlxio.search.index import Index
+    from mlxio.search.pooling import pooled
+    from mlxio.weights.encoders import model_digest
+
     started = time.perf_counter()
     sources = [package_sources.fetch_entry(e, args.cache_dir) for e in package_sources.HELDOUT[language]]
     corpus = pairs.mine_corpus([root for _, root in sources], suffixes=suffixes_of(language))
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--machine", default="cpu")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    from mlxio.weights.encoders import default_encoder_path, load_encoder
+
     args.pool_factors = [int(f) for f in args.pool_factors.split(",")]
     if 1 not in args.pool_factors:
         args.pool_factors.insert(0, 1)
@@ -141,3 +146,29 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def section(payload: dict, machine: str) -> list[str]:
+    """The docs' tables of a search_languages.json (docs/performance.md, via benchmarks.make_table)."""
+    out = [f"### Code search per language on held-out packages ({machine}, {payload['model']}, "
+           "benchmarks/search_languages.py)", "",
+           "| language | packages (licence) | queries / candidates | MRR@10 semantic | BM25 | hybrid (RRF) |",
+           "|---|---|---|---|---|---|"]
+    for e in payload["languages"]:
+        packages = ", ".join(f"{p['name']} {p['version']} ({p['licence'].split(' (')[0]})" for p in e["packages"])
+        out.append(f"| {e['language']} | {packages} | {e['queries']} / {e['candidates']} | {e['semantic']['mrr@10']:.3f} "
+                   f"| {e['bm25']['mrr@10']:.3f} | {e['hybrid_rrf']['mrr@10']:.3f} |")
+    factors = [str(f) for f in payload["pool_factors"]]
+    out += ["", "Token pooling (`index --pool-factor`): index bytes (all files) and semantic MRR@10 by pool factor.", "",
+            "| language | " + " | ".join(f"x{f} bytes | x{f} MRR@10" for f in factors) + " |",
+            "|---|" + "---|---|" * len(factors)]
+    for e in payload["languages"]:
+        cells = []
+        for f in factors:
+            p = e["pooling"][f]
+            cells += [f"{p['bytes'] / 1e6:.2f} MB ({p['bytes'] / e['pooling']['1']['bytes']:.0%})",
+                      f"{p['semantic']['mrr@10']:.3f}"]
+        out.append(f"| {e['language']} | " + " | ".join(cells) + " |")
+    return out + ["", "Queries: the first sentence of each documented function's doc comment; candidates: the "
+                  "packages' functions (a seeded sample with every positive), indexed as `code_search index` does "
+                  "(pq codec, 256 tokens).", ""]

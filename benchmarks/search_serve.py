@@ -173,3 +173,20 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def section(payload: dict, machine: str) -> list[str]:
+    """The docs' table of a search_serve.json (docs/performance.md, via benchmarks.make_table)."""
+    live = payload["save_to_found_s"]
+    updates = [t["update_s"] for t in live["trials"]]
+    return [f"### `code_search serve` over MCP: one person's query, and a saved file to a search that finds it "
+            f"({machine}, benchmarks/search_serve.py)", "",
+            "| index | mode | p50 ms | p95 ms | queries |", "|---|---|---|---|---|",
+            *(f"| {payload['functions']:,} functions, {payload['files']} files | {mode} | {payload[f'{mode}_ms']['p50']:.0f} "
+              f"| {payload[f'{mode}_ms']['p95']:.0f} | {payload[f'{mode}_ms']['queries']} |" for mode in ("hybrid", "semantic")),
+            "", f"A query is one `search` call of the MCP SDK's client to `serve --index IDX --watch SRC` over stdio "
+            f"(all-MiniLM-L6-v2 encoding the query on the CPU, {payload['blas_threads']} BLAS thread, k = 10). "
+            f"Saved file to a search that ranks its new function first: p50 {live['p50']:.2f} s, max {live['max']:.2f} s "
+            f"over {len(live['trials'])} one-function files (the server's update itself: median "
+            f"{sorted(updates)[len(updates) // 2]:.2f} s; target 2 s). Load average "
+            f"{payload['loadavg_before'][0]:.1f} before, {payload['loadavg_after'][0]:.1f} after (a shared CPU).", ""]
