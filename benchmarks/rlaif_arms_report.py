@@ -12,7 +12,7 @@ import numpy as np
 
 from benchmarks.common import RESULTS, write_result
 from mlxio.rl import rollout_log
-from mlxio.rl.evaluation import EvalConfig, compare
+from mlxio.rl.evaluation import EvalConfig, compare, load_problems
 from mlxio.run.runlog import save_figure
 
 SETS = ("heldout", "heldout_families", "humaneval")
@@ -51,6 +51,40 @@ def curves(run: Path) -> list[dict]:
     return [{"step": r["step"], **{k: r.get(k) for k in CURVE_KEYS if k in r}} for r in rows]
 
 
+def onpolicy_pass(run: Path, per_window: int = 16, workers: int = 8) -> list[dict] | None:
+    """A judge arm's training pass rate, judged after training (the run itself ran no test):
+    `per_window` of the rollouts of each logging window (train.log_every steps) run
+    against their tests in the sandbox. [{"step": last step of the window, "pass_rate", "n"}],
+    cached in run/onpolicy_pass.json; None without the run's rollouts."""
+    cache = run / "onpolicy_pass.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    log, cfg_path = run / rollout_log.LOG_NAME, run / "config.json"
+    if not log.is_file() or not cfg_path.is_file():
+        return None
+    from mlxio.rl.execution import CodeJudge
+    from mlxio.run.flags import parse_args
+    from mlxio.run.runlog import write_json_atomic
+    from recipes.rlaif_config import PRESETS
+
+    cfg, _ = parse_args(["--config", str(cfg_path)], PRESETS, prog="rlaif_qwen", description="", default_preset="quick")
+    problems = {p.task_id: p for p in load_problems(cfg.data)[0]}
+    window = cfg.train.log_every
+    by_window: dict[int, list[dict]] = {}
+    for r in rollout_log.read_rows(log):
+        if r["task_id"] in problems:
+            by_window.setdefault((r["step"] - 1) // window, []).append(r)
+    picked = {w: rows[:: max(1, len(rows) // per_window)][:per_window] for w, rows in sorted(by_window.items())}
+    flat = [(w, r) for w, rows in picked.items() for r in rows]
+    passed = CodeJudge(workers=workers).passed([problems[r["task_id"]] for _, r in flat], [r["completion"] for _, r in flat])
+    out = []
+    for w in picked:
+        got = [p for (ww, _), p in zip(flat, passed, strict=True) if ww == w and p is not None]
+        out.append({"step": (w + 1) * window, "pass_rate": float(np.mean(got)) if got else None, "n": len(got)})
+    write_json_atomic(cache, out)
+    return out
+
+
 def one_run(work: Path, arm: str, seed: int, before: dict, ev: EvalConfig) -> dict:
     """One arm x seed: its status, the sets before / after / paired diff, its curves."""
     run = work / f"{arm}_s{seed}"
@@ -59,6 +93,14 @@ def one_run(work: Path, arm: str, seed: int, before: dict, ev: EvalConfig) -> di
     out = {"arm": arm, "seed": seed, "judge_seed": seed if arm == "trained_judge" else None,
            "status": "done" if res else ("partial" if cur else "not run"),
            "steps_done": cur[-1]["step"] if cur else 0, "sets": {}, "curves": cur}
+    if res and arm != "execution":
+        # no test ran in training: the pass rate of a sample of its rollouts, judged afterwards
+        sampled = onpolicy_pass(run) or []
+        rates = {x["step"]: x["pass_rate"] for x in sampled}
+        for c in cur:
+            if c["step"] in rates:
+                c["pass_rate"] = rates[c["step"]]
+        out["pass_rate_note"] = "judged after training, 16 rollouts per logging window" if sampled else None
     if res:
         out["wall_s"] = res.get("wall_s")
         for name, entry in res["eval"].items():
@@ -204,7 +246,8 @@ def plot(payload: dict, path: Path) -> Path:
             if pts:
                 ax.plot(*zip(*pts, strict=True), color=colours[r["arm"]], alpha=0.8, lw=1.2, marker=".", ms=3,
                         label=f"{r['arm']} s{r['seed']}")
-        ax.set_title(key + (" (sandbox; arm a only: b and c run no tests)" if key == "pass_rate" else ""), fontsize=9)
+        ax.set_title(key + (" (b, c: tests run after training, 16 per window)" if key == "pass_rate" else ""),
+                     fontsize=9)
         ax.set_xlabel("step")
     axes[0][0].legend(fontsize=6, ncol=1)
     for ax, name in zip(axes[1], SETS, strict=False):

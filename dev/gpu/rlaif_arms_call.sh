@@ -18,11 +18,13 @@ mkdir -p $W && (while sleep 15; do nvidia-smi --query-gpu=timestamp,utilization.
 mon=$!
 python3 -m benchmarks.rlaif_arms --work $W ${ARMS_FLAGS:-} --deadline_s "$deadline" --judge "--sandbox.workers 8 --sample.batch 32 --eval.batch 32" -- "$@"
 kill $mon 2>/dev/null
-python3 -m benchmarks.rlaif_arms --work $W ${ARMS_FLAGS:-} --summarize --results "$OUT/rlaif_arms.json" 2>&1 | tail -3
 (cd $W && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' \) -not -path '*/checkpoints/*' \
    -not -path '*/reward_cache/*' -not -path '*/adapters/*' -not -path '*/fused/*' -not -name rollouts.jsonl -print0 \
    | tar cf - --null -T - | xz -T0 -6 > "$OUT/arms.tar.xz")
 (cd $W && find . -name rollouts.jsonl -print0 | tar cf - --null -T - | xz -T0 -6 > "$OUT/rollouts.tar.xz")
 (cd $W && tar cf "$OUT/judges.tar" judge_s*/adapters 2>/dev/null)
+# last, at most 100 s (the judge arms' pass rates are judged in the sandbox here): the archives above
+# make the same JSON anywhere (python -m benchmarks.rlaif_arms --work DIR --summarize)
+timeout 100 python3 -m benchmarks.rlaif_arms --work $W ${ARMS_FLAGS:-} --summarize --results "$OUT/rlaif_arms.json" 2>&1 | tail -3
 ls -la "$OUT"
 for f in $W/*.log; do echo "== $f"; tail -n 2 "$f"; done
