@@ -21,7 +21,7 @@ from mlxcore.train.lora import LoraConfig
 from mlxcore.train.optim import OptimConfig
 from mlxio.errors import ConfigError
 from mlxio.gpu import kernel_cache
-from mlxio.rl import grpo, rewards, session, shapes
+from mlxio.rl import grpo, memory_bounds, rewards, session, shapes
 from mlxio.rl.evaluation import DataConfig, EvalConfig, validate_data
 from mlxio.rl.execution import SandboxConfig
 from mlxio.rl.grpo import TINY_PREFIX, MemoryConfig  # TINY_PREFIX + "llama": a tiny random model
@@ -29,7 +29,7 @@ from mlxio.rl.rewards import RewardConfig, TeacherConfig
 from mlxio.rl.rollout import ENGINES
 from mlxio.rl.shapes import ShapePlan, ShapesConfig
 from mlxio.rl.verdict_reward import VerdictJudgeReward
-from mlxio.run import budget, distributed
+from mlxio.run import distributed
 from mlxio.run.config import check, check_schedule, check_url, to_dict
 from mlxio.weights import llm
 from mlxio.weights.llm import TINY_KINDS
@@ -159,11 +159,11 @@ def load_policy(cfg: Config) -> llm.Policy:
 
 
 def open_session(cfg: Config, world: distributed.World = distributed.SINGLE) -> session.Session:
-    """The policy `cfg` trains, once its step's memory is known to fit (`budget.check_rlaif`,
+    """The policy `cfg` trains, once its step's memory is known to fit (`memory_bounds.check_rlaif`,
     before any rollout), with its compiled step over this rank's loss, LoRA tree, optimizer
     state and run identity (`mlxio.rl.session.build`): the recipe's and the worker's one builder."""
     policy = load_policy(cfg)
-    budget.check_rlaif(policy.config, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+    memory_bounds.check_rlaif(policy.config, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                        max_new_tokens=cfg.max_new_tokens, accum=cfg.train.accum, ev=cfg.eval, world_size=world.size,
                        where=str(policy.source or cfg.model))
     loss = distributed.data_parallel_loss(loss_fn(policy.model, cfg, world), world)

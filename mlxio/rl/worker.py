@@ -30,6 +30,7 @@ import numpy as np
 from mlxio import rpc
 from mlxio.errors import ConfigError, StrictArgumentParser, one_line
 from mlxio.redact import install_log_redaction
+from mlxio.rl import memory_bounds
 from mlxio.rl.prompt_limits import prompt_overflow
 from mlxio.rl.worker_protocol import MAX_GENERATE_ROWS, PROTOCOL_VERSION
 from mlxio.run import budget
@@ -64,7 +65,7 @@ def padded(rows: list[list], width: int, dtype, fill=0) -> np.ndarray:
 def check_generate(model_config: dict, prompts: int, n: int, max_tokens: int, prompt_tokens: int = 16) -> None:
     """A `generate` that cannot finish is refused before it starts (INVALID_PARAMS naming the
     field): more than MAX_GENERATE_ROWS sequences, more tokens than the model's positions, or
-    a KV cache larger than the machine's memory (`mlxio.run.budget`)."""
+    a KV cache larger than the machine's memory (`mlxio.rl.memory_bounds`)."""
     rows = prompts * n
     if rows > MAX_GENERATE_ROWS:
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.n: {prompts} prompts x n={n} = {rows} sequences, more than "
@@ -74,7 +75,7 @@ def check_generate(model_config: dict, prompts: int, n: int, max_tokens: int, pr
         raise rpc.RpcError(rpc.INVALID_PARAMS, f"params.max_tokens: {max_tokens} is more than the model's "
                            f"max_position_embeddings ({limit})", {"field": "params.max_tokens"})
     try:
-        budget.require(budget.rollout_bytes(rows, max_tokens + prompt_tokens, model_config), "params.n", n,
+        budget.require(memory_bounds.rollout_bytes(rows, max_tokens + prompt_tokens, model_config), "params.n", n,
                        f"{rows} sequences x {max_tokens} tokens (KV cache)", "ask for fewer sequences or tokens")
     except ConfigError as err:
         raise rpc.RpcError(rpc.INVALID_PARAMS, str(err), {"field": "params.n"}) from None
@@ -106,7 +107,7 @@ def check_rows(model_config: dict, rows: list, accum: int) -> None:
                            f"max_position_embeddings ({limit})", {"field": "params.tokens"})
     per_micro = max(len(rows) // max(accum, 1), 1)
     try:
-        budget.require(budget.update_bytes(per_micro, longest, model_config), "params.tokens", f"{len(rows)} rows",
+        budget.require(memory_bounds.update_bytes(per_micro, longest, model_config), "params.tokens", f"{len(rows)} rows",
                        f"micro-batches of {per_micro} sequences x {longest} tokens of logits",
                        "send fewer or shorter sequences (or initialize with a larger train.accum)")
     except ConfigError as err:

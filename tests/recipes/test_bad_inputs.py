@@ -21,7 +21,8 @@ from lock_holder import holding
 
 from mlxio import inputs
 from mlxio.errors import ConfigError, DataError, DiskError, MlxioError, RunError, cli_main
-from mlxio.run import budget, checkpoint, context
+from mlxio.rl import memory_bounds
+from mlxio.run import checkpoint, context
 from mlxio.search import searcher
 from recipes import code_search, rlaif_qwen, xtr_lora
 
@@ -100,7 +101,7 @@ def test_settings_that_cannot_fit_are_refused_naming_the_option():
     import attrs
 
     def check(cfg):
-        budget.check_rlaif(smol, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
+        memory_bounds.check_rlaif(smol, prompts_per_step=cfg.prompts_per_step, group_size=cfg.group_size,
                            max_new_tokens=cfg.max_new_tokens, accum=cfg.train.accum, ev=cfg.eval, available=16 << 30)
 
     check(cfg)  # the default fits in 16 GiB
