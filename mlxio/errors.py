@@ -56,6 +56,7 @@ class MlxioError(Exception):
         return text + (f"; {self.fix}" if self.fix and self.fix not in text else "")
 
 
+_NAMED_LINE = re.compile(r"^\S[^\n]*?:\d+: ")  # "path/to/file.jsonl:12: ..."
 # "/abs/path: ...", "./rel: ...", "name.ext:12: ..." (a file, optionally with a line); not "optim.lr: ..."
 _LEADING_PLACE = re.compile(r"^((?:/|\.{1,2}/|~/)[^\s:]*(?::\d+)?|[^\s:/]+\.[A-Za-z0-9]+:\d+): (.+)$", re.S)
 
@@ -68,9 +69,15 @@ class ConfigError(MlxioError, ValueError):
 
 
 class DataError(MlxioError, ValueError):
-    """A data file is malformed (the message names file:line and field)."""
+    """A data file is malformed (the message names file:line and field). The default fix, "fix
+    or remove that line", is given only to a message that names a line (`path:N: ...`); a reader
+    with a lenient mode names it in its own fix."""
 
-    default_fix = "fix or remove that line (--data.lenient true skips bad lines, counted by reason)"
+    default_fix = "fix or remove that line"
+
+    def __init__(self, what: str = "", where: str | None = None, fix: str | None = None):
+        names_a_line = bool(_NAMED_LINE.match(what)) or bool(where and _NAMED_LINE.match(where + ": "))
+        super().__init__(what, where, fix if fix is not None or names_a_line else "")
 
 
 class LoadError(MlxioError, ValueError):

@@ -226,10 +226,14 @@ python -m recipes.rlaif_qwen --teacher.url http://127.0.0.1:8080/v1 --teacher.sc
 ```""")
 
 
+def parse(argv: list[str] | None):
+    """(config, run flags) from the command line."""
+    return parse_args(argv, PRESETS, prog="python -m recipes.rlaif_judge", description=__doc__,
+                      default_preset="quick", extra=context.add_run_flags)
+
+
 def main(argv: list[str] | None = None) -> dict | None:
-    cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_judge",
-                           description=__doc__, default_preset="quick",
-                           extra=context.add_run_flags)
+    cfg, args = parse(argv)
     return run(cfg, resume=args.resume, stop_after=args.stop_after, profile_memory=args.profile_memory,
                command=command_line(argv, "recipes.rlaif_judge"))
 

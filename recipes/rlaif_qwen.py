@@ -299,13 +299,17 @@ def training_note(cfg: Config) -> str:
             f"{cfg.data.problems or cfg.data.source} (training split)")
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def parse(argv: list[str] | None):
+    """(config, run flags) from the command line."""
     def extra(parser):
         context.add_run_flags(parser, more_steps_aliases=("--stop-after",))
 
-    cfg, args = parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen",
-                           description=__doc__, default_preset="quick",
-                           extra=extra)
+    return parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen", description=__doc__,
+                      default_preset="quick", extra=extra)
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    cfg, args = parse(argv)
     return run(cfg, resume=args.resume, stop_after=args.stop_after, more_steps=args.more_steps,
                profile_memory=args.profile_memory, command=command_line(argv, "recipes.rlaif_qwen"),
                overwrite=args.overwrite)

@@ -92,7 +92,8 @@ def read_jsonl(path: Path | str, lenient: bool = False,
         except BadLine as bad:
             message = f"{path}:{lineno}: {bad}"
             if not lenient:
-                raise DataError(message) from None
+                raise DataError(message, fix="fix or remove that line (--data.lenient true skips bad lines, "
+                                             "counted by reason)") from None
             skipped[bad.reason] += 1
             if len(errors) < 10:
                 errors.append(message)

@@ -328,7 +328,7 @@ def test_queries(ev: pairs.EvalSet, data: DataConfig, dev: int) -> int:
     if data.source is None or min(n_q, n_c) < MIN_OWN_EVAL:
         floor = "" if data.source is None else f" (at least {MIN_OWN_EVAL} of each to evaluate at all)"
         raise DataError(f"{sizes}, fewer than the {data.min_eval_queries} / {data.min_eval_candidates} asked for"
-                        f"{floor}: lower --data.min_eval_queries / --data.min_eval_candidates, raise "
+                        f"{floor}", fix="lower --data.min_eval_queries / --data.min_eval_candidates, raise "
                         "--data.eval_fraction, or add data")
     n_test = max(1, round(n_q * data.eval_queries / (data.eval_queries + dev))) if dev > 0 else n_q
     log.warning("%s, fewer than this preset's %d / %d (--data.min_eval_queries / --data.min_eval_candidates): "
