@@ -172,13 +172,19 @@ class CodeJudge:
             raise ValueError(f"{len(problems)} problems but {len(completions)} completions")
         return self._map(self.verdict, problems, completions)
 
-    def _map(self, fn, *args: Sequence) -> list:
-        if self.workers <= 1 or len(args[0]) <= 1:
-            return [fn(*a) for a in zip(*args, strict=True)]
+    def _map(self, fn, *args: Sequence, desc: str = "") -> list:
+        """[fn(*a) for a in zip(*args)], `workers` at a time; with `desc`, a progress display."""
         from concurrent.futures import ThreadPoolExecutor
 
+        from mlxio.run.reporting import progress
+
+        def shown(results):
+            return progress(results, total=len(args[0]), desc=desc, unit="problem") if desc else results
+
+        if self.workers <= 1 or len(args[0]) <= 1:
+            return list(shown(fn(*a) for a in zip(*args, strict=True)))
         with ThreadPoolExecutor(self.workers) as pool:
-            return list(pool.map(fn, *args))
+            return list(shown(pool.map(fn, *args)))
 
     def passed(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[bool | None]:
         """True / False per completion; None where the judge itself failed (missing)."""
@@ -216,7 +222,8 @@ class CodeJudge:
         every run); only sound ones are stored, so a refusal always says why."""
         keys = [self._check_key(p) for p in problems]
         todo = [i for i, k in enumerate(keys) if known is None or known.get(k) != 1.0]
-        found = dict(zip(todo, self._map(self.check_problem, [problems[i] for i in todo]), strict=True))
+        found = dict(zip(todo, self._map(self.check_problem, [problems[i] for i in todo], desc="checking tests"),
+                         strict=True))
         if known is not None:
             for i, check in found.items():
                 if check.sound:
