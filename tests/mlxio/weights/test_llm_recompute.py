@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
-from tests.mlxcore.test_memory_options import live_peak
+from tests.mlxcore.train.test_memory_options import live_peak
 
 from mlxcore.train.lora import LoraConfig
 from mlxcore.train.recompute import recomputed
