@@ -62,7 +62,7 @@ def test_problems_jsonl_round_trip(tmp_path_factory, rows):
     ('["a"]', ":2: expected a JSON object"),
     ('{"task_id": "b", "prompt": "", "test": ""}', ":2: missing field 'entry_point'"),
     ('{"task_id": "b", "prompt": 3, "entry_point": "f", "test": ""}', ":2: field 'prompt'"),
-    ('{"task_id": "b", "prompt": "", "entry_point": "f-g", "test": ""}', "not an identifier"),
+    ('{"task_id": "b", "prompt": "", "entry_point": "f-g", "test": ""}', "is not a function name"),
     ('{"task_id": "a", "prompt": "", "entry_point": "f", "test": ""}', "'task_id' repeats"),
     ('{"task_id": "b", "prompt": "\\ud800", "entry_point": "f", "test": ""}', ":2: field 'prompt': lone surrogate"),
     ('{"task_id": "b", "prompt": "a\\u0000", "entry_point": "f", "test": ""}', ":2: field 'prompt': contains a NUL"),
