@@ -466,8 +466,8 @@ def _simulated_enospc(fraction: float):
 
 
 def sandbox_records() -> list[dict]:
-    from mlxio import sandbox
-    from mlxio.sandbox import SandboxError, SandboxLimits, require_isolation, run_check
+    from mlxio.sandbox import runner
+    from mlxio.sandbox.runner import SandboxError, SandboxLimits, require_isolation, run_check
 
     records = []
     limits = SandboxLimits(timeout_s=20.0, memory_mb=256, max_processes=16, max_file_mb=4, disk_mb=8)
@@ -479,16 +479,16 @@ def sandbox_records() -> list[dict]:
            "        if pid == 0:\n            b = bytearray(150 << 20)\n            for i in range(0, len(b), 4096):\n"
            "                b[i] = 1\n            time.sleep(1.5)\n            os._exit(0)\n        pids.append(pid)\n"
            "    return sum(os.waitpid(p, 0)[1] == 0 for p in pids)\n")
-    if sandbox.sandbox_backend() == "bwrap":
+    if runner.sandbox_backend() == "bwrap":
         v = run_check(fill, test.replace("WHERE", "'/tmp'"), "fill", limits)
         records.append({"class": "sandbox", "what": "fill 64 MiB of /tmp under an 8 MiB quota (bwrap)",
                         "outcome": "escaped" if v.status == "passed" else "contained", "detail": v.status})
         v = run_check(hog, "def check(c):\n    assert c() == 4\n", "hog", limits)
         records.append({"class": "sandbox", "what": "4 processes x 150 MiB under a 256 MiB bound (bwrap)",
                         "outcome": "escaped" if v.status == "passed" else "contained", "detail": v.status})
-    real_backend = sandbox.sandbox_backend
+    real_backend = runner.sandbox_backend
     try:
-        sandbox.sandbox_backend = lambda: "none"
+        runner.sandbox_backend = lambda: "none"
         v = run_check(fill, test.replace("WHERE", "'.'"), "fill", limits)
         records.append({"class": "sandbox", "what": "fill 64 MiB of the work dir under an 8 MiB quota (weak backend)",
                         "outcome": "escaped" if v.status == "passed" else "contained", "detail": v.status})
@@ -499,7 +499,7 @@ def sandbox_records() -> list[dict]:
             records.append({"class": "sandbox", "what": "weak backend without opt-in", "outcome": "contained",
                             "detail": str(err)})
     finally:
-        sandbox.sandbox_backend = real_backend
+        runner.sandbox_backend = real_backend
     return records
 
 

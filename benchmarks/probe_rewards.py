@@ -122,7 +122,7 @@ def _problem_file(path: Path, tests: dict[str, str]) -> Path:
 
 def _judge():
     from mlxio.rl.execution import CodeJudge
-    from mlxio.sandbox import SandboxLimits
+    from mlxio.sandbox.runner import SandboxLimits
 
     return CodeJudge(SandboxLimits(timeout_s=3.0, memory_mb=256), workers=2)
 
@@ -131,7 +131,7 @@ def _wrong_answer_case(body: str):
     def run():
         from mlxcore.rl.tasks import Problem
         from mlxio.rl.rewards import ExecutionReward
-        from mlxio.sandbox import SandboxLimits
+        from mlxio.sandbox.runner import SandboxLimits
 
         problem = Problem(task_id="mean", prompt=PROMPT, entry_point="mean_and_label", test=TEST)
         completion = f"```python\ndef mean_and_label(xs):\n{body}\n```"

@@ -22,7 +22,7 @@ from mlxio.run import context
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
 from mlxio.run.runlog import write_json_atomic
-from mlxio.sandbox import require_isolation
+from mlxio.sandbox.runner import require_isolation
 from mlxio.weights import llm_lora
 from recipes.rlaif_config import PRESETS, load_policy, validate
 

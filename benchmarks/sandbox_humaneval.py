@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from benchmarks.common import write_result
 from mlxio.rl.problems import load_humaneval
 from mlxio.rl.rewards import ExecutionReward
-from mlxio.sandbox import SandboxLimits, sandbox_backend
+from mlxio.sandbox.runner import SandboxLimits, sandbox_backend
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,7 +34,7 @@ from mlxcore.rl import tasks
 from mlxio.rl import rollout
 from mlxio.rl.evaluation import instruction
 from mlxio.rl.rewards import ExecutionReward, FormatReward
-from mlxio.sandbox import SandboxLimits
+from mlxio.sandbox.runner import SandboxLimits
 from recipes.rlaif_config import PRESETS, load_policy
 
 

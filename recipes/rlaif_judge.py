@@ -51,7 +51,7 @@ from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.reporting import WindowMean
 from mlxio.run.runlog import plot_curves, write_json_atomic, write_text_atomic
-from mlxio.sandbox import SandboxLimits, require_isolation
+from mlxio.sandbox.runner import SandboxLimits, require_isolation
 from mlxio.weights import cards, llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line
 from recipes.rlaif_judge_config import PRESETS, Config, load_policy, validate

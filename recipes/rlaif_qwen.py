@@ -80,7 +80,7 @@ from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
 from mlxio.run.reporting import WindowMean
 from mlxio.run.runlog import plot_curves, write_json_atomic
-from mlxio.sandbox import require_isolation
+from mlxio.sandbox.runner import require_isolation
 from mlxio.weights import llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line
 from recipes.rlaif_config import (

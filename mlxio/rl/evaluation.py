@@ -34,7 +34,7 @@ from mlxio.rl.execution import CodeJudge, SandboxConfig
 from mlxio.rl.problems import extract_code, load_humaneval, read_problems_jsonl
 from mlxio.rl.rewards import RewardCache, combine_rewards
 from mlxio.run.runlog import write_json_atomic
-from mlxio.sandbox import SandboxLimits
+from mlxio.sandbox.runner import SandboxLimits
 
 log = logging.getLogger(__name__)
 

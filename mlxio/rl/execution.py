@@ -3,7 +3,7 @@ reward) and the held-out evaluation (pass@1) both ask it, so a completion that f
 fools neither.
 
 It runs the extracted program against the tests in the two-process sandbox
-(`mlxio.sandbox.run_check`: the candidate in one process, the trusted tests in another that
+(`mlxio.sandbox.runner.run_check`: the candidate in one process, the trusted tests in another that
 reads only plain values back). When the tests' own code misbehaves after the candidate
 answered (hangs with no call pending, floods its output, raises something that is neither an
 assertion nor the candidate's exception), the sandbox cannot tell a broken test from one
@@ -40,7 +40,7 @@ import attrs
 from mlxcore.fields import bounded
 from mlxcore.rl.tasks import Problem
 from mlxio.rl.problems import extract_code, parses
-from mlxio.sandbox import SandboxLimits, Verdict, run_check
+from mlxio.sandbox.runner import SandboxLimits, Verdict, run_check
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from mlxio.atomic import open_new, replace_file, run_dir
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl.execution import CodeJudge, SandboxConfig
 from mlxio.rl.problems import defines, fenced_blocks, parses
-from mlxio.sandbox import SandboxLimits, Verdict
+from mlxio.sandbox.runner import SandboxLimits, Verdict
 
 # ---------------------------------------------------------------- reward functions
 

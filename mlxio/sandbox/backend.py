@@ -2,7 +2,7 @@
 
 `sandbox_backend()` probes once for the strongest isolation that works (bubblewrap, then
 `unshare -n`, then none; `sandbox-exec` on macOS); `launcher_argv` gives the command prefix
-that starts the base interpreter under it. See `mlxio.sandbox` for the threat model.
+that starts the base interpreter under it. See `mlxio.sandbox.runner` for the threat model.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The code that runs INSIDE the sandbox (see `mlxio.sandbox` for the threat model).
+"""The code that runs INSIDE the sandbox (see `mlxio.sandbox.runner` for the threat model).
 
-This file is not imported by the project; `mlxio.sandbox` reads its source and runs it as
+This file is not imported by the project; `mlxio.sandbox.runner` reads its source and runs it as
 `python -I -S -B -c <this source> ROLE ARGS_JSON` in each of two separate sandboxes:
 
 - role "worker" (untrusted): sets its resource limits, reads the candidate code from stdin,

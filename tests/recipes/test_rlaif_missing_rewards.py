@@ -12,8 +12,8 @@ import socket
 
 import pytest
 
-from mlxio import sandbox
 from mlxio.errors import cli_main
+from mlxio.sandbox import runner
 from recipes import rlaif_qwen
 
 pytestmark = pytest.mark.slow  # each runs the smoke recipe: 15-25 s
@@ -65,7 +65,7 @@ def test_allow_missing_goes_on_and_says_so_at_every_step(tmp_path, capsys, caplo
     assert summary["ai_feedback"] == {"completions": 16, "missing": 16, "share": 1.0}
 
 
-@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="untrusted programs only run under bwrap")
+@pytest.mark.skipif(runner.sandbox_backend() != "bwrap", reason="untrusted programs only run under bwrap")
 def test_a_sandbox_that_gives_no_verdict_stops_the_run(tmp_path, capsys, caplog):
     """--sandbox.timeout_s too short to start a check: every execution reward missing (was: a
     run on the format reward alone, exit 0, missing_rewards 0)."""

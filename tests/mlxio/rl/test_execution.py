@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from mlxcore.rl.tasks import Problem
-from mlxio import sandbox
 from mlxio.rl import evaluation
 from mlxio.rl.execution import CodeJudge
 from mlxio.rl.rewards import ExecutionReward, RewardCache, combine_rewards
-from mlxio.sandbox import SandboxLimits
+from mlxio.sandbox import runner
+from mlxio.sandbox.runner import SandboxLimits
 
-pytestmark = pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap",
+pytestmark = pytest.mark.skipif(runner.sandbox_backend() != "bwrap",
                                 reason="untrusted programs only run under bwrap")
 
 LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=256, max_processes=16, max_output_bytes=100_000)

@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlxcore.rl.tasks import Problem
-from mlxio import sandbox
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl.problems import extract_code, load_humaneval, load_problems_jsonl
 from mlxio.rl.rewards import (
@@ -21,7 +20,8 @@ from mlxio.rl.rewards import (
     RewardCache,
     combine_rewards,
 )
-from mlxio.sandbox import SandboxLimits
+from mlxio.sandbox import runner
+from mlxio.sandbox.runner import SandboxLimits
 
 LIMITS = SandboxLimits(timeout_s=5.0, memory_mb=512)
 ADD = Problem(task_id="t/add", prompt='def add(a: int, b: int) -> int:\n    """Sum."""\n',
@@ -127,7 +127,7 @@ def test_execution_reward_on_humaneval(humaneval):
 
 
 def test_execution_reward_infra_is_missing(monkeypatch):
-    monkeypatch.setattr(sandbox, "launcher_argv", lambda backend, workdir, **kw: ["/nonexistent/bwrap"])
+    monkeypatch.setattr(runner, "launcher_argv", lambda backend, workdir, **kw: ["/nonexistent/bwrap"])
     assert ExecutionReward(LIMITS).score([ADD], ["    return a + b\n"]) == [None]
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from mlxio import sandbox
-from mlxio.sandbox import SandboxLimits, build_program, run_check, run_tests, split_program
+from mlxio.sandbox import runner
+from mlxio.sandbox.runner import SandboxLimits, build_program, run_check, run_tests, split_program
 
 HOSTILE = sorted((Path(__file__).resolve().parents[2] / "hostile").glob("*.py"))
 REPO = Path(__file__).resolve().parents[3]
@@ -26,7 +26,7 @@ GOOD = "def add(a, b):\n    return a + b\n"
 LIMITS = SandboxLimits(timeout_s=2.0, memory_mb=256, max_processes=16, max_file_mb=4,
                        max_output_bytes=200_000)
 
-pytestmark = pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap",
+pytestmark = pytest.mark.skipif(runner.sandbox_backend() != "bwrap",
                                 reason="hostile programs are only safe to run under bwrap")
 
 
@@ -154,7 +154,7 @@ def test_prelude_helpers_are_trusted():
 
 
 def test_missing_bwrap_is_infra(monkeypatch):
-    monkeypatch.setattr(sandbox, "launcher_argv", lambda backend, workdir, **kw: ["/nonexistent/bwrap"])
+    monkeypatch.setattr(runner, "launcher_argv", lambda backend, workdir, **kw: ["/nonexistent/bwrap"])
     verdict = run_tests(build_program(GOOD, TEST, "add"), LIMITS)
     assert verdict.status == "infra" and ("cannot start" in verdict.detail or "no verdict" in verdict.detail)
 
@@ -166,7 +166,7 @@ def test_missing_bwrap_is_infra(monkeypatch):
     "    os.write(args['res'], json.dumps({'nonce': 'x', 'status': 'passed'}).encode())\n",
 ])
 def test_broken_harness_is_infra(monkeypatch, judge_src):
-    monkeypatch.setattr(sandbox, "_CHILD_SOURCE", judge_src)
+    monkeypatch.setattr(runner, "_CHILD_SOURCE", judge_src)
     verdict = run_tests(build_program(GOOD, TEST, "add"), attrs.evolve(LIMITS, timeout_s=5.0))
     assert verdict.status == "infra", verdict
 

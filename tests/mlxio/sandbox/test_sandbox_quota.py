@@ -8,8 +8,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from mlxio import sandbox
-from mlxio.sandbox import SandboxError, SandboxLimits, backend, require_isolation, run_check
+from mlxio.sandbox import backend, runner
+from mlxio.sandbox.runner import SandboxError, SandboxLimits, require_isolation, run_check
 
 LIMITS = SandboxLimits(timeout_s=20.0, memory_mb=256, max_processes=16, max_file_mb=4, disk_mb=8)
 
@@ -35,7 +35,7 @@ def check(candidate):
 """
 
 
-@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+@pytest.mark.skipif(runner.sandbox_backend() != "bwrap", reason="needs bubblewrap")
 def test_bwrap_tmpfs_is_capped_at_disk_mb():
     verdict = run_check(FILL, FILL_TEST.replace("WHERE", "'/tmp'"), "fill", LIMITS)
     assert verdict.status == "passed", verdict
@@ -46,14 +46,14 @@ def test_bwrap_tmpfs_is_capped_at_disk_mb():
 def test_weak_backend_work_dir_gets_a_tmpfs_quota(monkeypatch):
     if __import__("os").geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    monkeypatch.setattr(sandbox, "sandbox_backend", lambda: "none")
+    monkeypatch.setattr(runner, "sandbox_backend", lambda: "none")
     verdict = run_check(FILL, FILL_TEST.replace("WHERE", "'.'"), "fill", LIMITS)
     assert verdict.status == "passed", verdict
 
 
 def test_weak_backend_polled_quota_kills_the_worker(monkeypatch):
-    monkeypatch.setattr(sandbox, "sandbox_backend", lambda: "none")
-    monkeypatch.setattr(sandbox, "mount_quota", lambda path, mb: False)  # as a non-root user
+    monkeypatch.setattr(runner, "sandbox_backend", lambda: "none")
+    monkeypatch.setattr(runner, "mount_quota", lambda path, mb: False)  # as a non-root user
     slow_fill = FILL.replace('h.write(b"x" * (1 << 20))', 'h.write(b"x" * (1 << 20)); __import__("time").sleep(0.2)')
     verdict = run_check(slow_fill, FILL_TEST.replace("WHERE", "'.'"), "fill", LIMITS)
     assert verdict.status == "error" and "disk quota" in verdict.detail, verdict
@@ -89,7 +89,7 @@ def _memory_cgroup_possible() -> bool:
     return ok
 
 
-@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+@pytest.mark.skipif(runner.sandbox_backend() != "bwrap", reason="needs bubblewrap")
 def test_memory_is_bounded_over_all_processes_of_a_check():
     if not _memory_cgroup_possible():
         pytest.skip("no memory cgroup can be made here (needs root and a memory controller)")
@@ -103,16 +103,16 @@ def test_rlaif_refuses_weak_isolation_unless_asked(monkeypatch, tmp_path):
     from mlxio.errors import cli_main
     from recipes import rlaif_qwen
 
-    monkeypatch.setattr(sandbox, "sandbox_backend", lambda: "unshare")
+    monkeypatch.setattr(runner, "sandbox_backend", lambda: "unshare")
     with pytest.raises(SandboxError, match="without file isolation.*--sandbox.allow_weak true"):
         require_isolation(False, "--sandbox.allow_weak true")
     assert require_isolation(True, "--sandbox.allow_weak true") == "unshare"
     loaded = []
-    monkeypatch.setattr(rlaif_qwen, "load_policy", lambda cfg: loaded.append(cfg))
+    monkeypatch.setattr(rlaif_qwen, "open_session", lambda cfg, world: loaded.append(cfg))
     with pytest.raises(SystemExit) as exit_info:
         cli_main("rlaif_qwen", rlaif_qwen.main, ["--preset", "smoke", "--out_dir", str(tmp_path / "run")])
     assert exit_info.value.code == 1 and not loaded  # refused before the model loads
-    monkeypatch.setattr(sandbox, "sandbox_backend", lambda: "bwrap")
+    monkeypatch.setattr(runner, "sandbox_backend", lambda: "bwrap")
     assert require_isolation(False, "x") == "bwrap"
 
 
@@ -135,14 +135,14 @@ def check(candidate):
 """
 
 
-@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+@pytest.mark.skipif(runner.sandbox_backend() != "bwrap", reason="needs bubblewrap")
 def test_the_tests_own_code_has_the_process_limit():
     verdict = run_check("def f():\n    return 1\n", FORK_TEST, "f", attrs.evolve(LIMITS, timeout_s=10.0))
     forked = int(verdict.detail.rsplit("forked ", 1)[1].split()[0])
     assert forked <= LIMITS.max_processes, verdict.detail
 
 
-@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+@pytest.mark.skipif(runner.sandbox_backend() != "bwrap", reason="needs bubblewrap")
 def test_the_sandbox_runs_unprivileged_with_its_writable_space_in_one_quota():
     probe = """
 def f():
@@ -187,7 +187,7 @@ def test_the_probe_does_not_trust_a_program_that_runs_nothing(monkeypatch, fake)
         backend.sandbox_backend.cache_clear()
 
 
-@pytest.mark.skipif(sandbox.sandbox_backend() != "bwrap", reason="needs bubblewrap")
+@pytest.mark.skipif(runner.sandbox_backend() != "bwrap", reason="needs bubblewrap")
 def test_a_killed_trainer_leaves_nothing_after_the_next_start(tmp_path):
     """SIGKILL a process in the middle of a sandboxed check: its cgroups and work dir stay
     behind (no cleanup ran) until the next process's first check sweeps them."""
@@ -199,11 +199,11 @@ def test_a_killed_trainer_leaves_nothing_after_the_next_start(tmp_path):
     import time
     from pathlib import Path
 
-    code = ("import time\nfrom mlxio.sandbox import SandboxLimits, run_check\n"
+    code = ("import time\nfrom mlxio.sandbox.runner import SandboxLimits, run_check\n"
             "print('go', flush=True)\n"
             "run_check('import time\\ntime.sleep(30)\\ndef f():\\n    return 1\\n',"
             " 'def check(c):\\n    assert c() == 1\\n', 'f', SandboxLimits(timeout_s=60))\n")
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[3]
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=repo,
                              env={**os.environ, "PYTHONPATH": str(repo)})
     assert child.stdout.readline().strip() == b"go"
