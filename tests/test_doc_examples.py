@@ -72,7 +72,7 @@ HOW: dict[str, tuple] = {
     "make test": ("skip", "the suite itself"),
     'pip install "nanobind>=3.0,<3.2" cmake': ("skip", HOST + "; " + GPU),
     "sudo apt-get install libfmt-dev": ("skip", HOST),
-    "python -m mlxio.cuda_ext": ("skip", GPU + " (tests/mlxio/test_cuda_ext_build.py)"),
+    "python -m mlxio.gpu.cuda_ext": ("skip", GPU + " (tests/mlxio/gpu/test_cuda_ext_build.py)"),
     # own pairs: the shipped example file, at smoke size
     "head -3 examples/pairs.jsonl": ("run", [], 60),
     'python -m recipes.xtr_lora --data.source examples/pairs.jsonl --data.packages "" --train.accum 2 '
