@@ -239,6 +239,51 @@ def step_phases(runs: dict) -> list[str]:
             ""]
 
 
+def rlaif_speed_section(machine: str = "h200") -> list[str]:
+    """The RLAIF recipe's own speed (`<machine>/rlaif_recipe_speed.json`, dev/gpu/rlaif_speed.sh):
+    each run's steps against the targets, and the cold start (`cold_start_rlaif.json`)."""
+    out = []
+    for name in ("rlaif_recipe_speed", "cold_start_rlaif"):
+        data = load(machine, name)
+        for label, run in ((data or {}).get("runs") or {}).items():
+            if not isinstance(run, dict) or "summary" not in run:
+                continue
+            sm = run["summary"]
+            out += [f"### RLAIF recipe speed ({machine}, run `{label}`; {name}.json)", "", f"`{run['command']}`", "",
+                    "| to step 1's end s | step 1 s | median later step s | max later step s | spikes | "
+                    "gen s | reward wait s | update s | gen tokens/s | engine tokens/s | decode ms/step by rows |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|",
+                    f"| {fmt(sm.get('to_first_step_end_s'), 1)} | {fmt(sm.get('first_step_s'), 2)} "
+                    f"| {fmt(sm.get('median_later_step_s'), 2)} | {fmt(sm.get('max_later_step_s'), 2)} "
+                    f"| {', '.join(map(str, sm.get('spikes_after_step_1') or [])) or 'none'} "
+                    f"| {fmt(sm.get('median_gen_s'), 2)} | {fmt(sm.get('median_reward_s'), 2)} "
+                    f"| {fmt(sm.get('median_update_s'), 2)} | {fmt(sm.get('median_gen_tokens_per_s'))} "
+                    f"| {fmt(sm.get('engine_tokens_per_s'))} "
+                    f"| {', '.join(f'{b}: {ms:.2f}' for b, ms in (sm.get('decode_ms_per_step_by_batch') or {}).items())} |",
+                    ""]
+    return out
+
+
+def rlaif_speed_goals(machine: str) -> list[tuple[str, float | None, float]]:
+    """Issue 48's targets as (goal, measured, target) rows with larger = better: the update step
+    against torch.compile + logits_to_keep (agreement-checked), `--preset gpu`'s generation and
+    steps (`rlaif_recipe_speed.json`'s last run) and the cold start's first step."""
+    m = machine.upper()
+    step = (load(machine, "rlaif_step") or {}).get("sections", {})
+    speed = list(((load(machine, "rlaif_recipe_speed") or {}).get("runs") or {}).values())
+    cold = list(((load(machine, "cold_start_rlaif") or {}).get("runs") or {}).values())
+    sm = speed[-1]["summary"] if speed else {}
+    gen, engine, steady = sm.get("median_gen_tokens_per_s"), sm.get("engine_tokens_per_s"), sm.get("median_later_step_s")
+    first = cold[-1]["summary"].get("to_first_step_end_s") if cold else None
+    return [
+        *((f"{m} RLAIF update step {key.split('_')[0]} vs torch.compile + logits_to_keep (agreement-checked)",
+           sec["ratios"].get("mlx_over_torch_compile_keep"), 1.0) for key, sec in step.items()),
+        (f"{m} --preset gpu generation tokens/s / 10k", gen / 1e4 if gen else None, 1.0),
+        (f"{m} --preset gpu generation / (decode engine / 1.5)", gen * 1.5 / engine if gen and engine else None, 1.0),
+        (f"{m} --preset gpu steady step: 1 s / median step", 1.0 / steady if steady else None, 1.0),
+        (f"{m} cold start: 60 s / time to step 1's end (empty kernel cache)", 60.0 / first if first else None, 1.0)]
+
+
 def _ratio(data, model, batch, kind, peer):
     for r in (data or {}).get("ratios", []):
         if (r["model"], r["batch"], r["kind"], r["peer"]) == (model, batch, kind, peer):
@@ -280,6 +325,7 @@ def targets() -> list[str]:
         ("CPU encoding MiniLM, 2,000 code snippets (benchmarks/encode.py)",
          (load("cpu", "encode") or {}).get("mlx_over_torch"), 1.0),
         ("2 x H200 data-parallel speedup", (s or {}).get("speedup", {}).get("2"), 1.8),
+        *rlaif_speed_goals("h200"),
         ("QAT recovers PTQ's loss, 2-bit retriever (share)",
          (load("h100", "quantization_qat") or {}).get("summary", {}).get("2bit_g64", {}).get("recovered_share"), 0.5),
     ]
@@ -798,6 +844,7 @@ def performance_sections(bars: list) -> list[str]:
     if g:
         lines += generation_section("h100", g, bars)
     lines += training_sections()
+    lines += rlaif_speed_section()
     lines += other_sections()
     lines += quantization_llm_section()
     lines += memory_options_section()
