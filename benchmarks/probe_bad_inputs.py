@@ -318,7 +318,7 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
 
     problems = work / "p.jsonl"
     problems.write_bytes(b"\n".join(json.dumps({"task_id": f"T/{i}", "prompt": f"def f{i}(a):\n",
-                                                "entry_point": f"f{i}", "test": "def check(c):\n    pass\n"}).encode()
+                                                "entry_point": f"f{i}", "test": "def check(c):\n    assert c(2) == 2\n"}).encode()
                                     for i in range(12)) + b"\n")
     run_dir = work / "nonfinite"
     base = rq.PRESETS["smoke"]
