@@ -130,7 +130,9 @@ PRESETS = {
                   optim=OptimConfig(name="adamw", lr=2e-4, weight_decay=0.0, warmup_steps=0,
                                     total_steps=100, clip_norm=1.0),
                   data=DataConfig(difficulty=(1, 2), heldout_per_template=4, transfer=("humaneval",)),
-                  sandbox=SandboxConfig(workers=8),
+                  # a looping completion holds a sandbox (and the step's rewards) for 10x its problem's
+                  # reference run time (at least 1 s) instead of 5 s
+                  sandbox=SandboxConfig(workers=8, reference_timeout=10.0),
                   # 6 shapes to compile before step 1 instead of 10 (a fresh machine compiles each):
                   # the update pads to its 2 largest widths, the decode batch stops halving at 16
                   # rows (a launch-bound step costs nearly the same at 16 rows as at 8)

@@ -139,6 +139,8 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     # rewards that never arrive, per source (mlxio.rl.reward_health): a run stops on them
     health = reward_health.MissingRewards()
     execution = next((fn for fn, _ in fns if isinstance(fn, rewards.ExecutionReward)), None)
+    if execution is not None and execution.judge.per_problem is not None:  # the limits found, kept for a resume
+        execution.judge.per_problem.store = RewardCache(out / "reference_limits")
     empty_steps = 0  # steps whose update had nothing to train on (said at each)
     distributed.check_replicated(sess.params, world, "initial LoRA weights")
     params, state, found = context.resume_into(resume, out, run_id, sess.params, sess.state, world,

@@ -40,6 +40,7 @@ import attrs
 from mlxcore.fields import bounded
 from mlxcore.rl.tasks import Problem
 from mlxio.rl.problems import extract_code, parses
+from mlxio.rl.reference_time import ReferenceLimits
 from mlxio.sandbox.runner import SandboxLimits, Verdict, run_check
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,10 @@ class SandboxConfig:
     # check each completion as soon as its row ends, while the rest of the batch decodes
     # (mlxio.rl.reward_overlap; the same rewards as checking them all afterwards)
     overlap: bool = True
+    # a problem with a reference solution gets N x the reference's run time as its rewards' time
+    # limit (at least min_timeout_s, at most timeout_s; mlxio.rl.reference_time); 0: timeout_s
+    reference_timeout: float = bounded(0.0, ge=0, le=1000)
+    min_timeout_s: float = bounded(1.0, gt=0, le=3600)
 
     def limits(self) -> SandboxLimits:
         """The limits of one check under these settings."""
@@ -134,13 +139,17 @@ class CodeJudge:
 
     limits: SandboxLimits = SandboxLimits()
     workers: int = 2
+    # a time limit per problem from its reference's run time (mlxio.rl.reference_time); None: `limits`
+    per_problem: ReferenceLimits | None = None
     _sound: dict = attrs.field(factory=dict, init=False, repr=False)
     _lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
     _statuses: Counter = attrs.field(factory=Counter, init=False, repr=False)
 
     def run(self, problem: Problem, code: str) -> Verdict:
         """The verdict of the program `code` (already extracted) on `problem`."""
-        verdict = self._check(problem, code)
+        limits = (self.per_problem.limits_for(problem, self.limits, self._reference_run)
+                  if self.per_problem is not None else self.limits)
+        verdict = self._check(problem, code, limits)
         if verdict.judge_fault:
             check = self.tests_can_judge(problem)
             if check.sound:
@@ -159,8 +168,11 @@ class CodeJudge:
             taken, self._statuses = self._statuses, Counter()
         return taken
 
-    def _check(self, problem: Problem, code: str) -> Verdict:
-        return run_check(code, problem.test, problem.entry_point, self.limits, prelude=_prelude(problem))
+    def _check(self, problem: Problem, code: str, limits: SandboxLimits | None = None) -> Verdict:
+        return run_check(code, problem.test, problem.entry_point, limits or self.limits, prelude=_prelude(problem))
+
+    def _reference_run(self, problem: Problem, limits: SandboxLimits) -> Verdict:
+        return self._check(problem, extract_code(problem.canonical_solution, problem), limits)
 
     def verdict(self, problem: Problem, completion: str) -> Verdict:
         """The verdict of a raw model completion (its code extracted as for the rewards)."""

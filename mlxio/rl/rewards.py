@@ -29,6 +29,7 @@ from mlxio.atomic import open_new, replace_file, run_dir
 from mlxio.errors import ConfigError, DataError
 from mlxio.rl.execution import CodeJudge, SandboxConfig
 from mlxio.rl.problems import defines, fenced_blocks, parses
+from mlxio.rl.reference_time import ReferenceLimits
 from mlxio.sandbox.runner import SandboxLimits, Verdict
 
 # ---------------------------------------------------------------- reward functions
@@ -80,12 +81,16 @@ class ExecutionReward:
     limits: SandboxLimits = SandboxLimits()
     workers: int = 2
     name: str = "execution"
-    judge: CodeJudge = attrs.field(eq=False, repr=False,
-                                   default=attrs.Factory(lambda s: CodeJudge(s.limits, s.workers), takes_self=True))
+    # (reference_timeout, min_timeout_s) of `SandboxConfig`: a limit per problem; (0, _): `limits`
+    per_problem: tuple[float, float] = (0.0, 1.0)
+    judge: CodeJudge = attrs.field(eq=False, repr=False, default=attrs.Factory(
+        lambda s: CodeJudge(s.limits, s.workers, ReferenceLimits(*s.per_problem) if s.per_problem[0] else None),
+        takes_self=True))
 
     def config_key(self) -> str:
         # v2: the judge tells its own failures (missing) from the candidate's (0.0)
-        return "exec-v2:" + json.dumps(attrs.asdict(self.limits), sort_keys=True)
+        key = "exec-v2:" + json.dumps(attrs.asdict(self.limits), sort_keys=True)
+        return key + (f"|reference x{self.per_problem[0]:g} >= {self.per_problem[1]:g}s" if self.per_problem[0] else "")
 
     def verdicts(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[Verdict]:
         """One sandbox Verdict per completion, `workers` sandboxes at a time."""
@@ -369,7 +374,8 @@ def from_config(rewards: RewardConfig, teacher: TeacherConfig, sandbox: SandboxC
     `verdict_judge`: the reward that `teacher.judge` names, built by the caller, e.g.
     `mlxio.rl.verdict_reward.VerdictJudgeReward`)."""
     limits = SandboxLimits(timeout_s=sandbox.timeout_s, memory_mb=sandbox.memory_mb, disk_mb=sandbox.disk_mb)
-    fns = [(ExecutionReward(limits, sandbox.workers), rewards.execution),
+    fns = [(ExecutionReward(limits, sandbox.workers, per_problem=(sandbox.reference_timeout, sandbox.min_timeout_s)),
+            rewards.execution),
            (FormatReward(), rewards.format), (PrintableReward(), rewards.printable)]
     if sum(x is not None for x in (teacher.url, teacher.local, teacher.judge)) > 1:
         raise ConfigError("teacher: set one of --teacher.url, --teacher.local and --teacher.judge")
