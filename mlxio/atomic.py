@@ -100,9 +100,6 @@ def check_slot(path: str | os.PathLike, what: str = "output", *, hard_links: boo
     return path
 
 
-regular_target = check_slot  # an output path checked before any work (`code_search search --output`)
-
-
 def run_dir(path: str | os.PathLike, what: str = "run folder") -> Path:
     """`path` as a directory a run writes into, created with its missing parents. A symlink
     there (a folder the run names inside the user's, such as `checkpoints/`, moved elsewhere by
@@ -161,7 +158,7 @@ def open_in_place(path: str | os.PathLike, what: str = "output", *, append: bool
     without blocking on a FIFO, then refused (DiskError naming it) unless it is a regular file
     with no other hard link - so a link planted where a run's log or lock belongs never gets
     another file truncated, appended to or created elsewhere."""
-    path = Path(path)
+    path = check_slot(path, what, hard_links=True)  # a device is never opened (opening some has effects)
     flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC
     flags |= os.O_APPEND if append else 0
     try:
