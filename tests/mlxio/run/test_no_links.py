@@ -213,3 +213,27 @@ def test_open_in_place_refuses_what_open_new_refuses(tmp_path):
                 os.close(opener(slot))
             _one_line(caught.value, slot)
         assert _unharmed(victim, kind), kind
+
+
+NAMES = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="/\0"), min_size=1, max_size=40).filter(
+    lambda n: n not in (".", "..") and len(n.encode()) <= 200)
+
+
+@given(name=NAMES, kind=st.sampled_from(KINDS))
+def test_any_file_name_is_written_or_its_link_refused(tmp_path_factory, name, kind):
+    """Whatever the file's name (spaces, newlines, non-ASCII), a plain slot is written whole and a
+    planted one refused in one line naming it; the victim keeps its bytes."""
+    from mlxio.errors import one_line
+
+    root = tmp_path_factory.mktemp("names")
+    atomic.write_bytes_atomic(root / "plain" / name, b"data")
+    assert (root / "plain" / name).read_bytes() == b"data"
+    victim = _plant(root / name, kind, root / "elsewhere")
+    if kind == "hardlink":  # renamed over: only that name changes
+        atomic.write_bytes_atomic(root / name, b"data")
+    else:
+        with pytest.raises(DiskError) as caught:
+            atomic.write_bytes_atomic(root / name, b"data")
+        line = one_line(caught.value.contract_line())
+        assert "\n" not in line and " ".join(str(root / name).split()) in line
+    assert _unharmed(victim, kind)
