@@ -95,6 +95,24 @@ class TokenCache:
         return self.tokens[field][off[i]:off[i + 1]]
 
 
+def _meta(raw: bytes, where: Path, fix: str) -> dict:
+    """A token cache's meta.json, its fields and sizes typed (DataError naming the file)."""
+    try:
+        meta = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise DataError(f"unreadable token cache meta ({str(err)[:80]})", where=str(where), fix=fix) from None
+
+    def count(v, least):
+        return isinstance(v, int) and not isinstance(v, bool) and least <= v < 2**40
+    ok = (isinstance(meta, dict) and isinstance(meta.get("fields"), list) and meta["fields"]
+          and all(isinstance(f, str) and f.isidentifier() for f in meta["fields"]) and count(meta.get("n"), 0)
+          and isinstance(meta.get("max_lengths"), dict)
+          and all(count(meta["max_lengths"].get(f), 1) for f in meta["fields"]))
+    if not ok:
+        raise DataError("not a token cache meta (fields, n and max_lengths of the wrong type)", where=str(where), fix=fix)
+    return meta
+
+
 def _tokenize_field(texts: Sequence[str], tokenize: Tokenize, max_length: int,
                     chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     lengths, parts = [], []
@@ -114,18 +132,28 @@ def _tokenize_field(texts: Sequence[str], tokenize: Tokenize, max_length: int,
 
 
 def open_cache(path: Path) -> TokenCache:
-    """Open a built cache folder (memory-mapped); DataError naming the file if it is broken."""
+    """Open a built cache folder (memory-mapped); DataError naming the file if it is broken: a
+    meta.json that is no regular file or not {fields: [identifiers], n: int >= 0, max_lengths:
+    {field: int >= 1}}, token files that are not 1-D int32, offsets that do not start at 0,
+    decrease, step past a field's max length or end past its token file."""
+    from mlxio.inputs import MiB, read_regular
+
     path = Path(path)
     meta_file = path / "meta.json"
+    broken = f"delete the folder {path} to rebuild it"
+    meta = _meta(read_regular(meta_file, what="token cache meta", max_bytes=MiB, fix=broken), meta_file, broken)
     try:
-        meta = json.loads(meta_file.read_text())
         tokens = {f: np.load(path / f"{f}.tokens.npy", mmap_mode="r") for f in meta["fields"]}
         offsets = {f: np.load(path / f"{f}.offsets.npy", mmap_mode="r") for f in meta["fields"]}
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DataError(f"{path}: unreadable token cache ({err}); delete the folder to "
                         f"rebuild it") from None
     for f in meta["fields"]:
-        if len(offsets[f]) != meta["n"] + 1 or offsets[f][-1] != len(tokens[f]):
+        tok, off = tokens[f], offsets[f]
+        steps = np.diff(off) if off.ndim == 1 and len(off) else np.zeros(0)
+        if (tok.ndim != 1 or tok.dtype != np.int32 or off.ndim != 1 or len(off) != meta["n"] + 1
+                or off[0] != 0 or off[-1] != len(tok) or (steps < 0).any()
+                or (steps > meta["max_lengths"][f]).any()):
             raise DataError(f"{path / f'{f}.offsets.npy'}: offsets do not match "
                             f"{meta['n']} examples / the token file; delete the folder")
     return TokenCache(path=path, n=meta["n"], max_lengths=meta["max_lengths"],

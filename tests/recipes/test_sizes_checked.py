@@ -169,3 +169,27 @@ def test_a_problem_longer_than_the_model_is_refused_before_training(tmp_path, ca
                                "--eval.before", "false", "--eval.after", "false"], capsys, 1,
                 "'T/3'", "max_position_embeddings (2048)", str(problems))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# ------------------------------------------------------------------------ token cache meta
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                    max_leaves=8)
+
+
+@given(meta=st.one_of(JSON, st.fixed_dictionaries({"fields": JSON, "n": JSON, "max_lengths": JSON}),
+                      st.fixed_dictionaries({"fields": st.just(["q"]), "n": st.integers(-5, 2**50),
+                                             "max_lengths": st.fixed_dictionaries({"q": st.integers(-2, 2**50)})})))
+def test_a_token_cache_meta_of_any_shape_is_one_line_or_opens(tmp_path_factory, meta):
+    from mlxio.data.token_cache import build_or_open, open_cache
+
+    cache = build_or_open(tmp_path_factory.mktemp("tc"), {"q": ["a", "bb", "ccc"]},
+                          lambda texts, n: [[1] * len(t) for t in texts], tokenizer_id="t", max_lengths={"q": 4})
+    (cache.path / "meta.json").write_text(json.dumps(meta))
+    try:
+        opened = open_cache(cache.path)
+    except DataError as err:
+        assert "\n" not in err.contract_line()
+        return
+    assert opened.n == 3 and opened.max_lengths["q"] >= 3  # only the true sizes open
