@@ -27,6 +27,7 @@ from mlxcore.fields import bounded
 from mlxcore.rl.tasks import Problem
 from mlxio.atomic import open_new, replace_file, run_dir
 from mlxio.errors import ConfigError, DataError
+from mlxio.inputs import MAX_DATA_BYTES, read_regular
 from mlxio.rl.execution import CodeJudge, SandboxConfig
 from mlxio.rl.problems import defines, fenced_blocks, parses
 from mlxio.rl.reference_time import ReferenceLimits
@@ -233,10 +234,11 @@ class RewardCache:
             return len(self._data.keys() | self._pending.keys())
 
     def _read_segment(self, seg: Path) -> None:
-        try:
-            lines = seg.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:  # compacted away by another process meanwhile
+        if not os.path.lexists(seg):  # compacted away by another process meanwhile
             return
+        raw = read_regular(seg, what="reward cache segment", max_bytes=MAX_DATA_BYTES,  # a FIFO never blocks here
+                           fix="delete the file to drop it")
+        lines = raw.decode("utf-8", "replace").splitlines()
         for lineno, line in enumerate(lines, 1):
             try:
                 key, value = json.loads(line)

@@ -237,3 +237,18 @@ def test_any_file_name_is_written_or_its_link_refused(tmp_path_factory, name, ki
         line = one_line(caught.value.contract_line())
         assert "\n" not in line and " ".join(str(root / name).split()) in line
     assert _unharmed(victim, kind)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero"])
+def test_a_special_file_among_reward_cache_segments_is_one_line(tmp_path, kind):
+    """Read side of the same folder: a FIFO (blocked forever) or a link to /dev/zero (read until
+    memory ran out) named like a segment is a DataError naming it."""
+    from mlxio.errors import DataError
+
+    folder = tmp_path / "rc"
+    folder.mkdir()
+    seg = folder / "seg-00000000000000000001-1-00000000.jsonl"
+    os.mkfifo(seg) if kind == "fifo" else seg.symlink_to("/dev/zero")
+    with pytest.raises(DataError) as caught:
+        RewardCache(folder)
+    _one_line(caught.value, seg)
