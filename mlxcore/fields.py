@@ -4,7 +4,7 @@
     dropout: float = bounded(0.0, ge=0, lt=1)
     compute_dtype: str = bounded("float32", choices=("float32", "bfloat16", "float16"))
 
-`mlxio.run.config.check` reads `metadata["check"]` of every field (a tuple of numbers: each
+`mlxio.run.checks.check` reads `metadata["check"]` of every field (a tuple of numbers: each
 item). Every numeric option of the recipes declares both ends of its range
 (tests/mlxio/run/test_config_fuzz.py checks that); the defaults there (numbers finite and >= 0,
 integers below 2**31) are a backstop. Strings and tuple items are non-empty where the tuple is,

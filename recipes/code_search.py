@@ -46,7 +46,7 @@ from pathlib import Path
 from mlxio.atomic import check_slot
 from mlxio.data.lines import object_lines
 from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
-from mlxio.run.config import check_path_text
+from mlxio.run.checks import check_path_text
 from mlxio.run.runlog import write_text_atomic
 from mlxio.search import build as search_build
 from mlxio.search.index import FUSIONS, Index

@@ -30,7 +30,8 @@ from mlxio.rl.rollout import ENGINES
 from mlxio.rl.shapes import ShapePlan, ShapesConfig
 from mlxio.rl.verdict_reward import VerdictJudgeReward
 from mlxio.run import distributed
-from mlxio.run.config import check, check_schedule, check_url, to_dict
+from mlxio.run.checks import check, check_schedule, check_url
+from mlxio.run.config import to_dict
 from mlxio.weights import llm
 from mlxio.weights.llm import TINY_KINDS
 from mlxio.weights.llm_lora import RECOMPUTABLE
@@ -216,7 +217,7 @@ def validate_grpo(cfg: Config) -> None:
 
 
 def validate(cfg: Config, source: str = "config") -> None:
-    """Every field against its declared range (`mlxio.run.config.check`), then the cross-field
+    """Every field against its declared range (`mlxio.run.checks.check`), then the cross-field
     checks the field types cannot express (ConfigError names the field, and `source` where
     the error names no place of its own)."""
     try:

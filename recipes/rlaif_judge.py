@@ -45,7 +45,7 @@ from mlxio.gpu import kernel_cache
 from mlxio.redact import redact_config
 from mlxio.rl import rollout_log, session, verifier
 from mlxio.rl.execution import CodeJudge
-from mlxio.run import checkpoint, config, context
+from mlxio.run import checkpoint, checks, config, context
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
@@ -135,7 +135,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
     memory.png in out_dir."""
     validate(cfg)
     t_start = time.perf_counter()
-    out = config.check_out_dir(cfg.out_dir, "out_dir")
+    out = checks.check_out_dir(cfg.out_dir, "out_dir")
     logs = [rollout_log.log_path(p) for p in cfg.data.logs]
     logged = [j for path in logs for j in rollout_log.read_log(path)]  # a bad log fails before the model loads
     if cfg.sample.train_per_template or cfg.sample.heldout_per_template or cfg.sample.family_per_template:

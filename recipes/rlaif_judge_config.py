@@ -18,7 +18,7 @@ from mlxio.errors import ConfigError
 from mlxio.rl import grpo
 from mlxio.rl.execution import SandboxConfig
 from mlxio.rl.verifier import SampleConfig
-from mlxio.run.config import check
+from mlxio.run.checks import check
 from mlxio.weights import llm
 
 
@@ -103,7 +103,7 @@ def load_policy(cfg: Config) -> llm.Policy:
 
 
 def validate(cfg: Config) -> None:
-    """Every field against its declared range (`mlxio.run.config.check`), then the cross-field
+    """Every field against its declared range (`mlxio.run.checks.check`), then the cross-field
     checks (ConfigError naming the field)."""
     check(cfg)
     try:

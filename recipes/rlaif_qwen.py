@@ -73,7 +73,7 @@ from mlxio.rl.grpo import (
 from mlxio.rl.rewards import RewardCache
 from mlxio.rl.rollout_log import RolloutLog
 from mlxio.rl.warm_up import warm_up
-from mlxio.run import config, context, distributed
+from mlxio.run import checks, config, context, distributed
 from mlxio.run.config import to_dict
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
@@ -116,7 +116,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     validate(cfg)
     t_start = time.perf_counter()
     clock = PhaseClock()  # the setup's phases in the log (mlxio.phases): what a cold start waits for
-    out = config.check_out_dir(cfg.out_dir, "out_dir")
+    out = checks.check_out_dir(cfg.out_dir, "out_dir")
     require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
     jit = kernel_cache.use_compile(cfg.compile)
     # MLXIO_KERNEL_PREWARM=1 on CUDA: child processes compile the first step's kernels meanwhile

@@ -45,7 +45,7 @@ from mlxio.data import xtr_data, xtr_tokens
 from mlxio.data.token_cache import DataPosition
 from mlxio.errors import ConfigError, LoadError
 from mlxio.gpu import kernel_cache
-from mlxio.run import batch_sizer, budget, config, context, distributed
+from mlxio.run import batch_sizer, budget, checks, config, context, distributed
 from mlxio.run.best import BestKeeper
 from mlxio.run.flags import parse_args
 from mlxio.run.loop import TrainLoop
@@ -93,8 +93,8 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
 @context.releases_out_dirs
 def main(argv: list[str] | None = None) -> dict:
     cfg, flags = parse(argv)
-    out_dir = config.check_out_dir(cfg.out_dir, "out_dir")
-    cache_dir = config.check_out_dir(cfg.cache_dir, "cache_dir")
+    out_dir = checks.check_out_dir(cfg.out_dir, "out_dir")
+    cache_dir = checks.check_out_dir(cfg.cache_dir, "cache_dir")
     world = context.start(out_dir, config.to_dict(cfg), cfg.train.seed, flags.resume, flags.overwrite)
     distributed.local_size(cfg.train.micro_batch, world, "train.micro_batch")
     started, clock = time.perf_counter(), PhaseClock()  # clock: wall and CPU time per phase

@@ -19,7 +19,7 @@ from mlxio.data import pairs, pypi_sources
 from mlxio.data.token_cache import BATCH_ORDERS
 from mlxio.data.xtr_data import DataConfig
 from mlxio.errors import ConfigError
-from mlxio.run import checkpoint, config
+from mlxio.run import checkpoint, checks
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.quantize import QuantConfig
 
@@ -137,7 +137,7 @@ PRESETS = {
 def validate(cfg: Config, source: str = "config") -> None:
     """Every field against its declared range, and the settings parsed from strings (quant
     rules): ConfigError naming the field, before anything loads."""
-    config.check(cfg, source)
+    checks.check(cfg, source)
     if cfg.data.negative_rank_min >= cfg.data.negative_rank_max:
         raise ConfigError(f"data.negative_rank_min ({cfg.data.negative_rank_min}) must be below "
                           f"data.negative_rank_max ({cfg.data.negative_rank_max})", where=source)
@@ -152,7 +152,7 @@ def validate(cfg: Config, source: str = "config") -> None:
         raise ConfigError(f"train.micro_batch: {cfg.train.micro_batch} pair per micro-batch leaves no in-batch "
                           "negative (and data.hard_negatives is 0)", where=source,
                           fix="set --train.micro_batch 2 or more, or --data.hard_negatives 1")
-    config.check_schedule(cfg.optim, cfg.train.steps, source)
+    checks.check_schedule(cfg.optim, cfg.train.steps, source)
 
 
 def trajectory_hash(d: dict) -> str:

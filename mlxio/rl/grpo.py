@@ -20,7 +20,7 @@ from mlxcore.rl.logprobs import gathered_logprobs
 from mlxcore.train.lora import LoraConfig
 from mlxcore.train.precision import COMPUTE_DTYPES
 from mlxio.errors import ConfigError
-from mlxio.run import checkpoint, distributed
+from mlxio.run import checkpoint, checks, distributed
 from mlxio.weights import llm, llm_lora
 
 # model "tiny:llama" / "tiny:qwen2" (+ "-q4": 4-bit base): a tiny random model (smoke tests)
@@ -116,19 +116,18 @@ def check_policy(policy: llm.Policy, where: str, lora: LoraConfig, lora_layers: 
     target matches a linear layer of a block, lora_layers within the block count, each
     generation length of `lengths` ({option name: tokens}) within the model's
     max_position_embeddings."""
-    from mlxio.run import config
 
     blocks = policy.model.layers
     if lora.dropout:
         raise ConfigError(f"lora.dropout: {lora.dropout} is not supported on causal-LM policies", where=where,
                           fix="set --lora.dropout 0")
-    config.check_targets(lora.targets, llm_lora.linear_paths(blocks[0]), where=where)
+    checks.check_targets(lora.targets, llm_lora.linear_paths(blocks[0]), where=where)
     if lora_layers is not None:
-        config.check_at_most("lora_layers", lora_layers, len(blocks), "the model's number of blocks", where)
+        checks.check_at_most("lora_layers", lora_layers, len(blocks), "the model's number of blocks", where)
     limit = policy.config.get("max_position_embeddings")
     if isinstance(limit, int) and limit > 0:
         for name, value in lengths.items():
-            config.check_at_most(name, value, limit, "the model's max_position_embeddings", where)
+            checks.check_at_most(name, value, limit, "the model's max_position_embeddings", where)
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -38,7 +38,8 @@ from mlxio.rl.worker import (
 )
 from mlxio.rl.worker_protocol import PROTOCOL_VERSION, SCHEMAS
 from mlxio.run import checkpoint, context
-from mlxio.run.config import check_path_text, default_values, from_dict, to_dict
+from mlxio.run.checks import check_path_text
+from mlxio.run.config import default_values, from_dict, to_dict
 from mlxio.weights import llm_lora
 
 

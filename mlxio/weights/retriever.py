@@ -14,7 +14,7 @@ from mlxcore.retrieval import objective
 from mlxcore.retrieval.encoder import EncoderSpec, init_projection
 from mlxcore.train import lora, precision
 from mlxcore.train.tree import Tree, combine, count_params, flatten, partition
-from mlxio.run import config
+from mlxio.run import checks
 from mlxio.weights.encoders import LoadedEncoder, load_encoder
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,12 @@ def load_trainable(model_path: str, lora_cfg: lora.LoraConfig, *, projection_dim
     embeddings (ConfigError naming the setting)."""
     encoder = load_encoder(model_path, lora_scale=lora_cfg.scale, lora_dropout=lora_cfg.dropout)
     targets = lora_cfg.targets or objective.DEFAULT_TARGETS[encoder.spec.kind]
-    config.check_targets(targets, [path[: -len(".weight")] for path, leaf in flatten(encoder.params).items()
+    checks.check_targets(targets, [path[: -len(".weight")] for path, leaf in flatten(encoder.params).items()
                                    if path.endswith(".weight") and leaf.ndim == 2], where=model_path)
     max_positions = getattr(encoder.spec.model, "max_position_embeddings", None)
     if max_positions is not None:
         for name, length in max_lengths.items():
-            config.check_at_most(name, length, max_positions, "the model's max_position_embeddings",
+            checks.check_at_most(name, length, max_positions, "the model's max_position_embeddings",
                                  where=model_path)
     init_key, projection_key = mx.random.split(mx.random.key(seed))
     adapters = lora.init(init_key, lora.target_dims(encoder.params, targets), lora_cfg.rank)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mlxio.errors import ConfigError, cli_main
 from mlxio.redact import MASK, LogRedactor, redact_config, redact_text
 from mlxio.run import context
-from mlxio.run.config import check_url
+from mlxio.run.checks import check_url
 
 # what a password may hold inside a URL's userinfo (RFC 3986 unreserved + sub-delims + %-escapes, and the
 # raw '@' people type anyway: urlsplit takes the last one)

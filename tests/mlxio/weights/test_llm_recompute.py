@@ -7,11 +7,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
-from tests.mlxcore.train.test_memory_options import live_peak
 
 from mlxcore.train.lora import LoraConfig
 from mlxcore.train.recompute import recomputed
 from mlxio.weights import llm, llm_lora
+from tests.mlxcore.train.test_memory_options import live_peak
 
 LORA = LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "k_proj", "v_proj", "o_proj"))
 
