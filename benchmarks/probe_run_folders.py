@@ -291,6 +291,31 @@ def folder_records(record: Callable, work: Path, cli: Callable, timeout: float) 
                lambda archive=archive: _process(["-m", "mlxio.gpu.kernel_cache_cli", "import", str(archive)], timeout,
                                                 {"MLX_PTX_CACHE_DIR": str(w / "ptx-sizes")}))
 
+    def cache_files(kind):
+        def case():
+            from mlxio.data.token_cache import build_or_open, open_cache
+            from mlxio.errors import MlxioError
+            from mlxio.rl.rewards import RewardCache
+
+            try:
+                if kind == "reward":
+                    folder = w / "rc-fifo"
+                    folder.mkdir()
+                    os.mkfifo(folder / "seg-00000000000000000001-1-00000000.jsonl")
+                    RewardCache(folder)
+                else:
+                    cache = build_or_open(w / "tc", {"q": ["a", "bb"]}, lambda texts, n: [[1] * len(t) for t in texts],
+                                          tokenizer_id="t", max_lengths={"q": 4})
+                    (cache.path / "meta.json").write_text(json.dumps({"fields": ["q"], "n": "2", "max_lengths": {"q": 4}}))
+                    open_cache(cache.path)
+            except MlxioError as err:
+                line = err.contract_line()
+                return ("clear" if "\n" not in line else "unclear"), line
+            return "silent", "opened"
+        return case
+    record("sizes49", "reward cache: a FIFO named like a segment", cache_files("reward"))
+    record("sizes49", "token cache: meta.json with a string n", cache_files("token"))
+
     # ---- 8: inputs that crashed, or were taken silently
     deep = b"[" * 200_000 + b"]" * 200_000
     for what, archive in (("a manifest that is a list", _archive(w / "list.tar.gz", [], b"[1, 2]")),
