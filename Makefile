@@ -13,7 +13,7 @@ rlaif: install
 test: install-test
 	.venv/bin/python -m pytest -q
 test-fast: install-test
-	.venv/bin/python -m pytest -q -m "not slow"
+	.venv/bin/python -m pytest -q -m fast
 lint:
 	@bash scripts/install.sh lint
 	.venv/bin/ruff check .

