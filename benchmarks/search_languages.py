@@ -13,7 +13,9 @@ ones, a seeded sample of --max_candidates kept with every query's positive: `pai
 with every file held out), and each package's licence.
 With several --pool_factors, an index per factor from the same document vectors
 (`mlxio.search.pooling`): its bytes (all files, and the token payload alone) and its semantic
-MRR@10. Writes benchmarks/results/<machine>/search_languages.json (--out to override).
+MRR@10. Writes benchmarks/results/<machine>/search_languages.json (--out to override) after
+every language; run again, it goes on with the languages it lacks (document vectors are kept in
+--work).
 """
 
 from __future__ import annotations
@@ -61,6 +63,26 @@ def index_bytes(index_dir: Path) -> dict:
     return {"bytes": sum(p.stat().st_size for p in files), "token_bytes": tokens}
 
 
+def embedded(work: Path, encoder, texts: list[str], max_length: int) -> list[np.ndarray]:
+    """float16 token vectors of `texts`, kept in work/vectors.npz for a resumed run (keyed by
+    the texts and the length)."""
+    import hashlib
+
+    from mlxio.search.embed import Embedder
+
+    key = hashlib.sha256(json.dumps([max_length, texts]).encode()).hexdigest()[:16]
+    path = work / f"vectors-{key}.npz"
+    if path.is_file():
+        with np.load(path) as z:
+            flat, offsets = z["flat"], z["offsets"]
+        return [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+    vectors = Embedder(encoder, max_length, 32).embed(texts)
+    offsets = np.cumsum([0, *(len(v) for v in vectors)])
+    np.savez(work / f".{path.name}", flat=np.concatenate(vectors), offsets=offsets)
+    (work / f".{path.name}").rename(path)
+    return vectors
+
+
 def evaluate_language(language: str, encoder, model: str, args) -> dict:
     from mlxio.search import build
     from mlxio.search.embed import Embedder
@@ -79,7 +101,7 @@ def evaluate_language(language: str, encoder, model: str, args) -> dict:
     ids = [str(j) for j in range(len(task.candidates))]
     corpus_file.write_text("".join(json.dumps({"id": i, "code": c}) + "\n" for i, c in zip(ids, task.candidates, strict=True)))
     t0 = time.perf_counter()
-    vectors = dict(zip(task.candidates, Embedder(encoder, args.max_doc_len, 32).embed(list(task.candidates)), strict=True))
+    vectors = dict(zip(task.candidates, embedded(work, encoder, list(task.candidates), args.max_doc_len), strict=True))
     embed_s = time.perf_counter() - t0
     queries = list(task.queries)
     q_vecs = [v.astype(np.float32) for v in Embedder(encoder, args.max_query_len, 32).embed(queries)]
@@ -131,17 +153,22 @@ def main(argv: list[str] | None = None) -> None:
         args.pool_factors.insert(0, 1)
     model = args.model or str(default_encoder_path())
     encoder = load_encoder(model)
-    entries = []
+    settings = {"model": Path(model).name if args.model is None else model, "max_queries": args.max_queries,
+                "max_candidates": args.max_candidates, "pool_factors": args.pool_factors}
+    out = args.out or Path("benchmarks/results") / args.machine / "search_languages.json"
+    done = json.loads(out.read_text()) if out.is_file() else {}
+    entries = [e for e in done.get("languages", []) if all(done.get(k) == v for k, v in settings.items())]
     for language in args.languages.split(","):
+        if any(e["language"] == language for e in entries):
+            continue  # resumed: measured with these settings already
         entries.append(evaluate_language(language, encoder, model, args))
+        write_result("search_languages", {**settings, "languages": entries}, args.machine, path=out)
         e = entries[-1]
         print(f"{language}: {e['queries']} queries / {e['candidates']} candidates: "
               + ", ".join(f"{m} {e[m]['mrr@10']:.3f}" for m in ("semantic", "bm25", "hybrid_rrf"))
               + "; pooling " + ", ".join(f"x{f}: {p['bytes'] / 1e6:.2f} MB {p['semantic']['mrr@10']:.3f}"
                                          for f, p in e["pooling"].items()), flush=True)
-    payload = {"model": Path(model).name if args.model is None else model, "max_queries": args.max_queries,
-               "pool_factors": args.pool_factors, "languages": entries}
-    print(write_result("search_languages", payload, args.machine, path=args.out))
+    print(out)
 
 
 if __name__ == "__main__":
