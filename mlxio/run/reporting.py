@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -116,6 +117,8 @@ class LogProgress:
         """`desc: done/total unit (pct%)`, then the rate and ETA once `MIN_RATE_S` have passed
         (over less, a rate measures the clock, not the work), or `done in` / `... in`."""
         elapsed = self.clock() - self.start
+        if self.total is None and self.n == self.initial:  # a phase without counted steps (`phase`)
+            return f"{self.desc}: running, {format_duration(elapsed)} in"
         rate = (self.n - self.initial) / elapsed if elapsed >= MIN_RATE_S else 0.0
         parts = [f"{self.n}/{self.total}" if self.total else f"{self.n}", self.unit]
         if self.total:
@@ -184,6 +187,15 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, desc
         return tqdm(iterable, total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True)
     return LogProgress(iterable, total=total, desc=desc, unit=unit, initial=initial,
                        every_s=every_s, logger=logger)
+
+
+def phase(desc: str, show: bool = True):
+    """A context for a step that reports no progress of its own (a codec's k-means): off a
+    terminal, `desc: running, 1m30s in` every HEARTBEAT_S while it runs, nothing when it ends
+    within that (or when not `show`, or on a terminal)."""
+    if not show or interactive():
+        return contextlib.nullcontext()
+    return LogProgress(total=None, desc=desc, unit="step")
 
 
 class WindowMean:

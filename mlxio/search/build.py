@@ -404,7 +404,9 @@ def _train_codec(docs: list[dict], embed: EmbedFn, codec: str, seed: int, dim: i
     resid, sample = (pool[np.sort(p)].astype(np.float32) for p in (pick[:n_resid], pick[n_resid:]))
     log.info("training codec %s: %d centroids on %d sample tokens, residual code on %d others",
              codec, k, len(sample), len(resid))
-    return codec_mod.train_named(codec, sample, k, seed, residual_sample=resid), cached
+    with reporting.phase("training codec", show=progress is not None):
+        trained = codec_mod.train_named(codec, sample, k, seed, residual_sample=resid)
+    return trained, cached
 
 
 def _embed_encode(docs: list[dict], embed: EmbedFn, codec: codec_mod.Codec,

@@ -208,3 +208,19 @@ def test_a_rate_only_over_a_second_or_more(caplog):
         "embedding: 3/3 fn (100%), done in 0s",
         "embedding: 100/300 fn (33%), 5 fn/s, ETA 40s",
         "embedding: 300/300 fn (100%), 7.5 fn/s, done in 40s"]
+
+
+def test_a_phase_without_steps_still_talks(caplog, monkeypatch):
+    """`phase` (a codec's k-means): a line every HEARTBEAT_S while it runs, none at its end."""
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    caplog.set_level(logging.INFO, logger="mlxio.progress")
+    clock = FakeClock()
+    monkeypatch.setattr(reporting, "CLOCK", clock)
+    with reporting.phase("training codec") as bar:
+        clock.now += 45.0
+        bar.tick()
+        clock.now += 10.0
+        bar.tick()
+    assert [r.getMessage() for r in caplog.records] == ["training codec: running, 45s in"]
+    with reporting.phase("training codec", show=False) as nothing:
+        assert nothing is None
