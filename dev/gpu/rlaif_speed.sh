@@ -82,7 +82,12 @@ MLX_PTX_CACHE_DIR=$COLD/ptx MLXIO_KERNEL_PREWARM=1 phase cold_start "${LIMIT[3]}
   "$PY" -m benchmarks.rlaif_recipe_speed --machine "$M" --label cold48 --out "$OUT/cold_start_rlaif.json" \
   -- "${RECIPE[@]}" --train.steps 3 --out_dir /tmp/rlaif_speed_cold
 rm -rf "$COLD"
-# 4. the 3B shape, last (the least needed): MLX vs torch.compile with logits_to_keep
+# 4. if the budget allows: the same preset with the rewards checked after generation
+#    (--sandbox.overlap false), to see what the overlap costs or saves the decode loop
+phase recipe_sequential "${LIMIT[2]}" "$PY" -m benchmarks.rlaif_recipe_speed --machine "$M" --label sequential48 \
+  ${ENGINE:+--engine-tokens-per-s "$ENGINE"} --out "$OUT/rlaif_recipe_speed.json" -- "${RECIPE[@]}" \
+  --sandbox.overlap false --out_dir /tmp/rlaif_speed_seq
+# 5. the 3B shape, last (the least needed): MLX vs torch.compile with logits_to_keep
 phase step_3b "${LIMIT[4]}" "$PY" -m benchmarks.rlaif_step --machine "$M" "${STEP3[@]}" \
   --frameworks mlx torch_compile_keep --out "$OUT/rlaif_step_3b.json"
 say "done in $(( $(date +%s) - T0 )) s; files: $(ls "$OUT" | tr '\n' ' ')"
