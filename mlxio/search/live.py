@@ -246,12 +246,13 @@ def open_live(index_dir: Path, source: Path | None = None, model: str | None = N
         encoder = load_encoder(manifest["model"])
     searcher.check_model(index, encoder)
     query_embedder = Embedder(encoder, int(manifest.get("max_query_len", 32)))
+    doc_embedder = Embedder(encoder, int(manifest.get("max_doc_len", 256)))
 
     def update_index(src: Path, idx: Path, compact: bool) -> search_build.Report:
         return searcher.build_index(src, manifest["model"], idx, int(manifest.get("max_doc_len", 256)),
                                     max_query_len=int(manifest.get("max_query_len", 32)), progress=False,
                                     pool_factor=int(manifest.get("pool_factor", 1)), encoder=encoder,
-                                    compact=compact, embed_lock=live.encode_lock)
+                                    compact=compact, embed_lock=live.encode_lock, embedder=doc_embedder)
 
     live = LiveIndex(index_dir, query_embedder.embed, update_index, source)
     return live

@@ -59,12 +59,14 @@ def progress_bar(desc: str):
 def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 256, batch_size: int = 32,
                 max_query_len: int = 32, codec: str = search_build.DEFAULT_CODEC, rebuild: bool = False, alpha: float | None = None,
                 fusion_from: Path | None = None, progress: bool = True, compact: bool = False,
-                pool_factor: int = 1, encoder=None, embed_lock=None) -> search_build.Report:
+                pool_factor: int = 1, encoder=None, embed_lock=None, embedder: Embedder | None = None
+                ) -> search_build.Report:
     """Index (or update the index of) `source` (`compact`: merge its segments into one;
     `pool_factor` > 1: each document's token vectors pooled to about 1 / pool_factor of them,
-    `mlxio.search.pooling`); returns what was done. `encoder`: `model` already loaded (a
-    server that keeps its index fresh loads it once); `embed_lock`: held around each batch of
-    embedding (the server's queries use the same encoder from other threads)."""
+    `mlxio.search.pooling`); returns what was done. `encoder`: `model` already loaded, and
+    `embedder` its documents' Embedder (a server that keeps its index fresh loads the one and
+    compiles the other once); `embed_lock`: held around each batch of embedding (the server's
+    queries use the same encoder from other threads)."""
     if not source.exists():
         raise DataError(f"{source}: no such file or folder; give a folder of source files or a corpus JSONL")
     encoder = load_encoder(model) if encoder is None else encoder
@@ -72,7 +74,7 @@ def build_index(source: Path, model: str, index_dir: Path, max_doc_len: int = 25
     budget.check_encoder(encoder.spec.model, batch_size, max_doc_len, "max-doc-len", max_doc_len, backward=False,
                          where=str(model), fix="lower --max-doc-len or --batch-size")
     model_id = str(Path(model).resolve()) if Path(model).is_dir() else str(model)
-    embedder = Embedder(encoder, max_doc_len, batch_size)
+    embedder = Embedder(encoder, max_doc_len, batch_size) if embedder is None else embedder
     import mlx.core as mx
 
     log.info("embedding on %s (MLX default device)", mx.default_device())
