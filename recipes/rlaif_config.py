@@ -10,7 +10,6 @@ mlxio.rl.rewards, `sandbox` in mlxio.rl.execution, `memory` in mlxio.rl.grpo, `l
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import attrs
@@ -209,8 +208,6 @@ def validate_grpo(cfg: Config) -> None:
     if cfg.clip_eps is None and g.importance_ratio == "sequence":
         raise ConfigError("grpo.importance_ratio: 'sequence' (GSPO) clips sequence ratios",
                           fix="set --clip_eps and --grpo.clip_eps_high (GSPO used 3e-4 and 4e-4)")
-    if cfg.clip_eps is not None and cfg.clip_eps >= 1:
-        raise ConfigError(f"clip_eps: must be < 1 (the ratio's lower bound 1 - clip_eps > 0), got {cfg.clip_eps}")
     if g.entropy_target is not None and not g.entropy_coef:
         raise ConfigError("grpo.entropy_target: the penalty has no weight",
                           fix="set --grpo.entropy_coef > 0 too (e.g. 0.01)")
@@ -239,18 +236,9 @@ def _validate(cfg: Config) -> None:
     validate_grpo(cfg)
     if cfg.lora.dropout:
         raise ConfigError("lora.dropout: not supported by the RLAIF policy (its forward takes no PRNG key); set 0")
-    if not math.isfinite(cfg.optim.lr) or cfg.optim.lr <= 0:
-        raise ConfigError(f"optim.lr: must be a finite number > 0, got {cfg.optim.lr}")
-    if not math.isfinite(cfg.beta) or cfg.beta < 0:
-        raise ConfigError(f"beta: must be a finite number >= 0, got {cfg.beta}")
     if (cfg.prompts_per_step * cfg.group_size) % cfg.train.accum:
         raise ConfigError(f"train.accum={cfg.train.accum} must divide prompts_per_step * "
                           f"group_size = {cfg.prompts_per_step * cfg.group_size}")
-    if not math.isfinite(cfg.teacher.timeout_s) or cfg.teacher.timeout_s <= 0:
-        raise ConfigError(f"teacher.timeout_s: must be a finite number > 0, got "
-                          f"{cfg.teacher.timeout_s}")
-    if not 0 <= cfg.teacher.retries <= 100:
-        raise ConfigError(f"teacher.retries: must be in [0, 100], got {cfg.teacher.retries}")
     if cfg.teacher.scoring not in ("text", "verdict"):
         raise ConfigError(f"teacher.scoring: must be 'text' or 'verdict', got "
                           f"{cfg.teacher.scoring!r}")
@@ -267,9 +255,3 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"model: {cfg.model!r} names no tiny model", fix="set --model to "
                           + ", ".join(f"{TINY_PREFIX}{k}[-q4]" for k in TINY_KINDS) + ", a model folder, .gguf or hub id")
     check_schedule(cfg.optim, cfg.train.steps)
-    for name in ("prompts_per_step", "group_size", "inner_epochs", "max_new_tokens"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")
-    for name in ("steps", "accum", "checkpoint_every", "max_consecutive_skips", "log_every"):
-        if getattr(cfg.train, name) < 1:
-            raise ConfigError(f"train.{name}: must be >= 1, got {getattr(cfg.train, name)}")
