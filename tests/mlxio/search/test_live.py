@@ -135,3 +135,26 @@ def test_the_same_folder_by_another_path_reuses_the_index(tmp_path):
     live = LiveIndex(idx, embed, lambda s, i, compact: build.update(s, i, embed, META, compact=compact),
                      tmp_path / "link")
     assert live.source == src and live.update().embedded == 0  # not every file again under new names
+
+
+def test_open_live_loads_the_model_once_for_searches_and_updates(tmp_path, monkeypatch):
+    from mlxio.search import live as live_mod
+    from mlxio.search import searcher
+    from mlxio.weights import encoders
+
+    try:
+        model = str(encoders.default_encoder_path())
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"embedded MiniLM not installed: {err}")
+    loads = []
+    real = encoders.load_encoder
+    for module in (encoders, searcher):  # every name it is loaded by
+        monkeypatch.setattr(module, "load_encoder", lambda *a, **k: loads.append(a) or real(*a, **k))
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    src.mkdir()
+    (src / "a.py").write_text("def parse_date(text):\n    day, month = text.split('/')\n    return day, month\n")
+    live = live_mod.open_live(idx, src, model)  # builds the missing index with the model it loaded
+    (src / "b.py").write_text("def read_lines(path):\n    text = open(path).read()\n    return text.splitlines()\n")
+    assert live.update().embedded == 1
+    assert live.search("read the lines of a file", k=1)[0].name == "read_lines"
+    assert live.update().embedded == 0 and len(loads) == 1
