@@ -18,9 +18,8 @@ from pathlib import Path
 
 from mlxcore.rl import policy as pg
 from mlxio.rl.evaluation import evaluate_phase, load_problems
-from mlxio.run import context
 from mlxio.run.config import to_dict
-from mlxio.run.flags import parse_args
+from mlxio.run.flags import cli, parse_args
 from mlxio.run.runlog import write_json_atomic
 from mlxio.sandbox.runner import require_isolation
 from mlxio.weights import llm_lora
@@ -51,4 +50,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    context.cli(main, "rlaif_arms_before")
+    cli(main, "rlaif_arms_before")

@@ -47,7 +47,7 @@ from mlxio.rl import rollout_log, session, verifier
 from mlxio.rl.execution import CodeJudge
 from mlxio.run import checkpoint, checks, config, context
 from mlxio.run.config import to_dict
-from mlxio.run.flags import parse_args
+from mlxio.run.flags import add_run_flags, cli, parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.reporting import WindowMean
 from mlxio.run.runlog import plot_curves, write_json_atomic, write_text_atomic
@@ -229,7 +229,7 @@ python -m recipes.rlaif_qwen --teacher.url http://127.0.0.1:8080/v1 --teacher.sc
 def parse(argv: list[str] | None):
     """(config, run flags) from the command line."""
     return parse_args(argv, PRESETS, prog="python -m recipes.rlaif_judge", description=__doc__,
-                      default_preset="quick", extra=context.add_run_flags)
+                      default_preset="quick", extra=add_run_flags)
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -239,4 +239,4 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 
 if __name__ == "__main__":
-    context.cli(main, "rlaif_judge")
+    cli(main, "rlaif_judge")

@@ -75,7 +75,7 @@ from mlxio.rl.rollout_log import RolloutLog
 from mlxio.rl.warm_up import warm_up
 from mlxio.run import checks, config, context, distributed
 from mlxio.run.config import to_dict
-from mlxio.run.flags import parse_args
+from mlxio.run.flags import add_run_flags, cli, parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
 from mlxio.run.reporting import WindowMean
@@ -304,7 +304,7 @@ def training_note(cfg: Config) -> str:
 def parse(argv: list[str] | None):
     """(config, run flags) from the command line."""
     def extra(parser):
-        context.add_run_flags(parser, more_steps_aliases=("--stop-after",))
+        add_run_flags(parser, more_steps_aliases=("--stop-after",))
 
     return parse_args(argv, PRESETS, prog="python -m recipes.rlaif_qwen", description=__doc__,
                       default_preset="quick", extra=extra)
@@ -318,4 +318,4 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 
 if __name__ == "__main__":
-    context.cli(main, "rlaif_qwen")
+    cli(main, "rlaif_qwen")

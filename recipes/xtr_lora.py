@@ -47,7 +47,7 @@ from mlxio.errors import ConfigError, LoadError
 from mlxio.gpu import kernel_cache
 from mlxio.run import batch_sizer, budget, checks, config, context, distributed
 from mlxio.run.best import BestKeeper
-from mlxio.run.flags import parse_args
+from mlxio.run.flags import add_run_flags, cli, parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
 from mlxio.run.reporting import StepWindows
@@ -79,7 +79,7 @@ def batch_plan(cfg: Config, model_path: str, targets: tuple[str, ...], world_siz
 def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
     """(checked config, run flags) from the command line."""
     def extra_flags(parser: argparse.ArgumentParser) -> None:
-        context.add_run_flags(parser, stop_after_aliases=("--train.stop_after",))
+        add_run_flags(parser, stop_after_aliases=("--train.stop_after",))
         parser.add_argument("--lenient", action="store_true", help="same as --data.lenient true")
 
     cfg, flags = parse_args(argv, PRESETS, prog="python -m recipes.xtr_lora", description=__doc__,
@@ -294,4 +294,4 @@ def train(cfg: Config, loop: TrainLoop, step_fn, params, opt_state, batches, tra
 
 
 if __name__ == "__main__":
-    context.cli(main, "xtr_lora")
+    cli(main, "xtr_lora")

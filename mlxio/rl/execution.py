@@ -41,7 +41,8 @@ from mlxcore.fields import bounded
 from mlxcore.rl.tasks import Problem
 from mlxio.rl.problems import extract_code, parses
 from mlxio.rl.reference_time import ReferenceLimits
-from mlxio.sandbox.runner import SandboxLimits, Verdict, run_check
+from mlxio.sandbox.pipes import Verdict
+from mlxio.sandbox.runner import SandboxLimits, run_check
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ from collections.abc import Callable
 import attrs
 
 from mlxcore.rl.tasks import Problem
-from mlxio.sandbox.runner import SandboxLimits, Verdict
+from mlxio.sandbox.pipes import Verdict
+from mlxio.sandbox.runner import SandboxLimits
 
 GRAIN_S = 0.5
 VERSION = "reference-limit-v1"

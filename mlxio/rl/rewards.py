@@ -31,7 +31,8 @@ from mlxio.inputs import MAX_DATA_BYTES, read_regular
 from mlxio.rl.execution import CodeJudge, SandboxConfig
 from mlxio.rl.problems import defines, fenced_blocks, parses
 from mlxio.rl.reference_time import ReferenceLimits
-from mlxio.sandbox.runner import SandboxLimits, Verdict
+from mlxio.sandbox.pipes import Verdict
+from mlxio.sandbox.runner import SandboxLimits
 
 # ---------------------------------------------------------------- reward functions
 

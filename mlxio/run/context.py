@@ -30,7 +30,7 @@ import numpy as np
 from mlxcore.train.tree import Tree, combine, partition
 from mlxio import atomic
 from mlxio.atomic import sweep_stale
-from mlxio.errors import CheckpointError, TrainingDiverged, at_least_one, cli_main
+from mlxio.errors import CheckpointError, TrainingDiverged
 from mlxio.redact import install_log_redaction, redact_config, redact_text
 from mlxio.run import checkpoint, distributed, memprof
 from mlxio.run.runlog import write_json_atomic
@@ -418,36 +418,3 @@ def check_divergence(opt_state: Tree, max_consecutive: int, step_no: int, hint: 
     if consecutive >= max_consecutive:
         raise TrainingDiverged(f"step {step_no}: {consecutive} non-finite steps in a row (skipped, "
                                f"{int(opt_state['skips'])} in all); stopping. {hint}")
-
-
-def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = (), more_steps_aliases: tuple[str, ...] = ()) -> None:
-    """The flags every training recipe takes beside its config: --resume, --stop_after STEP,
-    --profile-memory. Old spellings still work, with a warning: `stop_after_aliases` mean the
-    same step, `more_steps_aliases` (RLAIF's old --stop-after N) mean N more steps in this
-    process (`args.more_steps`)."""
-    from mlxio.run.flags import DeprecatedAlias
-
-    step_number = at_least_one("a step number")
-    if more_steps_aliases:
-        parser.add_argument(*more_steps_aliases, dest="more_steps", type=step_number, default=None,
-                            action=DeprecatedAlias,
-                            canonical="--stop_after", metavar="N",
-                            help="deprecated: stop after N more steps in this process (use --stop_after STEP)")
-
-    parser.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in out_dir")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="start fresh in an out_dir that holds another run's results, removing its checkpoints, "
-                             "metrics.jsonl and eval.json (without it such a folder is refused)")
-    parser.add_argument("--stop_after", *stop_after_aliases, type=step_number, default=None, action=DeprecatedAlias,
-                        canonical="--stop_after", metavar="STEP",
-                        help="stop (with a checkpoint) after this optimizer step; --resume continues")
-    parser.add_argument("--profile-memory", action="store_true",
-                        help="record MLX/RSS memory per step: memory.json + memory.png in out_dir")
-
-
-def cli(main: Callable[[list[str]], object], prog: str) -> None:
-    """Run a recipe's `main(sys.argv[1:])` as a command under the project's error contract
-    (`mlxio.errors.cli_main`): a user error (config, data, path, model, disk, network,
-    checkpoint, divergence) is one line `<prog>: error: <what> (<where>); <fix>` on stderr and
-    exit status 2 (usage / config) or 1 (runtime); only a real bug shows a traceback."""
-    cli_main(prog, main, sys.argv[1:])

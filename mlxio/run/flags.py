@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import types
 import typing
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from mlxio.errors import ConfigError, StrictArgumentParser
+from mlxio.errors import ConfigError, StrictArgumentParser, at_least_one, cli_main
 from mlxio.run.config import T, flat_dict, from_dict, from_json, leaf_fields, set_path, to_dict
 
 
@@ -252,3 +254,34 @@ def parse_args(argv: list[str] | None, presets: dict[str, Any], *, prog: str, de
     cfg = from_dict(data, cls, "command line", prefer=given)
     extras = argparse.Namespace(**{k: v for k, v in vars(args).items() if not k.startswith("cfg:")})
     return cfg, extras
+
+
+def add_run_flags(parser, stop_after_aliases: tuple[str, ...] = (), more_steps_aliases: tuple[str, ...] = ()) -> None:
+    """The flags every training recipe takes beside its config: --resume, --stop_after STEP,
+    --profile-memory. Old spellings still work, with a warning: `stop_after_aliases` mean the
+    same step, `more_steps_aliases` (RLAIF's old --stop-after N) mean N more steps in this
+    process (`args.more_steps`)."""
+    step_number = at_least_one("a step number")
+    if more_steps_aliases:
+        parser.add_argument(*more_steps_aliases, dest="more_steps", type=step_number, default=None,
+                            action=DeprecatedAlias,
+                            canonical="--stop_after", metavar="N",
+                            help="deprecated: stop after N more steps in this process (use --stop_after STEP)")
+
+    parser.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint in out_dir")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start fresh in an out_dir that holds another run's results, removing its checkpoints, "
+                             "metrics.jsonl and eval.json (without it such a folder is refused)")
+    parser.add_argument("--stop_after", *stop_after_aliases, type=step_number, default=None, action=DeprecatedAlias,
+                        canonical="--stop_after", metavar="STEP",
+                        help="stop (with a checkpoint) after this optimizer step; --resume continues")
+    parser.add_argument("--profile-memory", action="store_true",
+                        help="record MLX/RSS memory per step: memory.json + memory.png in out_dir")
+
+
+def cli(main: Callable[[list[str]], object], prog: str) -> None:
+    """Run a recipe's `main(sys.argv[1:])` as a command under the project's error contract
+    (`mlxio.errors.cli_main`): a user error (config, data, path, model, disk, network,
+    checkpoint, divergence) is one line `<prog>: error: <what> (<where>); <fix>` on stderr and
+    exit status 2 (usage / config) or 1 (runtime); only a real bug shows a traceback."""
+    cli_main(prog, main, sys.argv[1:])

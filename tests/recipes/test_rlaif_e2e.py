@@ -15,7 +15,8 @@ from mlxcore.train.step import init_state, make_train_step
 from mlxio.errors import CheckpointError, ConfigError, RunError, TrainingDiverged
 from mlxio.rl import grpo
 from mlxio.rl.evaluation import EvalConfig
-from mlxio.run import checkpoint, context
+from mlxio.run import checkpoint
+from mlxio.run.flags import cli
 from mlxio.weights import llm, llm_lora
 from recipes import rlaif_qwen as rq
 from recipes.rlaif_config import batch_settings, load_policy, loss_fn
@@ -263,7 +264,7 @@ def test_consecutive_skips_stop_the_run(problems_file, tmp_path, monkeypatch, ca
     monkeypatch.setattr(rq, "run", diverge)  # the command turns it into one line and exit status 1
     monkeypatch.setattr("sys.argv", ["rlaif_qwen", "--preset", "smoke", "--out_dir", str(tmp_path)])
     with pytest.raises(SystemExit) as exit_info:
-        context.cli(rq.main, "rlaif_qwen")
+        cli(rq.main, "rlaif_qwen")
     err = capsys.readouterr().err
     assert exit_info.value.code == 1 and err.startswith("rlaif_qwen: error: step 9: 3 non-finite")
     assert err.count("\n") == 1

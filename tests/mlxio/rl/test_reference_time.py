@@ -16,7 +16,8 @@ from mlxio.rl.execution import CodeJudge
 from mlxio.rl.reference_time import GRAIN_S, ReferenceLimits, limit_from
 from mlxio.rl.rewards import ExecutionReward, RewardCache
 from mlxio.sandbox import runner
-from mlxio.sandbox.runner import SandboxLimits, Verdict
+from mlxio.sandbox.pipes import Verdict
+from mlxio.sandbox.runner import SandboxLimits
 
 BASE = SandboxLimits(timeout_s=5.0, memory_mb=256, max_processes=16)
 ADD = Problem(task_id="add", prompt='def add(a, b):\n    """a + b"""\n', entry_point="add",

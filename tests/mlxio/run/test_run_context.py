@@ -11,7 +11,7 @@ import pytest
 from mlxio.errors import CheckpointError, TrainingDiverged
 from mlxio.run import checkpoint, context, distributed
 from mlxio.run.config import migrate, to_dict
-from mlxio.run.flags import parse_args
+from mlxio.run.flags import add_run_flags, parse_args
 from mlxio.run.loop import TrainLoop
 from recipes import rlaif_config, xtr_lora_config
 
@@ -28,12 +28,12 @@ def test_old_flag_names_still_work_with_a_warning():
         cfg, flags = parse_args(["--preset", "smoke", "--out", "somewhere", "--accumulation", "4", "--stop-after", "2",
                                  "--seed", "5", "--eval_micro_batches", "false"],
                                 rlaif_config.PRESETS, prog="t", description="", default_preset="smoke",
-                                extra=lambda p: context.add_run_flags(p, more_steps_aliases=("--stop-after",)))
+                                extra=lambda p: add_run_flags(p, more_steps_aliases=("--stop-after",)))
     assert cfg.out_dir == "somewhere" and cfg.train.accum == 4 and flags.more_steps == 2 and flags.stop_after is None
     assert cfg.train.seed == 5 and cfg.memory.eval_micro_batches is False
     with pytest.warns(DeprecationWarning, match="--train.stop_after is deprecated"):
         _, flags = parse_args(["--train.stop_after", "3"], xtr_lora_config.PRESETS, prog="t", description="",
-                              default_preset="smoke", extra=lambda p: context.add_run_flags(p, ("--train.stop_after",)))
+                              default_preset="smoke", extra=lambda p: add_run_flags(p, ("--train.stop_after",)))
     assert flags.stop_after == 3
 
 
