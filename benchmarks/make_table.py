@@ -850,9 +850,10 @@ def performance_sections(bars: list) -> list[str]:
         r = load(machine, name)
         if r:
             lines += retriever_section(machine, r, bars, name)
-    g = load("h100", "generation")
-    if g:
-        lines += generation_section("h100", g, bars)
+    for machine in ("h200", "h100"):
+        g = load(machine, "generation")
+        if g:
+            lines += generation_section(machine, g, bars)
     lines += training_sections()
     lines += rlaif_speed_section()
     lines += other_sections()
