@@ -15,8 +15,8 @@ it was; wall and CPU seconds both):
 - one at a time (the peer, what `--queries` did before): the same batch-encoded query vectors,
   `Index.search` per query; `identical`: every query's (document, score) list equal, bit for bit
   (what BLAS kernels that round alike give), `same_documents`: the same documents in the same
-  order, `max_score_difference` (what the search promises: at most `scoring.score_tolerance`);
-- single-query latency: `Index.search` (one product per ~1,024-token block, `scoring.product`,
+  order, `max_score_difference` (what the search promises: at most `index_scoring.score_tolerance`);
+- single-query latency: `Index.search` (one product per ~1,024-token block, `index_scoring.product`,
   one BLAS thread per worker) against the re-rank before batched
   search (`legacy_search`: one plain product per ~1,024-token chunk, allocating its arrays), as
   it ran (OpenBLAS's default threads) and on one BLAS thread, interleaved query by query;
@@ -43,8 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import machine, versions
+from mlxcore.retrieval import index_scoring
 from mlxio import blas
-from mlxio.search import scoring
 from mlxio.search.index import Index, _top
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,7 @@ def legacy_maxsim(index: Index, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
     for seg, _, where, local in index._by_segment(np.asarray(docs, np.int64)):
         positions, starts = seg.tokens(local)
         ends = np.r_[starts[1:], len(positions)]
-        for lo, hi in scoring.doc_chunks(ends - starts):
+        for lo, hi in index_scoring.doc_chunks(ends - starts):
             rows = positions[starts[lo]:ends[hi - 1]]
             vectors, norms = index.codec.decode_rotated(seg.cids[rows], seg.residuals[rows], normalise=False)
             sims = vectors @ q.T

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxio.search import codec as codec_mod
+from mlxcore.retrieval import codec as codec_mod
 from mlxio.search import store
 from mlxio.search.index import (
     DEFAULT_CANDIDATES,

@@ -1,7 +1,7 @@
-"""Where `scoring.probe_estimate`'s two paths cross: the gathered one (`np.maximum.at`, a few
+"""Where `index_scoring.probe_estimate`'s two paths cross: the gathered one (`np.maximum.at`, a few
 NumPy calls per query) against one assignment per probed list, on synthetic inverted lists of
 POSTINGS documents each (1,024 lists), 24 query tokens x 8 probes, one core. Sets
-`scoring.GATHER_MAX_POSTINGS` (its comment quotes this).
+`index_scoring.GATHER_MAX_POSTINGS` (its comment quotes this).
 
     PYTHONPATH=. python -m dev.probe_kernel_crossover dev/results/cpu/probe_kernel_crossover.json
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxio.search import scoring
+from mlxcore.retrieval import index_scoring
 
 POSTINGS = (30, 100, 300, 1000, 3000)
 DOCUMENTS = (5000, 50000)
@@ -37,9 +37,9 @@ def time_paths(n_docs: int, per_list: int, seed: int = 0) -> dict:
                for _ in range(QUERIES)]
     out, results = {}, {}
     for name, limit in (("gathered_ms", 1 << 30), ("assigned_ms", -1)):
-        scoring.GATHER_MAX_POSTINGS = limit
+        index_scoring.GATHER_MAX_POSTINGS = limit
         t = time.perf_counter()
-        results[name] = [scoring.probe_estimate(indptr, docs, n_docs, p, s) for p, s in queries]
+        results[name] = [index_scoring.probe_estimate(indptr, docs, n_docs, p, s) for p, s in queries]
         out[name] = round((time.perf_counter() - t) / QUERIES * 1e3, 3)
     same = all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
                for a, b in zip(results["gathered_ms"], results["assigned_ms"], strict=True))
@@ -48,12 +48,12 @@ def time_paths(n_docs: int, per_list: int, seed: int = 0) -> dict:
 
 
 def main(out: Path) -> dict:
-    default = scoring.GATHER_MAX_POSTINGS
+    default = index_scoring.GATHER_MAX_POSTINGS
     try:
         result = {"lists": LISTS, "tokens": TOKENS, "probes": PROBES, "queries": QUERIES,
                   "runs": [time_paths(n, p) for n in DOCUMENTS for p in POSTINGS]}
     finally:
-        scoring.GATHER_MAX_POSTINGS = default
+        index_scoring.GATHER_MAX_POSTINGS = default
     for r in result["runs"]:
         print(r, flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)

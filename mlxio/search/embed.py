@@ -80,7 +80,7 @@ def encode_on_device(codec, x: np.ndarray, chunk: int = 65536) -> tuple[np.ndarr
     is one): nearest centroid, then for a PQCodec the rotated residual's nearest codeword in
     every subspace (max of r.c - |c|^2 / 2, as PQCodec.encode); a scalar Codec gets its
     centroids here and its residual buckets from NumPy. Float rounding may flip a near-tie."""
-    from mlxio.search.codec import PQCodec, centroid_dtype
+    from mlxcore.retrieval.codec import PQCodec, centroid_dtype
 
     if not isinstance(codec, PQCodec):
         return codec.encode(x, cids=assign_on_device(x, codec.centroids, chunk))

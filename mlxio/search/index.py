@@ -1,5 +1,5 @@
 """A compressed multi-vector index: loading a generation memory-mapped and searching it (the
-files are written by `writer`, read a segment at a time by `segment`; the kernels are in `scoring`).
+files are written by `writer`, read a segment at a time by `segment`; the per-query kernels are `mlxcore.retrieval.index_scoring`).
 
 Search (PLAID-style, in NumPy, on memory maps), over every segment of the live generation:
 1. candidates: each query token's `nprobe` best centroids; the live documents on those
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxcore.retrieval import ranking
+from mlxcore.retrieval import codec as codec_mod
+from mlxcore.retrieval import index_scoring, ranking
 from mlxio import blas
-from mlxio.search import codec as codec_mod
-from mlxio.search import lexical, scoring, store
+from mlxio.search import lexical, store
 from mlxio.search.segment import Segment
 from mlxio.search.store import IndexError_
 
@@ -197,8 +197,8 @@ class Index:
 
     def maxsim(self, q: np.ndarray, docs: np.ndarray) -> np.ndarray:
         """MaxSim float32 [len(docs)] of query tokens q [Tq, D] against decompressed documents
-        (decoded `scoring.CHUNK_TOKENS` tokens at a time: the block stays in the CPU cache)."""
-        return self.maxsim_many([q], [docs], scoring.CHUNK_TOKENS)[0]
+        (decoded `index_scoring.CHUNK_TOKENS` tokens at a time: the block stays in the CPU cache)."""
+        return self.maxsim_many([q], [docs], index_scoring.CHUNK_TOKENS)[0]
 
     def maxsim_many(self, qs: list[np.ndarray], pools: list[np.ndarray],
                     block_tokens: int = BATCH_BLOCK_TOKENS, workers: int | None = None) -> list[np.ndarray]:
@@ -206,8 +206,8 @@ class Index:
         pools[i], decoding each document once for all the queries that need it: the union of the
         pools is decoded in blocks of about `block_tokens` tokens; in a block, each run of
         consecutive documents wanted by the same queries is one product with those queries'
-        tokens stacked (`scoring.query_runs`, `product`), so a query's scores in a batch are
-        within `scoring.score_tolerance` of its scores alone (BLAS rounds by the product's
+        tokens stacked (`index_scoring.query_runs`, `product`), so a query's scores in a batch are
+        within `index_scoring.score_tolerance` of its scores alone (BLAS rounds by the product's
         shape). Blocks run on `workers` threads (default: one per usable core, at most
         MAX_WORKERS_BATCH for several queries and MAX_WORKERS_ONE for one), BLAS on one thread
         each; the blocks, so the results, do not depend on the number."""
@@ -229,21 +229,21 @@ class Index:
         for seg, _, where, local in self._by_segment(union):
             positions, starts = seg.tokens(local)
             ends = np.r_[starts[1:], len(positions)]
-            for lo, hi in scoring.doc_chunks(ends - starts, block_tokens):
+            for lo, hi in index_scoring.doc_chunks(ends - starts, block_tokens):
                 blocks.append((seg, positions[starts[lo]:ends[hi - 1]], starts[lo:hi] - starts[lo],
                                ends[lo:hi] - starts[lo], int(where[lo]), int(where[hi - 1]) + 1))
 
-        local = threading.local()  # each thread's scoring.Scratch
+        local = threading.local()  # each thread's index_scoring.Scratch
 
         def score(block) -> None:
             seg, rows, doc_starts, doc_ends, u0, u1 = block  # a segment's documents are a run of `union`
             if not hasattr(local, "scratch"):
-                local.scratch = scoring.Scratch()
+                local.scratch = index_scoring.Scratch()
             scratch = local.scratch
             vectors, norms = self.codec.decode_rotated(seg.cids[rows], seg.residuals[rows], normalise=False,
                                                        scratch=scratch)
             firsts = first[u0:u1 + 1]
-            for a, b in scoring.query_runs(firsts - firsts[0], pair_query[firsts[0]:firsts[-1]]):
+            for a, b in index_scoring.query_runs(firsts - firsts[0], pair_query[firsts[0]:firsts[-1]]):
                 p0, p1 = int(firsts[a]), int(firsts[a + 1])  # the run's queries: those of its first document
                 if p1 - p0 == 1:  # one query: its tokens are a slice
                     i = int(pair_query[p0])
@@ -255,13 +255,13 @@ class Index:
                     stacked = np.take(q_all, tokens, axis=0, mode="clip",
                                       out=scratch.get("queries", (len(tokens), q_all.shape[1])))
                 lo, hi = int(doc_starts[a]), int(doc_ends[b - 1])
-                sims = scoring.product(vectors, lo, hi, stacked, scratch)
-                maxima = scoring.doc_maxima(sims, norms[lo:hi], doc_starts[a:b] - lo)  # [b - a, tokens]
+                sims = index_scoring.product(vectors, lo, hi, stacked, scratch)
+                maxima = index_scoring.doc_maxima(sims, norms[lo:hi], doc_starts[a:b] - lo)  # [b - a, tokens]
                 best[pair_at[p0]:pair_at[p0] + maxima.size] = maxima.ravel()  # pairs by document, then query
 
         _map(score, blocks, workers or _workers(len(qs)))
         flat = np.empty(len(order), np.float32)
-        flat[order] = scoring.token_means(best, pair_at[:-1], pair_len)
+        flat[order] = index_scoring.token_means(best, pair_at[:-1], pair_len)
         return np.split(flat, np.cumsum(sizes)[:-1]) if sizes else []
 
     def generate(self, q: np.ndarray, nprobe: int, candidates: int) -> np.ndarray:
@@ -305,10 +305,10 @@ class Index:
         """`search` of every query (qs[i]: queries[i]'s token embeddings), with the exact
         re-rank shared: `BATCH_QUERIES` queries at a time, each candidate decoded once per batch
         (`maxsim_many`, in blocks of `block_tokens`; default `BATCH_BLOCK_TOKENS`, or
-        `scoring.CHUNK_TOKENS` for a single query).
+        `index_scoring.CHUNK_TOKENS` for a single query).
 
         Against `search` of each query alone: the same candidates and BM25 scores (bit for bit),
-        each semantic score within `scoring.score_tolerance` (BLAS rounds a product by its
+        each semantic score within `index_scoring.score_tolerance` (BLAS rounds a product by its
         shape), and so the same ranking except that documents whose scores lie that close may
         trade places; equal scores are ordered by document id in both."""
         check_args(top_k, alpha, nprobe, candidates)
@@ -340,7 +340,7 @@ class Index:
                          min(_workers(len(batch)), MAX_WORKERS_GENERATE))
             if mode == "hybrid":
                 pools, lexical_scores = self._join_bm25([queries[i] for i in batch], pools)
-            block = block_tokens or (scoring.CHUNK_TOKENS if len(batch) == 1 else BATCH_BLOCK_TOKENS)
+            block = block_tokens or (index_scoring.CHUNK_TOKENS if len(batch) == 1 else BATCH_BLOCK_TOKENS)
             semantic = self.maxsim_many([qs[i] for i in batch], pools, block)
             if mode == "semantic":
                 out += [_top(pool, sem, top_k) for pool, sem in zip(pools, semantic, strict=True)]

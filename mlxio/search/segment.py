@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxio.search import scoring, store
-from mlxio.search.codec import Codec, PQCodec, centroid_dtype
+from mlxcore.retrieval import index_scoring
+from mlxcore.retrieval.codec import Codec, PQCodec, centroid_dtype
+from mlxio.search import store
 from mlxio.search.store import IndexError_
 
 
@@ -73,4 +74,4 @@ class Segment:
 
     def approx(self, probes: np.ndarray, probe_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(live local documents on the probed lists, their centroid-level MaxSim estimate)."""
-        return scoring.probe_estimate(self.ivf_indptr, self._ivf_docs, self.n, probes, probe_scores, self.deleted)
+        return index_scoring.probe_estimate(self.ivf_indptr, self._ivf_docs, self.n, probes, probe_scores, self.deleted)

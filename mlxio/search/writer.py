@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from mlxcore.retrieval import ranking
+from mlxcore.retrieval.codec import Codec, PQCodec, centroid_dtype
 from mlxio.search import store
-from mlxio.search.codec import Codec, PQCodec, centroid_dtype
 from mlxio.search.store import IndexError_
 
 

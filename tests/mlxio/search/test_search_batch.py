@@ -1,6 +1,6 @@
 """Batched search (`Index.search_many`, `code_search search --queries`) returns what one-at-a-time
 search returns, on a segmented index with tombstones, whatever the batch and block sizes: the
-same candidates and BM25 scores bit for bit; semantic scores within `scoring.score_tolerance`
+same candidates and BM25 scores bit for bit; semantic scores within `index_scoring.score_tolerance`
 (BLAS rounds a product by its shape: OpenBLAS's Haswell and Zen kernels do, its Sandybridge and
 SkylakeX ones did not here); the same ranking but for documents whose scores lie within the
 tolerance (after fusion, within what fusion makes of it), equal scores ordered by id."""
@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_search_index import META, FakeEmbed, _write_sources  # tests/ helpers
 
-from mlxcore.retrieval import ranking
-from mlxio.search import build, lexical, scoring
+from mlxcore.retrieval import index_scoring, ranking
+from mlxio.search import build, lexical
 from mlxio.search import index as index_mod
 from mlxio.search.index import Index, SearchArgumentError
 
@@ -64,7 +64,7 @@ def reference(index: Index, query: str, q: np.ndarray, mode: str, alpha: float |
               k: int) -> tuple[np.ndarray, np.ndarray, float]:
     """(the pool of documents int64 [n], their scores alone float64 [n], how far the batch may
     move a score): the semantic scores of one query scored alone by `Index.maxsim`, fused as
-    search fuses them; the tolerance what `scoring.score_tolerance` becomes after fusion."""
+    search fuses them; the tolerance what `index_scoring.score_tolerance` becomes after fusion."""
     if mode == "bm25":
         scores = index.bm25(query)
         hits = index.live_ids[scores[index.live_ids] > 0]
@@ -73,7 +73,7 @@ def reference(index: Index, query: str, q: np.ndarray, mode: str, alpha: float |
     if mode == "hybrid":
         (pool,), (lex,) = index._join_bm25([query], [pool])
     sem = index.maxsim(q, pool)
-    tol = scoring.score_tolerance(q.shape[1], len(q), float(np.linalg.norm(q.astype(np.float64), axis=1).max()))
+    tol = index_scoring.score_tolerance(q.shape[1], len(q), float(np.linalg.norm(q.astype(np.float64), axis=1).max()))
     if mode == "semantic":
         return pool, sem.astype(np.float64), tol
     if fusion == "rrf":  # a rank moves by at most the number of other scores within 2 tol

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from mlxcore.retrieval import ranking
+from mlxcore.retrieval import codec, ranking
 from mlxio.errors import DataError
-from mlxio.search import build, codec, store
+from mlxio.search import build, store
 from mlxio.search.index import (
     Index,
     SearchArgumentError,
@@ -836,7 +836,7 @@ def test_bm25_uses_the_evaluation_terms(tmp_path):
 def test_pq_decode_rotated_with_and_without_scratch():
     """The reused buffers give the same bits as fresh arrays, normalised or not, twice in a row
     (a buffer reused); a centroid id out of range is an IndexError either way."""
-    from mlxio.search.scoring import Scratch
+    from mlxcore.retrieval.index_scoring import Scratch
 
     rng = np.random.default_rng(3)
     c = codec.train_named("pq16", _clustered(rng, n=600, noise=0.4), 8, 0, residual_sample=_clustered(rng, n=300, noise=0.4))

@@ -1,4 +1,4 @@
-"""The per-query search kernels (mlxio/search/scoring.py) against direct reference formulas."""
+"""The per-query search kernels (mlxcore/retrieval/index_scoring.py) against direct reference formulas."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mlxio.search import scoring
+from mlxcore.retrieval import index_scoring
 
 
 def _lists(rng: np.random.Generator, k: int, n_docs: int) -> tuple[np.ndarray, np.ndarray]:
@@ -54,7 +54,7 @@ def test_probe_estimate_matches_the_dense_reference(seed, k, n_docs, n_q, nprobe
     rng = np.random.default_rng(seed)
     indptr, docs, probes, scores = _probed(rng, k, n_docs, n_q, nprobe)
     deleted = rng.random(n_docs) < 0.3 if with_deleted else None
-    found, est = scoring.probe_estimate(indptr, docs, n_docs, probes, scores, deleted)
+    found, est = index_scoring.probe_estimate(indptr, docs, n_docs, probes, scores, deleted)
     want_found, want = _reference(indptr, docs, n_docs, probes, scores, deleted)
     np.testing.assert_array_equal(found, want_found)
     assert est.dtype == np.float32 and found.dtype == np.int64
@@ -94,9 +94,9 @@ def test_probe_estimate_is_the_assignment_loops_bits_in_any_chunking(seed, k, n_
     indptr, docs, probes, scores = _probed(rng, k, n_docs, n_q, nprobe)
     deleted = rng.random(n_docs) < 0.2
     with pytest.MonkeyPatch.context() as patch:  # tokens in chunks of cells // n_docs (at least 1)
-        patch.setattr(scoring, "PROBE_CELLS", cells)
-        patch.setattr(scoring, "GATHER_MAX_POSTINGS", gather_max)  # -1: always the loop; 1 << 30: always gathered
-        found, est = scoring.probe_estimate(indptr, docs, n_docs, probes, scores, deleted)
+        patch.setattr(index_scoring, "PROBE_CELLS", cells)
+        patch.setattr(index_scoring, "GATHER_MAX_POSTINGS", gather_max)  # -1: always the loop; 1 << 30: always gathered
+        found, est = index_scoring.probe_estimate(indptr, docs, n_docs, probes, scores, deleted)
     want_found, want = _assignment_loop(indptr, docs, n_docs, probes, scores, deleted)
     np.testing.assert_array_equal(found, want_found)
     np.testing.assert_array_equal(est.view(np.uint32), want.view(np.uint32))
@@ -104,14 +104,14 @@ def test_probe_estimate_is_the_assignment_loops_bits_in_any_chunking(seed, k, n_
 
 def test_probe_estimate_with_no_postings():
     indptr = np.zeros(4, np.int64)
-    found, est = scoring.probe_estimate(indptr, np.zeros(0, np.int32), 5, np.array([[0, 1]]), np.array([[0.5, 0.2]], np.float32))
+    found, est = index_scoring.probe_estimate(indptr, np.zeros(0, np.int32), 5, np.array([[0, 1]]), np.array([[0.5, 0.2]], np.float32))
     assert len(found) == 0 and len(est) == 0
 
 
 @settings(max_examples=100, deadline=None)
 @given(lengths=st.lists(st.integers(1, 50), min_size=0, max_size=60), limit=st.integers(1, 120))
 def test_doc_chunks_cover_in_order_within_the_limit(lengths, limit):
-    chunks = scoring.doc_chunks(np.array(lengths, np.int64), limit)
+    chunks = index_scoring.doc_chunks(np.array(lengths, np.int64), limit)
     assert [lo for lo, _ in chunks] == ([0] + [hi for _, hi in chunks[:-1]] if chunks else [])
     assert (chunks[-1][1] if chunks else 0) == len(lengths)
     for lo, hi in chunks:
@@ -124,11 +124,11 @@ def _runs_maxsim(vectors, norms, starts, lengths, q, limit, scratch=None):
     """One query's MaxSim of documents (rows starts[i]:starts[i] + lengths[i] of vectors) the
     way `Index.maxsim_many` scores a run: chunks of documents, one product each."""
     got = np.zeros(len(starts), np.float32)
-    for lo, hi in scoring.doc_chunks(lengths, limit):
+    for lo, hi in index_scoring.doc_chunks(lengths, limit):
         a, b = int(starts[lo]), int(starts[hi - 1] + lengths[hi - 1])
-        sims = scoring.product(vectors, a, b, q, scratch)
-        maxima = scoring.doc_maxima(sims, norms[a:b], starts[lo:hi] - a)
-        got[lo:hi] = scoring.token_means(maxima.ravel(), np.arange(hi - lo) * len(q), np.full(hi - lo, len(q)))
+        sims = index_scoring.product(vectors, a, b, q, scratch)
+        maxima = index_scoring.doc_maxima(sims, norms[a:b], starts[lo:hi] - a)
+        got[lo:hi] = index_scoring.token_means(maxima.ravel(), np.arange(hi - lo) * len(q), np.full(hi - lo, len(q)))
     return got
 
 
@@ -140,7 +140,7 @@ def _exact_maxsim(vectors, norms, starts, lengths, q) -> np.ndarray:
 
 
 def _tolerance(q: np.ndarray) -> float:
-    return scoring.score_tolerance(q.shape[1], len(q), float(np.linalg.norm(q.astype(np.float64), axis=1).max()))
+    return index_scoring.score_tolerance(q.shape[1], len(q), float(np.linalg.norm(q.astype(np.float64), axis=1).max()))
 
 
 @settings(max_examples=40, deadline=None)
@@ -172,9 +172,9 @@ def test_product_is_within_the_float32_bound_in_any_shape(seed, n_rows, n_cols, 
     hi = int(rng.integers(lo + 1, n_rows + 1))
     cols = np.ascontiguousarray(b[np.sort(rng.choice(len(b), n_cols, replace=False))])
     exact = a[lo:hi].astype(np.float64) @ cols.T.astype(np.float64)
-    bound = scoring._gamma(dim) * (np.abs(a[lo:hi]).astype(np.float64) @ np.abs(cols).T.astype(np.float64))
-    for scratch in (None, scoring.Scratch()):
-        part = scoring.product(a, lo, hi, cols, scratch)
+    bound = index_scoring._gamma(dim) * (np.abs(a[lo:hi]).astype(np.float64) @ np.abs(cols).T.astype(np.float64))
+    for scratch in (None, index_scoring.Scratch()):
+        part = index_scoring.product(a, lo, hi, cols, scratch)
         assert part.shape == (hi - lo, n_cols) and part.dtype == np.float32
         assert (np.abs(part - exact) <= bound * (1 + 1e-9)).all()
 
@@ -193,7 +193,7 @@ def test_run_maxsim_moves_within_the_tolerance_with_the_neighbours(seed, n_docs,
     q = rng.standard_normal((n_q, dim)).astype(np.float32)
     alone = np.array([_runs_maxsim(vectors[s:s + n], norms[s:s + n], np.zeros(1, np.int64), lengths[i:i + 1], q, 1)[0]
                       for i, (s, n) in enumerate(zip(starts, lengths, strict=True))])
-    together = _runs_maxsim(vectors, norms, starts, lengths, q, int(rng.integers(1, 5000)), scoring.Scratch())
+    together = _runs_maxsim(vectors, norms, starts, lengths, q, int(rng.integers(1, 5000)), index_scoring.Scratch())
     assert together.dtype == np.float32
     tol = _tolerance(q)
     np.testing.assert_allclose(together, alone, rtol=0, atol=tol)
@@ -203,10 +203,10 @@ def test_run_maxsim_moves_within_the_tolerance_with_the_neighbours(seed, n_docs,
 def test_score_tolerance_is_the_float32_bound():
     """For 384 dimensions and 32 unit query tokens: about 2 x 386 roundings of 2^-24 (5e-5), well
     below the gaps that decide rankings, and growing with the dimension and the query's norm."""
-    tol = scoring.score_tolerance(384, 32)
+    tol = index_scoring.score_tolerance(384, 32)
     assert 4.5e-5 < tol < 5.5e-5
-    assert scoring.score_tolerance(128, 32) < tol < scoring.score_tolerance(768, 32)
-    assert scoring.score_tolerance(384, 32, 2.0) == pytest.approx(2 * tol)
+    assert index_scoring.score_tolerance(128, 32) < tol < index_scoring.score_tolerance(768, 32)
+    assert index_scoring.score_tolerance(384, 32, 2.0) == pytest.approx(2 * tol)
 
 
 @settings(max_examples=60, deadline=None)
@@ -216,7 +216,7 @@ def test_token_means_add_in_token_order(seed, n_pairs):
     lengths = rng.integers(1, 33, n_pairs)
     starts = (np.cumsum(lengths) - lengths).astype(np.int64)
     best = rng.standard_normal(int(lengths.sum())).astype(np.float32)
-    got = scoring.token_means(best, starts, lengths)
+    got = index_scoring.token_means(best, starts, lengths)
     want = []
     for s, n in zip(starts, lengths, strict=True):
         total = best[s]
@@ -232,7 +232,7 @@ def test_token_means_add_in_token_order(seed, n_pairs):
 def test_query_runs_group_neighbours_wanted_by_the_same_queries(sets):
     first = np.r_[0, np.cumsum([len(q) for q in sets])].astype(np.int64)
     queries = np.array([i for q in sets for i in q], np.int64)
-    runs = scoring.query_runs(first, queries)
+    runs = index_scoring.query_runs(first, queries)
     assert [i for a, b in runs for i in range(a, b)] == list(range(len(sets)))
     for a, b in runs:
         assert all(sets[i] == sets[a] for i in range(a, b))
@@ -240,7 +240,7 @@ def test_query_runs_group_neighbours_wanted_by_the_same_queries(sets):
 
 
 def test_scratch_reuses_and_grows():
-    scratch = scoring.Scratch()
+    scratch = index_scoring.Scratch()
     x = scratch.get("a", (4, 3))
     assert x.shape == (4, 3) and x.flags.c_contiguous
     assert np.shares_memory(scratch.get("a", (2, 5)), x)
