@@ -48,7 +48,7 @@ else
   STEP3=(--shape qwen2.5-coder-3b --completion-len 384 --steps 3 --warmup 1)
   GEN=(--shapes smollm2-135m --new-tokens 256 --repeats 2 --torch-repeats 0 --engines static --bandwidth 4.8e12)
   RECIPE=(--preset gpu --train.steps 12)
-  LIMIT=(200 70 100 130 150)
+  LIMIT=(170 60 90 130 150)
 fi
 # PEFT for the PyTorch rows: from a carried wheel when the image lacks it (pure Python)
 PEFT=$("$PY" -c 'import peft; print(peft.__version__)' 2>/dev/null)
