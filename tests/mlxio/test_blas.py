@@ -52,7 +52,7 @@ def test_cache_limit_from_the_environment():
     bad = run("from mlxio.runtime import setup; setup()", {"MLXIO_CACHE_LIMIT_MB": "2GB"})
     assert bad.returncode != 0
     assert bad.stderr.strip().splitlines() == [  # one line, no traceback
-        "error: MLXIO_CACHE_LIMIT_MB='2GB': give a whole number of megabytes (0 or more), or unset it"]
+        "error: MLXIO_CACHE_LIMIT_MB='2GB': give a whole number of megabytes (0 to 999999999999), or unset it"]
 
 
 def test_a_bad_malloc_setting_is_one_line():
