@@ -92,14 +92,68 @@ def parse(argv: list[str] | None) -> tuple[Config, argparse.Namespace]:
 
 @context.releases_out_dirs
 def main(argv: list[str] | None = None) -> dict:
+    """Train, evaluate and export the retriever per the command line; returns eval.json's contents.
+    Setup (encoder, data, step, resume, baselines), the training loop (`train`), then the
+    evaluation, report and exports (`finish`)."""
     cfg, flags = parse(argv)
     out_dir = checks.check_out_dir(cfg.out_dir, "out_dir")
     cache_dir = checks.check_out_dir(cfg.cache_dir, "cache_dir")
     world = context.start(out_dir, config.to_dict(cfg), cfg.train.seed, flags.resume, flags.overwrite)
     distributed.local_size(cfg.train.micro_batch, world, "train.micro_batch")
     started, clock = time.perf_counter(), PhaseClock()  # clock: wall and CPU time per phase
+    model_path, model, evaluate = load_model(cfg, world, clock)
+    data, tokens = load_data(cfg, model_path, model, cache_dir, clock)
+    step_fn, params, opt_state, resumed, run_id = make_step(cfg, flags, model, model_path, out_dir, world)
+    start_step = resumed.step if resumed else 0
+    baseline = run_baselines(cfg, evaluate, model, model_path, data, cache_dir, clock) if world.is_main else None
+    keeper, on_dev = (dev_evaluation(evaluate, model, baseline, out_dir, start_step if resumed else None,
+                                     lambda record: loop.write(record))
+                      if cfg.train.dev_eval_every and world.is_main else (None, None))
 
-    # ---- encoder + LoRA (+ projection when asked for one and the checkpoint has none)
+    # ---- train
+    plan = None  # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit
+    if cfg.memory.auto_batch:
+        plan = batch_plan(cfg, model_path, model.targets, world.size,
+                          record=out_dir / "batch_plan.json" if world.is_main else None)
+    loop = TrainLoop.open(out_dir, world, run_id=run_id, config=config.to_dict(cfg), train=cfg.train,
+                          start=start_step, end=context.last_step(cfg.train.steps, flags.stop_after),
+                          resumed=resumed is not None, opt_state=opt_state, project="xtr_lora", desc="train",
+                          report_to=cfg.report_to, headline=("loss", "lr", "samples_per_s"),
+                          hint=f"The last good checkpoint is kept in {out_dir / 'checkpoints'}.",
+                          profile_memory=flags.profile_memory)
+    batches = tokens.batches(cfg.train.micro_batch, cfg.train.accum, cfg.train.seed,
+                             DataPosition(**resumed.meta["data_position"]) if resumed else DataPosition(),
+                             cfg.data.bucket, world, cfg.train.batch_order)
+    params, opt_state, train_s, micro = train(cfg, loop, step_fn, params, opt_state, batches, model.trainable, plan,
+                                              on_dev)
+    records = loop.reporter.read() if world.is_main else []
+    samples_per_step, steps_run = cfg.train.micro_batch * cfg.train.accum, loop.end - start_step
+    clock.lap("train", f"{steps_run} steps at {samples_per_step * steps_run / max(train_s, 1e-9):.1f} samples/s"
+              + (f", loss {records[-1]['loss']:.4f} (last window)" if records and "loss" in records[-1] else ""))
+    # the reporter stays open for the evaluation's metrics (TensorBoard / W&B), closed after them
+    if not loop.finish(opt_state, steps_run, f"xtr_lora memory: {Path(model_path).name}", keep_reporter=True):
+        return {"stopped_at": loop.end} if loop.stopped_early else {"rank": world.rank}
+    return finish(cfg, argv, model_path, model, evaluate, data, baseline, keeper, loop, params, records,
+                  Finished(out_dir=out_dir, train_s=train_s, micro=micro, steps_run=steps_run, started=started,
+                           clock=clock))
+
+
+@attrs.frozen
+class Finished:
+    """How the training loop went, for the report: the run folder, the loop's seconds, micro-batch
+    and steps run in this process, the run's start (perf_counter) and its phase clock."""
+
+    out_dir: Path
+    train_s: float
+    micro: int
+    steps_run: int
+    started: float
+    clock: PhaseClock
+
+
+def load_model(cfg: Config, world, clock: PhaseClock):
+    """(model path, the trainable encoder + LoRA (+ projection), its evaluator), once the
+    settings that cannot fit are refused."""
     model_path = cfg.model or str(default_encoder_path())
     model = load_trainable(model_path, cfg.lora, projection_dim=cfg.train.projection_dim, seed=cfg.train.seed,
                            gradient_checkpointing=cfg.memory.gradient_checkpointing,
@@ -119,8 +173,13 @@ def main(argv: list[str] | None = None) -> dict:
     evaluate = Evaluator(encoder=encoder, query_len=cfg.data.max_query_len, doc_len=cfg.data.max_doc_len,
                          batch=cfg.train.eval_batch, compiled=cfg.train.compile)
     clock.lap("load_model", f"{Path(model_path).name}, {model.trainable_params:,} trainable parameters")
+    return model_path, model, evaluate
 
-    # ---- data: pairs (+ hard negatives, mined and guarded by the guide's MaxSim), held-out tasks, token cache
+
+def load_data(cfg: Config, model_path: str, model, cache_dir: Path, clock: PhaseClock):
+    """(the data: pairs, hard negatives, held-out tasks; its token cache)."""
+    encoder = model.encoder
+    # pairs (+ hard negatives, mined and guarded by the guide's MaxSim), held-out tasks, token cache
     guide, guide_params, guide_id = encoder, model.untrained, f"{model_path} untrained seed {cfg.train.seed}"
     if cfg.data.negative_guide:
         try:
@@ -133,8 +192,12 @@ def main(argv: list[str] | None = None) -> dict:
     clock.lap("data", f"{len(data.train):,} training pairs")  # mining (or its cache), splits, hard negatives
     tokens = xtr_tokens.tokenise(data.train, cfg.data, encoder.tokenizer, cache_dir)
     clock.lap("tokenise", f"{len(data.train):,} pairs in the token cache")
+    return data, tokens
 
-    # ---- loss, compiled step, resume
+
+def make_step(cfg: Config, flags, model, model_path: str, out_dir: Path, world):
+    """(compiled step, trainable params, optimizer state, the checkpoint resumed or None, run id)."""
+    params, trainable = model.params, model.trainable
     optimizer = make_optimizer(cfg.optim)
     if cfg.train.grad_cache and world.size > 1:
         raise ConfigError("train.grad_cache runs on one process (its documents are not gathered across ranks)")
@@ -150,55 +213,47 @@ def main(argv: list[str] | None = None) -> dict:
     params, opt_state, resumed = context.resume_into(
         flags.resume, out_dir, run_id, params, init_state(optimizer, params, trainable), world, config.to_dict(cfg),
         Config.LEGACY_KEYS, trajectory_hash, trainable, defaults=config.default_values(Config))
-    start_step = resumed.step if resumed else 0
+    return step_fn, params, opt_state, resumed, run_id
 
-    # ---- baselines: BM25 and the untrained encoder (cached: they do not change between runs)
-    if world.is_main:
-        baseline = baselines(evaluate, model.untrained, data, cache_dir,
-                             {"model": model_path, "q": cfg.data.max_query_len, "d": cfg.data.max_doc_len,
-                              "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
-                             cfg.data.heldout_packages)
-        untrained = {**baseline.results, **({"heldout_packages": baseline.packages} if baseline.packages else {})}
-        clock.lap("untrained_eval", summary_line(untrained, "untrained"))
 
-    # ---- dev evaluation every N steps: the best step is what the run evaluates and exports
-    on_dev, keeper = None, None
-    if cfg.train.dev_eval_every and world.is_main:
-        if not any(t.dev_queries for t in baseline.tasks):
-            raise ConfigError("train.dev_eval_every needs dev queries; this run's held-out sets left none "
-                              "(raise data.eval_fraction or set data.dev_queries)")
-        keeper = BestKeeper.open(out_dir, "dev_mrr@10", resume_step=start_step if resumed else None)
+def run_baselines(cfg: Config, evaluate, model, model_path: str, data, cache_dir: Path, clock: PhaseClock):
+    """BM25 and the untrained encoder on the held-out sets (cached: they do not change between runs)."""
+    baseline = baselines(evaluate, model.untrained, data, cache_dir,
+                         {"model": model_path, "q": cfg.data.max_query_len, "d": cfg.data.max_doc_len,
+                          "projection": cfg.train.projection_dim, "seed": cfg.train.seed},
+                         cfg.data.heldout_packages)
+    untrained = {**baseline.results, **({"heldout_packages": baseline.packages} if baseline.packages else {})}
+    clock.lap("untrained_eval", summary_line(untrained, "untrained"))
+    return baseline
 
-        def on_dev(step: int, trained) -> None:
-            metrics = evaluate.dev(precision.restore_frozen(trained, model.untrained, trainable), baseline.tasks)
-            loop.write({"step": step, **metrics})
-            if keeper.offer(step, metrics, partition(trained, trainable)[0]):
-                log.info("step %d: dev MRR@10 %.4f, the best so far (kept in %s)", step, keeper.value, keeper.root)
 
-    # ---- train
-    plan = None  # memory-driven micro-batch: the same micro_batch x accum samples per step, split to fit
-    if cfg.memory.auto_batch:
-        plan = batch_plan(cfg, model_path, model.targets, world.size,
-                          record=out_dir / "batch_plan.json" if world.is_main else None)
-    loop = TrainLoop.open(out_dir, world, run_id=run_id, config=config.to_dict(cfg), train=cfg.train,
-                          start=start_step, end=context.last_step(cfg.train.steps, flags.stop_after),
-                          resumed=resumed is not None, opt_state=opt_state, project="xtr_lora", desc="train",
-                          report_to=cfg.report_to, headline=("loss", "lr", "samples_per_s"),
-                          hint=f"The last good checkpoint is kept in {out_dir / 'checkpoints'}.",
-                          profile_memory=flags.profile_memory)
-    batches = tokens.batches(cfg.train.micro_batch, cfg.train.accum, cfg.train.seed,
-                             DataPosition(**resumed.meta["data_position"]) if resumed else DataPosition(),
-                             cfg.data.bucket, world, cfg.train.batch_order)
-    params, opt_state, train_s, micro = train(cfg, loop, step_fn, params, opt_state, batches, trainable, plan, on_dev)
-    records = loop.reporter.read() if world.is_main else []
-    samples_per_step, steps_run = cfg.train.micro_batch * cfg.train.accum, loop.end - start_step
-    clock.lap("train", f"{steps_run} steps at {samples_per_step * steps_run / max(train_s, 1e-9):.1f} samples/s"
-              + (f", loss {records[-1]['loss']:.4f} (last window)" if records and "loss" in records[-1] else ""))
-    # the reporter stays open for the evaluation's metrics (TensorBoard / W&B), closed after them
-    if not loop.finish(opt_state, steps_run, f"xtr_lora memory: {Path(model_path).name}", keep_reporter=True):
-        return {"stopped_at": loop.end} if loop.stopped_early else {"rank": world.rank}
+def dev_evaluation(evaluate, model, baseline, out_dir: Path, resume_step: int | None, write):
+    """(keeper, on_dev): the dev evaluation every N steps (`on_dev(step, trained)`, its record
+    written by `write`); the best step's adapters are kept, and are what the run evaluates and
+    exports."""
+    if not any(t.dev_queries for t in baseline.tasks):
+        raise ConfigError("train.dev_eval_every needs dev queries; this run's held-out sets left none "
+                          "(raise data.eval_fraction or set data.dev_queries)")
+    keeper = BestKeeper.open(out_dir, "dev_mrr@10", resume_step=resume_step)
+    trainable = model.trainable
 
-    # ---- evaluate, report, export (float32 base again), post-training quantisation
+    def on_dev(step: int, trained) -> None:
+        metrics = evaluate.dev(precision.restore_frozen(trained, model.untrained, trainable), baseline.tasks)
+        write({"step": step, **metrics})
+        if keeper.offer(step, metrics, partition(trained, trainable)[0]):
+            log.info("step %d: dev MRR@10 %.4f, the best so far (kept in %s)", step, keeper.value, keeper.root)
+
+    return keeper, on_dev
+
+
+def finish(cfg: Config, argv, model_path: str, model, evaluate, data, baseline, keeper, loop: TrainLoop, params,
+           records: list, run: Finished) -> dict:
+    """Evaluate, report and export the trained retriever (float32 base again), post-training
+    quantisation; returns eval.json's contents."""
+    encoder, trainable = model.encoder, model.trainable
+    out_dir, train_s, micro, steps_run, started, clock = (run.out_dir, run.train_s, run.micro, run.steps_run,
+                                                          run.started, run.clock)
+    samples_per_step = cfg.train.micro_batch * cfg.train.accum
     params = precision.restore_frozen(params, model.untrained, trainable)
     if keeper is not None and keeper.step is not None and keeper.step != cfg.train.steps:
         params = combine(partition(params, trainable)[1], keeper.load())  # the best dev step's adapters
@@ -246,6 +301,8 @@ def main(argv: list[str] | None = None) -> dict:
     write_json_atomic(out_dir / "eval.json", results)
     log.info("done in %.0f s: %.1f samples/s training", results["run"]["wall_s"], results["run"]["samples_per_s"])
     return results
+
+
 
 
 def train(cfg: Config, loop: TrainLoop, step_fn, params, opt_state, batches, trainable, plan, on_dev=None):
