@@ -41,14 +41,16 @@ if [ -n "${SMALL:-}" ]; then  # the CPU rehearsal: every command at tiny shapes
   STEP3=("${STEP[@]}")
   GEN=(--shapes llama-tiny --new-tokens 8 --prompt-len 8 --dtype float32 --repeats 1 --torch-repeats 0)
   RECIPE=(--preset smoke --train.steps 3)
-  LIMIT=(900 300 300 300 600)  # step, generation, recipe, cold start, step 3B
+  LIMIT=(900 300 300 300 600 900)  # step, generation, recipe, cold start, step 3B, profile
+  PROFILE=()
   BUDGET=3600
 else
   STEP=(--shape qwen2.5-0.5b --completion-len 256)
   STEP3=(--shape qwen2.5-coder-3b --completion-len 384 --steps 3 --warmup 1)
   GEN=(--shapes smollm2-135m --new-tokens 256 --repeats 2 --torch-repeats 0 --engines static --bandwidth 4.8e12)
   RECIPE=(--preset gpu --train.steps 12)
-  LIMIT=(170 60 90 130 150)
+  LIMIT=(150 60 90 130 150 90)
+  PROFILE=(--steps 2 --warmup 1 --check-steps 1)
 fi
 # PEFT for the PyTorch rows: from a carried wheel when the image lacks it (pure Python)
 PEFT=$("$PY" -c 'import peft; print(peft.__version__)' 2>/dev/null)
@@ -68,7 +70,7 @@ done
 # 1. update step, 0.5B: MLX vs torch.compile with logits_to_keep (TRL's way; FULL_LOGITS=1 adds
 #    the full-logits peer), agreement-checked, then each row's step split into phases
 phase step_0.5b "${LIMIT[0]}" "$PY" -m benchmarks.rlaif_step --machine "$M" "${STEP[@]}" \
-  --frameworks mlx torch_compile_keep ${FULL_LOGITS:+torch_compile} --profile --out "$OUT/rlaif_step.json"
+  --frameworks mlx torch_compile_keep ${FULL_LOGITS:+torch_compile} --out "$OUT/rlaif_step.json"
 # 2. the decode benchmark's engine figure, then --preset gpu in the same call, against it
 phase generation "${LIMIT[1]}" "$PY" -m benchmarks.generation --machine "$M" "${GEN[@]}" --out "$OUT/generation.json"
 ENGINE=$("$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))['runs']; print(r[-1]['static_median'])" \
@@ -76,6 +78,10 @@ ENGINE=$("$PY" -c "import json,sys; r=json.load(open(sys.argv[1]))['runs']; prin
 phase recipe_gpu "${LIMIT[2]}" "$PY" -m benchmarks.rlaif_recipe_speed --machine "$M" --label after48 \
   ${ENGINE:+--engine-tokens-per-s "$ENGINE"} --out "$OUT/rlaif_recipe_speed.json" -- "${RECIPE[@]}" \
   --out_dir /tmp/rlaif_speed_run
+# the 0.5B step split into phases (forward / backward / optimizer, each row), after the
+# ratio is on record; fewer timed steps (its kernels are compiled by now)
+phase profile_0.5b "${LIMIT[5]}" "$PY" -m benchmarks.rlaif_step --machine "$M" "${STEP[@]}" "${PROFILE[@]}" \
+  --frameworks mlx torch_compile_keep --profile --out "$OUT/rlaif_step_profile.json"
 # 3. cold start: the same preset with an empty kernel cache (its own folder), to the third step
 COLD=$(mktemp -d)
 MLX_PTX_CACHE_DIR=$COLD/ptx MLXIO_KERNEL_PREWARM=1 phase cold_start "${LIMIT[3]}" \
