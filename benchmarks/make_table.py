@@ -214,6 +214,9 @@ def training_sections() -> list[str]:
             out += step_phases(section["runs"])
         for key, text in r.get("notes", {}).items():
             out += [f"{key}: {text}", ""]
+        for key, section in ((load(machine, "rlaif_step_profile") or {}).get("sections") or {}).items():
+            out += [f"Profile run ({key}; rlaif_step_profile.json): `{section['command']}`", ""]
+            out += step_phases(section["runs"])
     q = load("h100", "quantization_qat")
     if q:
         out += ["### QAT vs PTQ (retriever, all-MiniLM-L6-v2, quick task, MRR@10; benchmarks/results/h100/quantization_qat.json)", "",
