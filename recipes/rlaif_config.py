@@ -40,8 +40,7 @@ from mlxio.weights.llm_lora import RECOMPUTABLE
 class TrainConfig:
     """The run's length, batching and cadence: the same names as the retriever recipe's `train.*`."""
 
-    # quick: 12 steps x 2 prompts x 8 completions (procedural level 1: ~45 tokens each); about
-    # a minute a step on 2 CPU cores
+    # quick: 12 steps x 2 prompts x 8 completions of procedural level-1 tasks: a run a 2-core CPU finishes
     steps: int = bounded(12, ge=1, le=MAX_STEPS)
     accum: int = bounded(2, ge=1, le=65536)  # the P * G completions of a step go through in this many micro-batches
     log_every: int = bounded(1, ge=1, le=MAX_STEPS)  # a metrics.jsonl record every N steps: the means over those N steps
@@ -54,13 +53,13 @@ class TrainConfig:
 @attrs.frozen(kw_only=True)
 class Config:
     model: str | None = bounded(None, nonempty=True)  # None: embedded SmolLM2-135M-Instruct GGUF; or a dir / hub id
-    # MLX's CPU quantised matmul is ~30x slower than float BLAS here, so on CPU the 4-bit base
-    # is dequantised (to float32: CPU float16 matmuls skip BLAS, ~3x slower) for plain LoRA;
-    # keep it quantised (QLoRA, --dequantize false) on a GPU.
+    # MLX's CPU quantised matmul is far slower than float BLAS, so on CPU the 4-bit base is
+    # dequantised (to float32: CPU float16 matmuls skip BLAS) for plain LoRA; keep it quantised
+    # (QLoRA, --dequantize false) on a GPU.
     dequantize: bool = True
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "v_proj"))
     lora_layers: int | None = bounded(None, ge=1, le=4096)  # LoRA on the last N blocks (None = all)
-    # lr 2e-4: the H100 run (--preset gpu) that lifted held-out pass@1 0.20 -> 0.66 used it
+    # lr 2e-4: the learning run of --preset gpu used it (docs/performance.md)
     optim: OptimConfig = OptimConfig(name="adamw", lr=2e-4, weight_decay=0.0, warmup_steps=0,
                                      total_steps=12, clip_norm=1.0)
     prompts_per_step: int = bounded(2, ge=1, le=65536)
@@ -82,9 +81,9 @@ class Config:
     # (mlxcore.rl.policy.GrpoConfig; docs/rlaif.md says when to use each)
     grpo: GrpoConfig = GrpoConfig()
     # mx.compile the update step and the rollout's decode step. None (auto): yes, except on a
-    # CUDA device, where each fused kernel costs 3-4 s of NVRTC compilation on a fresh machine
-    # (H100, quick preset: first update step 97-144 s compiled, 11 s eager; later steps 2.5-3.9
-    # s either way) - there both run eagerly unless set true (the gpu and full presets do)
+    # CUDA device, where each fused kernel costs seconds of NVRTC compilation on a fresh machine
+    # and later steps gain little from it - there both run eagerly unless set true (the gpu and
+    # full presets do)
     compile: bool | None = None
     rewards: RewardConfig = RewardConfig()
     teacher: TeacherConfig = TeacherConfig()
@@ -112,9 +111,8 @@ class Config:
 
 PRESETS = {
     # the defaults above: 12 steps x 2 prompts x 8 completions of level-1 tasks, for 2 CPU cores
-    # (26:49 measured on a shared box, ~17 minutes estimated idle: cpu/rlaif_quick.json); the
-    # evaluation samples n = 4 per problem (the GPU preset's n = 16 takes too long on a CPU), at
-    # most 160 tokens as in training
+    # (its time: benchmarks/results/cpu/rlaif_quick.json); the evaluation samples n = 4 per
+    # problem (the GPU preset's n = 16 takes too long on a CPU), at most 160 tokens as in training
     "quick": Config(eval=EvalConfig(max_new_tokens=160, batch=8, samples=4)),
     "full": Config(compile=True, prompts_per_step=4, max_new_tokens=384,
                    train=TrainConfig(steps=200, accum=8, checkpoint_every=20, keep_checkpoints=3),

@@ -57,7 +57,7 @@ class EvalConfig:
 @attrs.frozen(kw_only=True)
 class Config:
     model: str | None = None  # None: embedded SmolLM2-135M-Instruct GGUF; or a dir / GGUF / hub id
-    dequantize: bool = True  # float32 base (MLX's CPU quantised matmul is ~30x slower); false: QLoRA
+    dequantize: bool = True  # float32 base (MLX's CPU quantised matmul is far slower); false: QLoRA
     lora: LoraConfig = LoraConfig(rank=8, alpha=16.0, targets=("q_proj", "k_proj", "v_proj", "o_proj",
                                                                 "gate_proj", "up_proj", "down_proj"))
     # the last N blocks get LoRA: the backward pass stops there (the forward is the cost on a CPU)

@@ -40,7 +40,7 @@ class TrainConfig:
     dev_eval_every: int = bounded(0, ge=0, le=MAX_STEPS)
     # all micro_batch x accum pairs of a step form ONE contrastive batch (every query against all
     # their documents), computed micro-batch by micro-batch (mlxcore.train.grad_cache: GradCache): the
-    # in-batch negatives of a large batch in the memory of one micro-batch; ~1.3x a plain step's time
+    # in-batch negatives of a large batch in the memory of one micro-batch, for a second forward pass
     grad_cache: bool = False
     # how pairs form an optimizer step (mlxio.data.token_cache.batch_plan): "length" (similar
     # lengths together: least padding), "random" (a uniform sample per step), "neighbours"
@@ -48,8 +48,8 @@ class TrainConfig:
     batch_order: str = bounded("length", choices=BATCH_ORDERS)
     seed: int = bounded(0, ge=0, le=MAX_SEED)
     # mx.compile the training step and the evaluation's forward + MaxSim. None (auto): yes, except
-    # on a CUDA device, where a fresh machine compiles each fused kernel with NVRTC (3-4 s each:
-    # the quick run's first step took 204 s on an H100) and an eager step needs only a few gather kernels
+    # on a CUDA device, where a fresh machine compiles each fused kernel with NVRTC (seconds each)
+    # and an eager step needs only a few gather kernels
     compile: bool | None = None
 
 
@@ -89,26 +89,18 @@ class Config:
 
 ALL_LINEAR = ("query", "key", "value", "dense")  # every linear layer of a BERT encoder
 PRESETS = {
-    # quick: 15 steps of one contrastive batch of 256 in-batch pairs (grad cache 32 x 8: 3,840 pairs
-    # in all, as the 80 steps x 48 it ran before), lr 4e-4 with 2 warm-up steps, LoRA r16 on every
-    # linear layer, temperature 0.03, the last step kept. H100, 3 seeds
-    # (benchmarks/results/h100/xtr_quick_levers.json, dev/gpu/xtr_quick_levers.sh): gain on held-out
-    # packages / files +0.087 / +0.079, against +0.068 / +0.055 for 80 steps x 48 at lr 2e-4; at
-    # 256 x 15, lr 2e-4 gave +0.081, 6e-4 +0.076, 8e-4 +0.075; 20 or 30 steps +0.080 to +0.083;
-    # temperature 0.02 +0.085, 0.05 +0.070. On a 2-core CPU a step of 256 trains at ~7 pairs/s
-    # against 8.8 for micro-batches of 12 (the in-batch MaxSim grows with the square of the batch):
-    # training takes ~1.5x as long; there, 3 seeds: +0.078 / +0.067 against +0.072 / +0.050
-    # (benchmarks/results/cpu/xtr_heldout_packages.json). Hard negatives: docs/retriever.md (none here)
+    # quick: 15 steps of one contrastive batch of 256 in-batch pairs (grad cache 32 x 8), lr 4e-4
+    # with 2 warm-up steps, LoRA r16 on every linear layer, temperature 0.03, the last step kept:
+    # the levers sweep's best gain on held-out packages and files (dev/gpu/xtr_quick_levers.sh,
+    # benchmarks/results/h100/xtr_quick_levers.json; dev/LOG.md); no hard negatives (docs/retriever.md)
     "quick": Config(lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR), loss=LossConfig(temperature=0.03),
                     data=DataConfig(hard_negatives=0),
                     optim=OptimConfig(lr=4e-4, warmup_steps=2, total_steps=15, weight_decay=0.0),
                     train=TrainConfig(micro_batch=32, accum=8, grad_cache=True, steps=15)),
     # full: 400 steps of one contrastive batch of 256 pairs (grad cache 32 x 8) at 256 document
-    # tokens, trained on 16 more libraries than quick (pypi_sources.WIDE_PACKAGES: ~24,000 pairs
-    # against ~11,000), the best of every 50 steps by dev MRR@10 kept, every held-out query
-    # evaluated. H100, 3 seeds (benchmarks/results/h100/xtr_full_levers.json): gain on held-out
-    # packages +0.137, against +0.125 for 200 steps on the default corpus (+0.132 for 200 on the
-    # wide one; LoRA rank 64: +0.120); 2 guarded hard negatives added +0.002 at ~2x the cost (H200)
+    # tokens, trained on 16 more libraries than quick (pypi_sources.WIDE_PACKAGES), the best of
+    # every 50 steps by dev MRR@10 kept, every held-out query evaluated: the best of the full-run
+    # levers (benchmarks/results/h100/xtr_full_levers.json; dev/LOG.md)
     "full": Config(
         out_dir="runs/xtr_lora_full",
         # every held-out query: 3,400 + 800 dev of held-out files and 1,000 + 300 of the held-out

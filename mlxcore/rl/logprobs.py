@@ -1,5 +1,5 @@
 """Log-probabilities of chosen tokens from a causal LM's last hidden states, chunk by chunk, so
-the [rows, tokens, vocab] logits never exist (issue 33).
+the [rows, tokens, vocab] logits never exist.
 
 The plain computation (`mlxcore.rl.policy.token_logprobs`) takes logits [N, T, V]: for a 152k
 vocabulary and 16 x 384 tokens that is 3.7 GB in float32, kept for the backward pass with its

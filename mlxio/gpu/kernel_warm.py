@@ -1,4 +1,4 @@
-"""Parallel warm-up of MLX's CUDA kernel cache for the RLAIF recipe's first step (issue 19 item 2).
+"""Parallel warm-up of MLX's CUDA kernel cache for the RLAIF recipe's first step.
 
 MLX's CUDA backend compiles a kernel module with NVRTC the first time it is used, one after
 another (a process-wide lock), ~3.5 s each on the lent H100's host, and keeps it on disk

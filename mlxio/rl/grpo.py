@@ -32,9 +32,7 @@ class MemoryConfig:
     """The update's memory options (the RLAIF recipe's `memory.*`)."""
 
     # one compiled graph per micro-batch, evaluated in turn: peak memory of one micro-batch's
-    # activations instead of `accum` of them (see mlxcore.train.step). Quick preset, 3 steps on 2
-    # CPU cores: peak RSS 8.2 -> 4.7 GB and updates 10% faster; H100 (0.5B shape, before the
-    # chunked log-probs): peak 58.1 -> 29.3 GB at 2.5% lower speed
+    # activations instead of `accum` of them (see mlxcore.train.step; measured: dev/LOG.md)
     eval_micro_batches: bool = True
     # log-probs are scored this many completion tokens at a time from the last hidden states
     # (mlxcore.rl.logprobs): [chunk, vocab] logits at once, never [rows, T, vocab]
@@ -44,9 +42,8 @@ class MemoryConfig:
     gradient_checkpointing: bool = False
     # parts of every block recomputed in the backward pass instead of kept (same values and
     # gradients; mlxio.weights.llm_lora.recomputing): "mlp" the SwiGLU product (2 of its 4
-    # [rows, T, ffn] arrays: 2 x 59.6 MB a block at 16 x 384 tokens of the 0.5B shape), "lora"
-    # the adapters' float32 copies of a bf16 base's activations; () keeps everything. CPU, 0.5B
-    # shape, 1 x 384 tokens: 26.1 -> 15.8 MB a block live (dev/results/cpu/rlaif_step_memory.json)
+    # [rows, T, ffn] arrays), "lora" the adapters' float32 copies of a bf16 base's activations;
+    # () keeps everything (what each saves: dev/results/cpu/rlaif_step_memory.json)
     recompute: tuple[str, ...] = llm_lora.RECOMPUTABLE
     # the frozen base's dtype: "auto" keeps it as loaded (float32 once dequantised: the CPU's
     # fast path), "bfloat16" halves its memory and bandwidth (LoRA and optimizer stay float32)

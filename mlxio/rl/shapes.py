@@ -1,4 +1,4 @@
-"""The array shapes an RLAIF step can meet, listed before step 1 (issue 33 item 5).
+"""The array shapes an RLAIF step can meet, listed before step 1.
 
 On a GPU every new shape of a compiled step (and of the eager prefill's kernels) compiles
 anew: in the H100's `--preset gpu` run steps 2, 5 and 11 of 12 took 6.5-7 s against 1.5-1.9 s,

@@ -1,5 +1,5 @@
 """Every planned shape of an RLAIF step run once before step 1 (`--shapes.warm_up`), so a GPU
-compiles them there and no later step waits for a compilation (issue 33 item 5).
+compiles them there and no later step waits for a compilation.
 
 `shapes` (the plan, `mlxio.rl.shapes.plan`) lists the prefill, the decode batch sizes and the
 update widths. The decode side prefills `plan.prompts` dummy prompts at the planned width and
