@@ -17,10 +17,10 @@ import logging
 from pathlib import Path
 
 from mlxcore.rl import policy as pg
+from mlxio.atomic import write_json_atomic
 from mlxio.rl.evaluation import evaluate_phase, load_problems
 from mlxio.run.config import to_dict
 from mlxio.run.flags import cli, parse_args
-from mlxio.run.runlog import write_json_atomic
 from mlxio.sandbox.runner import require_isolation
 from mlxio.weights import llm_lora
 from recipes.rlaif_config import PRESETS, load_policy, validate

@@ -62,9 +62,9 @@ def onpolicy_pass(run: Path, per_window: int = 16, workers: int = 8) -> list[dic
     log, cfg_path = run / rollout_log.LOG_NAME, run / "config.json"
     if not log.is_file() or not cfg_path.is_file():
         return None
+    from mlxio.atomic import write_json_atomic
     from mlxio.rl.execution import CodeJudge
     from mlxio.run.flags import parse_args
-    from mlxio.run.runlog import write_json_atomic
     from recipes.rlaif_config import PRESETS
 
     cfg, _ = parse_args(["--config", str(cfg_path)], PRESETS, prog="rlaif_qwen", description="", default_preset="quick")

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlxio.run.runlog import write_text_atomic
+from mlxio.atomic import write_text_atomic
 from recipes import rlaif_qwen
 
 RESULTS = Path(__file__).parent / "results"

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import RESULTS, machine, versions
-from mlxio.run.runlog import write_text_atomic
+from mlxio.atomic import write_text_atomic
 
 SPIKE = 2.0  # a step slower than this many times the median of the later steps is a spike
 

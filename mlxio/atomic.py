@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import json
 import os
 import re
 import secrets
@@ -23,6 +24,7 @@ import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from mlxio.errors import DiskError
 
@@ -385,3 +387,14 @@ def _disk_error(err: OSError, what: str, final: Path) -> DiskError:
                           errno.EDQUOT: "free disk space (quota), then run again",
                           errno.EROFS: "pick a writable output directory"}.get(
                          err.errno, "check free space and permissions of the output directory"))
+
+
+def write_text_atomic(path: Path, text: str, what: str = "output") -> None:
+    """`text` written atomically at `path` (`write_bytes_atomic`: a temp file beside it,
+    fsync, rename; a link, device, FIFO or folder at `path` is a DiskError, left as it was)."""
+    write_bytes_atomic(path, text.encode("utf-8"), what)
+
+
+def write_json_atomic(path: Path, data: Any, what: str = "output") -> None:
+    """Write JSON to a temp file beside `path`, fsync, then rename over it (`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=float) + "\n", what)

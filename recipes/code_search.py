@@ -43,11 +43,10 @@ import os
 import sys
 from pathlib import Path
 
-from mlxio.atomic import check_slot
+from mlxio.atomic import check_slot, write_text_atomic
 from mlxio.data.lines import object_lines
 from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
 from mlxio.run.checks import check_path_text
-from mlxio.run.runlog import write_text_atomic
 from mlxio.search import build as search_build
 from mlxio.search.index import FUSIONS, Index
 from mlxio.search.searcher import build_index, search

@@ -40,6 +40,7 @@ import mlx.core as mx
 
 from mlxcore.rl import policy as pg
 from mlxcore.rl import verdict
+from mlxio.atomic import write_json_atomic, write_text_atomic
 from mlxio.errors import ConfigError, DataError
 from mlxio.gpu import kernel_cache
 from mlxio.redact import redact_config
@@ -50,7 +51,7 @@ from mlxio.run.config import to_dict
 from mlxio.run.flags import add_run_flags, cli, parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.reporting import WindowMean
-from mlxio.run.runlog import plot_curves, write_json_atomic, write_text_atomic
+from mlxio.run.runlog import plot_curves
 from mlxio.sandbox.runner import SandboxLimits, require_isolation
 from mlxio.weights import cards, llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line

@@ -41,6 +41,7 @@ import mlx.core as mx
 
 from mlxcore.rl import packing
 from mlxcore.rl import policy as pg
+from mlxio.atomic import write_json_atomic
 from mlxio.errors import ConfigError, TrainingDiverged  # noqa: F401  (what run raises)
 from mlxio.gpu import kernel_cache, kernel_warm
 from mlxio.redact import redact_config
@@ -80,7 +81,7 @@ from mlxio.run.flags import add_run_flags, cli, parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
 from mlxio.run.reporting import WindowMean
-from mlxio.run.runlog import plot_curves, write_json_atomic
+from mlxio.run.runlog import plot_curves
 from mlxio.sandbox.runner import require_isolation
 from mlxio.weights import llm, llm_lora
 from mlxio.weights.cards import base_model_name, command_line

@@ -41,6 +41,7 @@ from mlxcore.train.buckets import padded_length
 from mlxcore.train.optim import make_optimizer
 from mlxcore.train.step import init_state, make_train_step
 from mlxcore.train.tree import combine, partition
+from mlxio.atomic import write_json_atomic
 from mlxio.data import xtr_data, xtr_tokens
 from mlxio.data.token_cache import DataPosition
 from mlxio.errors import ConfigError, LoadError
@@ -51,7 +52,7 @@ from mlxio.run.flags import add_run_flags, cli, parse_args
 from mlxio.run.loop import TrainLoop
 from mlxio.run.phases import PhaseClock
 from mlxio.run.reporting import StepWindows
-from mlxio.run.runlog import plot_curves, write_json_atomic
+from mlxio.run.runlog import plot_curves
 from mlxio.search.evaluation import Evaluator, baselines, eval_scalars, results_table, summary_line
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.cards import base_model_name, command_line

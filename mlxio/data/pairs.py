@@ -31,10 +31,10 @@ import attrs
 import numpy as np
 
 from mlxio import pyparse
+from mlxio.atomic import write_text_atomic
 from mlxio.data import polyglot
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_SOURCE_BYTES, read_regular, regular_kind
-from mlxio.run.runlog import write_text_atomic
 
 log = logging.getLogger(__name__)
 

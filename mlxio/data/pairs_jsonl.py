@@ -10,11 +10,11 @@ from pathlib import Path
 
 import attrs
 
+from mlxio.atomic import write_text_atomic
 from mlxio.data.lines import MAX_LINE_BYTES, BadLine, check_text, decode_json_line
 from mlxio.data.pairs import Pair
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_DATA_BYTES, read_regular
-from mlxio.run.runlog import write_text_atomic
 
 
 @attrs.frozen(kw_only=True)

@@ -16,10 +16,10 @@ import attrs
 import numpy as np
 
 from mlxcore.fields import bounded
+from mlxio.atomic import write_json_atomic
 from mlxio.data import hard_negatives, package_sources, pairs, pairs_jsonl, polyglot, pypi_sources
 from mlxio.errors import DataError
 from mlxio.run.reporting import progress
-from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger("xtr_lora")
 # Held-out queries (and candidates) below which a user's own data cannot be evaluated at all;

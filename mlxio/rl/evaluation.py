@@ -29,11 +29,11 @@ from mlxcore.fields import MAX_NEW_TOKENS, MAX_SEED, bounded
 from mlxcore.rl import tasks
 from mlxcore.rl.passk import mean_ci, paired_diff_ci, pass_at_k
 from mlxcore.rl.tasks import Problem
+from mlxio.atomic import write_json_atomic
 from mlxio.errors import ConfigError, DataError, MlxioError
 from mlxio.rl.execution import CodeJudge, SandboxConfig
 from mlxio.rl.problems import extract_code, load_humaneval, read_problems_jsonl
 from mlxio.rl.rewards import RewardCache, combine_rewards
-from mlxio.run.runlog import write_json_atomic
 from mlxio.sandbox.runner import SandboxLimits
 
 log = logging.getLogger(__name__)

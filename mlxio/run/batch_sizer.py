@@ -28,8 +28,8 @@ import numpy as np
 
 from mlxcore.retrieval.objective import LossConfig
 from mlxcore.train.lora import LoraConfig
+from mlxio.atomic import write_json_atomic
 from mlxio.errors import ConfigError
-from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024

@@ -29,11 +29,10 @@ import numpy as np
 
 from mlxcore.train.tree import Tree, combine, partition
 from mlxio import atomic
-from mlxio.atomic import sweep_stale
+from mlxio.atomic import sweep_stale, write_json_atomic
 from mlxio.errors import CheckpointError, TrainingDiverged
 from mlxio.redact import install_log_redaction, redact_config, redact_text
 from mlxio.run import checkpoint, distributed, memprof
-from mlxio.run.runlog import write_json_atomic
 
 log = logging.getLogger(__name__)
 

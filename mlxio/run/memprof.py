@@ -28,7 +28,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from mlxio.run.runlog import save_figure, write_json_atomic
+from mlxio.atomic import write_json_atomic
+from mlxio.run.runlog import save_figure
 
 log = logging.getLogger(__name__)
 MB = 1024 * 1024

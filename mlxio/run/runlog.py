@@ -5,22 +5,10 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
-from mlxio.atomic import append_text, write_bytes_atomic
+from mlxio.atomic import append_text, write_bytes_atomic, write_text_atomic
 
 log = logging.getLogger(__name__)
-
-
-def write_text_atomic(path: Path, text: str, what: str = "output") -> None:
-    """`text` written atomically at `path` (`atomic.write_bytes_atomic`: a temp file beside it,
-    fsync, rename; a link, device, FIFO or folder at `path` is a DiskError, left as it was)."""
-    write_bytes_atomic(path, text.encode("utf-8"), what)
-
-
-def write_json_atomic(path: Path, data: Any, what: str = "output") -> None:
-    """Write JSON to a temp file beside `path`, fsync, then rename over it (`write_text_atomic`)."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=float) + "\n", what)
 
 
 class MetricsLog:

@@ -11,8 +11,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from mlxio.atomic import write_text_atomic
 from mlxio.redact import redact_text
-from mlxio.run.runlog import write_text_atomic
 
 # package that embeds a model -> the hub id of that model
 KNOWN_PACKAGES = {

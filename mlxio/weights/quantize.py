@@ -20,9 +20,8 @@ import mlx.core as mx
 from mlxcore.train import lora, quant
 from mlxcore.train.quant import QUANT_KEYS
 from mlxcore.train.tree import Tree, flatten, unflatten
-from mlxio.atomic import atomic_dir
+from mlxio.atomic import atomic_dir, write_json_atomic
 from mlxio.errors import ConfigError, LoadError
-from mlxio.run.runlog import write_json_atomic
 from mlxio.weights import safeload
 
 WEIGHTS_NAME = "model.safetensors"

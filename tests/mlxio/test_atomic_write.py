@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mlxio.atomic import replace_file
+from mlxio.atomic import replace_file, write_json_atomic, write_text_atomic
 from mlxio.errors import DiskError
-from mlxio.run.runlog import write_json_atomic, write_text_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -429,8 +429,7 @@ def test_disk_full_on_a_real_tmpfs(tmp_path):
 # ---------------------------------------------------------------- litter
 
 def test_a_killed_exports_temp_folder_is_swept(tmp_path):
-    from mlxio.atomic import atomic_dir
-    from mlxio.run.runlog import write_json_atomic
+    from mlxio.atomic import atomic_dir, write_json_atomic
 
     dead = 2**22 + 12345  # above the default pid_max: no such process
     litter = [tmp_path / f".colbert.tmp-{dead}-deadbeef", tmp_path / f".eval.json.tmp-{dead}-0badf00d"]

@@ -14,11 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlxio import atomic
+from mlxio.atomic import write_json_atomic
 from mlxio.errors import DiskError
 from mlxio.rl.rewards import RewardCache
 from mlxio.rl.rollout_log import RolloutLog
 from mlxio.run import checkpoint, context
-from mlxio.run.runlog import MetricsLog, plot_curves, write_json_atomic
+from mlxio.run.runlog import MetricsLog, plot_curves
 from mlxio.search import store
 
 VICTIM = b"someone else's file\n"
