@@ -14,7 +14,8 @@ it works (mlxcore holds the pure computation):
   fused feed-forward's C++ extension;
 - beside them: the process's set-up (`runtime.setup()`, which every entry point calls first:
   importing this package changes nothing), MLX's CPU BLAS (`blas`), writes that never leave a
-  half file or follow a link (`atomic`), bounded input reading (`inputs`), JSON-RPC framing
+  half file or follow a link (`atomic`), bounded input reading (`inputs`) and JSONL lines read
+  defensively (`lines`), JSON-RPC framing
   (`rpc`), thread-safe `ast.parse` (`pyparse`), credentials masked (`redact`), the error types
   (`errors`).
 """

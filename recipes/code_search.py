@@ -44,8 +44,8 @@ import sys
 from pathlib import Path
 
 from mlxio.atomic import check_slot, write_text_atomic
-from mlxio.data.lines import object_lines
 from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
+from mlxio.lines import object_lines
 from mlxio.run.checks import check_path_text
 from mlxio.search import build as search_build
 from mlxio.search.index import FUSIONS, Index

@@ -11,10 +11,10 @@ from pathlib import Path
 import attrs
 
 from mlxio.atomic import write_text_atomic
-from mlxio.data.lines import MAX_LINE_BYTES, BadLine, check_text, decode_json_line
 from mlxio.data.pairs import Pair
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_DATA_BYTES, read_regular
+from mlxio.lines import MAX_LINE_BYTES, BadLine, check_text, decode_json_line
 
 
 @attrs.frozen(kw_only=True)
@@ -69,7 +69,7 @@ def read_jsonl(path: Path | str, lenient: bool = False,
     `file:line` and the field, or with `lenient=True` is skipped and counted by reason
     (utf8, bom, nul, json, not_object, missing_field, empty_field, wrong_type, surrogate,
     too_long: a line over MAX_LINE_BYTES, too_deep: JSON nested deeper than
-    `mlxio.data.lines.MAX_DEPTH`); nothing malformed reaches a tokenizer. Texts longer
+    `mlxio.lines.MAX_DEPTH`); nothing malformed reaches a tokenizer. Texts longer
     than `max_chars` are truncated (counted). Other keys are ignored.
     """
     path = Path(path)

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from mlxcore.rl.tasks import Problem
 from mlxio import pyparse
-from mlxio.data.lines import BadLine, check_text, decode_json_line
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_PROBLEMS_BYTES, gunzip_bounded, read_regular
+from mlxio.lines import BadLine, check_text, decode_json_line
 
 _FIELDS = ("task_id", "prompt", "entry_point", "test")
 

@@ -37,7 +37,7 @@ import urllib.parse
 
 import attrs
 
-from mlxio.data.lines import nesting_depth
+from mlxio.lines import nesting_depth
 from mlxio.redact import redact_text
 from mlxio.rl.review_score import MAX_REVIEW_CHARS, parse_score
 

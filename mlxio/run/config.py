@@ -21,8 +21,8 @@ import attrs
 import cattrs
 from cattrs.v import format_exception
 
-from mlxio.data.lines import nesting_depth
 from mlxio.errors import ConfigError
+from mlxio.lines import nesting_depth
 from mlxio.run.checks import _check_leaf, check, fields_of
 
 T = TypeVar("T")

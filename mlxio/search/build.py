@@ -33,9 +33,9 @@ import numpy as np
 
 from mlxcore.retrieval import codec as codec_mod
 from mlxio.data import pairs, polyglot
-from mlxio.data.lines import object_lines
 from mlxio.errors import DataError
 from mlxio.inputs import MAX_QUERIES_BYTES, MAX_SOURCE_BYTES, read_regular, regular_kind
+from mlxio.lines import object_lines
 from mlxio.run import reporting
 from mlxio.search import store
 from mlxio.search.index import (

@@ -17,9 +17,9 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from mlxio.data import pairs_jsonl
-from mlxio.data.lines import MAX_DEPTH
 from mlxio.data.pairs_jsonl import read_jsonl
 from mlxio.errors import DataError
+from mlxio.lines import MAX_DEPTH
 
 MAX_CHARS = 64
 # Texts a valid row may hold: no NUL, no raw BOM, no lone surrogates; non-blank.

@@ -349,7 +349,7 @@ def test_deadline_is_kept_under_concurrency_with_drip_servers():
 
 
 def test_json_depth_and_bounded_loads():
-    from mlxio.data.lines import nesting_depth as json_depth
+    from mlxio.lines import nesting_depth as json_depth
     from mlxio.rl.teacher import loads_bounded
 
     assert json_depth('{"a": [1, {"b": "[[[[[["}]}') == 3
