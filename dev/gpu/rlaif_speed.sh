@@ -8,7 +8,8 @@
 #   device: bash dev/gpu/gpu_device.sh && bash dev/gpu/rlaif_speed.sh     (after the staging:
 #           MLX, SmolLM2, bubblewrap; peft among the staged wheels; optional .gpu/k/kernels-*.tar.gz)
 #   here:   SMALL=1 PY=.venv/bin/python OUT=/tmp/rs bash dev/gpu/rlaif_speed.sh   (tiny shapes on the CPU)
-#   ONLY="recipe_gpu cold_start" runs only those phases; BUDGET=540 (s) bounds the whole script.
+#   ONLY="recipe_gpu cold_start" runs only those phases; BUDGET=540 (s) bounds the whole script;
+#   LIMITS="250 100 90 130 150 90" sets the phase limits (step, generation, recipe, cold, 3B, profile).
 #
 # $OUT gets (<= 8 files): rlaif_step.json, rlaif_step_3b.json, generation.json,
 # rlaif_recipe_speed.json, cold_start_rlaif.json, log.txt. Copy the JSON to
@@ -49,7 +50,7 @@ else
   STEP3=(--shape qwen2.5-coder-3b --completion-len 384 --steps 3 --warmup 1)
   GEN=(--shapes smollm2-135m --new-tokens 256 --repeats 2 --torch-repeats 0 --engines static --bandwidth 4.8e12)
   RECIPE=(--preset gpu --train.steps 12)
-  LIMIT=(150 60 90 130 150 90)
+  LIMIT=(220 100 90 130 150 90)
   PROFILE=(--steps 2 --warmup 1 --check-steps 1)
 fi
 # PEFT for the PyTorch rows: from a carried wheel when the image lacks it (pure Python)
@@ -60,6 +61,7 @@ if [ -z "$PEFT" ]; then
       && export PYTHONPATH=$PYTHONPATH:/tmp/site48 && PEFT="installed from $w" && break
   done
 fi
+[ -n "${LIMITS:-}" ] && read -r -a LIMIT <<< "$LIMITS"  # LIMITS="step gen recipe cold 3b profile" (s)
 say "peft: ${PEFT:-missing: the PyTorch rows will fail}"
 say "rlaif_speed on $M: $("$PY" -c 'import mlx.core as mx; print(mx.__version__, mx.default_device())' 2>&1)"
 # warm kernels: the archive when carried (cold start below uses its own empty folder)
