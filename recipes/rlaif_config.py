@@ -34,6 +34,7 @@ from mlxio.run.config import to_dict
 from mlxio.weights import llm
 from mlxio.weights.llm import TINY_KINDS
 from mlxio.weights.llm_lora import RECOMPUTABLE
+from recipes import presets
 
 
 @attrs.frozen(kw_only=True)
@@ -109,45 +110,7 @@ class Config:
     DERIVED: ClassVar[dict[str, str]] = {"optim.total_steps": "train.steps"}
 
 
-PRESETS = {
-    # the defaults above: 12 steps x 2 prompts x 8 completions of level-1 tasks, for 2 CPU cores
-    # (its time: benchmarks/results/cpu/rlaif_quick.json); the evaluation samples n = 4 per
-    # problem (the GPU preset's n = 16 takes too long on a CPU), at most 160 tokens as in training
-    "quick": Config(eval=EvalConfig(max_new_tokens=160, batch=8, samples=4)),
-    "full": Config(compile=True, prompts_per_step=4, max_new_tokens=384,
-                   train=TrainConfig(steps=200, accum=8, checkpoint_every=20, keep_checkpoints=3),
-                   lora=LoraConfig(rank=16, alpha=32.0, targets=("q_proj", "k_proj", "v_proj", "o_proj")),
-                   optim=OptimConfig(name="adamw", lr=1e-5, weight_decay=0.0, warmup_steps=10,
-                                     total_steps=200, clip_norm=1.0),
-                   clip_eps=0.2, inner_epochs=2, out_dir="runs/rlaif_full",
-                   eval=EvalConfig(max_new_tokens=512, batch=16)),
-    # the H100 learning run in docs/performance.md (benchmarks/results/h100/rlaif_learning.json):
-    # 100 steps x 8 prompts x 8 completions of levels 1-2, evaluated with n = 16 on 96 held-out
-    # instances, 24 problems of the held-out family and HumanEval's held-out split
-    "gpu": Config(compile=True, prompts_per_step=8, group_size=8, train=TrainConfig(steps=100, checkpoint_every=10, log_every=5),
-                  optim=OptimConfig(name="adamw", lr=2e-4, weight_decay=0.0, warmup_steps=0,
-                                    total_steps=100, clip_norm=1.0),
-                  data=DataConfig(difficulty=(1, 2), heldout_per_template=4, transfer=("humaneval",)),
-                  # a looping completion holds a sandbox (and the step's rewards) for 10x its problem's
-                  # reference run time (at least 1 s) instead of 5 s
-                  sandbox=SandboxConfig(workers=8, reference_timeout=10.0),
-                  # 6 shapes to compile before step 1 instead of 10 (a fresh machine compiles each):
-                  # the update pads to its 2 largest widths, the decode batch stops halving at 16
-                  # rows (a launch-bound step costs nearly the same at 16 rows as at 8)
-                  shapes=ShapesConfig(update_widths=2, min_decode_batch=16),
-                  eval=EvalConfig(max_new_tokens=256, batch=4, workers=8), out_dir="runs/rlaif_gpu"),
-    "smoke": Config(model=TINY_PREFIX + "llama", prompts_per_step=2, group_size=4, max_new_tokens=12,
-                    train=TrainConfig(steps=4, accum=2, checkpoint_every=2),
-                    lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj")),
-                    optim=OptimConfig(name="adamw", lr=1e-2, weight_decay=0.0, warmup_steps=0,
-                                      total_steps=4, clip_norm=1.0),
-                    # procedural d1 arithmetic (short prompts); a random byte-level model never
-                    # writes a function, so the printable-ASCII share is what varies and trains
-                    data=DataConfig(families=("arithmetic",), heldout_families=(), difficulty=(1,),
-                                    train_per_template=3, heldout_per_template=1, max_train=8),
-                    rewards=RewardConfig(printable=1.0),
-                    eval=EvalConfig(problems=2, samples=2, max_new_tokens=12), out_dir="runs/rlaif_smoke"),
-}
+PRESETS = presets.load("rlaif_qwen", Config)  # recipes/presets/rlaif_qwen_*.py
 
 
 def load_policy(cfg: Config) -> llm.Policy:

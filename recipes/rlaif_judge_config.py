@@ -20,6 +20,7 @@ from mlxio.rl.execution import SandboxConfig
 from mlxio.rl.verifier import SampleConfig
 from mlxio.run.checks import check
 from mlxio.weights import llm
+from recipes import presets
 
 
 @attrs.frozen(kw_only=True)
@@ -80,21 +81,7 @@ class Config:
     DERIVED: ClassVar[dict[str, str]] = {"optim.total_steps": "train.steps"}
 
 
-PRESETS = {
-    # 2 CPU cores: ~620 rollouts sampled and judged (4 training families x 3 templates x 8
-    # problems x 4 completions to train on; 3 held-out instances per template; 8 problems per
-    # template of the held-out family), then 150 steps x 8 verdict prompts
-    "quick": Config(),
-    # a few minutes on 2 CPU cores (sampling and the frozen blocks): 9 problems x 2 completions,
-    # 12 steps of LoRA on the last two blocks
-    "smoke": Config(lora=LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj")), lora_layers=2,
-                    optim=OptimConfig(name="adamw", lr=2e-3, weight_decay=0.0, warmup_steps=0, total_steps=12,
-                                      clip_norm=1.0),
-                    sample=SampleConfig(families=("lists",), train_per_template=1, heldout_per_template=1,
-                                        family_per_template=1, completions=2, max_new_tokens=48, batch=6),
-                    train=TrainConfig(steps=12, batch=4, accum=1, log_every=1, checkpoint_every=4),
-                    eval=EvalConfig(resamples=200), out_dir="runs/rlaif_judge_smoke"),
-}
+PRESETS = presets.load("rlaif_judge", Config)  # recipes/presets/rlaif_judge_*.py
 
 
 def load_policy(cfg: Config) -> llm.Policy:

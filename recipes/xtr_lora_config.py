@@ -15,13 +15,13 @@ from mlxcore.fields import MAX_SEED, MAX_STEPS, bounded
 from mlxcore.retrieval.objective import LossConfig
 from mlxcore.train import lora, precision
 from mlxcore.train.optim import OptimConfig
-from mlxio.data import pairs, pypi_sources
 from mlxio.data.token_cache import BATCH_ORDERS
 from mlxio.data.xtr_data import DataConfig
 from mlxio.errors import ConfigError
 from mlxio.run import checkpoint, checks
 from mlxio.weights import quantize as quant_io
 from mlxio.weights.quantize import QuantConfig
+from recipes import presets
 
 
 @attrs.frozen(kw_only=True)
@@ -87,43 +87,7 @@ class Config:
     report_to: tuple[str, ...] = ()
 
 
-ALL_LINEAR = ("query", "key", "value", "dense")  # every linear layer of a BERT encoder
-PRESETS = {
-    # quick: 15 steps of one contrastive batch of 256 in-batch pairs (grad cache 32 x 8), lr 4e-4
-    # with 2 warm-up steps, LoRA r16 on every linear layer, temperature 0.03, the last step kept:
-    # the levers sweep's best gain on held-out packages and files (dev/gpu/xtr_quick_levers.sh,
-    # benchmarks/results/h100/xtr_quick_levers.json; dev/LOG.md); no hard negatives (docs/retriever.md)
-    "quick": Config(lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR), loss=LossConfig(temperature=0.03),
-                    data=DataConfig(hard_negatives=0),
-                    optim=OptimConfig(lr=4e-4, warmup_steps=2, total_steps=15, weight_decay=0.0),
-                    train=TrainConfig(micro_batch=32, accum=8, grad_cache=True, steps=15)),
-    # full: 400 steps of one contrastive batch of 256 pairs (grad cache 32 x 8) at 256 document
-    # tokens, trained on 16 more libraries than quick (pypi_sources.WIDE_PACKAGES), the best of
-    # every 50 steps by dev MRR@10 kept, every held-out query evaluated: the best of the full-run
-    # levers (benchmarks/results/h100/xtr_full_levers.json; dev/LOG.md)
-    "full": Config(
-        out_dir="runs/xtr_lora_full",
-        # every held-out query: 3,400 + 800 dev of held-out files and 1,000 + 300 of the held-out
-        # packages (all 2,530 of their functions as candidates); held-out files' candidates capped
-        # at 15,000 of 28,789 (each a 256 x 384 float32 matrix in evaluation: 11 GB for all of them)
-        data=DataConfig(packages=pypi_sources.WIDE_PACKAGES, max_doc_len=256, eval_queries=3400, dev_queries=800,
-                        max_eval_candidates=15000, package_eval_queries=1000, package_dev_queries=300,
-                        package_eval_candidates=0, hard_negatives=0),
-        lora=lora.LoraConfig(rank=16, alpha=32.0, targets=ALL_LINEAR),
-        loss=LossConfig(temperature=0.03),
-        optim=OptimConfig(lr=2e-4, warmup_steps=10, total_steps=400, weight_decay=0.0),
-        train=TrainConfig(micro_batch=32, accum=8, grad_cache=True, steps=400, checkpoint_every=50,
-                          dev_eval_every=50, log_every=20),
-    ),
-    "smoke": Config(
-        out_dir="runs/xtr_lora_smoke",
-        data=DataConfig(source=str(pairs.stdlib_root() / "email"), eval_fraction=0.3, max_doc_len=64,
-                        eval_queries=40, min_eval_queries=10, min_eval_candidates=40, packages=(),
-                        heldout_packages=(), hard_negatives=0),
-        optim=OptimConfig(lr=1e-3, warmup_steps=2, total_steps=8),
-        train=TrainConfig(micro_batch=4, accum=2, steps=8, log_every=1, checkpoint_every=4, eval_batch=16),
-    ),
-}
+PRESETS = presets.load("xtr_lora", Config)  # recipes/presets/xtr_lora_*.py
 
 
 def validate(cfg: Config, source: str = "config") -> None:
