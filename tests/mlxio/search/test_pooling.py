@@ -64,3 +64,21 @@ def test_pooled_embed_and_bad_factor():
     assert [len(v) for v in got] == [5, 2]
     with pytest.raises(ValueError, match="pool factor"):
         pool_tokens(docs[0], 0)
+
+
+def test_a_pooled_index_stores_fewer_tokens_and_a_new_factor_rebuilds(tmp_path):
+    from mlxio.search import build
+    from mlxio.search.index import Index
+    from tests.mlxio.search.test_search_index import META, FakeEmbed, _write_sources
+
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src, n_files=3)
+    build.update(src, idx, FakeEmbed(), META)
+    whole = Index(idx).n_tokens
+    report = build.update(src, idx, pooled(FakeEmbed(), 2), {**META, "pool_factor": 2})
+    pooled_index = Index(idx)
+    assert report.rebuilt_because and "pool_factor" in report.rebuilt_because  # vectors of another kind
+    assert pooled_index.manifest["pool_factor"] == 2 and pooled_index.n_tokens < 0.6 * whole
+    (src / "mod0.py").write_text("def brand_new(value):\n    total = encode(token, value)\n    return total\n")
+    again = build.update(src, idx, pooled(FakeEmbed(), 2), {**META, "pool_factor": 2})
+    assert again.rebuilt_because is None and again.embedded == 1  # same factor: an incremental update
