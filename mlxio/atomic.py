@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import hashlib
 import json
 import os
 import re
@@ -398,3 +399,20 @@ def write_text_atomic(path: Path, text: str, what: str = "output") -> None:
 def write_json_atomic(path: Path, data: Any, what: str = "output") -> None:
     """Write JSON to a temp file beside `path`, fsync, then rename over it (`write_text_atomic`)."""
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=float) + "\n", what)
+
+
+def file_digest(path: Path, quick: bool = False) -> tuple[str, int]:
+    """(SHA-256 hex, size) of a file read in 1 MiB chunks; `quick`: of its size + first and
+    last MiB only (a cheap change check for large files, e.g. the search index's)."""
+    h = hashlib.sha256()
+    size = Path(path).stat().st_size
+    with open(path, "rb") as f:
+        if quick:
+            h.update(str(size).encode())
+            h.update(f.read(1 << 20))
+            f.seek(max(size - (1 << 20), 0))
+            h.update(f.read(1 << 20))
+            return h.hexdigest(), size
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest(), size

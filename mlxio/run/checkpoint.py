@@ -43,6 +43,7 @@ from mlxcore.train.tree import Tree, flatten, unflatten
 from mlxio.atomic import (  # noqa: F401  (pid_alive: re-exported)
     check_dir_slot,
     disk_error,
+    file_digest,
     fsync_path,
     open_new,
     pid_alive,
@@ -78,23 +79,6 @@ def config_hash(config_dict: dict) -> str:
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"config_hash: config is not JSON-able ({err})") from None
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def file_digest(path: Path, quick: bool = False) -> tuple[str, int]:
-    """(SHA-256 hex, size) of a file read in 1 MiB chunks; `quick`: of its size + first and
-    last MiB only (a cheap change check for large files, e.g. the search index's)."""
-    h = hashlib.sha256()
-    size = Path(path).stat().st_size
-    with open(path, "rb") as f:
-        if quick:
-            h.update(str(size).encode())
-            h.update(f.read(1 << 20))
-            f.seek(max(size - (1 << 20), 0))
-            h.update(f.read(1 << 20))
-            return h.hexdigest(), size
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest(), size
 
 
 def _json_default(obj: Any) -> Any:

@@ -71,7 +71,7 @@ class IndexError_(MlxioError):
 
 def file_digest(path: Path, quick: bool = False) -> str:
     """SHA-256 of the whole file, or (quick) of its size + first and last MiB."""
-    return checkpoint.file_digest(path, quick)[0]
+    return atomic.file_digest(path, quick)[0]
 
 
 def current(index_dir: Path) -> Path | None:

@@ -310,7 +310,7 @@ def model_digest(directory: str | os.PathLike) -> str:
                    and not any(part.startswith(".") for part in p.relative_to(root).parts) and p.is_file())
     key = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     if key not in _DIGESTS:
-        from mlxio.run.checkpoint import file_digest
+        from mlxio.atomic import file_digest
 
         h = hashlib.sha256()
         for p in files:
