@@ -74,7 +74,7 @@ def _read_queries(path: Path) -> list[dict]:
         seen[key] = lineno
         rows.append(row)
     if not rows:
-        raise DataError(f"{path}: no queries")
+        raise DataError("no queries", where=str(path), fix='give one {"id": ..., "query": ...} object a line')
     return rows
 
 
