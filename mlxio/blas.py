@@ -1,16 +1,15 @@
 """Give MLX's Linux CPU wheel an optimised BLAS before `mlx.core` is first imported.
 
-MLX's Linux CPU wheel links the reference BLAS bundled in `mlx_cpu.libs` (~3.7 GFLOP/s for a
-1024^3 float32 matmul here). Loading OpenBLAS with RTLD_GLOBAL first makes the dynamic linker
-resolve `cblas_sgemm` & co. to OpenBLAS instead (~140 GFLOP/s, results equal to NumPy's).
+MLX's Linux CPU wheel links the reference BLAS bundled in `mlx_cpu.libs`, far slower than an
+optimised one (benchmarks/cpu_blas.py). Loading OpenBLAS with RTLD_GLOBAL first makes the dynamic
+linker resolve `cblas_sgemm` & co. to OpenBLAS instead (results equal to NumPy's).
 This must run before anything imports `mlx.core`: `mlxio.runtime.setup()` calls it, and every
 entry point (recipes, benchmarks, lab scripts, child processes, `tests/conftest.py`) calls
 `setup()` before its imports.
 
 No effect on macOS (Accelerate). The CUDA build (mlx-cuda) bundles the same reference BLAS for
 its CPU stream, but is left alone unless `MLXIO_BLAS=/path/libopenblas.so.0` names a library
-(e.g. for CPU query encoding on a GPU machine: MiniLM p50 248 ms per query with the reference
-BLAS on the H100 machine's 2 pinned cores). Set `MLXIO_BLAS=off` to keep the reference BLAS
+(e.g. for CPU query encoding on a GPU machine, slow with the reference BLAS). Set `MLXIO_BLAS=off` to keep the reference BLAS
 (e.g. to measure it) or `MLXIO_BLAS=/path/libopenblas.so.0` to choose one.
 """
 
@@ -130,7 +129,7 @@ def one_thread() -> Iterator[None]:
     """Every loaded BLAS (NumPy's, MLX's OpenBLAS) on one thread inside the block: for many small
     products run from a pool of Python threads, one per core. OpenBLAS threads any product above
     ~262,144 multiply-adds, and a document x query product (~125 x 384 x 15) is above that:
-    on this shared 2-core machine a batched search ran 6x slower with OpenBLAS's 2 threads
-    (52 vs 8.6 s wall for 200 queries) than with 1."""
+    a batched search on 2 cores ran several times slower with OpenBLAS's 2 threads than with 1
+    (dev/LOG.md)."""
     with _controller().limit(limits=1, user_api="blas"):
         yield

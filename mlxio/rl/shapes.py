@@ -1,8 +1,7 @@
 """The array shapes an RLAIF step can meet, listed before step 1.
 
 On a GPU every new shape of a compiled step (and of the eager prefill's kernels) compiles
-anew: in the H100's `--preset gpu` run steps 2, 5 and 11 of 12 took 6.5-7 s against 1.5-1.9 s,
-because a step's shapes followed its data - the longest prompt of the step (prefill width, and
+anew, so a step whose shapes follow its data pays a compilation - the longest prompt of the step (prefill width, and
 with it the KV cache's slots), the longest prompt + completion (the update's width) and the most
 completion tokens of a micro-batch (its scored positions). `plan` fixes them from the config
 and the training prompts' lengths:
@@ -40,9 +39,8 @@ from mlxio.errors import ConfigError
 
 @attrs.frozen(kw_only=True)
 class ShapesConfig:
-    """The array shapes of a step (`plan`, `warm`; `mlxio.rl.warm_up`). On a GPU each new shape compiles: the
-    H100's gpu preset took 6.5-7 s at steps 2, 5 and 11 of 12, against 1.5-1.9 s, when the
-    prefill, update and scored-position widths followed each step's data."""
+    """The array shapes of a step (`plan`, `warm`; `mlxio.rl.warm_up`). On a GPU each new shape compiles,
+    so the prefill, update and scored-position widths are fixed before step 1."""
 
     # pad prompts, update rows and scored positions to shapes listed before step 1 (from the
     # training prompts' lengths and max_new_tokens). None: on a GPU

@@ -41,17 +41,14 @@ from mlxio.search.store import IndexError_
 FUSIONS = ("interp", "rrf")
 DEFAULT_NPROBE = 8
 DEFAULT_CANDIDATES = 256
-# On 14,080 stdlib functions (benchmarks/results/cpu/search_scale_stdlib.json, pq64 codec) nprobe 4 /
-# 128 candidates lost 0.0098 MRR@10 to candidate generation alone (exact top-10 recall 0.870;
-# drop 0.0103 in all), 8 / 256 0.0025 (recall 0.959; drop 0.0024) at 65 vs 38 ms p50 search on 2
-# pinned cores; 8 / 512 and 16 / 512 gained nothing more (drop 0.0024 / 0.0030) at ~2x the time.
+# nprobe 8 / 256 candidates: what candidate generation loses against exact search is small on the
+# stdlib corpus and more costs time for nothing (benchmarks/results/cpu/search_scale_stdlib.json).
 # Size-aware defaults (search_defaults): candidates grow with the number of live documents,
 # nprobe with candidates, within caps. CANDIDATES_PER_DOC = 0 keeps the fixed 8 / 256 above;
 # NPROBE_PER_CENTROID = 0 keeps nprobe 8 at any centroid count. Set these from
-# `benchmarks.search_scale --corpus stdlib --sweep`. At 1,000,000 functions
-# (benchmarks/results/cpu/search_scale.json, pq64) 8 / 256 lost 0.019 MRR@10 (SE 0.012) and 16 / 512
-# 0.002, at p50 189 vs 346 ms on 2 idle pinned cores: 512 candidates per million documents gives
-# 16 / 512 there and keeps 8 / 256 up to 500,000.
+# `benchmarks.search_scale --corpus stdlib --sweep`; 512 candidates per million documents gives
+# 16 / 512 at a million functions, where 8 / 256 loses more (benchmarks/results/cpu/search_scale.json),
+# and keeps 8 / 256 up to 500,000.
 CANDIDATES_PER_DOC = 512 / 1_000_000
 NPROBE_PER_CENTROID = 0.0
 MAX_CANDIDATES = 1024
@@ -59,21 +56,17 @@ MAX_NPROBE = 16
 BM25_POOL = 64
 READ_ATTEMPTS = 5  # loads retried while updates keep switching CURRENT under a reader
 # search_many decodes the union of a batch's candidates this many tokens at a time, each block a
-# task for a thread (8,192 / 2,048 / 1,024 took the same time on 2 cores here; smaller blocks
-# balance more threads: ~60 blocks for 1,000 x 1,000)
+# task for a thread (the block size barely changes the time; smaller blocks balance more threads)
 BATCH_BLOCK_TOKENS = 2048
 BATCH_QUERIES = 1024  # queries per batch: bounds the (query, candidate) bookkeeping
 # scoring threads at most. A batch's products are one GEMM per document against its queries'
-# stacked tokens (GIL released), one query's are blocks of ~1 ms. On a 16-core H200 host
-# (dev/search_workers.py, dev/results/h200/search_workers.json) 300 queries took 3.27 / 1.70 /
-# 1.28 / 1.10 / 0.99 s on 1 / 2 / 4 / 8 / 16 threads, one query's p50 65 / 33 / 24 / 28 / 34 ms.
-# Results are the same bits on any number.
+# stacked tokens (GIL released): a batch gains up to 16 threads, one query's short blocks no more
+# than 4 (dev/search_workers.py, dev/results/h200/search_workers.json). Results are the same bits
+# on any number.
 MAX_WORKERS_BATCH, MAX_WORKERS_ONE = 16, 4
 # candidate generation threads at most (a batch's queries, one task each). A query's generation is
-# ~0.5 ms, mostly Python and small NumPy calls that hold the GIL: more threads queue on it. On a 16-core H100
-# host, 1,000 queries over 1,000 functions took 0.56 / 0.41 / 0.50 / 0.52 / 0.75 s on 1 / 2 / 4 / 8
-# / 16 threads, 2,000 over 3,700 functions 2.43 / 1.42 / 1.42 / 1.47 / 1.87 s (one run; the
-# measurement is dev/search_generation_workers.py; dev/LOG.md, 2026-11-28)
+# mostly Python and small NumPy calls that hold the GIL: more threads queue on it
+# (dev/search_generation_workers.py; dev/LOG.md, 2026-11-28)
 MAX_WORKERS_GENERATE = 4
 
 
