@@ -1,9 +1,9 @@
 """CUDA kernel for an attention bias over a batch of rows: out [R, H, L, L] = pos [1, H, L, L] +
 keys [R, 1, L, L] (T5's relative positions over every row's padded keys / packed blocks).
 
-MLX's fused broadcast add wrote that [R, H, L, L] tensor (226 MB at the t5-base b128 step's
-144 rows of 256 tokens) at ~0.3 TB/s, its index arithmetic run per element: 0.75 ms of the
-H100 step, before the first block could start. Here each thread adds 8 elements (16 bytes of
+MLX's fused broadcast add writes that [R, H, L, L] tensor (226 MB at the t5-base b128 step's
+144 rows of 256 tokens) well below memory bandwidth, its index arithmetic run per element, before
+the first block can start (measured: dev/LOG.md, benchmarks/results/h100). Here each thread adds 8 elements (16 bytes of
 bfloat16) of a row of pos to the same 8 of keys, in float32, rounded once - MLX's bfloat16 add,
 bit for bit. The vjp is MLX's ops (sums over the broadcast axes). Launched by
 `mlxcore.kernels.cuda_jit`: MLX's CUDA build only (`usable`).

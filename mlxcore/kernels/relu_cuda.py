@@ -2,10 +2,9 @@
 
 T5's feed-forward ReLU runs on [tokens, d_ff] (t5-base b128: 36,864 x 3,072 bfloat16, 226 MB).
 MLX's forward `maximum(x, 0)` reads x and writes y (452 MB a layer); its backward
-`g * (x > 0)` reads g and x and writes the input gradient (678 MB): 1.8 + 2.7 ms of the H100
-step over 12 layers, at memory bandwidth. Here the forward also writes the sign bits (x > 0),
-eight to a byte (1/16 of x), and the backward reads those in place of x (466 MB): 1.87 + 1.86
-ms (commit d713caf's benchmarks/results/h100/session12/1_*). The activation x need not outlive the forward either
+`g * (x > 0)` reads g and x and writes the input gradient (678 MB), both at memory bandwidth.
+Here the forward also writes the sign bits (x > 0), eight to a byte (1/16 of x), and the
+backward reads those in place of x (466 MB; timings: commit d713caf's benchmarks/results/h100/session12/). The activation x need not outlive the forward either
 (the frozen `wo` needs no weight gradient), which frees 226 MB a layer. A forward with no
 backward (encoding) writes the bits all the same: 1/16 more bytes than MLX's.
 
