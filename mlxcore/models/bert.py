@@ -97,10 +97,10 @@ ERF_COEFFS = (0.0705230784, 0.0422820123, 0.0092705272, 0.0001520143, 0.00027656
 def gelu_erf(x: mx.array) -> mx.array:
     """Exact GELU x * Phi(x) = 0.5 (x + |x| erf(|x| / sqrt 2)), erf by A&S 7.1.28.
 
-    Why not `mx.erf`: MLX's Linux CPU build evaluates it (and exp, tanh) as scalar code at
-    ~60-80 ns per element, which made GELU ~40% of MiniLM's forward time; this form is only
-    multiplies, adds and one divide, which `mx.compile` fuses into one vectorised loop
-    (4096 x 1536 floats, 2 busy cores: 131-191 ms vs 499-509 ms). Max |error| vs the erf form
+    Why not `mx.erf`: MLX's Linux CPU build evaluates it (and exp, tanh) as scalar code, which
+    made GELU a large share of MiniLM's forward time; this form is only multiplies, adds and one
+    divide, which `mx.compile` fuses into one vectorised loop (several times faster; dev/LOG.md).
+    Max |error| vs the erf form
     9.5e-7 in value and 1.4e-6 in gradient over [-12, 12]. |x| / sqrt 2 is capped at 4.5
     (erf = 1 - 2e-10 there), so p^16 never overflows and gradients stay finite.
     """
@@ -120,10 +120,10 @@ def gelu_recomputed(x: mx.array) -> mx.array:
     x (in float32): forward and backward are one fused pass each under `mx.compile`.
 
     Autodiff of the written-out form keeps the intermediates its vjp needs, which splits the
-    forward into three kernels (on the H100 the MiniLM b128 step spent 2.8 ms in GELU). The
+    forward into three kernels (a visible share of the MiniLM b128 step on a GPU). The
     backward shares no subexpression with the forward (float32 there, `/ sqrt 2` not
     `* 1/sqrt 2`): `mx.compile` merges equal subexpressions, and a shared one would have to be
-    written to memory between the two passes - a float32 copy of x cost 0.9 ms a step.
+    written to memory between the two passes (a float32 copy of x each step).
     """
     return x * (0.5 + 0.5 * mx.erf(x * (1.0 / math.sqrt(2.0))))
 
@@ -140,8 +140,8 @@ def _gelu_recomputed_vjp(x, cotangent, output):
 def _activation(x: mx.array, name: str) -> mx.array:
     if name == "gelu":
         # The polynomial pays off only where erf is scalar code (the CPU build); on a GPU,
-        # erf is one fused instruction and the polynomial cost 22% of MiniLM's forward (H100,
-        # batch 128 x 256, dev/results/h100/profile_encode.json: 7.70 vs 5.99 ms).
+        # erf is one fused instruction and the polynomial slowed MiniLM's forward
+        # (dev/results/h100/profile_encode.json).
         if mx.default_device() == mx.cpu:
             return gelu_erf(x)
         return gelu_recomputed(x)

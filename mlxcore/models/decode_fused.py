@@ -2,8 +2,8 @@
 a flat set of decode weights, with as few primitives per layer as the math allows.
 
 On a GPU a batch-64 decode step of Qwen2.5-0.5B is host-bound: MLX's host time per primitive
-(building, dispatching; views included), not FLOPs, sets the step time (H100: 12.7 ms a step,
-8.7 ms of it queueing ~525 kernels and ~880 views for 24 layers). Per layer the mlx-lm forward on
+(building, dispatching; views included), not FLOPs, sets the step time (most of it queueing
+~525 kernels and ~880 views for 24 layers: dev/decode_graph.py). Per layer the mlx-lm forward on
 a `StaticKVCache` queues ~22 kernels and ~37 views; this one 11 kernels and ~8 views:
 
 - q/k/v is one matmul (+ bias) over weights concatenated once per call, gate/up one matmul;
@@ -25,8 +25,8 @@ decode weights when they are built (`W + scale * (A @ B).T` in float32, then the
 dtype, as `mlxcore.train.lora.merge`): the tokens are the LoRA policy's, up to that rounding (exact
 in float32 up to summation order). A quantised base (QLoRA) is dequantised into them - the
 values its quantised matmuls compute with, in the scales' dtype: 4x the bytes of 4-bit
-weights per step, which a host-bound step does not feel (Qwen2.5-0.5B in bf16: ~1 GB, ~0.3 ms
-of H100 bandwidth against a ~5-13 ms step), and a copy of the model in memory while decoding.
+weights per step, which a host-bound step does not feel (Qwen2.5-0.5B in bf16: ~1 GB, read in
+a small fraction of a step), and a copy of the model in memory while decoding.
 The weights are an argument of the compiled step, so a policy rebound to new adapters every
 RLAIF step reuses one trace. Other architectures and RoPE variants return None from
 `spec_of`: the caller keeps the mlx-lm forward (`mlxcore.models.decode_step.make_step`).

@@ -1,7 +1,7 @@
 """The static-shape decode step: one `mx.compile`d step (model forward + sampling) whose
 every call sees the same shapes, for rollouts on a GPU where mlx-lm's BatchGenerator is
-launch- and host-bound (64 x Qwen2.5-0.5B on an H100: ~10.7 ms a step against ~0.3 ms to read
-the weights once).
+launch- and host-bound (at 64 x Qwen2.5-0.5B a step takes far longer than reading the weights
+once: benchmarks/results/h100/generation.json).
 
 What the BatchGenerator does per token and this does not:
 - its KV cache grows (`BatchKVCache`: keys[..., :idx] is a new shape every step, a concatenate

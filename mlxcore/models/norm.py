@@ -3,9 +3,9 @@
 `mx.fast.layer_norm(x, w, b)` runs one fused kernel forward, but its vjp primitive returns the
 gradients of x, w and b together: on CUDA it writes a [rows, D] temporary for w's gradient and
 runs two column reductions over every token, whether or not w and b are trained (MLX's
-`LayerNormVJP::eval_gpu`; `RMSNormVJP` likewise). In LoRA training they never are: on the H100
-the MiniLM b128 step spent 3.2 ms of its 26 in layer-norm backward, 1.9 ms of it in those
-reductions (benchmarks/results/h100/retriever_minilm_b128*.json, kernel profile).
+`LayerNormVJP::eval_gpu`; `RMSNormVJP` likewise). In LoRA training they never are, and those
+reductions were most of the layer-norm backward's time (benchmarks/results/h100/retriever_minilm_b128*.json,
+kernel profile).
 
 These keep the fused forward and give x's gradient alone; the weight and bias gradients are
 separate lazy expressions, computed only when something asks for them. On CUDA that gradient is

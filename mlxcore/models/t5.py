@@ -110,16 +110,15 @@ def attention(q: mx.array, k: mx.array, v: mx.array, bias: mx.array, scale: floa
 
     Through `mx.fast.scaled_dot_product_attention` (T5 passes scale=1.0). On the CPU build this
     kernel falls back to the same matmul + precise softmax graph as writing it out - outputs
-    are bit-identical and speed equal within noise (MiniLM, compiled, 16 x 128 tokens, 2 busy
-    cores, best of 12 interleaved runs: 461 tok/s fused vs 472 tok/s plain; 32 x 64: 888 vs
-    886) - while Metal and CUDA get a fused kernel, so the fast path is the one kept.
+    are bit-identical and speed equal within noise (dev/LOG.md) - while Metal and CUDA get a
+    fused kernel, so the fast path is the one kept.
     """
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=bias)
 
 
 # MLX's CUDA attention backward runs fused (cuDNN) only when the query length is a multiple of
 # 128 (`ScaledDotProductAttentionVJP::use_fallback`); shorter sequences get the unfused
-# softmax-and-matmuls vjp (the MiniLM b128 step's 32-token queries: ~1 ms of small kernels).
+# softmax-and-matmuls vjp (the MiniLM b128 step's 32-token queries: many small kernels).
 FUSED_VJP_LENGTH = 128
 
 

@@ -97,9 +97,9 @@ def joint_token_embeddings(params: dict, batches: list[tuple[mx.array, mx.array]
     as one: each laid end to end in rows of that length under a block-diagonal attention bias
     (no token sees another sequence), the rows concatenated, one pass, split again. The result
     equals separate passes on every real token; the short batch's GEMMs and elementwise passes
-    ride in the long one's (the H100's MiniLM b128 step, 32-token queries beside 256-token
-    documents: 1,025 -> 741 kernels, 17.6 -> 16.6 ms; its attention runs the queries' block-
-    diagonal rows at the documents' length, +0.4 ms of the saving spent there).
+    ride in the long one's (the MiniLM b128 step's 32-token queries beside 256-token documents:
+    about a quarter fewer kernels on a GPU; its attention runs the queries' block-diagonal rows
+    at the documents' length, which spends part of the saving; dev/LOG.md).
     Elsewhere each batch runs alone, with its own key from `keys`.
     """
     keys = keys or [None] * len(batches)

@@ -101,8 +101,8 @@ def delta(x: mx.array, lora_a: mx.array, lora_b: mx.array, scale: float,
         keep = mx.random.bernoulli(1.0 - dropout, x.shape, key=key)
         x = mx.where(keep, x / (1.0 - dropout), mx.zeros_like(x))
     # scale applied to the rank-r intermediate [..., r], not to the [..., out] result: the
-    # backward then scales a [..., r] gradient instead of a full-width one (on the H100 the
-    # full-width multiplies were 20 unfused kernels, 0.8 ms of the MiniLM b128 step)
+    # backward then scales a [..., r] gradient instead of a full-width one (on a GPU the
+    # full-width multiplies were 20 unfused kernels of the MiniLM b128 step)
     return ((x @ lora_a.astype(x.dtype)) * scale) @ lora_b.astype(x.dtype)
 
 

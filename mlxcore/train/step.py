@@ -49,9 +49,8 @@ def accumulate(grad_fn: Callable, params: Tree, batch: Tree, keys: mx.array,
     Without eval_each the k micro-batches are one graph, and each one's inputs depend on the
     running sum before it (`mx.depends`: no value changes), so its forward pass starts only
     once the previous backward pass has finished: the graph holds one micro-batch's activations
-    at a time, not all k (MLX may otherwise run every forward pass first: CPU, 2 layers of the
-    0.5B shape, 3 micro-batches of 1 x 384 tokens, MLX's run-ahead off: 85.5 -> 47.7 MB, one
-    graph per micro-batch 47.3 MB; `dev/rlaif_step_memory.py`).
+    at a time, not all k (MLX may otherwise run every forward pass first; measured by
+    `dev/rlaif_step_memory.py`).
     """
     k = keys.shape[0]
     total = None
