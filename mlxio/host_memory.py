@@ -3,10 +3,9 @@
 MLX's CPU backend takes every array's buffer from malloc and frees it when the array goes. glibc
 serves large requests with their own mmap (past its dynamic threshold, at most 32 MiB) and
 gives freed memory back to the kernel (munmap, heap trimming), so the next step's buffers of the
-same sizes arrive as fresh pages, each one zero-filled by the kernel on first touch. A 3-step
-`quick` run (steps of 256 pairs) on 2 cores took 11-12 million minor page faults this way
-against 1.1 million with freed memory kept, spent 0.3 of its CPU time in the kernel against
-0.23, and trained 1.23x as fast kept (`benchmarks/cpu_malloc.py`, cpu/cpu_malloc.json).
+same sizes arrive as fresh pages, each one zero-filled by the kernel on first touch: about ten
+times the minor page faults of a run that keeps freed memory, more CPU time in the kernel, and a
+slower run (`benchmarks/cpu_malloc.py`, benchmarks/results/cpu/cpu_malloc.json).
 
 `keep_freed_memory()` tells glibc (mallopt) to serve every request from its heap and never trim
 it: freed buffers are reused in place. The process's resident set stays at its peak instead of

@@ -8,7 +8,7 @@ importing the module as a library still changes nothing); `tests/conftest.py` do
 
 1. gives MLX's Linux CPU wheel an optimised BLAS (`mlxio.blas.ensure_fast_blas`). This one
    has a deadline: the dynamic linker binds MLX's BLAS when `mlx.core` is first imported, so
-   called later it leaves the reference BLAS in place (~40x slower matmuls) and logs a warning;
+   called later it leaves the reference BLAS in place (far slower matmuls) and logs a warning;
 2. points MLX's on-disk GPU kernel cache at a persistent folder (`mlxio.gpu.kernel_cache.configure`:
    MLX reads MLX_PTX_CACHE_DIR when it first compiles a kernel);
 3. gives mlxcore's own CUDA kernels their compiler (`mlxio.gpu.cuda_build` into `mlxcore.kernels.cuda_jit`)

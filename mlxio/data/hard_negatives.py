@@ -151,12 +151,12 @@ def maxsim(queries: Tokens, i: int, docs: Tokens, cands: Sequence[int]) -> np.nd
 def maxsim_many(queries: Tokens, docs: Tokens, cands: Sequence[Sequence[int]], block_elements: int = 2**26,
                 each: Callable[[range], Iterable[int]] = iter, batched: bool | None = None) -> list[np.ndarray]:
     """`maxsim(queries, i, docs, cands[i])` for every query i (float32 [len(cands[i])] each), in
-    blocks of queries. Batched (default where MLX's default device is a GPU: query by query, 11k
-    queries x 128 candidates x 256 tokens ran at 6.7 queries/s on an H200 host): a block gathers its
+    blocks of queries. Batched (default where MLX's default device is a GPU, where query by query
+    is slow): a block gathers its
     candidates' tokens as float32 [B, P, T, D] on the device, B x P x T x D <= `block_elements`
     (256 MB), one product per block; rows padded to the block's longest list, trimmed to its
-    longest document. Otherwise `maxsim` per query (on 2 CPU cores NumPy's per-query products
-    ran 1.5x MLX's batched ones). `each` wraps the loop over blocks (a progress display)."""
+    longest document. Otherwise `maxsim` per query (on CPU cores NumPy's per-query products ran
+    faster than MLX's batched ones). `each` wraps the loop over blocks (a progress display)."""
     import mlx.core as mx
 
     n = len(cands)

@@ -90,8 +90,8 @@ def on_gpu() -> bool:
 def use_compile(setting: bool | None) -> bool:
     """A recipe's `compile` setting: True / False as given; None (auto) compiles everywhere but on
     a CUDA device. There a fresh machine compiles each of a step's fused kernels with NVRTC, one
-    after another (H100: 3-4 s each; the RLAIF quick run's compiled update step has ~35 distinct
-    ones, 97-144 s for its first step against 11 s eager), while an eager step needs only its
+    after another (seconds each; the RLAIF quick run's compiled update step has ~35 distinct
+    ones), while an eager step needs only its
     few gather / scatter kernels and runs about as fast once they are cached."""
     return bool(setting) if setting is not None else not on_gpu()
 
@@ -335,8 +335,8 @@ def _add_kernel(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, where
             os.unlink(tmp)
 
 
-# ---- which kernel modules a step needs (CUDA JIT-compiles one per op and dtypes, ~3.5 s each
-# on the lent H100's host, e.g. `gather_float32_int32_1` and `gather_float32_uint32_1` apart)
+# ---- which kernel modules a step needs (CUDA JIT-compiles one per op and dtypes, seconds each,
+# e.g. `gather_float32_int32_1` and `gather_float32_uint32_1` apart)
 
 INDEXED_OPS = ("Gather", "GatherAxis", "Scatter", "ScatterAxis")  # input 1: the index array
 _REDUCE_NONE = 4  # SliceUpdate's first argument: its reduction (mx.slice_update: none; .at[].add: 2)

@@ -1,7 +1,7 @@
 """Parallel warm-up of MLX's CUDA kernel cache for the RLAIF recipe's first step.
 
 MLX's CUDA backend compiles a kernel module with NVRTC the first time it is used, one after
-another (a process-wide lock), ~3.5 s each on the lent H100's host, and keeps it on disk
+another (a process-wide lock), seconds each, and keeps it on disk
 (`mlxio.gpu.kernel_cache`). Modules are named by what they compute and their dtypes, not by array
 shapes: `gather_float32_int32_1` holds that gather for every index rank and size. So a graph
 of a few tiny arrays compiles the same module as the real step - and separate processes
@@ -11,14 +11,13 @@ each with its own empty staging folder as MLX's cache; when a child ends, its mo
 the run's cache folder, where the recipe's process finds it when it first needs it (it compiles
 any it needs sooner itself: the same bytes).
 
-Why one child per module (session 7's H100 run of the first design, one child per step - the
-sampler, decode, prefill, update - took 60.8 s against 74.0 s without, its rollout generation
-43.4 s against 42.5 s): each such child imported the whole stack (mlx-lm, transformers, torch)
+Why one child per module (a first design ran one child per step - the sampler, decode,
+prefill, update - and gained little; dev/LOG.md): each such child imported the whole stack (mlx-lm, transformers, torch)
 as the recipe does, built a tiny model and then compiled the same shared modules (gathers, the
 sampler's) one after another in the order the recipe needs them, so it was never ahead of the
 recipe's own serial compilation, and its modules moved only when the whole job ended (the
-update job: after 41.4 s, 2 modules still new). Per module, the children finish in about
-start-up + one compilation, in parallel, during the recipe's ~16 s of loading.
+update job: late, with modules still new). Per module, the children finish in about start-up
++ one compilation, in parallel, while the recipe loads.
 
 A module is moved once complete: MLX writes `.ptx` (the cubin), `.txt` (kernel names), then
 the `.cu` source; the `.txt` goes first and the `.ptx` last, each with an atomic rename, so a

@@ -37,7 +37,7 @@ SYNC_EVERY = 16  # decode steps between host reads of the tokens (EOS / stop che
 def compiled_step(model, sampler, sampler_key=None, compiled: bool = True) -> Callable:
     """`make_step(model, sampler)`, kept on the model (outside its parameter tree) under
     `sampler_key` (e.g. (temperature, top_p)) when one is given, so later calls with the same
-    model skip tracing and compiling again (~50 ms for 24 layers); None: a new one."""
+    model skip tracing and compiling again; None: a new one."""
     if sampler_key is None:
         return make_step(model, sampler, compiled)
     steps = model.__dict__.setdefault("_static_decode_steps", {})
@@ -49,8 +49,8 @@ def compiled_step(model, sampler, sampler_key=None, compiled: bool = True) -> Ca
 _FUSED_STEPS: dict = {}  # (decode_fused.Spec, sampler_key, compiled) -> fused step
 # Devices whose static step is the fused one by default: a GPU, where the step is host-bound and
 # the attention is MLX's fused kernel. On the CPU MLX lowers attention to matmuls, and the fused
-# step's mask-in-the-cache attention over 2 x 96-dim rows (`Spec.wide_attention`) is ~3x the
-# work of the mlx-lm forward's masked 64-dim one (tiny Qwen2 shape: ~1.5x slower steps).
+# step's mask-in-the-cache attention over 2 x 96-dim rows (`Spec.wide_attention`) is more
+# work than the mlx-lm forward's masked 64-dim one (slower steps on a tiny Qwen2 shape).
 FUSED_DEVICES = {mx.gpu}
 
 

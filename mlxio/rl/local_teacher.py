@@ -44,8 +44,7 @@ class LocalJudge:
     `model_path`: anything `mlxio.weights.llm.load_policy` reads (an mlx-lm / HF directory, a GGUF
     file, a hub id, or None for the embedded SmolLM2-135M-Instruct); loaded on first use (the
     load is outside the deadline), dequantised to float32 unless `dequantize` is False (MLX's
-    CPU quantised kernels read a 32-token prompt chunk of the 135M model in ~10 s on a busy
-    2-core box, float32 through OpenBLAS in ~0.4 s). Generation is greedy and serialised by a lock (one model,
+    CPU quantised kernels are far slower than float32 through OpenBLAS). Generation is greedy and serialised by a lock (one model,
     many reward threads); each call finishes within `timeout_s`, waiting for the lock included:
     generation stops at the deadline (a partial answer usually holds no score: missing).
     """

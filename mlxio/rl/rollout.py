@@ -16,8 +16,8 @@ the rewards look at. Per-token log-probabilities are those of the policy at temp
 
 Decode batch buckets (`bucket_decode`, "batch" engine, on by default on a GPU): mlx-lm drops a sequence from
 the batch as soon as it ends, so the decode batch takes every size from N down to 1, and on a
-fresh GPU each new size compiles new kernels (an evaluation decoding 128 sequences did not finish
-in 10 minutes on a fresh H100). With buckets, ended sequences stay in the batch (their tokens
+fresh GPU each new size compiles new kernels (an evaluation of 128 sequences spent minutes
+compiling). With buckets, ended sequences stay in the batch (their tokens
 are ignored) until the live ones fit the next smaller bucket (N, then powers of two below it),
 so a run compiles a handful of batch shapes. The sampler draws only for the live rows, in their
 order, so every draw has the shape it has without buckets: the same texts for the same seed.
