@@ -103,7 +103,7 @@ def check_fast_blas() -> str:
     """For the library's entry points that load a model (`load_encoder`, `load_policy`): in a
     program that never called `mlxio.runtime.setup()`, the fast BLAS when MLX is not imported
     yet, and otherwise one warning per process (MLX's CPU wheel then runs its reference BLAS,
-    ~40x slower matmuls) naming the call that fixes it. Returns `status`."""
+    far slower matmuls) naming the call that fixes it. Returns `status`."""
     if status != "unset" or _checked:
         return status
     _checked.append(True)

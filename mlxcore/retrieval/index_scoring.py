@@ -2,23 +2,21 @@
 
 - `probe_estimate`: the candidate stage's centroid-level MaxSim estimate of every document on
   the probed inverted lists. Short lists: every probed posting gathered at once, each (token,
-  document)'s best probe kept by one `np.maximum.at`, a few NumPy calls per query (0.28 -> 0.10
-  ms a query over 1,000 functions on one core here; batched search's generation threads no
-  longer queue on the GIL). Long lists: plain assignments per list (a list's documents are
+  document)'s best probe kept by one `np.maximum.at`, a few NumPy calls per query (so batched
+  search's generation threads do not queue on the GIL). Long lists: plain assignments per list (a list's documents are
   unique, and lists are visited in ascending probe score, so the best probe a document is on
   wins) into one reused row, faster there than `ufunc.at`. Both give the same bits.
 - `doc_chunks`: the exact re-rank decodes the candidates' tokens a block of about
   `CHUNK_TOKENS` tokens at a time (for one query; `Index.search_many` uses larger blocks), so the
   decoded vectors (1.5 MB at 1,024 x 384 float32) stay in the CPU cache between the decode, the
-  product and the max; on 256 stdlib candidates (~43,000 tokens) that took the re-rank from ~60
-  to ~36 ms on one core here.
+  product and the max (a faster re-rank: dev/LOG.md).
 - `query_runs` + `product` + `doc_maxima` + `token_means`: in a block, consecutive documents
   wanted by the same queries are one run, scored by one product of the run's tokens with those
   queries' tokens stacked (one query: the whole block; a batch of 1,000 queries over 1,000
   documents: mostly one document against its ~256 queries, [~125, 384] x [384, ~3,900]), then
   each document's max per query token and each (document, query) pair's mean. The previous
-  kernel (one product per document per query, so small products throughout) spent 11 of the 14 s
-  of a 1,000 x 1,000 batch on ~290,000 calls holding the GIL in between.
+  kernel (one product per document per query, so small products throughout) spent most of a
+  1,000 x 1,000 batch on ~290,000 calls holding the GIL in between.
 - `score_tolerance`: how far a score may move with the product's shape. BLAS sums each element
   of a product in an order of its choosing (OpenBLAS's kernels differ by CPU - Haswell, Zen,
   SkylakeX, Sandybridge - and, within one kernel set, by the product's shape), so a pair's score
@@ -30,8 +28,8 @@
 Not used: asymmetric distance computation (per-query lookup tables of each subspace's codeword
 scores instead of decoding). With ~15 query tokens and 6 dimensions a byte it gathers 15 floats
 per (token, byte) where decoding gathers 6, and it would still need each token's norm (the
-centroid-residual cross term needs the centroid rows anyway): 1.76 ms per 1,024 tokens + 3.7 ms
-of tables per query, against 0.67-0.78 ms to decode and multiply (NumPy, one core, session 7).
+centroid-residual cross term needs the centroid rows anyway): slower than decoding and
+multiplying in NumPy (dev/LOG.md).
 """
 
 from __future__ import annotations
@@ -46,10 +44,8 @@ UNIT_ROUNDOFF = 2.0**-24  # float32: a correctly rounded operation's relative er
 
 PROBE_CELLS = 1 << 21  # token x document cells of `probe_estimate`'s gather buffer (16 MB of float64)
 # mean postings per probed list up to which `probe_estimate` gathers (beyond: one assignment per
-# list). One core here, 24 tokens x 8 probes (dev/probe_kernel_crossover.py,
-# dev/results/cpu/probe_kernel_crossover.json): over 5,000 / 50,000 documents, lists of 100
-# postings 0.28 / 0.91 ms gathered vs 0.48 / 1.01 ms assigned, 300: 0.43 / 1.26 vs 0.62 / 1.24,
-# 1,000: 0.95 / 2.24 vs 1.05 / 1.82, 3,000: 2.64 / 5.41 vs 2.30 / 3.10
+# list): where the two cross over (dev/probe_kernel_crossover.py,
+# dev/results/cpu/probe_kernel_crossover.json)
 GATHER_MAX_POSTINGS = 256
 
 
@@ -153,9 +149,8 @@ def doc_chunks(lengths: np.ndarray, limit: int = CHUNK_TOKENS) -> list[tuple[int
 
 class Scratch:
     """Reused buffers for one thread's re-rank temporaries (decoded blocks, gathered query
-    tokens, products: MBs each). A fresh array that size is fresh pages from the OS each time:
-    on this 2-core VM decoding 1,024 tokens took 2.5 ms into new arrays and 0.35 ms into
-    reused ones."""
+    tokens, products: MBs each). A fresh array that size is fresh pages from the OS each time,
+    several times slower to decode into than a reused one."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, np.ndarray] = {}
