@@ -249,5 +249,29 @@ def table(payload: dict) -> str:
     return "\n".join(lines)
 
 
+def results_section() -> list[str]:
+    """Time to the first step of each recipe's quick run, fresh (empty kernel cache) and warm."""
+    from benchmarks.common import fmt, load  # here: the child's timed imports stay the recipe's
+
+    rows = []
+    for machine, name in (("h100", "cold_start_retriever"), ("h100", "cold_start_rlaif"), ("cpu", "cold_start")):
+        c = load(machine, name)
+        if not c:
+            continue
+        for recipe, by_cache in c.get("summary", {}).items():
+            for cache in ("fresh", "warm"):
+                v = by_cache.get(cache)
+                if v:
+                    rows.append(f"| {machine} | {recipe} | {cache} | {fmt(v['setup_s'], 1)} | {fmt(v['first_step_s'], 1)} "
+                                f"| {fmt(v['to_first_step_s'], 1)} |")
+    if not rows:
+        return []
+    return ["### Cold start: a recipe's quick run to its first training step (benchmarks/cold_start.py)", "",
+            "| machine | recipe | kernel cache | setup s | first step s | to first step s |", "|---|---|---|---|---|---|",
+            *rows, "", "fresh: an empty kernel cache (a new machine), the data caches filled; warm: the same "
+            "run again. The CPU compiles no kernels, so there fresh and warm differ by noise (a shared, "
+            "loaded 2-core box).", ""]
+
+
 if __name__ == "__main__":
     main()

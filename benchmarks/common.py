@@ -99,3 +99,22 @@ def agreement(ref: dict, peer: dict, dtype: str) -> dict:
     if "last_loss" in ref and "last_loss" in peer and ref.get("total_steps") == peer.get("total_steps"):
         out["last_loss_rel_diff"] = rel(ref["last_loss"], peer["last_loss"])  # after the timed steps (info)
     return out
+
+
+def load(machine: str, name: str) -> dict | None:
+    path = RESULTS / machine / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def fmt(x, digits=0) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.{digits}f}"
+
+
+def pct(x, digits=1) -> str:
+    return "-" if x is None else f"{x * 100:.{digits}f}%"
+
+
+def ci(pair) -> str:
+    return f"[{pair[0]:.3f}, {pair[1]:.3f}]"

@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 
-from benchmarks.common import median, write_result
+from benchmarks.common import load, median, write_result
 
 CHILD = r"""
 import json, sys, time
@@ -79,6 +79,20 @@ def main(argv: list[str] | None = None) -> dict:
           f"({result['matmul_speedup']:.1f}x); encoder fwd+bwd: {reference['encoder_tokens_per_s_median']:.0f} -> "
           f"{fixed['encoder_tokens_per_s_median']:.0f} tokens/s ({result['encoder_speedup']:.1f}x); wrote {path}")
     return result
+
+
+def results_section() -> list[str]:
+    b = load("cpu", "cpu_blas")
+    if not b:
+        return []
+    ref, fix = b["reference_blas"], b["with_fix"]
+    return [f"### Linux CPU: MLX with its bundled reference BLAS vs the system OpenBLAS (cpu, "
+            f"{b['machine']['cpu_count']} cores; benchmarks/cpu_blas.py)", "",
+            "| | reference BLAS | OpenBLAS | speed-up |", "|---|---|---|---|",
+            f"| {b['settings']['matmul']} matmul, GFLOP/s | {ref['matmul_gflops_median']:.1f} "
+            f"| {fix['matmul_gflops_median']:.1f} | {b['matmul_speedup']:.1f}x |",
+            f"| encoder fwd+bwd ({b['settings']['encoder']}), tokens/s | {ref['encoder_tokens_per_s_median']:,.0f} "
+            f"| {fix['encoder_tokens_per_s_median']:,.0f} | {b['encoder_speedup']:.1f}x |", ""]
 
 
 if __name__ == "__main__":

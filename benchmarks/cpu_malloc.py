@@ -27,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import load
+
 SHRUNK_EVAL = ["--export", "false", "--data.eval_queries", "60", "--data.dev_queries", "60",
                "--data.package_eval_queries", "60", "--data.package_dev_queries", "60",
                "--data.min_eval_queries", "50", "--data.max_eval_candidates", "200",
@@ -96,6 +98,26 @@ def main(argv=None) -> dict:
     print(json.dumps(payload["keep_over_glibc"], indent=1))
     write("cpu_malloc", payload, args.machine, args.out)
     return payload
+
+
+def results_section() -> list[str]:
+    """The retriever's CPU training with glibc's malloc defaults and with freed memory kept."""
+    b = load("cpu", "cpu_malloc")
+    if not b:
+        return []
+    s = b["settings"]
+    rows = [f"| {r['malloc']} | {r['train_s']:.1f} | {r['samples_per_s']:.2f} | {r['minor_faults'] / 1e6:.2f} M "
+            f"| {r['user_s']:.0f} | {r['system_s']:.0f} | {r['max_rss_mb']:,.0f} |" for r in b["runs"]]
+    k = b["keep_over_glibc"]
+    return [f"### Linux CPU: glibc's malloc defaults vs freed memory kept (cpu, {b['machine']['cpu_count']} cores; "
+            "benchmarks/cpu_malloc.py)", "",
+            f"`{s['command']}`: the `quick` recipe, {s['steps']} steps of {s['contrastive_batch']} pairs, each run "
+            "in its own process, variants alternating; the same losses in every run "
+            f"({'yes' if b['same_losses'] else 'NO'}).", "",
+            "| malloc | training s | samples/s | minor page faults | user CPU s | system CPU s | peak RSS MB |",
+            "|---|---|---|---|---|---|---|", *rows, "",
+            f"Kept over glibc's defaults: training {k['train_speedup']:.2f}x as fast, {k['minor_faults']:.2f}x the page "
+            f"faults, {k['system_s']:.2f}x the system CPU time, {k['max_rss']:.2f}x the peak resident set.", ""]
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from benchmarks.common import fmt
+
 SHAPES = {
     "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -428,6 +430,35 @@ def main(argv=None):
         mx.clear_cache()
         torch.cuda.empty_cache() if device == "cuda" else None
     return write("generation", payload(args, device, results), args.machine, args.out)
+
+
+def results_section(machine: str, data: dict, bars: list) -> list[str]:
+    """Rollout generation: mlx-lm's BatchGenerator ("batch", the old path) vs the static engine
+    (mlxio.rl.decode with mlxcore.models.decode_fused's step; "static-generic": the same engine with the
+    mlx-lm forward, the static engine before the fused step) vs transformers generate, in one run
+    on the same weights."""
+    def ratio(x):
+        return "-" if x is None else f"{fmt(x, 2)}x"
+
+    out = [f"### Rollout generation, {machine} (bf16, random weights of the shape; benchmarks/generation.py)", "",
+           "| model shape | batch | MLX static tok/s | MLX static, generic step tok/s | MLX batch (mlx-lm) tok/s "
+           "| static / batch | static / generic step | transformers generate tok/s | static / torch "
+           "| bandwidth bound tok/s | static share of bound | greedy check |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in data["runs"]:
+        out.append(f"| {r['shape']} | {r['batch']} | {fmt(r['static_median'])} | {fmt(r.get('static-generic_median'))} "
+                   f"| {fmt(r['batch_median'])} | {ratio(r['static_over_batch'])} | {ratio(r.get('static_over_generic'))} "
+                   f"| {fmt(r.get('torch_median'))} | {ratio(r.get('static_over_torch'))} "
+                   f"| {fmt(r['bandwidth_bound_tokens_per_s'])} | {fmt(r['static_share_of_bound'] * 100, 1)}% "
+                   f"| {'valid' if r.get('valid') else 'INVALID'} |")
+        if r.get("static_over_torch"):
+            bars.append((f"{machine} gen {r['shape']} b{r['batch']}", r["static_over_torch"]))
+    r = data["runs"][0]
+    out += ["", f"Per decode step of the static engine: {fmt((r.get('ms_per_step') or {}).get('static'), 1)} ms, "
+            f"of which {fmt(r.get('static_host_queue_ms_per_step'), 1)} ms host time queueing its kernels and "
+            f"{fmt(r.get('static_host_call_ms_per_step'), 1)} ms calling the compiled step; "
+            f"{r.get('static_host_syncs_per_step')} host syncs per step."]
+    return out + [""]
 
 
 if __name__ == "__main__":

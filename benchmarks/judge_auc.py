@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import write_result
+from benchmarks.common import ci, load, write_result
 from mlxcore.rl import policy as pg
 from mlxcore.rl import verdict
 from mlxio.rl import rollout_log, verifier
@@ -137,6 +137,31 @@ def main(argv: list[str] | None = None) -> None:
         print(f"served: {payload['served']}", flush=True)
     payload["wall_s"] = round(time.perf_counter() - t0, 1)
     print(write_result(args.name, payload))
+
+
+def results_section() -> list[str]:
+    """Does the verdict judge carry signal? (cpu/judge_auc.json: untrained beside trained)."""
+    r = load("cpu", "judge_auc")
+    if not r:
+        return []
+    names = {"heldout": "held-out instances", "heldout_family": "held-out family",
+             "humaneval_mutants": "HumanEval canonical vs mutant"}
+    out = [f"### Verdict judge: ROC AUC of P(yes), pass vs fail (cpu, {r['seeds']} seed; benchmarks/judge_auc.py, "
+           "its exact command in benchmarks/results/cpu/judge_auc.json)", "",
+           "| held-out set | completions (pass) / problems | untrained | trained | trained - untrained |",
+           "|---|---|---|---|---|"]
+    for name, e in r["sets"].items():
+        if "trained" not in e:
+            continue
+        u, t = e["untrained"], e["trained"]
+        out.append(f"| {names.get(name, name)} | {e['n']} ({e['n_pass']}) / {e['problems']} | {u['auc']:.3f} "
+                   f"{ci(u['ci95'])} | {t['auc']:.3f} {ci(t['ci95'])} | {e['diff']['auc']:+.3f} {ci(e['diff']['ci95'])} |")
+    served = r.get("served")
+    note = (f" Served by `mlx_lm.server --adapter-path` and read by `HttpJudge(scoring=\"verdict\")`, {served['rows']} "
+            f"held-out completions score within {served['max_abs_diff']:.1e} of the in-process score."
+            if served and served.get("max_abs_diff") is not None else "")
+    return out + ["", f"Target AUC >= {r['target_auc']}. {r['scale']}: the intervals (bootstrap over problems) "
+                  f"cover the choice of problems, not the run's own variance.{note}", ""]
 
 
 if __name__ == "__main__":

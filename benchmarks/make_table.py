@@ -4,6 +4,12 @@ result JSONs under benchmarks/results/<machine>/ (so no figure is narrated by ha
 Writes the text between the GENERATED markers of README.md (what the default runs give) and of
 docs/performance.md (every benchmark), and benchmarks/results/chart.png (MLX / PyTorch ratios).
 
+A benchmark renders its own section (`results_section()` in benchmarks/<name>.py: cpu_blas,
+cpu_malloc, memory_features, cold_start, worker_overhead, search_scale, search_serve,
+search_batch, judge_auc, rlaif_learning, quantization_llm, generation; the RLAIF step's in
+make_table_rlaif); this module collects them in order, with the sections that still read several
+result files together (the retriever's step and runs, training, targets, held-out packages).
+
     python -m benchmarks.make_table
 """
 
@@ -15,23 +21,24 @@ if __name__ == "__main__":
     setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
 
 import argparse
-import json
 from pathlib import Path
 
-from benchmarks import make_table_rlaif
-
-RESULTS = Path(__file__).parent / "results"
-
-
-def load(machine: str, name: str) -> dict | None:
-    path = RESULTS / machine / f"{name}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def fmt(x, digits=0) -> str:
-    if x is None:
-        return "-"
-    return f"{x:,.{digits}f}"
+from benchmarks import (
+    cold_start,
+    cpu_blas,
+    cpu_malloc,
+    generation,
+    judge_auc,
+    make_table_rlaif,
+    memory_features,
+    quantization_llm,
+    rlaif_learning,
+    search_batch,
+    search_scale,
+    search_serve,
+    worker_overhead,
+)
+from benchmarks.common import RESULTS, ci, fmt, load
 
 
 def times(ratio: float | None) -> str:
@@ -98,35 +105,6 @@ def retriever_section(machine: str, data: dict, bars: list, name: str = "retriev
     return out + [""]
 
 
-def generation_section(machine: str, data: dict, bars: list) -> list[str]:
-    """Rollout generation: mlx-lm's BatchGenerator ("batch", the old path) vs the static engine
-    (mlxio.rl.decode with mlxcore.models.decode_fused's step; "static-generic": the same engine with the
-    mlx-lm forward, the static engine before the fused step) vs transformers generate, in one run
-    on the same weights."""
-    def ratio(x):
-        return "-" if x is None else f"{fmt(x, 2)}x"
-
-    out = [f"### Rollout generation, {machine} (bf16, random weights of the shape; benchmarks/generation.py)", "",
-           "| model shape | batch | MLX static tok/s | MLX static, generic step tok/s | MLX batch (mlx-lm) tok/s "
-           "| static / batch | static / generic step | transformers generate tok/s | static / torch "
-           "| bandwidth bound tok/s | static share of bound | greedy check |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in data["runs"]:
-        out.append(f"| {r['shape']} | {r['batch']} | {fmt(r['static_median'])} | {fmt(r.get('static-generic_median'))} "
-                   f"| {fmt(r['batch_median'])} | {ratio(r['static_over_batch'])} | {ratio(r.get('static_over_generic'))} "
-                   f"| {fmt(r.get('torch_median'))} | {ratio(r.get('static_over_torch'))} "
-                   f"| {fmt(r['bandwidth_bound_tokens_per_s'])} | {fmt(r['static_share_of_bound'] * 100, 1)}% "
-                   f"| {'valid' if r.get('valid') else 'INVALID'} |")
-        if r.get("static_over_torch"):
-            bars.append((f"{machine} gen {r['shape']} b{r['batch']}", r["static_over_torch"]))
-    r = data["runs"][0]
-    out += ["", f"Per decode step of the static engine: {fmt((r.get('ms_per_step') or {}).get('static'), 1)} ms, "
-            f"of which {fmt(r.get('static_host_queue_ms_per_step'), 1)} ms host time queueing its kernels and "
-            f"{fmt(r.get('static_host_call_ms_per_step'), 1)} ms calling the compiled step; "
-            f"{r.get('static_host_syncs_per_step')} host syncs per step."]
-    return out + [""]
-
-
 def other_sections() -> list[str]:
     out = []
     s = load("h200x2", "scaling")
@@ -158,32 +136,6 @@ def other_sections() -> list[str]:
     if cpu_rows:
         out += ["### Other CPU benchmarks", "", "| benchmark | MLX | PyTorch | ratio |",
                 "|---|---|---|---|", *cpu_rows, ""]
-    return out
-
-
-def quantization_llm_section() -> list[str]:
-    """Post-training quantisation of the RLAIF policy: perplexity per variant vs bytes (cpu JSON)."""
-    q = load("cpu", "quantization_llm")
-    if not q:
-        return []
-    st, check = q["settings"], q["kernel_cross_check"]
-    out = [f"### LLM post-training quantisation (SmolLM2-135M-Instruct, perplexity on {st['predicted_tokens']:,} "
-           f"tokens of HumanEval prompts + solutions, first {st['problems']} problems; benchmarks/quantization_llm.py)", "",
-           "| variant | perplexity | change vs float32 | weight MB | bits/weight (f32 scales) | compression "
-           "| bits/weight (16-bit scales) |", "|---|---|---|---|---|---|---|"]
-    for name, r in q["results"].items():
-        change = r.get("perplexity_change")
-        out.append(f"| {name} | {r['perplexity']:.3f} | {'-' if change is None else f'{change * 100:+.1f}%'} "
-                   f"| {fmt(r['weight_bytes'] / 1e6, 1)} | {fmt(r['bits_per_weight'], 1)} | {fmt(r['compression'], 2)}x "
-                   f"| {fmt(r.get('bits_per_weight_16bit_scales', 32.0), 1)} |")
-    out += ["", f"Reference: {st['model']}; quantised: {st['quantised']}. Perplexity on the dequantised weights; "
-            f"MLX's quantised kernels agree on a sample ({check['variant']}: {check['quantized_kernels']:.5f} vs "
-            f"{check['dequantized']:.5f}, relative difference {check['rel_diff']:.1e}). "
-            f"Load average {q['load_avg_before'][0]:.1f} / {q['load_avg_after'][0]:.1f} (before / after), "
-            f"{q['wall_s'] / 60:.1f} min on {q['machine']['cpu_count']} cores. The reference is itself Q4_1 "
-            "(linears) and Q8_0 (embedding) dequantised, so 8- and 6-bit re-encode it almost losslessly, while "
-            "MLX's affine 4-bit does not land on Q4_1's grid (its scale/bias rounding differs) and the 4-bit "
-            "embedding / LM head loses the Q8_0 precision.", ""]
     return out
 
 
@@ -347,14 +299,6 @@ def targets() -> list[str]:
         digits = 3 if goal < 1 else 2  # shares (MFU 0.355) need the third digit
         out.append(f"| {name} | {fmt(val, digits) if val is not None else '-'} | {goal} | {status} |")
     return out + [""]
-
-
-def pct(x, digits=1) -> str:
-    return "-" if x is None else f"{x * 100:.{digits}f}%"
-
-
-def ci(pair) -> str:
-    return f"[{pair[0]:.3f}, {pair[1]:.3f}]"
 
 
 def retriever_run_table(results: dict) -> list[str]:
@@ -600,246 +544,6 @@ def heldout_packages_section() -> list[str]:
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
-def rlaif_learning_section() -> list[str]:
-    """Does RLAIF learn? (h100/rlaif_learning.json: the gpu preset, before / after training)."""
-    rows = load("h100", "rlaif_learning")
-    if not rows:
-        return []
-    first = rows[0]
-    out = [f"### RLAIF: before and after training (h100, {first['model']}, {first['steps']} steps, pass@1 of "
-           f"{first['n_samples']} samples at temperature {first['temperature']}; benchmarks/rlaif_learning.py)", "",
-           "| evaluation set (problems) | before | after | after - before | greedy: before / after |",
-           "|---|---|---|---|---|"]
-    for row in rows:
-        b, a, d = row["before"], row["after"], row["diff"]
-        out.append(f"| {row['task_set']} ({b['problems']}) | {b['pass_at_1']:.3f} {ci(b['ci95'])} "
-                   f"| {a['pass_at_1']:.3f} {ci(a['ci95'])} | {d['mean']:+.3f} {ci(d['ci95'])} "
-                   f"| {b['greedy']:.3f} / {a['greedy']:.3f} |")
-    return out + ["", "One training run (seed 0): the intervals cover the choice of problems and samples, not "
-                  "the run's own variance. Curves: `benchmarks/results/h100/rlaif_runs/gpu_seed0/curves.png`.", ""]
-
-
-def judge_auc_section() -> list[str]:
-    """Does the verdict judge carry signal? (cpu/judge_auc.json: untrained beside trained)."""
-    r = load("cpu", "judge_auc")
-    if not r:
-        return []
-    names = {"heldout": "held-out instances", "heldout_family": "held-out family",
-             "humaneval_mutants": "HumanEval canonical vs mutant"}
-    out = [f"### Verdict judge: ROC AUC of P(yes), pass vs fail (cpu, {r['seeds']} seed; benchmarks/judge_auc.py, "
-           "its exact command in benchmarks/results/cpu/judge_auc.json)", "",
-           "| held-out set | completions (pass) / problems | untrained | trained | trained - untrained |",
-           "|---|---|---|---|---|"]
-    for name, e in r["sets"].items():
-        if "trained" not in e:
-            continue
-        u, t = e["untrained"], e["trained"]
-        out.append(f"| {names.get(name, name)} | {e['n']} ({e['n_pass']}) / {e['problems']} | {u['auc']:.3f} "
-                   f"{ci(u['ci95'])} | {t['auc']:.3f} {ci(t['ci95'])} | {e['diff']['auc']:+.3f} {ci(e['diff']['ci95'])} |")
-    served = r.get("served")
-    note = (f" Served by `mlx_lm.server --adapter-path` and read by `HttpJudge(scoring=\"verdict\")`, {served['rows']} "
-            f"held-out completions score within {served['max_abs_diff']:.1e} of the in-process score."
-            if served and served.get("max_abs_diff") is not None else "")
-    return out + ["", f"Target AUC >= {r['target_auc']}. {r['scale']}: the intervals (bootstrap over problems) "
-                  f"cover the choice of problems, not the run's own variance.{note}", ""]
-
-
-def cpu_blas_section() -> list[str]:
-    b = load("cpu", "cpu_blas")
-    if not b:
-        return []
-    ref, fix = b["reference_blas"], b["with_fix"]
-    return [f"### Linux CPU: MLX with its bundled reference BLAS vs the system OpenBLAS (cpu, "
-            f"{b['machine']['cpu_count']} cores; benchmarks/cpu_blas.py)", "",
-            "| | reference BLAS | OpenBLAS | speed-up |", "|---|---|---|---|",
-            f"| {b['settings']['matmul']} matmul, GFLOP/s | {ref['matmul_gflops_median']:.1f} "
-            f"| {fix['matmul_gflops_median']:.1f} | {b['matmul_speedup']:.1f}x |",
-            f"| encoder fwd+bwd ({b['settings']['encoder']}), tokens/s | {ref['encoder_tokens_per_s_median']:,.0f} "
-            f"| {fix['encoder_tokens_per_s_median']:,.0f} | {b['encoder_speedup']:.1f}x |", ""]
-
-
-def cpu_malloc_section() -> list[str]:
-    """The retriever's CPU training with glibc's malloc defaults and with freed memory kept."""
-    b = load("cpu", "cpu_malloc")
-    if not b:
-        return []
-    s = b["settings"]
-    rows = [f"| {r['malloc']} | {r['train_s']:.1f} | {r['samples_per_s']:.2f} | {r['minor_faults'] / 1e6:.2f} M "
-            f"| {r['user_s']:.0f} | {r['system_s']:.0f} | {r['max_rss_mb']:,.0f} |" for r in b["runs"]]
-    k = b["keep_over_glibc"]
-    return [f"### Linux CPU: glibc's malloc defaults vs freed memory kept (cpu, {b['machine']['cpu_count']} cores; "
-            "benchmarks/cpu_malloc.py)", "",
-            f"`{s['command']}`: the `quick` recipe, {s['steps']} steps of {s['contrastive_batch']} pairs, each run "
-            "in its own process, variants alternating; the same losses in every run "
-            f"({'yes' if b['same_losses'] else 'NO'}).", "",
-            "| malloc | training s | samples/s | minor page faults | user CPU s | system CPU s | peak RSS MB |",
-            "|---|---|---|---|---|---|---|", *rows, "",
-            f"Kept over glibc's defaults: training {k['train_speedup']:.2f}x as fast, {k['minor_faults']:.2f}x the page "
-            f"faults, {k['system_s']:.2f}x the system CPU time, {k['max_rss']:.2f}x the peak resident set.", ""]
-
-
-FLAGS = {"gradient_checkpointing": "--memory.gradient_checkpointing true",
-         "bf16": "--memory.compute_dtype bfloat16", "eval_interval": "--train.eval_interval 4",
-         "eval_micro_batches": "--memory.eval_micro_batches true", "profile_memory": "--profile-memory",
-         "grad_cache": "--train.grad_cache true"}
-
-
-def memory_options_section() -> list[str]:
-    """Each speed / memory option of the retriever recipe with and without (cpu/memory_features_*.json)."""
-    rows = []
-    for path in sorted((RESULTS / "cpu").glob("memory_features_*.json")):
-        m = json.loads(path.read_text())
-        busy = max(m["load_avg_before"][0], m["load_avg_after"][0]) > 3.0
-        for model, features in m["results"].items():
-            for name, v in features.items():
-                a, b = v["without"], v["with"]
-                shape = f"{a['micro']} x {a['accum']}" if (a["micro"], a["accum"]) == (b["micro"], b["accum"]) else \
-                    f"{a['micro']} x {a['accum']} -> {b['micro']} x {b['accum']} as one contrastive batch"
-                rows.append(f"| `{FLAGS.get(name, name)}` | {model}, {shape}, documents of {a['doc_len']} "
-                            f"| {a['peak_mb']:,.0f} -> {b['peak_mb']:,.0f} | {a['activation_peak_mb']:,.0f} -> "
-                            f"{b['activation_peak_mb']:,.0f} | {a['samples_per_s']:.1f} -> {b['samples_per_s']:.1f}"
-                            f"{' (shared CPU: noisy)' if busy else ''} |")
-    if not rows:
-        return []
-    return ["### Speed and memory options of the retriever recipe (cpu; benchmarks/memory_features.py)", "",
-            "| option | model, micro-batch x accumulation | peak MB without -> with | activations MB "
-            "| samples/s |", "|---|---|---|---|---|", *rows, ""]
-
-
-def cold_start_section() -> list[str]:
-    """Time to the first step of each recipe's quick run, fresh (empty kernel cache) and warm."""
-    rows = []
-    for machine, name in (("h100", "cold_start_retriever"), ("h100", "cold_start_rlaif"), ("cpu", "cold_start")):
-        c = load(machine, name)
-        if not c:
-            continue
-        for recipe, by_cache in c.get("summary", {}).items():
-            for cache in ("fresh", "warm"):
-                v = by_cache.get(cache)
-                if v:
-                    rows.append(f"| {machine} | {recipe} | {cache} | {fmt(v['setup_s'], 1)} | {fmt(v['first_step_s'], 1)} "
-                                f"| {fmt(v['to_first_step_s'], 1)} |")
-    if not rows:
-        return []
-    return ["### Cold start: a recipe's quick run to its first training step (benchmarks/cold_start.py)", "",
-            "| machine | recipe | kernel cache | setup s | first step s | to first step s |", "|---|---|---|---|---|---|",
-            *rows, "", "fresh: an empty kernel cache (a new machine), the data caches filled; warm: the same "
-            "run again. The CPU compiles no kernels, so there fresh and warm differ by noise (a shared, "
-            "loaded 2-core box).", ""]
-
-
-def worker_overhead_section() -> list[str]:
-    w = load("cpu", "worker_overhead")
-    if not w:
-        return []
-    out = ["### RLAIF worker: the JSON-RPC protocol's own cost per call (cpu, a worker subprocess, tiny model; "
-           "benchmarks/worker_overhead.py)", "",
-           "| shapes | method | protocol ms (round trip - the worker's time in the method) | of which JSON + schema + packing ms "
-           "| share of the fastest in-process call |", "|---|---|---|---|---|"]
-    for r in w["results"]:
-        if r["worker"] != "subprocess":
-            continue
-        for method in ("generate", "train_step"):
-            m = r[method]
-            out.append(f"| {r['shape']} | {method} | {m['transport_ms']:.1f} | {m['codec_ms']:.2f} "
-                       f"| {pct(m['transport_ms'] / m['in_process_ms_min'])} |")
-    return out + [""]
-
-
-def search_scale_section() -> list[str]:
-    """The compressed multi-vector index at scale: size, latency and MRR@10 against exact MaxSim."""
-    entries = []
-    for machine, name in (("h100", "search_scale_stdlib"), ("h100", "search_scale"), ("cpu", "search_scale_stdlib"),
-                          ("cpu", "search_scale")):
-        e = load(machine, name)
-        e = e[0] if isinstance(e, list) else e  # a list: the current entry first
-        if e:
-            entries.append((machine, e))
-    if not entries:
-        return []
-    out = ["### Code search at scale: the compressed index vs exact MaxSim (benchmarks/search_scale.py, "
-           "search_scale_synth.py)", "",
-           "| machine | corpus | functions | bytes / function | MRR@10 exact -> index | p50 / p95 ms (2 cores) "
-           "| peak RAM GB (search) |", "|---|---|---|---|---|---|---|"]
-    for machine, e in entries:
-        corpus = ("synthetic near-duplicates of real functions" if "synthetic" in e["corpus"]
-                  else f"Python {e.get('corpus_python', e['python'])} standard library" if e["functions"] >= e.get("stdlib_functions", 0)
-                  else f"standard library, a sample ({e['functions']:,} of {e['stdlib_functions']:,})")
-        out.append(f"| {machine} | {corpus} | {e['functions']:,} | {e['bytes_per_function']:,.0f} "
-                   f"| {e['mrr_exact']:.4f} -> {e['mrr_index']:.4f} | {e['p50_ms']:.0f} / {e['p95_ms']:.0f} "
-                   f"| {e['peak_ram_gb']:.2f} |")
-    legacy = [(machine, e["functions"], e["vs_legacy"]) for machine, e in entries if e.get("vs_legacy")]
-    out += [f"\nOne query at a time on the {machine}'s {n:,}-function index against the re-rank before batched search "
-            f"(`vs_legacy`, interleaved in the same pinned process): search alone p50 {v['p50_search_ms']:.0f} vs "
-            f"{v['p50_legacy_search_ms']:.0f} ms, p95 {v['p95_search_ms']:.0f} vs {v['p95_legacy_search_ms']:.0f} ms; "
-            f"the same top 10 for {v['top10_agree']} of {v['queries']} queries." for machine, n, v in legacy]
-    return out + ["", "Codec pq64 (64 + 2 bytes per token against 768 for float16); latency is query encoding "
-                  "(MiniLM on the CPU) + search, on 2 pinned cores with one BLAS thread. The 1,000,000-function "
-                  "corpus is synthetic near-duplicates of real functions (its MRR measures candidate generation "
-                  "alone).", ""]
-
-
-def search_serve_sections() -> list[str]:
-    """`code_search serve` (search_serve.json) and search per language with token pooling
-    (search_languages.json): each benchmark renders its own table."""
-    from benchmarks import search_languages, search_serve
-
-    out = []
-    for machine in ("cpu", "h100", "h200"):
-        for module, name in ((search_serve, "search_serve"), (search_languages, "search_languages")):
-            payload = load(machine, name)
-            if payload:
-                out += module.section(payload, machine)
-    return out
-
-
-def _same_results(mode: dict) -> str:
-    """The batched-search table's last column: bit for bit, or the same documents with the largest
-    score difference (what the search promises: within `scoring.score_tolerance`), or not."""
-    if mode["identical"]:
-        return "yes, bit for bit"
-    if mode.get("same_documents"):
-        return f"the same documents, scores within {mode['max_score_difference']:.1e}"
-    return "NO"
-
-
-def search_batch_section() -> list[str]:
-    """`code_search search --queries`: batched against one query at a time (<machine>/search_batch.json)."""
-    out = []
-    for machine in ("cpu", "h100", "h200"):
-        b = load(machine, "search_batch")
-        if not b:
-            continue
-        out += [f"### Batched search: {b['queries']:,} queries over {b['functions']:,} functions ({machine}, "
-                f"{b['cores']} cores, benchmarks/search_batch.py)", "",
-                "| mode | CLI end to end s (wall / CPU) | re-rank batched s | one at a time s | same results |",
-                "|---|---|---|---|---|"]
-        for mode, m in b["modes"].items():
-            out.append(f"| {mode} | {m['cli_wall_s']:.1f} / {m['cli_cpu_s']:.1f} | {m['search_many_wall_s']:.1f} "
-                       f"| {m['one_at_a_time_wall_s']:.1f} | {_same_results(m)} |")
-        cli = load(machine, "search_batch_cli")
-        if cli:  # the CLI alone (`--cli-only`), each run appended: the spread of one run to the next
-            runs = cli if isinstance(cli, list) else [cli]
-            out += ["", f"The CLI alone, {len(runs)} runs (`--cli-only`, {machine}/search_batch_cli.json): "
-                    + "; ".join(f"{mode} " + ", ".join(f"{r['modes'][mode]['cli_wall_s']:.1f}" for r in runs) + " s"
-                                for mode in runs[0]["modes"])
-                    + " (load " + ", ".join(f"{r['load_avg_start'][0]:.1f}" for r in runs) + " at their starts)."]
-        workers = json.loads(path.read_text()) if (path := RESULTS.parent.parent / "dev" / "results" / machine
-                                                    / "search_workers.json").exists() else None
-        if workers:
-            out += ["", "By scoring threads (dev/search_workers.py): 300 queries "
-                    + ", ".join(f"{t} s" for t in workers["search_many_300_s"].values()) + "; one query's p50 "
-                    + ", ".join(f"{t} ms" for t in workers["single_p50_ms"].values()) + " on "
-                    + " / ".join(workers["single_p50_ms"]) + " threads."]
-        s = b["single_query"]
-        legacy1 = s.get("p50_legacy_one_blas_thread_ms")
-        out += ["", f"One query at a time (semantic, p50): {s['p50_search_ms']:.0f} ms, against "
-                f"{s['p50_legacy_search_ms']:.0f} ms for the re-rank before batched search with OpenBLAS's default threads"
-                + (f" and {legacy1:.0f} ms on one BLAS thread" if legacy1 else "") +
-                f" (load {b['load_avg_start'][0]:.1f} at the start; CPU seconds are this process's).", ""]
-    return out
-
-
 ROOT = RESULTS.parent.parent
 BEGIN, END = "<!-- GENERATED:BEGIN (python -m benchmarks.make_table) -->", "<!-- GENERATED:END -->"
 
@@ -863,22 +567,22 @@ def performance_sections(bars: list) -> list[str]:
     for machine in ("h200", "h100"):
         g = load(machine, "generation")
         if g:
-            lines += generation_section(machine, g, bars)
+            lines += generation.results_section(machine, g, bars)
     lines += training_sections()
     lines += rlaif_speed_section()
     lines += other_sections()
-    lines += quantization_llm_section()
-    lines += memory_options_section()
-    lines += cpu_blas_section()
-    lines += cpu_malloc_section()
-    lines += cold_start_section()
-    lines += worker_overhead_section()
-    lines += search_scale_section()
-    lines += search_batch_section()
-    lines += search_serve_sections()
+    lines += quantization_llm.results_section()
+    lines += memory_features.results_section()
+    lines += cpu_blas.results_section()
+    lines += cpu_malloc.results_section()
+    lines += cold_start.results_section()
+    lines += worker_overhead.results_section()
+    lines += search_scale.results_section()
+    lines += search_batch.results_section()
+    lines += search_serve.results_section()
     lines += heldout_packages_section()
-    lines += rlaif_learning_section()
-    lines += judge_auc_section()
+    lines += rlaif_learning.results_section()
+    lines += judge_auc.results_section()
     lines += targets()
     return lines
 

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks.common import RESULTS
+
 MODELS = {  # transformers' BertConfig fields of the shapes measured
     "minilm": {"vocab_size": 30522, "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
                "intermediate_size": 1536},
@@ -174,6 +176,34 @@ def main(argv: list[str] | None = None) -> None:
                      "grad_cache": args.grad_cache, "lora": "r=16 on query,value", "weights": "random, real shapes"},
         "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "results": results,
     }, args.machine, args.out)
+
+
+FLAGS = {"gradient_checkpointing": "--memory.gradient_checkpointing true",
+         "bf16": "--memory.compute_dtype bfloat16", "eval_interval": "--train.eval_interval 4",
+         "eval_micro_batches": "--memory.eval_micro_batches true", "profile_memory": "--profile-memory",
+         "grad_cache": "--train.grad_cache true"}
+
+
+def results_section() -> list[str]:
+    """Each speed / memory option of the retriever recipe with and without (cpu/memory_features_*.json)."""
+    rows = []
+    for path in sorted((RESULTS / "cpu").glob("memory_features_*.json")):
+        m = json.loads(path.read_text())
+        busy = max(m["load_avg_before"][0], m["load_avg_after"][0]) > 3.0
+        for model, features in m["results"].items():
+            for name, v in features.items():
+                a, b = v["without"], v["with"]
+                shape = f"{a['micro']} x {a['accum']}" if (a["micro"], a["accum"]) == (b["micro"], b["accum"]) else \
+                    f"{a['micro']} x {a['accum']} -> {b['micro']} x {b['accum']} as one contrastive batch"
+                rows.append(f"| `{FLAGS.get(name, name)}` | {model}, {shape}, documents of {a['doc_len']} "
+                            f"| {a['peak_mb']:,.0f} -> {b['peak_mb']:,.0f} | {a['activation_peak_mb']:,.0f} -> "
+                            f"{b['activation_peak_mb']:,.0f} | {a['samples_per_s']:.1f} -> {b['samples_per_s']:.1f}"
+                            f"{' (shared CPU: noisy)' if busy else ''} |")
+    if not rows:
+        return []
+    return ["### Speed and memory options of the retriever recipe (cpu; benchmarks/memory_features.py)", "",
+            "| option | model, micro-batch x accumulation | peak MB without -> with | activations MB "
+            "| samples/s |", "|---|---|---|---|---|", *rows, ""]
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import ci, load
 from mlxio.atomic import write_text_atomic
 from recipes import rlaif_qwen
 
@@ -123,6 +124,25 @@ def append(path: Path, new: list[dict]) -> None:
         print(f"{e['task_set']:<18} seed {e['seed']} pass@1 {num(e['before']['pass_at_1'], '.3f')} -> "
               f"{num(e['after']['pass_at_1'], '.3f')} diff {num(e['diff']['mean'], '+.3f')} "
               f"[{num(lo, '+.3f')}, {num(hi, '+.3f')}]")
+
+
+def results_section() -> list[str]:
+    """Does RLAIF learn? (h100/rlaif_learning.json: the gpu preset, before / after training)."""
+    rows = load("h100", "rlaif_learning")
+    if not rows:
+        return []
+    first = rows[0]
+    out = [f"### RLAIF: before and after training (h100, {first['model']}, {first['steps']} steps, pass@1 of "
+           f"{first['n_samples']} samples at temperature {first['temperature']}; benchmarks/rlaif_learning.py)", "",
+           "| evaluation set (problems) | before | after | after - before | greedy: before / after |",
+           "|---|---|---|---|---|"]
+    for row in rows:
+        b, a, d = row["before"], row["after"], row["diff"]
+        out.append(f"| {row['task_set']} ({b['problems']}) | {b['pass_at_1']:.3f} {ci(b['ci95'])} "
+                   f"| {a['pass_at_1']:.3f} {ci(a['ci95'])} | {d['mean']:+.3f} {ci(d['ci95'])} "
+                   f"| {b['greedy']:.3f} / {a['greedy']:.3f} |")
+    return out + ["", "One training run (seed 0): the intervals cover the choice of problems and samples, not "
+                  "the run's own variance. Curves: `benchmarks/results/h100/rlaif_runs/gpu_seed0/curves.png`.", ""]
 
 
 if __name__ == "__main__":

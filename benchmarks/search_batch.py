@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import machine, versions
+from benchmarks.common import RESULTS, load, machine, versions
 from mlxcore.retrieval import index_scoring
 from mlxio import blas
 from mlxio.search.index import Index, _top
@@ -197,6 +197,53 @@ def finish(result: dict, args) -> dict:
     path.write_text(json.dumps(saved, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return result
+
+
+def _same_results(mode: dict) -> str:
+    """The batched-search table's last column: bit for bit, or the same documents with the largest
+    score difference (what the search promises: within `scoring.score_tolerance`), or not."""
+    if mode["identical"]:
+        return "yes, bit for bit"
+    if mode.get("same_documents"):
+        return f"the same documents, scores within {mode['max_score_difference']:.1e}"
+    return "NO"
+
+
+def results_section() -> list[str]:
+    """`code_search search --queries`: batched against one query at a time (<machine>/search_batch.json)."""
+    out = []
+    for host in ("cpu", "h100", "h200"):
+        b = load(host, "search_batch")
+        if not b:
+            continue
+        out += [f"### Batched search: {b['queries']:,} queries over {b['functions']:,} functions ({host}, "
+                f"{b['cores']} cores, benchmarks/search_batch.py)", "",
+                "| mode | CLI end to end s (wall / CPU) | re-rank batched s | one at a time s | same results |",
+                "|---|---|---|---|---|"]
+        for mode, m in b["modes"].items():
+            out.append(f"| {mode} | {m['cli_wall_s']:.1f} / {m['cli_cpu_s']:.1f} | {m['search_many_wall_s']:.1f} "
+                       f"| {m['one_at_a_time_wall_s']:.1f} | {_same_results(m)} |")
+        cli = load(host, "search_batch_cli")
+        if cli:  # the CLI alone (`--cli-only`), each run appended: the spread of one run to the next
+            runs = cli if isinstance(cli, list) else [cli]
+            out += ["", f"The CLI alone, {len(runs)} runs (`--cli-only`, {host}/search_batch_cli.json): "
+                    + "; ".join(f"{mode} " + ", ".join(f"{r['modes'][mode]['cli_wall_s']:.1f}" for r in runs) + " s"
+                                for mode in runs[0]["modes"])
+                    + " (load " + ", ".join(f"{r['load_avg_start'][0]:.1f}" for r in runs) + " at their starts)."]
+        workers = json.loads(path.read_text()) if (path := RESULTS.parent.parent / "dev" / "results" / host
+                                                    / "search_workers.json").exists() else None
+        if workers:
+            out += ["", "By scoring threads (dev/search_workers.py): 300 queries "
+                    + ", ".join(f"{t} s" for t in workers["search_many_300_s"].values()) + "; one query's p50 "
+                    + ", ".join(f"{t} ms" for t in workers["single_p50_ms"].values()) + " on "
+                    + " / ".join(workers["single_p50_ms"]) + " threads."]
+        s = b["single_query"]
+        legacy1 = s.get("p50_legacy_one_blas_thread_ms")
+        out += ["", f"One query at a time (semantic, p50): {s['p50_search_ms']:.0f} ms, against "
+                f"{s['p50_legacy_search_ms']:.0f} ms for the re-rank before batched search with OpenBLAS's default threads"
+                + (f" and {legacy1:.0f} ms on one BLAS thread" if legacy1 else "") +
+                f" (load {b['load_avg_start'][0]:.1f} at the start; CPU seconds are this process's).", ""]
+    return out
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import write_result
+from benchmarks.common import load, write_result
 from mlxio.data import pairs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,6 +169,20 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({k: v for k, v in payload.items() if k != "save_to_found_s"}, indent=1))
     print("save -> found:", payload["save_to_found_s"]["p50"], "s p50,", payload["save_to_found_s"]["max"], "s max")
     print(write_result("search_serve", payload, args.machine, path=args.out))
+
+
+def results_section() -> list[str]:
+    """`code_search serve` (search_serve.json) and search per language with token pooling
+    (search_languages.json): each benchmark renders its own table."""
+    from benchmarks import search_languages, search_serve
+
+    out = []
+    for machine in ("cpu", "h100", "h200"):
+        for module, name in ((search_serve, "search_serve"), (search_languages, "search_languages")):
+            payload = load(machine, name)
+            if payload:
+                out += module.section(payload, machine)
+    return out
 
 
 if __name__ == "__main__":

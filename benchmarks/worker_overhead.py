@@ -43,7 +43,7 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from benchmarks.common import median, write_result
+from benchmarks.common import load, median, pct, write_result
 from mlxcore.train import buckets
 from mlxio import rpc
 from mlxio.rl import grpo, rollout
@@ -260,6 +260,24 @@ def main(argv=None) -> None:
                                     "work alone (JSON both ways, schema check, packing), no pipe",
                                     "results": results})
     print(path)
+
+
+def results_section() -> list[str]:
+    w = load("cpu", "worker_overhead")
+    if not w:
+        return []
+    out = ["### RLAIF worker: the JSON-RPC protocol's own cost per call (cpu, a worker subprocess, tiny model; "
+           "benchmarks/worker_overhead.py)", "",
+           "| shapes | method | protocol ms (round trip - the worker's time in the method) | of which JSON + schema + packing ms "
+           "| share of the fastest in-process call |", "|---|---|---|---|---|"]
+    for r in w["results"]:
+        if r["worker"] != "subprocess":
+            continue
+        for method in ("generate", "train_step"):
+            m = r[method]
+            out.append(f"| {r['shape']} | {method} | {m['transport_ms']:.1f} | {m['codec_ms']:.2f} "
+                       f"| {pct(m['transport_ms'] / m['in_process_ms_min'])} |")
+    return out + [""]
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@ from __future__ import annotations
 from mlxio.runtime import setup
 
 if __name__ == "__main__":
-    import sys
-
     setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
-    from mlxio.errors import cli_main
-    from mlxio.gpu.kernel_cache_cli import main
 
+import sys
+
+from mlxio.errors import cli_main
+from mlxio.gpu.kernel_cache_cli import main
+
+if __name__ == "__main__":
     cli_main("kernel_cache", main, sys.argv[1:])
