@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         args.pool_factors.insert(0, 1)
     model = args.model or str(default_encoder_path())
     encoder = load_encoder(model)
-    settings = {"model": Path(model).name if args.model is None else model, "max_queries": args.max_queries,
+    settings = {"model": "all-MiniLM-L6-v2" if args.model is None else model, "max_queries": args.max_queries,
                 "max_candidates": args.max_candidates, "pool_factors": args.pool_factors}
     out = args.out or Path("benchmarks/results") / args.machine / "search_languages.json"
     done = json.loads(out.read_text()) if out.is_file() else {}
@@ -186,14 +186,17 @@ def section(payload: dict, machine: str) -> list[str]:
         out.append(f"| {e['language']} | {packages} | {e['queries']} / {e['candidates']} | {e['semantic']['mrr@10']:.3f} "
                    f"| {e['bm25']['mrr@10']:.3f} | {e['hybrid_rrf']['mrr@10']:.3f} |")
     factors = [str(f) for f in payload["pool_factors"]]
-    out += ["", "Token pooling (`index --pool-factor`): index bytes (all files) and semantic MRR@10 by pool factor.", "",
+    out += ["", "Token pooling (`index --pool-factor`): index bytes (all files, and the token payload: centroid "
+            "ids + PQ codes; the code text and BM25 postings do not shrink) and semantic MRR@10 by pool factor.", "",
             "| language | " + " | ".join(f"x{f} bytes | x{f} MRR@10" for f in factors) + " |",
             "|---|" + "---|---|" * len(factors)]
     for e in payload["languages"]:
         cells = []
         for f in factors:
             p = e["pooling"][f]
-            cells += [f"{p['bytes'] / 1e6:.2f} MB ({p['bytes'] / e['pooling']['1']['bytes']:.0%})",
+            one = e["pooling"]["1"]
+            cells += [f"{p['bytes'] / 1e6:.2f} MB ({p['bytes'] / one['bytes']:.0%}; tokens "
+                      f"{p['token_bytes'] / one['token_bytes']:.0%})",
                       f"{p['semantic']['mrr@10']:.3f}"]
         out.append(f"| {e['language']} | " + " | ".join(cells) + " |")
     return out + ["", "Queries: the first sentence of each documented function's doc comment; candidates: the "
