@@ -1,4 +1,4 @@
-"""Probe cases for the rewards' judges (group `rewards49` of `benchmarks.probe_bad_inputs`):
+"""Probe cases for the rewards' judges (group `rewards49` of `dev.probe_bad_inputs`):
 teacher reviews that take long to read or plant a score, problem files whose tests cannot
 judge, and rewards that never arrive. Each case judges itself: `handled` when the project
 does as documented, `silent` when a wrong number, a wrong verdict or a run that learned

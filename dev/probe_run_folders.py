@@ -1,4 +1,4 @@
-"""Probe cases for what a run writes and reads (group `files49` of `benchmarks.probe_bad_inputs`):
+"""Probe cases for what a run writes and reads (group `files49` of `dev.probe_bad_inputs`):
 links planted where a run's file or folder belongs, credentials in a teacher URL, sizes nobody
 checked (a model claiming a million layers, a 4.5 MB prompt, `/dev/zero` as a kernel archive)
 and inputs that crashed. Each case judges itself: `clear` (one error line, nothing harmed),
@@ -205,7 +205,7 @@ def folder_records(record: Callable, work: Path, cli: Callable, timeout: float) 
     record("links49", "kernel_cache_cli import: a folder link inside the cache", kernel_cache_link)
 
     # ---- 6: credentials
-    from benchmarks.probe_rewards import ReviewServer
+    from dev.probe_rewards import ReviewServer
 
     def teacher_with_password():
         out = w / "secret-run"

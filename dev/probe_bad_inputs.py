@@ -1,7 +1,7 @@
 """Probe: run a few hundred bad inputs and faults through every entry point and count what
 happens. Writes benchmarks/results/cpu/probe_bad_inputs.json.
 
-    python -m benchmarks.probe_bad_inputs [--out FILE] [--subprocess-cases 12] [--timeout 60]
+    python -m dev.probe_bad_inputs [--out FILE] [--subprocess-cases 12] [--timeout 60]
 
 Every case is a mistake a user makes (a wrong flag value, a config file of the wrong shape, a
 bad data line, a model folder without tokenizer, an output path that is a file, a full disk
@@ -19,9 +19,9 @@ this process, under a per-case alarm, with stderr captured; a sample also runs a
              indexed folder skipped and counted, readers during updates served, two writers
              serialised, a killed export's temp folder swept)
 Sandbox cases count `contained` (the quota held) or `escaped`. Group `rewards49`
-(`benchmarks.probe_rewards`) holds the rewards' judges: slow and planted teacher reviews, problem
+(`dev.probe_rewards`) holds the rewards' judges: slow and planted teacher reviews, problem
 files whose tests cannot judge, rewards that never arrive. Group `files49`
-(`benchmarks.probe_run_folders`) holds links planted in run folders, credentials in a teacher URL,
+(`dev.probe_run_folders`) holds links planted in run folders, credentials in a teacher URL,
 sizes nobody checked and inputs that crashed. Groups `inputs38` and `faults38`
 are issue 38's classes (settings refused up front, memory bounds, special files, byte caps,
 model folders, out_dir locks, the search index under updates, litter) and cases of our own. The probe fails fast on
@@ -1105,11 +1105,11 @@ def main(argv: list[str] | None = None) -> dict:
             last = err.rstrip("\n").splitlines()[-1] if err.strip() else ""
             return kind, last if kind in ("clear", "unclear") else err[-400:]
         if "rewards49" in groups:
-            from benchmarks.probe_rewards import reward_records
+            from dev.probe_rewards import reward_records
 
             reward_records(record, work, cli)
         if "files49" in groups:
-            from benchmarks.probe_run_folders import folder_records
+            from dev.probe_run_folders import folder_records
 
             folder_records(record, work, cli, args.timeout)
         for r in faults:
