@@ -41,8 +41,11 @@ def arms_section(machine: str = "h200") -> list[str]:
         return []
     runs, before = r["runs"], r["before"]["sets"]
     exp = r.get("experiment", {})
+    recipe = exp.get("recipe", [])
+    extra = " ".join(recipe[recipe.index("--train.steps"):recipe.index("--train.steps") + 2]) if "--train.steps" in recipe else ""
     out = [f"**RLAIF reward arms** ({machine}, SmolLM2-135M-Instruct, `--preset gpu` with the experiment's "
-           f"evaluation, seeds {', '.join(map(str, r['seeds']))}; `{exp.get('command', 'python -m benchmarks.rlaif_arms')}`): "
+           f"evaluation, seeds {', '.join(map(str, r['seeds']))}; `python -m benchmarks.rlaif_arms --work DIR -- {extra}`"
+           " over device calls, dev/gpu/rlaif_calls.md; each call's command in the JSON): "
            "pass@1 after - before, paired over problems, 95% bootstrap interval, one entry per seed "
            "(`-`: the run did not finish). Curves and intervals: `benchmarks/results/"
            f"{machine}/rlaif_arms.png`; what each arm shows: docs/rlaif.md.", "",

@@ -85,6 +85,15 @@ def onpolicy_pass(run: Path, per_window: int = 16, workers: int = 8) -> list[dic
     return out
 
 
+def run_errors(log: Path) -> list[str]:
+    """The distinct error lines (RuntimeError, ..., "error:") of a run's log, in order: why it stopped."""
+    if not log.is_file():
+        return []
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines()
+             if ln.startswith(("RuntimeError", "MemoryError")) or ": error:" in ln]
+    return list(dict.fromkeys(lines))
+
+
 def one_run(work: Path, arm: str, seed: int, before: dict, ev: EvalConfig) -> dict:
     """One arm x seed: its status, the sets before / after / paired diff, its curves."""
     run = work / f"{arm}_s{seed}"
@@ -93,6 +102,8 @@ def one_run(work: Path, arm: str, seed: int, before: dict, ev: EvalConfig) -> di
     out = {"arm": arm, "seed": seed, "judge_seed": seed if arm == "trained_judge" else None,
            "status": "done" if res else ("partial" if cur else "not run"),
            "steps_done": cur[-1]["step"] if cur else 0, "sets": {}, "curves": cur}
+    if not res:
+        out["errors"] = run_errors(work / f"{arm}_s{seed}.log")
     if res and arm != "execution":
         # no test ran in training: the pass rate of a sample of its rollouts, judged afterwards
         sampled = onpolicy_pass(run) or []
