@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--deadline_s", type=float, default=540.0, help="stop every child after this long")
-    ap.add_argument("--max_parallel", type=int, default=16, help="children at a time")
+    # H200, 2026-11-29: 13 children at once ran the GPU out of memory in their first minute
+    ap.add_argument("--max_parallel", type=int, default=6, help="children at a time")
     ap.add_argument("--judge", default="", help="flags for recipes.rlaif_judge (one string)")
     ap.add_argument("--rehearse", action="store_true", help="CPU smoke sizes (the same code paths)")
     ap.add_argument("--summarize", action="store_true", help="no runs: write the JSON and PNG from --work")
