@@ -167,3 +167,13 @@ def test_http_server_answers_the_sdk_client(indexed, tmp_path):
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+def test_serve_without_an_index_or_folder_is_one_line(tmp_path, capsys):
+    from recipes import code_search
+
+    assert code_search.cli(["serve", "--index", str(tmp_path / "none")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "give --model MODEL and --watch SRC" in err
+    assert code_search.cli(["serve", "--index", str(tmp_path / "none"), "--watch", str(tmp_path / "nofolder")]) == 1
+    assert "not a folder" in capsys.readouterr().err
