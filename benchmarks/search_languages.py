@@ -171,9 +171,6 @@ def main(argv: list[str] | None = None) -> None:
     print(out)
 
 
-if __name__ == "__main__":
-    main()
-
 
 def section(payload: dict, machine: str) -> list[str]:
     """The docs' tables of a search_languages.json (docs/performance.md, via benchmarks.make_table)."""
@@ -202,3 +199,7 @@ def section(payload: dict, machine: str) -> list[str]:
     return out + ["", "Queries: the first sentence of each documented function's doc comment; candidates: the "
                   "packages' functions (a seeded sample with every positive), indexed as `code_search index` does "
                   "(pq codec, 256 tokens).", ""]
+
+
+if __name__ == "__main__":
+    main()

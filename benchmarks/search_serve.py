@@ -185,9 +185,6 @@ def results_section() -> list[str]:
     return out
 
 
-if __name__ == "__main__":
-    main()
-
 
 def section(payload: dict, machine: str) -> list[str]:
     """The docs' table of a search_serve.json (docs/performance.md, via benchmarks.make_table)."""
@@ -204,3 +201,7 @@ def section(payload: dict, machine: str) -> list[str]:
             f"over {len(live['trials'])} one-function files (the server's update itself: median "
             f"{sorted(updates)[len(updates) // 2]:.2f} s; target 2 s). Load average "
             f"{payload['loadavg_before'][0]:.1f} before, {payload['loadavg_after'][0]:.1f} after (a shared CPU).", ""]
+
+
+if __name__ == "__main__":
+    main()
