@@ -14,6 +14,11 @@ The tests themselves never set the variable; this script sets it for each child 
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # as every entry point: the children set their kernels themselves
+
 import json
 import os
 import subprocess
