@@ -137,13 +137,15 @@ def make_parser() -> argparse.ArgumentParser:
     find.add_argument("--output", type=Path, help="rankings JSONL (with --queries)")
     serve = sub.add_parser("serve", help="serve the index to coding agents over MCP (stdio or streamable HTTP)",
                            allow_abbrev=False)
-    serve.add_argument("--index", type=Path, required=True)
+    serve.add_argument("--index", type=Path, required=True,
+                       help="the index folder to serve (built by `index`, or by --watch when empty)")
     serve.add_argument("--watch", type=Path, metavar="SRC",
                        help="keep the index fresh: re-index SRC's changed files as they are saved")
     serve.add_argument("--model", help="encoder to build the index with when --index holds none yet (with --watch)")
     serve.add_argument("--pool-factor", type=at_least_one("a pool factor", 64), default=1,
                        help="with --model: pool each function's token vectors (as `index --pool-factor`)")
-    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio",
+                       help="stdio: a coding agent starts the server (default); http: streamable HTTP on --host:--port")
     serve.add_argument("--host", default="127.0.0.1", help="http: address to listen on")
     serve.add_argument("--port", type=at_least_one("a port", 65535), default=8765, help="http: port (path /mcp)")
     check = sub.add_parser("verify", help="check every index file against the manifest (full SHA-256)",

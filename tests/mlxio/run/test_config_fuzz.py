@@ -127,7 +127,8 @@ def test_a_value_past_either_end_of_a_range_is_one_line_naming_it(recipe, name, 
     code_search's parser, so an option added later is covered the day it lands."""
     if recipe == "code_search":
         sub, flag = name.split(" ")
-        required = {"index": ["SRC", "--model", "m", "--index", "i"], "search": ["q", "--index", "i"]}[sub]
+        required = {"index": ["SRC", "--model", "m", "--index", "i"], "search": ["q", "--index", "i"],
+                    "serve": ["--index", "i"]}[sub]
         with pytest.raises(ConfigError) as err:
             code_search.make_parser().parse_args([sub, *required, flag, value])
         assert f"argument {flag}: expected" in str(err.value) and value in str(err.value)
