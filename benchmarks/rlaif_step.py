@@ -36,6 +36,8 @@ the ratios.
         torch_compile_keep   # issue 33 item 2: the memory fixes and the run-ahead cap
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-coder-3b --completion-len 384 \
         --frameworks mlx mlx_qlora_ckpt torch_compile torch_compile_keep
+    python -m benchmarks.rlaif_step --machine h200 --frameworks mlx torch_compile_keep --profile
+        # after timing, each row's step split into forward / backward / optimizer (rlaif_step_profile)
 """
 
 from __future__ import annotations
