@@ -64,6 +64,7 @@ class SandboxConfig:
     # a problem with a reference solution gets N x the reference's run time as its rewards' time
     # limit (at least min_timeout_s, at most timeout_s; mlxio.rl.reference_time); 0: timeout_s
     reference_timeout: float = bounded(0.0, ge=0, le=1000)
+    # the floor of a per-problem time limit (with reference_timeout), in seconds
     min_timeout_s: float = bounded(1.0, gt=0, le=3600)
 
     def limits(self) -> SandboxLimits:
