@@ -5,9 +5,9 @@ and `extern "C"` entry points, bfloat16 handled as 16-bit integers, no headers -
 `mx.fast.precompiled_cuda_kernel`. Turning a source into PTX is I/O (a C library, a disk cache),
 so it lives in `mlxio.gpu.cuda_build`, which `mlxio.runtime.setup()` registers here (`register_compiler`).
 Why not `mx.fast.cuda_kernel`: it recompiles its source with NVRTC in every process, MLX's
-device headers included, and never keeps the result (~2 s a kernel at every start). Without a
-registered compiler, or off MLX's CUDA build, `available()` is False and the callers take their
-MLX-ops paths.
+device headers included, and never keeps the result (seconds a kernel at every start: dev/LOG.md).
+Without a registered compiler, or off MLX's CUDA build, `available()` is False and the callers
+take their MLX-ops paths.
 """
 
 from __future__ import annotations

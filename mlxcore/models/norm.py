@@ -10,8 +10,9 @@ kernel profile).
 These keep the fused forward and give x's gradient alone; the weight and bias gradients are
 separate lazy expressions, computed only when something asks for them. On CUDA that gradient is
 one kernel of ours (`mlxcore.kernels.norm_cuda`: one warp per row, x, g and w read once, dx written
-once - MLX's weight-free vjp kernel took 75 us a call where PyTorch's takes 23); elsewhere it is
-the weight-free norm's own vjp (`mx.fast.layer_norm(x, None, None)`) applied to g * w.
+once - MLX's weight-free vjp kernel took several times as long as PyTorch's: dev/norm_kernel.py,
+dev/LOG.md); elsewhere it is the weight-free norm's own vjp (`mx.fast.layer_norm(x, None, None)`)
+applied to g * w.
 
 `rms_norm_residual` is the pre-norm block's `h -> (h, rms_norm(h))`: the gradient of h that
 comes back through the residual and the one through the norm are summed inside the same

@@ -11,7 +11,7 @@ the embeddings: with E = [embed(chunk_1); ...; embed(chunk_k)],
 so (1) embed every chunk with no graph kept (activations freed chunk by chunk), (2) the loss and
 its gradient with respect to E only (a few MB: [k x m, T, D]), (3) for each chunk again, the
 encoder's vector-Jacobian product with its rows of dL/dE, summed. Peak memory: one chunk's
-activations + E and its gradient; cost: one extra forward per chunk (~1.3x a plain step).
+activations + E and its gradient; cost: one extra forward per chunk (step times: dev/LOG.md).
 
 `cached_value_and_grad(embed, loss_on)` -> `fn(train, frozen, batch, keys) -> (loss, aux,
 grads)`, batch leaves [k, m, ...] as `mlxcore.train.step.accumulate` takes them; embed / loss_on

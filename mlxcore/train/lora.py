@@ -108,7 +108,7 @@ def delta(x: mx.array, lora_a: mx.array, lora_b: mx.array, scale: float,
 
 def fuse_epilogues() -> bool:
     """Whether `linear` puts its adds into GEMM epilogues (`mx.addmm`): off the CPU only. On the
-    CPU, AddMM copies C into the output first and ran ~20% slower than x @ W.T + b."""
+    CPU, AddMM copies C into the output first and ran slower than x @ W.T + b (dev/LOG.md)."""
     return mx.default_device() != mx.cpu
 
 
@@ -191,7 +191,7 @@ def shared_input_linears(layers: list[dict], x: mx.array, scale: float = 1.0) ->
     product, which attention reads with their strides (no copy). The vjp (`_merged_gemm`) sums
     the input gradients through AddMM epilogues and takes each adapter's gradients from its
     merged weight's, g.T @ x: one dense GEMM instead of the rank-r GEMMs' passes over [n, in]
-    and [n, out] (on the H100's t5-base b128 step, 36,864 tokens, those were bandwidth-bound).
+    and [n, out] (bandwidth-bound on a GPU's t5-base b128 step: benchmarks/results/h100/).
     As in `linear`, A and B enter in x's dtype and their gradients return in their own.
     """
     lead = x.shape[:-1]
@@ -253,7 +253,7 @@ def _merged_gemm(scale: float, structure: tuple[tuple[bool, bool], ...]):
     return f
 
 
-# Output tiles a GPU runs at once, about: the H100's 132 SMs, one 192 x 128 cuBLAS tile each
+# Output tiles a GPU runs at once, about: one 192 x 128 cuBLAS tile per SM (an H100 has 132 SMs)
 WEIGHT_GRAD_TILES = 132
 
 
@@ -261,13 +261,13 @@ def _weight_grad(g: mx.array, x: mx.array) -> mx.array:
     """g.T @ x for g [n, out], x [n, in] -> [out, in], over many tokens n.
 
     Such a GEMM has few output tiles and a long reduction, which cuBLAS splits and reduces in
-    a second kernel (t5-base b128, 768 x 768 over 36,864 tokens: 70 + 37 us). Here the tokens
+    a second kernel (t5-base b128: 768 x 768 over 36,864 tokens). Here the tokens
     are cut into c equal chunks - a batch of c GEMMs that fill the GPU with whole tiles - and
     the c partial products summed: c is the largest power of two whose c x tiles fit
-    WEIGHT_GRAD_TILES, with at least 1,024 tokens a chunk. Measured there: no less kernel time
-    (120 + 16 us), but the batch overlaps the next layer's work and the step went 39.7 -> 39.5
-    ms (two leases, within their spread: the evidence is weak; the JSONs `5_*` and `6_*` of
-    commit 28a5bf8's `benchmarks/results/h100/session11/`)."""
+    WEIGHT_GRAD_TILES, with at least 1,024 tokens a chunk. On that step: no less kernel time,
+    but the batch overlaps the next layer's work and the step was a little faster, within the
+    spread of two leases (weak evidence: the JSONs `5_*` and `6_*` of commit 28a5bf8's
+    `benchmarks/results/h100/session11/`)."""
     n, out_dim, in_dim = x.shape[0], g.shape[1], x.shape[1]
     tiles = -(-out_dim // 192) * -(-in_dim // 128)
     c = 1

@@ -237,7 +237,7 @@ def mine_corpus(roots: Sequence[Path] | None = None, min_body_lines: int = 2,
     `extras=False` skips the test / app folders (faster). Files that fail to decode or parse
     are skipped and counted in the report. With `cache_dir`, the result is stored there as
     JSON keyed by the settings and every file's path, size and mtime, and reused (the whole
-    stdlib takes ~10-20 CPU-seconds to mine; reading the cache ~1 s). `suffixes`: the files
+    stdlib takes far longer to mine than to read back: dev/LOG.md). `suffixes`: the files
     mined under a folder (a file named as a root is mined whatever its suffix; see
     `polyglot.SUFFIXES` for every language). `show_progress` False: no "mining" progress display
     (a caller that mines file by file shows its own).

@@ -90,8 +90,8 @@ def on_gpu() -> bool:
 def use_compile(setting: bool | None) -> bool:
     """A recipe's `compile` setting: True / False as given; None (auto) compiles everywhere but on
     a CUDA device. There a fresh machine compiles each of a step's fused kernels with NVRTC, one
-    after another (seconds each; the RLAIF quick run's compiled update step has ~35 distinct
-    ones), while an eager step needs only its
+    after another (seconds each; the RLAIF quick run's compiled update step has dozens of distinct
+    ones: dev/LOG.md), while an eager step needs only its
     few gather / scatter kernels and runs about as fast once they are cached."""
     return bool(setting) if setting is not None else not on_gpu()
 

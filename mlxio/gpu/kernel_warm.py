@@ -108,7 +108,7 @@ def module_graph(key) -> list:
 
 def rlaif_modules(dtype: str = "float32") -> list[tuple]:
     """The modules of the RLAIF recipe's eager rollout and update for a `dtype` policy (the
-    dequantised GGUF default: float32), as the H100's fresh cache listed them (session 7) less
+    dequantised GGUF default: float32), as a fresh H100 run's kernel cache listed them, less
     those the recipe no longer needs (tests/mlxio/gpu/test_kernel_modules.py checks the traced steps need
     no other)."""
     return [("gather", dtype, "int32", 1),  # embedding lookups, the static cache's rows

@@ -99,7 +99,7 @@ def decode(model, sampler, first_tokens: list[int], caches: list[StaticKVCache],
     sampler_key: identifies `sampler`'s settings, to reuse a compiled step (`fused_step`,
         `compiled_step`); None compiles a new one.
     compiled: `mx.compile` the step (True), or run the same step eagerly: no fused kernels, so
-        nothing to compile on a fresh CUDA machine (NVRTC takes 3-4 s a module there, see
+        nothing to compile on a fresh CUDA machine (NVRTC takes seconds a module there, see
         `mlxio.gpu.kernel_cache`), at more host time per step.
     fused: decode with `decode_fused`'s step where the model allows; None: on a GPU
         (`step_and_state`).

@@ -59,7 +59,7 @@ SCORINGS = ("text", "verdict")
 MAX_RESPONSE_BYTES = 1 << 22  # 4 MiB: a chat answer of a few hundred tokens is a few KiB
 MAX_JSON_DEPTH = 64  # an OpenAI chat response nests 6 deep
 PREFILL_CHUNK = 16  # a local judge reads its prompt in chunks of this many tokens, checking the
-# deadline between them (on a busy 2-core CPU a 250-token rubric prompt takes ~20 s to read)
+# deadline between them (on a busy CPU a rubric prompt alone can take longer than a deadline)
 
 
 def rubric_messages(prompt: str, completion: str, scoring: str = "text"
