@@ -13,9 +13,9 @@ the corpus' tokens) plus a code of its residual v - c. Two residual codes:
   buckets at that dimension's sample quantiles, a bucket decoding to the mean of the sample
   values that fell in it; normalise(c + bucket_weights[bucket]). 48 + 2 bytes at 1 bit.
 
-On 14,080 functions of the Python 3.11 standard library (benchmarks/results/cpu/search_scale_stdlib.json),
-MaxSim over every function's decompressed vectors lost 0.0142 MRR@10 against exact MaxSim with
-1 bit (50 bytes per token), 0.0015 with pq64 (66), -0.0005 with 2 bits (98); see dev/LOG.md.
+On the Python standard library's functions, MaxSim over every function's decompressed vectors
+loses most MRR@10 against exact MaxSim at 1 bit, little with pq64 and none measurable at 2 bits
+(benchmarks/results/cpu/search_scale_stdlib.json, dev/LOG.md).
 """
 
 from __future__ import annotations
@@ -362,7 +362,7 @@ def train_pq(sample: np.ndarray, n_centroids: int, subspaces: int, seed: int = 0
              centroids: np.ndarray | None = None, residual_sample: np.ndarray | None = None) -> PQCodec:
     """A PQCodec: spherical k-means centroids on `sample` (or the given `centroids`), the PCA
     rotation and the codebooks fitted on the residuals of `residual_sample` (tokens the
-    centroids were not trained on: in-sample residuals are ~35% smaller than a corpus's, so
+    centroids were not trained on: in-sample residuals are markedly smaller than a corpus's, so
     codebooks fitted on them would be too small; default: `sample`)."""
     x = np.asarray(sample, np.float32)
     dim = x.shape[1]

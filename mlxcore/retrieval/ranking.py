@@ -40,8 +40,8 @@ def stem(term: str) -> str:
 
 
 # English function words: in a docstring query they match comments and strings of unrelated code
-# (dropping them lifted BM25 dev MRR@10 from 0.425 to 0.472 on held-out files and from 0.420 to
-# 0.479 on held-out packages, with `stem`; test queries never looked at)
+# (dropping them lifted BM25's dev MRR@10 on held-out files and packages, with `stem`: dev/LOG.md;
+# test queries never looked at)
 STOPWORDS = frozenset("""a about above after again against all also am an and any are as at be because been before
 being below between both but by can could did do does doing down during each few for from further had has have having
 he her here hers herself him himself his how i if in into is it its itself me more most my myself no nor not now of on

@@ -350,8 +350,8 @@ def held_out(source: str, eval_fraction: float, seed: int) -> bool:
     return int.from_bytes(digest, "big") / 2.0**64 < eval_fraction
 
 
-# 35% of files: the stdlib's default mining then gives ~1,270 held-out queries (>= 1,000)
-# and leaves ~2,900 training pairs; 30% gives 992 (see eval_set).
+# The smallest multiple of 5% of files whose held-out queries from the stdlib's default mining
+# reach 1,000 (see eval_set; the counts: dev/LOG.md).
 EVAL_FRACTION = 0.35
 
 

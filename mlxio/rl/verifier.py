@@ -206,7 +206,7 @@ class SampleConfig:
 
     policy: str | None = None  # None: the judge's own base model; or a model dir / GGUF / hub id (an RLAIF run's fused/)
     families: tuple[str, ...] = ("strings", "lists", "arithmetic", "dicts")
-    difficulty: tuple[int, ...] = bounded((1,), ge=min(tasks.LEVELS), le=max(tasks.LEVELS))  # levels 1-3 (level 1: the embedded model passes 12-54%)
+    difficulty: tuple[int, ...] = bounded((1,), ge=min(tasks.LEVELS), le=max(tasks.LEVELS))  # levels 1-3 (level 1: within the embedded model's reach, dev/results/cpu/task_difficulty.json)
     train_per_template: int = bounded(8, ge=0, le=100_000)  # training problems per template and level (0: logs only)
     heldout_per_template: int = bounded(3, ge=0, le=100_000)  # held-out instances per template and level
     family_per_template: int = bounded(8, ge=0, le=100_000)  # problems per template and level of each held-out family
