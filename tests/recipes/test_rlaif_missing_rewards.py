@@ -67,9 +67,10 @@ def test_allow_missing_goes_on_and_says_so_at_every_step(tmp_path, capsys, caplo
 
 @pytest.mark.skipif(runner.sandbox_backend() != "bwrap", reason="untrusted programs only run under bwrap")
 def test_a_sandbox_that_gives_no_verdict_stops_the_run(tmp_path, capsys, caplog):
-    """--sandbox.timeout_s too short to start a check: every execution reward missing (was: a
-    run on the format reward alone, exit 0, missing_rewards 0)."""
-    code, err = run(["--out_dir", str(tmp_path / "r"), "--sandbox.timeout_s", "0.05"], capsys, caplog)
+    """--sandbox.timeout_s shorter than any process start (1 us: the judge never loads, however
+    idle the machine; at 0.05 s an idle one loaded it and timeouts became fails): every
+    execution reward missing (was: a run on the format reward alone, exit 0, missing_rewards 0)."""
+    code, err = run(["--out_dir", str(tmp_path / "r"), "--sandbox.timeout_s", "0.000001"], capsys, caplog)
     assert code == 1 and LINE.match(err[-1]), err[-1]
     assert "step 1: the execution reward was missing for 8 of 8 completions" in err[-1]
     assert any(line.startswith("sandbox: no verdict on problem") for line in err)
