@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxio import atomic
+from mlxio import atomic, pyparse
 from mlxio.errors import MlxioError
 from mlxio.inputs import MiB, read_regular
 from mlxio.run import checkpoint
@@ -295,7 +295,8 @@ def save_npy(directory: Path, name: str, array: np.ndarray) -> None:
 
 def load_npy(gen: Path, name: str, shape: tuple | None = None) -> np.ndarray:
     try:
-        array = np.load(gen / name, allow_pickle=False)
+        with pyparse.exclusive():  # np.load parses the header with ast (see mlxio.pyparse)
+            array = np.load(gen / name, allow_pickle=False)
     except (OSError, ValueError) as err:
         raise IndexError_(f"{gen / name}: unreadable ({err}); rebuild with `index --rebuild`") from None
     if shape is not None and tuple(array.shape) != tuple(shape):
