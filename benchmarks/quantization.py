@@ -23,6 +23,7 @@ import os
 import time
 from pathlib import Path
 
+from benchmarks.common import load
 from mlxcore.retrieval import ranking
 from mlxcore.train import quant
 from mlxio.data import pairs, xtr_data
@@ -119,6 +120,22 @@ def main(argv: list[str] | None = None) -> None:
         "wall_s": time.perf_counter() - started,
         "ptq_untrained": untrained, "qat_vs_ptq": qat_result,
     }, "cpu")
+
+
+def results_section() -> list[str]:
+    """QAT vs PTQ on the retriever's quick task (h100/quantization_qat.json): per weight format the
+    compression, the float fine-tune's, PTQ's and QAT-then-PTQ's MRR@10 and the share of PTQ's loss recovered."""
+    out = []
+    q = load("h100", "quantization_qat")
+    if q:
+        out += ["### QAT vs PTQ (retriever, all-MiniLM-L6-v2, quick task, MRR@10; benchmarks/results/h100/quantization_qat.json)", "",
+                "| weights | linear compression | float fine-tune | PTQ | QAT then PTQ | share of PTQ's loss recovered |",
+                "|---|---|---|---|---|---|"]
+        for name, v in q["summary"].items():
+            out.append(f"| {name} | {v['linear_compression']:.1f}x | {v['float']:.3f} | {v['ptq']:.3f} "
+                       f"| {v['qat_then_ptq']:.3f} | {v['recovered_share'] * 100:.0f}% |")
+        out += ["", q["note"], ""]
+    return out
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.common import TOLERANCE, agreement
+from benchmarks.common import TOLERANCE, agreement, fmt, load, times
 
 FRAMEWORKS = ("mlx", "torch", "torch_compile")
 WARMUP_S: list[float] = []
@@ -408,6 +408,79 @@ def ratios(rows: list[dict]) -> list[dict]:
                     out.append({"model": model, "batch": batch, "kind": kind, "peer": peer,
                                 "mlx_over_peer": r[f"{kind}_samples_per_s"] / p[f"{kind}_samples_per_s"]})
     return out
+
+
+def first_steps_s(run: dict | None) -> float | None:
+    """Seconds a child took for its first `check_steps` identical steps, kernel compilation
+    (MLX's NVRTC, torch.compile's Inductor) included, with the kernel caches as that run found
+    them (often warm from an earlier run on the machine): not a fresh machine's cold start."""
+    if run is None or "error" in run:
+        return None
+    return (run.get("check") or {}).get("seconds")
+
+
+def machine_section(machine: str, data: dict, bars: list, name: str = "retriever") -> list[str]:
+    """One result file's table (docs/performance.md): per (model, batch) the step and encoding rates of
+    each side, their ratios, MFU, peak memory and the first steps' seconds; appends the ratios to `bars`
+    (the chart's (label, MLX / PyTorch))."""
+    runs = {(r["model"], r["batch"], r["framework"]): r for r in data["runs"]}
+    keys = sorted({(m, b) for m, b, _ in runs}, key=lambda k: (k[0], k[1]))
+    checked = any("agreement" in r for r in data["runs"])
+    out = [f"### Retriever training step and encoding, {machine} ({data['settings']['dtype']}"
+           f"{', ' + data['gpu'] if data.get('gpu') else ''}; {name}.json"
+           f"{', both sides checked to take the same steps' if checked else ', before the agreement check'})", "",
+           "| model | batch | step pairs/s MLX | PyTorch eager | torch.compile | MLX / eager | MLX / compile "
+           "| MLX MFU | peak GB MLX / eager | encode docs/s MLX | encode eager (SDPA) | encode compile "
+           "| encode MLX / eager | first 5 steps s incl. compilation, caches as found: MLX / eager / compile |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for model, batch in keys:
+        m, t, c = (runs.get((model, batch, f)) for f in ("mlx", "torch", "torch_compile"))
+
+        def get(r, k):
+            return None if r is None or "error" in r else r.get(k)
+
+        def ratio(a, b, k):
+            x, y = get(a, k), get(b, k)
+            return None if x is None or y is None else x / y
+
+        step_e, step_c = ratio(m, t, "step_samples_per_s"), ratio(m, c, "step_samples_per_s")
+        enc_e = ratio(m, t, "encode_samples_per_s")
+        mfu = get(m, "step_mfu")
+        peaks = [get(r, "step_peak_bytes") or get(r, "process_max_rss_bytes") for r in (m, t)]
+        out.append(
+            f"| {model} | {batch} | {fmt(get(m, 'step_samples_per_s'), 1)} | {fmt(get(t, 'step_samples_per_s'), 1)} "
+            f"| {fmt(get(c, 'step_samples_per_s'), 1)} | {times(step_e)} | {times(step_c)} "
+            f"| {fmt(mfu * 100 if mfu else None, 1)}% | {' / '.join(fmt(p / 1e9 if p else None, 1) for p in peaks)} "
+            f"| {fmt(get(m, 'encode_samples_per_s'), 1)} | {fmt(get(t, 'encode_samples_per_s'), 1)} "
+            f"| {fmt(get(c, 'encode_samples_per_s'), 1)} | {times(enc_e)} "
+            f"| {' / '.join(fmt(first_steps_s(r), 1) for r in (m, t, c))} |")
+        for label, val in ((f"{machine} {model} b{batch} step vs eager", step_e),
+                           (f"{machine} {model} b{batch} step vs compile", step_c),
+                           (f"{machine} {model} b{batch} encode vs eager", enc_e)):
+            if val:
+                bars.append((label, val))
+    errors = [f"{k[0]} b{k[1]} {k[2]}: {r['error'][:80]!r}" for k, r in runs.items() if "error" in r]
+    if errors:
+        out += ["", "Not measured: " + "; ".join(errors)]
+    for key, note in (data.get("notes") or {}).items():
+        out += ["", f"- {key}: {note}"]
+    load_avg = data.get("load_avg_before")
+    if load_avg and machine == "cpu":
+        busy = max(load_avg[0], data["load_avg_after"][0]) > 3.0  # 2 cores: above ~3, other jobs shared them
+        out += ["", f"CPU load average during the run: {load_avg[0]:.1f} (before) / {data['load_avg_after'][0]:.1f} "
+                "(after) on 2 cores" + (" shared with other jobs: CPU figures are noisy." if busy else ".")]
+    return out + [""]
+
+
+def results_section(bars: list) -> list[str]:
+    """The retriever step and encoding tables of every committed run (h100's agreement-checked
+    MiniLM b128 run, h100's and the CPU's full runs), in that order."""
+    lines = []
+    for machine, name in (("h100", "retriever_minilm_b128"), ("h100", "retriever"), ("cpu", "retriever")):
+        r = load(machine, name)
+        if r:
+            lines += machine_section(machine, r, bars, name)
+    return lines
 
 
 if __name__ == "__main__":

@@ -145,5 +145,30 @@ def results_section() -> list[str]:
                   "the run's own variance. Curves: `benchmarks/results/h100/rlaif_runs/gpu_seed0/curves.png`.", ""]
 
 
+def default_run_section() -> list[str]:
+    """The README's table of what `make rlaif` gives (cpu/rlaif_quick.json: the eval.json of a default
+    run on a 2-core CPU): pass@1 before and after on each held-out set, sampled and greedy."""
+    out = []
+    r = load("cpu", "rlaif_quick")
+    if r:
+        cfg = r["config"]
+        out += [f"**RLAIF** (`python -m recipes.rlaif_qwen`: {cfg['optim']['total_steps']} steps x "
+                f"{cfg['prompts_per_step']} prompts x {cfg['group_size']} completions; pass@1 of "
+                f"{cfg['eval']['samples']} samples per problem and of the greedy completion, 95% bootstrap "
+                f"intervals over problems; the run took {r['wall_s'] / 60:.1f} min on a 2-core CPU):", "",
+                "| evaluation set | decoding | before | after | after - before |", "|---|---|---|---|---|"]
+        for name, label in (("heldout", "held-out instances"), ("heldout_families", "held-out family")):
+            e = r["eval"].get(name)
+            if not e:
+                continue
+            for mode in ("sampled", "greedy"):
+                b, a, d = e["before"][mode], e["after"][mode], e["diff"][mode]
+                out.append(f"| {label} ({e['before'].get('problems', len(e['before'].get('per_problem', {})))} problems) "
+                           f"| {mode} | {b['pass@1']:.3f} {ci(b['ci95'])} | {a['pass@1']:.3f} {ci(a['ci95'])} "
+                           f"| {d['mean']:+.3f} {ci(d['ci95'])} |")
+        out.append("")
+    return out
+
+
 if __name__ == "__main__":
     main()

@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, machine, versions
+from benchmarks.common import RESULTS, fmt, load, machine, versions
 from mlxio.atomic import write_text_atomic
 
 SPIKE = 2.0  # a step slower than this many times the median of the later steps is a spike
@@ -218,6 +218,58 @@ def main(argv: list[str] | None = None) -> dict:
     write_text_atomic(path, json.dumps(old, indent=1) + "\n")
     print(json.dumps({args.label: run["summary"]}, indent=1))
     return run
+
+
+def results_section(machine: str = "h200") -> list[str]:
+    """The RLAIF recipe's own speed (`<machine>/rlaif_recipe_speed.json`, dev/gpu/rlaif_speed.sh):
+    each run's steps against the targets, and the cold start (`cold_start_rlaif.json`)."""
+    out = []
+    for name in ("rlaif_recipe_speed", "cold_start_rlaif"):
+        data = load(machine, name)
+        for label, run in ((data or {}).get("runs") or {}).items():
+            if not isinstance(run, dict):
+                continue
+            if "summary" not in run:  # a run cut off: what it reached, as recorded
+                out += [f"### RLAIF recipe speed ({machine}, run `{label}`; {name}.json)", "", f"`{run['command']}`",
+                        "", run.get("note", "no summary recorded"), ""]
+                continue
+            sm = run["summary"]
+            out += [f"### RLAIF recipe speed ({machine}, run `{label}`; {name}.json)", "", f"`{run['command']}`", "",
+                    "| to step 1's end s | step 1 s | median later step s | max later step s | spikes | "
+                    "gen s | reward wait s | update s | gen tokens/s | engine tokens/s | decode ms/step by rows |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|",
+                    f"| {fmt(sm.get('to_first_step_end_s'), 1)} | {fmt(sm.get('first_step_s'), 2)} "
+                    f"| {fmt(sm.get('median_later_step_s'), 2)} | {fmt(sm.get('max_later_step_s'), 2)} "
+                    f"| {', '.join(map(str, sm.get('spikes_after_step_1') or [])) or 'none'} "
+                    f"| {fmt(sm.get('median_gen_s'), 2)} | {fmt(sm.get('median_reward_s'), 2)} "
+                    f"| {fmt(sm.get('median_update_s'), 2)} | {fmt(sm.get('median_gen_tokens_per_s'))} "
+                    f"| {fmt(sm.get('engine_tokens_per_s'))} "
+                    f"| {', '.join(f'{b}: {ms:.2f}' for b, ms in (sm.get('decode_ms_per_step_by_batch') or {}).items())} |",
+                    ""]
+    return out
+
+
+def goals(machine: str) -> list[tuple[str, float | None, float]]:
+    """Issue 48's targets as (goal, measured, target) rows with larger = better: the update step
+    against torch.compile + logits_to_keep (agreement-checked), `--preset gpu`'s generation and
+    steps (`rlaif_recipe_speed.json`'s last run) and the cold start's first step."""
+    m = machine.upper()
+    step = (load(machine, "rlaif_step") or {}).get("sections", {})
+    speed = list(((load(machine, "rlaif_recipe_speed") or {}).get("runs") or {}).values())
+    cold = list(((load(machine, "cold_start_rlaif") or {}).get("runs") or {}).values())
+    runs = (load(machine, "rlaif_recipe_speed") or {}).get("runs") or {}
+    sm = (runs.get("after48") or (speed[-1] if speed else {})).get("summary", {})  # the preset as it is
+    gen, engine, steady = sm.get("median_gen_tokens_per_s"), sm.get("engine_tokens_per_s"), sm.get("median_later_step_s")
+    # a run cut off before its first step counts as its limit (the time is at least that)
+    first = (cold[-1].get("summary", {}).get("to_first_step_end_s") or cold[-1].get("cut_at_s")) if cold else None
+    return [
+        *((f"{m} RLAIF update step {key.split('_')[0]} vs torch.compile + logits_to_keep (agreement-checked)",
+           sec["ratios"].get("mlx_over_torch_compile_keep"), 1.0) for key, sec in step.items()),
+        (f"{m} --preset gpu generation tokens/s / 10k", gen / 1e4 if gen else None, 1.0),
+        (f"{m} --preset gpu generation / (decode engine / 1.5)", gen * 1.5 / engine if gen and engine else None, 1.0),
+        (f"{m} --preset gpu steady step: 1 s / median step", 1.0 / steady if steady else None, 1.0),
+        (f"{m} cold start: 60 s / time to step 1's end (empty kernel cache; a cut-off run: its limit)",
+         60.0 / first if first else None, 1.0)]
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks import rlaif_agreement, rlaif_step_profile
+from benchmarks.common import fmt, load, times
 from benchmarks.generation import SHAPES, mlx_model, torch_model
 
 
@@ -422,6 +423,40 @@ def write_section(args, command: str, tokens: int, runs: dict, grads: dict) -> d
     key = f"{args.shape}_{args.prompt_len}+{args.completion_len}"
     write("rlaif_step", {"sections": {key: section}}, args.machine, out=args.out)
     return section
+
+
+def results_section() -> list[str]:
+    """The RLAIF update step's tables (h200, h100, cpu: rlaif_step.json, each section's rows and
+    ratios, and the profile runs' phases from rlaif_step_profile.json)."""
+    out = []
+    for machine in ("h200", "h100", "cpu"):
+        r = load(machine, "rlaif_step")
+        if not r:
+            continue
+        for section in r["sections"].values():
+            st = section["settings"]
+            out += [f"### RLAIF update step ({machine}, {st['shape']} shape, {st['dtype']}, {st['rows']} rows x "
+                    f"{st['prompt_len']}+{st['completion_len']} tokens, micro-batch {st['micro_batch']}, {st['loss']}; "
+                    "rlaif_step.json)", "", f"`{section['command']}`", "",
+                    "| framework | step s | tokens/s | peak GB | same steps as MLX | MLX / this |", "|---|---|---|---|---|---|"]
+            ref = next((fw for fw, run in section["runs"].items() if fw.startswith("mlx") and "_qlora" not in fw
+                        and "error" not in run), None)
+            for fw, run in section["runs"].items():
+                if "error" in run:
+                    out.append(f"| {fw} | failed: {run['error'][:80]} | | | | |")
+                    continue
+                agreed = {True: "yes", False: "no"}.get((run.get("agreement") or {}).get("ok"), "")
+                ratio = section["ratios"].get(f"{ref}_over_{fw}")
+                out.append(f"| {fw} | {run['median_s']:.3f} | {fmt(run['tokens_per_s'])} "
+                           f"| {fmt((run.get('peak_bytes') or 0) / 1e9, 1)} | {agreed} | {times(ratio)} |")
+            out.append("")
+            out += rlaif_step_profile.phases_table(section["runs"])
+        for key, text in r.get("notes", {}).items():
+            out += [f"{key}: {text}", ""]
+        for key, section in ((load(machine, "rlaif_step_profile") or {}).get("sections") or {}).items():
+            out += [f"Profile run ({key}; rlaif_step_profile.json): `{section['command']}`", ""]
+            out += rlaif_step_profile.phases_table(section["runs"])
+    return out
 
 
 if __name__ == "__main__":

@@ -100,3 +100,16 @@ def torch_phases(model, loss_fn, mbs: list[dict], optimizer_step: Callable[[], N
         model.zero_grad(set_to_none=True)
 
     return timed({"forward": forward, "forward_backward": forward_backward, "step": step}, repeats, sync)
+
+
+def phases_table(runs: dict) -> list[str]:
+    """The rows' steps split into phases (`rlaif_step --profile`), ms, when measured."""
+    split = {fw: run["phases"] for fw, run in runs.items() if run.get("phases")}
+    if not split:
+        return []
+    cols = ("forward_ms", "backward_ms", "optimizer_ms", "step_ms")
+    return ["Where the step's time goes (`--profile`: each phase timed alone between barriers; backward = "
+            "forward+backward - forward, optimizer = step - forward+backward), ms:", "",
+            "| framework | forward | backward | clip + optimizer | step |", "|---|---|---|---|---|",
+            *(f"| {fw} | " + " | ".join(f"{p[c]:.1f}" if c in p else "" for c in cols) + " |" for fw, p in split.items()),
+            ""]

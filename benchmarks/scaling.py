@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import fmt, load
+
 CHECK_STEPS = 2
 
 
@@ -351,6 +353,21 @@ def main(argv=None) -> dict:
                "targets": {"mlx_speedup_2": 1.85, "mlx_speedup_4": 3.5, "mlx_over_ddp": 1.0}}
     write("scaling", payload, args.machine, args.out)
     return payload
+
+
+def results_section() -> list[str]:
+    """Data-parallel scaling on two H200s (h200x2/scaling.json): per world size the step time,
+    pairs/s and speedup over one GPU."""
+    s = load("h200x2", "scaling")
+    if not s or "speedup" not in s:
+        return []
+    rows = {r["world"]: r for r in s["runs"] if "samples_per_s" in r}
+    out = ["### Data-parallel scaling (h200x2, mx.distributed NCCL, t5-base bf16)", "",
+           "| GPUs | per-GPU batch | global batch | step ms | pairs/s | speedup | target |", "|---|---|---|---|---|---|---|"]
+    for w, r in sorted(rows.items()):
+        out.append(f"| {w} | {r['per_gpu_batch']} | {r['global_batch']} | {fmt(r['median_step_s'] * 1e3, 1)} "
+                   f"| {fmt(r['samples_per_s'])} | {fmt(s['speedup'][str(w)], 2)}x | {'1.8x' if w == 2 else ''} |")
+    return out + [""]
 
 
 if __name__ == "__main__":

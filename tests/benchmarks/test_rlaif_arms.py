@@ -63,7 +63,7 @@ def test_targets_read_the_paired_intervals():
 def test_the_readme_table_shows_every_seed_with_its_interval(tmp_path, monkeypatch):
     import json
 
-    from benchmarks import make_table_rlaif
+    from benchmarks import rlaif_arms_report
 
     d = {"mean": 0.25, "ci95": [0.125, 0.375]}
     side = {"sampled": 0.2, "greedy": 0.3, "problems": 96}
@@ -74,8 +74,8 @@ def test_the_readme_table_shows_every_seed_with_its_interval(tmp_path, monkeypat
         {"runs": runs, "seeds": [0, 1], "arms": {a: "" for a in arms.ARMS}, "before": {"sets": {"heldout": side}},
          "judges": {"0": {"status": "done", "heldout": {"untrained": {"auc": 0.43}, "trained": {"auc": 0.89}}}},
          "targets": {"b_half_of_a_gain": {"met": False}, "c_clearly_below_b": {"met": None}}}))
-    monkeypatch.setattr(make_table_rlaif, "RESULTS", tmp_path)
-    text = "\n".join(make_table_rlaif.arms_section("h200"))
+    monkeypatch.setattr(rlaif_arms_report, "RESULTS", tmp_path)
+    text = "\n".join(rlaif_arms_report.arms_section("h200"))
     assert "| (a) execution reward | s0: +0.250 [+0.125, +0.375]<br>s1: +0.250 [+0.125, +0.375] |" in text
     assert "| (c) untrained judge only | s0: -<br>s1: - |" in text  # not finished: said, not hidden
     assert "s0 0.430 -> 0.890" in text and "b_half_of_a_gain NOT met; c_clearly_below_b not measured" in text
