@@ -1,8 +1,9 @@
 """Every table of results in the README and docs/performance.md, generated from the committed
 result JSONs under benchmarks/results/<machine>/ (so no figure is narrated by hand or drifts).
 
-Writes the text between the GENERATED markers of README.md (what the default runs give) and of
-docs/performance.md (every benchmark), and benchmarks/results/chart.png (MLX / PyTorch ratios).
+Writes the text between the GENERATED markers of README.md (what the default runs give), of
+docs/performance.md (every benchmark) and of docs/retriever.md (the sweeps behind the presets),
+and benchmarks/results/chart.png (MLX / PyTorch ratios).
 
 Each benchmark renders its own section (`results_section()` in benchmarks/<name>.py; a
 benchmark's `<name>_report.py` where it has one; the goals in benchmarks/goals.py): this module
@@ -51,20 +52,34 @@ ROOT = RESULTS.parent.parent
 BEGIN, END = "<!-- GENERATED:BEGIN (python -m benchmarks.make_table) -->", "<!-- GENERATED:END -->"
 
 
-def splice(path: Path, lines: list[str]) -> None:
-    """Replace the text between `path`'s GENERATED markers with `lines`."""
-    text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{path}: no {BEGIN} ... {END} markers to write between")
-    head, rest = text.split(BEGIN, 1)
+def begin(block: str = "") -> str:
+    """The marker that opens a page's generated block: its only one, or one of several by name."""
+    return BEGIN if not block else BEGIN.replace("BEGIN (", f"BEGIN {block} (")
+
+
+def splice(path: Path, lines: list[str], block: str = "") -> None:
+    """Replace the text between `path`'s GENERATED markers (`block`'s, where a page has several)
+    with `lines`."""
+    text, start = path.read_text(), begin(block)
+    if start not in text or END not in text.split(start, 1)[-1]:
+        raise SystemExit(f"{path}: no {start} ... {END} markers to write between")
+    head, rest = text.split(start, 1)
     tail = rest.split(END, 1)[1]
-    path.write_text(f"{head}{BEGIN}\n" + "\n".join(lines).strip("\n") + f"\n{END}{tail}")
+    path.write_text(f"{head}{start}\n" + "\n".join(lines).strip("\n") + f"\n{END}{tail}")
 
 
 def default_run_sections() -> list[str]:
     """README.md's block: what `make train` and `make rlaif` give, the RLAIF reward arms, the judge."""
     return (xtr_heldout_packages_report.default_run_section() + rlaif_learning.default_run_section()
             + rlaif_arms_report.arms_section("h200") + judge_auc.readme_section())
+
+
+def retriever_guide_sections() -> dict[str, list[str]]:
+    """docs/retriever.md's blocks by name: the sweeps that chose the presets' settings."""
+    report = xtr_heldout_packages_report
+    return {"quick_levers": report.sweep_section(("h100", "xtr_quick_levers")),
+            "levers": report.sweep_section(("h200", "xtr_heldout_packages"), ("h200", "xtr_grad_cache")),
+            "full_levers": report.sweep_section(("h100", "xtr_full_levers"))}
 
 
 def performance_sections(bars: list) -> list[str]:
@@ -89,6 +104,8 @@ def main(argv=None) -> None:
     bars: list[tuple[str, float]] = []
     splice(ROOT / "README.md", default_run_sections())
     splice(ROOT / "docs" / "performance.md", performance_sections(bars))
+    for block, lines in retriever_guide_sections().items():
+        splice(ROOT / "docs" / "retriever.md", lines, block)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,7 +120,7 @@ def main(argv=None) -> None:
     ax.set_xlabel("MLX / PyTorch throughput (>1: MLX faster)")
     fig.tight_layout()
     fig.savefig(RESULTS / "chart.png", dpi=110)
-    print("README.md, docs/performance.md, benchmarks/results/chart.png")
+    print("README.md, docs/performance.md, docs/retriever.md, benchmarks/results/chart.png")
 
 
 if __name__ == "__main__":

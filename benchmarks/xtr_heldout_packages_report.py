@@ -132,11 +132,48 @@ def run_label(r: dict) -> str:
             f" | {'every ' + str(dev['every']) + ', best ' + str(dev['best_step']) if dev else 'no'}")
 
 
+def setting_means(runs: list[tuple[str, dict]], min_seeds: int = 3) -> list[str]:
+    """One table row per setting of `runs` ((machine, entry) pairs) run on `min_seeds` seeds or more,
+    in the order of its first run: the mean gains over its seeds (a seed run again: its last entry)
+    and how many of them had hybrid >= semantic on both held-out sets."""
+    groups: dict[tuple, dict] = {}
+    for machine, r in runs:
+        key = (machine, r["preset"], r["steps"], run_label(r).split(", best")[0])
+        groups.setdefault(key, {})[r.get("seed", 0)] = _gains(r)
+    means = []
+    for (machine, preset, steps, label), by_seed in groups.items():
+        got = [g for g in by_seed.values() if g[0] is not None]
+        if len(got) < min_seeds:
+            continue
+        pkg, files = (sum(g[i] for g in got) / len(got) for i in (0, 1))
+        means.append(f"| {machine} | {preset} | {steps} | {label} | {len(got)} | {pkg:+.3f} | {files:+.3f} "
+                     f"| {sum(g[2] for g in got)} of {len(got)} |")
+    return means
+
+
+MEANS_HEADER = ("| machine | preset | steps | libraries, settings | hard negatives | batch | dev evaluation | seeds "
+                "| packages gain | files gain | hybrid >= semantic |", "|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def sweep_section(*files: tuple[str, str]) -> list[str]:
+    """docs/retriever.md's table of one sweep: each setting run on 3 seeds or more in the result
+    files `files` ((machine, name) of <machine>/<name>.json), its mean gains over the untrained model."""
+    runs = [(machine, r) for machine, name in files for r in load(machine, name) or []]
+    means = setting_means(runs)
+    if not means:
+        return []
+    names = ", ".join(f"`benchmarks/results/{machine}/{name}.json`" for machine, name in files)
+    return [f"Generated from {names}: per setting, the mean over its seeds of the gain in semantic MRR@10 over "
+            "the untrained model on held-out packages and held-out files, and the seeds whose hybrid MRR@10 >= "
+            "semantic on both. Libraries, settings: the training libraries, then each setting the run's command "
+            "gave another value than its preset's; batch: the pairs one InfoNCE sees.", "", *MEANS_HEADER, *means]
+
+
 def results_section() -> list[str]:
     """The retriever's gain over the untrained model, run by run (seeds, presets, hard negatives,
     contrastive batch), and the mean over seeds of each setting run on 3 or more."""
-    rows, groups = [], {}
-    for machine, r in heldout_runs():
+    rows, runs = [], heldout_runs()
+    for machine, r in runs:
         cells = []
         for task in (r, r.get("heldout_files") or {}):
             if "fine_tuned" not in task:
@@ -148,21 +185,12 @@ def results_section() -> list[str]:
             cells.append(f"{u:.3f} -> {t:.3f} | {t - u:+.3f} | {task['fine_tuned']['hybrid']['mrr@10']:.3f}{paired}")
         rows.append(f"| {machine} | {r['preset']} | {r['steps']} | {r.get('seed', 0)} "
                     f"| {run_label(r)} | {r['queries']} | {' | '.join(cells)} |")
-        key = (machine, r["preset"], r["steps"], run_label(r).split(", best")[0])
-        groups.setdefault(key, {})[r.get("seed", 0)] = _gains(r)  # a seed run again: its last entry
     if not rows:
         return []
     from recipes.xtr_lora_config import PRESETS
 
     quick, full = (f"{PRESETS[p].train.steps:,}" for p in ("quick", "full"))
-    means = []
-    for (machine, preset, steps, label), by_seed in groups.items():
-        got = [g for g in by_seed.values() if g[0] is not None]
-        if len(got) < 3:
-            continue
-        pkg, files = (sum(g[i] for g in got) / len(got) for i in (0, 1))
-        means.append(f"| {machine} | {preset} | {steps} | {label} | {len(got)} | {pkg:+.3f} | {files:+.3f} "
-                     f"| {sum(g[2] for g in got)} of {len(got)} |")
+    means = setting_means(runs)
     return ["### Retriever quality over seeds and presets (benchmarks/xtr_heldout_packages.py)", "",
             "Mean over seeds of the gain in semantic MRR@10 over the untrained model (settings run on 3 seeds or "
             "more); the last column counts the runs whose hybrid MRR@10 >= semantic on both held-out sets. "
@@ -170,8 +198,7 @@ def results_section() -> list[str]:
             "Libraries: the training sources (the standard library and PyPI packages; 7 by default, 23 with "
             "`pypi_sources.WIDE_PACKAGES`, the `full` preset's since its 400-step runs: their held-out files differ, "
             "capped at 15,000 candidates), then the learning rate and any temperature other than the presets' 0.03.",
-            "", "| machine | preset | steps | libraries, settings | hard negatives | batch | dev evaluation | seeds | packages gain "
-            "| files gain | hybrid >= semantic |", "|---|---|---|---|---|---|---|---|---|---|---|", *means, "",
+            "", *MEANS_HEADER, *means, "",
             "Run by run: semantic MRR@10 of the untrained -> fine-tuned model, its gain, and the fine-tuned hybrid "
             "(with, where recorded, hybrid minus semantic ± the standard error of the paired per-query difference), "
             "on the held-out packages (never trained on) and the held-out files. Rows record the preset as it was "

@@ -30,12 +30,19 @@ def test_links_resolve_and_no_diary(page):
     assert not DIARY.findall(text), f"{page.name}: {sorted(set(DIARY.findall(text)))}"
 
 
-def generated(path: Path) -> str:
+def generated(path: Path, block: str = "") -> str:
     text = path.read_text()
-    return text.split(make_table.BEGIN, 1)[1].split(make_table.END, 1)[0].strip("\n")
+    return text.split(make_table.begin(block), 1)[1].split(make_table.END, 1)[0].strip("\n")
 
 
 def test_results_tables_are_generated_from_the_jsons():
     assert generated(ROOT / "README.md") == "\n".join(make_table.default_run_sections()).strip("\n")
     bars = []
     assert generated(ROOT / "docs" / "performance.md") == "\n".join(make_table.performance_sections(bars)).strip("\n")
+
+
+@pytest.mark.parametrize("block", sorted(make_table.retriever_guide_sections()))
+def test_the_retriever_guides_sweep_tables_are_generated(block):
+    lines = make_table.retriever_guide_sections()[block]
+    assert lines, f"docs/retriever.md's {block}: no committed result to generate it from"
+    assert generated(ROOT / "docs" / "retriever.md", block) == "\n".join(lines).strip("\n")
