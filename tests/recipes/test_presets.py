@@ -48,3 +48,42 @@ def test_a_preset_names_its_command_and_changes_only_what_it_lists(recipe, name)
         assert loaded[key] == norm != defaults[key], f"{recipe}/{name}: {key} changes nothing"
     assert {k for k in loaded if loaded[k] != defaults[k]} == set(given)
     config_module.validate(config_module.PRESETS[name])
+
+
+class ReachedCollective(Exception):
+    """A recipe called a cross-rank collective on the two-rank world the test gave it."""
+
+
+@pytest.mark.parametrize("recipe", sorted(presets.REGISTRY))
+def test_the_distributed_flag_is_what_the_recipe_does_on_two_ranks(recipe, tmp_path, monkeypatch):
+    """Started as rank 0 of two (what `mlx.launch -n 2` gives), a recipe flagged `distributed`
+    goes on to its first collective over the ranks (stopped there: no second rank answers); an
+    unflagged one refuses at once with a one-line ConfigError that it runs on one process."""
+    import importlib
+
+    import mlx.core as mx
+
+    from mlxio.errors import ConfigError
+    from mlxio.run import distributed
+
+    two_ranks = object()  # the group: only this test's collectives see it
+    monkeypatch.setattr(distributed, "init", lambda backend="any": distributed.World(group=two_ranks, rank=0, size=2))
+    for name in ("all_sum", "all_gather"):
+        real = getattr(mx.distributed, name)
+
+        def collective(x, *args, group=None, _real=real, **kwargs):
+            if group is two_ranks:
+                raise ReachedCollective
+            return _real(x, *args, group=group, **kwargs)
+
+        monkeypatch.setattr(mx.distributed, name, collective)
+    entry = presets.REGISTRY[recipe]
+    preset = "smoke" if "smoke" in entry.presets else entry.default
+    main = importlib.import_module(f"recipes.{recipe}").main
+    argv = ["--preset", preset, "--out_dir", str(tmp_path / "run")]
+    if entry.distributed:
+        with pytest.raises(ReachedCollective):
+            main(argv)
+    else:
+        with pytest.raises(ConfigError, match="one process"):
+            main(argv)
