@@ -75,13 +75,13 @@ def ensure_fast_blas() -> str:
         status = "reference"
         log.warning(
             "BLAS: mlx.core was imported before mlxio.runtime.setup(), so MLX keeps its slow "
-            "reference BLAS (~40x slower matmul); call setup() first thing in the program"
+            "reference BLAS (~25-30x slower matmul); call setup() first thing in the program"
         )
     else:
         path = wanted if wanted != "auto" else find_openblas()
         if path is None:
             status = "reference"
-            log.warning("BLAS: no OpenBLAS found; MLX's CPU matmuls will be ~40x slower: %s", INSTALL_HINT)
+            log.warning("BLAS: no OpenBLAS found; MLX's CPU matmuls will be ~25-30x slower: %s", INSTALL_HINT)
         else:
             try:
                 ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
@@ -113,7 +113,7 @@ def check_fast_blas() -> str:
         import warnings
 
         warnings.warn(f"mlxio: mlx was imported before mlxio.runtime.setup(), so MLX's CPU matmuls run on its "
-                      f"reference BLAS (~40x slower): {SETUP_HINT}", RuntimeWarning, stacklevel=3)
+                      f"reference BLAS (~25-30x slower): {SETUP_HINT}", RuntimeWarning, stacklevel=3)
     return status
 
 

@@ -9,8 +9,8 @@ backward is `relu_cuda`'s: MLX's GEMM for g @ wo, then the bit-mask kernel (cuBL
 epilogue runs as a slower separate kernel). `usable` says when it runs.
 
 A mask bit is cuBLASLt's sign of the float32 accumulator, so where the pre-activation rounds
-to within ~1e-7 of zero it can disagree with the sign of the rounded output (2 of 100,663,296
-elements in a t5-base b128 layer): the gradient there is a subgradient either way. Values
+to within ~1e-7 of zero it can disagree with the sign of the rounded output (a handful of
+elements in a t5-base b128 layer: dev/LOG.md): the gradient there is a subgradient either way. Values
 equal MLX's matmul + maximum bit for bit in that layer. The weight gradients are returned too,
 lazily: a frozen wi / wo never evaluates them (wo's recomputes the activation from x).
 """

@@ -16,7 +16,7 @@
   documents: mostly one document against its ~256 queries, [~125, 384] x [384, ~3,900]), then
   each document's max per query token and each (document, query) pair's mean. The previous
   kernel (one product per document per query, so small products throughout) spent most of a
-  1,000 x 1,000 batch on ~290,000 calls holding the GIL in between.
+  1,000 x 1,000 batch on those small calls, holding the GIL in between (dev/LOG.md).
 - `score_tolerance`: how far a score may move with the product's shape. BLAS sums each element
   of a product in an order of its choosing (OpenBLAS's kernels differ by CPU - Haswell, Zen,
   SkylakeX, Sandybridge - and, within one kernel set, by the product's shape), so a pair's score
@@ -201,7 +201,7 @@ def doc_maxima(sims: np.ndarray, norms: np.ndarray, starts: np.ndarray) -> np.nd
     unnormalised token vectors; overwritten) divided by the tokens' norms [tokens], document i
     from row starts[i] (ascending, starts[0] = 0). Exact: the same bits in any batch."""
     sims /= norms[:, None]
-    if len(starts) == 1:  # one document: a plain max (~10x reduceat over rows here)
+    if len(starts) == 1:  # one document: a plain max, well ahead of reduceat over rows (dev/LOG.md)
         return sims.max(axis=0, keepdims=True)
     return np.maximum.reduceat(sims, starts, axis=0)
 

@@ -53,16 +53,16 @@ AssignFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (vectors, centroids
 EncodeFn = Callable[[object, np.ndarray], tuple[np.ndarray, np.ndarray]]
 SAMPLE_TOKENS = 65536      # residual-code training sample (tokens), held out from k-means
 SAMPLE_DOCS_MAX = 4096     # documents embedded up front for the samples
-# k-means sees up to KMEANS_TOKENS_PER_CENTROID x K tokens (at most KMEANS_TOKENS_MAX): trained on
-# 65,536 tokens, 4,096 centroids left held-out tokens a residual energy of 0.427 (in-sample
-# 0.276), on 262,144 tokens 0.386, on a 9,000-function stdlib sample (~1M tokens)
+# k-means sees up to KMEANS_TOKENS_PER_CENTROID x K tokens (at most KMEANS_TOKENS_MAX): 16 tokens a
+# centroid over-fitted (held-out tokens kept far more residual energy than the training ones) and
+# four times the tokens left the held-out residual lower (dev/LOG.md, the search codec)
 KMEANS_TOKENS_PER_CENTROID = 32
 KMEANS_TOKENS_MAX = 262144
 DEFAULT_CODEC = "pq"       # codec.parse_name: PQ with D / 6 one-byte subspaces (pq64 at D = 384)
 # the samples' tokens are drawn from up to SAMPLE_DOCS_MAX documents holding up to SAMPLE_SPREAD x
-# (SAMPLE_TOKENS + KMEANS_TOKENS_MAX) tokens: drawn from the first ~600 documents only (stopping at SAMPLE_TOKENS), the
-# 1-bit codec reconstructed held-out tokens worse (mean cosine 0.893 / 0.895 over two seeds, vs
-# 0.911 / 0.912 from 2,048 documents; 0.916 from random tokens of all) on the 4,096-function sample
+# (SAMPLE_TOKENS + KMEANS_TOKENS_MAX) tokens: drawn from the first documents only (stopping at
+# SAMPLE_TOKENS), the 1-bit codec reconstructed held-out tokens worse than from a spread of
+# documents, which came near random tokens of the whole corpus (dev/LOG.md)
 SAMPLE_SPREAD = 4
 MAX_DEAD_FRACTION = 0.5    # tombstoned share of all slots above which the index is merged whole
 
