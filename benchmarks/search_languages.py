@@ -5,6 +5,7 @@ Debian packages, mined by `mlxio.data.pairs` with tree-sitter beyond Python) are
 
     python -m benchmarks.search_languages [--model DIR] [--languages python,go] [--pool_factors 1,2,3]
         [--max_queries 200] [--max_candidates 1000] [--cache_dir runs/cache] [--work runs/bench_languages]
+        [--per_query] [--out FILE]
 
 Per language: MRR@10, P@1 and Recall@10 of the index's semantic, BM25 and hybrid (RRF) rankings
 with --model (default: the embedded all-MiniLM-L6-v2), the queries and candidates (every
@@ -43,13 +44,17 @@ def suffixes_of(language: str) -> tuple[str, ...]:
     return tuple(s for s in polyglot.SUFFIXES if polyglot.LANGUAGE_NAMES[polyglot.language_of(f"x{s}")] == language)
 
 
-def metrics(ranked: list[list[str]], positives: list[str]) -> dict:
-    """MRR@10, P@1 and Recall@10 of ranked id lists against each query's one positive id."""
+def metrics(ranked: list[list[str]], positives: list[str], per_query: bool = False) -> dict:
+    """MRR@10, P@1 and Recall@10 of ranked id lists against each query's one positive id; with
+    `per_query`, also "rr": each query's reciprocal rank (0 beyond rank 10), in query order."""
     ranks = [hits.index(p) + 1 if p in hits[:10] else None for hits, p in zip(ranked, positives, strict=True)]
     n = max(len(ranks), 1)
-    return {"mrr@10": round(sum(1.0 / r for r in ranks if r) / n, 4),
-            "p@1": round(sum(r == 1 for r in ranks) / n, 4),
-            "recall@10": round(sum(r is not None for r in ranks) / n, 4)}
+    out = {"mrr@10": round(sum(1.0 / r for r in ranks if r) / n, 4),
+           "p@1": round(sum(r == 1 for r in ranks) / n, 4),
+           "recall@10": round(sum(r is not None for r in ranks) / n, 4)}
+    if per_query:
+        out["rr"] = [round(1.0 / r, 4) if r else 0.0 for r in ranks]
+    return out
 
 
 def index_bytes(index_dir: Path) -> dict:
@@ -64,13 +69,14 @@ def index_bytes(index_dir: Path) -> dict:
 
 
 def embedded(work: Path, encoder, texts: list[str], max_length: int) -> list[np.ndarray]:
-    """float16 token vectors of `texts`, kept in work/vectors.npz for a resumed run (keyed by
-    the texts and the length)."""
+    """float16 token vectors of `texts`, kept in work/vectors-KEY.npz for a resumed run (keyed by
+    the model's weights, the texts and the length)."""
     import hashlib
 
     from mlxio.search.embed import Embedder
+    from mlxio.weights.encoders import model_digest
 
-    key = hashlib.sha256(json.dumps([max_length, texts]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([model_digest(encoder.path), max_length, texts]).encode()).hexdigest()[:16]
     path = work / f"vectors-{key}.npz"
     if path.is_file():
         with np.load(path) as z:
@@ -123,7 +129,7 @@ def evaluate_language(language: str, encoder, model: str, args) -> dict:
         for mode, fusion in MODES if factor == 1 else MODES[:1]:
             ranked = index.search_many(queries, q_vecs, mode, top_k=10, fusion=fusion)
             results[mode if mode != "hybrid" else "hybrid_rrf"] = metrics(
-                [[index.record(d)["id"] for d, _ in hits] for hits in ranked], positives)
+                [[index.record(d)["id"] for d, _ in hits] for hits in ranked], positives, args.per_query and factor == 1)
         pooled_entry = {"tokens": index.n_tokens, **index_bytes(index_dir), "semantic": results["semantic"]}
         entry["pooling"][str(factor)] = pooled_entry
         if factor == 1:
@@ -145,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=Path("runs/bench_languages"))
     parser.add_argument("--machine", default="cpu")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--per_query", action="store_true",
+                        help="also record each query's reciprocal rank (for paired comparisons of models)")
     args = parser.parse_args(argv)
     from mlxio.weights.encoders import default_encoder_path, load_encoder
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of the RLAIF arms experiment (dev/gpu/rlaif_calls.md), from the checkout's root:
-# install what dev/gpu/rlaif_stage.sh staged (if this machine has not yet), run or resume every
+# install what dev/gpu/stage.sh staged (if this machine has not yet), run or resume every
 # arm x seed (benchmarks.rlaif_arms) until DEADLINE seconds, then put the results in $OUT:
 # rlaif_arms.json (+ .png), arms.tar.xz (every run's metrics, evaluations and logs: `--summarize`
 # re-makes the JSON from it anywhere), rollouts.tar.xz (every judged rollout) and judges.tar (the
@@ -9,7 +9,7 @@
 set -uo pipefail
 deadline=${1:-530}
 shift || true
-bash dev/gpu/rlaif_device.sh || exit 3
+bash dev/gpu/stage_device.sh rlaif || exit 3
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 W=${ARMS_WORK:-/tmp/arms}  # ARMS_WORK, ARMS_FLAGS (e.g. "--rehearse --seeds 0"): a rehearsal elsewhere
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader 2>/dev/null

@@ -164,6 +164,24 @@ HELDOUT: dict[str, tuple[str, ...]] = {
 }
 
 
+# Training packages per language for a multilingual retriever (the `multilingual` preset of
+# recipes.xtr_lora), none of them in HELDOUT; Java's are other folders of HELDOUT's JDK (a weaker
+# hold-out than the other languages': the same authors' Javadoc), of which one folder is mined.
+_JDK = "deb:openjdk-17-source=17.0.21.1+2-1~deb12u1:usr/lib/jvm/openjdk-17/lib/src.zip.d/java.base/java"
+TRAIN: dict[str, tuple[str, ...]] = {
+    "javascript": ("npm:eslint@9.15.0:package/lib", "npm:webpack@5.96.1:package/lib", "npm:mocha@10.8.2:package/lib",
+                   "npm:async@3.2.6", "npm:vue-router@4.5.0"),
+    "typescript": ("npm:effect@3.10.15:package/src", "npm:ix@7.0.0", "npm:mobx@6.13.5:package/src",
+                   "npm:@reduxjs/toolkit@2.4.0:package/src"),
+    "go": ("deb:golang-github-stretchr-testify-dev=1.8.1-1", "deb:golang-github-prometheus-client-golang-dev=1.14.0-3",
+           "deb:golang-gopkg-yaml.v3-dev=3.0.1-3", "deb:golang-github-spf13-cobra-dev=1.6.1-1",
+           "deb:golang-github-google-go-cmp-dev=0.5.9-1", "deb:golang-github-gorilla-mux-dev=1.8.0-1"),
+    "rust": ("deb:librust-clap-dev=4.0.32-1", "deb:librust-chrono-dev=0.4.23-2", "deb:librust-hashbrown-dev=0.12.3-1",
+             "deb:librust-serde-json-dev=1.0.87-1", "deb:librust-regex-dev=1.7.1-1", "deb:librust-rand-dev=0.8.5-1"),
+    "java": (f"{_JDK}/lang:GPL-2.0-only WITH Classpath-exception-2.0",),
+}
+
+
 REGISTRIES = ("npm:", "deb:")  # prefixes of the entries a corpus list may name beside PyPI's "name==version"
 
 

@@ -19,6 +19,7 @@ from recipes.presets import (
     rlaif_qwen_quick,
     rlaif_qwen_smoke,
     xtr_lora_full,
+    xtr_lora_multilingual,
     xtr_lora_quick,
     xtr_lora_smoke,
 )
@@ -32,7 +33,8 @@ class Recipe(NamedTuple):
 
 
 REGISTRY: dict[str, Recipe] = {
-    "xtr_lora": Recipe({"quick": xtr_lora_quick, "full": xtr_lora_full, "smoke": xtr_lora_smoke},
+    "xtr_lora": Recipe({"quick": xtr_lora_quick, "full": xtr_lora_full, "multilingual": xtr_lora_multilingual,
+                                    "smoke": xtr_lora_smoke},
                        default="quick", distributed=True, docs="docs/retriever.md"),
     "rlaif_qwen": Recipe({"quick": rlaif_qwen_quick, "full": rlaif_qwen_full, "gpu": rlaif_qwen_gpu,
                           "smoke": rlaif_qwen_smoke}, default="quick", distributed=True, docs="docs/rlaif.md"),
