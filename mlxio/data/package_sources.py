@@ -185,13 +185,24 @@ TRAIN: dict[str, tuple[str, ...]] = {
 REGISTRIES = ("npm:", "deb:")  # prefixes of the entries a corpus list may name beside PyPI's "name==version"
 
 
+def split_entry(entry: str) -> tuple[str, str, str, str]:
+    """(registry, spec, folder, licence) of an entry "registry:spec[:folder][:licence]". A
+    Debian version's epoch ("deb:name=1:0.7.0-1:folder") belongs to the spec."""
+    registry, _, rest = entry.partition(":")
+    spec, _, rest = rest.partition(":")
+    if registry == "deb" and re.fullmatch(r"[^=]+=\d+", spec) and rest:  # "name=EPOCH" + ":version..."
+        version, _, rest = rest.partition(":")
+        spec = f"{spec}:{version}"
+    folder, _, licence = rest.partition(":")
+    return registry, spec, folder, licence
+
+
 def entry_name(entry: str) -> str:
     """The package name of an entry "npm:name@version..." or "deb:name=version..." (PEP 503
     normalised, as PyPI's names are compared)."""
     from mlxio.data import pypi_sources
 
-    registry, _, rest = entry.partition(":")
-    spec = rest.partition(":")[0]
+    registry, spec, _, _ = split_entry(entry)
     name = spec.rpartition("@")[0] if registry == "npm" else spec.partition("=")[0]
     return pypi_sources.canonical(name or spec)
 
@@ -201,9 +212,7 @@ def fetch_entry(entry: str, cache_dir: Path | str) -> tuple[Source, Path]:
     "registry:spec[:folder][:licence]" (registry pypi, npm or deb)."""
     from mlxio.data import pypi_sources
 
-    registry, _, rest = entry.partition(":")
-    spec, _, rest = rest.partition(":")
-    folder, _, licence = rest.partition(":")
+    registry, spec, folder, licence = split_entry(entry)
     if registry == "pypi":
         source = pypi_sources.fetch(spec, cache_dir)
     elif registry == "npm":

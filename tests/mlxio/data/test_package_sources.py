@@ -74,3 +74,22 @@ def test_unpinned_or_unfetchable_packages_are_one_clear_line(tmp_path, monkeypat
     text = str(err.value)
     assert "golang-x-dev=1.0-1" in text and "E: no network" in text and "apt-get download" in text
     assert "\n" not in text
+
+
+@pytest.mark.parametrize("entry, parts", [
+    ("npm:lodash@4.17.21", ("npm", "lodash@4.17.21", "", "")),
+    ("npm:rxjs@7.8.1:package/src", ("npm", "rxjs@7.8.1", "package/src", "")),
+    ("deb:librust-regex-dev=1.7.1-1", ("deb", "librust-regex-dev=1.7.1-1", "", "")),
+    ("deb:golang-golang-x-net-dev=1:0.7.0+dfsg-1", ("deb", "golang-golang-x-net-dev=1:0.7.0+dfsg-1", "", "")),
+    ("deb:golang-golang-x-net-dev=1:0.7.0+dfsg-1:usr/share/gocode:MIT",
+     ("deb", "golang-golang-x-net-dev=1:0.7.0+dfsg-1", "usr/share/gocode", "MIT")),
+    ("deb:openjdk-17-source=17.0.21.1+2-1~deb12u1:usr/lib/jvm:GPL-2.0-only WITH Classpath-exception-2.0",
+     ("deb", "openjdk-17-source=17.0.21.1+2-1~deb12u1", "usr/lib/jvm", "GPL-2.0-only WITH Classpath-exception-2.0")),
+    ("pypi:networkx==3.4.2", ("pypi", "networkx==3.4.2", "", "")),
+])
+def test_entries_split_with_debian_epochs(entry, parts):
+    from mlxio.data import pypi_sources
+
+    assert ps.split_entry(entry) == parts
+    assert ps.entry_name(entry) == pypi_sources.canonical(
+        parts[1].rpartition("@")[0] if parts[0] == "npm" else parts[1].partition("=")[0])
