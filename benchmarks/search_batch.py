@@ -10,7 +10,8 @@ with the embedded MiniLM (256 document tokens, default pq codec and search setti
 
 Measured in one process, on whatever cores the machine gives it (`load_avg` records how busy
 it was; wall and CPU seconds both):
-- batched: the CLI, `code_search search --index I --queries Q --output R --mode M`, end to end
+- batched: what the CLI `code_search search --index I --queries Q --output R --mode M` does
+  (mlxio.search.query_files: read the queries, search, write the rankings), end to end
   (model load, query encoding in batches of 32, `Index.search_many`), per mode;
 - one at a time (the peer, what `--queries` did before): the same batch-encoded query vectors,
   `Index.search` per query; `identical`: every query's (document, score) list equal, bit for bit
@@ -112,8 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.functions < 1 or args.latency_queries < 1:
         raise SystemExit("--functions and --latency-queries must be >= 1")
+    from mlxio.search import query_files
     from mlxio.search.searcher import Searcher
-    from recipes import code_search
 
     index_dir, queries_path, build_s = prepare(args.work, args.functions)
     rows = [json.loads(line) for line in queries_path.read_text().splitlines()]
@@ -126,8 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
     vecs = [v.astype(np.float32) for v in searcher.embedder.embed(texts)]
     for mode in ("semantic", "hybrid"):
         out = args.work / f"rankings_{mode}.jsonl"
-        _, wall, cpu = timed(lambda mode=mode, out=out: code_search.main(
-            ["search", "--index", str(index_dir), "--queries", str(queries_path), "--output", str(out), "--mode", mode]))
+        _, wall, cpu = timed(lambda mode=mode, out=out: query_files.write_rankings(out, query_files.ranking_lines(
+            index_dir, query_files.read_queries(queries_path), mode)))  # `code_search search --queries --output`'s work
         if args.cli_only:
             result["modes"][mode] = {"cli_wall_s": wall, "cli_cpu_s": cpu}
             continue

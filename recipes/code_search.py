@@ -37,17 +37,16 @@ if __name__ == "__main__":
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 
-from mlxio.atomic import check_slot, write_text_atomic
+from mlxio.atomic import check_slot
 from mlxio.errors import DataError, StrictArgumentParser, at_least_one, cli_main
-from mlxio.lines import object_lines
 from mlxio.run.checks import check_path_text
 from mlxio.search import build as search_build
+from mlxio.search import query_files
 from mlxio.search.index import FUSIONS, Index
 from mlxio.search.searcher import build_index, search
 
@@ -56,26 +55,6 @@ PROG = "python -m recipes.code_search"
 MODES = ("semantic", "bm25", "hybrid")
 # backstops: the encoder's max_position_embeddings and the memory budget refuse far less (checked at load)
 MAX_LENGTH = 1 << 20  # tokens of one document or query
-
-
-def _read_queries(path: Path) -> list[dict]:
-    rows, seen = [], {}
-    for lineno, row in object_lines(path, "queries file"):
-        if not isinstance(row.get("query"), str) or "id" not in row:
-            raise DataError(f"{path}:{lineno}: needs a string 'query' and an 'id'")
-        if not row["query"].strip():
-            raise DataError(f"{path}:{lineno}: empty query")
-        if isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)):  # NaN would be written back as invalid JSON
-            raise DataError(f"{path}:{lineno}: query id {str(row['id'])[:40]} is a {type(row['id']).__name__}; "
-                            "give each query a string or integer id")
-        key = json.dumps(row["id"])
-        if key in seen:
-            raise DataError(f"{path}:{lineno}: query id {row['id']!r} already used on line {seen[key]}; ids must be unique")
-        seen[key] = lineno
-        rows.append(row)
-    if not rows:
-        raise DataError("no queries", where=str(path), fix='give one {"id": ..., "query": ...} object a line')
-    return rows
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -193,18 +172,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.output is not None:
         check_slot(args.output, "search results")  # /dev/null, a FIFO, ...: refused before any work
     if args.queries is not None:
-        rows = _read_queries(args.queries)
-        ranked, idx = search(args.index, [r["query"] for r in rows], args.mode, args.top_k, args.alpha, args.fusion)
-        names = {d: idx.record(d)["id"] for d in sorted({d for hits in ranked for d, _ in hits})}  # each record read once
-        lines = [json.dumps({"query_id": row["id"], "doc_ids": [names[d] for d, _ in hits]}, allow_nan=False)
-                 for row, hits in zip(rows, ranked, strict=True)]
+        rows = query_files.read_queries(args.queries)
+        lines = query_files.ranking_lines(args.index, rows, args.mode, args.top_k, args.alpha, args.fusion)
         if args.output is None:
             sys.stdout.write("".join(line + "\n" for line in lines))
             return
-        try:
-            write_text_atomic(args.output, "".join(line + "\n" for line in lines))
-        except OSError as err:
-            raise DataError(f"{args.output}: cannot write ({err.strerror})") from None
+        query_files.write_rankings(args.output, lines)
         return
     ranked, idx = search(args.index, [args.query], args.mode, args.top_k, args.alpha, args.fusion)
     for rank, (i, score) in enumerate(ranked[0], 1):

@@ -60,23 +60,23 @@ JSON_IDS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.booleans
 
 @given(bad=JSON_IDS)
 def test_a_query_id_that_is_no_string_or_integer_is_refused(tmp_path_factory, bad):
-    from recipes.code_search import _read_queries
+    from mlxio.search.query_files import read_queries
 
     path = tmp_path_factory.mktemp("q") / "q.jsonl"
     text = json.dumps({"id": bad, "query": "add numbers"}) if not (isinstance(bad, float) and not math.isfinite(bad)) \
         else '{"id": %s, "query": "add numbers"}' % ("NaN" if math.isnan(bad) else ("Infinity" if bad > 0 else "-Infinity"))
     path.write_text(text + "\n")
     with pytest.raises(DataError, match="query id") as caught:
-        _read_queries(path)
+        read_queries(path)
     assert "\n" not in caught.value.contract_line()
 
 
 def test_string_and_integer_ids_are_kept(tmp_path):
-    from recipes.code_search import _read_queries
+    from mlxio.search.query_files import read_queries
 
     path = tmp_path / "q.jsonl"
     path.write_text('{"id": "a", "query": "x"}\n{"id": 7, "query": "y"}\n')
-    assert [r["id"] for r in _read_queries(path)] == ["a", 7]
+    assert [r["id"] for r in read_queries(path)] == ["a", 7]
 
 
 def test_an_index_manifest_listing_no_segments_is_refused(tmp_path):
