@@ -1,6 +1,6 @@
 """The RLAIF recipe's own speed, step by step: wall time, generation tokens/s and the array
-shapes each step meets for the first time (issue 33 item 5: on a GPU a new shape compiles, and
-the H100's `--preset gpu` steps 2, 5 and 11 took 6.5-7 s against 1.5-1.9 s).
+shapes each step meets for the first time (on a GPU a new shape compiles, so a step that meets
+one takes several times a steady step: the figures in rlaif_recipe_speed.json and dev/LOG.md).
 
 Runs `recipes.rlaif_qwen` (evaluation off unless asked for) with spies that see every shape
 independently of the recipe's own `new_shapes` metric, and the same way in older code: the

@@ -9,7 +9,7 @@ AdamW, gradient accumulation over micro-batches. Variants by name: `mlx` one com
 step, `_eval_micro` one per micro-batch, `_qlora` a 4-bit group-64 base (QLoRA; no PyTorch
 peer here: bitsandbytes is not installed), `_ckpt` gradient checkpointing (mx.checkpoint per
 block), `_norecompute` the preset's `memory.recompute` off (SwiGLU products and the LoRA terms'
-float32 inputs kept for the backward pass, as before issue 33 item 2), `_cap` MLX's memory limit
+float32 inputs kept for the backward pass, as before the recomputation), `_cap` MLX's memory limit
 at `--mlx-cap-gb` for the run (`mx.set_memory_limit`: evaluation waits for queued work while
 more is allocated, which bounds how far the host runs ahead of the GPU;
 `dev/rlaif_step_memory.py`). PyTorch: the same formula and micro-batching (backward per micro-batch, then clip and
@@ -19,7 +19,7 @@ TRL's GRPOTrainer does). Model: random weights of a Qwen2.5 / Qwen2.5-Coder / Sm
 the base dtype. A step trains `--rows` sequences (8 prompts x 8 completions) of prompt +
 completion tokens.
 
-Same work on both sides (issue 19 item 1): PEFT's adapters are set to MLX's initial LoRA tree
+Same work on both sides: PEFT's adapters are set to MLX's initial LoRA tree
 (A transposed, B = 0), and `torch.optim.AdamW` gets the per-step lr / eps that make its update
 MLX's (no bias correction, warm-up from 0: `benchmarks.retriever_models.torch_adamw_groups`).
 Before timing, each side runs `--check-steps` steps from those weights on the same batch and
@@ -33,7 +33,7 @@ the ratios.
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-0.5b --completion-len 256 \
         --frameworks mlx_eval_micro mlx torch_compile mlx_eval_micro_norecompute mlx_eval_micro_cap mlx_cap \
-        torch_compile_keep   # issue 33 item 2: the memory fixes and the run-ahead cap
+        torch_compile_keep   # the memory fixes and the run-ahead cap
     python -m benchmarks.rlaif_step --machine h100 --shape qwen2.5-coder-3b --completion-len 384 \
         --frameworks mlx mlx_qlora_ckpt torch_compile torch_compile_keep
     python -m benchmarks.rlaif_step --machine h200 --frameworks mlx torch_compile_keep --profile

@@ -1,6 +1,6 @@
 """The >= 1,000,000-function synthetic corpus over the default codec (pq64), built from the
 index `python -m benchmarks.search_scale --corpus stdlib` leaves in its --work folder (the
-real stdlib functions, embedded with MiniLM, compressed): issue 20's second record.
+real stdlib functions, embedded with MiniLM, compressed): the search-at-scale benchmark's second record.
 
     python -m benchmarks.search_scale_synth --work W --phase build  [--synthetic 1000000]
     python -m benchmarks.search_scale_synth --work W --phase search     # pinned to 2 cores
