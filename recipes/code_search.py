@@ -173,13 +173,15 @@ def main(argv: list[str] | None = None) -> None:
         check_slot(args.output, "search results")  # /dev/null, a FIFO, ...: refused before any work
     if args.queries is not None:
         rows = query_files.read_queries(args.queries)
-        lines = query_files.ranking_lines(args.index, rows, args.mode, args.top_k, args.alpha, args.fusion)
+        lines = query_files.ranking_lines(args.index, rows, args.mode, args.top_k, args.alpha, args.fusion,
+                                          args.nprobe, args.candidates)
         if args.output is None:
             sys.stdout.write("".join(line + "\n" for line in lines))
             return
         query_files.write_rankings(args.output, lines)
         return
-    ranked, idx = search(args.index, [args.query], args.mode, args.top_k, args.alpha, args.fusion)
+    ranked, idx = search(args.index, [args.query], args.mode, args.top_k, args.alpha, args.fusion, args.nprobe,
+                         args.candidates)
     for rank, (i, score) in enumerate(ranked[0], 1):
         doc = idx.record(i)
         snippet = next((ln.strip() for ln in doc["code"].splitlines() if ln.strip()), "")

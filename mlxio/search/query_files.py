@@ -37,10 +37,11 @@ def read_queries(path: Path) -> list[dict]:
 
 
 def ranking_lines(index_dir: Path, rows: list[dict], mode: str, top_k: int = 10, alpha: float | None = None,
-                  fusion: str = "interp") -> list[str]:
+                  fusion: str = "interp", nprobe: int | None = None, candidates: int | None = None) -> list[str]:
     """One JSON line per row of `read_queries`, in order: {"query_id", "doc_ids"}, the ids of
-    its `top_k` documents best first (`mlxio.search.searcher.search`)."""
-    ranked, idx = search(index_dir, [r["query"] for r in rows], mode, top_k, alpha, fusion)
+    its `top_k` documents best first (`mlxio.search.searcher.search`, with its `nprobe` and
+    `candidates`)."""
+    ranked, idx = search(index_dir, [r["query"] for r in rows], mode, top_k, alpha, fusion, nprobe, candidates)
     names = {d: idx.record(d)["id"] for d in sorted({d for hits in ranked for d, _ in hits})}  # each record read once
     return [json.dumps({"query_id": row["id"], "doc_ids": [names[d] for d, _ in hits]}, allow_nan=False)
             for row, hits in zip(rows, ranked, strict=True)]

@@ -156,7 +156,9 @@ class Searcher:
 
 
 def search(index_dir: Path, queries: list[str], mode: str, top_k: int = 10, alpha: float | None = None,
-           fusion: str = "interp") -> tuple[list[list[tuple[int, float]]], Index]:
-    """Ranked (document, score) lists per query, and the index (for `index.record(i)`)."""
+           fusion: str = "interp", nprobe: int | None = None, candidates: int | None = None
+           ) -> tuple[list[list[tuple[int, float]]], Index]:
+    """Ranked (document, score) lists per query, and the index (for `index.record(i)`);
+    `nprobe` / `candidates` (None: the index's own) as `Index.search_many` takes them."""
     searcher = Searcher(index_dir, need_encoder=mode != "bm25")
-    return searcher.search(queries, mode, top_k, alpha, fusion), searcher.index
+    return searcher.search(queries, mode, top_k, alpha, fusion, nprobe, candidates), searcher.index

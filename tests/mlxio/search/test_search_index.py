@@ -336,6 +336,46 @@ def test_records_are_compressed(tmp_path):
     assert record["name"] == "parse_date_0_0" and record["path"].endswith("mod0.py")
 
 
+def test_cli_search_passes_nprobe_and_candidates(tmp_path, monkeypatch, capsys):
+    """`search --nprobe N --candidates M` reach the index's candidate generation, for one query
+    and for a queries file; without them the index's own settings do."""
+    from mlxio.search import searcher
+    from recipes import code_search
+
+    src, idx = tmp_path / "src", tmp_path / "idx"
+    _write_sources(src)
+    build.update(src, idx, FakeEmbed(), META)
+
+    class FakeEmbedder:  # the index's encoder, without loading a model ("fake" in META)
+        def __init__(self, encoder, max_length):
+            self.embed = FakeEmbed()
+
+    monkeypatch.setattr(searcher, "load_encoder", lambda path: path)
+    monkeypatch.setattr(searcher, "check_model", lambda index, encoder: None)
+    monkeypatch.setattr(searcher, "Embedder", FakeEmbedder)
+    asked, generate = [], Index.generate
+
+    def spy(self, q, nprobe, candidates):
+        asked.append((nprobe, candidates))
+        return generate(self, q, nprobe, candidates)
+
+    monkeypatch.setattr(Index, "generate", spy)
+    queries = tmp_path / "q.jsonl"
+    queries.write_text('{"id": "a", "query": "parse date"}\n{"id": "b", "query": "merge queue"}\n')
+    base = ["search", "--index", str(idx), "--mode", "semantic", "--top-k", "2"]
+    own = Index(idx)
+    for extra, want in (([], (own.nprobe, own.candidates)), (["--nprobe", "3", "--candidates", "5"], (3, 5))):
+        asked.clear()
+        assert code_search.cli([*base, "parse date", *extra]) == 0
+        assert "parse_date" in capsys.readouterr().out
+        assert asked == [want]
+        asked.clear()
+        assert code_search.cli([*base, "--queries", str(queries), *extra]) == 0
+        assert len(capsys.readouterr().out.splitlines()) == 2
+        assert asked == [want, want]
+    assert (own.nprobe, own.candidates) != (3, 5)
+
+
 # ------------------------------------------------------------------------ CLI, real encoder
 
 
