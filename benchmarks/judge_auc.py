@@ -82,7 +82,7 @@ def served_check(cfg, out: Path, work: Path, per_set: int, seed: int) -> dict:
     rows = [json.loads(line) for line in (out / "eval_rows.jsonl").read_text().splitlines()]
     rng = random.Random(seed)
     picked = []
-    for name in rj.EVAL_SETS:
+    for name in rollout_log.HELDOUT_SETS:
         of_set = [r for r in rows if r["set"] == name]
         picked += rng.sample(of_set, min(per_set, len(of_set)))
     base = Path(cfg.model) if cfg.model else work / "base"

@@ -58,7 +58,6 @@ from mlxio.weights.cards import base_model_name, command_line
 from recipes.rlaif_judge_config import PRESETS, Config, load_policy, validate
 
 logger = logging.getLogger("rlaif_judge")
-EVAL_SETS = ("heldout", "heldout_family")
 
 
 def config_hash(config_dict: dict) -> str:
@@ -108,7 +107,7 @@ def evaluate(cfg: Config, logits, params, sets: dict[str, verifier.Encoded], ans
     """Per held-out set: AUC etc. of the untrained judge (LoRA off) and the trained one
     (`logits`: `llm_lora.last_logits` of the model); and every scored row (eval_rows.jsonl)."""
     out, rows = {}, []
-    for name in EVAL_SETS:
+    for name in rollout_log.HELDOUT_SETS:
         data = sets[name]
         if not len(data):
             out[name] = data.counts()
@@ -211,7 +210,7 @@ def run(cfg: Config, *, resume: bool = False, stop_after: int | None = None, com
 def write_card(out: Path, base: str, results: dict, command: str | None, embedded: bool) -> None:
     """adapters/README.md: what the judge is, its AUCs, how to serve it."""
     metrics = {f"{name} AUC ({judge})": results["eval"][name][judge]["auc"]
-               for name in EVAL_SETS for judge in ("untrained", "trained")
+               for name in rollout_log.HELDOUT_SETS for judge in ("untrained", "trained")
                if results["eval"].get(name, {}).get(judge, {}).get("auc") is not None}
     counts = results["data"]["train"]
     cards.write_card(out / "adapters", title="Verdict judge LoRA adapter (mlx-lm format)", base=base,

@@ -28,7 +28,8 @@ from mlxio.errors import DataError
 from mlxio.run.runlog import MetricsLog
 
 LOG_NAME = "rollouts.jsonl"
-SPLITS = ("train", "heldout", "heldout_family")
+SPLITS = ("train", "heldout", "heldout_family")  # what `split_of` returns
+HELDOUT_SETS = SPLITS[1:]  # the sets it holds out: a judge's evaluation sets
 FIX = "fix or delete that line of the log"
 
 
