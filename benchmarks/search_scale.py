@@ -834,7 +834,6 @@ def sweep_prepare(work: Path, vec_of, device: bool = False, codecs: tuple[str, .
     decompressed document (the compression-only MRR, saved as work/decompressed_{codec}.npy for
     the pinned sweep). Returns {codec name: {...}}; the build's own codec first."""
     import shutil
-    import zlib
 
     exact = np.load(work / "exact.npy")
     saved = np.load(work / "queries_dev.npz")
@@ -857,11 +856,11 @@ def sweep_prepare(work: Path, vec_of, device: bool = False, codecs: tuple[str, .
             tmp, final = store.new_generation(path)
             writer = Writer(tmp / segment_name(1), cod)
             for i in range(base.n_slots):  # slot order: slot i here is slot i there (all live after a build)
-                blob = base.record_blob(i)
-                record = json.loads(zlib.decompress(blob))
+                line = base.record_json(i)
+                record = json.loads(line)
                 cids, _ = base.codes(i)
                 ids, packed = cod.encode(np.asarray(vec_of[record["code"]], np.float32), cids=cids)
-                writer.add(record, ids, packed, record_blob=blob)
+                writer.add(record, ids, packed, record_json=line)
             write_generation(tmp, final, cod, [writer.finish()], base.units(),
                              {k: v for k, v in base.manifest.items() if k not in ("segments",)})
         index = Index(path)

@@ -42,7 +42,6 @@ import re
 import subprocess
 import sys
 import time
-import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -128,7 +127,7 @@ def _worker_init(base_dir: str, terms: list[Counter], words: list[str], word_ter
 
 
 def _worker_batch(job: tuple[int, int, int]):
-    """Batch `b`: (b, tokens, [(id, record blob, term counts) per function])."""
+    """Batch `b`: (b, tokens, [(id, record JSON line, term counts) per function])."""
     b, first, end = job
     seg, records = _W["seg"], _W["records"]
     bases, starts, cids, codes = batch_tokens(seg, b, first, end)
@@ -137,7 +136,7 @@ def _worker_batch(job: tuple[int, int, int]):
     for j, k in enumerate(bases.tolist()):
         r = records[k]
         if b == 0:
-            out.append((r["id"], seg.record_blob(k), _W["terms"][k]))
+            out.append((r["id"], seg.record_json(k), _W["terms"][k]))
             continue
         names = list(_W["idents"][k])
         counts = Counter(_W["terms"][k])
@@ -152,7 +151,7 @@ def _worker_batch(job: tuple[int, int, int]):
                     counts[term] += tf * _W["idents"][k][name]
         rid = f"synthetic/{first + j}/{r['id']}"
         rec = {"id": rid, "code": text, "path": r.get("path"), "line": r.get("line"), "name": r.get("name")}
-        out.append((rid, zlib.compress(json.dumps(rec).encode(), 6), counts))
+        out.append((rid, json.dumps(rec, separators=(",", ":")).encode(), counts))
     return b, (bases, starts, cids, codes), out
 
 
@@ -351,10 +350,10 @@ def phase_build(work: Path, functions: int, workers: int, exact_scores: bool = T
             first = bounds[b][0]
             t = time.perf_counter()
             ends = np.r_[starts[1:], len(cids)]
-            for j, (rid, blob, counts) in enumerate(docs):
+            for j, (rid, line, counts) in enumerate(docs):
                 if (first + j) % UNIT_DOCS == 0:
                     unit_first.append(rid)
-                writer.add({"id": rid}, cids[starts[j]:ends[j]], codes[starts[j]:ends[j]], record_blob=blob,
+                writer.add({"id": rid}, cids[starts[j]:ends[j]], codes[starts[j]:ends[j]], record_json=line,
                            term_counts=counts)
             timers["write"] += time.perf_counter() - t
             t = time.perf_counter()

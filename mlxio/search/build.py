@@ -23,7 +23,6 @@ import json
 import logging
 import shutil
 import time
-import zlib
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -329,9 +328,9 @@ def apply_units(kind: str, units: list[Unit], index_dir: Path, embed: EmbedFn, m
                 remap[seg.name] = np.full(seg.n, -1, np.int64)
                 remap[seg.name][ids] = writer.n_docs + np.arange(len(ids))
                 for j in ids.tolist():
-                    blob = seg.record_blob(j)
+                    line = seg.record_json(j)
                     lo, hi = seg.offsets[j], seg.offsets[j + 1]
-                    writer.add(json.loads(zlib.decompress(blob)), seg.cids[lo:hi], seg.residuals[lo:hi], record_blob=blob)
+                    writer.add(json.loads(line), seg.cids[lo:hi], seg.residuals[lo:hi], record_json=line)
             pos = 0
             for u in changed:
                 firsts[u.key] = writer.n_docs

@@ -163,14 +163,20 @@ class Index:
         s = int(np.searchsorted(self.bases, i, side="right")) - 1
         return self.segments[s], int(i - self.bases[s])
 
-    def record_blob(self, i: int) -> bytes:
+    def record_json(self, i: int) -> bytes:
+        """Document slot i's record as one line of JSON bytes."""
         seg, j = self.locate(i)
-        return seg.record_blob(j)
+        try:
+            return seg.record_json(j)
+        except (zlib.error, ValueError) as err:
+            raise IndexError_(f"{self.gen / seg.name / 'records.bin'}: record {j} unreadable ({err}); "
+                              "rebuild with `index --rebuild`") from None
 
     def record(self, i: int) -> dict:
+        line = self.record_json(i)
         try:
-            return json.loads(zlib.decompress(self.record_blob(i)))
-        except (zlib.error, ValueError) as err:
+            return json.loads(line)
+        except ValueError as err:
             raise IndexError_(f"{self.gen / 'records.bin'}: record {i} unreadable ({err}); rebuild with `index --rebuild`") from None
 
     def codes(self, i: int) -> tuple[np.ndarray, np.ndarray]:

@@ -25,12 +25,15 @@ index is never read whole):
     doc_offsets.npy   int64 [n + 1] token offsets
     cids.bin          uint16 [n_tokens] centroid id per token
     residuals.bin     uint8 [n_tokens, code bytes]: PQ codes (m) or packed residual buckets (D * nbits / 8)
-    ivf_indptr.npy    int64 [K + 1]; ivf_docs.bin int32: documents having a token at centroid c
-    bm25_vocab.json   term -> id; bm25_indptr.npy int64 [V + 1]; bm25_docs.bin int32,
-                      bm25_tf.bin uint16 (term counts); bm25_doclen.npy int32 [n] (BM25 weights
-                      are computed at query time from the live documents' statistics, so a
-                      segmented index scores exactly as its compaction would)
-    records.bin       per-document zlib(JSON {"id","path","line","name","code"}); record_offsets.npy
+    ivf_indptr.npy    int64 [K + 1]; ivf_docs.bin (ids: uint8, uint16 or uint32 by n, `compact.doc_dtype`):
+                      documents having a token at centroid c
+    bm25_terms.json.z zlib(JSON list of terms, id order); bm25_indptr.npy int64 [V + 1]; bm25_docs.bin
+                      ids; bm25_tf.bin uint8 or uint16 (term counts; the segment's bm25_tf_bytes);
+                      bm25_doclen.npy int32 [n] (BM25 weights are computed at query time from the live
+                      documents' statistics, so a segmented index scores exactly as its compaction would)
+    records.bin       zlib blocks of records, one line of JSON {"id","path","line","name","code"} each;
+                      record_blocks.npy int64 [B + 1, 2] each block's first record and byte offset
+                      (`compact`)
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ LOCK_NAME = ".lock"  # writers' lock (store.writer_lock); readers never take it
 MAX_MANIFEST_BYTES = 256 * MiB  # a manifest lists every file once: far below this
 RETIRED_GRACE_S = 120.0  # a generation stays this long after it stopped being live (readers mid-load)
 FORMAT = "mlx-code-search-index"
-FORMAT_VERSION = 3  # 3: the codec named in the manifest ("pq64", "1bit", ...), BM25 doc/query terms
+# 3: the codec named in the manifest ("pq64", "1bit", ...), BM25 doc/query terms; 4: ids and term
+# counts in the smallest type that holds them, the BM25 vocabulary and records compressed (`compact`)
+FORMAT_VERSION = 4
 FULL_HASH_LIMIT = 64 << 20  # files above this are checked by size + head/tail hash on load; `verify` hashes all
 _GEN = re.compile(r"^gen-(\d{6})$")
 _TMP = re.compile(r"^\.tmp-gen-(\d{6})-(\d+)$")
@@ -154,6 +159,23 @@ def files_of(gen: Path) -> list[str]:
     return out
 
 
+def part_of(name: str) -> str:
+    """What a generation's file (its name without folders) holds, for `bytes_by_part`."""
+    for prefix, part in (("residuals.", "token codes"), ("cids.", "centroid ids"), ("centroids.", "codec"),
+                         ("codec_", "codec"), ("record", "records"), ("bm25_", "bm25"), ("ivf_", "inverted lists")):
+        if name.startswith(prefix):
+            return part
+    return "other"  # token offsets, units, tombstones, manifest
+
+
+def bytes_by_part(gen: Path) -> dict[str, int]:
+    """{part: bytes} of a generation's files (`part_of`), every part present, largest first."""
+    out = dict.fromkeys(("token codes", "centroid ids", "codec", "records", "bm25", "inverted lists", "other"), 0)
+    for name in [*files_of(gen), "manifest.json"]:
+        out[part_of(name.rsplit("/", 1)[-1])] += (gen / name).stat().st_size
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def link_segment(old_gen: Path, name: str, tmp: Path) -> None:
     """Hard-link segment `name` of `old_gen` into `tmp` (a copy where links are not allowed)."""
     (tmp / name).mkdir()
@@ -237,7 +259,8 @@ def read_manifest(gen: Path, full_hashes: bool = False) -> dict:
 
 
 _INT_FIELDS = ("documents", "slots", "tokens", "dim", "centroids", "next_segment", "max_doc_len", "max_query_len")
-_SEGMENT_INTS = ("documents", "tokens", "deleted", "ivf_postings", "bm25_postings", "bm25_terms", "records_bytes")
+_SEGMENT_INTS = ("documents", "tokens", "deleted", "ivf_postings", "bm25_postings", "bm25_terms", "bm25_tf_bytes",
+                 "records_bytes", "record_blocks")
 
 
 def check_fields(manifest: dict, path: Path) -> None:

@@ -1,5 +1,6 @@
 """Writing an index: compressed documents appended to a new segment folder (`Writer`: token
-codes, records, inverted lists over centroids, BM25 postings), and a generation's codec,
+codes, records, inverted lists over centroids, BM25 postings; `compact` says how ids, counts
+and records are packed), and a generation's codec,
 tombstones, units and manifest committed atomically (`write_generation`). `index` loads and
 searches what these write; `build` decides what to write.
 """
@@ -15,7 +16,7 @@ import numpy as np
 
 from mlxcore.retrieval import ranking
 from mlxcore.retrieval.codec import Codec, PQCodec, centroid_dtype
-from mlxio.search import store
+from mlxio.search import compact, store
 from mlxio.search.store import IndexError_
 
 
@@ -33,9 +34,9 @@ class Writer:
         self.dir.mkdir()
         self._cids = (self.dir / "cids.bin").open("wb")
         self._resid = (self.dir / "residuals.bin").open("wb")
-        self._records = (self.dir / "records.bin").open("wb")
+        self._records_file = (self.dir / "records.bin").open("wb")
+        self._records = compact.BlockWriter(self._records_file)
         self.doc_lengths: list[int] = []
-        self.record_lengths: list[int] = []
         self.vocab: dict[str, int] = {}
         self._terms: list[np.ndarray] = []   # per document: term ids (unique)
         self._tfs: list[np.ndarray] = []     # and their counts
@@ -46,10 +47,10 @@ class Writer:
         return len(self.doc_lengths)
 
     def add(self, record: dict, cids: np.ndarray, packed: np.ndarray,
-            record_blob: bytes | None = None, term_counts: Counter | None = None) -> None:
-        """One document: its record {"id", "code", ...} and compressed tokens. `record_blob`
-        (the record already compressed) and `term_counts` (Counter(ranking.doc_terms(code))) save
-        recomputing them when the caller has them."""
+            record_json: bytes | None = None, term_counts: Counter | None = None) -> None:
+        """One document: its record {"id", "code", ...} and compressed tokens. `record_json`
+        (the record as one line of JSON, as `Segment.record_json` returns it) and `term_counts`
+        (Counter(ranking.doc_terms(code))) save recomputing them when the caller has them."""
         if len(cids) == 0 or len(cids) != len(packed):
             raise ValueError(f"document {record.get('id')!r}: {len(cids)} token ids, {len(packed)} codes")
         if record["id"] in self.ids:
@@ -57,9 +58,7 @@ class Writer:
         self.ids.add(record["id"])
         self._cids.write(np.ascontiguousarray(cids, centroid_dtype(len(self.codec.centroids))).tobytes())
         self._resid.write(np.ascontiguousarray(packed, np.uint8).tobytes())
-        blob = record_blob if record_blob is not None else zlib.compress(json.dumps(record).encode(), 6)
-        self._records.write(blob)
-        self.record_lengths.append(len(blob))
+        self._records.add(record_json if record_json is not None else json.dumps(record, separators=(",", ":")).encode())
         self.doc_lengths.append(len(cids))
         counts = term_counts if term_counts is not None else Counter(ranking.doc_terms(record["code"]))
         self._terms.append(np.fromiter((self.vocab.setdefault(t, len(self.vocab)) for t in counts),
@@ -67,26 +66,27 @@ class Writer:
         self._tfs.append(np.fromiter(counts.values(), np.int64, len(counts)))
 
     def finish(self) -> dict:
-        for f in (self._cids, self._resid, self._records):
+        blocks = self._records.finish()
+        for f in (self._cids, self._resid, self._records_file):
             f.close()
         d, n = self.dir, self.n_docs
         offsets = np.zeros(n + 1, np.int64)
         offsets[1:] = np.cumsum(self.doc_lengths)
         store.save_npy(d, "doc_offsets.npy", offsets)
-        rec = np.zeros(n + 1, np.int64)
-        rec[1:] = np.cumsum(self.record_lengths)
-        store.save_npy(d, "record_offsets.npy", rec)
+        store.save_npy(d, "record_blocks.npy", blocks)
         k = len(self.codec.centroids)
         cids = store.memmap(d, "cids.bin", centroid_dtype(k), (int(offsets[-1]),))
         indptr, docs = _inverted_lists(cids, offsets, k)
         del cids
         store.save_npy(d, "ivf_indptr.npy", indptr)
-        docs.tofile(d / "ivf_docs.bin")
-        n_post = self._write_bm25()
+        docs.astype(compact.doc_dtype(n)).tofile(d / "ivf_docs.bin")
+        n_post, tf_bytes = self._write_bm25()
         return {"name": d.name, "documents": n, "tokens": int(offsets[-1]), "ivf_postings": int(len(docs)),
-                "bm25_postings": n_post, "bm25_terms": len(self.vocab), "records_bytes": int(rec[-1])}
+                "bm25_postings": n_post, "bm25_terms": len(self.vocab), "bm25_tf_bytes": tf_bytes,
+                "records_bytes": int(blocks[-1, 1]), "record_blocks": len(blocks) - 1}
 
-    def _write_bm25(self) -> int:
+    def _write_bm25(self) -> tuple[int, int]:
+        """Writes the BM25 files; (postings, bytes per term count)."""
         n = self.n_docs
         terms = np.concatenate(self._terms) if n else np.zeros(0, np.int32)
         tf = np.concatenate(self._tfs) if n else np.zeros(0, np.int64)
@@ -96,12 +96,13 @@ class Writer:
         terms, tf, docs = terms[order], tf[order], docs[order]
         indptr = np.zeros(len(self.vocab) + 1, np.int64)
         indptr[1:] = np.cumsum(np.bincount(terms, minlength=len(self.vocab)))
-        (self.dir / "bm25_vocab.json").write_text(json.dumps(self.vocab))
+        (self.dir / "bm25_terms.json.z").write_bytes(compact.encode_terms(list(self.vocab)))  # ids in insertion order
         store.save_npy(self.dir, "bm25_indptr.npy", indptr)
         store.save_npy(self.dir, "bm25_doclen.npy", np.minimum(doc_len, 2**31 - 1).astype(np.int32))
-        docs.astype(np.int32).tofile(self.dir / "bm25_docs.bin")
-        np.minimum(tf, 65535).astype(np.uint16).tofile(self.dir / "bm25_tf.bin")
-        return int(len(terms))
+        docs.astype(compact.doc_dtype(n)).tofile(self.dir / "bm25_docs.bin")
+        tf_type = compact.tf_dtype(int(tf.max(initial=0)))
+        np.minimum(tf, 65535).astype(tf_type).tofile(self.dir / "bm25_tf.bin")
+        return int(len(terms)), tf_type.itemsize
 
 
 def write_generation(tmp: Path, final: Path, codec: Codec | PQCodec, segments: list[dict], units: dict,

@@ -332,8 +332,10 @@ def test_records_are_compressed(tmp_path):
     _write_sources(src, 1, 1)
     build.update(src, idx, FakeEmbed(), META)
     index = Index(idx)
-    record = json.loads(zlib.decompress(index.record_blob(0)))
+    record = json.loads(index.record_json(0))
     assert record["name"] == "parse_date_0_0" and record["path"].endswith("mod0.py")
+    stored = (index.gen / index.segments[0].name / "records.bin").read_bytes()
+    assert zlib.decompress(stored).split(b"\n") == [index.record_json(i) for i in range(index.n_slots)]  # one block
 
 
 def test_cli_search_passes_nprobe_and_candidates(tmp_path, monkeypatch, capsys):
@@ -852,11 +854,11 @@ def test_old_format_index_is_refused_with_one_line_and_rebuilt(tmp_path, caplog)
     m = json.loads((gen / "manifest.json").read_text())
     m["format_version"] = 2
     (gen / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(IndexError_, match=r"format version 2, this code reads 3; rebuild the index"):
+    with pytest.raises(IndexError_, match=rf"format version 2, this code reads {store.FORMAT_VERSION}; rebuild the index"):
         Index(idx)
     embed = FakeEmbed()
     report = build.update(src, idx, embed, META)  # an update over it rebuilds from scratch
-    assert report.rebuilt and report.embedded == 4 and Index(idx).manifest["format_version"] == 3
+    assert report.rebuilt and report.embedded == 4 and Index(idx).manifest["format_version"] == store.FORMAT_VERSION
 
 
 def test_bm25_uses_the_evaluation_terms(tmp_path):
