@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import rlaif_parts
 from benchmarks.common import ci, load, write_result
 from mlxcore.rl import policy as pg
 from mlxcore.rl import verdict
@@ -43,7 +44,7 @@ from mlxio.run import checkpoint
 from mlxio.run.flags import parse_args
 from mlxio.weights import llm, llm_lora
 from recipes import rlaif_judge as rj
-from recipes.rlaif_judge_config import PRESETS, load_policy
+from recipes.rlaif_judge_config import PRESETS
 
 TARGET = 0.75
 
@@ -61,7 +62,7 @@ def humaneval_pairs(cfg, out: Path, n: int, seed: int) -> dict:
     rows = build_pairs(problems, ExecutionReward(workers=cfg.sandbox.workers))
     judged = [rollout_log.Judged(task_id=r["task_id"], prompt=by_id[r["task_id"]].prompt, completion=r["completion"],
                                  passed=r["passed"]) for r in rows]
-    policy = load_policy(cfg)
+    policy = rlaif_parts.judge_policy(cfg)
     params = checkpoint.load_latest(out)[1]["trainable"]
     cut = len(policy.model.layers) - (cfg.lora_layers or len(policy.model.layers))
     data = verifier.with_states(verifier.encode(policy.tokenizer, judged, cfg.data.max_tokens),

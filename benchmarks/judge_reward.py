@@ -37,7 +37,7 @@ from benchmarks.common import write_result
 from mlxcore.rl import verdict
 from mlxcore.rl.tasks import Problem
 from mlxio.rl import rollout_log
-from mlxio.rl.evaluation import compare
+from mlxio.rl.evaluation import compare, load_problems
 from mlxio.rl.execution import CodeJudge
 from mlxio.rl.local_teacher import MlxLmServer
 from mlxio.run.flags import parse_args
@@ -59,7 +59,7 @@ def on_policy_auc(out: Path, cfg) -> dict | None:
     rows = [r for r in rollout_log.read_rows(out) if r.get("rewards", {}).get("ai_feedback") is not None]
     if not rows:
         return None
-    problems = {p.task_id: p for p in rq.load_problems(cfg.data)[0]}
+    problems = {p.task_id: p for p in load_problems(cfg.data)[0]}
     judge = CodeJudge(workers=cfg.sandbox.workers)
     passed = judge.passed([problems.get(r["task_id"]) or Problem(task_id=r["task_id"], prompt=r["prompt"],
                                                                  entry_point="", test="") for r in rows],

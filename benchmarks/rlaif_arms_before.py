@@ -16,26 +16,27 @@ if __name__ == "__main__":
 import logging
 from pathlib import Path
 
+from benchmarks import rlaif_parts
 from mlxcore.rl import policy as pg
 from mlxio.atomic import write_json_atomic
-from mlxio.rl.evaluation import evaluate_phase, load_problems
+from mlxio.rl.evaluation import evaluate_phase, load_problems, validate_data
 from mlxio.run.config import to_dict
 from mlxio.run.flags import cli, parse_args
 from mlxio.sandbox.runner import require_isolation
 from mlxio.weights import llm_lora
-from recipes.rlaif_config import PRESETS, load_policy, validate
+from recipes.rlaif_config import PRESETS
 
 
 def main(argv: list[str] | None = None) -> dict:
     cfg, _ = parse_args(argv, PRESETS, prog="python -m benchmarks.rlaif_arms_before",
                         description=__doc__, default_preset="gpu")
-    validate(cfg)
+    validate_data(cfg.data)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     require_isolation(cfg.sandbox.allow_weak, "--sandbox.allow_weak true")
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _, eval_sets = load_problems(cfg.data)
-    policy = load_policy(cfg)
+    policy = rlaif_parts.policy(cfg)
     base = llm_lora.bound_policy(policy, pg.reference_params(llm_lora.lora_tree(policy.model)))  # LoRA off
     # what makes "before" the same for every run: the base model, the data and the evaluation settings
     identity = {"model": cfg.model, "dequantize": cfg.dequantize, "dtype": cfg.memory.compute_dtype,

@@ -59,14 +59,11 @@ class Spies:
             from mlxio.rl import decode as decode_step
             from mlxio.rl import decode_fused
         from mlxio.rl import grpo, rollout
-        from recipes import rlaif_config, rlaif_qwen
 
-        # where the recipe's step is built looks the loss up: the session builder (rlaif_config),
-        # older trees the recipe module (loss_fn, or make_loss)
-        loss_owner = rlaif_config if hasattr(rlaif_config, "open_session") else rlaif_qwen
-        loss_name = "loss_fn" if hasattr(loss_owner, "loss_fn") else "make_loss"
+        # the recipe's loss comes from the library's grpo.make_loss, looked up when its step is built
+        # (older trees built it in the recipe module: `main` then finds no update shape and says so)
         gen, prefill, forward = rollout.generate_group, rollout.prefill_batch, decode_fused.forward
-        mask, frozen, make_loss = decode_step.StaticKVCache.make_mask, grpo.frozen_logprobs, getattr(loss_owner, loss_name)
+        mask, frozen, make_loss = decode_step.StaticKVCache.make_mask, grpo.frozen_logprobs, grpo.make_loss
 
         def generate_group(*a, **k):
             self.step += 1
@@ -106,7 +103,7 @@ class Spies:
 
         spied = [(rollout, "generate_group", generate_group), (rollout, "prefill_batch", prefill_batch),
                  (decode_fused, "forward", fused_forward), (decode_step.StaticKVCache, "make_mask", make_mask),
-                 (grpo, "frozen_logprobs", frozen_logprobs), (loss_owner, loss_name, counting_loss)]
+                 (grpo, "frozen_logprobs", frozen_logprobs), (grpo, "make_loss", counting_loss)]
         originals = [(owner, name, getattr(owner, name)) for owner, name, _ in spied]
         for owner, name, fn in spied:
             setattr(owner, name, fn)
@@ -192,6 +189,9 @@ def main(argv: list[str] | None = None) -> dict:
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     records = [r for r in records if "step" in r and "step_s" in r]
     new = spies.new_per_step(len(records))
+    if records and not any(key[0] == "update" for key in spies.first):
+        raise RuntimeError("the loss spy saw no update step: this tree builds the recipe's loss other than "
+                           "through mlxio.rl.grpo.make_loss, so its update shapes would go uncounted")
     steps = []
     for r, call in zip(records, spies.calls, strict=False):
         found = new[r["step"]]

@@ -1,7 +1,7 @@
 """RLAIF update step: tokens/s and peak memory of the recipe's policy-gradient step (MLX) vs
 the same loss in PyTorch (transformers model + PEFT LoRA, eager and torch.compile).
 
-MLX: `mlxio.rl.grpo.make_loss` (the recipe's loss, `recipes.rlaif_config.loss_fn`, a pure function of the LoRA tree: log-probs
+MLX: `mlxio.rl.grpo.make_loss` (the recipe's loss, `benchmarks.rlaif_parts.loss`, a pure function of the LoRA tree: log-probs
 of the completion tokens from the last hidden states in chunks (`mlxcore.rl.logprobs`: no [rows,
 T, vocab] logits), PPO-clipped ratio, k3 KL to the LoRA-off reference, `mlxcore.rl.policy`)
 inside `mlxcore.train.step.make_train_step` with the "full" preset's LoRA (r=16 on q/k/v/o) and
@@ -54,7 +54,7 @@ import time
 import mlx.core as mx
 import numpy as np
 
-from benchmarks import rlaif_agreement, rlaif_step_profile
+from benchmarks import rlaif_agreement, rlaif_parts, rlaif_step_profile
 from benchmarks.common import fmt, load, times
 from benchmarks.generation import SHAPES, mlx_model, torch_model
 
@@ -140,17 +140,16 @@ def mlx_batch(data: dict, micro: int, cfg) -> dict:
 def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
     from mlxcore.train.optim import make_optimizer
     from mlxcore.train.step import init_state, make_train_step
-    from recipes.rlaif_config import loss_fn
 
     opts = variant(name)
     cfg = recipe_config(args, opts["checkpoint"], opts["recompute"])
     model, params = mlx_policy(shape, tm, args.dtype, opts["qlora"])
     opt = make_optimizer(cfg.optim)
-    step = make_train_step(loss_fn(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
+    step = make_train_step(rlaif_parts.loss(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
                            eval_micro_batches=opts["eval_micro"])
     state = init_state(opt, params)
     batch = mlx_batch(data, micro, cfg)
-    probe_loss, probe_grads = rlaif_agreement.mlx_probe(loss_fn(model, cfg), params,
+    probe_loss, probe_grads = rlaif_agreement.mlx_probe(rlaif_parts.loss(model, cfg), params,
                                                         mlx_batch(rlaif_agreement.probe_data(data, micro), micro, cfg))
     times, check = [], {"steps": args.check_steps, "loss": [], "grad_norm": []}
     old_limit = mx.set_memory_limit(int(args.mlx_cap_gb * 1e9)) if opts["cap"] else None
@@ -169,7 +168,7 @@ def run_mlx(shape, tm, data, micro, args, name: str = "mlx") -> dict:
             mx.set_memory_limit(old_limit)
     check["seconds"] = sum(times[:args.check_steps])
     peak = mx.get_peak_memory()
-    phases = ({"phases": rlaif_step_profile.mlx_phases(loss_fn(model, cfg), step, params, state, batch)}
+    phases = ({"phases": rlaif_step_profile.mlx_phases(rlaif_parts.loss(model, cfg), step, params, state, batch)}
               if getattr(args, "profile", False) and name == "mlx" else {})
     return {"step_s": times[args.check_steps + args.warmup:], "peak_bytes": peak, **phases,
             "loss": metrics["loss"].item(), "check": check, "options": opts,

@@ -50,7 +50,7 @@ from mlxio.rl import grpo, rollout
 from mlxio.rl.worker import padded
 from mlxio.rl.worker_protocol import SCHEMAS
 from mlxio.run.config import to_dict
-from recipes.rlaif_config import PRESETS, batch_settings
+from recipes.rlaif_config import PRESETS
 from recipes.rlaif_worker import make_worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +142,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
     state = {"step": 0}
 
     def step_inproc(_):
-        batch = grpo.build_batch(s.model, s.params, packed, adv, np.ones(len(adv), bool), **batch_settings(cfg))
+        batch = grpo.build_batch(s.model, s.params, packed, adv, np.ones(len(adv), bool), **local.batch_settings(cfg))
         for epoch in range(cfg.inner_epochs):
             s.params, s.state, m = s.step_fn(s.params, s.state, batch,
                                              mx.array(state["step"] * cfg.inner_epochs + epoch))

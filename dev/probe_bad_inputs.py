@@ -299,6 +299,7 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
     import attrs
 
     from recipes import rlaif_qwen as rq
+    from recipes.rlaif_config import PRESETS
 
     out = []
 
@@ -321,7 +322,7 @@ def fault_cases(work: Path, timeout: float) -> list[dict]:
                                                 "entry_point": f"f{i}", "test": "def check(c):\n    assert c(2) == 2\n"}).encode()
                                     for i in range(12)) + b"\n")
     run_dir = work / "nonfinite"
-    base = rq.PRESETS["smoke"]
+    base = PRESETS["smoke"]
     cfg = attrs.evolve(base, out_dir=str(run_dir), train=attrs.evolve(base.train, max_consecutive_skips=10),
                        data=attrs.evolve(base.data, problems=str(problems), heldout_fraction=0.4),
                        eval=attrs.evolve(base.eval, before=False, after=False))

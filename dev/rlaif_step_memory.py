@@ -1,5 +1,5 @@
 """Where the RLAIF update step's memory goes (issue 33 item 2), on the code path the GPU runs:
-`recipes.rlaif_config.loss_fn` (hidden states, chunked log-probs, the policy loss) inside
+the recipe's loss (`benchmarks.rlaif_parts.loss`: hidden states, chunked log-probs, the policy loss) inside
 `mlxcore.train.step.make_train_step`, the "full" preset's LoRA (r=16 on q, k, v, o) and AdamW, random
 weights of a `benchmarks.generation.SHAPES` shape in bf16.
 
@@ -158,7 +158,7 @@ def nbytes(shape, dtype: str) -> int:
 
 def saved_account(args) -> dict:
     """Per block (blocks b - blocks a) and the rest, at `--saved-rows` rows of the real shape."""
-    from recipes.rlaif_config import loss_fn
+    from benchmarks import rlaif_parts
 
     inventories = {}
     for layers in args.layers:
@@ -166,7 +166,7 @@ def saved_account(args) -> dict:
         cfg = recipe_cfg(())
         batch = step_batch(cfg, args.saved_rows, 1, args.prompt, args.completion, model.args.vocab_size)
         micro = {k: v[0] for k, v in batch.items()}
-        inventories[layers] = saved_arrays(traced_graph(loss_fn(model, cfg), params, micro))
+        inventories[layers] = saved_arrays(traced_graph(rlaif_parts.loss(model, cfg), params, micro))
         del model, params
     a, b = args.layers
     per_block = Counter({k: (inventories[b][k] - inventories[a][k]) / (b - a)
@@ -226,10 +226,10 @@ def run_step(step, params, state, batch, limit: int | None = None, trace: bool =
 
 def measured(args) -> dict:
     """Peaks of the variants at `--rows` x (prompt + completion), `--vocab`, blocks `--layers`."""
+    from benchmarks import rlaif_parts
     from mlxcore.train import step as step_mod
     from mlxcore.train.optim import make_optimizer
     from mlxcore.train.step import init_state, make_train_step
-    from recipes.rlaif_config import loss_fn
 
     variants = {  # name: (recompute, accum, eval_micro, micro-batches chained)
         "recompute_off": ((), 1, False, True),
@@ -252,7 +252,7 @@ def measured(args) -> dict:
             opt = make_optimizer(cfg.optim)
             step_mod.after = chained if chain else (lambda tree, deps: tree)  # the previous behaviour
             try:
-                step = make_train_step(loss_fn(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
+                step = make_train_step(rlaif_parts.loss(model, cfg), opt, clip_norm=cfg.optim.clip_norm,
                                        eval_micro_batches=eval_micro)
                 state = init_state(opt, params)
                 batch = step_batch(cfg, args.rows, accum, args.prompt, args.completion, args.vocab)

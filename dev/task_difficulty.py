@@ -2,7 +2,7 @@
 difficulty level: the figure the task source is tuned by (RL needs groups in which some
 samples pass and some fail; the target is ~10-60% on training instances).
 
-The policy is the recipe's own (`recipes.rlaif_config.load_policy` on the quick preset's config: the
+The policy is the recipe's own (`benchmarks.rlaif_parts.policy` on the quick preset's config: the
 embedded SmolLM2-135M-Instruct unless --model, LoRA at zero = the base model). For each family
 and level, `--problems` training instances (spread over the family's templates) each get
 `--samples` completions from `generate_group` at the recipe's temperature / top_p, with its
@@ -28,6 +28,7 @@ import time
 import attrs
 import numpy as np
 
+from benchmarks import rlaif_parts
 from benchmarks.common import write_result
 from dev import RESULTS
 from mlxcore.rl import tasks
@@ -35,7 +36,7 @@ from mlxio.rl import rollout
 from mlxio.rl.evaluation import instruction
 from mlxio.rl.rewards import ExecutionReward, FormatReward
 from mlxio.sandbox.runner import SandboxLimits
-from recipes.rlaif_config import PRESETS, load_policy
+from recipes.rlaif_config import PRESETS
 
 
 def pick_problems(family: str, level: int, count: int, task_seed: int) -> list:
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     families = [f for f in args.families.split(",") if f]
     levels = [int(x) for x in args.levels.split(",") if x]
     t0 = time.perf_counter()
-    policy = load_policy(cfg)
+    policy = rlaif_parts.policy(cfg)
     load_s = time.perf_counter() - t0
     limits = SandboxLimits(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb)
     execution, fmt = ExecutionReward(limits, cfg.sandbox.workers), FormatReward()
