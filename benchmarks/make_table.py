@@ -2,8 +2,8 @@
 result JSONs under benchmarks/results/<machine>/ (so no figure is narrated by hand or drifts).
 
 Writes the text between the GENERATED markers of README.md (what the default runs give), of
-docs/performance.md (every benchmark) and of docs/retriever.md (the sweeps behind the presets),
-and benchmarks/results/chart.png (MLX / PyTorch ratios).
+docs/performance.md (every benchmark), of docs/retriever.md (the sweeps behind the presets) and of
+docs/code-search.md (what token pooling saves), and benchmarks/results/chart.png (MLX / PyTorch ratios).
 
 Each benchmark renders its own section (`results_section()` in benchmarks/<name>.py; a
 benchmark's `<name>_report.py` where it has one; the goals in benchmarks/goals.py): this module
@@ -82,6 +82,18 @@ def retriever_guide_sections() -> dict[str, list[str]]:
             "full_levers": report.sweep_section(("h100", "xtr_full_levers"))}
 
 
+def code_search_guide_sections() -> dict[str, list[str]]:
+    """docs/code-search.md's blocks by name: what token pooling saves and costs."""
+    from benchmarks import search_languages, search_pool_synth
+
+    lines = []
+    for module, name in ((search_languages, "search_languages"), (search_pool_synth, "search_pool_synth")):
+        payload = load("cpu", name)
+        if payload:
+            lines += module.guide_section(payload, "cpu")
+    return {"pooling": lines}
+
+
 def performance_sections(bars: list) -> list[str]:
     """docs/performance.md's block, every benchmark's section in order; `bars` collects the chart's
     (label, MLX / PyTorch) pairs."""
@@ -106,6 +118,8 @@ def main(argv=None) -> None:
     splice(ROOT / "docs" / "performance.md", performance_sections(bars))
     for block, lines in retriever_guide_sections().items():
         splice(ROOT / "docs" / "retriever.md", lines, block)
+    for block, lines in code_search_guide_sections().items():
+        splice(ROOT / "docs" / "code-search.md", lines, block)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,7 +134,7 @@ def main(argv=None) -> None:
     ax.set_xlabel("MLX / PyTorch throughput (>1: MLX faster)")
     fig.tight_layout()
     fig.savefig(RESULTS / "chart.png", dpi=110)
-    print("README.md, docs/performance.md, docs/retriever.md, benchmarks/results/chart.png")
+    print("README.md, docs/performance.md, docs/retriever.md, docs/code-search.md, benchmarks/results/chart.png")
 
 
 if __name__ == "__main__":

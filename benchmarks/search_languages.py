@@ -44,28 +44,48 @@ def suffixes_of(language: str) -> tuple[str, ...]:
     return tuple(s for s in polyglot.SUFFIXES if polyglot.LANGUAGE_NAMES[polyglot.language_of(f"x{s}")] == language)
 
 
+def reciprocal_ranks(ranked: list[list[str]], positives: list[str]) -> list[float]:
+    """1 / rank of each query's one positive id in its ranked ids, 0 beyond the 10th."""
+    return [1.0 / (hits.index(p) + 1) if p in hits[:10] else 0.0 for hits, p in zip(ranked, positives, strict=True)]
+
+
 def metrics(ranked: list[list[str]], positives: list[str], per_query: bool = False) -> dict:
     """MRR@10, P@1 and Recall@10 of ranked id lists against each query's one positive id; with
     `per_query`, also "rr": each query's reciprocal rank (0 beyond rank 10), in query order."""
-    ranks = [hits.index(p) + 1 if p in hits[:10] else None for hits, p in zip(ranked, positives, strict=True)]
-    n = max(len(ranks), 1)
-    out = {"mrr@10": round(sum(1.0 / r for r in ranks if r) / n, 4),
-           "p@1": round(sum(r == 1 for r in ranks) / n, 4),
-           "recall@10": round(sum(r is not None for r in ranks) / n, 4)}
+    rr = reciprocal_ranks(ranked, positives)
+    n = max(len(rr), 1)
+    out = {"mrr@10": round(sum(rr) / n, 4), "p@1": round(sum(r == 1.0 for r in rr) / n, 4),
+           "recall@10": round(sum(r > 0 for r in rr) / n, 4)}
     if per_query:
-        out["rr"] = [round(1.0 / r, 4) if r else 0.0 for r in ranks]
+        out["rr"] = [round(r, 4) for r in rr]
     return out
 
 
+def paired_difference(rr: list[float], rr_base: list[float]) -> dict:
+    """Mean per-query difference of reciprocal ranks (rr - rr_base, the same queries) and its
+    standard error."""
+    diff = np.asarray(rr, np.float64) - np.asarray(rr_base, np.float64)
+    se = float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else None
+    return {"mrr@10": round(float(diff.mean()), 4) if len(diff) else None, "se": None if se is None else round(se, 4)}
+
+
 def index_bytes(index_dir: Path) -> dict:
-    """Bytes of the live generation: every file, and the token payload (centroid ids +
-    residual codes) alone."""
+    """Bytes of the live generation: every file, the token payload (centroid ids + residual
+    codes) alone, and every part (`store.bytes_by_part`)."""
     from mlxio.search import store
 
-    gen = store.current(index_dir)
-    files = [p for p in gen.rglob("*") if p.is_file()]
-    tokens = sum(p.stat().st_size for p in files if p.name in ("cids.bin", "residuals.bin"))
-    return {"bytes": sum(p.stat().st_size for p in files), "token_bytes": tokens}
+    parts = store.bytes_by_part(store.current(index_dir))
+    return {"bytes": sum(parts.values()), "token_bytes": parts["token codes"] + parts["centroid ids"], "parts": parts}
+
+
+def language_task(language: str, args):
+    """(sources, mined corpus, evaluation task) of a language's held-out packages: every
+    documented function a query, candidates as the module doc says."""
+    sources = [package_sources.fetch_entry(e, args.cache_dir) for e in package_sources.HELDOUT[language]]
+    corpus = pairs.mine_corpus([root for _, root in sources], suffixes=suffixes_of(language))
+    task = pairs.eval_set(corpus, eval_fraction=1.0, min_queries=0, min_candidates=args.max_candidates,
+                          max_queries=args.max_queries, max_candidates=args.max_candidates, strict=False)
+    return sources, corpus, task
 
 
 def embedded(work: Path, encoder, texts: list[str], max_length: int) -> list[np.ndarray]:
@@ -97,10 +117,7 @@ def evaluate_language(language: str, encoder, model: str, args) -> dict:
     from mlxio.weights.encoders import model_digest
 
     started = time.perf_counter()
-    sources = [package_sources.fetch_entry(e, args.cache_dir) for e in package_sources.HELDOUT[language]]
-    corpus = pairs.mine_corpus([root for _, root in sources], suffixes=suffixes_of(language))
-    task = pairs.eval_set(corpus, eval_fraction=1.0, min_queries=0, min_candidates=args.max_candidates,
-                          max_queries=args.max_queries, max_candidates=args.max_candidates, strict=False)
+    sources, corpus, task = language_task(language, args)
     work = Path(args.work) / language
     work.mkdir(parents=True, exist_ok=True)
     corpus_file = work / "corpus.jsonl"
@@ -121,6 +138,7 @@ def evaluate_language(language: str, encoder, model: str, args) -> dict:
     entry = {"language": language, "queries": len(queries), "candidates": len(task.candidates),
              "packages": [s.as_dict() | {"mined": str(root)} for s, root in sources],
              "pairs_mined": len(corpus.pairs), "embed_s": round(embed_s, 1), "pooling": {}}
+    rr_one = None
     for factor in args.pool_factors:
         index_dir = work / f"index-pool{factor}"
         build.update(corpus_file, index_dir, pooled(lookup, factor), meta, rebuild=True)
@@ -128,9 +146,14 @@ def evaluate_language(language: str, encoder, model: str, args) -> dict:
         results = {}
         for mode, fusion in MODES if factor == 1 else MODES[:1]:
             ranked = index.search_many(queries, q_vecs, mode, top_k=10, fusion=fusion)
-            results[mode if mode != "hybrid" else "hybrid_rrf"] = metrics(
-                [[index.record(d)["id"] for d, _ in hits] for hits in ranked], positives, args.per_query and factor == 1)
-        pooled_entry = {"tokens": index.n_tokens, **index_bytes(index_dir), "semantic": results["semantic"]}
+            ids_ranked = [[index.record(d)["id"] for d, _ in hits] for hits in ranked]
+            results[mode if mode != "hybrid" else "hybrid_rrf"] = metrics(ids_ranked, positives,
+                                                                          args.per_query and factor == 1)
+            if mode == "semantic":
+                rr = reciprocal_ranks(ids_ranked, positives)
+        rr_one = rr if factor == 1 else rr_one
+        pooled_entry = {"tokens": index.n_tokens, "centroids": len(index.codec.centroids), **index_bytes(index_dir),
+                        "semantic": results["semantic"], "semantic_minus_x1": paired_difference(rr, rr_one)}
         entry["pooling"][str(factor)] = pooled_entry
         if factor == 1:
             entry.update(results)
@@ -156,9 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from mlxio.weights.encoders import default_encoder_path, load_encoder
 
-    args.pool_factors = [int(f) for f in args.pool_factors.split(",")]
-    if 1 not in args.pool_factors:
-        args.pool_factors.insert(0, 1)
+    args.pool_factors = sorted({1, *(int(f) for f in args.pool_factors.split(","))})  # factor 1 first: the base
     model = args.model or str(default_encoder_path())
     encoder = load_encoder(model)
     settings = {"model": "all-MiniLM-L6-v2" if args.model is None else model, "max_queries": args.max_queries,
@@ -190,23 +211,64 @@ def section(payload: dict, machine: str) -> list[str]:
         packages = ", ".join(f"{p['name']} {p['version']} ({p['licence'].split(' (')[0]})" for p in e["packages"])
         out.append(f"| {e['language']} | {packages} | {e['queries']} / {e['candidates']} | {e['semantic']['mrr@10']:.3f} "
                    f"| {e['bm25']['mrr@10']:.3f} | {e['hybrid_rrf']['mrr@10']:.3f} |")
-    factors = [str(f) for f in payload["pool_factors"]]
-    out += ["", "Token pooling (`index --pool-factor`): index bytes (all files, and the token payload: centroid "
-            "ids + PQ codes; the code text and BM25 postings do not shrink) and semantic MRR@10 by pool factor.", "",
-            "| language | " + " | ".join(f"x{f} bytes | x{f} MRR@10" for f in factors) + " |",
-            "|---|" + "---|---|" * len(factors)]
-    for e in payload["languages"]:
-        cells = []
+    out += ["", "Queries: the first sentence of each documented function's doc comment; candidates: the packages' "
+            "functions (a seeded sample with every positive), indexed as `code_search index` does (pq codec, 256 tokens)."]
+    return out + pooling_section(payload["languages"], payload["pool_factors"])
+
+
+def guide_section(payload: dict, machine: str) -> list[str]:
+    """docs/code-search.md's pooling table of a search_languages.json (no per-part table)."""
+    return [f"Held-out packages, one index per language ({machine}, {payload['model']}, "
+            "benchmarks/search_languages.py):", *pooling_section(payload["languages"], payload["pool_factors"],
+                                                                  parts=False)]
+
+
+PARTS = ("token codes", "centroid ids", "codec", "records", "bm25", "inverted lists", "other")
+
+
+def target_met(entry: dict, factor: str) -> str:
+    """Whether factor's index holds <= 50% of factor 1's bytes at an MRR@10 loss <= 1%, read as
+    relative (<= 1% of factor 1's MRR) and as absolute (<= 0.01): "yes / no" in that order."""
+    one, p = entry["pooling"]["1"], entry["pooling"][factor]
+    small = p["bytes"] <= 0.5 * one["bytes"]
+    loss = one["semantic"]["mrr@10"] - p["semantic"]["mrr@10"]
+    return " / ".join("yes" if small and loss <= bound else "no"
+                      for bound in (0.01 * one["semantic"]["mrr@10"], 0.01))
+
+
+def pooling_section(entries: list[dict], pool_factors: list[int], label: str = "language",
+                    parts: bool = True) -> list[str]:
+    """Tables of pooled indexes (each entry: {label, "pooling": {factor: index_bytes() + semantic
+    metrics + semantic_minus_x1}}): bytes and MRR@10 by factor, the target's verdict, and (`parts`)
+    where the bytes go."""
+    factors = [str(f) for f in pool_factors]
+    out = ["", "Token pooling (`index --pool-factor`): index bytes (share of factor 1's) and semantic MRR@10, with "
+           "its paired change from factor 1 (± its standard error over the queries); target: <= 50% of the "
+           "bytes at <= 1% MRR@10 loss, read as relative (1% of factor 1's MRR@10) / absolute (0.01).", "",
+           f"| {label} | " + " | ".join(f"x{f} bytes | x{f} MRR@10" + (f" | x{f} target" if f != "1" else "")
+                                         for f in factors) + " |",
+           "|---|" + "".join("---|---|" + ("---|" if f != "1" else "") for f in factors)]
+    for e in entries:
+        cells, one = [], e["pooling"]["1"]
         for f in factors:
             p = e["pooling"][f]
-            one = e["pooling"]["1"]
-            cells += [f"{p['bytes'] / 1e6:.2f} MB ({p['bytes'] / one['bytes']:.0%}; tokens "
-                      f"{p['token_bytes'] / one['token_bytes']:.0%})",
-                      f"{p['semantic']['mrr@10']:.3f}"]
-        out.append(f"| {e['language']} | " + " | ".join(cells) + " |")
-    return out + ["", "Queries: the first sentence of each documented function's doc comment; candidates: the "
-                  "packages' functions (a seeded sample with every positive), indexed as `code_search index` does "
-                  "(pq codec, 256 tokens).", ""]
+            diff = p.get("semantic_minus_x1") or {}
+            change = f" ({diff['mrr@10']:+.3f} ± {diff['se']:.3f})" if f != "1" and diff.get("se") is not None else ""
+            cells += [f"{p['bytes'] / 1e6:.2f} MB ({p['bytes'] / one['bytes']:.0%})", f"{p['semantic']['mrr@10']:.3f}{change}"]
+            if f != "1":
+                cells.append(target_met(e, f))
+        out.append(f"| {e[label]} | " + " | ".join(cells) + " |")
+    rows = [(e[label], f, e["pooling"][f]["parts"]) for e in entries for f in factors
+            if parts and e["pooling"][f].get("parts")]
+    if rows:
+        out += ["", "Where the bytes go (`store.bytes_by_part`: token codes = PQ codes, codec = centroids + rotation + "
+                "codebooks, records = the code text, other = token offsets, units, manifest):", "",
+                f"| {label} | factor | all | " + " | ".join(PARTS) + " |", "|---|---|---|" + "---|" * len(PARTS)]
+        for name, f, parts in rows:
+            total = sum(parts.values())
+            out.append(f"| {name} | x{f} | {total / 1e6:.2f} MB | "
+                       + " | ".join(f"{parts.get(k, 0) / 1e3:,.0f} KB ({parts.get(k, 0) / total:.0%})" for k in PARTS) + " |")
+    return out + [""]
 
 
 if __name__ == "__main__":

@@ -172,14 +172,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def results_section() -> list[str]:
-    """`code_search serve` (search_serve.json) and search per language with token pooling
-    (search_languages.json): each benchmark renders its own table."""
-    from benchmarks import search_languages, search_multilingual, search_serve
+    """`code_search serve` (search_serve.json), search per language with token pooling
+    (search_languages.json), the multilingual study and pooling on a synthetic index
+    (search_pool_synth.json): each benchmark renders its own table."""
+    from benchmarks import search_languages, search_multilingual, search_pool_synth, search_serve
 
     out = []
     for machine in ("cpu", "h100", "h200"):
         for module, name in ((search_serve, "search_serve"), (search_languages, "search_languages"),
-                             (search_multilingual, "search_multilingual")):
+                             (search_multilingual, "search_multilingual"), (search_pool_synth, "search_pool_synth")):
             payload = load(machine, name)
             if payload:
                 out += module.section(payload, machine)

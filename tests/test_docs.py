@@ -46,3 +46,10 @@ def test_the_retriever_guides_sweep_tables_are_generated(block):
     lines = make_table.retriever_guide_sections()[block]
     assert lines, f"docs/retriever.md's {block}: no committed result to generate it from"
     assert generated(ROOT / "docs" / "retriever.md", block) == "\n".join(lines).strip("\n")
+
+
+@pytest.mark.parametrize("block", sorted(make_table.code_search_guide_sections()))
+def test_the_code_search_guides_pooling_tables_are_generated(block):
+    lines = make_table.code_search_guide_sections()[block]
+    assert lines, f"docs/code-search.md's {block}: no committed result to generate it from"
+    assert generated(ROOT / "docs" / "code-search.md", block) == "\n".join(lines).strip("\n")
