@@ -7,15 +7,16 @@ trained on: train each arm's seeds with `recipes.xtr_lora`, then evaluate every 
     python -m benchmarks.search_multilingual --runs DIR --arms "quick=--preset quick" --seeds 0 --languages python
     python -m benchmarks.search_multilingual --runs DIR --report        # the JSON from what DIR holds
 
-Arms (--arms "name=recipe flags;..."; default ARMS): the quick preset (Python-only, 15 steps), the
-same for 20 steps (the control: as many steps as the multilingual run) and the multilingual preset
-(quick's corpus plus package_sources.TRAIN, 20 steps). Each (arm, seed) trains in
-DIR/<arm>_s<seed> (skipped when its eval.json exists, resumed when it has checkpoints), --jobs at a
-time; then each model is evaluated in DIR/languages/<model>.json (skipped when there), --jobs at a
-time. Per language and model: MRR@10 of semantic and hybrid (RRF) search, and BM25's; per arm, the
-mean over seeds, and the paired difference of each arm against the Python-only control over the
-same queries (each query's reciprocal rank averaged over seeds first; mean +- 1.96 standard errors).
-Beside them, each run's own held-out Python packages (networkx, pygments: eval.json).
+Arms (--arms "name=recipe flags;..."; default ARMS): the quick preset (Python-only, 15 steps:
+today's default model), the same for 20 steps, the multilingual preset (quick's corpus plus
+package_sources.TRAIN, 20 steps) and the same for 15 steps; --compare pairs each multilingual arm
+with the Python-only arm of as many steps. Each (arm, seed) trains in DIR/<arm>_s<seed> (skipped
+when its eval.json exists, resumed when it has checkpoints), --jobs at a time; then each model is
+evaluated in DIR/languages/<model>.json (skipped when there), --jobs at a time. Per language and
+model: MRR@10 of semantic and hybrid (RRF) search, and BM25's; per arm, the mean over seeds; per
+compared pair, the paired difference over the same queries (each query's reciprocal rank averaged
+over seeds first; mean +- 1.96 standard errors). Beside them, each run's own held-out Python
+packages (networkx, pygments: eval.json).
 """
 
 from __future__ import annotations
@@ -35,8 +36,21 @@ from mlxcore.retrieval.ranking import paired_difference
 
 ARMS = ("python15=--preset quick;"
         "python20=--preset quick --train.steps 20 --optim.total_steps 20;"
-        "multilingual=--preset multilingual")
-CONTROL = "python20"  # the arm the others are compared with: Python-only, as many steps as multilingual
+        "multilingual=--preset multilingual;"
+        "multilingual15=--preset multilingual --train.steps 15 --optim.total_steps 15")
+# each multilingual arm against the Python-only arm of as many steps (python15: today's default model)
+COMPARE = "multilingual=python20,multilingual15=python15"
+
+
+def parse_compare(text: str, arms: dict) -> list[tuple[str, str]]:
+    """[(arm, control arm)] of "arm=control,..." (both among `arms`)."""
+    pairs = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        arm, sep, control = (x.strip() for x in part.partition("="))
+        if not sep or arm not in arms or control not in arms:
+            raise SystemExit(f"--compare: {part!r} is not arm=control with both among the arms {sorted(arms)}")
+        pairs.append((arm, control))
+    return pairs
 
 
 def parse_arms(text: str) -> dict[str, list[str]]:
@@ -84,7 +98,7 @@ def evaluate(model: str | None, name: str, runs: Path, args) -> int:
     return code
 
 
-def summary(runs: Path, arms: dict[str, list[str]], seeds: list[int]) -> dict:
+def summary(runs: Path, arms: dict[str, list[str]], seeds: list[int], compare: list[tuple[str, str]]) -> dict:
     """The JSON's body from what `runs` holds (runs that did not finish are left out and named)."""
     def languages_of(name: str) -> dict:
         path = runs / "languages" / f"{name}.json"
@@ -113,11 +127,11 @@ def summary(runs: Path, arms: dict[str, list[str]], seeds: list[int]) -> dict:
                 cell[mode] = {"mean": round(float(np.mean(values)), 4), "per_seed": values}
                 rr[(arm, mode)] = np.mean([e[mode]["rr"] for e in entries], axis=0)
             row["arms"][arm] = cell
-        for arm in arms:
-            if arm != CONTROL and (arm, "semantic") in rr and (CONTROL, "semantic") in rr:
-                row["arms"][arm]["minus_" + CONTROL] = {
+        for arm, control in compare:
+            if (arm, "semantic") in rr and (control, "semantic") in rr:
+                row["arms"][arm]["minus_" + control] = {
                     mode: {k: round(v, 4) if isinstance(v, float) else v
-                           for k, v in paired_difference(rr[(arm, mode)], rr[(CONTROL, mode)]).items()}
+                           for k, v in paired_difference(rr[(arm, mode)], rr[(control, mode)]).items()}
                     for mode in ("semantic", "hybrid_rrf")}
         table[lang] = row
     recipe = {}
@@ -132,18 +146,21 @@ def summary(runs: Path, arms: dict[str, list[str]], seeds: list[int]) -> dict:
                     values.append(round(value, 4))
         recipe[arm] = {"heldout_packages_semantic_mrr@10": values,
                        "mean": round(float(np.mean(values)), 4) if values else None}
-    return {"arms": {arm: " ".join(flags) for arm, flags in arms.items()}, "control": CONTROL, "seeds": seeds,
+    return {"arms": {arm: " ".join(flags) for arm, flags in arms.items()}, "compare": compare, "seeds": seeds,
             "languages": table, "recipe_heldout_packages": recipe, "unfinished": missing}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    command = "python -m benchmarks.search_multilingual " + shlex.join(argv)
+    shown = [a for i, a in enumerate(argv) if a != "--note" and (i == 0 or argv[i - 1] != "--note")]
+    command = "python -m benchmarks.search_multilingual " + shlex.join(shown)  # the note is kept apart
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     argv = argv[:argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=Path, default=Path("runs/multilingual"))
     parser.add_argument("--arms", default=ARMS)
+    parser.add_argument("--compare", default=COMPARE, help="arm=control pairs compared over the same queries")
+    parser.add_argument("--note", default="", help="a line kept in the JSON and its table (e.g. the device calls)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--jobs", type=int, default=1, help="runs (then evaluations) at a time")
     parser.add_argument("--languages", default="python,javascript,typescript,go,rust,java")
@@ -155,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report", action="store_true", help="only write the JSON from what --runs holds")
     args = parser.parse_args(argv)
     arms, seeds = parse_arms(args.arms), [int(s) for s in args.seeds.split(",")]
+    compare = parse_compare(args.compare, arms)
     runs = args.runs
     if not args.report:
         jobs = [(arm, s) for s in seeds for arm in arms]
@@ -170,28 +188,30 @@ def main(argv: list[str] | None = None) -> None:
         for (_, name), code in zip(models, codes, strict=True):
             print(f"evaluate {name}: {'ok' if code == 0 else f'exit {code}'}", flush=True)
     payload = {"command": command,
-               "max_queries": args.max_queries, "max_candidates": args.max_candidates,
-               **summary(runs, arms, seeds)}
+               "max_queries": args.max_queries, "max_candidates": args.max_candidates, "note": args.note,
+               **summary(runs, arms, seeds, compare)}
     print(write_result("search_multilingual", payload, args.machine, path=args.out))
 
 
 def section(payload: dict, machine: str) -> list[str]:
     """The docs' table of a search_multilingual.json (docs/performance.md, via benchmarks.make_table)."""
-    arms = list(payload["arms"])
-    control = payload["control"]
+    arms, compare = list(payload["arms"]), [tuple(c) for c in payload["compare"]]
     out = [f"### The multilingual retriever per language, on held-out packages ({machine}, "
            f"benchmarks/search_multilingual.py, seeds {', '.join(map(str, payload['seeds']))})", "",
-           f"`{payload['command']}`. Arms: " + "; ".join(f"{a}: `{f}`" for a, f in payload["arms"].items())
-           + f". Semantic MRR@10, mean over seeds; the last column is the multilingual arm minus {control} "
-           "over the same queries (each query's reciprocal rank averaged over seeds; +- 1.96 standard errors).", "",
-           "| language | queries / candidates | BM25 | untrained | " + " | ".join(arms)
-           + f" | multilingual - {control} |", "|---|---|---|---|" + "---|" * len(arms) + "---|"]
+           f"`{payload['command']}`" + (f" ({payload['note']})" if payload.get("note") else "") + ". Arms: "
+           + "; ".join(f"{a}: `{f}`" for a, f in payload["arms"].items())
+           + ". Semantic MRR@10, mean over seeds; the last columns: an arm minus its control over the same "
+           "queries (each query's reciprocal rank averaged over seeds first; +- 1.96 standard errors).", "",
+           "| language | queries / candidates | BM25 | untrained | " + " | ".join(arms) + " | "
+           + " | ".join(f"{a} - {c}" for a, c in compare) + " |",
+           "|---|---|---|---|" + "---|" * (len(arms) + len(compare))]
     for lang, row in payload["languages"].items():
         cells = [f"{row['arms'][a]['semantic']['mean']:.3f}" if a in row["arms"] else "-" for a in arms]
-        diff = (row["arms"].get("multilingual") or {}).get(f"minus_{control}", {}).get("semantic")
+        for arm, control in compare:
+            diff = (row["arms"].get(arm) or {}).get(f"minus_{control}", {}).get("semantic")
+            cells.append(f"{diff['mrr@10']:+.3f} +- {1.96 * diff['se']:.3f}" if diff else "-")
         out.append(f"| {lang} | {row.get('queries', '-')} / {row.get('candidates', '-')} "
-                   f"| {row['bm25']:.3f} | {row['untrained']['semantic']:.3f} | " + " | ".join(cells)
-                   + (f" | {diff['mrr@10']:+.3f} +- {1.96 * diff['se']:.3f} |" if diff else " | - |"))
+                   f"| {row['bm25']:.3f} | {row['untrained']['semantic']:.3f} | " + " | ".join(cells) + " |")
     recipe = payload["recipe_heldout_packages"]
     out += ["", "The recipe's own held-out Python packages (networkx, pygments; eval.json), fine-tuned semantic "
             "MRR@10 per seed: " + "; ".join(f"{a} {', '.join(f'{v:.3f}' for v in r['heldout_packages_semantic_mrr@10']) or '-'}"

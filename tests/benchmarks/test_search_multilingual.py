@@ -36,7 +36,7 @@ def test_summary_means_and_paired_difference(tmp_path):
         run.mkdir()
         run.joinpath("eval.json").write_text(json.dumps(
             {"heldout_packages": {"fine-tuned": {"semantic": {"mrr@10": 0.6 + seed / 10}}}}))
-    out = sm.summary(tmp_path, arms, [0, 1])
+    out = sm.summary(tmp_path, arms, [0, 1], sm.parse_compare("multilingual=python20", arms))
     go = out["languages"]["go"]
     assert go["bm25"] == 0.4 and go["untrained"]["semantic"] == pytest.approx(1 / 3, abs=1e-4)
     assert go["arms"]["python20"]["semantic"]["mean"] == pytest.approx(np.mean([0.5, 1 / 3]), abs=1e-4)
@@ -54,7 +54,7 @@ def test_unfinished_runs_are_named_not_averaged(tmp_path):
     arms = sm.parse_arms("python20=--preset quick;multilingual=--preset multilingual")
     _write(tmp_path, "untrained", [_language_entry("rust", [0.5], [0.5])])
     _write(tmp_path, "python20_s0", [_language_entry("rust", [1.0], [1.0])])
-    out = sm.summary(tmp_path, arms, [0])
+    out = sm.summary(tmp_path, arms, [0], sm.parse_compare("multilingual=python20", arms))
     assert out["unfinished"] == ["multilingual_s0"]
     assert "multilingual" not in out["languages"]["rust"]["arms"]
     assert "Unfinished runs (left out): multilingual_s0." in "\n".join(sm.section({"command": "c", **out}, "cpu"))
@@ -64,6 +64,13 @@ def test_unfinished_runs_are_named_not_averaged(tmp_path):
 def test_bad_arms_are_one_line(bad):
     with pytest.raises(SystemExit, match="--arms"):
         sm.parse_arms(bad)
+
+
+@pytest.mark.parametrize("bad", ["multilingual", "multilingual=python99", "other=python20"])
+def test_bad_comparisons_are_one_line(bad):
+    arms = sm.parse_arms(sm.ARMS)
+    with pytest.raises(SystemExit, match="--compare"):
+        sm.parse_compare(bad, arms)
 
 
 def test_training_packages_are_never_held_out():
