@@ -4,7 +4,7 @@ Debian packages, mined by `mlxio.data.pairs` with tree-sitter beyond Python) are
 `code_search index` does (pq codec), then searched by their doc comments' first sentences.
 
     python -m benchmarks.search_languages [--model DIR] [--languages python,go] [--pool_factors 1,2,3]
-        [--max_queries 200] [--max_candidates 1000] [--cache_dir runs/cache] [--work runs/bench_languages]
+        [--codecs pq,pq32] [--max_queries 200] [--max_candidates 1000] [--cache_dir runs/cache] [--work runs/bench_languages]
         [--per_query] [--out FILE]
 
 Per language: MRR@10, P@1 and Recall@10 of the index's semantic, BM25 and hybrid (RRF) rankings
@@ -13,8 +13,9 @@ documented function of the packages, then their undocumented ones, topped up wit
 ones, a seeded sample of --max_candidates kept with every query's positive: `pairs.eval_set`
 with every file held out), and each package's licence.
 With several --pool_factors, an index per factor from the same document vectors
-(`mlxio.search.pooling`): its bytes (all files, and the token payload alone) and its semantic
-MRR@10. Writes benchmarks/results/<machine>/search_languages.json (--out to override) after
+(`mlxio.search.pooling`): its bytes (all files, the token payload alone, and by part) and its
+semantic MRR@10; with --codecs, the same for each residual code, against the default codec at
+factor 1. Writes benchmarks/results/<machine>/search_languages.json (--out to override) after
 every language; run again, it goes on with the languages it lacks (document vectors are kept in
 --work).
 """
@@ -139,24 +140,30 @@ def evaluate_language(language: str, encoder, model: str, args) -> dict:
              "packages": [s.as_dict() | {"mined": str(root)} for s, root in sources],
              "pairs_mined": len(corpus.pairs), "embed_s": round(embed_s, 1), "pooling": {}}
     rr_one = None
-    for factor in args.pool_factors:
-        index_dir = work / f"index-pool{factor}"
-        build.update(corpus_file, index_dir, pooled(lookup, factor), meta, rebuild=True)
-        index = Index(index_dir)
-        results = {}
-        for mode, fusion in MODES if factor == 1 else MODES[:1]:
-            ranked = index.search_many(queries, q_vecs, mode, top_k=10, fusion=fusion)
-            ids_ranked = [[index.record(d)["id"] for d, _ in hits] for hits in ranked]
-            results[mode if mode != "hybrid" else "hybrid_rrf"] = metrics(ids_ranked, positives,
-                                                                          args.per_query and factor == 1)
-            if mode == "semantic":
-                rr = reciprocal_ranks(ids_ranked, positives)
-        rr_one = rr if factor == 1 else rr_one
-        pooled_entry = {"tokens": index.n_tokens, "centroids": len(index.codec.centroids), **index_bytes(index_dir),
-                        "semantic": results["semantic"], "semantic_minus_x1": paired_difference(rr, rr_one)}
-        entry["pooling"][str(factor)] = pooled_entry
-        if factor == 1:
-            entry.update(results)
+    for codec in args.codecs:  # the default first: the base of every comparison
+        for factor in args.pool_factors:
+            default = codec == args.codecs[0]
+            index_dir = work / (f"index-pool{factor}" if default else f"index-{codec}-pool{factor}")
+            build.update(corpus_file, index_dir, pooled(lookup, factor), meta, codec=codec, rebuild=True)
+            index = Index(index_dir)
+            results = {}
+            for mode, fusion in MODES if default and factor == 1 else MODES[:1]:
+                ranked = index.search_many(queries, q_vecs, mode, top_k=10, fusion=fusion)
+                ids_ranked = [[index.record(d)["id"] for d, _ in hits] for hits in ranked]
+                results[mode if mode != "hybrid" else "hybrid_rrf"] = metrics(
+                    ids_ranked, positives, args.per_query and default and factor == 1)
+                if mode == "semantic":
+                    rr = reciprocal_ranks(ids_ranked, positives)
+            rr_one = rr if rr_one is None else rr_one
+            pooled_entry = {"tokens": index.n_tokens, "centroids": len(index.codec.centroids), "codec": index.codec.name,
+                            **index_bytes(index_dir), "semantic": results["semantic"],
+                            "semantic_minus_x1": paired_difference(rr, rr_one)}
+            if default:
+                entry["pooling"][str(factor)] = pooled_entry
+            else:
+                entry.setdefault("codecs", {}).setdefault(index.codec.name, {})[str(factor)] = pooled_entry
+            if default and factor == 1:
+                entry.update(results)
     entry["seconds"] = round(time.perf_counter() - started, 1)
     return entry
 
@@ -166,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", help="encoder directory (default: the embedded all-MiniLM-L6-v2)")
     parser.add_argument("--languages", default=",".join(package_sources.HELDOUT))
     parser.add_argument("--pool_factors", default="1,2,3")
+    parser.add_argument("--codecs", default="pq", help="residual codes, the default (pq) first: pool factors x codecs "
+                                                       "(e.g. pq,pq48,pq32), each against the default at factor 1")
     parser.add_argument("--max_queries", type=int, default=200)
     parser.add_argument("--max_candidates", type=int, default=1000, help="per language (a seeded sample)")
     parser.add_argument("--max_doc_len", type=int, default=256)
@@ -182,8 +191,9 @@ def main(argv: list[str] | None = None) -> None:
     args.pool_factors = sorted({1, *(int(f) for f in args.pool_factors.split(","))})  # factor 1 first: the base
     model = args.model or str(default_encoder_path())
     encoder = load_encoder(model)
+    args.codecs = list(dict.fromkeys(["pq", *args.codecs.split(",")]))
     settings = {"model": "all-MiniLM-L6-v2" if args.model is None else model, "max_queries": args.max_queries,
-                "max_candidates": args.max_candidates, "pool_factors": args.pool_factors}
+                "max_candidates": args.max_candidates, "pool_factors": args.pool_factors, "codecs": args.codecs}
     out = args.out or Path("benchmarks/results") / args.machine / "search_languages.json"
     done = json.loads(out.read_text()) if out.is_file() else {}
     entries = [e for e in done.get("languages", []) if all(done.get(k) == v for k, v in settings.items())]
@@ -213,13 +223,24 @@ def section(payload: dict, machine: str) -> list[str]:
                    f"| {e['bm25']['mrr@10']:.3f} | {e['hybrid_rrf']['mrr@10']:.3f} |")
     out += ["", "Queries: the first sentence of each documented function's doc comment; candidates: the packages' "
             "functions (a seeded sample with every positive), indexed as `code_search index` does (pq codec, 256 tokens)."]
-    return out + pooling_section(payload["languages"], payload["pool_factors"])
+    return out + pooling_section(codec_rows(payload["languages"]), payload["pool_factors"])
+
+
+def codec_rows(entries: list[dict]) -> list[dict]:
+    """`pooling_section` entries: each language's default codec, then its other codecs (each
+    against the default codec's factor 1)."""
+    rows = []
+    for e in entries:
+        rows.append(e)
+        rows += [{"language": f"{e['language']}, {codec}", "base": e["pooling"]["1"], "pooling": by_factor}
+                 for codec, by_factor in e.get("codecs", {}).items()]
+    return rows
 
 
 def guide_section(payload: dict, machine: str) -> list[str]:
     """docs/code-search.md's pooling table of a search_languages.json (no per-part table)."""
     return [f"Held-out packages, one index per language ({machine}, {payload['model']}, "
-            "benchmarks/search_languages.py):", *pooling_section(payload["languages"], payload["pool_factors"],
+            "benchmarks/search_languages.py):", *pooling_section(codec_rows(payload["languages"]), payload["pool_factors"],
                                                                   parts=False)]
 
 
@@ -227,9 +248,10 @@ PARTS = ("token codes", "centroid ids", "codec", "records", "bm25", "inverted li
 
 
 def target_met(entry: dict, factor: str) -> str:
-    """Whether factor's index holds <= 50% of factor 1's bytes at an MRR@10 loss <= 1%, read as
-    relative (<= 1% of factor 1's MRR) and as absolute (<= 0.01): "yes / no" in that order."""
-    one, p = entry["pooling"]["1"], entry["pooling"][factor]
+    """Whether factor's index holds <= 50% of the base's bytes (entry["base"], default factor 1's)
+    at an MRR@10 loss <= 1%, read as relative (<= 1% of the base's MRR) and as absolute (<= 0.01):
+    "yes / no" in that order."""
+    one, p = entry.get("base") or entry["pooling"]["1"], entry["pooling"][factor]
     small = p["bytes"] <= 0.5 * one["bytes"]
     loss = one["semantic"]["mrr@10"] - p["semantic"]["mrr@10"]
     return " / ".join("yes" if small and loss <= bound else "no"
@@ -239,27 +261,27 @@ def target_met(entry: dict, factor: str) -> str:
 def pooling_section(entries: list[dict], pool_factors: list[int], label: str = "language",
                     parts: bool = True) -> list[str]:
     """Tables of pooled indexes (each entry: {label, "pooling": {factor: index_bytes() + semantic
-    metrics + semantic_minus_x1}}): bytes and MRR@10 by factor, the target's verdict, and (`parts`)
-    where the bytes go."""
+    metrics + semantic_minus_x1}, optionally "base": the index its bytes and MRR are compared with,
+    default its factor 1}): bytes and MRR@10 by factor, the target's verdict, and (`parts`) where
+    the bytes go."""
     factors = [str(f) for f in pool_factors]
-    out = ["", "Token pooling (`index --pool-factor`): index bytes (share of factor 1's) and semantic MRR@10, with "
-           "its paired change from factor 1 (± its standard error over the queries); target: <= 50% of the "
-           "bytes at <= 1% MRR@10 loss, read as relative (1% of factor 1's MRR@10) / absolute (0.01).", "",
-           f"| {label} | " + " | ".join(f"x{f} bytes | x{f} MRR@10" + (f" | x{f} target" if f != "1" else "")
-                                         for f in factors) + " |",
-           "|---|" + "".join("---|---|" + ("---|" if f != "1" else "") for f in factors)]
+    out = ["", "Token pooling (`index --pool-factor`): index bytes (share of the default codec's index at factor 1) and "
+           "semantic MRR@10, with its paired change from that index (± its standard error over the queries); target: <= 50% "
+           "of the bytes at <= 1% MRR@10 loss, read as relative (1% of the MRR@10) / absolute (0.01).", "",
+           f"| {label} | " + " | ".join(f"x{f} bytes | x{f} MRR@10 | x{f} target" for f in factors) + " |",
+           "|---|" + "---|---|---|" * len(factors)]
     for e in entries:
-        cells, one = [], e["pooling"]["1"]
+        cells, one = [], e.get("base") or e["pooling"]["1"]
         for f in factors:
             p = e["pooling"][f]
             diff = p.get("semantic_minus_x1") or {}
-            change = f" ({diff['mrr@10']:+.3f} ± {diff['se']:.3f})" if f != "1" and diff.get("se") is not None else ""
-            cells += [f"{p['bytes'] / 1e6:.2f} MB ({p['bytes'] / one['bytes']:.0%})", f"{p['semantic']['mrr@10']:.3f}{change}"]
-            if f != "1":
-                cells.append(target_met(e, f))
+            base = p is one
+            change = f" ({diff['mrr@10']:+.3f} ± {diff['se']:.3f})" if not base and diff.get("se") is not None else ""
+            cells += [f"{p['bytes'] / 1e6:.2f} MB ({p['bytes'] / one['bytes']:.0%})",
+                      f"{p['semantic']['mrr@10']:.3f}{change}", "-" if base else target_met(e, f)]
         out.append(f"| {e[label]} | " + " | ".join(cells) + " |")
     rows = [(e[label], f, e["pooling"][f]["parts"]) for e in entries for f in factors
-            if parts and e["pooling"][f].get("parts")]
+            if parts and e.get("parts", "base" not in e) and e["pooling"][f].get("parts")]
     if rows:
         out += ["", "Where the bytes go (`store.bytes_by_part`: token codes = PQ codes, codec = centroids + rotation + "
                 "codebooks, records = the code text, other = token offsets, units, manifest):", "",

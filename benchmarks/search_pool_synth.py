@@ -210,17 +210,31 @@ def main(argv: list[str] | None = None) -> None:
     print(out)
 
 
+MEASURES = ("Family MRR@10 counts the positive or any near-duplicate of it: the retrieval measure here. Positive-only "
+            "MRR@10 counts a near-duplicate above the positive as a miss, so it measures how the index separates the "
+            "positive from its own copies.")
+
+
 def rows_of(payload: dict) -> list[dict]:
-    """`search_languages.pooling_section` entries: the synthetic index, then the real one."""
-    return [{"index": label, "pooling": {str(e["pool_factor"]): e[which] for e in payload["factors"]}}
-            for which, label in (("synthetic", f"synthetic, {payload['functions']:,} functions"),
-                                 ("real", f"real only, {payload['real_functions']:,} functions"))]
+    """`search_languages.pooling_section` entries: the synthetic index by family MRR@10 (the
+    positive or a near-duplicate of it) and by the positive alone, then the real-only index."""
+    def family(entry: dict) -> dict:
+        return {**entry, "semantic": {"mrr@10": entry["family_mrr@10"]}, "semantic_minus_x1": entry.get("family_minus_x1")}
+
+    synthetic = [e["synthetic"] for e in payload["factors"]]
+    factors = [str(e["pool_factor"]) for e in payload["factors"]]
+    n = f"{payload['functions']:,}"
+    return [{"index": f"synthetic, {n} functions: family", "pooling": dict(zip(factors, map(family, synthetic), strict=True))},
+            {"index": f"synthetic, {n} functions: positive only", "pooling": dict(zip(factors, synthetic, strict=True)),
+             "parts": False},
+            {"index": f"real only, {payload['real_functions']:,} functions",
+             "pooling": {f: e["real"] for f, e in zip(factors, payload["factors"], strict=True)}}]
 
 
 def guide_section(payload: dict, machine: str) -> list[str]:
     """docs/code-search.md's pooling table of a search_pool_synth.json (no per-part table)."""
     return [f"The {payload['functions']:,}-function synthetic index and the real functions it is built from "
-            f"({machine}, {payload['queries']:,} queries; benchmarks/search_pool_synth.py):",
+            f"({machine}, {payload['queries']:,} queries; benchmarks/search_pool_synth.py). {MEASURES}",
             *sl.pooling_section(rows_of(payload), payload["pool_factors"], label="index", parts=False)]
 
 
@@ -232,17 +246,8 @@ def section(payload: dict, machine: str) -> list[str]:
            f"{payload['real_functions']:,} real functions (search_languages' candidates in "
            f"{len(payload['languages'])} languages) and their {payload['queries']:,} queries, each with one known "
            "positive; the synthetic index adds near-duplicates of them (copied compressed tokens with 15% swapped "
-           "and 5% altered, identifiers renamed), built per factor from the pooled real functions. Family MRR@10 "
-           "counts the positive or any near-duplicate of it."]
+           "and 5% altered, identifiers renamed), built per factor from the pooled real functions. " + MEASURES]
     out += sl.pooling_section(rows, payload["pool_factors"], label="index")
-    out += ["| index | " + " | ".join(f"x{e['pool_factor']} family MRR@10" for e in payload["factors"]) + " |",
-            "|---|" + "---|" * len(payload["factors"])]
-    for which, row in zip(("synthetic", "real"), rows, strict=True):
-        cells = []
-        for e in payload["factors"]:
-            d = e[which].get("family_minus_x1")
-            cells.append(f"{e[which]['family_mrr@10']:.3f}" + (f" ({d['mrr@10']:+.3f} ± {d['se']:.3f})" if d else ""))
-        out.append(f"| {row['index']} | " + " | ".join(cells) + " |")
     return out + ["", "The real-only index uses the synthetic index's codec (its centroid count set by the synthetic "
                   f"index's tokens). `python -m benchmarks.search_pool_synth --functions {payload['functions']} "
                   f"--pool_factors {','.join(map(str, payload['pool_factors']))} --languages "
