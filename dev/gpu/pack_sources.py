@@ -13,6 +13,11 @@ offline (an unpacked copy alone will do).
 
 from __future__ import annotations
 
+from mlxio.runtime import setup
+
+if __name__ == "__main__":
+    setup()  # first: MLX's CPU BLAS is chosen when mlx.core loads (mlxio.runtime)
+
 import argparse
 import tarfile
 from pathlib import Path
