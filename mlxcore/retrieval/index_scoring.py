@@ -53,7 +53,7 @@ def probe_estimate(indptr: np.ndarray, ivf_docs: np.ndarray, n_docs: int, probes
                    probe_scores: np.ndarray, deleted: np.ndarray | None = None
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(documents int64 [c] ascending, estimates float32 [c]) of the live documents on any probed
-    list. indptr int64 [K + 1] and ivf_docs int32 [postings]: the inverted lists (list k's
+    list. indptr int64 [K + 1] and ivf_docs (any integer type) [postings]: the inverted lists (list k's
     documents, ascending and unique, are ivf_docs[indptr[k]:indptr[k + 1]]); probes int [Tq, P]
     centroid ids and probe_scores float [Tq, P] their scores; deleted bool [n_docs] or None.
     A document's estimate is the mean over query tokens t of the best score among t's probes
