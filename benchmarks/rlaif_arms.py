@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--deadline_s", type=float, default=540.0, help="stop every child after this long")
-    # H200, 2026-11-29: 13 children at once ran the GPU out of memory in their first minute
+    # a default that fits one GPU: more children at once ran it out of memory (dev/LOG.md)
     ap.add_argument("--max_parallel", type=int, default=6, help="children at a time")
     ap.add_argument("--judge", default="", help="flags for recipes.rlaif_judge (one string)")
     ap.add_argument("--rehearse", action="store_true", help="CPU smoke sizes (the same code paths)")

@@ -549,7 +549,7 @@ def run_stdlib(args) -> dict:
     say(f"exact MRR@10 {mrr_exact:.4f}; measuring queries pinned to {args.query_cores} cores")
     cores = sorted(os.sched_getaffinity(0))[:args.query_cores]
     # one BLAS thread per library by default: with 2 OpenBLAS threads beside MLX's own, the two
-    # pools contended on 2 cores (query encoding p50 107 vs 14 ms, search 140 vs 63 ms, alternating)
+    # pools contended on 2 cores (dev/LOG.md has the figures)
     threads = str(args.blas_threads or len(cores))
     env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads,
            "MKL_NUM_THREADS": threads,

@@ -186,7 +186,7 @@ def measure(shape: str, model: str | None, repeats: int, warmup: int, blocks: in
     for name, inproc, rpc_fn in (("generate", gen_inproc, gen_rpc), ("train_step", step_inproc, step_rpc)):
         # blocks of calls per side, alternating which side goes first, a pause before each
         # call: two processes' compute threads never overlap (interleaving them call by call
-        # measured thread contention, not the protocol: 41 vs 333 ms for the same step)
+        # measured thread contention, not the protocol: dev/LOG.md)
         times = {"in": [], "rpc": []}
         inside = []
         for _ in range(warmup):

