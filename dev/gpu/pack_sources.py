@@ -22,7 +22,7 @@ import argparse
 import tarfile
 from pathlib import Path
 
-from mlxio.data import package_sources, polyglot, pypi_sources
+from mlxio.data import package_sources, polyglot, xtr_data
 
 
 def needed_files(entries: list[str], cache_dir: Path) -> set[Path]:
@@ -31,11 +31,7 @@ def needed_files(entries: list[str], cache_dir: Path) -> set[Path]:
     when not there yet: the mined folder's source files, and the package's metadata files."""
     files = set()
     for entry in entries:
-        if entry.startswith((*package_sources.REGISTRIES, "pypi:")):
-            source, mined = package_sources.fetch_entry(entry, cache_dir)
-        else:
-            source = pypi_sources.fetch(entry, cache_dir)
-            mined = Path(source.root)
+        source, mined, _ = xtr_data.fetch_package(entry, cache_dir)
         root = Path(source.root)
         files |= {f for f in mined.rglob("*") if f.suffix in polyglot.SUFFIXES and f.is_file() and not f.is_symlink()}
         for pattern in ("*.dist-info/*", "*/package.json", "usr/share/doc/*/copyright"):

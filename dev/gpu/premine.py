@@ -19,22 +19,16 @@ if __name__ == "__main__":
 import argparse
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
-from pathlib import Path
 
-from mlxio.data import package_sources, pairs, polyglot, pypi_sources
+from mlxio.data import pairs, pypi_sources, xtr_data
 
 
 def mine(spec: str, cache_dir: str) -> tuple[str, int]:
     """Mine one package list entry (or "stdlib") as recipes.xtr_lora does; (spec, pairs)."""
     if spec == "stdlib":
         return spec, len(pairs.mine_corpus([pairs.stdlib_root()], cache_dir=cache_dir).pairs)
-    if spec.startswith(package_sources.REGISTRIES):
-        _, root = package_sources.fetch_entry(spec, cache_dir)
-        suffixes = polyglot.SUFFIXES
-    else:
-        root = Path(pypi_sources.fetch(spec, cache_dir).root)  # the unpacked copy: the recipe's path
-        suffixes = (".py",)
-    return spec, len(pairs.mine_corpus([root], cache_dir=cache_dir, extras=True, suffixes=suffixes).pairs)
+    _, root, registry = xtr_data.fetch_package(spec, cache_dir)
+    return spec, len(xtr_data.mine_package(root, registry, cache_dir).pairs)
 
 
 def main() -> None:

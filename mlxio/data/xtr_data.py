@@ -210,6 +210,23 @@ def drop_eval_queries(train: list, tasks: list[Task]) -> tuple[list, int]:
     return kept, len(train) - len(kept)
 
 
+def fetch_package(spec: str, cache_dir: Path | str) -> tuple[pypi_sources.Source, Path, str]:
+    """(the package, its folder to mine, its registry: "pypi", "npm" or "deb") of one
+    `data.packages` entry: PyPI's "name==version", or a "pypi:" / "npm:" / "deb:" entry
+    (`package_sources.fetch_entry`), fetched into cache_dir when not there yet."""
+    if spec.startswith((*package_sources.REGISTRIES, "pypi:")):
+        return (*package_sources.fetch_entry(spec, cache_dir), spec.split(":", 1)[0])
+    source = pypi_sources.fetch(spec, cache_dir)
+    return source, Path(source.root), "pypi"
+
+
+def mine_package(root: Path, registry: str, cache_dir: Path | str) -> pairs.Corpus:
+    """The pairs of a fetched package's folder as the recipe mines them (cached in cache_dir):
+    a PyPI package's Python files, an npm or Debian package's files of every language."""
+    suffixes = (".py",) if registry == "pypi" else polyglot.SUFFIXES
+    return pairs.mine_corpus([root], cache_dir=cache_dir, extras=True, suffixes=suffixes)
+
+
 def load_data(data: DataConfig, cache_dir: Path, seed: int, model_tokens=None, model_id: str | None = None) -> Data:
     """Pairs and held-out tasks for a DataConfig (see `Data`).
 
@@ -252,11 +269,10 @@ def load_data(data: DataConfig, cache_dir: Path, seed: int, model_tokens=None, m
                      "licence": "PSF-2.0" if stdlib else "unknown", "kind": "stdlib" if stdlib else "folder"}
     corpora, infos = [(base_info["name"], base)], [base_info]
     fetched = [(src, Path(src.root), "pypi") for src in pypi_sources.fetch_all(specs, cache_dir)]
-    fetched += [(*package_sources.fetch_entry(s, cache_dir), s.split(":", 1)[0]) for s in other_specs]
+    fetched += [fetch_package(s, cache_dir) for s in other_specs]
     for src, root, kind in fetched:
         log.info("mining %s %s (%s) from %s", src.name, src.version, src.licence, root)
-        suffixes = (".py",) if kind == "pypi" else polyglot.SUFFIXES
-        mined = relabel(pairs.mine_corpus([root], cache_dir=cache_dir, extras=True, suffixes=suffixes), root,
+        mined = relabel(mine_package(root, kind, cache_dir), root,
                         f"{src.name}-{src.version}")
         corpora.append((pypi_sources.canonical(src.name), cap_chars(mined, data.max_chars, src.name)))
         infos.append({"name": src.name, "version": src.version, "licence": src.licence, "kind": kind,
